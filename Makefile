@@ -1,0 +1,35 @@
+# Convenience wrapper over CMake. `make demo` and `make test` are the
+# README's commands; `make asan` runs the tests under ASan+UBSan.
+BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+EXAMPLE = $(BUILD)/example/qwen2-0.5b.safetensors
+
+.PHONY: all build demo test asan fuzz bench clean
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@mkdir -p $(BUILD)/example
+	$(BUILD)/stz synth qwen2-0.5b -o $(EXAMPLE) --stats -f
+	$(BUILD)/stz inspect $(EXAMPLE) | head -n 20
+	@echo "..."
+	$(BUILD)/stz inspect $(EXAMPLE) | tail -n 12
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+asan:
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DSTZ_SANITIZE=ON >/dev/null
+	cmake --build $(BUILD)-asan -j $(JOBS)
+	ctest --test-dir $(BUILD)-asan --output-on-failure -j $(JOBS)
+
+fuzz:
+	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTZ_FUZZ=ON >/dev/null
+	cmake --build $(BUILD)-fuzz -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

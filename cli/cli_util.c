@@ -1,0 +1,117 @@
+/* Helpers shared by the stz commands: errors, numbers, progress. */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int cli_fail(const stz_err *err)
+{
+    fprintf(stderr, "stz: error: %s [%s]\n", err->msg[0] ? err->msg : stz_status_str(err->code),
+            stz_status_name(err->code));
+    return CLI_ERROR;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "stz %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nTry 'stz %s --help'.\n", cmd);
+    va_end(ap);
+    return CLI_USAGE;
+}
+
+const char *cli_commas(char *buf, uint64_t v)
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v), o = 0;
+    for (int i = 0; i < n; i++) {
+        buf[o++] = tmp[i];
+        if ((n - i - 1) % 3 == 0 && i != n - 1)
+            buf[o++] = ',';
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+const char *cli_bytes(char *buf, uint64_t v)
+{
+    static const char *units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+    double d = (double)v;
+    int u = 0;
+    while (d >= 1000 && u < 5)
+        d /= 1000, u++;
+    snprintf(buf, 32, u ? "%.1f %s" : "%.0f %s", d, units[u]);
+    return buf;
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void cli_progress_init(cli_progress *p, const char *label, int quiet)
+{
+    p->label = label;
+    p->enabled = !quiet && isatty(STDERR_FILENO);
+    p->start = cli_now();
+    p->last = 0;
+}
+
+int cli_progress_cb(void *user, uint64_t done, uint64_t total)
+{
+    cli_progress *p = (cli_progress *)user;
+    if (!p || !p->enabled)
+        return 0;
+    double now = cli_now(), el = now - p->start;
+    if (now - p->last < 0.1 && done < total)
+        return 0;
+    p->last = now;
+    char a[32], b[32], r[32];
+    double rate = el > 0 ? (double)done / el : 0;
+    fprintf(stderr, "\r\033[K%s %s / %s  %3.0f%%  %s/s", p->label, cli_bytes(a, done), cli_bytes(b, total),
+            total ? 100.0 * (double)done / (double)total : 100.0, cli_bytes(r, (uint64_t)rate));
+    if (rate > 0 && done < total)
+        fprintf(stderr, "  %.0fs left", (double)(total - done) / rate);
+    fflush(stderr);
+    return 0;
+}
+
+void cli_progress_end(cli_progress *p)
+{
+    if (p->enabled) {
+        fprintf(stderr, "\r\033[K");
+        fflush(stderr);
+    }
+}
+
+int cli_ncores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int cli_threads(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == 0 || *end || v < 0 || v > 256)
+        return -1;
+    return v == 0 ? cli_ncores() : (int)v;
+}
+
+int cli_check_not_input(const char *out, const char *in)
+{
+    if (stz_same_file(out, in)) {
+        stz_err e;
+        stz_err_set(&e, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+        return cli_fail(&e);
+    }
+    return CLI_OK;
+}

@@ -1,0 +1,54 @@
+/* stz: entry point and command dispatch. */
+#include "cli.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+static const cli_command commands[] = {
+    {"inspect", cmd_inspect, "list the tensors, dtypes, sizes and metadata of a file"},
+    {"synth", cmd_synth, "generate a realistic stand-in model of a real architecture"},
+};
+#define NCMD (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "stz %s - make neural-network model files small\n\n"
+               "usage: stz COMMAND [OPTIONS] ...\n\ncommands:\n", STZ_VERSION_STRING);
+    for (size_t i = 0; i < NCMD; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'stz COMMAND --help' describes a command. Exit status: 0 success, 1 error, 2 usage.\n");
+}
+
+/* Removes temporary outputs, then dies of the same signal. */
+static void on_signal(int sig)
+{
+    stz_tmp_cleanup_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_USAGE;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return CLI_OK;
+    }
+    if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version")) {
+        printf("stz %s\n", STZ_VERSION_STRING);
+        return CLI_OK;
+    }
+    for (size_t i = 0; i < NCMD; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "stz: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return CLI_USAGE;
+}

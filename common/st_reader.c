@@ -1,0 +1,452 @@
+/* SafeTensors reader: validates the whole header before anything is used. */
+#include "stz_internal.h"
+#include "stz_safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct stz_reader {
+    char *path;
+    int fd;                 /* -1 for a memory image */
+    const uint8_t *mem;     /* memory image, not owned */
+    uint64_t file_size;
+    uint8_t *header;        /* N header bytes (+1 NUL, not counted) */
+    uint64_t header_len;
+    stz_tensor *tensors;    /* file order */
+    size_t ntensors;
+    size_t *by_name;        /* tensor indices sorted by name */
+    uint64_t *shapes;       /* all dimensions, in one block */
+    char *names;            /* all names, in header order, in one block */
+    char **meta;            /* key, value, key, value, ... */
+    size_t nmeta;
+};
+
+#define MAX_JSON_INT 9007199254740992.0 /* 2^53: larger doubles are not exact */
+
+/* cJSON turns "\u0000" into a NUL inside a C string, which would silently
+ * cut a name short; refuse it. Backslashes only occur inside strings. */
+static int has_nul_escape(const uint8_t *s, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\')
+            continue;
+        if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0)
+            return 1;
+        i++; /* skip the escaped character */
+    }
+    return 0;
+}
+
+static int json_whole(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v))
+        return 0;
+    double d = v->valuedouble;
+    if (!(d >= 0 && d <= MAX_JSON_INT) || floor(d) != d)
+        return 0;
+    *out = (uint64_t)d;
+    return 1;
+}
+
+static int cmp_by_name_ctx(const void *a, const void *b, void *ctx)
+{
+    const stz_tensor *t = (const stz_tensor *)ctx;
+    return strcmp(t[*(const size_t *)a].name, t[*(const size_t *)b].name);
+}
+
+static int cmp_by_offset(const void *a, const void *b)
+{
+    const stz_tensor *x = (const stz_tensor *)a, *y = (const stz_tensor *)b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    /* names sit in one block in header order: pointer order is header order */
+    return x->name < y->name ? -1 : x->name > y->name;
+}
+
+/* Parses one tensor entry into *t (name already set). */
+static stz_status parse_tensor(stz_reader *r, const cJSON *e, stz_tensor *t, uint64_t *dims, stz_err *err)
+{
+    const char *P = r->path, *N = t->name;
+    if (!cJSON_IsObject(e))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': entry is not a JSON object", P, N);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *of = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!dt || !sh || !of)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': missing field '%s'", P, N,
+                           !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+    if (!cJSON_IsString(dt))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'dtype' is not a string", P, N);
+    if (stz_dtype_parse(dt->valuestring, &t->dtype) != 0)
+        return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown dtype '%.40s'", P, N, dt->valuestring);
+    if (!cJSON_IsArray(sh))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'shape' is not an array", P, N);
+    int nd = cJSON_GetArraySize(sh);
+    if (nd > STZ_ST_MAX_NDIM)
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %d dimensions (at most %d)", P, N, nd,
+                           STZ_ST_MAX_NDIM);
+    uint64_t numel = 1;
+    int overflow = 0, i = 0;
+    for (const cJSON *d = sh->child; d; d = d->next, i++) {
+        if (!json_whole(d, &dims[i]))
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': shape[%d] is not a whole number in [0, 2^53]",
+                               P, N, i);
+        if (dims[i] && numel > UINT64_MAX / dims[i])
+            overflow = 1;
+        numel *= dims[i];
+    }
+    for (i = 0; i < nd; i++)
+        if (dims[i] == 0)
+            numel = 0, overflow = 0; /* a zero dimension makes the product 0 */
+    if (overflow)
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': shape product overflows 64 bits", P, N);
+    t->ndim = nd;
+    t->shape = dims;
+    t->numel = numel;
+    if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'data_offsets' is not an array of 2 numbers", P, N);
+    if (!json_whole(of->child, &t->begin) || !json_whole(of->child->next, &t->end))
+        return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets are not whole numbers in [0, 2^53]",
+                           P, N);
+    if (t->end < t->begin)
+        return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets end %llu < begin %llu", P, N,
+                           (unsigned long long)t->end, (unsigned long long)t->begin);
+    uint64_t nbytes;
+    stz_err sub;
+    if (stz_dtype_nbytes(t->dtype, numel, &nbytes, &sub) != STZ_OK)
+        return stz_err_set(err, sub.code, "%s: tensor '%s': %s", P, N, sub.msg);
+    if (t->end - t->begin != nbytes)
+        return stz_err_set(err, STZ_E_OFFSETS,
+                           "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s%s needs %llu", P, N,
+                           (unsigned long long)t->begin, (unsigned long long)t->end,
+                           (unsigned long long)(t->end - t->begin), stz_dtype_name(t->dtype),
+                           nd ? " of this shape" : " scalar", (unsigned long long)nbytes);
+    return STZ_OK;
+}
+
+static stz_status parse_metadata(stz_reader *r, const cJSON *m, stz_err *err)
+{
+    if (cJSON_IsNull(m))
+        return STZ_OK;
+    if (!cJSON_IsObject(m))
+        return stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ is not a JSON object", r->path);
+    size_t n = (size_t)cJSON_GetArraySize(m);
+    r->meta = calloc(2 * n + 1, sizeof *r->meta);
+    if (!r->meta)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for __metadata__", r->path);
+    for (const cJSON *e = m->child; e; e = e->next) {
+        if (!cJSON_IsString(e))
+            return stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ key '%s': value is not a string", r->path,
+                               e->string);
+        for (size_t i = 0; i < r->nmeta; i++)
+            if (strcmp(r->meta[2 * i], e->string) == 0)
+                return stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ key '%s' appears twice", r->path,
+                                   e->string);
+        char *k = strdup(e->string), *v = strdup(e->valuestring);
+        r->meta[2 * r->nmeta] = k;
+        r->meta[2 * r->nmeta + 1] = v;
+        r->nmeta++;
+        if (!k || !v)
+            return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for __metadata__", r->path);
+    }
+    return STZ_OK;
+}
+
+static stz_status parse_header(stz_reader *r, stz_err *err)
+{
+    const char *P = r->path;
+    const uint8_t *h = r->header;
+    size_t n = (size_t)r->header_len;
+    stz_status st = STZ_OK;
+    cJSON *root = NULL;
+
+    if (n == 0 || h[0] != '{')
+        return stz_err_set(err, STZ_E_JSON, "%s: header does not start with '{'", P);
+    size_t bad = stz_utf8_check(h, n);
+    if (bad != n)
+        return stz_err_set(err, STZ_E_JSON, "%s: header is not valid UTF-8 (byte %zu)", P, bad);
+    if (has_nul_escape(h, n))
+        return stz_err_set(err, STZ_E_JSON, "%s: header contains a \\u0000 escape", P);
+    const char *end = NULL;
+    root = cJSON_ParseWithLengthOpts((const char *)h, n, &end, 0);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t pos = at && at >= (const char *)h && at <= (const char *)h + n ? (size_t)(at - (const char *)h) : 0;
+        return stz_err_set(err, STZ_E_JSON, "%s: header is not valid JSON (near byte %zu)", P, pos);
+    }
+    for (const char *c = end; c < (const char *)h + n; c++)
+        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
+            st = stz_err_set(err, STZ_E_JSON, "%s: header has data after the JSON object (byte %zu)", P,
+                             (size_t)(c - (const char *)h));
+            goto cleanup;
+        }
+    if (!cJSON_IsObject(root)) {
+        st = stz_err_set(err, STZ_E_JSON, "%s: header is not a JSON object", P);
+        goto cleanup;
+    }
+
+    /* Count tensors, dimensions and name bytes so three blocks hold all. */
+    size_t nt = 0, ndims = 0, name_bytes = 0;
+    for (const cJSON *e = root->child; e; e = e->next) {
+        if (strcmp(e->string, "__metadata__") == 0)
+            continue;
+        nt++;
+        name_bytes += strlen(e->string) + 1;
+        const cJSON *sh = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "shape") : NULL;
+        if (cJSON_IsArray(sh)) {
+            int k = cJSON_GetArraySize(sh);
+            ndims += (size_t)(k > STZ_ST_MAX_NDIM ? 0 : k);
+        }
+    }
+    r->tensors = calloc(nt + 1, sizeof *r->tensors);
+    r->by_name = calloc(nt + 1, sizeof *r->by_name);
+    r->shapes = calloc(ndims + 1, sizeof *r->shapes);
+    r->names = malloc(name_bytes + 1);
+    if (!r->tensors || !r->by_name || !r->shapes || !r->names) {
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", P, nt);
+        goto cleanup;
+    }
+    int seen_meta = 0;
+    size_t ti = 0, di = 0;
+    char *np = r->names;
+    for (const cJSON *e = root->child; e; e = e->next) {
+        if (strcmp(e->string, "__metadata__") == 0) {
+            if (seen_meta++) {
+                st = stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ appears twice", P);
+                goto cleanup;
+            }
+            if ((st = parse_metadata(r, e, err)) != STZ_OK)
+                goto cleanup;
+            continue;
+        }
+        stz_tensor *t = &r->tensors[ti];
+        size_t len = strlen(e->string) + 1;
+        memcpy(np, e->string, len);
+        t->name = np;
+        np += len;
+        if ((st = parse_tensor(r, e, t, r->shapes + di, err)) != STZ_OK)
+            goto cleanup;
+        di += (size_t)t->ndim;
+        ti++;
+    }
+    r->ntensors = nt;
+
+    /* File order; the name pointer breaks ties between zero-size tensors. */
+    qsort(r->tensors, nt, sizeof *r->tensors, cmp_by_offset);
+    uint64_t expect = 0;
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = &r->tensors[i];
+        if (t->begin != expect) {
+            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets begin %llu, expected %llu (%s)", P,
+                             t->name, (unsigned long long)t->begin, (unsigned long long)expect,
+                             t->begin < expect ? "overlaps the previous tensor" : "gap after the previous tensor");
+            goto cleanup;
+        }
+        expect = t->end;
+    }
+    uint64_t data_len = r->file_size - 8 - r->header_len;
+    if (expect > data_len) {
+        st = stz_err_set(err, STZ_E_TRUNCATED, "%s: tensors need %llu data bytes but the file holds %llu", P,
+                         (unsigned long long)expect, (unsigned long long)data_len);
+        goto cleanup;
+    }
+    if (expect < data_len) {
+        st = stz_err_set(err, STZ_E_OFFSETS,
+                         "%s: tensors cover %llu data bytes but the file holds %llu (bytes not covered)", P,
+                         (unsigned long long)expect, (unsigned long long)data_len);
+        goto cleanup;
+    }
+
+    for (size_t i = 0; i < nt; i++)
+        r->by_name[i] = i;
+    qsort_r(r->by_name, nt, sizeof *r->by_name, cmp_by_name_ctx, r->tensors);
+    for (size_t i = 1; i < nt; i++)
+        if (strcmp(r->tensors[r->by_name[i]].name, r->tensors[r->by_name[i - 1]].name) == 0) {
+            st = stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s' appears twice in the header", P,
+                             r->tensors[r->by_name[i]].name);
+            goto cleanup;
+        }
+
+cleanup:
+    cJSON_Delete(root);
+    return st;
+}
+
+static stz_status reader_init(stz_reader *r, stz_err *err)
+{
+    const char *P = r->path;
+    uint8_t len8[8];
+    if (r->file_size < 8)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: file is %llu bytes, too short for the 8-byte header length", P,
+                           (unsigned long long)r->file_size);
+    stz_status st = stz_reader_pread(r, 0, len8, 8, err);
+    if (st)
+        return st;
+    uint64_t n = stz_le64(len8);
+    if (n > STZ_ST_MAX_HEADER)
+        return stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header length %llu exceeds the limit of %u bytes", P,
+                           (unsigned long long)n, STZ_ST_MAX_HEADER);
+    if (n > r->file_size - 8)
+        return stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header length %llu runs past the end of the file (%llu bytes)",
+                           P, (unsigned long long)n, (unsigned long long)r->file_size);
+    r->header_len = n;
+    r->header = malloc((size_t)n + 1);
+    if (!r->header)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a %llu-byte header", P, (unsigned long long)n);
+    r->header[n] = 0;
+    if ((st = stz_reader_pread(r, 8, r->header, (size_t)n, err)) != STZ_OK)
+        return st;
+    return parse_header(r, err);
+}
+
+static stz_reader *reader_new(const char *label)
+{
+    stz_reader *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->fd = -1;
+    r->path = strdup(label ? label : "(memory)");
+    if (!r->path) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+stz_status stz_reader_open(stz_reader **out, const char *path, stz_err *err)
+{
+    *out = NULL;
+    stz_reader *r = reader_new(path);
+    if (!r)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
+    struct stat st;
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0 || fstat(r->fd, &st) != 0) {
+        int e = errno;
+        stz_reader_free(r);
+        return stz_err_set(err, STZ_E_IO, "%s: cannot open: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        stz_reader_free(r);
+        return stz_err_set(err, STZ_E_IO, "%s: not a regular file", path);
+    }
+    r->file_size = (uint64_t)st.st_size;
+    stz_status s = reader_init(r, err);
+    if (s != STZ_OK) {
+        stz_reader_free(r);
+        return s;
+    }
+    *out = r;
+    return STZ_OK;
+}
+
+stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size, const char *label, stz_err *err)
+{
+    *out = NULL;
+    stz_reader *r = reader_new(label);
+    if (!r)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    r->mem = buf;
+    r->file_size = size;
+    stz_status s = reader_init(r, err);
+    if (s != STZ_OK) {
+        stz_reader_free(r);
+        return s;
+    }
+    *out = r;
+    return STZ_OK;
+}
+
+void stz_reader_free(stz_reader *r)
+{
+    if (!r)
+        return;
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r->names);
+    for (size_t i = 0; i < 2 * r->nmeta; i++)
+        free(r->meta[i]);
+    free(r->meta);
+    free(r->tensors);
+    free(r->by_name);
+    free(r->shapes);
+    free(r->header);
+    free(r->path);
+    free(r);
+}
+
+size_t stz_reader_count(const stz_reader *r) { return r->ntensors; }
+const stz_tensor *stz_reader_tensor(const stz_reader *r, size_t i) { return i < r->ntensors ? &r->tensors[i] : NULL; }
+size_t stz_reader_meta_count(const stz_reader *r) { return r->nmeta; }
+const char *stz_reader_meta_key(const stz_reader *r, size_t i) { return i < r->nmeta ? r->meta[2 * i] : NULL; }
+const char *stz_reader_meta_value(const stz_reader *r, size_t i) { return i < r->nmeta ? r->meta[2 * i + 1] : NULL; }
+const char *stz_reader_path(const stz_reader *r) { return r->path; }
+uint64_t stz_reader_file_size(const stz_reader *r) { return r->file_size; }
+uint64_t stz_reader_data_offset(const stz_reader *r) { return 8 + r->header_len; }
+
+const uint8_t *stz_reader_header(const stz_reader *r, size_t *len)
+{
+    *len = (size_t)r->header_len;
+    return r->header;
+}
+
+const char *stz_reader_meta_get(const stz_reader *r, const char *key)
+{
+    for (size_t i = 0; i < r->nmeta; i++)
+        if (strcmp(r->meta[2 * i], key) == 0)
+            return r->meta[2 * i + 1];
+    return NULL;
+}
+
+long stz_reader_find(const stz_reader *r, const char *name)
+{
+    size_t lo = 0, hi = r->ntensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(r->tensors[r->by_name[mid]].name, name);
+        if (c == 0)
+            return (long)r->by_name[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t n, stz_err *err)
+{
+    if (off > r->file_size || n > r->file_size - off)
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: read of %zu bytes at offset %llu is past the end (%llu bytes)",
+                           r->path, n, (unsigned long long)off, (unsigned long long)r->file_size);
+    if (r->mem) {
+        memcpy(dst, r->mem + off, n);
+        return STZ_OK;
+    }
+    int e = stz_pread_full(r->fd, dst, n, off);
+    if (e < 0)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: file shrank while reading at offset %llu", r->path,
+                           (unsigned long long)off);
+    if (e)
+        return stz_err_set(err, STZ_E_IO, "%s: read failed at offset %llu: %s", r->path, (unsigned long long)off,
+                           strerror(e));
+    return STZ_OK;
+}
+
+stz_status stz_reader_read(const stz_reader *r, const stz_tensor *t, uint64_t off, void *dst, size_t n,
+                           stz_err *err)
+{
+    uint64_t size = t->end - t->begin;
+    if (off > size || n > size - off)
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s': read of %zu bytes at %llu leaves its %llu bytes",
+                           r->path, t->name, n, (unsigned long long)off, (unsigned long long)size);
+    return stz_reader_pread(r, stz_reader_data_offset(r) + t->begin + off, dst, n, err);
+}

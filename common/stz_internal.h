@@ -1,0 +1,90 @@
+/* Internal helpers shared by the library's modules. Not installed. */
+#ifndef STZ_INTERNAL_H
+#define STZ_INTERNAL_H
+
+#include "stz.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* Little-endian loads and stores: never cast pointers into file data. */
+static inline uint16_t stz_le16(const void *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint16_t)(b[0] | (b[1] << 8));
+}
+static inline uint32_t stz_le32(const void *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+}
+static inline uint64_t stz_le64(const void *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint64_t)stz_le32(b) | ((uint64_t)stz_le32(b + 4) << 32);
+}
+static inline void stz_put_le16(void *p, uint16_t v)
+{
+    uint8_t *b = (uint8_t *)p;
+    b[0] = (uint8_t)v;
+    b[1] = (uint8_t)(v >> 8);
+}
+static inline void stz_put_le32(void *p, uint32_t v)
+{
+    uint8_t *b = (uint8_t *)p;
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void stz_put_le64(void *p, uint64_t v)
+{
+    stz_put_le32(p, (uint32_t)v);
+    stz_put_le32((uint8_t *)p + 4, (uint32_t)(v >> 32));
+}
+
+/* Float conversions. BF16 rounds to nearest even; NaN stays NaN. */
+static inline float stz_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t stz_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN, keeps sign */
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+float stz_f16_to_f32(uint16_t h);
+uint16_t stz_f32_to_f16(float f);
+
+/* pread/write loops that retry on EINTR and short counts. Return 0 or errno;
+ * pread returns -1 at end of file before n bytes. */
+int stz_pread_full(int fd, void *buf, size_t n, uint64_t off);
+int stz_write_full(int fd, const void *buf, size_t n);
+
+/* Strict UTF-8 check; returns the offset of the first bad byte, or n. */
+size_t stz_utf8_check(const uint8_t *s, size_t n);
+
+/* ---- output files: temporary name, rename at the end ----------------- */
+
+typedef struct stz_outfile {
+    int fd;
+    char *path;     /* final name */
+    char *tmp_path; /* where bytes go until commit */
+    int slot;       /* index in the cleanup registry, -1 if none */
+} stz_outfile;
+
+/* Creates a temporary file next to `path`. STZ_E_EXISTS if path exists and
+ * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */
+stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_err *err);
+stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err);
+/* Renames the temporary file to the final path (permissions follow umask). */
+stz_status stz_outfile_commit(stz_outfile *of, stz_err *err);
+/* Removes the temporary file if still there; safe after commit and twice. */
+void stz_outfile_abort(stz_outfile *of);
+
+#endif /* STZ_INTERNAL_H */

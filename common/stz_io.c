@@ -1,0 +1,254 @@
+/* File I/O helpers, half-precision conversion and the temporary-output
+ * registry used to clean up on errors and signals. */
+#include "stz_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int stz_pread_full(int fd, void *buf, size_t n, uint64_t off)
+{
+    uint8_t *p = (uint8_t *)buf;
+    while (n) {
+        ssize_t k = pread(fd, p, n, (off_t)off);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (k == 0)
+            return -1;
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
+int stz_write_full(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = (const uint8_t *)buf;
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Strict UTF-8 (no overlongs, no surrogates, max U+10FFFF). Returns offset
+ * of the first bad byte or `n` if all is well. */
+size_t stz_utf8_check(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t len;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            len = 2, cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            len = 3, cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            len = 4, cp = c & 0x07;
+        } else {
+            return i;
+        }
+        if (n - i < len)
+            return i;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return i;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return i;
+        i += len;
+    }
+    return n;
+}
+
+/* ---- IEEE half ------------------------------------------------------- */
+
+float stz_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalise */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    } else {
+        u = sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t stz_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00 | ((a >> 13) & 0x3ff));
+    if (a >= 0x477ff000u) /* rounds to >= 65520: overflow to Inf */
+        return (uint16_t)(sign | 0x7c00);
+    if (a >= 0x38800000u) { /* normal half */
+        uint32_t r = a - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a < 0x33000000u) /* below half the smallest subnormal */
+        return (uint16_t)sign;
+    /* subnormal half: shift the full mantissa, round to nearest even */
+    uint32_t e = a >> 23, m = (a & 0x7fffff) | 0x800000, shift = 126 - e;
+    uint32_t v = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (v & 1)))
+        v++;
+    return (uint16_t)(sign | v);
+}
+
+/* ---- temporary outputs ----------------------------------------------- */
+
+#define TMP_SLOTS 64
+static char *volatile tmp_slots[TMP_SLOTS];
+static pthread_mutex_t tmp_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int tmp_register(char *path)
+{
+    int slot = -1;
+    pthread_mutex_lock(&tmp_lock);
+    for (int i = 0; i < TMP_SLOTS && slot < 0; i++)
+        if (!tmp_slots[i]) {
+            tmp_slots[i] = path;
+            slot = i;
+        }
+    pthread_mutex_unlock(&tmp_lock);
+    return slot;
+}
+
+static void tmp_unregister(int slot)
+{
+    if (slot < 0)
+        return;
+    pthread_mutex_lock(&tmp_lock);
+    tmp_slots[slot] = NULL;
+    pthread_mutex_unlock(&tmp_lock);
+}
+
+void stz_tmp_cleanup_all(void)
+{
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        char *p = tmp_slots[i];
+        if (p)
+            unlink(p);
+    }
+}
+
+int stz_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) || stat(b, &sb))
+        return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_err *err)
+{
+    memset(of, 0, sizeof *of);
+    of->fd = -1;
+    of->slot = -1;
+    struct stat st;
+    if (!path || !*path)
+        return stz_err_set(err, STZ_E_ARG, "no output path given");
+    if (stat(path, &st) == 0) {
+        if (!force)
+            return stz_err_set(err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", path);
+        if (S_ISDIR(st.st_mode))
+            return stz_err_set(err, STZ_E_EXISTS, "%s: output is a directory", path);
+    }
+    size_t len = strlen(path);
+    const char *slash = strrchr(path, '/');
+    size_t dirlen = slash ? (size_t)(slash - path) + 1 : 0;
+    of->path = strdup(path);
+    of->tmp_path = malloc(len + 32);
+    if (!of->path || !of->tmp_path) {
+        stz_outfile_abort(of);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(of->tmp_path, len + 32, "%.*s.%s.tmp-XXXXXX", (int)dirlen, path, path + dirlen);
+    of->fd = mkstemp(of->tmp_path);
+    if (of->fd < 0) {
+        int e = errno;
+        free(of->tmp_path);
+        of->tmp_path = NULL;
+        stz_outfile_abort(of);
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create temporary output: %s", path, strerror(e));
+    }
+    of->slot = tmp_register(of->tmp_path);
+    return STZ_OK;
+}
+
+stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err)
+{
+    int e = stz_write_full(of->fd, buf, n);
+    if (e)
+        return stz_err_set(err, STZ_E_IO, "%s: write failed: %s", of->path, strerror(e));
+    return STZ_OK;
+}
+
+stz_status stz_outfile_commit(stz_outfile *of, stz_err *err)
+{
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fchmod(of->fd, 0666 & ~mask) != 0 || close(of->fd) != 0) {
+        of->fd = -1;
+        return stz_err_set(err, STZ_E_IO, "%s: cannot finish output: %s", of->path, strerror(errno));
+    }
+    of->fd = -1;
+    if (rename(of->tmp_path, of->path) != 0)
+        return stz_err_set(err, STZ_E_IO, "%s: cannot rename temporary output into place: %s", of->path,
+                           strerror(errno));
+    tmp_unregister(of->slot);
+    of->slot = -1;
+    free(of->tmp_path);
+    of->tmp_path = NULL;
+    return STZ_OK;
+}
+
+void stz_outfile_abort(stz_outfile *of)
+{
+    if (of->fd >= 0)
+        close(of->fd);
+    of->fd = -1;
+    if (of->tmp_path)
+        unlink(of->tmp_path);
+    tmp_unregister(of->slot);
+    of->slot = -1;
+    free(of->tmp_path);
+    free(of->path);
+    of->tmp_path = of->path = NULL;
+}

@@ -1,0 +1,135 @@
+/*
+ * stz.h - core types of the stz library: status codes, error details,
+ * dtypes and progress callbacks. Every other public header includes it.
+ *
+ * Conventions (they hold for the whole library):
+ *  - Functions that can fail return an stz_status and take a last argument
+ *    `stz_err *err` (may be NULL). On failure err->code equals the returned
+ *    status and err->msg says what went wrong, naming the file, the tensor
+ *    and the rule broken wherever there is one.
+ *  - Objects are opaque and freed by a NULL-safe `*_free`.
+ *  - The library never prints and never exits; the CLI does both.
+ */
+#ifndef STZ_H
+#define STZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STZ_VERSION_MAJOR 0
+#define STZ_VERSION_MINOR 1
+#define STZ_VERSION_PATCH 0
+#define STZ_VERSION_STRING "0.1.0"
+
+/* Stable status codes: values never change once released. */
+typedef enum {
+    STZ_OK = 0,
+    STZ_E_IO = 1,          /* open/read/write/rename failed (errno text in msg) */
+    STZ_E_NOMEM = 2,       /* allocation failed */
+    STZ_E_ARG = 3,         /* caller passed an invalid argument */
+    STZ_E_TRUNCATED = 4,   /* file ends before the data it declares */
+    STZ_E_HEADER_SIZE = 5, /* header length is over the limit or past the file end */
+    STZ_E_JSON = 6,        /* header is not UTF-8 JSON, or not a JSON object */
+    STZ_E_FORMAT = 7,      /* a required field is missing or has the wrong type */
+    STZ_E_DTYPE = 8,       /* unknown or unsupported dtype */
+    STZ_E_SHAPE = 9,       /* bad dimension, or element count overflows */
+    STZ_E_OFFSETS = 10,    /* data_offsets wrong: gap, overlap, size, coverage */
+    STZ_E_DUPLICATE = 11,  /* a tensor name appears twice */
+    STZ_E_METADATA = 12,   /* __metadata__ is not an object of strings */
+    STZ_E_EXISTS = 13,     /* output exists (no force) or is the input itself */
+    STZ_E_CHECKSUM = 14,   /* stored checksum does not match the data */
+    STZ_E_BOUNDS = 15,     /* destination buffer too small */
+    STZ_E_UNSUPPORTED = 16,/* valid request that this version cannot do */
+    STZ_E_POLICY = 17,     /* policy file is invalid */
+    STZ_E_NUMERIC = 18,    /* NaN/Inf or other value that cannot be processed */
+    STZ_E_LAPACK = 19,     /* a LAPACK routine reported failure */
+    STZ_E_INTERRUPTED = 20,/* stopped by a signal or a callback */
+    STZ_STATUS_COUNT_
+} stz_status;
+
+/* Short stable name of a status ("STZ_E_OFFSETS"); never NULL. */
+const char *stz_status_name(stz_status s);
+/* One-line English description of a status; never NULL. */
+const char *stz_status_str(stz_status s);
+
+#define STZ_ERR_MSG_MAX 1024
+typedef struct stz_err {
+    stz_status code;
+    char msg[STZ_ERR_MSG_MAX];
+} stz_err;
+
+/* Sets err (if not NULL) and returns code. printf-style message. */
+stz_status stz_err_set(stz_err *err, stz_status code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Clears err to STZ_OK with an empty message. */
+void stz_err_clear(stz_err *err);
+
+/* ---- dtypes ---------------------------------------------------------- */
+
+/* Every SafeTensors dtype. Values are stable. */
+typedef enum {
+    STZ_DTYPE_BOOL = 0,
+    STZ_DTYPE_U8, STZ_DTYPE_I8,
+    STZ_DTYPE_I16, STZ_DTYPE_U16,
+    STZ_DTYPE_F16, STZ_DTYPE_BF16,
+    STZ_DTYPE_I32, STZ_DTYPE_U32,
+    STZ_DTYPE_F32, STZ_DTYPE_F64,
+    STZ_DTYPE_I64, STZ_DTYPE_U64,
+    STZ_DTYPE_C64,
+    STZ_DTYPE_F8_E4M3, STZ_DTYPE_F8_E5M2, STZ_DTYPE_F8_E8M0,
+    STZ_DTYPE_F8_E4M3FNUZ, STZ_DTYPE_F8_E5M2FNUZ,
+    STZ_DTYPE_F4, STZ_DTYPE_F6_E2M3, STZ_DTYPE_F6_E3M2,
+    STZ_DTYPE_COUNT
+} stz_dtype;
+
+/* Spelling used in SafeTensors headers ("BF16"); NULL if out of range. */
+const char *stz_dtype_name(stz_dtype d);
+/* Parses a header spelling (exact, case-sensitive); returns 0 or -1. */
+int stz_dtype_parse(const char *s, stz_dtype *out);
+/* Same, case-insensitive (for command lines: "bf16"). */
+int stz_dtype_parse_nocase(const char *s, stz_dtype *out);
+/* Bits per element: 4 (F4), 6 (F6_*), 8, 16, 32 or 64. 0 if out of range. */
+unsigned stz_dtype_bits(stz_dtype d);
+/* 1 for floating-point dtypes (F*, BF16, C64), else 0. */
+int stz_dtype_is_float(stz_dtype d);
+
+/*
+ * Bytes taken by n elements of d, following the SafeTensors rule:
+ * n*bits must be a multiple of 8. Returns STZ_E_SHAPE on overflow or
+ * misalignment (message names the problem, not the tensor).
+ */
+stz_status stz_dtype_nbytes(stz_dtype d, uint64_t n, uint64_t *bytes, stz_err *err);
+
+/* ---- progress -------------------------------------------------------- */
+
+/*
+ * Long operations report progress through this callback: `done` of `total`
+ * units (bytes unless said otherwise). Called from the calling thread only.
+ * Returning non-zero asks the operation to stop with STZ_E_INTERRUPTED.
+ */
+typedef int (*stz_progress_fn)(void *user, uint64_t done, uint64_t total);
+
+/* ---- output files ---------------------------------------------------- */
+
+/*
+ * Every output is written under a temporary name in its destination
+ * directory and renamed at the end. stz_tmp_cleanup_all() removes the
+ * temporary files still open in this process; it only calls unlink(), so a
+ * SIGINT/SIGTERM handler may call it before exiting.
+ */
+void stz_tmp_cleanup_all(void);
+
+/* 1 if a and b name the same existing file (same device and inode), else 0. */
+int stz_same_file(const char *a, const char *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STZ_H */

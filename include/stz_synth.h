@@ -1,0 +1,54 @@
+/*
+ * stz_synth.h - deterministic generator of realistic stand-in models.
+ *
+ * Writes a SafeTensors file with the exact tensor names and shapes of a real
+ * architecture, filled with values shaped like trained weights: zero-mean
+ * Student-t values scaled by 1/sqrt(fan_in), log-normal per-row and
+ * per-column magnitudes, a few outlier input channels, norm weights near 1
+ * and small biases. Same params -> same bytes, whatever the thread count.
+ * The file's __metadata__ says it is synthetic ("stz.synthetic": "true").
+ */
+#ifndef STZ_SYNTH_H
+#define STZ_SYNTH_H
+
+#include "stz.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *arch;        /* see stz_synth_arch_name(); e.g. "qwen2-0.5b" */
+    stz_dtype dtype;         /* BF16, F16 or F32 */
+    uint64_t seed;
+    int threads;             /* >= 1 */
+    unsigned write_flags;    /* STZ_WRITE_FORCE to replace an existing file */
+    stz_progress_fn progress;/* optional, bytes of output */
+    void *progress_user;
+} stz_synth_params;
+
+#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL}
+
+typedef struct {
+    size_t tensors;
+    uint64_t params;
+    uint64_t bytes;             /* file size */
+    double exp_entropy_bits;    /* entropy of the BF16 exponent byte, bits/value */
+    uint64_t exp_hist[256];     /* BF16 exponent histogram over all values */
+} stz_synth_stats;
+
+/* Architectures, i = 0, 1, ... until NULL. Description via _desc. */
+const char *stz_synth_arch_name(size_t i);
+const char *stz_synth_arch_desc(size_t i);
+/* Tensor count and parameter count of an architecture (without writing). */
+stz_status stz_synth_arch_size(const char *arch, size_t *tensors, uint64_t *params, stz_err *err);
+
+/* Generates the model into `path`. stats may be NULL. Errors: STZ_E_ARG
+ * (unknown arch, bad dtype, threads < 1), STZ_E_EXISTS, STZ_E_IO, STZ_E_NOMEM,
+ * STZ_E_INTERRUPTED (progress callback asked to stop; no file is left). */
+stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STZ_SYNTH_H */

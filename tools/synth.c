@@ -1,0 +1,446 @@
+/* Synthetic models with real architectures' names and shapes and values
+ * shaped like trained weights. See stz_synth.h. */
+#include "stz_internal.h"
+#include "stz_safetensors.h"
+#include "stz_synth.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum family { FAM_HF_LLAMA, FAM_GPT_NEO };
+
+typedef struct {
+    const char *name, *desc;
+    enum family fam;
+    uint64_t hidden, inter, layers, heads, kv_heads, vocab, positions;
+    int qkv_bias, tied;
+} arch;
+
+static const arch archs[] = {
+    {"qwen2-0.5b", "Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, q/k/v biases, tied embeddings",
+     FAM_HF_LLAMA, 896, 4864, 24, 14, 2, 151936, 0, 1, 1},
+    {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings",
+     FAM_HF_LLAMA, 2048, 8192, 16, 32, 8, 128256, 0, 0, 1},
+    {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head",
+     FAM_HF_LLAMA, 2048, 5632, 22, 32, 4, 32000, 0, 0, 0},
+    {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied",
+     FAM_GPT_NEO, 2048, 8192, 24, 16, 16, 50257, 2048, 0, 1},
+    {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head",
+     FAM_HF_LLAMA, 64, 172, 2, 4, 2, 256, 0, 1, 0},
+    {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64",
+     FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0, 1},
+};
+#define NARCH (sizeof archs / sizeof archs[0])
+
+const char *stz_synth_arch_name(size_t i) { return i < NARCH ? archs[i].name : NULL; }
+const char *stz_synth_arch_desc(size_t i) { return i < NARCH ? archs[i].desc : NULL; }
+
+/* ---- tensor list ----------------------------------------------------- */
+
+enum kind { K_LINEAR, K_EMBED, K_NORM, K_BIAS };
+
+typedef struct {
+    char name[96];
+    int ndim;
+    uint64_t shape[2];
+    enum kind kind;
+} spec;
+
+typedef struct {
+    spec *v;
+    size_t n, cap;
+    int oom;
+} specs;
+
+static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt, ...)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        spec *v = realloc(s->v, cap * sizeof *v);
+        if (!v) {
+            s->oom = 1;
+            return;
+        }
+        s->v = v, s->cap = cap;
+    }
+    spec *t = &s->v[s->n++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->kind = k;
+    t->ndim = d1 ? 2 : 1;
+    t->shape[0] = d0, t->shape[1] = d1;
+}
+
+static void build_specs(const arch *a, specs *s)
+{
+    uint64_t H = a->hidden, I = a->inter, V = a->vocab, KV = H / a->heads * a->kv_heads;
+    if (a->fam == FAM_HF_LLAMA) {
+        add(s, K_EMBED, V, H, "model.embed_tokens.weight");
+        for (uint64_t l = 0; l < a->layers; l++) {
+            const char *p = "model.layers";
+            add(s, K_NORM, H, 0, "%s.%llu.input_layernorm.weight", p, (unsigned long long)l);
+            const char *qkv[3] = {"q", "k", "v"};
+            for (int j = 0; j < 3; j++) {
+                uint64_t out = j ? KV : H;
+                add(s, K_LINEAR, out, H, "%s.%llu.self_attn.%s_proj.weight", p, (unsigned long long)l, qkv[j]);
+                if (a->qkv_bias)
+                    add(s, K_BIAS, out, 0, "%s.%llu.self_attn.%s_proj.bias", p, (unsigned long long)l, qkv[j]);
+            }
+            add(s, K_LINEAR, H, H, "%s.%llu.self_attn.o_proj.weight", p, (unsigned long long)l);
+            add(s, K_NORM, H, 0, "%s.%llu.post_attention_layernorm.weight", p, (unsigned long long)l);
+            add(s, K_LINEAR, I, H, "%s.%llu.mlp.gate_proj.weight", p, (unsigned long long)l);
+            add(s, K_LINEAR, I, H, "%s.%llu.mlp.up_proj.weight", p, (unsigned long long)l);
+            add(s, K_LINEAR, H, I, "%s.%llu.mlp.down_proj.weight", p, (unsigned long long)l);
+        }
+        add(s, K_NORM, H, 0, "model.norm.weight");
+        if (!a->tied)
+            add(s, K_LINEAR, V, H, "lm_head.weight");
+    } else {
+        add(s, K_EMBED, V, H, "transformer.wte.weight");
+        add(s, K_EMBED, a->positions, H, "transformer.wpe.weight");
+        for (uint64_t l = 0; l < a->layers; l++) {
+            unsigned long long L = (unsigned long long)l;
+            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_1.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_1.bias", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.k_proj.weight", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.v_proj.weight", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.q_proj.weight", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.out_proj.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.attention.out_proj.bias", L);
+            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_2.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_2.bias", L);
+            add(s, K_LINEAR, I, H, "transformer.h.%llu.mlp.c_fc.weight", L);
+            add(s, K_BIAS, I, 0, "transformer.h.%llu.mlp.c_fc.bias", L);
+            add(s, K_LINEAR, H, I, "transformer.h.%llu.mlp.c_proj.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.mlp.c_proj.bias", L);
+        }
+        add(s, K_NORM, H, 0, "transformer.ln_f.weight");
+        add(s, K_BIAS, H, 0, "transformer.ln_f.bias");
+    }
+}
+
+static const arch *find_arch(const char *name)
+{
+    for (size_t i = 0; i < NARCH; i++)
+        if (name && strcmp(archs[i].name, name) == 0)
+            return &archs[i];
+    return NULL;
+}
+
+static uint64_t spec_numel(const spec *t) { return t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1); }
+
+stz_status stz_synth_arch_size(const char *name, size_t *tensors, uint64_t *params, stz_err *err)
+{
+    const arch *a = find_arch(name);
+    if (!a)
+        return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')", name ? name : "");
+    specs s = {0};
+    build_specs(a, &s);
+    if (s.oom) {
+        free(s.v);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    *tensors = s.n;
+    *params = 0;
+    for (size_t i = 0; i < s.n; i++)
+        *params += spec_numel(&s.v[i]);
+    free(s.v);
+    return STZ_OK;
+}
+
+/* ---- random numbers -------------------------------------------------- */
+
+static inline uint64_t wyrand(uint64_t *s)
+{
+    *s += 0xa0761d6478bd642full;
+    __uint128_t t = (__uint128_t)*s * (*s ^ 0xe7037ed1a0b428dbull);
+    return (uint64_t)(t >> 64) ^ (uint64_t)t;
+}
+
+static uint64_t mix(uint64_t a, uint64_t b)
+{
+    uint64_t z = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Two standard normals from one 64-bit draw (Box-Muller on 24-bit uniforms). */
+static inline void normal2(uint64_t r, float *a, float *b)
+{
+    float u1 = ((float)(r & 0xffffff) + 1.0f) * (1.0f / 16777217.0f);
+    float u2 = (float)((r >> 24) & 0xffffff) * (1.0f / 16777216.0f);
+    float m = sqrtf(-2.0f * logf(u1)), s, c;
+    sincosf(6.2831853f * u2, &s, &c);
+    *a = m * c, *b = m * s;
+}
+
+static float normal1(uint64_t *st)
+{
+    float a, b;
+    normal2(wyrand(st), &a, &b);
+    return a;
+}
+
+/* Student-t with NU degrees of freedom = normal * sqrt(NU / chi2_NU). The
+ * mixing factor comes from a 256-entry table of its quantiles, normalised
+ * to unit variance, so one draw gives two heavy-tailed values. */
+#define NU 8
+static float t_scale[256];
+static pthread_once_t t_once = PTHREAD_ONCE_INIT;
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void t_init(void)
+{
+    enum { SAMPLES = 256 * 64 };
+    static float v[SAMPLES];
+    uint64_t st = 12345;
+    for (int i = 0; i < SAMPLES; i++) {
+        float chi2 = 0;
+        for (int k = 0; k < NU; k++) {
+            float z = normal1(&st);
+            chi2 += z * z;
+        }
+        v[i] = sqrtf((float)(NU - 2) / chi2); /* var(t_NU) = NU/(NU-2) */
+    }
+    qsort(v, SAMPLES, sizeof *v, cmp_float);
+    for (int i = 0; i < 256; i++)
+        t_scale[i] = v[i * 64 + 32];
+}
+
+/* ---- generation ------------------------------------------------------ */
+
+#define CHUNK ((uint64_t)1 << 16)  /* elements per independently seeded chunk */
+#define BATCH ((uint64_t)1 << 22)  /* elements generated before each write */
+
+typedef struct {
+    const spec *t;
+    uint64_t seed;     /* tensor seed */
+    float base;        /* overall scale */
+    const float *row, *col;
+    stz_dtype dtype;
+    uint64_t first;    /* first element of this batch */
+    uint64_t count;
+    uint8_t *out;      /* count * elem bytes */
+    int tid, nthreads;
+    uint64_t hist[256];
+} job;
+
+static inline float value_at(const job *j, uint64_t e, float z)
+{
+    switch (j->t->kind) {
+    case K_NORM:
+        return expf(0.15f * z) * j->base;
+    case K_BIAS:
+        return j->base * z;
+    default: {
+        uint64_t cols = j->t->shape[1];
+        return j->base * j->row[e / cols] * j->col[e % cols] * z;
+    }
+    }
+}
+
+static void *gen_batch(void *arg)
+{
+    job *j = (job *)arg;
+    size_t esz = stz_dtype_bits(j->dtype) / 8;
+    memset(j->hist, 0, sizeof j->hist);
+    uint64_t c0 = j->first / CHUNK, c1 = (j->first + j->count + CHUNK - 1) / CHUNK;
+    for (uint64_t c = c0 + (uint64_t)j->tid; c < c1; c += (uint64_t)j->nthreads) {
+        uint64_t st = mix(j->seed, c);
+        uint64_t e0 = c * CHUNK, e1 = e0 + CHUNK;
+        if (e1 > j->first + j->count)
+            e1 = j->first + j->count;
+        for (uint64_t e = e0; e < e1; e += 2) {
+            uint64_t r = wyrand(&st);
+            float z[2];
+            normal2(r, &z[0], &z[1]);
+            z[0] *= t_scale[(r >> 48) & 0xff];
+            z[1] *= t_scale[r >> 56];
+            for (int k = 0; k < 2 && e + (uint64_t)k < e1; k++) {
+                float v = value_at(j, e + (uint64_t)k, z[k]);
+                uint16_t b = stz_f32_to_bf16(v);
+                j->hist[(b >> 7) & 0xff]++;
+                uint8_t *o = j->out + (e + (uint64_t)k - j->first) * esz;
+                if (j->dtype == STZ_DTYPE_BF16) {
+                    stz_put_le16(o, b);
+                } else if (j->dtype == STZ_DTYPE_F16) {
+                    stz_put_le16(o, stz_f32_to_f16(v));
+                } else {
+                    uint32_t u;
+                    memcpy(&u, &v, 4);
+                    stz_put_le32(o, u);
+                }
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Per-row and per-column log-normal magnitudes; ~0.5% of input columns of
+ * linear layers are outlier channels several times larger. */
+static void make_factors(const spec *t, uint64_t seed, float *row, float *col)
+{
+    uint64_t st = mix(seed, 0xfacade);
+    uint64_t rows = t->shape[0], cols = t->shape[1];
+    for (uint64_t i = 0; i < rows; i++)
+        row[i] = expf(0.15f * normal1(&st));
+    for (uint64_t i = 0; i < cols; i++) {
+        col[i] = expf(0.10f * normal1(&st));
+        if (t->kind == K_LINEAR && (wyrand(&st) % 200) == 0)
+            col[i] *= 4.0f + 4.0f * (float)(wyrand(&st) % 1000) / 1000.0f;
+    }
+}
+
+static float base_scale(const spec *t)
+{
+    switch (t->kind) {
+    case K_LINEAR:
+        return 1.0f / sqrtf((float)t->shape[1]);
+    case K_EMBED:
+        return 1.0f / sqrtf((float)t->shape[1]);
+    case K_NORM:
+        return 1.0f;
+    default:
+        return 0.02f;
+    }
+}
+
+static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synth_params *p, stz_err *err)
+{
+    char cfg[512], seed[32];
+    snprintf(cfg, sizeof cfg,
+             "{\"architecture\":\"%s\",\"hidden_size\":%llu,\"intermediate_size\":%llu,"
+             "\"num_hidden_layers\":%llu,\"num_attention_heads\":%llu,\"num_key_value_heads\":%llu,"
+             "\"vocab_size\":%llu,\"tie_word_embeddings\":%s}",
+             a->name, (unsigned long long)a->hidden, (unsigned long long)a->inter, (unsigned long long)a->layers,
+             (unsigned long long)a->heads, (unsigned long long)a->kv_heads, (unsigned long long)a->vocab,
+             a->tied ? "true" : "false");
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
+    stz_status st;
+    if ((st = stz_writer_set_meta(w, "stz.synthetic", "true", err)) ||
+        (st = stz_writer_set_meta(w, "stz.synth.arch", a->name, err)) ||
+        (st = stz_writer_set_meta(w, "stz.synth.seed", seed, err)) ||
+        (st = stz_writer_set_meta(w, "config", cfg, err)))
+        return st;
+    return STZ_OK;
+}
+
+stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err)
+{
+    const arch *a = find_arch(p->arch);
+    if (!a)
+        return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')",
+                           p->arch ? p->arch : "");
+    if (p->dtype != STZ_DTYPE_BF16 && p->dtype != STZ_DTYPE_F16 && p->dtype != STZ_DTYPE_F32)
+        return stz_err_set(err, STZ_E_ARG, "synth: dtype must be BF16, F16 or F32");
+    if (p->threads < 1 || p->threads > 256)
+        return stz_err_set(err, STZ_E_ARG, "synth: threads must be 1..256");
+    pthread_once(&t_once, t_init);
+
+    stz_status st = STZ_OK;
+    stz_writer *w = NULL;
+    specs s = {0};
+    float *row = NULL, *col = NULL;
+    uint8_t *buf = NULL;
+    job *jobs = calloc((size_t)p->threads, sizeof *jobs);
+    pthread_t *tids = calloc((size_t)p->threads, sizeof *tids);
+    size_t esz = stz_dtype_bits(p->dtype) / 8;
+    uint64_t hist[256] = {0}, params = 0, maxdim = 0;
+
+    build_specs(a, &s);
+    for (size_t i = 0; i < s.n; i++) {
+        params += spec_numel(&s.v[i]);
+        for (int d = 0; d < s.v[i].ndim; d++)
+            maxdim = s.v[i].shape[d] > maxdim ? s.v[i].shape[d] : maxdim;
+    }
+    row = malloc(maxdim * sizeof *row);
+    col = malloc(maxdim * sizeof *col);
+    buf = malloc(BATCH * esz);
+    if (s.oom || !jobs || !tids || !row || !col || !buf) {
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
+        goto cleanup;
+    }
+    if ((st = stz_writer_open(&w, path, p->write_flags, err)) || (st = write_config_meta(w, a, p, err)))
+        goto cleanup;
+    for (size_t i = 0; i < s.n; i++)
+        if ((st = stz_writer_add(w, s.v[i].name, p->dtype, s.v[i].ndim, s.v[i].shape, err)))
+            goto cleanup;
+
+    uint64_t total = params * esz, done = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        const spec *t = &s.v[i];
+        uint64_t tseed = mix(p->seed, i + 1), n = spec_numel(t);
+        if (t->ndim == 2)
+            make_factors(t, tseed, row, col);
+        for (uint64_t first = 0; first < n; first += BATCH) {
+            uint64_t count = n - first < BATCH ? n - first : BATCH;
+            for (int k = 0; k < p->threads; k++) {
+                jobs[k] = (job){.t = t, .seed = tseed, .base = base_scale(t), .row = row, .col = col,
+                                .dtype = p->dtype, .first = first, .count = count, .out = buf,
+                                .tid = k, .nthreads = p->threads};
+                if (k && pthread_create(&tids[k], NULL, gen_batch, &jobs[k]) != 0) {
+                    /* run it here instead */
+                    gen_batch(&jobs[k]);
+                    tids[k] = 0;
+                }
+            }
+            gen_batch(&jobs[0]);
+            for (int k = 0; k < p->threads; k++) {
+                if (k && tids[k])
+                    pthread_join(tids[k], NULL);
+                for (int b = 0; b < 256; b++)
+                    hist[b] += jobs[k].hist[b];
+            }
+            if ((st = stz_writer_write(w, buf, count * esz, err)))
+                goto cleanup;
+            done += count * esz;
+            if (p->progress && p->progress(p->progress_user, done, total)) {
+                st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", path);
+                goto cleanup;
+            }
+        }
+    }
+    if ((st = stz_writer_finish(w, err)))
+        goto cleanup;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->tensors = s.n;
+        stats->params = params;
+        struct stat sb;
+        stats->bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+        double h = 0;
+        for (int b = 0; b < 256; b++) {
+            stats->exp_hist[b] = hist[b];
+            if (hist[b]) {
+                double q = (double)hist[b] / (double)params;
+                h -= q * log2(q);
+            }
+        }
+        stats->exp_entropy_bits = h;
+    }
+
+cleanup:
+    stz_writer_free(w);
+    free(s.v);
+    free(row);
+    free(col);
+    free(buf);
+    free(jobs);
+    free(tids);
+    return st;
+}
