@@ -1,0 +1,40 @@
+/* Fuzz target for the SafeTensors parser: any byte string is a file image.
+ * Built as a libFuzzer target with -DSTZ_FUZZ=ON (clang), and always as a
+ * CTest replay over tests/corpus/safetensors (see fuzz_replay.c). */
+#include "stz_safetensors.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    stz_reader *r;
+    stz_err err;
+    if (stz_reader_open_mem(&r, data, size, "fuzz", &err) != STZ_OK) {
+        if (err.code == STZ_OK || !err.msg[0])
+            abort(); /* a failure must say why */
+        return 0;
+    }
+    /* Whatever the reader accepts must be consistent and fully readable. */
+    uint64_t expect = 0;
+    for (size_t i = 0; i < stz_reader_count(r); i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        uint8_t buf[256];
+        uint64_t size_t_ = t->end - t->begin;
+        if (t->begin != expect || stz_reader_find(r, t->name) != (long)i)
+            abort();
+        expect = t->end;
+        size_t n = size_t_ < sizeof buf ? (size_t)size_t_ : sizeof buf;
+        if (stz_reader_read(r, t, size_t_ - n, buf, n, &err) != STZ_OK)
+            abort();
+    }
+    if (stz_reader_data_offset(r) + expect != size)
+        abort();
+    for (size_t i = 0; i < stz_reader_meta_count(r); i++)
+        if (!stz_reader_meta_get(r, stz_reader_meta_key(r, i)))
+            abort();
+    stz_reader_free(r);
+    return 0;
+}

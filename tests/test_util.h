@@ -1,0 +1,103 @@
+/* Helpers shared by the test programs (header-only, static). */
+#ifndef STZ_TEST_UTIL_H
+#define STZ_TEST_UTIL_H
+
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+/* A fresh directory under $TMPDIR (or /tmp); removed by tu_rmdir. */
+static inline char *tu_tmpdir(void)
+{
+    const char *base = getenv("TMPDIR");
+    char *p = malloc(512);
+    snprintf(p, 512, "%s/stz-test-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(p)) {
+        perror("mkdtemp");
+        abort();
+    }
+    return p;
+}
+
+static inline char *tu_path(const char *dir, const char *name)
+{
+    char *p = malloc(strlen(dir) + strlen(name) + 2);
+    sprintf(p, "%s/%s", dir, name);
+    return p;
+}
+
+/* Number of entries in dir other than . and .. */
+static inline int tu_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static inline void tu_rmdir(char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char *p = tu_path(dir, e->d_name);
+        unlink(p);
+        free(p);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+    free(dir);
+}
+
+/* Whole file into memory; *n gets its size. NULL if unreadable. */
+static inline uint8_t *tu_read(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    *n = 0;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)sz + 1);
+    *n = fread(b, 1, (size_t)sz, f);
+    fclose(f);
+    return b;
+}
+
+static inline void tu_write(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n)
+        abort();
+    fclose(f);
+}
+
+static inline uint64_t tu_hash_file(const char *path)
+{
+    size_t n;
+    uint8_t *b = tu_read(path, &n);
+    uint64_t h = b ? XXH3_64bits(b, n) : 0;
+    free(b);
+    return h;
+}
+
+static inline int tu_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+#endif
