@@ -49,5 +49,8 @@ int cli_check_not_input(const char *out, const char *in);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_pack(int argc, char **argv);
+int cmd_unpack(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
 
 #endif

@@ -7,6 +7,9 @@
 
 static const cli_command commands[] = {
     {"inspect", cmd_inspect, "list the tensors, dtypes, sizes and metadata of a file"},
+    {"pack", cmd_pack, "pack a SafeTensors file losslessly into an .stz container"},
+    {"unpack", cmd_unpack, "restore the original file (or one tensor) from a container"},
+    {"verify", cmd_verify, "check every checksum of containers without writing"},
     {"synth", cmd_synth, "generate a realistic stand-in model of a real architecture"},
 };
 #define NCMD (sizeof commands / sizeof commands[0])

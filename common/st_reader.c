@@ -15,6 +15,7 @@ struct stz_reader {
     char *path;
     int fd;                 /* -1 for a memory image */
     const uint8_t *mem;     /* memory image, not owned */
+    uint64_t mem_size;      /* bytes available at mem (<= file_size) */
     uint64_t file_size;
     uint8_t *header;        /* N header bytes (+1 NUL, not counted) */
     uint64_t header_len;
@@ -355,8 +356,33 @@ stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size, c
     if (!r)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     r->mem = buf;
-    r->file_size = size;
+    r->mem_size = r->file_size = size;
     stz_status s = reader_init(r, err);
+    if (s != STZ_OK) {
+        stz_reader_free(r);
+        return s;
+    }
+    *out = r;
+    return STZ_OK;
+}
+
+stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size,
+                                  const char *label, stz_err *err)
+{
+    *out = NULL;
+    if (size > file_size)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: header image of %zu bytes is larger than the file (%llu)",
+                           label ? label : "(memory)", size, (unsigned long long)file_size);
+    stz_reader *r = reader_new(label);
+    if (!r)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    r->mem = buf;
+    r->mem_size = size;
+    r->file_size = file_size;
+    stz_status s = reader_init(r, err);
+    if (s == STZ_OK && stz_reader_data_offset(r) != size)
+        s = stz_err_set(err, STZ_E_FORMAT, "%s: header image is %zu bytes but declares %llu", r->path, size,
+                        (unsigned long long)stz_reader_data_offset(r));
     if (s != STZ_OK) {
         stz_reader_free(r);
         return s;
@@ -428,6 +454,9 @@ stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t
         return stz_err_set(err, STZ_E_BOUNDS, "%s: read of %zu bytes at offset %llu is past the end (%llu bytes)",
                            r->path, n, (unsigned long long)off, (unsigned long long)r->file_size);
     if (r->mem) {
+        if (off > r->mem_size || n > r->mem_size - off)
+            return stz_err_set(err, STZ_E_BOUNDS, "%s: bytes at offset %llu are not held in memory", r->path,
+                               (unsigned long long)off);
         memcpy(dst, r->mem + off, n);
         return STZ_OK;
     }

@@ -78,6 +78,8 @@ typedef struct stz_outfile {
     int slot;       /* index in the cleanup registry, -1 if none */
 } stz_outfile;
 
+#define STZ_OUTFILE_INIT {-1, NULL, NULL, -1}
+
 /* Creates a temporary file next to `path`. STZ_E_EXISTS if path exists and
  * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */
 stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_err *err);
@@ -88,3 +90,27 @@ stz_status stz_outfile_commit(stz_outfile *of, stz_err *err);
 void stz_outfile_abort(stz_outfile *of);
 
 #endif /* STZ_INTERNAL_H */
+
+/* ---- ordered parallel pipeline --------------------------------------- */
+
+/*
+ * Runs work(i) for i in [0, n) on `threads` threads (the caller's thread is
+ * one of them), then commit(i) strictly in order 0, 1, 2, ... with the
+ * commits serialised. Work items are handed out in order, so at most
+ * `threads` items are between work and commit: memory stays bounded by the
+ * per-thread buffers. The first error stops the run and is returned.
+ * progress (optional) is called from the caller's thread with `done`, which
+ * commit() may advance (it runs under the pipeline's lock).
+ */
+typedef struct stz_pipeline {
+    size_t n;
+    int threads;
+    void *ctx;
+    stz_status (*work)(void *ctx, int tid, size_t i, stz_err *err);
+    stz_status (*commit)(void *ctx, int tid, size_t i, stz_err *err);
+    stz_progress_fn progress;
+    void *progress_user;
+    uint64_t done, total; /* progress units; commit() updates done */
+} stz_pipeline;
+
+stz_status stz_pipeline_run(stz_pipeline *p, stz_err *err);

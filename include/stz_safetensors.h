@@ -57,6 +57,15 @@ stz_status stz_reader_open(stz_reader **out, const char *path, stz_err *err);
 stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size,
                                const char *label, stz_err *err);
 
+/*
+ * Validates a header image (the 8-byte length and the JSON, `size` bytes)
+ * as if it began a file of `file_size` bytes. The data is not available:
+ * reading tensor bytes gives STZ_E_BOUNDS. Used for containers that keep the
+ * original header apart from the data. `buf` must outlive the reader.
+ */
+stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size,
+                                  const char *label, stz_err *err);
+
 void stz_reader_free(stz_reader *r);
 
 /* Tensors in file order (increasing begin; ties keep header order). */

@@ -1,0 +1,225 @@
+/* stz pack / unpack / verify: the lossless container. */
+#include "cli.h"
+#include "stz_pack.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char pack_help[] =
+    "usage: stz pack IN.safetensors [-o OUT.stz] [options]\n\n"
+    "Packs a SafeTensors file losslessly: 'stz unpack' gives back the same bytes.\n"
+    "Output defaults to IN.stz.\n\n"
+    "  -o, --output FILE     where to write\n"
+    "  --best                slower, smaller (also tries zstd -19 on every plane)\n"
+    "  -T, --threads N       worker threads, 0 = all cores (default); same output for any N\n"
+    "  --chunk-size BYTES    raw bytes per chunk (default 1048576; 65536..67108864)\n"
+    "  -f, --force           replace OUT if it exists\n"
+    "  -q, --quiet           no progress, no summary\n"
+    "  --json                print the summary as JSON\n"
+    "  -h, --help            this text\n";
+
+static const char unpack_help[] =
+    "usage: stz unpack IN.stz [-o OUT.safetensors] [--tensor NAME] [options]\n\n"
+    "Restores the original file byte for byte, checking every chunk checksum\n"
+    "and the whole-file hash; nothing is written if any check fails. Output\n"
+    "defaults to IN without its .stz suffix. With --tensor, writes only that\n"
+    "tensor's raw little-endian bytes, decoding only its chunks.\n\n"
+    "  -o, --output FILE     where to write\n"
+    "  --tensor NAME         extract one tensor's bytes\n"
+    "  -T, --threads N       worker threads, 0 = all cores (default)\n"
+    "  -f, --force           replace OUT if it exists\n"
+    "  -q, --quiet           no progress\n"
+    "  -h, --help            this text\n";
+
+static const char verify_help[] =
+    "usage: stz verify [options] FILE.stz...\n\n"
+    "Decodes every chunk and checks every checksum and the whole-file hash\n"
+    "without writing anything. Exit status 0 if all files are intact, 1 if not.\n\n"
+    "  -T, --threads N       worker threads, 0 = all cores (default)\n"
+    "  -q, --quiet           no progress, no per-file line\n"
+    "  --json                print results as JSON\n"
+    "  -h, --help            this text\n";
+
+enum { O_BEST = 256, O_CHUNK, O_JSON, O_TENSOR };
+
+static const struct option opts[] = {
+    {"output", required_argument, 0, 'o'}, {"best", no_argument, 0, O_BEST},
+    {"threads", required_argument, 0, 'T'}, {"chunk-size", required_argument, 0, O_CHUNK},
+    {"force", no_argument, 0, 'f'},         {"quiet", no_argument, 0, 'q'},
+    {"json", no_argument, 0, O_JSON},       {"tensor", required_argument, 0, O_TENSOR},
+    {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+
+typedef struct {
+    const char *out, *tensor;
+    int best, threads, force, quiet, json;
+    long chunk;
+} pack_opts;
+
+/* Parses the options shared by the three commands; `allowed` lists the
+ * long options the command takes. Returns -1 to go on, else an exit code. */
+static int parse(const char *cmd, const char *help, const char *allowed, int argc, char **argv, pack_opts *o)
+{
+    int c;
+    memset(o, 0, sizeof *o);
+    o->threads = cli_ncores();
+    o->chunk = 1 << 20;
+    while ((c = getopt_long(argc, argv, "o:T:fqh", opts, NULL)) != -1) {
+        const char *name = c == 'o' ? "output" : c == O_BEST ? "best" : c == O_CHUNK ? "chunk-size"
+                         : c == O_JSON ? "json" : c == O_TENSOR ? "tensor" : "";
+        if (*name && !strstr(allowed, name))
+            return cli_usage_error(cmd, "--%s does not apply here", name);
+        switch (c) {
+        case 'o': o->out = optarg; break;
+        case O_BEST: o->best = 1; break;
+        case O_CHUNK: {
+            char *end;
+            o->chunk = strtol(optarg, &end, 10);
+            if (*end || o->chunk < (long)STZ_PACK_MIN_CHUNK || o->chunk > (long)STZ_PACK_MAX_CHUNK || o->chunk % 8)
+                return cli_usage_error(cmd, "--chunk-size takes a multiple of 8 in [%u, %u]", STZ_PACK_MIN_CHUNK,
+                                       STZ_PACK_MAX_CHUNK);
+            break;
+        }
+        case 'T':
+            if ((o->threads = cli_threads(optarg)) < 0)
+                return cli_usage_error(cmd, "-T takes 0..256, not '%s'", optarg);
+            break;
+        case 'f': o->force = 1; break;
+        case 'q': o->quiet = 1; break;
+        case O_JSON: o->json = 1; break;
+        case O_TENSOR: o->tensor = optarg; break;
+        case 'h': return fputs(help, stdout), CLI_OK;
+        default: return cli_usage_error(cmd, "unknown option");
+        }
+    }
+    return -1;
+}
+
+/* IN + suffix, or IN without suffix; NULL if that is impossible. */
+static char *derive(const char *in, const char *suffix, int add)
+{
+    size_t n = strlen(in), s = strlen(suffix);
+    if (add) {
+        char *p = malloc(n + s + 1);
+        if (p)
+            sprintf(p, "%s%s", in, suffix);
+        return p;
+    }
+    if (n <= s || strcmp(in + n - s, suffix) != 0)
+        return NULL;
+    return strndup(in, n - s);
+}
+
+int cmd_pack(int argc, char **argv)
+{
+    pack_opts o;
+    int rc = parse("pack", pack_help, "output best chunk-size json", argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (optind != argc - 1)
+        return cli_usage_error("pack", "expected one input file");
+    const char *in = argv[optind];
+    char *out = o.out ? strdup(o.out) : derive(in, ".stz", 1);
+    stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
+    p.level = o.best ? STZ_PACK_BEST : STZ_PACK_FAST;
+    p.threads = o.threads;
+    p.chunk_size = (uint32_t)o.chunk;
+    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    cli_progress prog;
+    cli_progress_init(&prog, "pack", o.quiet);
+    p.progress = cli_progress_cb;
+    p.progress_user = &prog;
+    stz_pack_stats st;
+    stz_err err;
+    stz_status s = stz_pack_file(&p, in, out, &st, &err);
+    cli_progress_end(&prog);
+    if (s) {
+        free(out);
+        return cli_fail(&err);
+    }
+    double secs = cli_now() - prog.start, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;
+    if (o.json) {
+        printf("{\"input\": \"%s\", \"output\": \"%s\", \"in_bytes\": %llu, \"out_bytes\": %llu, \"ratio\": %.4f, "
+               "\"chunks\": %llu, \"seconds\": %.3f}\n",
+               in, out, (unsigned long long)st.in_bytes, (unsigned long long)st.out_bytes, ratio,
+               (unsigned long long)st.chunks, secs);
+    } else if (!o.quiet) {
+        char a[32], b[32], r[32];
+        printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n", in, out, cli_commas(a, st.in_bytes),
+               cli_commas(b, st.out_bytes), ratio, secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
+    }
+    free(out);
+    return CLI_OK;
+}
+
+int cmd_unpack(int argc, char **argv)
+{
+    pack_opts o;
+    int rc = parse("unpack", unpack_help, "output tensor", argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (optind != argc - 1)
+        return cli_usage_error("unpack", "expected one input file");
+    const char *in = argv[optind];
+    char *out = o.out ? strdup(o.out) : o.tensor ? NULL : derive(in, ".stz", 0);
+    if (!out)
+        return cli_usage_error("unpack", "give -o OUT (cannot derive a name from '%s')", in);
+    stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
+    p.threads = o.threads;
+    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    cli_progress prog;
+    cli_progress_init(&prog, "unpack", o.quiet);
+    p.progress = cli_progress_cb;
+    p.progress_user = &prog;
+    stz_err err;
+    stz_status s = o.tensor ? stz_unpack_tensor(&p, in, o.tensor, out, &err) : stz_unpack_file(&p, in, out, &err);
+    cli_progress_end(&prog);
+    free(out);
+    return s ? cli_fail(&err) : CLI_OK;
+}
+
+int cmd_verify(int argc, char **argv)
+{
+    pack_opts o;
+    int rc = parse("verify", verify_help, "json", argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (optind >= argc)
+        return cli_usage_error("verify", "expected at least one file");
+    stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
+    p.threads = o.threads;
+    int bad = 0;
+    cJSON *arr = o.json ? cJSON_CreateArray() : NULL;
+    for (int i = optind; i < argc; i++) {
+        cli_progress prog;
+        cli_progress_init(&prog, "verify", o.quiet);
+        p.progress = cli_progress_cb;
+        p.progress_user = &prog;
+        stz_err err;
+        stz_status s = stz_verify_file(&p, argv[i], &err);
+        cli_progress_end(&prog);
+        bad |= s != STZ_OK;
+        if (arr) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "file", argv[i]);
+            cJSON_AddBoolToObject(e, "ok", s == STZ_OK);
+            if (s) {
+                cJSON_AddStringToObject(e, "code", stz_status_name(s));
+                cJSON_AddStringToObject(e, "error", err.msg);
+            }
+            cJSON_AddItemToArray(arr, e);
+        } else if (s) {
+            cli_fail(&err);
+        } else if (!o.quiet) {
+            printf("%s: OK\n", argv[i]);
+        }
+    }
+    if (arr) {
+        char *j = cJSON_Print(arr);
+        puts(j ? j : "[]");
+        free(j);
+        cJSON_Delete(arr);
+    }
+    return bad ? CLI_ERROR : CLI_OK;
+}

@@ -1,0 +1,107 @@
+/* Ordered parallel pipeline: parallel work, in-order commit. */
+#include "stz_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef struct {
+    stz_pipeline *p;
+    pthread_mutex_t lock;
+    pthread_cond_t turn;
+    size_t next;      /* next item to hand out */
+    size_t committed; /* items committed so far */
+    stz_status status;
+    stz_err err;
+} run_state;
+
+typedef struct {
+    run_state *s;
+    int tid;
+} worker_arg;
+
+static void fail(run_state *s, stz_status st, const stz_err *e)
+{
+    if (s->status == STZ_OK) {
+        s->status = st;
+        s->err = *e;
+    }
+    pthread_cond_broadcast(&s->turn);
+}
+
+static void *worker(void *arg)
+{
+    worker_arg *a = (worker_arg *)arg;
+    run_state *s = a->s;
+    stz_pipeline *p = s->p;
+    stz_err e;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        size_t i = s->next;
+        if (i >= p->n || s->status != STZ_OK) {
+            pthread_mutex_unlock(&s->lock);
+            break;
+        }
+        s->next++;
+        pthread_mutex_unlock(&s->lock);
+
+        stz_err_clear(&e);
+        stz_status st = p->work(p->ctx, a->tid, i, &e);
+
+        pthread_mutex_lock(&s->lock);
+        if (st != STZ_OK)
+            fail(s, st, &e);
+        while (s->status == STZ_OK && s->committed != i)
+            pthread_cond_wait(&s->turn, &s->lock);
+        if (s->status == STZ_OK) {
+            st = p->commit ? p->commit(p->ctx, a->tid, i, &e) : STZ_OK;
+            if (st != STZ_OK)
+                fail(s, st, &e);
+            s->committed++;
+            pthread_cond_broadcast(&s->turn);
+        }
+        uint64_t done = p->done, total = p->total;
+        pthread_mutex_unlock(&s->lock);
+
+        if (a->tid == 0 && p->progress && p->progress(p->progress_user, done, total)) {
+            stz_err_set(&e, STZ_E_INTERRUPTED, "interrupted");
+            pthread_mutex_lock(&s->lock);
+            fail(s, STZ_E_INTERRUPTED, &e);
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+    return NULL;
+}
+
+stz_status stz_pipeline_run(stz_pipeline *p, stz_err *err)
+{
+    int nt = p->threads < 1 ? 1 : p->threads;
+    run_state s = {.p = p, .status = STZ_OK};
+    pthread_mutex_init(&s.lock, NULL);
+    pthread_cond_init(&s.turn, NULL);
+    pthread_t *tids = calloc((size_t)nt, sizeof *tids);
+    worker_arg *args = calloc((size_t)nt, sizeof *args);
+    int started = 0;
+    if (!tids || !args) {
+        free(tids);
+        free(args);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for %d threads", nt);
+    }
+    for (int t = 0; t < nt; t++)
+        args[t] = (worker_arg){&s, t};
+    for (int t = 1; t < nt; t++, started++)
+        if (pthread_create(&tids[t], NULL, worker, &args[t]) != 0)
+            break; /* run with the threads we have */
+    worker(&args[0]);
+    for (int t = 1; t <= started; t++)
+        pthread_join(tids[t], NULL);
+    free(tids);
+    free(args);
+    pthread_mutex_destroy(&s.lock);
+    pthread_cond_destroy(&s.turn);
+    if (s.status != STZ_OK) {
+        if (err)
+            *err = s.err;
+        return s.status;
+    }
+    return STZ_OK;
+}

@@ -1,0 +1,156 @@
+/*
+ * stz_pack.h - lossless container for SafeTensors files (.stz).
+ *
+ * stz_pack_file() turns any valid SafeTensors file into a container and
+ * stz_unpack_file() gives back the identical bytes. Each tensor is cut into
+ * chunks (default 1 MiB); each chunk's elements are split into planes that
+ * group similar bits (BF16: exponent byte | sign+mantissa byte; F16, F32
+ * likewise; other widths: byte planes), and each plane is stored raw, as a
+ * constant, as Huffman-coded literals in a zstd frame, or as a full zstd
+ * frame, whichever is smallest. Every chunk carries an XXH64 checksum, the
+ * trailer an XXH64 of the whole original file; an index at the end gives
+ * random access. Byte layout: docs/FORMAT.md.
+ *
+ * Output bytes depend only on the input and the level, never on threads.
+ * Memory is bounded by threads x chunk size, not by the model.
+ */
+#ifndef STZ_PACK_H
+#define STZ_PACK_H
+
+#include "stz.h"
+#include "stz_safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STZ_PACK_FORMAT_VERSION 1
+#define STZ_PACK_MIN_CHUNK (64u << 10)
+#define STZ_PACK_MAX_CHUNK (64u << 20)
+
+typedef enum { STZ_PACK_FAST = 1, STZ_PACK_BEST = 2 } stz_pack_level;
+
+typedef struct {
+    stz_pack_level level;    /* FAST (default) or BEST (slower, smaller) */
+    int threads;             /* >= 1 */
+    uint32_t chunk_size;     /* raw bytes per chunk, multiple of 8 in [MIN, MAX] */
+    unsigned write_flags;    /* STZ_WRITE_FORCE */
+    stz_progress_fn progress;/* input bytes done / total */
+    void *progress_user;
+} stz_pack_params;
+
+#define STZ_PACK_PARAMS_DEFAULT {STZ_PACK_FAST, 1, 1u << 20, 0, NULL, NULL}
+
+typedef struct {
+    uint64_t in_bytes, out_bytes;
+    uint64_t chunks;
+} stz_pack_stats;
+
+/* Packs SafeTensors `in` into container `out`. Input errors are the
+ * reader's; STZ_E_EXISTS, STZ_E_IO, STZ_E_NOMEM, STZ_E_INTERRUPTED. */
+stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
+                         stz_err *err);
+
+/* ---- reading containers ---------------------------------------------- */
+
+typedef struct stz_container stz_container;
+
+/* Codec of one plane. Values are part of the format. */
+typedef enum {
+    STZ_CODEC_RAW = 0,   /* stored as is */
+    STZ_CODEC_CONST = 1, /* one byte repeated */
+    STZ_CODEC_HUF = 2,   /* zstd frame of Huffman-coded literals only */
+    STZ_CODEC_ZSTD = 3,  /* zstd frame with matches */
+    STZ_CODEC_COUNT
+} stz_codec;
+
+/* Plane transform of one chunk. Values are part of the format. */
+typedef enum {
+    STZ_XFORM_NONE = 0,   /* 1 plane: the bytes */
+    STZ_XFORM_BF16 = 1,   /* exponent | sign+7 mantissa bits */
+    STZ_XFORM_F16 = 2,    /* exponent (5b) | sign+2 top mantissa bits | 8 low mantissa bits */
+    STZ_XFORM_F32 = 3,    /* exponent | sign+7 top mantissa bits | mantissa byte | mantissa byte */
+    STZ_XFORM_BYTES2 = 4, /* byte planes of 2-byte elements */
+    STZ_XFORM_BYTES4 = 5,
+    STZ_XFORM_BYTES8 = 6,
+    STZ_XFORM_COUNT
+} stz_xform;
+
+#define STZ_MAX_PLANES 8
+
+typedef struct {
+    uint32_t tensor;          /* index in stz_container_header() order */
+    uint64_t data_offset;     /* offset of the chunk's bytes in the data section */
+    uint32_t raw_size;
+    uint64_t file_offset;     /* of the chunk record in the container */
+    uint32_t record_size;
+} stz_chunk_info;
+
+typedef struct {
+    stz_xform xform;
+    int nplanes;
+    stz_codec codec[STZ_MAX_PLANES];
+    uint32_t stored[STZ_MAX_PLANES]; /* payload bytes per plane */
+    uint32_t raw[STZ_MAX_PLANES];    /* plane bytes after decoding */
+} stz_chunk_planes;
+
+/* Opens a container and checks its header, trailer, index and the original
+ * SafeTensors header (STZ_E_FORMAT, STZ_E_CHECKSUM, STZ_E_TRUNCATED, ...).
+ * Chunk payloads are checked when decoded. */
+stz_status stz_container_open(stz_container **out, const char *path, stz_err *err);
+void stz_container_free(stz_container *c);
+
+/* 1 if the file starts with the container magic, 0 if not (or unreadable). */
+int stz_is_container(const char *path);
+
+/* The original file's SafeTensors header, parsed (data not readable). */
+const stz_reader *stz_container_header(const stz_container *c);
+uint64_t stz_container_file_size(const stz_container *c);     /* container */
+uint64_t stz_container_original_size(const stz_container *c); /* unpacked */
+uint32_t stz_container_chunk_size(const stz_container *c);
+size_t stz_container_chunk_count(const stz_container *c);
+const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i);
+/* Reads a chunk record's plane table (no payload decoding). */
+stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_planes *out, stz_err *err);
+
+typedef struct {
+    int threads;
+    unsigned write_flags;
+    stz_progress_fn progress;  /* original bytes done / total */
+    void *progress_user;
+} stz_unpack_params;
+
+#define STZ_UNPACK_PARAMS_DEFAULT {1, 0, NULL, NULL}
+
+/* Writes the original file to `out`, checking every chunk checksum and the
+ * whole-file hash; on any mismatch no output is left (STZ_E_CHECKSUM). */
+stz_status stz_unpack_file(const stz_unpack_params *p, const char *in, const char *out, stz_err *err);
+
+/* Decodes and checks everything, writes nothing. */
+stz_status stz_verify_file(const stz_unpack_params *p, const char *in, stz_err *err);
+
+/* Writes the raw bytes of tensor `name` (little-endian, as in the original
+ * file) to `out`, decoding only its chunks. STZ_E_ARG if no such tensor. */
+stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const char *name, const char *out,
+                             stz_err *err);
+
+const char *stz_codec_name(stz_codec c);
+const char *stz_xform_name(stz_xform x);
+
+/* ---- plane kernels (exposed for tests and benchmarks) ------------------ */
+
+/* Transform used for a dtype. */
+stz_xform stz_xform_for_dtype(stz_dtype d);
+/* Element width in bytes and plane count of a transform. */
+unsigned stz_xform_width(stz_xform x);
+unsigned stz_xform_planes(stz_xform x);
+/* Splits n bytes (a multiple of the width) into planes; plane k gets
+ * n / width bytes at planes[k]. Reference implementation, no allocation. */
+void stz_xform_split(stz_xform x, const uint8_t *src, size_t n, uint8_t *const *planes);
+/* Inverse of stz_xform_split. */
+void stz_xform_merge(stz_xform x, const uint8_t *const *planes, size_t n, uint8_t *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STZ_PACK_H */

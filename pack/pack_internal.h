@@ -1,0 +1,55 @@
+/* Container layout constants and plane codec, shared by pack and unpack.
+ * The byte layout is specified in docs/FORMAT.md. */
+#ifndef STZ_PACK_INTERNAL_H
+#define STZ_PACK_INTERNAL_H
+
+#include "stz_internal.h"
+#include "stz_pack.h"
+
+#define ZSTD_STATIC_LINKING_ONLY
+#include <zstd.h>
+
+#define STZ_MAGIC "\x89STZ\r\n\x1a\n"
+#define STZ_END_MAGIC "\x89STZEND\n"
+#define FILE_HEADER_SIZE 64
+#define TRAILER_SIZE 40
+#define INDEX_HEAD_SIZE 16
+#define INDEX_ENTRY_SIZE 32
+#define RECORD_HEAD_SIZE 24
+#define PLANE_HEAD_SIZE 8
+#define HEADER_CODEC_RAW 0
+#define HEADER_CODEC_ZSTD 3
+
+/* Largest record a chunk of `chunk` bytes can produce; records claiming more
+ * are corrupt. */
+static inline size_t stz_record_bound(size_t chunk)
+{
+    return RECORD_HEAD_SIZE + STZ_MAX_PLANES * PLANE_HEAD_SIZE + ZSTD_compressBound(chunk) + STZ_MAX_PLANES * 64;
+}
+
+/* Per-thread encoder state. */
+typedef struct {
+    ZSTD_CCtx *huf;  /* literals-only frames */
+    ZSTD_CCtx *full; /* frames with matches */
+    ZSTD_Sequence *seqs;
+    size_t seq_cap;
+} stz_plane_enc;
+
+stz_status stz_plane_enc_init(stz_plane_enc *e, stz_err *err);
+void stz_plane_enc_free(stz_plane_enc *e);
+
+/* Encodes plane src[n] into dst (capacity >= ZSTD_compressBound(n)),
+ * choosing the smallest codec among those tried. `try_zstd` is the zstd
+ * level to also try (0: none). */
+stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
+                            stz_codec *codec, size_t *stored, stz_err *err);
+
+/* Decodes exactly n bytes. STZ_E_FORMAT if the payload does not decode to
+ * exactly n bytes. */
+stz_status stz_plane_decode(ZSTD_DCtx *d, stz_codec codec, const uint8_t *src, size_t stored, uint8_t *dst, size_t n,
+                            stz_err *err);
+
+/* Order-0 entropy of n bytes in bits per byte. */
+double stz_entropy8(const uint8_t *src, size_t n, uint64_t hist[256]);
+
+#endif

@@ -1,0 +1,241 @@
+/* stz_pack_file: SafeTensors -> container. */
+#include "pack_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define BEST_ZSTD_LEVEL 19
+#define HEADER_ZSTD_LEVEL 9
+
+typedef struct {
+    uint8_t *raw, *planes, *rec;
+    size_t rec_len;
+    stz_plane_enc enc;
+} thread_buf;
+
+typedef struct {
+    const stz_pack_params *p;
+    stz_reader *r;
+    stz_outfile out;
+    stz_chunk_info *chunks;
+    size_t n;
+    thread_buf *tb;
+    uint64_t pos;
+    XXH3_state_t *whole;
+    stz_pipeline pl;
+} pack_ctx;
+
+static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
+{
+    pack_ctx *c = (pack_ctx *)vctx;
+    thread_buf *b = &c->tb[tid];
+    const stz_chunk_info *ch = &c->chunks[i];
+    const stz_tensor *t = stz_reader_tensor(c->r, ch->tensor);
+    stz_status st = stz_reader_read(c->r, t, ch->data_offset - t->begin, b->raw, ch->raw_size, err);
+    if (st)
+        return st;
+    stz_xform x = stz_xform_for_dtype(t->dtype);
+    unsigned np = stz_xform_planes(x);
+    size_t plane_len = ch->raw_size / stz_xform_width(x);
+    uint8_t *planes[STZ_MAX_PLANES];
+    for (unsigned k = 0; k < np; k++)
+        planes[k] = b->planes + k * plane_len;
+    stz_xform_split(x, b->raw, ch->raw_size, planes);
+
+    int zlevel = c->p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL
+                 : (x == STZ_XFORM_BF16 || x == STZ_XFORM_F16 || x == STZ_XFORM_F32) ? 0 : 1;
+    uint8_t *h = b->rec;
+    memcpy(h, "STZC", 4);
+    h[4] = (uint8_t)x;
+    h[5] = (uint8_t)np;
+    stz_put_le16(h + 6, 0);
+    stz_put_le32(h + 8, ch->raw_size);
+    stz_put_le32(h + 12, 0);
+    stz_put_le64(h + 16, XXH3_64bits(b->raw, ch->raw_size));
+    size_t off = RECORD_HEAD_SIZE + np * PLANE_HEAD_SIZE, cap = stz_record_bound(c->p->chunk_size);
+    for (unsigned k = 0; k < np; k++) {
+        stz_codec codec;
+        size_t stored;
+        if ((st = stz_plane_encode(&b->enc, zlevel, planes[k], plane_len, b->rec + off, cap - off, &codec, &stored,
+                                   err)))
+            return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, err->msg);
+        uint8_t *ph = h + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
+        ph[0] = (uint8_t)codec;
+        ph[1] = ph[2] = ph[3] = 0;
+        stz_put_le32(ph + 4, (uint32_t)stored);
+        off += stored;
+    }
+    b->rec_len = off;
+    return STZ_OK;
+}
+
+static stz_status pack_commit(void *vctx, int tid, size_t i, stz_err *err)
+{
+    pack_ctx *c = (pack_ctx *)vctx;
+    thread_buf *b = &c->tb[tid];
+    stz_chunk_info *ch = &c->chunks[i];
+    stz_status st = stz_outfile_write(&c->out, b->rec, b->rec_len, err);
+    if (st)
+        return st;
+    ch->file_offset = c->pos;
+    ch->record_size = (uint32_t)b->rec_len;
+    c->pos += b->rec_len;
+    XXH3_64bits_update(c->whole, b->raw, ch->raw_size);
+    c->pl.done += ch->raw_size;
+    return STZ_OK;
+}
+
+/* File header + the original SafeTensors header, zstd-compressed. */
+static stz_status write_head(pack_ctx *c, stz_err *err)
+{
+    size_t hlen;
+    stz_reader_header(c->r, &hlen);
+    size_t orig = 8 + hlen, cap = ZSTD_compressBound(orig);
+    uint8_t *img = malloc(orig), *z = malloc(cap), fh[FILE_HEADER_SIZE] = {0};
+    stz_status st = STZ_OK;
+    if (!img || !z) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu-byte header", orig);
+        goto cleanup;
+    }
+    if ((st = stz_reader_pread(c->r, 0, img, orig, err)))
+        goto cleanup;
+    size_t zs = ZSTD_compress(z, cap, img, orig, HEADER_ZSTD_LEVEL);
+    int zipped = !ZSTD_isError(zs) && zs < orig;
+    memcpy(fh, STZ_MAGIC, 8);
+    stz_put_le16(fh + 8, STZ_PACK_FORMAT_VERSION);
+    stz_put_le16(fh + 10, 0);
+    stz_put_le32(fh + 12, c->p->chunk_size);
+    stz_put_le64(fh + 16, stz_reader_file_size(c->r));
+    stz_put_le64(fh + 24, orig);
+    stz_put_le64(fh + 32, zipped ? zs : orig);
+    fh[40] = zipped ? HEADER_CODEC_ZSTD : HEADER_CODEC_RAW;
+    stz_put_le64(fh + 48, XXH3_64bits(img, orig));
+    stz_put_le64(fh + 56, XXH3_64bits(fh, 56));
+    if (!(st = stz_outfile_write(&c->out, fh, sizeof fh, err)))
+        st = stz_outfile_write(&c->out, zipped ? z : img, zipped ? zs : orig, err);
+    c->pos = FILE_HEADER_SIZE + (zipped ? zs : orig);
+    XXH3_64bits_update(c->whole, img, orig);
+cleanup:
+    free(img);
+    free(z);
+    return st;
+}
+
+static stz_status write_index(pack_ctx *c, stz_err *err)
+{
+    size_t isize = INDEX_HEAD_SIZE + c->n * INDEX_ENTRY_SIZE;
+    uint8_t *ix = malloc(isize), tr[TRAILER_SIZE];
+    if (!ix)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the index");
+    memcpy(ix, "STZI", 4);
+    stz_put_le32(ix + 4, 0);
+    stz_put_le64(ix + 8, c->n);
+    for (size_t i = 0; i < c->n; i++) {
+        uint8_t *e = ix + INDEX_HEAD_SIZE + i * INDEX_ENTRY_SIZE;
+        const stz_chunk_info *ch = &c->chunks[i];
+        stz_put_le64(e, ch->data_offset);
+        stz_put_le64(e + 8, ch->file_offset);
+        stz_put_le32(e + 16, ch->record_size);
+        stz_put_le32(e + 20, ch->raw_size);
+        stz_put_le32(e + 24, ch->tensor);
+        stz_put_le32(e + 28, 0);
+    }
+    stz_put_le64(tr, c->pos);
+    stz_put_le64(tr + 8, isize);
+    stz_put_le64(tr + 16, XXH3_64bits(ix, isize));
+    stz_put_le64(tr + 24, XXH3_64bits_digest(c->whole));
+    memcpy(tr + 32, STZ_END_MAGIC, 8);
+    stz_status st = stz_outfile_write(&c->out, ix, isize, err);
+    if (!st)
+        st = stz_outfile_write(&c->out, tr, TRAILER_SIZE, err);
+    free(ix);
+    return st;
+}
+
+/* Chunks never straddle tensors, so every chunk has one dtype. */
+static stz_status plan_chunks(pack_ctx *c, stz_err *err)
+{
+    uint32_t cs = c->p->chunk_size;
+    size_t n = 0;
+    for (size_t i = 0; i < stz_reader_count(c->r); i++) {
+        const stz_tensor *t = stz_reader_tensor(c->r, i);
+        n += (size_t)((t->end - t->begin + cs - 1) / cs);
+    }
+    c->chunks = calloc(n + 1, sizeof *c->chunks);
+    if (!c->chunks)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu chunks", n);
+    for (size_t i = 0; i < stz_reader_count(c->r); i++) {
+        const stz_tensor *t = stz_reader_tensor(c->r, i);
+        for (uint64_t off = t->begin; off < t->end; off += cs)
+            c->chunks[c->n++] = (stz_chunk_info){.tensor = (uint32_t)i,
+                                                 .data_offset = off,
+                                                 .raw_size = (uint32_t)(t->end - off < cs ? t->end - off : cs)};
+    }
+    return STZ_OK;
+}
+
+stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
+                         stz_err *err)
+{
+    if (p->threads < 1 || p->threads > 256)
+        return stz_err_set(err, STZ_E_ARG, "pack: threads must be 1..256");
+    if (p->chunk_size < STZ_PACK_MIN_CHUNK || p->chunk_size > STZ_PACK_MAX_CHUNK || p->chunk_size % 8)
+        return stz_err_set(err, STZ_E_ARG, "pack: chunk size %u not a multiple of 8 in [%u, %u]", p->chunk_size,
+                           STZ_PACK_MIN_CHUNK, STZ_PACK_MAX_CHUNK);
+    if (p->level != STZ_PACK_FAST && p->level != STZ_PACK_BEST)
+        return stz_err_set(err, STZ_E_ARG, "pack: unknown level %d", (int)p->level);
+    pack_ctx c = {.p = p, .out = STZ_OUTFILE_INIT};
+    stz_status st;
+    if ((st = stz_reader_open(&c.r, in, err)))
+        return st;
+    if (stz_same_file(in, out)) {
+        stz_reader_free(c.r);
+        return stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+    }
+    c.whole = XXH3_createState();
+    c.tb = calloc((size_t)p->threads, sizeof *c.tb);
+    if (!c.whole || !c.tb) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    XXH3_64bits_reset(c.whole);
+    for (int t = 0; t < p->threads; t++) {
+        thread_buf *b = &c.tb[t];
+        b->raw = malloc(p->chunk_size);
+        b->planes = malloc(p->chunk_size);
+        b->rec = malloc(stz_record_bound(p->chunk_size));
+        if (!b->raw || !b->planes || !b->rec) {
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for thread buffers");
+            goto cleanup;
+        }
+        if ((st = stz_plane_enc_init(&b->enc, err)))
+            goto cleanup;
+    }
+    if ((st = plan_chunks(&c, err)) || (st = stz_outfile_open(&c.out, out, p->write_flags & STZ_WRITE_FORCE, err)) ||
+        (st = write_head(&c, err)))
+        goto cleanup;
+    uint64_t data_total = stz_reader_file_size(c.r) - stz_reader_data_offset(c.r);
+    c.pl = (stz_pipeline){.n = c.n, .threads = p->threads, .ctx = &c, .work = pack_work, .commit = pack_commit,
+                          .progress = p->progress, .progress_user = p->progress_user, .total = data_total};
+    if ((st = stz_pipeline_run(&c.pl, err)) || (st = write_index(&c, err)) || (st = stz_outfile_commit(&c.out, err)))
+        goto cleanup;
+    if (stats) {
+        stats->in_bytes = stz_reader_file_size(c.r);
+        stats->out_bytes = c.pos + INDEX_HEAD_SIZE + c.n * INDEX_ENTRY_SIZE + TRAILER_SIZE;
+        stats->chunks = c.n;
+    }
+cleanup:
+    stz_outfile_abort(&c.out);
+    for (int t = 0; c.tb && t < p->threads; t++) {
+        free(c.tb[t].raw);
+        free(c.tb[t].planes);
+        free(c.tb[t].rec);
+        stz_plane_enc_free(&c.tb[t].enc);
+    }
+    free(c.tb);
+    free(c.chunks);
+    XXH3_freeState(c.whole);
+    stz_reader_free(c.r);
+    return st;
+}

@@ -1,0 +1,165 @@
+/* Plane codecs: raw, constant, Huffman-only zstd frames, full zstd frames. */
+#include "pack_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const codec_names[STZ_CODEC_COUNT] = {"raw", "const", "huf", "zstd"};
+const char *stz_codec_name(stz_codec c) { return (unsigned)c < STZ_CODEC_COUNT ? codec_names[c] : "?"; }
+
+/* Four interleaved tables avoid stalls on runs of the same byte. */
+double stz_entropy8(const uint8_t *src, size_t n, uint64_t hist[256])
+{
+    uint32_t h[4][256];
+    memset(h, 0, sizeof h);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h[0][src[i]]++;
+        h[1][src[i + 1]]++;
+        h[2][src[i + 2]]++;
+        h[3][src[i + 3]]++;
+    }
+    for (; i < n; i++)
+        h[0][src[i]]++;
+    double bits = 0;
+    for (int s = 0; s < 256; s++) {
+        uint64_t c = (uint64_t)h[0][s] + h[1][s] + h[2][s] + h[3][s];
+        hist[s] = c;
+        if (c)
+            bits -= (double)c * log2((double)c / (double)n);
+    }
+    return n ? bits / (double)n : 0;
+}
+
+stz_status stz_plane_enc_init(stz_plane_enc *e, stz_err *err)
+{
+    memset(e, 0, sizeof *e);
+    e->huf = ZSTD_createCCtx();
+    e->full = ZSTD_createCCtx();
+    if (!e->huf || !e->full) {
+        stz_plane_enc_free(e);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for zstd contexts");
+    }
+    /* Literals-only frames: we hand zstd blocks of pure literals, so it
+     * spends its time on Huffman coding and none on match finding. */
+    ZSTD_CCtx_setParameter(e->huf, ZSTD_c_blockDelimiters, ZSTD_sf_explicitBlockDelimiters);
+    ZSTD_CCtx_setParameter(e->huf, ZSTD_c_validateSequences, 0);
+    ZSTD_CCtx_setParameter(e->huf, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+    ZSTD_CCtx_setParameter(e->huf, ZSTD_c_compressionLevel, 1);
+    return STZ_OK;
+}
+
+void stz_plane_enc_free(stz_plane_enc *e)
+{
+    ZSTD_freeCCtx(e->huf);
+    ZSTD_freeCCtx(e->full);
+    free(e->seqs);
+    memset(e, 0, sizeof *e);
+}
+
+#define SAMPLE 8192
+
+static int all_equal(const uint8_t *p, size_t n)
+{
+    uint8_t acc = 0, c = p[0];
+    for (size_t i = 0; i < n; i++)
+        acc |= (uint8_t)(p[i] ^ c);
+    return acc == 0;
+}
+
+static size_t huf_encode(stz_plane_enc *e, const uint8_t *src, size_t n, uint8_t *dst, size_t cap)
+{
+    size_t nb = (n + ZSTD_BLOCKSIZE_MAX - 1) / ZSTD_BLOCKSIZE_MAX;
+    if (nb > e->seq_cap) {
+        ZSTD_Sequence *s = realloc(e->seqs, nb * sizeof *s);
+        if (!s)
+            return (size_t)-1;
+        e->seqs = s;
+        e->seq_cap = nb;
+    }
+    for (size_t b = 0; b < nb; b++) {
+        size_t len = n - b * ZSTD_BLOCKSIZE_MAX < ZSTD_BLOCKSIZE_MAX ? n - b * ZSTD_BLOCKSIZE_MAX : ZSTD_BLOCKSIZE_MAX;
+        e->seqs[b] = (ZSTD_Sequence){.offset = 0, .litLength = (unsigned)len, .matchLength = 0, .rep = 0};
+    }
+    return ZSTD_compressSequences(e->huf, dst, cap, e->seqs, nb, src, n);
+}
+
+stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
+                            stz_codec *codec, size_t *stored, stz_err *err)
+{
+    *codec = STZ_CODEC_RAW;
+    *stored = n;
+    if (n == 0)
+        return STZ_OK;
+    /* Decide from an evenly spread sample: a full histogram would cost as
+     * much as the Huffman coder's own. */
+    uint8_t sample[SAMPLE];
+    size_t ns = n < SAMPLE ? n : SAMPLE;
+    for (size_t i = 0; i < ns; i++)
+        sample[i] = src[(uint64_t)i * n / ns];
+    uint64_t hist[256];
+    double h = stz_entropy8(sample, ns, hist);
+    if (hist[src[0]] == ns && all_equal(src, n)) {
+        *codec = STZ_CODEC_CONST;
+        *stored = 1;
+        dst[0] = src[0];
+        return STZ_OK;
+    }
+    /* Near-uniform bytes (mantissas) cannot shrink by 1%: store them. */
+    if (h < 7.9) {
+        size_t r = huf_encode(e, src, n, dst, cap);
+        if (ZSTD_isError(r))
+            return stz_err_set(err, STZ_E_IO, "zstd literal coding failed: %s", ZSTD_getErrorName(r));
+        if (r < *stored)
+            *codec = STZ_CODEC_HUF, *stored = r;
+    }
+    if (try_zstd) {
+        /* Write after the Huffman result so both stay available. */
+        size_t off = *codec == STZ_CODEC_HUF ? *stored : 0;
+        ZSTD_CCtx_setParameter(e->full, ZSTD_c_compressionLevel, try_zstd);
+        size_t r = ZSTD_compress2(e->full, dst + off, cap - off, src, n);
+        if (ZSTD_isError(r))
+            return stz_err_set(err, STZ_E_IO, "zstd compression failed: %s", ZSTD_getErrorName(r));
+        if (r < *stored) {
+            if (off)
+                memmove(dst, dst + off, r);
+            *codec = STZ_CODEC_ZSTD, *stored = r;
+        }
+    }
+    if (*codec == STZ_CODEC_RAW)
+        memcpy(dst, src, n);
+    return STZ_OK;
+}
+
+stz_status stz_plane_decode(ZSTD_DCtx *d, stz_codec codec, const uint8_t *src, size_t stored, uint8_t *dst, size_t n,
+                            stz_err *err)
+{
+    switch (codec) {
+    case STZ_CODEC_RAW:
+        if (stored != n)
+            return stz_err_set(err, STZ_E_FORMAT, "raw plane of %zu bytes stored as %zu", n, stored);
+        memcpy(dst, src, n);
+        return STZ_OK;
+    case STZ_CODEC_CONST:
+        if (stored != 1)
+            return stz_err_set(err, STZ_E_FORMAT, "constant plane stored as %zu bytes, not 1", stored);
+        memset(dst, src[0], n);
+        return STZ_OK;
+    case STZ_CODEC_HUF:
+    case STZ_CODEC_ZSTD: {
+        unsigned long long fcs = ZSTD_getFrameContentSize(src, stored);
+        if (fcs != n)
+            return stz_err_set(err, STZ_E_FORMAT, "zstd frame declares %lld bytes, plane has %zu",
+                               fcs >= ZSTD_CONTENTSIZE_ERROR ? -1LL : (long long)fcs, n);
+        size_t r = ZSTD_decompressDCtx(d, dst, n, src, stored);
+        if (ZSTD_isError(r))
+            return stz_err_set(err, STZ_E_FORMAT, "zstd frame does not decode: %s", ZSTD_getErrorName(r));
+        if (r != n)
+            return stz_err_set(err, STZ_E_FORMAT, "zstd frame decodes to %zu bytes, plane has %zu", r, n);
+        return STZ_OK;
+    }
+    default:
+        return stz_err_set(err, STZ_E_FORMAT, "unknown plane codec %d", (int)codec);
+    }
+}
