@@ -20,11 +20,15 @@
 #define HEADER_CODEC_RAW 0
 #define HEADER_CODEC_ZSTD 3
 
-/* Largest record a chunk of `chunk` bytes can produce; records claiming more
- * are corrupt. */
+/* Bytes of all planes of a chunk: F16's three planes of n/2 bytes take
+ * 1.5x the chunk; no transform takes more. */
+static inline size_t stz_planes_bound(size_t chunk) { return chunk / 2 * 3 + 8; }
+
+/* Largest record a chunk of `chunk` bytes can produce (every plane is at
+ * most its raw size); records claiming more are corrupt. */
 static inline size_t stz_record_bound(size_t chunk)
 {
-    return RECORD_HEAD_SIZE + STZ_MAX_PLANES * PLANE_HEAD_SIZE + ZSTD_compressBound(chunk) + STZ_MAX_PLANES * 64;
+    return RECORD_HEAD_SIZE + STZ_MAX_PLANES * PLANE_HEAD_SIZE + stz_planes_bound(chunk);
 }
 
 /* Per-thread encoder state. */
@@ -33,13 +37,15 @@ typedef struct {
     ZSTD_CCtx *full; /* frames with matches */
     ZSTD_Sequence *seqs;
     size_t seq_cap;
+    uint8_t *scratch; /* trial output, ZSTD_compressBound(plane) bytes */
+    size_t scratch_cap;
 } stz_plane_enc;
 
 stz_status stz_plane_enc_init(stz_plane_enc *e, stz_err *err);
 void stz_plane_enc_free(stz_plane_enc *e);
 
-/* Encodes plane src[n] into dst (capacity >= ZSTD_compressBound(n)),
- * choosing the smallest codec among those tried. `try_zstd` is the zstd
+/* Encodes plane src[n] into dst (capacity >= n), choosing the smallest
+ * codec among those tried; never more than n bytes. `try_zstd` is the zstd
  * level to also try (0: none). */
 stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
                             stz_codec *codec, size_t *stored, stz_err *err);

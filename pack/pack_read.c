@@ -336,7 +336,7 @@ static stz_status run_decode(const stz_unpack_params *p, const stz_container *c,
     for (int t = 0; !st && t < nt; t++) {
         dec_buf *b = &x.tb[t];
         b->rec = malloc(stz_record_bound(c->chunk_size));
-        b->planes = malloc(c->chunk_size);
+        b->planes = malloc(stz_planes_bound(c->chunk_size));
         b->raw = malloc(c->chunk_size);
         b->d = ZSTD_createDCtx();
         if (!b->rec || !b->planes || !b->raw || !b->d)

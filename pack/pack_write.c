@@ -57,9 +57,10 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
     for (unsigned k = 0; k < np; k++) {
         stz_codec codec;
         size_t stored;
+        stz_err sub;
         if ((st = stz_plane_encode(&b->enc, zlevel, planes[k], plane_len, b->rec + off, cap - off, &codec, &stored,
-                                   err)))
-            return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, err->msg);
+                                   &sub)))
+            return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, sub.msg);
         uint8_t *ph = h + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
         ph[0] = (uint8_t)codec;
         ph[1] = ph[2] = ph[3] = 0;
@@ -203,7 +204,7 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
     for (int t = 0; t < p->threads; t++) {
         thread_buf *b = &c.tb[t];
         b->raw = malloc(p->chunk_size);
-        b->planes = malloc(p->chunk_size);
+        b->planes = malloc(stz_planes_bound(p->chunk_size));
         b->rec = malloc(stz_record_bound(p->chunk_size));
         if (!b->raw || !b->planes || !b->rec) {
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for thread buffers");

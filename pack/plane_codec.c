@@ -55,6 +55,7 @@ void stz_plane_enc_free(stz_plane_enc *e)
     ZSTD_freeCCtx(e->huf);
     ZSTD_freeCCtx(e->full);
     free(e->seqs);
+    free(e->scratch);
     memset(e, 0, sizeof *e);
 }
 
@@ -90,6 +91,8 @@ stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, 
 {
     *codec = STZ_CODEC_RAW;
     *stored = n;
+    if (cap < n)
+        return stz_err_set(err, STZ_E_BOUNDS, "plane of %zu bytes, room for %zu", n, cap);
     if (n == 0)
         return STZ_OK;
     /* Decide from an evenly spread sample: a full histogram would cost as
@@ -106,25 +109,33 @@ stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, 
         dst[0] = src[0];
         return STZ_OK;
     }
-    /* Near-uniform bytes (mantissas) cannot shrink by 1%: store them. */
+    /* Near-uniform bytes (mantissas) cannot shrink by 1%: store them.
+     * Trials go to scratch space of full size; the smallest is kept. */
+    size_t bound = ZSTD_compressBound(n);
+    if ((h < 7.9 || try_zstd) && bound > e->scratch_cap) {
+        uint8_t *sc = realloc(e->scratch, bound);
+        if (!sc)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu-byte plane", n);
+        e->scratch = sc;
+        e->scratch_cap = bound;
+    }
     if (h < 7.9) {
-        size_t r = huf_encode(e, src, n, dst, cap);
+        size_t r = huf_encode(e, src, n, e->scratch, bound);
         if (ZSTD_isError(r))
             return stz_err_set(err, STZ_E_IO, "zstd literal coding failed: %s", ZSTD_getErrorName(r));
-        if (r < *stored)
+        if (r < *stored) {
             *codec = STZ_CODEC_HUF, *stored = r;
+            memcpy(dst, e->scratch, r);
+        }
     }
     if (try_zstd) {
-        /* Write after the Huffman result so both stay available. */
-        size_t off = *codec == STZ_CODEC_HUF ? *stored : 0;
         ZSTD_CCtx_setParameter(e->full, ZSTD_c_compressionLevel, try_zstd);
-        size_t r = ZSTD_compress2(e->full, dst + off, cap - off, src, n);
+        size_t r = ZSTD_compress2(e->full, e->scratch, bound, src, n);
         if (ZSTD_isError(r))
             return stz_err_set(err, STZ_E_IO, "zstd compression failed: %s", ZSTD_getErrorName(r));
         if (r < *stored) {
-            if (off)
-                memmove(dst, dst + off, r);
             *codec = STZ_CODEC_ZSTD, *stored = r;
+            memcpy(dst, e->scratch, r);
         }
     }
     if (*codec == STZ_CODEC_RAW)

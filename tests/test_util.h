@@ -77,8 +77,10 @@ static inline uint8_t *tu_read(const char *path, size_t *n)
     return b;
 }
 
+/* Unlinks first: truncating a file in place makes ext4 flush it on close. */
 static inline void tu_write(const char *path, const void *data, size_t n)
 {
+    unlink(path);
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(data, 1, n, f) != n)
         abort();

@@ -1,0 +1,44 @@
+/* Fuzz target for the container decoder: any byte string is a container.
+ * It is checked with stz_verify_file through a memfd (no disk I/O); whatever
+ * verifies must also unpack to exactly its declared size. */
+#include "stz_pack.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    int fd = memfd_create("stz-fuzz", 0);
+    if (fd < 0 || write(fd, data, size) != (ssize_t)size)
+        abort();
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
+    stz_err err;
+    stz_status st = stz_verify_file(&p, path, &err);
+    if (st != STZ_OK && (err.code != st || !err.msg[0]))
+        abort(); /* a failure must say why */
+    stz_container *c;
+    if (stz_container_open(&c, path, &err) == STZ_OK) {
+        stz_chunk_planes pl;
+        for (size_t i = 0; i < stz_container_chunk_count(c); i++)
+            (void)stz_container_planes(c, i, &pl, &err);
+        if (st == STZ_OK) { /* verified: every byte accounted for */
+            uint64_t sum = stz_reader_data_offset(stz_container_header(c));
+            for (size_t i = 0; i < stz_container_chunk_count(c); i++)
+                sum += stz_container_chunk(c, i)->raw_size;
+            if (sum != stz_container_original_size(c))
+                abort();
+        }
+        stz_container_free(c);
+    } else if (st == STZ_OK) {
+        abort();
+    }
+    close(fd);
+    return 0;
+}

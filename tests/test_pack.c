@@ -1,0 +1,430 @@
+/* Lossless container: plane kernels, byte-identical round trips on hard
+ * data, thread-count independence, single-tensor extraction, and rejection
+ * of corrupted or truncated containers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "stz_internal.h"
+#include "stz_pack.h"
+#include "stz_safetensors.h"
+#include "test_util.h"
+
+#include <math.h>
+
+static uint64_t rng_state = 42;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* ---- kernels --------------------------------------------------------- */
+
+static void test_xform_layouts(void **state)
+{
+    (void)state;
+    uint8_t src[4], e[2], sm[2], *p[4] = {e, sm};
+    stz_put_le16(src, 0xbf80);     /* -1.0 in BF16 */
+    stz_put_le16(src + 2, 0x4049); /* 3.14 */
+    stz_xform_split(STZ_XFORM_BF16, src, 4, p);
+    assert_int_equal(e[0], 0x7f);
+    assert_int_equal(sm[0], 0x80);
+    assert_int_equal(e[1], 0x80);
+    assert_int_equal(sm[1], 0x49);
+    uint8_t f[4], a[1], b[1], c[1], d[1], *q[4] = {a, b, c, d};
+    stz_put_le32(f, 0xc0490fdb); /* -pi in F32 */
+    stz_xform_split(STZ_XFORM_F32, f, 4, q);
+    assert_int_equal(a[0], 0x80);
+    assert_int_equal(b[0], 0x80 | 0x49);
+    assert_int_equal(c[0], 0x0f);
+    assert_int_equal(d[0], 0xdb);
+    uint8_t h[2], *r[3] = {a, b, c};
+    stz_put_le16(h, 0xbe48); /* -1.5703 in F16: sign 1, exp 0x0f, mantissa 0x248 */
+    stz_xform_split(STZ_XFORM_F16, h, 2, r);
+    assert_int_equal(a[0], 0x0f);
+    assert_int_equal(b[0], 0x4 | 0x2);
+    assert_int_equal(c[0], 0x48);
+    assert_int_equal(stz_xform_for_dtype(STZ_DTYPE_C64), STZ_XFORM_F32);
+    assert_int_equal(stz_xform_for_dtype(STZ_DTYPE_F4), STZ_XFORM_NONE);
+}
+
+static void test_xform_roundtrip_odd_lengths(void **state)
+{
+    (void)state;
+    static const size_t lens[] = {0, 1, 2, 3, 5, 7, 15, 16, 17, 31, 33, 127, 255, 257, 1023, 4099};
+    for (int x = 0; x < STZ_XFORM_COUNT; x++) {
+        unsigned w = stz_xform_width((stz_xform)x), np = stz_xform_planes((stz_xform)x);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            size_t n = lens[li] * w;
+            uint8_t *src = malloc(n + 1), *dst = malloc(n + 1), *pl = malloc(np * lens[li] + 1), *p[STZ_MAX_PLANES];
+            for (size_t i = 0; i < n; i++)
+                src[i] = (uint8_t)rnd();
+            for (unsigned k = 0; k < np; k++)
+                p[k] = pl + k * lens[li];
+            stz_xform_split((stz_xform)x, src, n, p);
+            stz_xform_merge((stz_xform)x, (const uint8_t *const *)p, n, dst);
+            if (n && memcmp(src, dst, n))
+                fail_msg("xform %s, %zu elements: merge(split(x)) != x", stz_xform_name((stz_xform)x), lens[li]);
+            free(src), free(dst), free(pl);
+        }
+    }
+}
+
+/* ---- round trips ----------------------------------------------------- */
+
+typedef struct {
+    char *dir;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    f->dir = tu_tmpdir();
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    tu_rmdir(f->dir);
+    free(f);
+    return 0;
+}
+
+/* Packs `in` with the given settings, unpacks, and checks the bytes. Returns
+ * the container's size. */
+static uint64_t roundtrip(const char *dir, const char *in, int threads, stz_pack_level level, uint32_t chunk)
+{
+    char *pk = tu_path(dir, "rt.stz"), *back = tu_path(dir, "rt.back");
+    stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
+    p.threads = threads, p.level = level, p.chunk_size = chunk, p.write_flags = STZ_WRITE_FORCE;
+    stz_pack_stats st;
+    stz_err err;
+    if (stz_pack_file(&p, in, pk, &st, &err))
+        fail_msg("pack %s: %s", in, err.msg);
+    stz_unpack_params u = STZ_UNPACK_PARAMS_DEFAULT;
+    u.threads = threads, u.write_flags = STZ_WRITE_FORCE;
+    if (stz_verify_file(&u, pk, &err))
+        fail_msg("verify %s: %s", in, err.msg);
+    if (stz_unpack_file(&u, pk, back, &err))
+        fail_msg("unpack %s: %s", in, err.msg);
+    if (tu_hash_file(in) != tu_hash_file(back))
+        fail_msg("%s: unpacked bytes differ from the original", in);
+    struct stat sb;
+    stat(pk, &sb);
+    assert_int_equal((uint64_t)sb.st_size, st.out_bytes);
+    unlink(back);
+    free(pk), free(back);
+    return st.out_bytes;
+}
+
+typedef enum { FILL_RANDOM, FILL_ZERO, FILL_CONST, FILL_SPECIAL, FILL_WEIGHTS } fill_kind;
+
+/* Writes one tensor per (dtype, size) with the given fill. */
+static void write_file(const char *path, const stz_dtype *dts, size_t ndt, const uint64_t *sizes, size_t nsz,
+                       fill_kind fill)
+{
+    stz_writer *w;
+    stz_err err;
+    assert_int_equal(stz_writer_open(&w, path, STZ_WRITE_FORCE, &err), STZ_OK);
+    stz_writer_set_meta(w, "note", "pack test ✓", &err);
+    char name[64];
+    for (size_t d = 0; d < ndt; d++)
+        for (size_t s = 0; s < nsz; s++) {
+            snprintf(name, sizeof name, "%s.%zu", stz_dtype_name(dts[d]), s);
+            uint64_t numel = sizes[s] * (stz_dtype_bits(dts[d]) < 8 ? 8 / 2 : 1) * 2 / 2;
+            if (stz_dtype_bits(dts[d]) == 6)
+                numel = sizes[s] * 4;
+            assert_int_equal(stz_writer_add(w, name, dts[d], 1, &numel, &err), STZ_OK);
+        }
+    uint64_t left = stz_writer_remaining(w), k = 0;
+    uint8_t buf[4096];
+    while (left) {
+        size_t m = left < sizeof buf ? (size_t)left : sizeof buf;
+        for (size_t i = 0; i < m; i++, k++) {
+            switch (fill) {
+            case FILL_RANDOM: buf[i] = (uint8_t)rnd(); break;
+            case FILL_ZERO: buf[i] = 0; break;
+            case FILL_CONST: buf[i] = 0x3c; break;
+            case FILL_SPECIAL: { /* NaN, Inf, -0, denormals as 16- and 32-bit patterns */
+                static const uint8_t pat[] = {0x00, 0x7f, 0xc0, 0x7f, 0x80, 0x7f, 0x80, 0xff, 0x00, 0x80,
+                                              0x01, 0x00, 0xff, 0x7f, 0x01, 0x80, 0x00, 0x00, 0xc0, 0xff};
+                buf[i] = pat[k % sizeof pat];
+                break;
+            }
+            case FILL_WEIGHTS: /* BF16-like: exponents near 0x79, random mantissas */
+                buf[i] = (k & 1) ? (uint8_t)(0x3c + (rnd() % 3) + ((rnd() & 1) << 7)) : (uint8_t)rnd();
+                break;
+            }
+        }
+        assert_int_equal(stz_writer_write(w, buf, m, &err), STZ_OK);
+        left -= m;
+    }
+    assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_writer_free(w);
+}
+
+static void test_roundtrip_dtypes_and_sizes(void **state)
+{
+    fixture *f = *state;
+    char *in = tu_path(f->dir, "in.safetensors");
+    stz_dtype all[STZ_DTYPE_COUNT];
+    for (int d = 0; d < STZ_DTYPE_COUNT; d++)
+        all[d] = (stz_dtype)d;
+    /* element counts around the 64 KiB chunk for 1-, 2-, 4- and 8-byte types */
+    static const uint64_t sizes[] = {0, 1, 2, 3, 7, 1023, 8191, 8192, 8193, 16383, 16384, 16385, 32769, 65535, 65536, 65537};
+    fill_kind fills[] = {FILL_RANDOM, FILL_ZERO, FILL_CONST, FILL_SPECIAL, FILL_WEIGHTS};
+    for (size_t fi = 0; fi < sizeof fills / sizeof fills[0]; fi++) {
+        write_file(in, all, STZ_DTYPE_COUNT, sizes, sizeof sizes / sizeof sizes[0], fills[fi]);
+        roundtrip(f->dir, in, 1 + (int)(fi % 3), STZ_PACK_FAST, STZ_PACK_MIN_CHUNK);
+    }
+    /* best level on one of them */
+    write_file(in, all, 6, sizes, 8, FILL_WEIGHTS);
+    roundtrip(f->dir, in, 2, STZ_PACK_BEST, STZ_PACK_MIN_CHUNK);
+    unlink(in);
+    free(in);
+}
+
+static void test_roundtrip_corpus_and_shared(void **state)
+{
+    fixture *f = *state;
+    static const char *good[] = {"good_minimal", "good_padded", "good_pretty", "good_empty", "good_meta_only",
+                                 "good_scalar_and_empty", "good_unsorted_header", "good_subbyte",
+                                 "good_null_metadata"};
+    char name[128];
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(name, sizeof name, "%s/%s.safetensors", STZ_CORPUS_DIR, good[i]);
+        roundtrip(f->dir, name, 2, STZ_PACK_FAST, 1u << 20);
+    }
+    static const char *shared[] = {"stories260K.bf16.safetensors", "stories260K.f32.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char *p = tu_path(STZ_SHARED_DATA_DIR, shared[i]);
+        if (tu_exists(p)) {
+            struct stat sb;
+            stat(p, &sb);
+            uint64_t out = roundtrip(f->dir, p, 2, STZ_PACK_FAST, 1u << 20);
+            double ratio = (double)sb.st_size / (double)out;
+            /* issue targets: 1.47x on the BF16 file, 1.18x on F32 */
+            assert_true(ratio >= (i == 0 ? 1.47 : 1.18));
+        }
+        free(p);
+    }
+}
+
+static void test_same_bytes_any_threads(void **state)
+{
+    fixture *f = *state;
+    char *in = tu_path(f->dir, "in.safetensors"), *a = tu_path(f->dir, "a.stz"), *b = tu_path(f->dir, "b.stz");
+    stz_dtype dts[] = {STZ_DTYPE_BF16, STZ_DTYPE_F32, STZ_DTYPE_I8};
+    static const uint64_t sizes[] = {100003, 70001, 3};
+    write_file(in, dts, 3, sizes, 3, FILL_WEIGHTS);
+    stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
+    p.chunk_size = STZ_PACK_MIN_CHUNK;
+    stz_err err;
+    if (stz_pack_file(&p, in, a, NULL, &err))
+        fail_msg("%s", err.msg);
+    p.threads = 3;
+    assert_int_equal(stz_pack_file(&p, in, b, NULL, &err), STZ_OK);
+    assert_true(tu_hash_file(a) == tu_hash_file(b));
+    /* no silent overwrite, never over the input */
+    assert_int_equal(stz_pack_file(&p, in, b, NULL, &err), STZ_E_EXISTS);
+    p.write_flags = STZ_WRITE_FORCE;
+    assert_int_equal(stz_pack_file(&p, in, in, NULL, &err), STZ_E_EXISTS);
+    /* input that is not SafeTensors: the reader's error, no output */
+    char *junk = tu_path(f->dir, "junk"), *jo = tu_path(f->dir, "junk.stz");
+    tu_write(junk, "not a model at all", 18);
+    assert_int_equal(stz_pack_file(&p, junk, jo, NULL, &err), STZ_E_HEADER_SIZE);
+    assert_false(tu_exists(jo));
+    unlink(junk), unlink(in), unlink(a), unlink(b);
+    free(junk), free(jo), free(in), free(a), free(b);
+}
+
+static void test_upcast_f32_compresses(void **state)
+{
+    fixture *f = *state;
+    char *in = tu_path(f->dir, "up.safetensors"), *pk = tu_path(f->dir, "up.stz");
+    stz_writer *w;
+    stz_err err;
+    uint64_t n = 1 << 18;
+    assert_int_equal(stz_writer_open(&w, in, 0, &err), STZ_OK);
+    assert_int_equal(stz_writer_add(w, "w", STZ_DTYPE_F32, 1, &n, &err), STZ_OK);
+    for (uint64_t i = 0; i < n; i++) { /* BF16-representable values stored as F32 */
+        float v = stz_bf16_to_f32(stz_f32_to_bf16(((float)(rnd() % 20001) - 10000.0f) * 1e-5f));
+        uint8_t b[4];
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        stz_put_le32(b, u);
+        assert_int_equal(stz_writer_write(w, b, 4, &err), STZ_OK);
+    }
+    assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_writer_free(w);
+    stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
+    stz_pack_stats st;
+    assert_int_equal(stz_pack_file(&p, in, pk, &st, &err), STZ_OK);
+    /* the two low mantissa planes are constant: at least half disappears */
+    assert_true((double)st.in_bytes / (double)st.out_bytes > 2.0);
+    unlink(in), unlink(pk);
+    free(in), free(pk);
+}
+
+static void test_extract_tensor(void **state)
+{
+    fixture *f = *state;
+    char *in = tu_path(f->dir, "in.safetensors"), *pk = tu_path(f->dir, "x.stz"), *t = tu_path(f->dir, "t.bin");
+    stz_dtype dts[] = {STZ_DTYPE_BF16, STZ_DTYPE_U8};
+    static const uint64_t sizes[] = {70001, 5, 0};
+    write_file(in, dts, 2, sizes, 3, FILL_WEIGHTS);
+    stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
+    p.chunk_size = STZ_PACK_MIN_CHUNK;
+    stz_err err;
+    assert_int_equal(stz_pack_file(&p, in, pk, NULL, &err), STZ_OK);
+    stz_reader *r;
+    assert_int_equal(stz_reader_open(&r, in, &err), STZ_OK);
+    stz_unpack_params u = STZ_UNPACK_PARAMS_DEFAULT;
+    u.write_flags = STZ_WRITE_FORCE;
+    for (size_t i = 0; i < stz_reader_count(r); i++) {
+        const stz_tensor *ti = stz_reader_tensor(r, i);
+        assert_int_equal(stz_unpack_tensor(&u, pk, ti->name, t, &err), STZ_OK);
+        size_t n;
+        uint8_t *got = tu_read(t, &n), *want = malloc(ti->end - ti->begin + 1);
+        assert_int_equal(n, ti->end - ti->begin);
+        assert_int_equal(stz_reader_read(r, ti, 0, want, n, &err), STZ_OK);
+        assert_memory_equal(got, want, n);
+        free(got), free(want);
+    }
+    assert_int_equal(stz_unpack_tensor(&u, pk, "no.such.tensor", t, &err), STZ_E_ARG);
+    assert_non_null(strstr(err.msg, "no.such.tensor"));
+    /* the container's view of the header */
+    stz_container *c;
+    assert_int_equal(stz_container_open(&c, pk, &err), STZ_OK);
+    assert_int_equal(stz_reader_count(stz_container_header(c)), stz_reader_count(r));
+    assert_int_equal(stz_container_original_size(c), stz_reader_file_size(r));
+    stz_chunk_planes pl;
+    assert_int_equal(stz_container_planes(c, 0, &pl, &err), STZ_OK);
+    assert_int_equal(pl.xform, STZ_XFORM_BF16);
+    assert_int_equal(pl.nplanes, 2);
+    assert_int_equal(pl.codec[0], STZ_CODEC_HUF); /* exponents: few values */
+    assert_int_equal(pl.codec[1], STZ_CODEC_RAW); /* sign + random mantissa */
+    stz_container_free(c);
+    stz_reader_free(r);
+    unlink(in), unlink(pk), unlink(t);
+    free(in), free(pk), free(t);
+}
+
+/* ---- corruption ------------------------------------------------------ */
+
+static int in_set(stz_status s, const stz_status *set, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s == set[i])
+            return 1;
+    return 0;
+}
+
+static void test_corruption_rejected(void **state)
+{
+    fixture *f = *state;
+    char *in = tu_path(f->dir, "in.safetensors"), *pk = tu_path(f->dir, "c.stz"), *bad = tu_path(f->dir, "bad.stz"),
+         *out = tu_path(f->dir, "out.safetensors");
+    stz_dtype dts[] = {STZ_DTYPE_BF16, STZ_DTYPE_I32};
+    static const uint64_t sizes[] = {40000, 9};
+    write_file(in, dts, 2, sizes, 2, FILL_WEIGHTS);
+    stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
+    p.chunk_size = STZ_PACK_MIN_CHUNK;
+    stz_err err;
+    assert_int_equal(stz_pack_file(&p, in, pk, NULL, &err), STZ_OK);
+    size_t n;
+    uint8_t *img = tu_read(pk, &n), *mod = malloc(n);
+    stz_unpack_params u = STZ_UNPACK_PARAMS_DEFAULT;
+    static const stz_status allowed[] = {STZ_E_CHECKSUM, STZ_E_FORMAT, STZ_E_TRUNCATED, STZ_E_UNSUPPORTED,
+                                         STZ_E_HEADER_SIZE, STZ_E_JSON, STZ_E_OFFSETS, STZ_E_SHAPE, STZ_E_DTYPE};
+    /* every byte flipped in turn (a stride keeps it quick on big files) */
+    size_t step = n / 3000 + 1, tried = 0;
+    for (size_t i = 0; i < n; i += (i < 200 || i > n - 900) ? 1 : step, tried++) {
+        memcpy(mod, img, n);
+        mod[i] ^= (uint8_t)(1u << (i % 8));
+        tu_write(bad, mod, n);
+        stz_status s = stz_unpack_file(&u, bad, out, &err);
+        if (s == STZ_OK) {
+            /* a flip zstd does not read (a frame flag) may decode the same:
+             * fine, as long as the output is exactly the original */
+            if (tu_hash_file(out) != tu_hash_file(in))
+                fail_msg("flip at byte %zu of %zu: accepted with wrong output", i, n);
+            unlink(out);
+            continue;
+        }
+        if (!in_set(s, allowed, sizeof allowed / sizeof allowed[0]))
+            fail_msg("flip at byte %zu of %zu: got %s (%s)", i, n, stz_status_name(s), err.msg);
+        assert_false(tu_exists(out)); /* no output from a corrupt container */
+        assert_true(err.msg[0] != 0);
+        assert_int_equal(stz_verify_file(&u, bad, &err), s);
+    }
+    assert_true(tried > 1000);
+    /* every truncation */
+    for (size_t cut = 0; cut < n; cut += (cut < 100 || cut > n - 200) ? 1 : step) {
+        tu_write(bad, img, cut);
+        stz_status s = stz_verify_file(&u, bad, &err);
+        if (!in_set(s, allowed, 3))
+            fail_msg("cut at %zu of %zu: got %s (%s)", cut, n, stz_status_name(s), err.msg);
+    }
+    /* a payload flip is a checksum or format error that names the tensor */
+    memcpy(mod, img, n);
+    stz_container *c;
+    assert_int_equal(stz_container_open(&c, pk, &err), STZ_OK);
+    const stz_chunk_info *ch = stz_container_chunk(c, 0);
+    mod[ch->file_offset + ch->record_size - 3] ^= 0x10; /* inside the raw mantissa plane */
+    stz_container_free(c);
+    tu_write(bad, mod, n);
+    assert_int_equal(stz_verify_file(&u, bad, &err), STZ_E_CHECKSUM);
+    assert_non_null(strstr(err.msg, "BF16.0"));
+    free(img), free(mod);
+    unlink(in), unlink(pk), unlink(bad);
+    free(in), free(pk), free(bad), free(out);
+}
+
+static void test_container_corpus(void **state)
+{
+    (void)state;
+    char *manifest = tu_path(STZ_STZ_CORPUS_DIR, "MANIFEST");
+    FILE *f = fopen(manifest, "r");
+    assert_non_null(f);
+    char line[512], file[256], code[64];
+    int n = 0;
+    stz_unpack_params u = STZ_UNPACK_PARAMS_DEFAULT;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || sscanf(line, "%255s %63s", file, code) != 2)
+            continue;
+        char *p = tu_path(STZ_STZ_CORPUS_DIR, file);
+        stz_err err;
+        stz_err_clear(&err);
+        stz_status got = stz_verify_file(&u, p, &err);
+        if (strcmp(stz_status_name(got), code) != 0)
+            fail_msg("%s: expected %s, got %s (%s)", file, code, stz_status_name(got), err.msg);
+        if (got)
+            assert_non_null(strstr(err.msg, file)); /* names the file */
+        free(p);
+        n++;
+    }
+    fclose(f);
+    free(manifest);
+    assert_true(n >= 20);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_xform_layouts),
+        cmocka_unit_test(test_xform_roundtrip_odd_lengths),
+        cmocka_unit_test_setup_teardown(test_roundtrip_dtypes_and_sizes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_corpus_and_shared, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_same_bytes_any_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upcast_f32_compresses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_extract_tensor, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corruption_rejected, setup, teardown),
+        cmocka_unit_test(test_container_corpus),
+    };
+    return cmocka_run_group_tests_name("pack", tests, NULL, NULL);
+}

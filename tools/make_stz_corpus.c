@@ -1,0 +1,148 @@
+/* Writes tests/corpus/stz/: a small valid container and crafted variants
+ * (forged sizes with recomputed checksums, so they pass the integrity
+ * checks and reach the structural ones), plus MANIFEST with the status each
+ * must produce. Build: make build; run: build/make_stz_corpus DIR. */
+#include "pack_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static const char *dir;
+static FILE *manifest;
+
+static void emit(const char *name, const char *code, const uint8_t *b, size_t n)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (!f || fwrite(b, 1, n, f) != n) {
+        perror(p);
+        exit(1);
+    }
+    fclose(f);
+    fprintf(manifest, "%s %s\n", name, code);
+}
+
+static uint8_t *load(const char *p, size_t *n)
+{
+    FILE *f = fopen(p, "rb");
+    if (!f)
+        exit(1);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n);
+    if (fread(b, 1, *n, f) != *n)
+        exit(1);
+    fclose(f);
+    return b;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_stz_corpus DIR\n");
+        return 2;
+    }
+    dir = argv[1];
+    char src[1024], pk[1024], mp[1024];
+    snprintf(src, sizeof src, "%s/valid.safetensors.tmp", dir);
+    snprintf(pk, sizeof pk, "%s/valid.stz.tmp", dir);
+    snprintf(mp, sizeof mp, "%s/MANIFEST", dir);
+    manifest = fopen(mp, "w");
+    fprintf(manifest, "# file expected-status (written by tools/make_stz_corpus.c)\n");
+
+    /* a small model: BF16, F32, I8, an empty tensor */
+    stz_writer *w;
+    stz_err err;
+    uint64_t s1 = 3000, s2 = 300, s3 = 50, s0 = 0;
+    if (stz_writer_open(&w, src, STZ_WRITE_FORCE, &err) || stz_writer_add(w, "w.bf16", STZ_DTYPE_BF16, 1, &s1, &err) ||
+        stz_writer_add(w, "w.f32", STZ_DTYPE_F32, 1, &s2, &err) || stz_writer_add(w, "w.i8", STZ_DTYPE_I8, 1, &s3, &err) ||
+        stz_writer_add(w, "empty", STZ_DTYPE_F16, 1, &s0, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    uint64_t x = 1;
+    for (uint64_t i = 0; i < stz_writer_remaining(w) + i; i++) {
+        if (!stz_writer_remaining(w))
+            break;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint8_t b = (i & 1) && i < 6000 ? (uint8_t)(0x3c + (x >> 62)) : (uint8_t)(x >> 56);
+        stz_writer_write(w, &b, 1, &err);
+    }
+    stz_writer_finish(w, &err);
+    stz_writer_free(w);
+    stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
+    p.chunk_size = STZ_PACK_MIN_CHUNK;
+    p.write_flags = STZ_WRITE_FORCE;
+    if (stz_pack_file(&p, src, pk, NULL, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    size_t n;
+    uint8_t *v = load(pk, &n), *m = malloc(n);
+    remove(src);
+    remove(pk);
+    uint64_t ioff = stz_le64(v + n - TRAILER_SIZE), isize = stz_le64(v + n - TRAILER_SIZE + 8);
+    uint8_t *ent0 = NULL;
+#define RESET() memcpy(m, v, n)
+#define REHASH_HEAD() stz_put_le64(m + 56, XXH3_64bits(m, 56))
+#define REHASH_INDEX() stz_put_le64(m + n - TRAILER_SIZE + 16, XXH3_64bits(m + ioff, isize))
+
+    emit("valid.stz", "STZ_OK", v, n);
+    emit("empty.stz", "STZ_E_TRUNCATED", v, 0);
+    emit("truncated_tail.stz", "STZ_E_TRUNCATED", v, n - 7);
+    emit("truncated_half.stz", "STZ_E_TRUNCATED", v, n / 2);
+    RESET(); m[1] = 'X';
+    emit("bad_magic.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le16(m + 8, 2); REHASH_HEAD();
+    emit("future_version.stz", "STZ_E_UNSUPPORTED", m, n);
+    RESET(); m[20] ^= 1;
+    emit("header_field_flip.stz", "STZ_E_CHECKSUM", m, n);
+    RESET(); stz_put_le32(m + 12, 1u << 31); REHASH_HEAD();
+    emit("forged_chunk_size.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le64(m + 24, 1ull << 40); REHASH_HEAD();
+    emit("forged_header_len.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le64(m + 32, 1ull << 40); REHASH_HEAD();
+    emit("forged_header_stored.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le64(m + 16, stz_le64(v + 16) + 4); REHASH_HEAD();
+    emit("forged_original_size.stz", "STZ_E_OFFSETS", m, n);
+    RESET(); m[FILE_HEADER_SIZE + 12] ^= 0x40;
+    emit("header_section_flip.stz", "STZ_E_FORMAT", m, n);
+    RESET(); m[ioff + 40] ^= 1;
+    emit("index_flip.stz", "STZ_E_CHECKSUM", m, n);
+    RESET(); stz_put_le64(m + n - TRAILER_SIZE + 8, 1ull << 50);
+    emit("forged_index_size.stz", "STZ_E_FORMAT", m, n);
+    RESET(); m[n - 1] ^= 0xff;
+    emit("bad_end_magic.stz", "STZ_E_TRUNCATED", m, n);
+    ent0 = m + ioff + INDEX_HEAD_SIZE;
+    RESET(); stz_put_le32(ent0 + 16, 1u << 30); REHASH_INDEX();
+    emit("forged_record_size.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le32(ent0 + 20, 1u << 30); REHASH_INDEX();
+    emit("forged_raw_size.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le32(ent0 + 24, 77); REHASH_INDEX();
+    emit("forged_tensor_index.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le64(ent0 + 8, 3); REHASH_INDEX();
+    emit("forged_record_offset.stz", "STZ_E_FORMAT", m, n);
+    /* first chunk record: BF16, two planes; corrupt its head and payload */
+    const uint8_t *v0 = v + ioff + INDEX_HEAD_SIZE;
+    uint64_t r0 = stz_le64(v0 + 8), rs = stz_le32(v0 + 16);
+    RESET(); m[r0 + 4] = 9;
+    emit("record_bad_xform.stz", "STZ_E_FORMAT", m, n);
+    RESET(); m[r0 + RECORD_HEAD_SIZE] = 7;
+    emit("record_bad_codec.stz", "STZ_E_FORMAT", m, n);
+    RESET(); stz_put_le32(m + r0 + RECORD_HEAD_SIZE + 4, stz_le32(v + r0 + RECORD_HEAD_SIZE + 4) + 1);
+    emit("record_plane_sizes.stz", "STZ_E_FORMAT", m, n);
+    RESET(); m[r0 + rs - 2] ^= 0x08;
+    emit("payload_flip.stz", "STZ_E_CHECKSUM", m, n);
+    RESET(); m[r0 + 16] ^= 0x01;
+    emit("record_checksum_flip.stz", "STZ_E_CHECKSUM", m, n);
+    RESET(); stz_put_le64(m + n - TRAILER_SIZE + 24, 12345);
+    emit("whole_hash_wrong.stz", "STZ_E_CHECKSUM", m, n);
+    fclose(manifest);
+    free(v);
+    free(m);
+    return 0;
+}
