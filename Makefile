@@ -27,6 +27,9 @@ asan:
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	ctest --test-dir $(BUILD)-asan --output-on-failure -j $(JOBS)
 
+bench: build
+	sh bench/bench_pack.sh $(BUILD)
+
 fuzz:
 	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTZ_FUZZ=ON >/dev/null
 	cmake --build $(BUILD)-fuzz -j $(JOBS)

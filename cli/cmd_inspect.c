@@ -1,5 +1,6 @@
 /* stz inspect: what a model file holds. */
 #include "cli.h"
+#include "stz_pack.h"
 #include "stz_safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -11,7 +12,9 @@ static const char inspect_help[] =
     "usage: stz inspect [--json] FILE\n\n"
     "Lists every tensor of a SafeTensors file (name, dtype, shape, parameters,\n"
     "bytes) in file order, totals per dtype, and the __metadata__ entries.\n"
-    "Only the header is read, so any file size takes the same memory.\n\n"
+    "Only the header is read, so any file size takes the same memory.\n"
+    "For an .stz container, also the stored size and ratio of each tensor,\n"
+    "the codec of each plane, and totals per dtype and per plane.\n\n"
     "  --json      print the same as one JSON object\n"
     "  -h, --help  this text\n";
 
@@ -125,6 +128,153 @@ static void print_table(const stz_reader *r)
         printf("  %s = %s\n", stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
 }
 
+/* Per-tensor and per-(dtype, plane) sums over a container's chunks. */
+typedef struct {
+    uint64_t bytes, stored, raw[STZ_MAX_PLANES], zipped[STZ_MAX_PLANES];
+    unsigned codecs[STZ_MAX_PLANES]; /* bit mask of codecs used */
+    int nplanes;
+} tsum;
+
+static const char *const plane_names[STZ_XFORM_COUNT][STZ_MAX_PLANES] = {
+    [STZ_XFORM_NONE] = {"bytes"},
+    [STZ_XFORM_BF16] = {"exponent", "sign+mantissa"},
+    [STZ_XFORM_F16] = {"exponent", "sign+mantissa-hi", "mantissa-lo"},
+    [STZ_XFORM_F32] = {"exponent", "sign+mantissa-hi", "mantissa-mid", "mantissa-lo"},
+    [STZ_XFORM_BYTES2] = {"byte0", "byte1"},
+    [STZ_XFORM_BYTES4] = {"byte0", "byte1", "byte2", "byte3"},
+    [STZ_XFORM_BYTES8] = {"byte0", "byte1", "byte2", "byte3", "byte4", "byte5", "byte6", "byte7"},
+};
+
+static void codec_list(unsigned mask, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    for (int c = 0; c < STZ_CODEC_COUNT; c++)
+        if (mask & (1u << c))
+            snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? "+" : "", stz_codec_name((stz_codec)c));
+}
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
+
+static int inspect_container(const char *path, int json)
+{
+    stz_err err;
+    stz_container *c;
+    if (stz_container_open(&c, path, &err))
+        return cli_fail(&err);
+    const stz_reader *h = stz_container_header(c);
+    size_t nt = stz_reader_count(h);
+    tsum *ts = calloc(nt + 1, sizeof *ts), by_dtype[STZ_DTYPE_COUNT];
+    memset(by_dtype, 0, sizeof by_dtype);
+    int rc = CLI_OK;
+    for (size_t i = 0; i < stz_container_chunk_count(c); i++) {
+        const stz_chunk_info *ch = stz_container_chunk(c, i);
+        stz_chunk_planes pl;
+        if (stz_container_planes(c, i, &pl, &err)) {
+            rc = cli_fail(&err);
+            goto cleanup;
+        }
+        tsum *t = &ts[ch->tensor], *d = &by_dtype[stz_reader_tensor(h, ch->tensor)->dtype];
+        t->stored += ch->record_size, d->stored += ch->record_size;
+        t->bytes += ch->raw_size, d->bytes += ch->raw_size;
+        t->nplanes = d->nplanes = pl.nplanes;
+        for (int k = 0; k < pl.nplanes; k++) {
+            t->raw[k] += pl.raw[k], d->raw[k] += pl.raw[k];
+            t->zipped[k] += pl.stored[k], d->zipped[k] += pl.stored[k];
+            t->codecs[k] |= 1u << pl.codec[k], d->codecs[k] |= 1u << pl.codec[k];
+        }
+    }
+    uint64_t orig = stz_container_original_size(c), size = stz_container_file_size(c);
+    char a[32], b[32], shape[256], cod[64];
+    if (json) {
+        cJSON *o = cJSON_CreateObject(), *arr = cJSON_CreateArray(), *dts = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "file", path);
+        cJSON_AddStringToObject(o, "format", "stz");
+        cJSON_AddNumberToObject(o, "format_version", STZ_PACK_FORMAT_VERSION);
+        cJSON_AddNumberToObject(o, "file_size", (double)size);
+        cJSON_AddNumberToObject(o, "original_size", (double)orig);
+        cJSON_AddNumberToObject(o, "ratio", ratio(orig, size));
+        cJSON_AddNumberToObject(o, "chunk_size", stz_container_chunk_size(c));
+        cJSON_AddNumberToObject(o, "chunks", (double)stz_container_chunk_count(c));
+        for (size_t i = 0; i < nt; i++) {
+            const stz_tensor *t = stz_reader_tensor(h, i);
+            cJSON *e = cJSON_CreateObject(), *pls = cJSON_CreateArray();
+            cJSON_AddStringToObject(e, "name", t->name);
+            cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
+            cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
+            cJSON_AddNumberToObject(e, "stored", (double)ts[i].stored);
+            for (int k = 0; k < ts[i].nplanes; k++) {
+                cJSON *q = cJSON_CreateObject();
+                codec_list(ts[i].codecs[k], cod, sizeof cod);
+                cJSON_AddStringToObject(q, "name", plane_names[stz_xform_for_dtype(t->dtype)][k]);
+                cJSON_AddStringToObject(q, "codec", cod);
+                cJSON_AddNumberToObject(q, "bytes", (double)ts[i].raw[k]);
+                cJSON_AddNumberToObject(q, "stored", (double)ts[i].zipped[k]);
+                cJSON_AddItemToArray(pls, q);
+            }
+            cJSON_AddItemToObject(e, "planes", pls);
+            cJSON_AddItemToArray(arr, e);
+        }
+        for (int d = 0; d < STZ_DTYPE_COUNT; d++) {
+            if (!by_dtype[d].stored)
+                continue;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "bytes", (double)by_dtype[d].bytes);
+            cJSON_AddNumberToObject(e, "stored", (double)by_dtype[d].stored);
+            cJSON_AddNumberToObject(e, "ratio", ratio(by_dtype[d].bytes, by_dtype[d].stored));
+            cJSON_AddItemToObject(dts, stz_dtype_name((stz_dtype)d), e);
+        }
+        cJSON_AddItemToObject(o, "tensors", arr);
+        cJSON_AddItemToObject(o, "dtypes", dts);
+        char *j = cJSON_Print(o);
+        puts(j ? j : "{}");
+        free(j);
+        cJSON_Delete(o);
+        goto cleanup;
+    }
+    printf("%s: stz container v%d, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n\n", path,
+           STZ_PACK_FORMAT_VERSION, nt, cli_commas(a, orig), cli_commas(b, size), ratio(orig, size),
+           stz_container_chunk_count(c), stz_container_chunk_size(c));
+    size_t w = 4;
+    for (size_t i = 0; i < nt; i++)
+        w = strlen(stz_reader_tensor(h, i)->name) > w ? strlen(stz_reader_tensor(h, i)->name) : w;
+    w = w > 64 ? 64 : w;
+    printf("%-*s  %-7s  %-16s  %13s  %13s  %7s  planes (codec ratio)\n", (int)w, "name", "dtype", "shape", "bytes",
+           "stored", "ratio");
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(h, i);
+        shape_str(t, shape, sizeof shape);
+        printf("%-*s  %-7s  %-16s  %13s  %13s  %6.3fx ", (int)w, t->name, stz_dtype_name(t->dtype), shape,
+               cli_commas(a, t->end - t->begin), cli_commas(b, ts[i].stored), ratio(t->end - t->begin, ts[i].stored));
+        for (int k = 0; k < ts[i].nplanes; k++) {
+            codec_list(ts[i].codecs[k], cod, sizeof cod);
+            printf(" %s:%s %.2fx", plane_names[stz_xform_for_dtype(t->dtype)][k], cod,
+                   ratio(ts[i].raw[k], ts[i].zipped[k]));
+        }
+        printf("\n");
+    }
+    printf("\nby dtype and plane:\n");
+    for (int d = 0; d < STZ_DTYPE_COUNT; d++) {
+        tsum *s2 = &by_dtype[d];
+        if (!s2->stored)
+            continue;
+        stz_xform x = stz_xform_for_dtype((stz_dtype)d);
+        printf("  %-7s %18s -> %18s bytes  %.3fx\n", stz_dtype_name((stz_dtype)d), cli_commas(a, s2->bytes),
+               cli_commas(b, s2->stored), ratio(s2->bytes, s2->stored));
+        for (int k = 0; k < s2->nplanes; k++) {
+            codec_list(s2->codecs[k], cod, sizeof cod);
+            printf("    %-17s %18s -> %18s bytes  %.3fx  %s\n", plane_names[x][k], cli_commas(a, s2->raw[k]),
+                   cli_commas(b, s2->zipped[k]), ratio(s2->raw[k], s2->zipped[k]), cod);
+        }
+    }
+    printf("\nmetadata:%s\n", stz_reader_meta_count(h) ? "" : " (none)");
+    for (size_t i = 0; i < stz_reader_meta_count(h); i++)
+        printf("  %s = %s\n", stz_reader_meta_key(h, i), stz_reader_meta_value(h, i));
+cleanup:
+    free(ts);
+    stz_container_free(c);
+    return rc;
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -139,6 +289,8 @@ int cmd_inspect(int argc, char **argv)
     }
     if (optind != argc - 1)
         return cli_usage_error("inspect", "expected one FILE");
+    if (stz_is_container(argv[optind]))
+        return inspect_container(argv[optind], json);
     stz_err err;
     stz_reader *r;
     if (stz_reader_open(&r, argv[optind], &err))

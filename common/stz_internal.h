@@ -65,6 +65,7 @@ uint16_t stz_f32_to_f16(float f);
  * pread returns -1 at end of file before n bytes. */
 int stz_pread_full(int fd, void *buf, size_t n, uint64_t off);
 int stz_write_full(int fd, const void *buf, size_t n);
+int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
 
 /* Strict UTF-8 check; returns the offset of the first bad byte, or n. */
 size_t stz_utf8_check(const uint8_t *s, size_t n);
@@ -84,6 +85,8 @@ typedef struct stz_outfile {
  * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */
 stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_err *err);
 stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err);
+/* Writes at an absolute offset (threads may write disjoint ranges at once). */
+stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64_t off, stz_err *err);
 /* Renames the temporary file to the final path (permissions follow umask). */
 stz_status stz_outfile_commit(stz_outfile *of, stz_err *err);
 /* Removes the temporary file if still there; safe after commit and twice. */
@@ -96,9 +99,11 @@ void stz_outfile_abort(stz_outfile *of);
 /*
  * Runs work(i) for i in [0, n) on `threads` threads (the caller's thread is
  * one of them), then commit(i) strictly in order 0, 1, 2, ... with the
- * commits serialised. Work items are handed out in order, so at most
- * `threads` items are between work and commit: memory stays bounded by the
- * per-thread buffers. The first error stops the run and is returned.
+ * commits serialised, then post(i) (optional) outside the lock, in any
+ * order. Keep commit() short (reserve an output offset, count progress) and
+ * do slow in-order work such as writing in post(). Work items are handed out
+ * in order, so at most `threads` items are in flight: memory stays bounded
+ * by the per-thread buffers. The first error stops the run and is returned.
  * progress (optional) is called from the caller's thread with `done`, which
  * commit() may advance (it runs under the pipeline's lock).
  */
@@ -108,6 +113,7 @@ typedef struct stz_pipeline {
     void *ctx;
     stz_status (*work)(void *ctx, int tid, size_t i, stz_err *err);
     stz_status (*commit)(void *ctx, int tid, size_t i, stz_err *err);
+    stz_status (*post)(void *ctx, int tid, size_t i, stz_err *err);
     stz_progress_fn progress;
     void *progress_user;
     uint64_t done, total; /* progress units; commit() updates done */

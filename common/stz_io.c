@@ -83,6 +83,23 @@ size_t stz_utf8_check(const uint8_t *s, size_t n)
     return n;
 }
 
+int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+{
+    const uint8_t *p = (const uint8_t *)buf;
+    while (n) {
+        ssize_t k = pwrite(fd, p, n, (off_t)off);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
 /* ---- IEEE half ------------------------------------------------------- */
 
 float stz_f16_to_f32(uint16_t h)
@@ -215,6 +232,14 @@ stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_er
 stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err)
 {
     int e = stz_write_full(of->fd, buf, n);
+    if (e)
+        return stz_err_set(err, STZ_E_IO, "%s: write failed: %s", of->path, strerror(e));
+    return STZ_OK;
+}
+
+stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64_t off, stz_err *err)
+{
+    int e = stz_pwrite_full(of->fd, buf, n, off);
     if (e)
         return stz_err_set(err, STZ_E_IO, "%s: write failed: %s", of->path, strerror(e));
     return STZ_OK;

@@ -52,15 +52,23 @@ static void *worker(void *arg)
             fail(s, st, &e);
         while (s->status == STZ_OK && s->committed != i)
             pthread_cond_wait(&s->turn, &s->lock);
+        int committed = 0;
         if (s->status == STZ_OK) {
             st = p->commit ? p->commit(p->ctx, a->tid, i, &e) : STZ_OK;
             if (st != STZ_OK)
                 fail(s, st, &e);
+            committed = st == STZ_OK;
             s->committed++;
             pthread_cond_broadcast(&s->turn);
         }
         uint64_t done = p->done, total = p->total;
         pthread_mutex_unlock(&s->lock);
+
+        if (committed && p->post && (st = p->post(p->ctx, a->tid, i, &e)) != STZ_OK) {
+            pthread_mutex_lock(&s->lock);
+            fail(s, st, &e);
+            pthread_mutex_unlock(&s->lock);
+        }
 
         if (a->tid == 0 && p->progress && p->progress(p->progress_user, done, total)) {
             stz_err_set(&e, STZ_E_INTERRUPTED, "interrupted");

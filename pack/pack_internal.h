@@ -55,6 +55,12 @@ stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, 
 stz_status stz_plane_decode(ZSTD_DCtx *d, stz_codec codec, const uint8_t *src, size_t stored, uint8_t *dst, size_t n,
                             stz_err *err);
 
+/* The container's whole-file digest: XXH3-64 over the little-endian
+ * XXH3-64 of the original header followed by those of every chunk in data
+ * order. Every byte of the original file feeds it, yet it costs no second
+ * pass over the data and no serialised hashing between threads. */
+uint64_t stz_pack_digest(uint64_t header_hash, const uint64_t *chunk_hashes, size_t n);
+
 /* Order-0 entropy of n bytes in bits per byte. */
 double stz_entropy8(const uint8_t *src, size_t n, uint64_t hist[256]);
 

@@ -274,10 +274,13 @@ typedef struct {
     const size_t *sel;  /* chunk numbers to decode, NULL = all */
     dec_buf *tb;
     stz_outfile *out;   /* NULL for verify */
-    XXH3_state_t *whole;/* NULL when only some chunks are decoded */
+    uint64_t out_base;  /* output offset of the first decoded byte */
+    uint64_t out_skip;  /* data offset of the first decoded byte */
+    uint64_t *hashes;   /* per decoded chunk */
     stz_pipeline pl;
 } dec_ctx;
 
+/* Decodes chunk i into b->raw and checks it against its record's hash. */
 static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
 {
     const stz_chunk_info *ch = &c->chunks[i];
@@ -286,16 +289,18 @@ static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz
     stz_status st = cread(c, ch->file_offset, b->rec, ch->record_size, "chunk record", err);
     if (st || (st = parse_record(c, i, b->rec, &pl, err)))
         return st;
-    const uint8_t *src = b->rec + RECORD_HEAD_SIZE + pl.nplanes * PLANE_HEAD_SIZE;
-    uint8_t *planes[STZ_MAX_PLANES];
+    const uint8_t *src = b->rec + RECORD_HEAD_SIZE + pl.nplanes * PLANE_HEAD_SIZE, *planes[STZ_MAX_PLANES];
     for (int k = 0; k < pl.nplanes; k++) {
-        planes[k] = b->planes + (size_t)k * pl.raw[k];
+        uint8_t *dst = b->planes + (size_t)k * pl.raw[k];
         stz_err sub;
-        if ((st = stz_plane_decode(b->d, pl.codec[k], src, pl.stored[k], planes[k], pl.raw[k], &sub)))
+        planes[k] = dst;
+        if (pl.codec[k] == STZ_CODEC_RAW && pl.stored[k] == pl.raw[k])
+            planes[k] = src; /* no copy: merge reads the record directly */
+        else if ((st = stz_plane_decode(b->d, pl.codec[k], src, pl.stored[k], dst, pl.raw[k], &sub)))
             return stz_err_set(err, st, "%s: chunk %zu (tensor '%s', plane %d): %s", c->path, i, name, k, sub.msg);
         src += pl.stored[k];
     }
-    stz_xform_merge(pl.xform, (const uint8_t *const *)planes, ch->raw_size, b->raw);
+    stz_xform_merge(pl.xform, planes, ch->raw_size, b->raw);
     if (XXH3_64bits(b->raw, ch->raw_size) != stz_le64(b->rec + 16))
         return stz_err_set(err, STZ_E_CHECKSUM,
                            "%s: chunk %zu (tensor '%s', data bytes %llu-%llu): checksum mismatch, data is corrupt",
@@ -304,24 +309,31 @@ static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz
     return STZ_OK;
 }
 
+/* Decode and write in parallel: every chunk's output offset is known. */
 static stz_status dec_work(void *vctx, int tid, size_t i, stz_err *err)
 {
     dec_ctx *x = (dec_ctx *)vctx;
-    return decode_chunk(x->c, x->sel ? x->sel[i] : i, &x->tb[tid], err);
+    size_t ci = x->sel ? x->sel[i] : i;
+    const stz_chunk_info *ch = &x->c->chunks[ci];
+    stz_status st = decode_chunk(x->c, ci, &x->tb[tid], err);
+    if (st)
+        return st;
+    x->hashes[i] = stz_le64(x->tb[tid].rec + 16);
+    return x->out ? stz_outfile_pwrite(x->out, x->tb[tid].raw, ch->raw_size, x->out_base + ch->data_offset - x->out_skip, err)
+                  : STZ_OK;
 }
 
 static stz_status dec_commit(void *vctx, int tid, size_t i, stz_err *err)
 {
+    (void)tid, (void)err;
     dec_ctx *x = (dec_ctx *)vctx;
-    const stz_chunk_info *ch = &x->c->chunks[x->sel ? x->sel[i] : i];
-    if (x->whole)
-        XXH3_64bits_update(x->whole, x->tb[tid].raw, ch->raw_size);
-    x->pl.done += ch->raw_size;
-    return x->out ? stz_outfile_write(x->out, x->tb[tid].raw, ch->raw_size, err) : STZ_OK;
+    x->pl.done += x->c->chunks[x->sel ? x->sel[i] : i].raw_size;
+    return STZ_OK;
 }
 
-/* Decodes the selected chunks (all if sel == NULL) in order, writing them
- * to `out` if given, after `prefix` bytes of header. */
+/* Decodes the selected chunks (all if sel == NULL), writing them to `out`
+ * if given: the whole file, or for a selection the bytes from the first
+ * selected chunk on. A full decode also checks the whole-file digest. */
 static stz_status run_decode(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
                              stz_outfile *out, stz_err *err)
 {
@@ -329,9 +341,8 @@ static stz_status run_decode(const stz_unpack_params *p, const stz_container *c,
     dec_ctx x = {.c = c, .sel = sel, .out = out};
     stz_status st = STZ_OK;
     x.tb = calloc((size_t)nt, sizeof *x.tb);
-    if (!sel && !(x.whole = XXH3_createState()))
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    if (!x.tb)
+    x.hashes = calloc(nsel + 1, sizeof *x.hashes);
+    if (!x.tb || !x.hashes)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
     for (int t = 0; !st && t < nt; t++) {
         dec_buf *b = &x.tb[t];
@@ -345,18 +356,16 @@ static stz_status run_decode(const stz_unpack_params *p, const stz_container *c,
     uint64_t total = 0;
     for (size_t i = 0; i < nsel; i++)
         total += c->chunks[sel ? sel[i] : i].raw_size;
-    if (!st && x.whole) {
-        XXH3_64bits_reset(x.whole);
-        XXH3_64bits_update(x.whole, c->header_img, c->header_len);
-    }
+    x.out_base = sel ? 0 : c->header_len;
+    x.out_skip = sel && nsel ? c->chunks[sel[0]].data_offset : 0;
     if (!st && out && !sel)
-        st = stz_outfile_write(out, c->header_img, c->header_len, err);
+        st = stz_outfile_pwrite(out, c->header_img, c->header_len, 0, err);
     if (!st) {
         x.pl = (stz_pipeline){.n = nsel, .threads = nt, .ctx = &x, .work = dec_work, .commit = dec_commit,
                               .progress = p->progress, .progress_user = p->progress_user, .total = total};
         st = stz_pipeline_run(&x.pl, err);
     }
-    if (!st && x.whole && XXH3_64bits_digest(x.whole) != c->whole_hash)
+    if (!st && !sel && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), x.hashes, nsel) != c->whole_hash)
         st = stz_err_set(err, STZ_E_CHECKSUM, "%s: whole-file checksum mismatch", c->path);
     for (int t = 0; x.tb && t < nt; t++) {
         free(x.tb[t].rec);
@@ -365,7 +374,7 @@ static stz_status run_decode(const stz_unpack_params *p, const stz_container *c,
         ZSTD_freeDCtx(x.tb[t].d);
     }
     free(x.tb);
-    XXH3_freeState(x.whole);
+    free(x.hashes);
     return st;
 }
 

@@ -2,11 +2,27 @@
 #include "pack_internal.h"
 
 #include <math.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *const codec_names[STZ_CODEC_COUNT] = {"raw", "const", "huf", "zstd"};
 const char *stz_codec_name(stz_codec c) { return (unsigned)c < STZ_CODEC_COUNT ? codec_names[c] : "?"; }
+
+uint64_t stz_pack_digest(uint64_t header_hash, const uint64_t *chunk_hashes, size_t n)
+{
+    XXH3_state_t st;
+    uint8_t le[8];
+    XXH3_64bits_reset(&st);
+    stz_put_le64(le, header_hash);
+    XXH3_64bits_update(&st, le, 8);
+    for (size_t i = 0; i < n; i++) {
+        stz_put_le64(le, chunk_hashes[i]);
+        XXH3_64bits_update(&st, le, 8);
+    }
+    return XXH3_64bits_digest(&st);
+}
 
 /* Four interleaved tables avoid stalls on runs of the same byte. */
 double stz_entropy8(const uint8_t *src, size_t n, uint64_t hist[256])

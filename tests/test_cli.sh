@@ -61,6 +61,48 @@ if [ -n "$DATA" ] && [ -f "$DATA/stories260K.f32.safetensors" ]; then
     has "$T/out" "47 tensors, 260,032 parameters" "shared bf16"
 fi
 
+# Lossless container.
+M="$T/tiny.safetensors"
+expect_rc 0 "pack" "$STZ" pack "$M"
+has "$T/out" "tiny.safetensors.stz" "pack default output name"
+has "$T/out" "x) in" "pack summary"
+expect_rc 0 "pack -T1" "$STZ" pack "$M" -o "$T/t1.stz" -T 1 -q
+expect_rc 0 "pack -T3" "$STZ" pack "$M" -o "$T/t3.stz" -T 3 -q
+cmp -s "$T/t1.stz" "$T/t3.stz" && ok || bad "containers differ between -T1 and -T3"
+cmp -s "$T/t1.stz" "$M.stz" && ok || bad "container differs from default run"
+expect_rc 0 "pack --best" "$STZ" pack "$M" -o "$T/best.stz" --best --json
+has "$T/out" '"ratio"' "pack --json"
+expect_rc 1 "pack over existing" "$STZ" pack "$M" -o "$T/t1.stz"
+expect_rc 1 "pack onto its input" "$STZ" pack "$M" -o "$M" -f
+cmp -s "$M" "$T/tiny.safetensors" && ok || bad "input changed"
+expect_rc 1 "pack a non-model" "$STZ" pack "$T/err" -o "$T/junk.stz"
+[ -e "$T/junk.stz" ] && bad "junk container written" || ok
+expect_rc 0 "verify" "$STZ" verify "$T/t1.stz" "$T/best.stz"
+has "$T/out" "t1.stz: OK" "verify line"
+expect_rc 0 "unpack" "$STZ" unpack "$T/t1.stz" -o "$T/back.safetensors"
+cmp -s "$M" "$T/back.safetensors" && ok || bad "unpacked file differs"
+cp "$M.stz" "$T/copy.safetensors.stz"
+expect_rc 0 "unpack default name" "$STZ" unpack "$T/copy.safetensors.stz" -q
+cmp -s "$M" "$T/copy.safetensors" && ok || bad "default-name unpack differs"
+expect_rc 0 "unpack --best container" "$STZ" unpack "$T/best.stz" -o "$T/back2.safetensors"
+cmp -s "$M" "$T/back2.safetensors" && ok || bad "--best round trip differs"
+expect_rc 0 "unpack --tensor" "$STZ" unpack "$T/t1.stz" --tensor model.norm.weight -o "$T/norm.bin"
+[ "$(wc -c <"$T/norm.bin")" -eq 128 ] && ok || bad "tensor extract size"
+expect_rc 1 "unpack missing tensor" "$STZ" unpack "$T/t1.stz" --tensor nope -o "$T/nope.bin"
+has "$T/err" "no tensor named 'nope'" "missing tensor message"
+expect_rc 0 "inspect container" "$STZ" inspect "$T/t1.stz"
+has "$T/out" "stz container v1, 27 tensors" "container inspect header"
+has "$T/out" "exponent" "container inspect planes"
+expect_rc 0 "inspect container --json" "$STZ" inspect --json "$T/t1.stz"
+has "$T/out" '"format":[[:space:]]*"stz"' "container json"
+CC=$(dirname "$0")/corpus/stz
+expect_rc 1 "verify corrupt" "$STZ" verify "$CC/payload_flip.stz"
+has "$T/err" "checksum mismatch" "corrupt message"
+expect_rc 1 "unpack corrupt" "$STZ" unpack "$CC/payload_flip.stz" -o "$T/corrupt.safetensors"
+[ -e "$T/corrupt.safetensors" ] && bad "corrupt container produced output" || ok
+expect_rc 1 "unpack a SafeTensors file" "$STZ" unpack "$M" -o "$T/x.safetensors"
+has "$T/err" "not an stz container" "wrong input message"
+
 # Interrupted: SIGINT mid-write leaves neither the output nor a temporary file.
 "$STZ" synth llama-1b -o "$T/big.safetensors" -q -T 1 &
 pid=$!
