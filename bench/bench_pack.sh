@@ -34,7 +34,8 @@ best_of() {
     echo "$best"
 }
 size() { stat -c %s "$1"; }
-mbps() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.0f", (s > 0 ? b / s / 1e6 : 0) }'; }
+# MB/s, or "<10 ms" when the run was too short for /usr/bin/time to measure
+mbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s < 0.02) printf "(<20 ms)"; else printf "%.0f", b / s / 1e6 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 check() { # description condition-as-awk-expression
     if awk "BEGIN { exit !($2) }"; then echo "- PASS: $1"; else echo "- FAIL: $1"; fails=$((fails + 1)); fi
@@ -89,7 +90,9 @@ bench_file() { # file label
         set -- $(ONCE=1 best_of sh -c "$tool -c '$WORK/slice' > '$WORK/slice.$ext'")
         C=$1; CR=$2
         set -- $(ONCE=1 best_of sh -c "$tool -d -c '$WORK/slice.$ext' > /dev/null")
-        row "$tool (first $((S / 1048576)) MiB)" "$S" "$(size "$WORK/slice.$ext")" "$C" "$1" "$CR" "$2"
+        what="first $((S / 1048576)) MiB"
+        [ "$S" -lt "$SLICE" ] && what="whole file"
+        row "$tool ($what)" "$S" "$(size "$WORK/slice.$ext")" "$C" "$1" "$CR" "$2"
     done
     echo
     STZ_RATIO=$(ratio "$N" "$STZ_SIZE")

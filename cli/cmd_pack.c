@@ -23,7 +23,7 @@ static const char pack_help[] =
 static const char unpack_help[] =
     "usage: stz unpack IN.stz [-o OUT.safetensors] [--tensor NAME] [options]\n\n"
     "Restores the original file byte for byte, checking every chunk checksum\n"
-    "and the whole-file hash; nothing is written if any check fails. Output\n"
+    "and the whole-file digest; nothing is written if any check fails. Output\n"
     "defaults to IN without its .stz suffix. With --tensor, writes only that\n"
     "tensor's raw little-endian bytes, decoding only its chunks.\n\n"
     "  -o, --output FILE     where to write\n"
@@ -35,7 +35,7 @@ static const char unpack_help[] =
 
 static const char verify_help[] =
     "usage: stz verify [options] FILE.stz...\n\n"
-    "Decodes every chunk and checks every checksum and the whole-file hash\n"
+    "Decodes every chunk and checks every checksum and the whole-file digest\n"
     "without writing anything. Exit status 0 if all files are intact, 1 if not.\n\n"
     "  -T, --threads N       worker threads, 0 = all cores (default)\n"
     "  -q, --quiet           no progress, no per-file line\n"

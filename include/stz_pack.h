@@ -7,8 +7,8 @@
  * group similar bits (BF16: exponent byte | sign+mantissa byte; F16, F32
  * likewise; other widths: byte planes), and each plane is stored raw, as a
  * constant, as Huffman-coded literals in a zstd frame, or as a full zstd
- * frame, whichever is smallest. Every chunk carries an XXH64 checksum, the
- * trailer an XXH64 of the whole original file; an index at the end gives
+ * frame, whichever is smallest. Every chunk carries an XXH3-64 checksum, the
+ * trailer a digest of the whole original file; an index at the end gives
  * random access. Byte layout: docs/FORMAT.md.
  *
  * Output bytes depend only on the input and the level, never on threads.
@@ -123,7 +123,7 @@ typedef struct {
 #define STZ_UNPACK_PARAMS_DEFAULT {1, 0, NULL, NULL}
 
 /* Writes the original file to `out`, checking every chunk checksum and the
- * whole-file hash; on any mismatch no output is left (STZ_E_CHECKSUM). */
+ * whole-file digest; on any mismatch no output is left (STZ_E_CHECKSUM). */
 stz_status stz_unpack_file(const stz_unpack_params *p, const char *in, const char *out, stz_err *err);
 
 /* Decodes and checks everything, writes nothing. */
