@@ -20,12 +20,18 @@ SLICE=$((32 * 1024 * 1024))
 mkdir -p "$WORK"
 fails=0
 
-# best_of CMD...: runs CMD RUNS times; prints "seconds peak_rss_kb" of the fastest run.
+# best_of OUT CMD...: runs CMD RUNS times; prints "seconds peak_rss_kb" of
+# the fastest run. OUT is deleted before each run: replacing a large file
+# frees its pages inside the timed command, a cost of the file system
+# rather than of the compressor.
 best_of() {
+    out=$1
+    shift
     best=""
     i=0
     n=${ONCE:-$RUNS}
     while [ $i -lt "$n" ]; do
+        rm -f "$out"
         /usr/bin/time -f "%e %M" -o "$WORK/time" "$@" >/dev/null 2>&1
         t=$(cat "$WORK/time")
         if [ -z "$best" ] || [ "$(echo "$t $best" | awk '{print ($1 < $3)}')" = 1 ]; then best=$t; fi
@@ -54,30 +60,32 @@ bench_file() { # file label
     echo
     echo "### $LABEL ($(awk -v n="$N" 'BEGIN { printf "%.1f MB", n / 1e6 }'))"
     echo
-    set -- $("$BUILD/plane_entropy" "$F")
+    "$BUILD/plane_entropy" "$F" >"$WORK/entropy"
+    set -- $(head -n 1 "$WORK/entropy")
     BOUND_RATIO=$2
-    echo "Order-0 entropy bound of the planes: $1 bytes, ratio $BOUND_RATIO."
+    echo "Order-0 entropy bound of the planes: $1 bytes, ratio $BOUND_RATIO. Per plane (bits per byte):"
+    tail -n +2 "$WORK/entropy" | awk '{ printf "%s%s plane %s %.3f", (NR > 1 ? ", " : ""), $1, $2, $4 } END { print "." }'
     echo
     echo "| tool | ratio | compress MB/s | decompress MB/s | peak RSS MiB (c / d) |"
     echo "|---|---|---|---|---|"
     for T in 1 2; do
-        set -- $(best_of "$STZ" pack "$F" -o "$WORK/o.stz" -f -q -T $T)
+        set -- $(best_of "$WORK/o.stz" "$STZ" pack "$F" -o "$WORK/o.stz" -f -q -T $T)
         eval "SC$T=$1"; CR=$2
-        set -- $(best_of "$STZ" unpack "$WORK/o.stz" -o "$WORK/o.back" -f -q -T $T)
+        set -- $(best_of "$WORK/o.back" "$STZ" unpack "$WORK/o.stz" -o "$WORK/o.back" -f -q -T $T)
         eval "SD$T=$1"; DR=$2
         cmp -s "$F" "$WORK/o.back" || { echo "stz round trip differs!"; exit 1; }
         eval "row 'stz -T$T' $N $(size "$WORK/o.stz") \$SC$T \$SD$T $CR $DR"
         MAXRSS=$(printf "%s\n%s\n%s\n" "$MAXRSS" "$CR" "$DR" | sort -n | tail -1)
     done
     STZ_SIZE=$(size "$WORK/o.stz")
-    set -- $(best_of "$STZ" pack "$F" -o "$WORK/o.stz" -f -q -T 2 --best)
+    set -- $(best_of "$WORK/o.stz" "$STZ" pack "$F" -o "$WORK/o.stz" -f -q -T 2 --best)
     BC=$1; BCR=$2
-    set -- $(best_of "$STZ" unpack "$WORK/o.stz" -o "$WORK/o.back" -f -q -T 2)
+    set -- $(best_of "$WORK/o.back" "$STZ" unpack "$WORK/o.stz" -o "$WORK/o.back" -f -q -T 2)
     row "stz --best -T2" "$N" "$(size "$WORK/o.stz")" "$BC" "$1" "$BCR" "$2"
     for L in 1 3; do
-        set -- $(best_of zstd -$L -T1 -q -f "$F" -o "$WORK/o.zst")
+        set -- $(best_of "$WORK/o.zst" zstd -$L -T1 -q -f "$F" -o "$WORK/o.zst")
         eval "ZC$L=$1"; CR=$2
-        set -- $(best_of zstd -d -T1 -q -f "$WORK/o.zst" -o "$WORK/o.back")
+        set -- $(best_of "$WORK/o.back" zstd -d -T1 -q -f "$WORK/o.zst" -o "$WORK/o.back")
         eval "ZD$L=$1"; DR=$2
         eval "row 'zstd -$L -T1 (whole file)' $N $(size "$WORK/o.zst") \$ZC$L \$ZD$L $CR $DR"
     done
@@ -87,9 +95,9 @@ bench_file() { # file label
     for tool in "zstd -19 -T1" "xz -9 -T1" "bzip2 -9"; do
         set -- $tool
         ext=$(echo "$1" | sed 's/zstd/zst/;s/bzip2/bz2/')
-        set -- $(ONCE=1 best_of sh -c "$tool -c '$WORK/slice' > '$WORK/slice.$ext'")
+        set -- $(ONCE=1 best_of "$WORK/slice.$ext" sh -c "$tool -c '$WORK/slice' > '$WORK/slice.$ext'")
         C=$1; CR=$2
-        set -- $(ONCE=1 best_of sh -c "$tool -d -c '$WORK/slice.$ext' > /dev/null")
+        set -- $(ONCE=1 best_of /dev/null/none sh -c "$tool -d -c '$WORK/slice.$ext' > /dev/null")
         what="first $((S / 1048576)) MiB"
         [ "$S" -lt "$SLICE" ] && what="whole file"
         row "$tool ($what)" "$S" "$(size "$WORK/slice.$ext")" "$C" "$1" "$CR" "$2"
@@ -124,6 +132,6 @@ if [ -f "$DATA/stories260K.bf16.safetensors" ]; then
     bench_file "$DATA/stories260K.bf16.safetensors" "stories260K BF16 (real weights)"
     bench_file "$DATA/stories260K.f32.safetensors" "stories260K F32 (real weights)"
 fi
-rm -f "$WORK/o.stz" "$WORK/o.back" "$WORK/o.zst" "$WORK/slice"* "$WORK/time"
+rm -f "$WORK/o.stz" "$WORK/o.back" "$WORK/o.zst" "$WORK/slice"* "$WORK/time" "$WORK/entropy"
 echo
 echo "$fails target(s) missed."

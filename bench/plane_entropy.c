@@ -1,7 +1,8 @@
 /* Order-0 entropy bound of a SafeTensors file under stz's plane split:
  * each (dtype, plane) gets one histogram over the whole file; the bound is
- * the sum of n * H / 8 bytes. Prints: "bound_bytes ratio". Streams the file
- * in 1 MiB pieces. Usage: plane_entropy FILE */
+ * the sum of n * H / 8 bytes. Prints "bound_bytes ratio" on the first line,
+ * then one line per plane: "dtype plane bytes bits_per_byte". Streams the
+ * file in 1 MiB pieces. Usage: plane_entropy FILE */
 #include "stz_pack.h"
 #include "stz_safetensors.h"
 
@@ -43,16 +44,23 @@ int main(int argc, char **argv)
         }
     }
     double bound = (double)stz_reader_data_offset(r); /* header counted as is */
+    double bits[STZ_DTYPE_COUNT][STZ_MAX_PLANES] = {{0}};
+    uint64_t count[STZ_DTYPE_COUNT][STZ_MAX_PLANES] = {{0}};
     for (int d = 0; d < STZ_DTYPE_COUNT; d++)
         for (int k = 0; k < STZ_MAX_PLANES; k++) {
-            uint64_t tot = 0;
             for (int s = 0; s < 256; s++)
-                tot += hist[d][k][s];
+                count[d][k] += hist[d][k][s];
             for (int s = 0; s < 256; s++)
                 if (hist[d][k][s])
-                    bound -= (double)hist[d][k][s] * log2((double)hist[d][k][s] / (double)tot) / 8;
+                    bits[d][k] -= (double)hist[d][k][s] * log2((double)hist[d][k][s] / (double)count[d][k]);
+            bound += bits[d][k] / 8;
         }
     printf("%.0f %.4f\n", bound, (double)stz_reader_file_size(r) / bound);
+    for (int d = 0; d < STZ_DTYPE_COUNT; d++)
+        for (int k = 0; k < STZ_MAX_PLANES; k++)
+            if (count[d][k])
+                printf("%s %d %llu %.4f\n", stz_dtype_name((stz_dtype)d), k, (unsigned long long)count[d][k],
+                       bits[d][k] / (double)count[d][k]);
     stz_reader_free(r);
     free(buf);
     free(pl);

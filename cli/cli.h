@@ -21,6 +21,10 @@ int cli_fail(const stz_err *err);
 /* Prints "stz CMD: MSG" + hint to stderr and returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+struct cJSON;
+/* Prints a JSON document to stdout and frees it; CLI_ERROR if out of memory. */
+int cli_print_json(struct cJSON *doc);
+
 /* "1,234,567" into buf (>= 32 bytes); returns buf. */
 const char *cli_commas(char *buf, uint64_t v);
 /* "988.1 MB" (decimal units) into buf (>= 32 bytes); returns buf. */

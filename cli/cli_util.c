@@ -1,6 +1,7 @@
 /* Helpers shared by the stz commands: errors, numbers, progress. */
 #include "cli.h"
 
+#include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,20 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     fprintf(stderr, "\nTry 'stz %s --help'.\n", cmd);
     va_end(ap);
     return CLI_USAGE;
+}
+
+int cli_print_json(cJSON *doc)
+{
+    char *s = doc ? cJSON_Print(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!s) {
+        stz_err e;
+        stz_err_set(&e, STZ_E_NOMEM, "out of memory printing JSON");
+        return cli_fail(&e);
+    }
+    puts(s);
+    free(s);
+    return CLI_OK;
 }
 
 const char *cli_commas(char *buf, uint64_t v)

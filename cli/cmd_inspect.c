@@ -83,16 +83,7 @@ static int print_json(const stz_reader *r)
     cJSON_AddItemToObject(o, "tensors", ts);
     cJSON_AddItemToObject(o, "dtypes", dts);
     cJSON_AddItemToObject(o, "metadata", md);
-    char *s = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!s) {
-        stz_err e;
-        stz_err_set(&e, STZ_E_NOMEM, "out of memory printing JSON");
-        return cli_fail(&e);
-    }
-    puts(s);
-    free(s);
-    return CLI_OK;
+    return cli_print_json(o);
 }
 
 static void print_table(const stz_reader *r)
@@ -225,10 +216,7 @@ static int inspect_container(const char *path, int json)
         }
         cJSON_AddItemToObject(o, "tensors", arr);
         cJSON_AddItemToObject(o, "dtypes", dts);
-        char *j = cJSON_Print(o);
-        puts(j ? j : "{}");
-        free(j);
-        cJSON_Delete(o);
+        rc = cli_print_json(o);
         goto cleanup;
     }
     printf("%s: stz container v%d, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n\n", path,

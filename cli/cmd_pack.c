@@ -215,11 +215,6 @@ int cmd_verify(int argc, char **argv)
             printf("%s: OK\n", argv[i]);
         }
     }
-    if (arr) {
-        char *j = cJSON_Print(arr);
-        puts(j ? j : "[]");
-        free(j);
-        cJSON_Delete(arr);
-    }
-    return bad ? CLI_ERROR : CLI_OK;
+    int rc2 = arr ? cli_print_json(arr) : CLI_OK;
+    return bad ? CLI_ERROR : rc2;
 }

@@ -109,11 +109,7 @@ int cmd_synth(int argc, char **argv)
         cJSON_AddNumberToObject(o, "bytes", (double)st.bytes);
         cJSON_AddNumberToObject(o, "seconds", secs);
         cJSON_AddNumberToObject(o, "bf16_exponent_entropy_bits", st.exp_entropy_bits);
-        char *j = cJSON_Print(o);
-        puts(j ? j : "{}");
-        free(j);
-        cJSON_Delete(o);
-        return CLI_OK;
+        return cli_print_json(o);
     }
     char a[32], b[32];
     if (!quiet)

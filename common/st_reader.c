@@ -328,19 +328,9 @@ stz_status stz_reader_open(stz_reader **out, const char *path, stz_err *err)
     stz_reader *r = reader_new(path);
     if (!r)
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
-    struct stat st;
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0 || fstat(r->fd, &st) != 0) {
-        int e = errno;
-        stz_reader_free(r);
-        return stz_err_set(err, STZ_E_IO, "%s: cannot open: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        stz_reader_free(r);
-        return stz_err_set(err, STZ_E_IO, "%s: not a regular file", path);
-    }
-    r->file_size = (uint64_t)st.st_size;
-    stz_status s = reader_init(r, err);
+    stz_status s = stz_open_regular(path, &r->fd, &r->file_size, err);
+    if (s == STZ_OK)
+        s = reader_init(r, err);
     if (s != STZ_OK) {
         stz_reader_free(r);
         return s;

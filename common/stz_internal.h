@@ -61,11 +61,14 @@ static inline uint16_t stz_f32_to_bf16(float f)
 float stz_f16_to_f32(uint16_t h);
 uint16_t stz_f32_to_f16(float f);
 
-/* pread/write loops that retry on EINTR and short counts. Return 0 or errno;
- * pread returns -1 at end of file before n bytes. */
+/* pread/pwrite loops that retry on EINTR and short counts. Return 0 or
+ * errno; pread returns -1 at end of file before n bytes. */
 int stz_pread_full(int fd, void *buf, size_t n, uint64_t off);
-int stz_write_full(int fd, const void *buf, size_t n);
 int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+
+/* Opens an existing regular file for reading: *fd and its *size, or
+ * STZ_E_IO naming the path (*fd = -1). */
+stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err);
 
 /* Strict UTF-8 check; returns the offset of the first bad byte, or n. */
 size_t stz_utf8_check(const uint8_t *s, size_t n);
@@ -77,15 +80,18 @@ typedef struct stz_outfile {
     char *path;     /* final name */
     char *tmp_path; /* where bytes go until commit */
     int slot;       /* index in the cleanup registry, -1 if none */
+    uint64_t pos;   /* where stz_outfile_write appends */
 } stz_outfile;
 
-#define STZ_OUTFILE_INIT {-1, NULL, NULL, -1}
+#define STZ_OUTFILE_INIT {-1, NULL, NULL, -1, 0}
 
 /* Creates a temporary file next to `path`. STZ_E_EXISTS if path exists and
  * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */
 stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_err *err);
+/* Appends at of->pos and advances it. */
 stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err);
-/* Writes at an absolute offset (threads may write disjoint ranges at once). */
+/* Writes at an absolute offset (threads may write disjoint ranges at once);
+ * does not move of->pos. */
 stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64_t off, stz_err *err);
 /* Renames the temporary file to the final path (permissions follow umask). */
 stz_status stz_outfile_commit(stz_outfile *of, stz_err *err);

@@ -31,22 +31,6 @@ int stz_pread_full(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
-int stz_write_full(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = (const uint8_t *)buf;
-    while (n) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* Strict UTF-8 (no overlongs, no surrogates, max U+10FFFF). Returns offset
  * of the first bad byte or `n` if all is well. */
 size_t stz_utf8_check(const uint8_t *s, size_t n)
@@ -185,6 +169,26 @@ void stz_tmp_cleanup_all(void)
     }
 }
 
+stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err)
+{
+    struct stat st;
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0 || fstat(*fd, &st) != 0) {
+        int e = errno;
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return stz_err_set(err, STZ_E_IO, "%s: cannot open: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(*fd);
+        *fd = -1;
+        return stz_err_set(err, STZ_E_IO, "%s: not a regular file", path);
+    }
+    *size = (uint64_t)st.st_size;
+    return STZ_OK;
+}
+
 int stz_same_file(const char *a, const char *b)
 {
     struct stat sa, sb;
@@ -229,20 +233,21 @@ stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_er
     return STZ_OK;
 }
 
-stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err)
-{
-    int e = stz_write_full(of->fd, buf, n);
-    if (e)
-        return stz_err_set(err, STZ_E_IO, "%s: write failed: %s", of->path, strerror(e));
-    return STZ_OK;
-}
-
 stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64_t off, stz_err *err)
 {
     int e = stz_pwrite_full(of->fd, buf, n, off);
     if (e)
-        return stz_err_set(err, STZ_E_IO, "%s: write failed: %s", of->path, strerror(e));
+        return stz_err_set(err, STZ_E_IO, "%s: write failed at offset %llu: %s", of->path, (unsigned long long)off,
+                           strerror(e));
     return STZ_OK;
+}
+
+stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err)
+{
+    stz_status st = stz_outfile_pwrite(of, buf, n, of->pos, err);
+    if (st == STZ_OK)
+        of->pos += n;
+    return st;
 }
 
 stz_status stz_outfile_commit(stz_outfile *of, stz_err *err)

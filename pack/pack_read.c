@@ -172,19 +172,10 @@ stz_status stz_container_open(stz_container **out, const char *path, stz_err *er
         free(c);
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
     }
-    struct stat sb;
-    stz_status st = STZ_OK;
     uint64_t head_end = 0;
-    c->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (c->fd < 0 || fstat(c->fd, &sb) != 0)
-        st = stz_err_set(err, STZ_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    else if (!S_ISREG(sb.st_mode))
-        st = stz_err_set(err, STZ_E_IO, "%s: not a regular file", path);
-    if (!st) {
-        c->size = (uint64_t)sb.st_size;
-        if (!(st = read_head(c, &head_end, err)))
-            st = read_index(c, head_end, err);
-    }
+    stz_status st = stz_open_regular(path, &c->fd, &c->size, err);
+    if (!st && !(st = read_head(c, &head_end, err)))
+        st = read_index(c, head_end, err);
     if (st) {
         stz_container_free(c);
         return st;

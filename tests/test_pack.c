@@ -385,32 +385,22 @@ static void test_corruption_rejected(void **state)
     free(in), free(pk), free(bad), free(out);
 }
 
+static void check_container_file(const char *p, const char *file, const char *code)
+{
+    stz_unpack_params u = STZ_UNPACK_PARAMS_DEFAULT;
+    stz_err err;
+    stz_err_clear(&err);
+    stz_status got = stz_verify_file(&u, p, &err);
+    if (strcmp(stz_status_name(got), code) != 0)
+        fail_msg("%s: expected %s, got %s (%s)", file, code, stz_status_name(got), err.msg);
+    if (got)
+        assert_non_null(strstr(err.msg, file)); /* names the file */
+}
+
 static void test_container_corpus(void **state)
 {
     (void)state;
-    char *manifest = tu_path(STZ_STZ_CORPUS_DIR, "MANIFEST");
-    FILE *f = fopen(manifest, "r");
-    assert_non_null(f);
-    char line[512], file[256], code[64];
-    int n = 0;
-    stz_unpack_params u = STZ_UNPACK_PARAMS_DEFAULT;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#' || sscanf(line, "%255s %63s", file, code) != 2)
-            continue;
-        char *p = tu_path(STZ_STZ_CORPUS_DIR, file);
-        stz_err err;
-        stz_err_clear(&err);
-        stz_status got = stz_verify_file(&u, p, &err);
-        if (strcmp(stz_status_name(got), code) != 0)
-            fail_msg("%s: expected %s, got %s (%s)", file, code, stz_status_name(got), err.msg);
-        if (got)
-            assert_non_null(strstr(err.msg, file)); /* names the file */
-        free(p);
-        n++;
-    }
-    fclose(f);
-    free(manifest);
-    assert_true(n >= 20);
+    assert_true(tu_each_manifest(STZ_STZ_CORPUS_DIR, check_container_file) >= 20);
 }
 
 int main(void)

@@ -178,43 +178,33 @@ static stz_status status_by_name(const char *s)
     return STZ_OK;
 }
 
+static void check_corpus_file(const char *p, const char *file, const char *code)
+{
+    stz_reader *r = NULL;
+    stz_err err;
+    stz_err_clear(&err);
+    stz_status got = stz_reader_open(&r, p, &err), want = status_by_name(code);
+    if (got != want)
+        fail_msg("%s: expected %s, got %s (%s)", file, code, stz_status_name(got), err.msg);
+    if (got != STZ_OK) {
+        assert_null(r);
+        assert_int_equal(err.code, got);
+        assert_non_null(strstr(err.msg, file)); /* names the file */
+    } else {
+        for (size_t i = 0; i < stz_reader_count(r); i++) { /* every byte readable */
+            const stz_tensor *t = stz_reader_tensor(r, i);
+            uint8_t b[64];
+            assert_true(t->end - t->begin <= sizeof b);
+            assert_int_equal(stz_reader_read(r, t, 0, b, t->end - t->begin, &err), STZ_OK);
+        }
+    }
+    stz_reader_free(r);
+}
+
 static void test_corpus(void **state)
 {
     (void)state;
-    char *manifest = tu_path(STZ_CORPUS_DIR, "MANIFEST");
-    FILE *f = fopen(manifest, "r");
-    assert_non_null(f);
-    char line[512], file[256], code[64];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#' || sscanf(line, "%255s %63s", file, code) != 2)
-            continue;
-        char *p = tu_path(STZ_CORPUS_DIR, file);
-        stz_reader *r = NULL;
-        stz_err err;
-        stz_err_clear(&err);
-        stz_status got = stz_reader_open(&r, p, &err), want = status_by_name(code);
-        if (got != want)
-            fail_msg("%s: expected %s, got %s (%s)", file, code, stz_status_name(got), err.msg);
-        if (got != STZ_OK) {
-            assert_null(r);
-            assert_int_equal(err.code, got);
-            assert_non_null(strstr(err.msg, file)); /* names the file */
-        } else {
-            for (size_t i = 0; i < stz_reader_count(r); i++) { /* every byte readable */
-                const stz_tensor *t = stz_reader_tensor(r, i);
-                uint8_t b[64];
-                assert_true(t->end - t->begin <= sizeof b);
-                assert_int_equal(stz_reader_read(r, t, 0, b, t->end - t->begin, &err), STZ_OK);
-            }
-        }
-        stz_reader_free(r);
-        free(p);
-        n++;
-    }
-    fclose(f);
-    free(manifest);
-    assert_true(n >= 50);
+    assert_true(tu_each_manifest(STZ_CORPUS_DIR, check_corpus_file) >= 50);
 }
 
 /* Every strict prefix of a valid file is rejected with the error of the

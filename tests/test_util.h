@@ -102,4 +102,26 @@ static inline int tu_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+/* Calls fn(path, file, expected-status-name) for each "FILE STATUS" line of
+ * DIR/MANIFEST; returns the number of entries. */
+static inline int tu_each_manifest(const char *dir, void (*fn)(const char *path, const char *file, const char *code))
+{
+    char *manifest = tu_path(dir, "MANIFEST");
+    FILE *f = fopen(manifest, "r");
+    char line[512], file[256], code[64];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || sscanf(line, "%255s %63s", file, code) != 2)
+            continue;
+        char *p = tu_path(dir, file);
+        fn(p, file, code);
+        free(p);
+        n++;
+    }
+    if (f)
+        fclose(f);
+    free(manifest);
+    return n;
+}
+
 #endif
