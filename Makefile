@@ -15,9 +15,14 @@ build:
 demo: build
 	@mkdir -p $(BUILD)/example
 	$(BUILD)/stz synth qwen2-0.5b -o $(EXAMPLE) --stats -f
-	$(BUILD)/stz inspect $(EXAMPLE) | head -n 20
+	$(BUILD)/stz inspect $(EXAMPLE) | head -n 8
 	@echo "..."
-	$(BUILD)/stz inspect $(EXAMPLE) | tail -n 12
+	$(BUILD)/stz pack $(EXAMPLE) -o $(EXAMPLE).stz -f
+	$(BUILD)/stz verify $(EXAMPLE).stz
+	$(BUILD)/stz unpack $(EXAMPLE).stz -o $(EXAMPLE).back -f
+	cmp $(EXAMPLE) $(EXAMPLE).back && echo "lossless round trip: identical bytes"
+	$(BUILD)/stz inspect $(EXAMPLE).stz | tail -n 12
+	@rm -f $(EXAMPLE).back
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
