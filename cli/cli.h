@@ -56,5 +56,8 @@ int cmd_synth(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_unpack(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_dequantize(int argc, char **argv);
 
 #endif

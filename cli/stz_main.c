@@ -7,6 +7,9 @@
 
 static const cli_command commands[] = {
     {"inspect", cmd_inspect, "list the tensors, dtypes, sizes and metadata of a file"},
+    {"plan", cmd_plan, "show what a policy would do to each tensor"},
+    {"quantize", cmd_quantize, "quantize tensors to INT8 / INT4 as a policy says"},
+    {"dequantize", cmd_dequantize, "turn a quantized file back into a plain float model"},
     {"pack", cmd_pack, "pack a SafeTensors file losslessly into an .stz container"},
     {"unpack", cmd_unpack, "restore the original file (or one tensor) from a container"},
     {"verify", cmd_verify, "check every checksum of containers without writing"},

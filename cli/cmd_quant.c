@@ -1,0 +1,268 @@
+/* stz plan / quantize / dequantize. */
+#include "cli.h"
+#include "stz_policy.h"
+#include "stz_quant.h"
+#include "stz_safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char plan_help[] =
+    "usage: stz plan (--policy P | --int8 | --int4) [--json] MODEL.safetensors\n\n"
+    "Shows what a policy would do to each tensor, without writing anything:\n"
+    "the rule that matched (first match wins), the action, and the bytes\n"
+    "before and after; then totals and the predicted ratio (before packing).\n"
+    "Warns about rules that match no tensor. P is a policy file or a shipped\n"
+    "policy name: int8, int4, int4-small, lossless, gpt-neo-surgical.\n\n"
+    "  --policy P   policy file or shipped name\n"
+    "  --int8       same as --policy int8\n"
+    "  --int4       same as --policy int4\n"
+    "  --json       print the plan as JSON\n"
+    "  -h, --help   this text\n";
+
+static const char quantize_help[] =
+    "usage: stz quantize (--policy P | --int8 | --int4) IN.safetensors -o OUT.safetensors [options]\n\n"
+    "Quantizes the tensors the policy selects to INT8 or INT4 (block-wise\n"
+    "absmax, or the lower-error \"mse\" method), tensor by tensor; kept tensors\n"
+    "are copied byte for byte. OUT is a normal SafeTensors file whose\n"
+    "__metadata__ records how each tensor was quantized (docs/FORMAT.md).\n\n"
+    "  -o, --output FILE   where to write (required)\n"
+    "  --policy P          policy file or shipped name (see 'stz plan --help')\n"
+    "  --int8, --int4      the shipped int8 / int4 policies\n"
+    "  -f, --force         replace OUT if it exists\n"
+    "  -q, --quiet         no progress, no summary\n"
+    "  --json              print the summary as JSON\n"
+    "  -h, --help          this text\n";
+
+static const char dequantize_help[] =
+    "usage: stz dequantize IN.safetensors -o OUT.safetensors [--dtype bf16|f16|f32] [options]\n\n"
+    "Turns a quantized file back into a plain model that any SafeTensors\n"
+    "reader loads: original names and shapes; quantized tensors in their\n"
+    "original dtype (or --dtype); kept tensors byte-identical.\n\n"
+    "  -o, --output FILE   where to write (required)\n"
+    "  --dtype D           dtype of the dequantized tensors\n"
+    "  -f, --force         replace OUT if it exists\n"
+    "  -q, --quiet         no progress\n"
+    "  -h, --help          this text\n";
+
+enum { O_POLICY = 256, O_INT8, O_INT4, O_JSON, O_DTYPE };
+static const struct option opts[] = {
+    {"policy", required_argument, 0, O_POLICY}, {"int8", no_argument, 0, O_INT8},
+    {"int4", no_argument, 0, O_INT4},           {"json", no_argument, 0, O_JSON},
+    {"dtype", required_argument, 0, O_DTYPE},   {"output", required_argument, 0, 'o'},
+    {"force", no_argument, 0, 'f'},             {"quiet", no_argument, 0, 'q'},
+    {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+
+typedef struct {
+    const char *policy, *out;
+    int json, force, quiet;
+    stz_dtype dtype;
+} qopts;
+
+static int parse(const char *cmd, const char *help, int argc, char **argv, qopts *o)
+{
+    int c;
+    memset(o, 0, sizeof *o);
+    o->dtype = STZ_DTYPE_COUNT;
+    while ((c = getopt_long(argc, argv, "o:fqh", opts, NULL)) != -1) {
+        switch (c) {
+        case O_POLICY: o->policy = optarg; break;
+        case O_INT8: o->policy = "int8"; break;
+        case O_INT4: o->policy = "int4"; break;
+        case O_JSON: o->json = 1; break;
+        case O_DTYPE:
+            if (stz_dtype_parse_nocase(optarg, &o->dtype) ||
+                (o->dtype != STZ_DTYPE_BF16 && o->dtype != STZ_DTYPE_F16 && o->dtype != STZ_DTYPE_F32))
+                return cli_usage_error(cmd, "--dtype must be bf16, f16 or f32, not '%s'", optarg);
+            break;
+        case 'o': o->out = optarg; break;
+        case 'f': o->force = 1; break;
+        case 'q': o->quiet = 1; break;
+        case 'h': return fputs(help, stdout), CLI_OK;
+        default: return cli_usage_error(cmd, "unknown option");
+        }
+    }
+    if (optind != argc - 1)
+        return cli_usage_error(cmd, "expected one input file");
+    return -1;
+}
+
+static void unused_rule_warnings(const stz_policy *pol)
+{
+    for (size_t i = 0; i < stz_policy_rule_count(pol); i++)
+        if (!stz_policy_rule_hits(pol, i))
+            fprintf(stderr, "stz: warning: rule %zu ('%s') matched no tensor\n", i, stz_policy_rule_pattern(pol, i));
+}
+
+static const char *action_label(const stz_decision *d, char *buf, size_t cap)
+{
+    if (d->action == STZ_ACTION_KEEP)
+        return "keep";
+    snprintf(buf, cap, "%s/%u%s%s", stz_action_name(d->action), d->block_size,
+             d->method == STZ_QMETHOD_MSE ? "/mse" : "", d->scale_dtype == STZ_DTYPE_F32 ? "/f32" : "");
+    return buf;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    qopts o;
+    int rc = parse("plan", plan_help, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (!o.policy)
+        return cli_usage_error("plan", "give --policy P, --int8 or --int4");
+    stz_err err;
+    stz_policy *pol;
+    stz_reader *r;
+    if (stz_policy_load(&pol, o.policy, &err))
+        return cli_fail(&err);
+    if (stz_reader_open(&r, argv[optind], &err)) {
+        stz_policy_free(pol);
+        return cli_fail(&err);
+    }
+    size_t nt = stz_reader_count(r), nq = 0, w = 4;
+    uint64_t before = 0, after = 0, pq = 0, params = 0;
+    for (size_t i = 0; i < nt; i++)
+        w = strlen(stz_reader_tensor(r, i)->name) > w ? strlen(stz_reader_tensor(r, i)->name) : w;
+    w = w > 60 ? 60 : w;
+    cJSON *arr = o.json ? cJSON_CreateArray() : NULL;
+    if (!o.json)
+        printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, "name", "dtype", "rule", "action", "bytes",
+               "after", "note");
+    char a[32], b[32], lab[64], rule[16];
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        stz_decision d = stz_policy_decide(pol, t);
+        uint64_t nb = stz_quant_bytes(t, &d);
+        before += t->end - t->begin;
+        after += nb;
+        params += t->numel;
+        if (d.action != STZ_ACTION_KEEP)
+            nq++, pq += t->numel;
+        snprintf(rule, sizeof rule, d.rule < 0 ? "default" : "%d", d.rule);
+        if (arr) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "name", t->name);
+            cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
+            if (d.rule < 0)
+                cJSON_AddNullToObject(e, "rule");
+            else
+                cJSON_AddNumberToObject(e, "rule", d.rule);
+            cJSON_AddStringToObject(e, "action", stz_action_name(d.action));
+            if (d.action != STZ_ACTION_KEEP) {
+                cJSON_AddNumberToObject(e, "block_size", d.block_size);
+                cJSON_AddStringToObject(e, "method", d.method == STZ_QMETHOD_MSE ? "mse" : "absmax");
+                cJSON_AddStringToObject(e, "scale_dtype", stz_dtype_name(d.scale_dtype));
+            }
+            if (d.reason)
+                cJSON_AddStringToObject(e, "kept_because", d.reason);
+            cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
+            cJSON_AddNumberToObject(e, "bytes_after", (double)nb);
+            cJSON_AddItemToArray(arr, e);
+        } else {
+            printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, t->name, stz_dtype_name(t->dtype), rule,
+                   action_label(&d, lab, sizeof lab), cli_commas(a, t->end - t->begin), cli_commas(b, nb),
+                   d.reason ? d.reason : "");
+        }
+    }
+    double ratio = after ? (double)before / (double)after : 0;
+    if (arr) {
+        cJSON *doc = cJSON_CreateObject(), *unused = cJSON_CreateArray();
+        cJSON_AddStringToObject(doc, "file", argv[optind]);
+        cJSON_AddStringToObject(doc, "policy", o.policy);
+        cJSON_AddItemToObject(doc, "tensors", arr);
+        cJSON_AddNumberToObject(doc, "tensor_count", (double)nt);
+        cJSON_AddNumberToObject(doc, "quantized", (double)nq);
+        cJSON_AddNumberToObject(doc, "bytes", (double)before);
+        cJSON_AddNumberToObject(doc, "bytes_after", (double)after);
+        cJSON_AddNumberToObject(doc, "predicted_ratio", ratio);
+        cJSON_AddNumberToObject(doc, "params_quantized_share", params ? (double)pq / (double)params : 0);
+        for (size_t i = 0; i < stz_policy_rule_count(pol); i++)
+            if (!stz_policy_rule_hits(pol, i))
+                cJSON_AddItemToArray(unused, cJSON_CreateNumber((double)i));
+        cJSON_AddItemToObject(doc, "rules_matching_nothing", unused);
+        rc = cli_print_json(doc);
+    } else {
+        printf("\n%zu tensors: %zu quantized (%.1f%% of parameters), %zu kept\n%s -> %s bytes, predicted ratio "
+               "%.3fx before packing\n",
+               nt, nq, params ? 100.0 * (double)pq / (double)params : 0, nt - nq, cli_commas(a, before),
+               cli_commas(b, after), ratio);
+        rc = CLI_OK;
+    }
+    unused_rule_warnings(pol);
+    stz_reader_free(r);
+    stz_policy_free(pol);
+    return rc;
+}
+
+int cmd_quantize(int argc, char **argv)
+{
+    qopts o;
+    int rc = parse("quantize", quantize_help, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (!o.policy)
+        return cli_usage_error("quantize", "give --policy P, --int8 or --int4");
+    if (!o.out)
+        return cli_usage_error("quantize", "missing -o OUT");
+    stz_err err;
+    stz_policy *pol;
+    if (stz_policy_load(&pol, o.policy, &err))
+        return cli_fail(&err);
+    stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
+    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    cli_progress prog;
+    cli_progress_init(&prog, "quantize", o.quiet);
+    p.progress = cli_progress_cb;
+    p.progress_user = &prog;
+    stz_quant_stats st;
+    stz_status s = stz_quantize_file(&p, pol, argv[optind], o.out, &st, &err);
+    cli_progress_end(&prog);
+    stz_policy_free(pol);
+    if (s)
+        return cli_fail(&err);
+    double secs = cli_now() - prog.start, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;
+    char a[32], b[32], r[32];
+    if (o.json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "input", argv[optind]);
+        cJSON_AddStringToObject(d, "output", o.out);
+        cJSON_AddNumberToObject(d, "in_bytes", (double)st.in_bytes);
+        cJSON_AddNumberToObject(d, "out_bytes", (double)st.out_bytes);
+        cJSON_AddNumberToObject(d, "ratio", ratio);
+        cJSON_AddNumberToObject(d, "tensors", (double)st.tensors);
+        cJSON_AddNumberToObject(d, "quantized", (double)st.quantized);
+        cJSON_AddNumberToObject(d, "params_quantized_share", st.params ? (double)st.params_quantized / (double)st.params : 0);
+        cJSON_AddNumberToObject(d, "seconds", secs);
+        return cli_print_json(d);
+    }
+    if (!o.quiet)
+        printf("%s -> %s: %s -> %s bytes (%.3fx), %zu of %zu tensors quantized (%.1f%% of parameters) in %.2f s, "
+               "%s/s\n",
+               argv[optind], o.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized,
+               st.tensors, st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0, secs,
+               cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
+    return CLI_OK;
+}
+
+int cmd_dequantize(int argc, char **argv)
+{
+    qopts o;
+    int rc = parse("dequantize", dequantize_help, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (!o.out)
+        return cli_usage_error("dequantize", "missing -o OUT");
+    stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
+    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    cli_progress prog;
+    cli_progress_init(&prog, "dequantize", o.quiet);
+    p.progress = cli_progress_cb;
+    p.progress_user = &prog;
+    stz_err err;
+    stz_status s = stz_dequantize_file(&p, argv[optind], o.out, o.dtype, &err);
+    cli_progress_end(&prog);
+    return s ? cli_fail(&err) : CLI_OK;
+}

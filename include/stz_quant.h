@@ -1,0 +1,95 @@
+/*
+ * stz_quant.h - block-wise symmetric INT8 / INT4 quantization.
+ *
+ * Each row (the last dimension) is cut into blocks of `block` elements, the
+ * last one shorter when the row length is not a multiple. Per block:
+ *   absmax: scale = max|w| / qmax, q = round(w / scale) clipped to the type
+ *           (INT8: qmax 127, range [-127, 127]; INT4: qmax 7, range [-8, 7]);
+ *   mse:    the scale minimising the block's squared error among a grid of
+ *           clipping factors and both signs of the largest value (which
+ *           lets INT4 use -8, as llama.cpp's Q4_0 does); same storage.
+ * An all-zero block gets scale 0 and zeros. Dequantized w' = q * scale.
+ * Kernels take float rows and never allocate. INT4 values are packed two per
+ * byte, the first of each pair in the high nibble, as 4-bit two's
+ * complement; an odd row ends with a zero low nibble.
+ */
+#ifndef STZ_QUANT_H
+#define STZ_QUANT_H
+
+#include "stz.h"
+#include "stz_policy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Blocks in a row of n elements. */
+static inline size_t stz_q_blocks(size_t n, size_t block) { return (n + block - 1) / block; }
+/* Bytes of one quantized row: n (INT8) or ceil(n/2) (INT4). */
+static inline size_t stz_q_row_bytes(int bits, size_t n) { return bits == 4 ? (n + 1) / 2 : n; }
+
+/* Quantizes one row x[n] into q (stz_q_row_bytes bytes) and scales
+ * (stz_q_blocks floats, each exactly representable in scale_dtype, F16 or
+ * F32). absmax rounds each scale up to that dtype and quantizes with the
+ * stored value, so |x - q * scale| <= scale / 2 for every element. x must
+ * be finite. Returns 0, or -1 if a scale does not fit the scale dtype
+ * (F16 above 65504): use F32 scales. */
+int stz_q8_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype scale_dtype, int8_t *q,
+                        float *scales);
+int stz_q4_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype scale_dtype, uint8_t *q,
+                        float *scales);
+/* Inverse: y[n] = q * scale of its block. */
+void stz_q8_dequantize_ref(const int8_t *q, const float *scales, size_t n, size_t block, float *y);
+void stz_q4_dequantize_ref(const uint8_t *q, const float *scales, size_t n, size_t block, float *y);
+
+/* Converts n elements of a float dtype (BF16, F16, F32, F64) to F32 and
+ * back (round to nearest even). STZ_E_DTYPE for other dtypes. */
+stz_status stz_to_f32(stz_dtype d, const uint8_t *src, size_t n, float *dst, stz_err *err);
+stz_status stz_from_f32(stz_dtype d, const float *src, size_t n, uint8_t *dst, stz_err *err);
+
+/* Bytes a tensor takes in the output under decision d (values plus
+ * scales; header space not counted). */
+uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d);
+
+/* ---- files ----------------------------------------------------------- */
+
+typedef struct {
+    int threads;              /* reserved; quantization runs on one thread */
+    unsigned write_flags;     /* STZ_WRITE_FORCE */
+    stz_progress_fn progress; /* input bytes */
+    void *progress_user;
+} stz_quant_params;
+
+#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL}
+
+typedef struct {
+    uint64_t in_bytes, out_bytes;
+    size_t tensors, quantized;
+    uint64_t params, params_quantized;
+} stz_quant_stats;
+
+/*
+ * Quantizes `in` into `out` following the policy, tensor by tensor (memory
+ * does not grow with the model). Kept tensors are copied byte for byte.
+ * The output is a normal SafeTensors file whose __metadata__ describes
+ * each quantized tensor (docs/FORMAT.md, "Quantized SafeTensors").
+ * Errors: the reader's, STZ_E_POLICY (e.g. SVD not supported yet),
+ * STZ_E_NUMERIC (NaN/Inf, naming tensor and element), STZ_E_DUPLICATE
+ * (companion name collides), STZ_E_EXISTS, STZ_E_IO.
+ */
+stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
+                             stz_quant_stats *stats, stz_err *err);
+
+/*
+ * Writes a plain model: every tensor under its original name and shape,
+ * quantized ones dequantized to their original dtype (or `dtype` if it is
+ * not STZ_DTYPE_COUNT: BF16, F16 or F32), kept ones byte-identical. A file
+ * without quantized tensors is copied.
+ */
+stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                               stz_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

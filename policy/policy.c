@@ -1,0 +1,340 @@
+/* Policy engine: parse JSON rules, decide an action per tensor. */
+#include "stz_internal.h"
+#include "stz_policy.h"
+
+#include <cjson/cJSON.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char *pattern;      /* as written, for messages */
+    int is_regex;
+    regex_t re;
+    stz_decision d;     /* action and parameters */
+    uint32_t dtype_mask;/* 0: any */
+    int min_ndim, max_ndim;
+    uint64_t min_numel;
+    int include_1d;
+    uint64_t hits;
+} rule;
+
+struct stz_policy {
+    char *label;
+    rule *rules;
+    size_t n;
+    stz_decision def;
+};
+
+static const char *const action_names[STZ_ACTION_COUNT] = {"keep", "int8", "int4", "svd"};
+const char *stz_action_name(stz_action a) { return (unsigned)a < STZ_ACTION_COUNT ? action_names[a] : "?"; }
+
+static stz_decision default_decision(void)
+{
+    return (stz_decision){.action = STZ_ACTION_KEEP, .block_size = 128, .scale_dtype = STZ_DTYPE_F16,
+                          .method = STZ_QMETHOD_ABSMAX, .nonfinite = STZ_NONFINITE_ERROR, .rule = -1};
+}
+
+/* Error for rule `i` (or the default when i < 0). */
+static stz_status perr(stz_err *err, const stz_policy *p, int i, const char *pattern, const char *fmt, const char *a,
+                       const char *b)
+{
+    char what[256], where[512];
+    snprintf(what, sizeof what, fmt, a ? a : "", b ? b : "");
+    if (i < 0)
+        snprintf(where, sizeof where, "%s: %s", p->label, i == -1 ? "default" : "policy");
+    else
+        snprintf(where, sizeof where, "%s: rule %d ('%s')", p->label, i, pattern ? pattern : "?");
+    return stz_err_set(err, STZ_E_POLICY, "%s: %s", where, what);
+}
+
+static int whole_in(const cJSON *v, double lo, double hi, double *out)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi)
+        return 0;
+    *out = v->valuedouble;
+    return 1;
+}
+
+/* Reads the action and its parameters from `o` (an object) into d.
+ * `where` is the rule index (-1: default). Unknown keys are refused. */
+static stz_status parse_action(stz_policy *p, int where, const char *pat, const cJSON *o, stz_decision *d, rule *r,
+                               stz_err *err)
+{
+    const char *svd_key = NULL; /* an SVD-only key, checked against the action */
+    for (const cJSON *k = o->child; k; k = k->next) {
+        const char *key = k->string;
+        double v;
+        if (!strcmp(key, "match") && r) {
+            continue; /* handled by the caller */
+        } else if (!strcmp(key, "action")) {
+            int a = -1;
+            for (int j = 0; j < STZ_ACTION_COUNT && cJSON_IsString(k); j++)
+                if (!strcmp(k->valuestring, action_names[j]))
+                    a = j;
+            if (a < 0)
+                return perr(err, p, where, pat, "unknown action '%s' (keep, int8, int4, svd)",
+                            cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
+            d->action = (stz_action)a;
+        } else if (!strcmp(key, "block_size")) {
+            if (!whole_in(k, 1, 1 << 20, &v))
+                return perr(err, p, where, pat, "block_size must be a whole number in [1, 1048576]", NULL, NULL);
+            d->block_size = (uint32_t)v;
+        } else if (!strcmp(key, "scale_dtype")) {
+            if (!cJSON_IsString(k) || stz_dtype_parse_nocase(k->valuestring, &d->scale_dtype) ||
+                (d->scale_dtype != STZ_DTYPE_F16 && d->scale_dtype != STZ_DTYPE_F32))
+                return perr(err, p, where, pat, "scale_dtype must be \"F16\" or \"F32\"", NULL, NULL);
+        } else if (!strcmp(key, "method")) {
+            if (cJSON_IsString(k) && !strcmp(k->valuestring, "absmax"))
+                d->method = STZ_QMETHOD_ABSMAX;
+            else if (cJSON_IsString(k) && !strcmp(k->valuestring, "mse"))
+                d->method = STZ_QMETHOD_MSE;
+            else if (cJSON_IsString(k) && (!strcmp(k->valuestring, "exact") || !strcmp(k->valuestring, "randomized")))
+                svd_key = "method";
+            else
+                return perr(err, p, where, pat, "method must be \"absmax\" or \"mse\" (int8/int4), \"exact\" or "
+                            "\"randomized\" (svd)", NULL, NULL);
+        } else if (!strcmp(key, "nonfinite")) {
+            if (cJSON_IsString(k) && !strcmp(k->valuestring, "error"))
+                d->nonfinite = STZ_NONFINITE_ERROR;
+            else if (cJSON_IsString(k) && !strcmp(k->valuestring, "keep"))
+                d->nonfinite = STZ_NONFINITE_KEEP;
+            else
+                return perr(err, p, where, pat, "nonfinite must be \"error\" or \"keep\"", NULL, NULL);
+        } else if (r && !strcmp(key, "dtypes")) {
+            if (!cJSON_IsArray(k) || !cJSON_GetArraySize(k))
+                return perr(err, p, where, pat, "dtypes must be a non-empty array of dtype names", NULL, NULL);
+            for (const cJSON *e = k->child; e; e = e->next) {
+                stz_dtype dt;
+                if (!cJSON_IsString(e) || stz_dtype_parse_nocase(e->valuestring, &dt))
+                    return perr(err, p, where, pat, "unknown dtype '%s' in dtypes",
+                                cJSON_IsString(e) ? e->valuestring : "(not a string)", NULL);
+                r->dtype_mask |= 1u << dt;
+            }
+        } else if (r && (!strcmp(key, "min_ndim") || !strcmp(key, "max_ndim"))) {
+            if (!whole_in(k, 0, STZ_ST_MAX_NDIM, &v))
+                return perr(err, p, where, pat, "%s must be a whole number in [0, 64]", key, NULL);
+            *(key[1] == 'i' ? &r->min_ndim : &r->max_ndim) = (int)v;
+        } else if (r && !strcmp(key, "min_numel")) {
+            if (!whole_in(k, 0, 9007199254740992.0, &v))
+                return perr(err, p, where, pat, "min_numel must be a whole number >= 0", NULL, NULL);
+            r->min_numel = (uint64_t)v;
+        } else if (r && !strcmp(key, "include_1d")) {
+            if (!cJSON_IsBool(k))
+                return perr(err, p, where, pat, "include_1d must be true or false", NULL, NULL);
+            r->include_1d = cJSON_IsTrue(k);
+        } else if (!strcmp(key, "rank") || !strcmp(key, "energy") || !strcmp(key, "max_error") ||
+                   !strcmp(key, "fallback")) {
+            svd_key = key; /* SVD parameters: checked with the action below */
+        } else if (!strcmp(key, "comment")) {
+            continue;
+        } else {
+            return perr(err, p, where, pat, "unknown key '%s'", key, NULL);
+        }
+    }
+    if (svd_key && d->action != STZ_ACTION_SVD)
+        return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key, action_names[d->action]);
+    if (d->action == STZ_ACTION_SVD)
+        return perr(err, p, where, pat,
+                    "action 'svd' is not supported yet (low-rank SVD factors are planned; use int8 or int4)", NULL,
+                    NULL);
+    return STZ_OK;
+}
+
+stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, const char *label, stz_err *err)
+{
+    *out = NULL;
+    stz_policy *p = calloc(1, sizeof *p);
+    if (!p || !(p->label = strdup(label ? label : "policy"))) {
+        free(p);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    p->def = default_decision();
+    stz_status st = STZ_OK;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        st = stz_err_set(err, STZ_E_POLICY, "%s: not a JSON object%s", p->label, root ? "" : " (invalid JSON)");
+        goto done;
+    }
+    for (const cJSON *k = root->child; k; k = k->next)
+        if (strcmp(k->string, "default") && strcmp(k->string, "rules") && strcmp(k->string, "description") &&
+            strcmp(k->string, "comment")) {
+            st = perr(err, p, -2, NULL, "unknown top-level key '%s' (default, rules, description)", k->string, NULL);
+            goto done;
+        }
+    const cJSON *def = cJSON_GetObjectItemCaseSensitive(root, "default");
+    if (cJSON_IsString(def)) {
+        cJSON *tmp = cJSON_CreateObject();
+        cJSON_AddStringToObject(tmp, "action", def->valuestring);
+        st = parse_action(p, -1, NULL, tmp, &p->def, NULL, err);
+        cJSON_Delete(tmp);
+    } else if (cJSON_IsObject(def)) {
+        st = parse_action(p, -1, NULL, def, &p->def, NULL, err);
+    } else if (def) {
+        st = perr(err, p, -1, NULL, "must be an action name or an object", NULL, NULL);
+    }
+    if (st)
+        goto done;
+    const cJSON *rules = cJSON_GetObjectItemCaseSensitive(root, "rules");
+    if (rules && !cJSON_IsArray(rules)) {
+        st = perr(err, p, -2, NULL, "'rules' must be an array", NULL, NULL);
+        goto done;
+    }
+    size_t n = rules ? (size_t)cJSON_GetArraySize(rules) : 0;
+    p->rules = calloc(n + 1, sizeof *p->rules);
+    if (!p->rules) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    int i = 0;
+    for (const cJSON *rj = rules ? rules->child : NULL; rj; rj = rj->next, i++) {
+        rule *r = &p->rules[i];
+        const cJSON *m = cJSON_IsObject(rj) ? cJSON_GetObjectItemCaseSensitive(rj, "match") : NULL;
+        if (!cJSON_IsString(m)) {
+            st = perr(err, p, i, NULL, cJSON_IsObject(rj) ? "missing \"match\" (a string)" : "not an object", NULL,
+                      NULL);
+            goto done;
+        }
+        if (!(r->pattern = strdup(m->valuestring))) {
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            goto done;
+        }
+        p->n++;
+        r->d = p->def;
+        r->d.rule = i;
+        r->max_ndim = STZ_ST_MAX_NDIM;
+        if (!cJSON_GetObjectItemCaseSensitive(rj, "action")) {
+            st = perr(err, p, i, r->pattern, "missing \"action\"", NULL, NULL);
+            goto done;
+        }
+        if ((st = parse_action(p, i, r->pattern, rj, &r->d, r, err)))
+            goto done;
+        if (!strncmp(r->pattern, "re:", 3)) {
+            size_t l = strlen(r->pattern);
+            char *anch = malloc(l + 4);
+            if (!anch) {
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                goto done;
+            }
+            snprintf(anch, l + 4, "^(%s)$", r->pattern + 3); /* the whole name must match */
+            int rc = regcomp(&r->re, anch, REG_EXTENDED | REG_NOSUB);
+            free(anch);
+            if (rc) {
+                char msg[128];
+                regerror(rc, &r->re, msg, sizeof msg);
+                st = perr(err, p, i, r->pattern, "bad regular expression: %s", msg, NULL);
+                goto done;
+            }
+            r->is_regex = 1;
+        }
+    }
+done:
+    cJSON_Delete(root);
+    if (st) {
+        stz_policy_free(p);
+        return st;
+    }
+    *out = p;
+    return STZ_OK;
+}
+
+void stz_policy_free(stz_policy *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->rules[i].is_regex)
+            regfree(&p->rules[i].re);
+        free(p->rules[i].pattern);
+    }
+    free(p->rules);
+    free(p->label);
+    free(p);
+}
+
+stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *err)
+{
+    *out = NULL;
+    FILE *f = fopen(path_or_name, "rb");
+    if (!f) {
+        const char *text = stz_policy_builtin_text(path_or_name);
+        if (text) {
+            char label[128];
+            snprintf(label, sizeof label, "policy '%s' (built in)", path_or_name);
+            return stz_policy_parse(out, text, strlen(text), label, err);
+        }
+        return stz_err_set(err, STZ_E_IO, "%s: no such policy file, and not a shipped policy name "
+                           "(int8, int4, int4-small, lossless, gpt-neo-surgical)", path_or_name);
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (64u << 20)) {
+                fclose(f);
+                free(buf);
+                return stz_err_set(err, STZ_E_POLICY, "%s: policy file larger than 64 MiB", path_or_name);
+            }
+            cap = cap ? cap * 2 : 4096;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                fclose(f);
+                free(buf);
+                return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + len, 1, cap - len, f);
+        len += k;
+        if (k == 0)
+            break;
+    }
+    fclose(f);
+    stz_status st = stz_policy_parse(out, buf, len, path_or_name, err);
+    free(buf);
+    return st;
+}
+
+static int rule_matches(const rule *r, const stz_tensor *t)
+{
+    if (r->dtype_mask && !(r->dtype_mask & (1u << t->dtype)))
+        return 0;
+    if (t->ndim < r->min_ndim || t->ndim > r->max_ndim || t->numel < r->min_numel)
+        return 0;
+    if (r->is_regex)
+        return regexec(&r->re, t->name, 0, NULL, 0) == 0;
+    return fnmatch(r->pattern, t->name, 0) == 0;
+}
+
+stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
+{
+    stz_decision d = p->def;
+    int include_1d = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (rule_matches(&p->rules[i], t)) {
+            p->rules[i].hits++;
+            d = p->rules[i].d;
+            include_1d = p->rules[i].include_1d;
+            break;
+        }
+    if (d.action == STZ_ACTION_KEEP)
+        return d;
+    int floaty = t->dtype == STZ_DTYPE_BF16 || t->dtype == STZ_DTYPE_F16 || t->dtype == STZ_DTYPE_F32 ||
+                 t->dtype == STZ_DTYPE_F64;
+    if (!floaty)
+        d.reason = "not a BF16/F16/F32/F64 tensor";
+    else if (t->numel == 0)
+        d.reason = "empty tensor";
+    else if (t->ndim < 2 && !include_1d)
+        d.reason = "fewer than 2 dimensions (rule needs \"include_1d\": true)";
+    if (d.reason)
+        d.action = STZ_ACTION_KEEP;
+    return d;
+}
+
+size_t stz_policy_rule_count(const stz_policy *p) { return p->n; }
+const char *stz_policy_rule_pattern(const stz_policy *p, size_t i) { return i < p->n ? p->rules[i].pattern : NULL; }
+uint64_t stz_policy_rule_hits(const stz_policy *p, size_t i) { return i < p->n ? p->rules[i].hits : 0; }

@@ -1,0 +1,516 @@
+/* Quantize / dequantize whole SafeTensors files, streaming row batches.
+ *
+ * Per quantized tensor NAME the output holds:
+ *   NAME          I8 of the original shape (INT8), or U8 with the last
+ *                 dimension ceil(n/2) (INT4, two values per byte, first high)
+ *   NAME.scales   F16/F32 of the original shape with the last dimension
+ *                 replaced by the block count (omitted for a single block)
+ * and __metadata__["stz.quant.NAME"] = JSON {"method", "bits", "block_size",
+ * "dtype", "shape", "scales" | "scale", "scale_dtype", "packing"}.
+ * docs/FORMAT.md, "Quantized SafeTensors", is the reference. */
+#include "stz_internal.h"
+#include "stz_quant.h"
+#include "stz_safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define META_PREFIX "stz.quant."
+#define BATCH_BYTES (4u << 20) /* input bytes converted at a time */
+
+typedef struct {
+    stz_decision d;
+    int bits;            /* 0 kept, 8, 4 */
+    uint64_t rows, cols; /* cols = last dimension (whole tensor for 1-D) */
+    uint64_t nblocks;    /* per row */
+    char *scales_name;   /* NULL: single scale, in metadata */
+    float scalar;        /* the single scale */
+} plan_t;
+
+uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
+{
+    if (d->action != STZ_ACTION_INT8 && d->action != STZ_ACTION_INT4)
+        return t->end - t->begin;
+    int bits = d->action == STZ_ACTION_INT8 ? 8 : 4;
+    uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;
+    uint64_t blocks = rows * stz_q_blocks(cols, d->block_size);
+    return rows * stz_q_row_bytes(bits, cols) + (blocks > 1 ? blocks * stz_dtype_bits(d->scale_dtype) / 8 : 0);
+}
+
+static void row_shape(const stz_tensor *t, uint64_t *rows, uint64_t *cols)
+{
+    *cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+    *rows = *cols ? t->numel / *cols : 0;
+}
+
+/* Finds the first NaN/Inf; returns its element index or -1. Reads the
+ * tensor in batches. */
+static stz_status find_nonfinite(const stz_reader *r, const stz_tensor *t, uint8_t *buf, float *f, int64_t *at,
+                                 stz_err *err)
+{
+    size_t esz = stz_dtype_bits(t->dtype) / 8, per = BATCH_BYTES / esz;
+    *at = -1;
+    for (uint64_t e = 0; e < t->numel && *at < 0; e += per) {
+        size_t n = t->numel - e < per ? (size_t)(t->numel - e) : per;
+        stz_status st = stz_reader_read(r, t, e * esz, buf, n * esz, err);
+        if (st || (st = stz_to_f32(t->dtype, buf, n, f, err)))
+            return st;
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(f[i])) {
+                *at = (int64_t)(e + i);
+                break;
+            }
+    }
+    return STZ_OK;
+}
+
+static int quant_row(const plan_t *pl, const float *x, uint8_t *q, float *scales)
+{
+    return pl->bits == 8 ? stz_q8_quantize_ref(x, pl->cols, pl->d.block_size, pl->d.method, pl->d.scale_dtype,
+                                               (int8_t *)q, scales)
+                         : stz_q4_quantize_ref(x, pl->cols, pl->d.block_size, pl->d.method, pl->d.scale_dtype, q,
+                                               scales);
+}
+
+static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl, stz_err *err)
+{
+    cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
+    cJSON_AddStringToObject(o, "method", pl->d.method == STZ_QMETHOD_MSE ? "mse" : "absmax");
+    cJSON_AddNumberToObject(o, "bits", pl->bits);
+    cJSON_AddNumberToObject(o, "block_size", pl->d.block_size);
+    cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim; d++)
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+    cJSON_AddItemToObject(o, "shape", sh);
+    if (pl->scales_name)
+        cJSON_AddStringToObject(o, "scales", pl->scales_name);
+    else
+        cJSON_AddNumberToObject(o, "scale", pl->scalar);
+    cJSON_AddStringToObject(o, "scale_dtype", stz_dtype_name(pl->d.scale_dtype));
+    if (pl->bits == 4)
+        cJSON_AddStringToObject(o, "packing", "int4-pairs-high-nibble-first");
+    char *s = cJSON_PrintUnformatted(o), key[1024];
+    cJSON_Delete(o);
+    if (!s)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    snprintf(key, sizeof key, "%s%s", META_PREFIX, t->name);
+    stz_status st = stz_writer_set_meta(w, key, s, err);
+    free(s);
+    return st;
+}
+
+/* Streams one quantized tensor: values row batch by row batch, then its
+ * scales (held for the tensor: rows x blocks floats). */
+static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, const plan_t *pl,
+                                  uint8_t *in, float *f, uint8_t *q, stz_err *err)
+{
+    size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_q_row_bytes(pl->bits, pl->cols);
+    uint64_t per = BATCH_BYTES / esz / pl->cols;
+    if (per == 0)
+        per = 1; /* one row larger than a batch: the caller sized buffers for it */
+    size_t nsc = (size_t)(pl->rows * pl->nblocks), ssz = stz_dtype_bits(pl->d.scale_dtype) / 8;
+    float *sc = malloc(nsc * sizeof *sc + 1);
+    if (!sc)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu scales of '%s'", nsc, t->name);
+    stz_status st = STZ_OK;
+    for (uint64_t row = 0; row < pl->rows && !st; row += per) {
+        size_t nr = pl->rows - row < per ? (size_t)(pl->rows - row) : (size_t)per, n = nr * (size_t)pl->cols;
+        if ((st = stz_reader_read(r, t, row * pl->cols * esz, in, n * esz, err)) ||
+            (st = stz_to_f32(t->dtype, in, n, f, err)))
+            break;
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(f[i])) {
+                st = stz_err_set(err, STZ_E_NUMERIC,
+                                 "%s: tensor '%s': element %llu is %s; quantization needs finite values "
+                                 "(or \"nonfinite\": \"keep\" in the policy rule)",
+                                 stz_reader_path(r), t->name, (unsigned long long)(row * pl->cols + i),
+                                 isnan(f[i]) ? "NaN" : "infinite");
+                break;
+            }
+        for (size_t k = 0; !st && k < nr; k++)
+            if (quant_row(pl, f + k * pl->cols, q + k * rb, sc + (row + k) * pl->nblocks))
+                st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
+                                 "use \"scale_dtype\": \"F32\"", stz_reader_path(r), t->name);
+        if (!st)
+            st = stz_writer_write(w, q, nr * rb, err);
+    }
+    for (size_t i = 0; !st && pl->scales_name && i < nsc; i += BATCH_BYTES / 4) {
+        size_t n = nsc - i < BATCH_BYTES / 4 ? nsc - i : BATCH_BYTES / 4;
+        if (!(st = stz_from_f32(pl->d.scale_dtype, sc + i, n, in, err)))
+            st = stz_writer_write(w, in, n * ssz, err);
+    }
+    free(sc);
+    return st;
+}
+
+static stz_status copy_tensor(stz_writer *w, const stz_reader *r, const stz_tensor *t, uint8_t *buf, stz_err *err)
+{
+    for (uint64_t off = 0; off < t->end - t->begin; off += BATCH_BYTES) {
+        size_t n = t->end - t->begin - off < BATCH_BYTES ? (size_t)(t->end - t->begin - off) : BATCH_BYTES;
+        stz_status st = stz_reader_read(r, t, off, buf, n, err);
+        if (st || (st = stz_writer_write(w, buf, n, err)))
+            return st;
+    }
+    return STZ_OK;
+}
+
+stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
+                             stz_quant_stats *stats, stz_err *err)
+{
+    stz_reader *r = NULL;
+    stz_writer *w = NULL;
+    plan_t *pl = NULL;
+    uint8_t *buf = NULL, *q = NULL;
+    float *f = NULL;
+    size_t nt = 0, maxrow = 0;
+    stz_status st;
+    if ((st = stz_reader_open(&r, in, err)))
+        return st;
+    if (stz_same_file(in, out)) {
+        st = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+        goto cleanup;
+    }
+    nt = stz_reader_count(r);
+    pl = calloc(nt + 1, sizeof *pl);
+    if (!pl) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        pl[i].d = stz_policy_decide(policy, t);
+        if (pl[i].d.action == STZ_ACTION_KEEP)
+            continue;
+        pl[i].bits = pl[i].d.action == STZ_ACTION_INT8 ? 8 : 4;
+        row_shape(t, &pl[i].rows, &pl[i].cols);
+        pl[i].nblocks = stz_q_blocks(pl[i].cols, pl[i].d.block_size);
+        if (t->ndim < 2) /* include_1d: one row */
+            pl[i].rows = 1, pl[i].cols = t->numel, pl[i].nblocks = stz_q_blocks(t->numel, pl[i].d.block_size);
+        maxrow = pl[i].cols > maxrow ? pl[i].cols : maxrow;
+    }
+    size_t batch_elems = BATCH_BYTES / 2 > maxrow ? BATCH_BYTES / 2 : maxrow; /* >= one row of 2-byte values */
+    buf = malloc(batch_elems * 8 > BATCH_BYTES ? batch_elems * 8 : BATCH_BYTES);
+    f = malloc(batch_elems * sizeof *f);
+    q = malloc(batch_elems + 16);
+    if (!buf || !f || !q) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    /* Before the header is written: tensors the policy keeps when they hold
+     * NaN/Inf, single-block scales (stored in __metadata__), names. */
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        plan_t *x = &pl[i];
+        if (!x->bits)
+            continue;
+        if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
+            int64_t at;
+            if ((st = find_nonfinite(r, t, buf, f, &at, err)))
+                goto cleanup;
+            if (at >= 0) {
+                x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+                continue;
+            }
+        }
+        if (x->rows * x->nblocks == 1) {
+            size_t esz = stz_dtype_bits(t->dtype) / 8;
+            if ((st = stz_reader_read(r, t, 0, buf, t->numel * esz, err)) ||
+                (st = stz_to_f32(t->dtype, buf, (size_t)t->numel, f, err)))
+                goto cleanup;
+            quant_row(x, f, q, &x->scalar); /* a non-finite value is reported in the main pass */
+            continue;
+        }
+        size_t len = strlen(t->name) + 8;
+        if (!(x->scales_name = malloc(len))) {
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        snprintf(x->scales_name, len, "%s.scales", t->name);
+        if (stz_reader_find(r, x->scales_name) >= 0) {
+            st = stz_err_set(err, STZ_E_DUPLICATE,
+                             "%s: tensor '%s': its scales would be stored as '%s', which already exists in the file",
+                             in, t->name, x->scales_name);
+            goto cleanup;
+        }
+    }
+    if ((st = stz_writer_open(&w, out, p->write_flags, err)) ||
+        (st = stz_writer_set_meta(w, "stz.quant.version", "1", err)))
+        goto cleanup;
+    for (size_t i = 0; i < stz_reader_meta_count(r); i++) /* original metadata first */
+        if (strcmp(stz_reader_meta_key(r, i), "format") &&
+            (st = stz_writer_set_meta(w, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i), err)))
+            goto cleanup;
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        plan_t *x = &pl[i];
+        if (!x->bits) {
+            st = stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
+        } else {
+            uint64_t shape[STZ_ST_MAX_NDIM];
+            int nd = t->ndim ? t->ndim : 1;
+            memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);
+            shape[nd - 1] = stz_q_row_bytes(x->bits, t->ndim ? t->shape[nd - 1] : 1);
+            if (t->ndim < 2)
+                shape[0] = stz_q_row_bytes(x->bits, t->numel);
+            if (!(st = stz_writer_add(w, t->name, x->bits == 8 ? STZ_DTYPE_I8 : STZ_DTYPE_U8, nd, shape, err)) &&
+                x->scales_name) {
+                shape[nd - 1] = x->nblocks;
+                st = stz_writer_add(w, x->scales_name, x->d.scale_dtype, nd, shape, err);
+            }
+            if (!st)
+                st = meta_for(w, t, x, err);
+        }
+        if (st)
+            goto cleanup;
+    }
+    uint64_t done = 0, total = stz_reader_file_size(r);
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        st = pl[i].bits ? write_quantized(w, r, t, &pl[i], buf, f, q, err) : copy_tensor(w, r, t, buf, err);
+        if (st)
+            goto cleanup;
+        done += t->end - t->begin;
+        if (p->progress && p->progress(p->progress_user, done, total)) {
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", out);
+            goto cleanup;
+        }
+    }
+    if ((st = stz_writer_finish(w, err)))
+        goto cleanup;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->in_bytes = stz_reader_file_size(r);
+        stats->tensors = nt;
+        for (size_t i = 0; i < nt; i++) {
+            stats->params += stz_reader_tensor(r, i)->numel;
+            if (pl[i].bits)
+                stats->quantized++, stats->params_quantized += stz_reader_tensor(r, i)->numel;
+        }
+        stz_reader *o;
+        if (stz_reader_open(&o, out, NULL) == STZ_OK) {
+            stats->out_bytes = stz_reader_file_size(o);
+            stz_reader_free(o);
+        }
+    }
+cleanup:
+    stz_writer_free(w);
+    for (size_t i = 0; pl && i < nt; i++)
+        free(pl[i].scales_name);
+    free(pl);
+    free(buf);
+    free(f);
+    free(q);
+    stz_reader_free(r);
+    return st;
+}
+
+/* ---- dequantize ------------------------------------------------------ */
+
+typedef struct {
+    const stz_tensor *t;   /* values tensor in the quantized file */
+    const stz_tensor *sc;  /* scales tensor, NULL for a single scale */
+    int bits;
+    uint32_t block;
+    stz_dtype dtype, scale_dtype;
+    int ndim;
+    uint64_t shape[STZ_ST_MAX_NDIM];
+    uint64_t numel, rows, cols, nblocks;
+    float scalar;
+} qinfo;
+
+/* Parses and checks __metadata__["stz.quant.NAME"] against the file. */
+static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const char *json, qinfo *qi, stz_err *err)
+{
+    const char *P = stz_reader_path(r);
+    cJSON *o = cJSON_Parse(json);
+    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"), *blk = cJSON_GetObjectItemCaseSensitive(o, "block_size"),
+                *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
+                *scn = cJSON_GetObjectItemCaseSensitive(o, "scales"), *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"),
+                *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
+    stz_status st = STZ_OK;
+    memset(qi, 0, sizeof *qi);
+    qi->t = t;
+    if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || (bits->valueint != 8 && bits->valueint != 4) ||
+        !cJSON_IsNumber(blk) || blk->valuedouble < 1 || blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) ||
+        stz_dtype_parse(dt->valuestring, &qi->dtype) || !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM ||
+        !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) || !cJSON_IsString(sdt) ||
+        stz_dtype_parse(sdt->valuestring, &qi->scale_dtype) ||
+        (qi->scale_dtype != STZ_DTYPE_F16 && qi->scale_dtype != STZ_DTYPE_F32)) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, META_PREFIX, t->name);
+        goto done;
+    }
+    qi->bits = bits->valueint;
+    qi->block = (uint32_t)blk->valuedouble;
+    qi->numel = 1;
+    for (const cJSON *d = sh->child; d; d = d->next) {
+        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) ||
+            d->valuedouble > 9007199254740992.0) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid original shape", P, t->name);
+            goto done;
+        }
+        qi->shape[qi->ndim++] = (uint64_t)d->valuedouble;
+        qi->numel *= (uint64_t)d->valuedouble;
+    }
+    qi->cols = qi->ndim >= 2 ? qi->shape[qi->ndim - 1] : qi->numel;
+    qi->rows = qi->cols ? qi->numel / qi->cols : 0;
+    qi->nblocks = stz_q_blocks(qi->cols, qi->block);
+    /* the values tensor must be what the metadata says it is */
+    if (t->dtype != (qi->bits == 8 ? STZ_DTYPE_I8 : STZ_DTYPE_U8) ||
+        t->end - t->begin != qi->rows * stz_q_row_bytes(qi->bits, qi->cols) || !qi->numel) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s values do not match the recorded shape", P, t->name,
+                         stz_dtype_name(t->dtype));
+        goto done;
+    }
+    if (cJSON_IsString(scn)) {
+        long si = stz_reader_find(r, scn->valuestring);
+        qi->sc = si >= 0 ? stz_reader_tensor(r, (size_t)si) : NULL;
+        if (!qi->sc || qi->sc->dtype != qi->scale_dtype || qi->sc->numel != qi->rows * qi->nblocks) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': scales tensor '%s' is missing or has the wrong "
+                             "dtype or size", P, t->name, scn->valuestring);
+            goto done;
+        }
+    } else {
+        if (qi->rows * qi->nblocks != 1) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': one scale for %llu blocks", P, t->name,
+                             (unsigned long long)(qi->rows * qi->nblocks));
+            goto done;
+        }
+        qi->scalar = (float)scv->valuedouble;
+    }
+done:
+    cJSON_Delete(o);
+    return st;
+}
+
+static stz_status write_dequantized(stz_writer *w, const stz_reader *r, const qinfo *qi, stz_dtype odt, uint8_t *in,
+                                    float *f, float *sc, uint8_t *out, stz_err *err)
+{
+    size_t rb = stz_q_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
+    size_t osz = stz_dtype_bits(odt) / 8;
+    uint64_t per = (BATCH_BYTES / 8) / qi->cols;
+    if (per == 0)
+        per = 1;
+    for (uint64_t row = 0; row < qi->rows; row += per) {
+        size_t nr = qi->rows - row < per ? (size_t)(qi->rows - row) : (size_t)per, nsc = nr * (size_t)qi->nblocks;
+        stz_status st = stz_reader_read(r, qi->t, row * rb, in, nr * rb, err);
+        if (st)
+            return st;
+        if (qi->sc) {
+            if ((st = stz_reader_read(r, qi->sc, row * qi->nblocks * ssz, out, nsc * ssz, err)) ||
+                (st = stz_to_f32(qi->scale_dtype, out, nsc, sc, err)))
+                return st;
+        } else {
+            sc[0] = qi->scalar;
+        }
+        for (size_t k = 0; k < nr; k++) {
+            if (qi->bits == 8)
+                stz_q8_dequantize_ref((const int8_t *)in + k * rb, sc + k * qi->nblocks, qi->cols, qi->block,
+                                      f + k * qi->cols);
+            else
+                stz_q4_dequantize_ref(in + k * rb, sc + k * qi->nblocks, qi->cols, qi->block, f + k * qi->cols);
+        }
+        if ((st = stz_from_f32(odt, f, nr * qi->cols, out, err)) || (st = stz_writer_write(w, out, nr * qi->cols * osz, err)))
+            return st;
+    }
+    return STZ_OK;
+}
+
+stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                               stz_err *err)
+{
+    stz_reader *r = NULL;
+    stz_writer *w = NULL;
+    qinfo *qi = NULL;
+    char *skip = NULL; /* 1 for companion scales tensors */
+    uint8_t *buf = NULL, *obuf = NULL;
+    float *f = NULL, *sc = NULL;
+    size_t maxcols = 0;
+    stz_status st;
+    if (dtype != STZ_DTYPE_COUNT && dtype != STZ_DTYPE_BF16 && dtype != STZ_DTYPE_F16 && dtype != STZ_DTYPE_F32)
+        return stz_err_set(err, STZ_E_ARG, "dequantize: output dtype must be BF16, F16 or F32");
+    if ((st = stz_reader_open(&r, in, err)))
+        return st;
+    size_t nt = stz_reader_count(r);
+    qi = calloc(nt + 1, sizeof *qi);
+    skip = calloc(nt + 1, 1);
+    if (!qi || !skip) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    if (stz_same_file(in, out)) {
+        st = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        char key[1024];
+        snprintf(key, sizeof key, "%s%s", META_PREFIX, t->name);
+        const char *j = stz_reader_meta_get(r, key);
+        if (!j)
+            continue;
+        if ((st = parse_qinfo(r, t, j, &qi[i], err)))
+            goto cleanup;
+        if (qi[i].sc)
+            skip[qi[i].sc - stz_reader_tensor(r, 0)] = 1;
+        maxcols = qi[i].cols > maxcols ? qi[i].cols : maxcols;
+    }
+    size_t elems = BATCH_BYTES / 8 > maxcols ? BATCH_BYTES / 8 : maxcols;
+    buf = malloc(elems * 8 > BATCH_BYTES ? elems * 8 : BATCH_BYTES);
+    obuf = malloc(elems * 8 > BATCH_BYTES ? elems * 8 : BATCH_BYTES);
+    f = malloc(elems * sizeof *f);
+    sc = malloc(elems * sizeof *sc);
+    if (!buf || !obuf || !f || !sc) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    if ((st = stz_writer_open(&w, out, p->write_flags, err)))
+        goto cleanup;
+    for (size_t i = 0; i < stz_reader_meta_count(r); i++) {
+        const char *k = stz_reader_meta_key(r, i);
+        if (strncmp(k, META_PREFIX, strlen(META_PREFIX)) && strcmp(k, "format") &&
+            (st = stz_writer_set_meta(w, k, stz_reader_meta_value(r, i), err)))
+            goto cleanup;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        if (skip[i] && !qi[i].bits)
+            continue;
+        st = qi[i].bits ? stz_writer_add(w, t->name, dtype == STZ_DTYPE_COUNT ? qi[i].dtype : dtype, qi[i].ndim,
+                                         qi[i].shape, err)
+                        : stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
+        if (st)
+            goto cleanup;
+    }
+    uint64_t done = 0, total = stz_reader_file_size(r);
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        if (skip[i] && !qi[i].bits)
+            continue;
+        if (qi[i].bits) {
+            if ((st = write_dequantized(w, r, &qi[i], dtype == STZ_DTYPE_COUNT ? qi[i].dtype : dtype, buf, f, sc,
+                                        obuf, err)))
+                goto cleanup;
+        } else if ((st = copy_tensor(w, r, t, buf, err))) {
+            goto cleanup;
+        }
+        done += t->end - t->begin;
+        if (p->progress && p->progress(p->progress_user, done, total)) {
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", out);
+            goto cleanup;
+        }
+    }
+    st = stz_writer_finish(w, err);
+cleanup:
+    stz_writer_free(w);
+    free(qi);
+    free(skip);
+    free(buf);
+    free(obuf);
+    free(f);
+    free(sc);
+    stz_reader_free(r);
+    return st;
+}
