@@ -89,6 +89,35 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
 stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
                                stz_err *err);
 
+/* ---- reading plain or quantized files as floats ----------------------- */
+
+/* One tensor under its original name, shape and dtype, seen as rows x cols
+ * (cols = last dimension; the whole tensor for fewer than 2 dimensions). */
+typedef struct {
+    const char *name;
+    stz_dtype dtype;        /* original dtype */
+    int ndim;
+    const uint64_t *shape;  /* original shape */
+    uint64_t numel, rows, cols;
+    int bits;               /* 0: stored as is; 8 / 4: quantized */
+    uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
+} stz_qtensor;
+
+typedef struct stz_qmodel stz_qmodel;
+
+/* Opens a plain or quantized SafeTensors file. Companion scales tensors are
+ * not listed; quantized tensors appear under their original names. */
+stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err);
+void stz_qmodel_free(stz_qmodel *m);
+size_t stz_qmodel_count(const stz_qmodel *m);
+const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
+long stz_qmodel_find(const stz_qmodel *m, const char *name);
+const stz_reader *stz_qmodel_reader(const stz_qmodel *m);
+/* Reads rows [row, row + nrows) of tensor i as floats (dequantized if
+ * needed) into dst (nrows * cols floats). STZ_E_DTYPE for a non-float
+ * tensor that is stored as is. Not thread-safe on one model. */
+stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, stz_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -325,7 +325,7 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
     int floaty = t->dtype == STZ_DTYPE_BF16 || t->dtype == STZ_DTYPE_F16 || t->dtype == STZ_DTYPE_F32 ||
                  t->dtype == STZ_DTYPE_F64;
     if (!floaty)
-        d.reason = "not a BF16/F16/F32/F64 tensor";
+        d.reason = "not a float tensor (BF16, F16, F32, F64)";
     else if (t->numel == 0)
         d.reason = "empty tensor";
     else if (t->ndim < 2 && !include_1d)

@@ -385,35 +385,68 @@ done:
     return st;
 }
 
+/* Dequantizes rows [row, row + nr) into f. `raw` holds nr * row bytes and
+ * `sbytes` the scales' bytes; `sc` receives nr * nblocks floats. */
+static stz_status qinfo_rows(const stz_reader *r, const qinfo *qi, uint64_t row, size_t nr, uint8_t *raw,
+                             uint8_t *sbytes, float *sc, float *f, stz_err *err)
+{
+    size_t rb = stz_q_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
+    size_t nsc = nr * (size_t)qi->nblocks;
+    stz_status st = stz_reader_read(r, qi->t, row * rb, raw, nr * rb, err);
+    if (st)
+        return st;
+    if (qi->sc) {
+        if ((st = stz_reader_read(r, qi->sc, row * qi->nblocks * ssz, sbytes, nsc * ssz, err)) ||
+            (st = stz_to_f32(qi->scale_dtype, sbytes, nsc, sc, err)))
+            return st;
+    } else {
+        sc[0] = qi->scalar;
+    }
+    for (size_t k = 0; k < nr; k++) {
+        if (qi->bits == 8)
+            stz_q8_dequantize_ref((const int8_t *)raw + k * rb, sc + k * qi->nblocks, qi->cols, qi->block,
+                                  f + k * qi->cols);
+        else
+            stz_q4_dequantize_ref(raw + k * rb, sc + k * qi->nblocks, qi->cols, qi->block, f + k * qi->cols);
+    }
+    return STZ_OK;
+}
+
 static stz_status write_dequantized(stz_writer *w, const stz_reader *r, const qinfo *qi, stz_dtype odt, uint8_t *in,
                                     float *f, float *sc, uint8_t *out, stz_err *err)
 {
-    size_t rb = stz_q_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
     size_t osz = stz_dtype_bits(odt) / 8;
     uint64_t per = (BATCH_BYTES / 8) / qi->cols;
     if (per == 0)
         per = 1;
     for (uint64_t row = 0; row < qi->rows; row += per) {
-        size_t nr = qi->rows - row < per ? (size_t)(qi->rows - row) : (size_t)per, nsc = nr * (size_t)qi->nblocks;
-        stz_status st = stz_reader_read(r, qi->t, row * rb, in, nr * rb, err);
+        size_t nr = qi->rows - row < per ? (size_t)(qi->rows - row) : (size_t)per;
+        stz_status st = qinfo_rows(r, qi, row, nr, in, out, sc, f, err);
+        if (st || (st = stz_from_f32(odt, f, nr * qi->cols, out, err)) ||
+            (st = stz_writer_write(w, out, nr * qi->cols * osz, err)))
+            return st;
+    }
+    return STZ_OK;
+}
+
+/* Quantization entries of every tensor: qi[i].bits == 0 for plain ones;
+ * skip[i] marks companion scales tensors. */
+static stz_status scan_quantized(const stz_reader *r, qinfo *qi, char *skip, size_t *maxcols, stz_err *err)
+{
+    *maxcols = 0;
+    for (size_t i = 0; i < stz_reader_count(r); i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        char key[1024];
+        snprintf(key, sizeof key, "%s%s", META_PREFIX, t->name);
+        const char *j = stz_reader_meta_get(r, key);
+        if (!j)
+            continue;
+        stz_status st = parse_qinfo(r, t, j, &qi[i], err);
         if (st)
             return st;
-        if (qi->sc) {
-            if ((st = stz_reader_read(r, qi->sc, row * qi->nblocks * ssz, out, nsc * ssz, err)) ||
-                (st = stz_to_f32(qi->scale_dtype, out, nsc, sc, err)))
-                return st;
-        } else {
-            sc[0] = qi->scalar;
-        }
-        for (size_t k = 0; k < nr; k++) {
-            if (qi->bits == 8)
-                stz_q8_dequantize_ref((const int8_t *)in + k * rb, sc + k * qi->nblocks, qi->cols, qi->block,
-                                      f + k * qi->cols);
-            else
-                stz_q4_dequantize_ref(in + k * rb, sc + k * qi->nblocks, qi->cols, qi->block, f + k * qi->cols);
-        }
-        if ((st = stz_from_f32(odt, f, nr * qi->cols, out, err)) || (st = stz_writer_write(w, out, nr * qi->cols * osz, err)))
-            return st;
+        if (qi[i].sc)
+            skip[qi[i].sc - stz_reader_tensor(r, 0)] = 1;
+        *maxcols = qi[i].cols > *maxcols ? qi[i].cols : *maxcols;
     }
     return STZ_OK;
 }
@@ -444,19 +477,8 @@ stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const 
         st = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
         goto cleanup;
     }
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        char key[1024];
-        snprintf(key, sizeof key, "%s%s", META_PREFIX, t->name);
-        const char *j = stz_reader_meta_get(r, key);
-        if (!j)
-            continue;
-        if ((st = parse_qinfo(r, t, j, &qi[i], err)))
-            goto cleanup;
-        if (qi[i].sc)
-            skip[qi[i].sc - stz_reader_tensor(r, 0)] = 1;
-        maxcols = qi[i].cols > maxcols ? qi[i].cols : maxcols;
-    }
+    if ((st = scan_quantized(r, qi, skip, &maxcols, err)))
+        goto cleanup;
     size_t elems = BATCH_BYTES / 8 > maxcols ? BATCH_BYTES / 8 : maxcols;
     buf = malloc(elems * 8 > BATCH_BYTES ? elems * 8 : BATCH_BYTES);
     obuf = malloc(elems * 8 > BATCH_BYTES ? elems * 8 : BATCH_BYTES);
@@ -513,4 +535,121 @@ cleanup:
     free(sc);
     stz_reader_free(r);
     return st;
+}
+
+/* ---- stz_qmodel --------------------------------------------------------- */
+
+struct stz_qmodel {
+    stz_reader *r;
+    qinfo *qi;         /* per reader tensor */
+    stz_qtensor *list; /* listed tensors */
+    size_t *idx;       /* reader index of each listed tensor */
+    size_t n;
+    uint8_t *scratch;
+    size_t scratch_cap;
+};
+
+stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
+{
+    *out = NULL;
+    stz_qmodel *m = calloc(1, sizeof *m);
+    char *skip = NULL;
+    size_t maxcols;
+    stz_status st;
+    if (!m)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if ((st = stz_reader_open(&m->r, path, err)))
+        goto fail;
+    size_t nt = stz_reader_count(m->r);
+    m->qi = calloc(nt + 1, sizeof *m->qi);
+    m->list = calloc(nt + 1, sizeof *m->list);
+    m->idx = calloc(nt + 1, sizeof *m->idx);
+    skip = calloc(nt + 1, 1);
+    if (!m->qi || !m->list || !m->idx || !skip) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = scan_quantized(m->r, m->qi, skip, &maxcols, err)))
+        goto fail;
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(m->r, i);
+        const qinfo *q = &m->qi[i];
+        stz_qtensor *e = &m->list[m->n];
+        if (skip[i] && !q->bits)
+            continue;
+        e->name = t->name;
+        e->bits = q->bits;
+        if (q->bits) {
+            e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;
+            e->rows = q->rows, e->cols = q->cols;
+            e->stored_bytes = (t->end - t->begin) + (q->sc ? q->sc->end - q->sc->begin : 0);
+        } else {
+            e->dtype = t->dtype, e->ndim = t->ndim, e->shape = t->shape, e->numel = t->numel;
+            e->cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel;
+            e->rows = e->cols ? t->numel / e->cols : 0;
+            e->stored_bytes = t->end - t->begin;
+        }
+        m->idx[m->n++] = i;
+    }
+    free(skip);
+    *out = m;
+    return STZ_OK;
+fail:
+    free(skip);
+    stz_qmodel_free(m);
+    return st;
+}
+
+void stz_qmodel_free(stz_qmodel *m)
+{
+    if (!m)
+        return;
+    stz_reader_free(m->r);
+    free(m->qi);
+    free(m->list);
+    free(m->idx);
+    free(m->scratch);
+    free(m);
+}
+
+size_t stz_qmodel_count(const stz_qmodel *m) { return m->n; }
+const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i) { return i < m->n ? &m->list[i] : NULL; }
+const stz_reader *stz_qmodel_reader(const stz_qmodel *m) { return m->r; }
+
+long stz_qmodel_find(const stz_qmodel *m, const char *name)
+{
+    long ri = stz_reader_find(m->r, name);
+    for (size_t i = 0; ri >= 0 && i < m->n; i++) /* listed in reader order: few hundred entries */
+        if (m->idx[i] == (size_t)ri)
+            return (long)i;
+    return -1;
+}
+
+stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, stz_err *err)
+{
+    const stz_qtensor *e = &m->list[i];
+    const stz_tensor *t = stz_reader_tensor(m->r, m->idx[i]);
+    if (row > e->rows || nrows > e->rows - row)
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s': rows %llu+%zu out of %llu", stz_reader_path(m->r),
+                           e->name, (unsigned long long)row, nrows, (unsigned long long)e->rows);
+    size_t n = nrows * (size_t)e->cols, need = n * 9 + 64; /* values, scale bytes, scale floats */
+    if (need > m->scratch_cap) {
+        uint8_t *b = realloc(m->scratch, need);
+        if (!b)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        m->scratch = b, m->scratch_cap = need;
+    }
+    if (!e->bits) {
+        size_t esz = stz_dtype_bits(t->dtype) / 8;
+        stz_status st = stz_reader_read(m->r, t, row * e->cols * esz, m->scratch, n * esz, err);
+        return st ? st : stz_to_f32(t->dtype, m->scratch, n, dst, err);
+    }
+    /* raw values, then scale bytes, then scale floats in the scratch */
+    const qinfo *q = &m->qi[m->idx[i]];
+    size_t nsc = nrows * (size_t)q->nblocks;
+    uint8_t *raw = m->scratch, *sb = raw + n + 8;
+    float *sc = (float *)(void *)(m->scratch + ((n + 8 + nsc * 4 + 15) & ~(size_t)15));
+    if (((n + 8 + nsc * 4 + 15) & ~(size_t)15) + nsc * 4 > m->scratch_cap)
+        return stz_err_set(err, STZ_E_BOUNDS, "internal: scratch too small"); /* cannot happen: nsc <= n */
+    return qinfo_rows(m->r, q, row, nrows, raw, sb, sc, dst, err);
 }
