@@ -59,5 +59,6 @@ int cmd_verify(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_dequantize(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 #endif

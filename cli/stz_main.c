@@ -10,6 +10,7 @@ static const cli_command commands[] = {
     {"plan", cmd_plan, "show what a policy would do to each tensor"},
     {"quantize", cmd_quantize, "quantize tensors to INT8 / INT4 as a policy says"},
     {"dequantize", cmd_dequantize, "turn a quantized file back into a plain float model"},
+    {"eval", cmd_eval, "measure how close a quantized model is to the original"},
     {"pack", cmd_pack, "pack a SafeTensors file losslessly into an .stz container"},
     {"unpack", cmd_unpack, "restore the original file (or one tensor) from a container"},
     {"verify", cmd_verify, "check every checksum of containers without writing"},
@@ -23,7 +24,8 @@ static void usage(FILE *f)
                "usage: stz COMMAND [OPTIONS] ...\n\ncommands:\n", STZ_VERSION_STRING);
     for (size_t i = 0; i < NCMD; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n'stz COMMAND --help' describes a command. Exit status: 0 success, 1 error, 2 usage.\n");
+    fprintf(f, "\n'stz COMMAND --help' describes a command. Exit status: 0 success, 1 error, 2 usage\n"
+               "(stz eval: 3 when a tensor is below --threshold).\n");
 }
 
 /* Removes temporary outputs, then dies of the same signal. */

@@ -71,11 +71,11 @@ static int block_scale(const float *x, size_t n, int qmax, stz_qmethod m, stz_dt
         return 0;
     /* Clip search over [-(qmax+1), qmax]: candidate steps map the largest
      * magnitude to qmax or to -(qmax+1) (negative scale when it is
-     * positive), shrunk by up to 30%. */
+     * positive), shrunk by up to 28% in steps of 4%. */
     double best = block_sse(x, n, s, -qmax, qmax);
     for (int neg = 0; neg < 2; neg++)
-        for (int f = 0; f < 16; f++) {
-            float c = (1.0f - 0.02f * (float)f) * (neg ? -vmax / (float)(qmax + 1) : amax / (float)qmax);
+        for (int f = 0; f < 8; f++) {
+            float c = (1.0f - 0.04f * (float)f) * (neg ? -vmax / (float)(qmax + 1) : amax / (float)qmax);
             c = round_scale(c, sd);
             if (c == 0 || isinf(c))
                 continue;

@@ -302,7 +302,7 @@ static void make_factors(const spec *t, uint64_t seed, float *row, float *col)
     for (uint64_t i = 0; i < cols; i++) {
         col[i] = expf(0.10f * normal1(&st));
         if (t->kind == K_LINEAR && (wyrand(&st) % 200) == 0)
-            col[i] *= 4.0f + 4.0f * (float)(wyrand(&st) % 1000) / 1000.0f;
+            col[i] *= 2.0f + 1.0f * (float)(wyrand(&st) % 1000) / 1000.0f;
     }
 }
 

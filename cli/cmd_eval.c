@@ -1,0 +1,183 @@
+/* stz eval: how close a candidate model is to the original. */
+#include "cli.h"
+#include "stz_eval.h"
+#include "stz_quant.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char eval_help[] =
+    "usage: stz eval ORIGINAL.safetensors CANDIDATE.safetensors [options]\n\n"
+    "Compares every tensor of CANDIDATE (a quantized file, dequantized on the\n"
+    "fly one tensor at a time, or a plain one) with ORIGINAL, matched by name:\n"
+    "cosine similarity, relative Frobenius error, SNR (dB) and largest absolute\n"
+    "error, worst first; then the parameter-weighted mean and minimum cosine\n"
+    "and the share of parameters quantized. Tensors found in one file only,\n"
+    "or whose shapes differ, are listed.\n\n"
+    "  --threshold X   list tensors with cosine below X; exit status 3 if any\n"
+    "  --json          print everything as JSON\n"
+    "  --csv           print one CSV row per tensor\n"
+    "  -q, --quiet     only the summary (and the tensors below --threshold)\n"
+    "  -h, --help      this text\n\n"
+    "Exit status: 0 ok, 1 error, 2 usage, 3 a tensor is below --threshold.\n";
+
+typedef struct {
+    const char *name;
+    int bits;
+    uint64_t numel;
+    stz_metrics m;
+} row_t;
+
+static int by_cosine(const void *a, const void *b)
+{
+    double x = ((const row_t *)a)->m.cosine, y = ((const row_t *)b)->m.cosine;
+    return (x > y) - (x < y);
+}
+
+static const char *action_of(int bits) { return bits == 8 ? "int8" : bits == 4 ? "int4" : "kept"; }
+
+static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
+
+int cmd_eval(int argc, char **argv)
+{
+    enum { O_THRESHOLD = 256, O_JSON, O_CSV };
+    static const struct option opts[] = {{"threshold", required_argument, 0, O_THRESHOLD},
+                                         {"json", no_argument, 0, O_JSON}, {"csv", no_argument, 0, O_CSV},
+                                         {"quiet", no_argument, 0, 'q'},   {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    double threshold = -2;
+    int json = 0, csv = 0, quiet = 0, c;
+    while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case O_THRESHOLD:
+            threshold = strtod(optarg, &end);
+            if (*end || !*optarg || threshold < -1 || threshold > 1)
+                return cli_usage_error("eval", "--threshold takes a cosine in [-1, 1], not '%s'", optarg);
+            break;
+        case O_JSON: json = 1; break;
+        case O_CSV: csv = 1; break;
+        case 'q': quiet = 1; break;
+        case 'h': return fputs(eval_help, stdout), CLI_OK;
+        default: return cli_usage_error("eval", "unknown option");
+        }
+    }
+    if (optind != argc - 2)
+        return cli_usage_error("eval", "expected ORIGINAL and CANDIDATE");
+    stz_err err;
+    stz_qmodel *a = NULL, *b = NULL;
+    if (stz_qmodel_open(&a, argv[optind], &err) || stz_qmodel_open(&b, argv[optind + 1], &err)) {
+        stz_qmodel_free(a);
+        return cli_fail(&err);
+    }
+    size_t na = stz_qmodel_count(a), nr = 0;
+    row_t *rows = calloc(na + 1, sizeof *rows);
+    cJSON *doc = json ? cJSON_CreateObject() : NULL, *problems = cJSON_CreateArray();
+    double wsum = 0, wtot = 0, minc = 1;
+    uint64_t params = 0, pq = 0;
+    int rc = CLI_OK;
+    cli_progress prog;
+    cli_progress_init(&prog, "eval", quiet || json || csv);
+    for (size_t i = 0; i < na; i++) {
+        const stz_qtensor *ta = stz_qmodel_tensor(a, i);
+        long j = stz_qmodel_find(b, ta->name);
+        params += ta->numel;
+        if (j < 0) {
+            cJSON_AddItemToArray(problems, cJSON_CreateString(ta->name));
+            fprintf(stderr, "stz: warning: tensor '%s' is missing from %s\n", ta->name, argv[optind + 1]);
+            continue;
+        }
+        const stz_qtensor *tb = stz_qmodel_tensor(b, (size_t)j);
+        if (tb->bits)
+            pq += ta->numel;
+        if (!stz_dtype_is_float(ta->dtype) || !stz_dtype_is_float(tb->dtype) || ta->dtype == STZ_DTYPE_C64)
+            continue; /* integer tensors are not compared numerically */
+        stz_metrics m;
+        stz_status s = stz_eval_tensor(a, i, b, (size_t)j, &m, &err);
+        if (s == STZ_E_SHAPE || s == STZ_E_DTYPE) {
+            cJSON_AddItemToArray(problems, cJSON_CreateString(ta->name));
+            fprintf(stderr, "stz: warning: %s\n", err.msg);
+            continue;
+        }
+        if (s) {
+            rc = cli_fail(&err);
+            goto done;
+        }
+        rows[nr++] = (row_t){ta->name, tb->bits, ta->numel, m};
+        wsum += m.cosine * (double)ta->numel, wtot += (double)ta->numel;
+        minc = m.cosine < minc ? m.cosine : minc;
+        cli_progress_cb(&prog, i + 1, na);
+    }
+    for (size_t j = 0; j < stz_qmodel_count(b); j++)
+        if (stz_qmodel_find(a, stz_qmodel_tensor(b, j)->name) < 0) {
+            cJSON_AddItemToArray(problems, cJSON_CreateString(stz_qmodel_tensor(b, j)->name));
+            fprintf(stderr, "stz: warning: tensor '%s' is only in %s\n", stz_qmodel_tensor(b, j)->name, argv[optind + 1]);
+        }
+    cli_progress_end(&prog);
+    qsort(rows, nr, sizeof *rows, by_cosine);
+    double wmean = wtot ? wsum / wtot : 1, share = params ? (double)pq / (double)params : 0;
+    size_t below = 0;
+    for (size_t i = 0; i < nr; i++)
+        below += rows[i].m.cosine < threshold;
+    if (json) {
+        cJSON *arr = cJSON_CreateArray();
+        for (size_t i = 0; i < nr; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "name", rows[i].name);
+            cJSON_AddStringToObject(e, "action", action_of(rows[i].bits));
+            cJSON_AddNumberToObject(e, "params", (double)rows[i].numel);
+            cJSON_AddItemToObject(e, "cosine", num(rows[i].m.cosine));
+            cJSON_AddItemToObject(e, "rel_frobenius", num(rows[i].m.rel_frobenius));
+            cJSON_AddItemToObject(e, "snr_db", num(rows[i].m.snr_db));
+            cJSON_AddItemToObject(e, "max_abs_error", num(rows[i].m.max_abs));
+            cJSON_AddItemToArray(arr, e);
+        }
+        cJSON_AddStringToObject(doc, "original", argv[optind]);
+        cJSON_AddStringToObject(doc, "candidate", argv[optind + 1]);
+        cJSON_AddItemToObject(doc, "tensors", arr);
+        cJSON_AddNumberToObject(doc, "weighted_mean_cosine", wmean);
+        cJSON_AddNumberToObject(doc, "min_cosine", minc);
+        cJSON_AddNumberToObject(doc, "params_quantized_share", share);
+        cJSON_AddItemToObject(doc, "unmatched", problems);
+        problems = NULL;
+        if (threshold > -2)
+            cJSON_AddNumberToObject(doc, "below_threshold", (double)below);
+        rc = cli_print_json(doc);
+        doc = NULL;
+    } else if (csv) {
+        printf("name,action,params,cosine,rel_frobenius,snr_db,max_abs_error\n");
+        for (size_t i = 0; i < nr; i++)
+            printf("\"%s\",%s,%llu,%.9f,%.9g,%.4f,%.9g\n", rows[i].name, action_of(rows[i].bits),
+                   (unsigned long long)rows[i].numel, rows[i].m.cosine, rows[i].m.rel_frobenius, rows[i].m.snr_db,
+                   rows[i].m.max_abs);
+    } else {
+        size_t w = 4;
+        for (size_t i = 0; i < nr; i++)
+            w = strlen(rows[i].name) > w ? strlen(rows[i].name) : w;
+        w = w > 60 ? 60 : w;
+        if (!quiet)
+            printf("%-*s  %-6s  %10s  %10s  %8s  %10s\n", (int)w, "name (worst first)", "action", "cosine", "rel.err",
+                   "SNR dB", "max |err|");
+        for (size_t i = 0; i < nr; i++)
+            if (!quiet || rows[i].m.cosine < threshold)
+                printf("%-*s  %-6s  %10.6f  %10.3g  %8.2f  %10.3g%s\n", (int)w, rows[i].name, action_of(rows[i].bits),
+                       rows[i].m.cosine, rows[i].m.rel_frobenius, rows[i].m.snr_db, rows[i].m.max_abs,
+                       rows[i].m.cosine < threshold ? "  BELOW THRESHOLD" : "");
+        printf("\n%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n", nr,
+               wmean, minc, 100 * share);
+        if (threshold > -2)
+            printf("%zu tensor(s) below the threshold %g\n", below, threshold);
+    }
+    if (rc == CLI_OK && below)
+        rc = 3;
+done:
+    cJSON_Delete(doc);
+    cJSON_Delete(problems);
+    free(rows);
+    stz_qmodel_free(a);
+    stz_qmodel_free(b);
+    return rc;
+}
