@@ -103,6 +103,46 @@ expect_rc 1 "unpack corrupt" "$STZ" unpack "$CC/payload_flip.stz" -o "$T/corrupt
 expect_rc 1 "unpack a SafeTensors file" "$STZ" unpack "$M" -o "$T/x.safetensors"
 has "$T/err" "not an stz container" "wrong input message"
 
+# Policies, quantization, evaluation.
+expect_rc 0 "plan --int4" "$STZ" plan --int4 "$M"
+has "$T/out" "int4/128" "plan action column"
+has "$T/out" "predicted ratio" "plan totals"
+printf '{"default": "int8", "rules": [{"match": "nothing*", "action": "keep"}]}' >"$T/pol.json"
+expect_rc 0 "plan custom policy" "$STZ" plan --policy "$T/pol.json" "$M"
+has "$T/out" "fewer than 2 dimensions" "plan says why 1-D tensors are kept"
+has "$T/err" "rule 0 ('nothing\*') matched no tensor" "plan warns about unused rules"
+expect_rc 0 "plan --json" "$STZ" plan --policy int8 --json "$M"
+has "$T/out" '"predicted_ratio"' "plan json"
+printf '{"rules": [{"match": "x", "action": "int3"}]}' >"$T/bad.json"
+expect_rc 1 "plan with a bad policy" "$STZ" plan --policy "$T/bad.json" "$M"
+has "$T/err" "rule 0 ('x'): unknown action 'int3'" "policy error names the rule"
+expect_rc 1 "svd not yet" "$STZ" plan --policy gpt-neo-surgical "$M"
+has "$T/err" "not supported yet" "svd message"
+expect_rc 2 "plan without policy" "$STZ" plan "$M"
+expect_rc 0 "quantize --int4" "$STZ" quantize --int4 "$M" -o "$T/q4.safetensors"
+has "$T/out" "tensors quantized" "quantize summary"
+expect_rc 0 "inspect quantized" "$STZ" inspect "$T/q4.safetensors"
+has "$T/out" "stz.quant.model.layers.0.mlp.up_proj.weight" "quantization metadata"
+has "$T/out" "model.layers.0.mlp.up_proj.weight.scales" "companion scales tensor"
+expect_rc 1 "quantize onto input" "$STZ" quantize --int8 "$M" -o "$M" -f
+expect_rc 0 "dequantize" "$STZ" dequantize "$T/q4.safetensors" -o "$T/d4.safetensors"
+expect_rc 0 "dequantize --dtype f32" "$STZ" dequantize "$T/q4.safetensors" -o "$T/d32.safetensors" --dtype f32
+expect_rc 0 "inspect dequantized" "$STZ" inspect "$T/d32.safetensors"
+has "$T/out" "model.layers.0.mlp.up_proj.weight  *F32 " "dequantized dtype"
+has "$T/out" "model.norm.weight  *BF16 " "kept tensor keeps its dtype"
+expect_rc 0 "eval quantized" "$STZ" eval "$M" "$T/q4.safetensors"
+has "$T/out" "weighted mean cosine" "eval summary"
+expect_rc 0 "eval dequantized --csv" "$STZ" eval "$M" "$T/d4.safetensors" --csv
+has "$T/out" "^name,action,params,cosine" "eval csv header"
+expect_rc 3 "eval --threshold" "$STZ" eval "$M" "$T/q4.safetensors" --threshold 0.99999 -q
+has "$T/out" "BELOW THRESHOLD" "threshold listing"
+expect_rc 0 "eval --json" "$STZ" eval "$M" "$T/q4.safetensors" --json
+has "$T/out" '"min_cosine"' "eval json"
+expect_rc 1 "eval a missing file" "$STZ" eval "$M" "$T/none.safetensors"
+"$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
+expect_rc 0 "eval mismatched models" "$STZ" eval "$M" "$T/neo.safetensors" -q
+has "$T/err" "is missing from" "eval reports unmatched tensors"
+
 # Interrupted: SIGINT mid-write leaves neither the output nor a temporary file.
 "$STZ" synth llama-1b -o "$T/big.safetensors" -q -T 1 &
 pid=$!
