@@ -34,6 +34,7 @@ asan:
 
 bench: build
 	sh bench/bench_pack.sh $(BUILD)
+	sh bench/bench_quant.sh $(BUILD)
 
 fuzz:
 	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTZ_FUZZ=ON >/dev/null

@@ -124,8 +124,8 @@ echo
 echo "$(date -u +%Y-%m-%d), $(nproc) cores, best of $RUNS runs; zstd $(zstd -V | grep -o 'v[0-9.]*'), stz $($STZ --version | cut -d' ' -f2)."
 Q=$WORK/qwen2-0.5b.bf16.safetensors
 Q32=$WORK/qwen2-0.5b.f32.safetensors
-[ -f "$Q" ] || "$STZ" synth qwen2-0.5b -o "$Q" -q
-[ -f "$Q32" ] || "$STZ" synth qwen2-0.5b --dtype f32 -o "$Q32" -q
+"$STZ" synth qwen2-0.5b -o "$Q" -q -f  # always anew: a cached file may come from an older generator
+"$STZ" synth qwen2-0.5b --dtype f32 -o "$Q32" -q -f
 bench_file "$Q" "qwen2-0.5b BF16 synthetic"
 bench_file "$Q32" "qwen2-0.5b F32 synthetic"
 if [ -f "$DATA/stories260K.bf16.safetensors" ]; then

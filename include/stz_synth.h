@@ -4,7 +4,7 @@
  * Writes a SafeTensors file with the exact tensor names and shapes of a real
  * architecture, filled with values shaped like trained weights: zero-mean
  * Student-t values scaled by 1/sqrt(fan_in), log-normal per-row and
- * per-column magnitudes, a few outlier input channels, norm weights near 1
+ * per-column magnitudes, a few (2-3x) outlier input channels, norm weights near 1
  * and small biases. Same params -> same bytes, whatever the thread count.
  * The file's __metadata__ says it is synthetic ("stz.synthetic": "true").
  */
