@@ -100,6 +100,14 @@ static const char *action_label(const stz_decision *d, char *buf, size_t cap)
 {
     if (d->action == STZ_ACTION_KEEP)
         return "keep";
+    if (d->action == STZ_ACTION_SVD) {
+        if (d->svd_rank)
+            snprintf(buf, cap, "svd/r%u%s", d->svd_rank, d->svd_randomized ? "/rand" : "");
+        else
+            snprintf(buf, cap, "svd/%s%g%s", d->svd_energy > 0 ? "e" : "err", d->svd_energy > 0 ? d->svd_energy : d->svd_max_error,
+                     d->svd_randomized ? "/rand" : "");
+        return buf;
+    }
     snprintf(buf, cap, "%s/%u%s%s", stz_action_name(d->action), d->block_size,
              d->method == STZ_QMETHOD_MSE ? "/mse" : "", d->scale_dtype == STZ_DTYPE_F32 ? "/f32" : "");
     return buf;
@@ -136,6 +144,20 @@ int cmd_plan(int argc, char **argv)
         const stz_tensor *t = stz_reader_tensor(r, i);
         stz_decision d = stz_policy_decide(pol, t);
         uint64_t nb = stz_quant_bytes(t, &d);
+        char note[128];
+        if (d.action == STZ_ACTION_SVD) {
+            stz_decision fb = d;
+            fb.action = d.fallback;
+            if (!d.svd_rank)
+                snprintf(note, sizeof note, "rank chosen from the spectrum when quantizing; %s if not smaller",
+                         stz_action_name(d.fallback));
+            else if (nb == stz_quant_bytes(t, &fb))
+                snprintf(note, sizeof note, "rank-%u factors would not be smaller: %s instead", d.svd_rank,
+                         stz_action_name(d.fallback));
+            else
+                snprintf(note, sizeof note, "INT8 factors U, S, Vh");
+            d.reason = note;
+        }
         before += t->end - t->begin;
         after += nb;
         params += t->numel;
@@ -151,13 +173,17 @@ int cmd_plan(int argc, char **argv)
             else
                 cJSON_AddNumberToObject(e, "rule", d.rule);
             cJSON_AddStringToObject(e, "action", stz_action_name(d.action));
-            if (d.action != STZ_ACTION_KEEP) {
+            if (d.action == STZ_ACTION_SVD) {
+                if (d.svd_rank)
+                    cJSON_AddNumberToObject(e, "rank", d.svd_rank);
+                cJSON_AddStringToObject(e, "fallback", stz_action_name(d.fallback));
+            } else if (d.action != STZ_ACTION_KEEP) {
                 cJSON_AddNumberToObject(e, "block_size", d.block_size);
                 cJSON_AddStringToObject(e, "method", d.method == STZ_QMETHOD_MSE ? "mse" : "absmax");
                 cJSON_AddStringToObject(e, "scale_dtype", stz_dtype_name(d.scale_dtype));
             }
             if (d.reason)
-                cJSON_AddStringToObject(e, "kept_because", d.reason);
+                cJSON_AddStringToObject(e, d.action == STZ_ACTION_SVD ? "note" : "kept_because", d.reason);
             cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
             cJSON_AddNumberToObject(e, "bytes_after", (double)nb);
             cJSON_AddItemToArray(arr, e);

@@ -41,6 +41,11 @@ typedef struct {
     stz_dtype scale_dtype;   /* F16 (default) or F32 */
     stz_qmethod method;      /* absmax (default) or mse (INT4/INT8 clip search) */
     stz_nonfinite nonfinite; /* what NaN/Inf in the tensor does */
+    /* svd only: exactly one of rank / energy / max_error is set (non-zero) */
+    uint32_t svd_rank;
+    double svd_energy, svd_max_error;
+    int svd_randomized;      /* method "randomized" (default "exact") */
+    stz_action fallback;     /* when factors would not be smaller: keep, int8 (default) or int4 */
     int rule;                /* index of the deciding rule, -1 for the default */
     const char *reason;      /* static text when the action was overridden, else NULL */
 } stz_decision;

@@ -35,7 +35,8 @@ const char *stz_action_name(stz_action a) { return (unsigned)a < STZ_ACTION_COUN
 static stz_decision default_decision(void)
 {
     return (stz_decision){.action = STZ_ACTION_KEEP, .block_size = 128, .scale_dtype = STZ_DTYPE_F16,
-                          .method = STZ_QMETHOD_ABSMAX, .nonfinite = STZ_NONFINITE_ERROR, .rule = -1};
+                          .method = STZ_QMETHOD_ABSMAX, .nonfinite = STZ_NONFINITE_ERROR,
+                          .fallback = STZ_ACTION_INT8, .rule = -1};
 }
 
 /* Error for rule `i` (or the default when i < 0). */
@@ -93,7 +94,7 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             else if (cJSON_IsString(k) && !strcmp(k->valuestring, "mse"))
                 d->method = STZ_QMETHOD_MSE;
             else if (cJSON_IsString(k) && (!strcmp(k->valuestring, "exact") || !strcmp(k->valuestring, "randomized")))
-                svd_key = "method";
+                svd_key = "method", d->svd_randomized = k->valuestring[0] == 'r';
             else
                 return perr(err, p, where, pat, "method must be \"absmax\" or \"mse\" (int8/int4), \"exact\" or "
                             "\"randomized\" (svd)", NULL, NULL);
@@ -126,9 +127,28 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             if (!cJSON_IsBool(k))
                 return perr(err, p, where, pat, "include_1d must be true or false", NULL, NULL);
             r->include_1d = cJSON_IsTrue(k);
-        } else if (!strcmp(key, "rank") || !strcmp(key, "energy") || !strcmp(key, "max_error") ||
-                   !strcmp(key, "fallback")) {
-            svd_key = key; /* SVD parameters: checked with the action below */
+        } else if (!strcmp(key, "rank")) {
+            if (!whole_in(k, 1, 1 << 30, &v))
+                return perr(err, p, where, pat, "rank must be a whole number >= 1", NULL, NULL);
+            d->svd_rank = (uint32_t)v, svd_key = key;
+        } else if (!strcmp(key, "energy")) {
+            if (!cJSON_IsNumber(k) || !(k->valuedouble > 0 && k->valuedouble <= 1))
+                return perr(err, p, where, pat, "energy must be a number in (0, 1]", NULL, NULL);
+            d->svd_energy = k->valuedouble, svd_key = key;
+        } else if (!strcmp(key, "max_error")) {
+            if (!cJSON_IsNumber(k) || !(k->valuedouble > 0 && k->valuedouble < 1))
+                return perr(err, p, where, pat, "max_error must be a number in (0, 1)", NULL, NULL);
+            d->svd_max_error = k->valuedouble, svd_key = key;
+        } else if (!strcmp(key, "fallback")) {
+            if (cJSON_IsString(k) && !strcmp(k->valuestring, "keep"))
+                d->fallback = STZ_ACTION_KEEP;
+            else if (cJSON_IsString(k) && !strcmp(k->valuestring, "int8"))
+                d->fallback = STZ_ACTION_INT8;
+            else if (cJSON_IsString(k) && !strcmp(k->valuestring, "int4"))
+                d->fallback = STZ_ACTION_INT4;
+            else
+                return perr(err, p, where, pat, "fallback must be \"keep\", \"int8\" or \"int4\"", NULL, NULL);
+            svd_key = key;
         } else if (!strcmp(key, "comment")) {
             continue;
         } else {
@@ -137,10 +157,9 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
     }
     if (svd_key && d->action != STZ_ACTION_SVD)
         return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key, action_names[d->action]);
-    if (d->action == STZ_ACTION_SVD)
-        return perr(err, p, where, pat,
-                    "action 'svd' is not supported yet (low-rank SVD factors are planned; use int8 or int4)", NULL,
-                    NULL);
+    if (d->action == STZ_ACTION_SVD &&
+        (d->svd_rank > 0) + (d->svd_energy > 0) + (d->svd_max_error > 0) != 1)
+        return perr(err, p, where, pat, "action 'svd' needs exactly one of rank, energy, max_error", NULL, NULL);
     return STZ_OK;
 }
 

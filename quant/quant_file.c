@@ -11,6 +11,7 @@
 #include "stz_internal.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
+#include "stz_svd.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -28,10 +29,31 @@ typedef struct {
     uint64_t nblocks;    /* per row */
     char *scales_name;   /* NULL: single scale, in metadata */
     float scalar;        /* the single scale */
+    /* svd: INT8 factors, made before the header is written */
+    int svd;
+    size_t rank;
+    double rel_error;          /* of the factorisation, before quantization */
+    int8_t *Uq, *Sq, *Vq;      /* m x r, r, r x n */
+    float *Us, *Vs, s_scale;   /* per-row scales of U and Vh; S's one scale */
+    char *fname[5];            /* NAME.U, .U.scales, .S, .Vh, .Vh.scales */
 } plan_t;
+
+static const char *const factor_suffix[5] = {".U", ".U.scales", ".S", ".Vh", ".Vh.scales"};
+
+/* Bytes of INT8 factors at rank r with F32 per-row scales (S: one scale). */
+static uint64_t svd_bytes(uint64_t m, uint64_t n, uint64_t r) { return m * r + r + r * n + 4 * (m + r); }
 
 uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
 {
+    if (d->action == STZ_ACTION_SVD) {
+        stz_decision fb = *d;
+        fb.action = d->fallback;
+        uint64_t fbb = stz_quant_bytes(t, &fb), n = t->shape[t->ndim - 1], m = t->numel / n;
+        if (!d->svd_rank) /* rank comes from the spectrum: at most the fallback's bytes */
+            return fbb;
+        uint64_t sb = svd_bytes(m, n, d->svd_rank);
+        return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
+    }
     if (d->action != STZ_ACTION_INT8 && d->action != STZ_ACTION_INT4)
         return t->end - t->begin;
     int bits = d->action == STZ_ACTION_INT8 ? 8 : 4;
@@ -157,6 +179,162 @@ static stz_status copy_tensor(stz_writer *w, const stz_reader *r, const stz_tens
     return STZ_OK;
 }
 
+/* Turns an svd decision into the rule's fallback action. */
+static void use_fallback(plan_t *x, const char *why)
+{
+    x->svd = 0;
+    x->d.action = x->d.fallback;
+    x->d.reason = why;
+    x->bits = x->d.action == STZ_ACTION_INT8 ? 8 : x->d.action == STZ_ACTION_INT4 ? 4 : 0;
+    x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
+}
+
+/* Factors a tensor, picks the rank, and either quantizes the factors or
+ * falls back when they would not be smaller than the fallback action. */
+static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, const stz_tensor *t, plan_t *x,
+                              stz_err *err)
+{
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, k = m < n ? m : n, esz = stz_dtype_bits(t->dtype) / 8;
+    stz_decision fb = x->d;
+    fb.action = x->d.fallback;
+    uint64_t fbytes = stz_quant_bytes(t, &fb);
+    if (x->d.svd_rank >= k || svd_bytes(m, n, x->d.svd_rank) >= fbytes) {
+        if (x->d.svd_rank) {
+            use_fallback(x, "SVD factors at this rank would not be smaller: fallback");
+            return STZ_OK;
+        }
+    }
+    uint8_t *raw = malloc(m * n * esz + 1);
+    float *W = malloc(m * n * sizeof *W + 1);
+    stz_svd_result f = {0};
+    stz_status st = raw && W ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s' (%zu x %zu)", t->name, m, n);
+    if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)))
+        st = stz_to_f32(t->dtype, raw, m * n, W, err);
+    free(raw);
+    for (size_t i = 0; !st && i < m * n; i++)
+        if (!isfinite(W[i])) {
+            if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
+                x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+                free(W);
+                return STZ_OK;
+            }
+            st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': element %zu is %s; SVD needs finite values",
+                             stz_reader_path(r), t->name, i, isnan(W[i]) ? "NaN" : "infinite");
+        }
+    stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
+    sp.method = x->d.svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
+    sp.rank = x->d.svd_rank, sp.energy = x->d.svd_energy, sp.max_error = x->d.svd_max_error;
+    sp.threads = p->threads;
+    stz_err sub;
+    if (!st && (st = stz_svd_factor(W, m, n, &sp, &f, &sub)))
+        st = stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(r), t->name, sub.msg);
+    free(W);
+    if (st)
+        return st;
+    if (f.rank >= k || svd_bytes(m, n, f.rank) >= fbytes) {
+        use_fallback(x, "SVD factors at the chosen rank would not be smaller: fallback");
+        stz_svd_result_free(&f);
+        return STZ_OK;
+    }
+    size_t rk = f.rank;
+    x->rank = rk, x->rel_error = f.rel_error;
+    x->Uq = malloc(m * rk), x->Us = malloc(m * sizeof(float)), x->Sq = malloc(rk);
+    x->Vq = malloc(rk * n), x->Vs = malloc(rk * sizeof(float));
+    if (!x->Uq || !x->Us || !x->Sq || !x->Vq || !x->Vs) {
+        stz_svd_result_free(&f);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors of '%s'", t->name);
+    }
+    /* one scale per row of U and of Vh, one for S */
+    for (size_t i = 0; i < m; i++)
+        stz_q8_quantize_ref(f.U + i * rk, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Uq + i * rk, x->Us + i);
+    for (size_t i = 0; i < rk; i++)
+        stz_q8_quantize_ref(f.Vh + i * n, n, n, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Vq + i * n, x->Vs + i);
+    stz_q8_quantize_ref(f.S, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Sq, &x->s_scale);
+    stz_svd_result_free(&f);
+    for (int j = 0; j < 5; j++) {
+        size_t len = strlen(t->name) + 16;
+        if (!(x->fname[j] = malloc(len)))
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        snprintf(x->fname[j], len, "%s%s", t->name, factor_suffix[j]);
+        if (stz_reader_find(r, x->fname[j]) >= 0)
+            return stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s': its factor would be stored as '%s', which "
+                               "already exists in the file", stz_reader_path(r), t->name, x->fname[j]);
+    }
+    return STZ_OK;
+}
+
+static stz_status declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *x, stz_err *err)
+{
+    uint64_t m = x->rows, n = x->cols, rk = x->rank;
+    uint64_t shp[5][2] = {{m, rk}, {m, 0}, {rk, 0}, {rk, n}, {rk, 0}};
+    stz_dtype dt[5] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8, STZ_DTYPE_F32};
+    stz_status st = STZ_OK;
+    for (int j = 0; j < 5 && !st; j++)
+        st = stz_writer_add(w, x->fname[j], dt[j], shp[j][1] ? 2 : 1, shp[j], err);
+    if (st)
+        return st;
+    cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
+    cJSON_AddStringToObject(o, "method", "svd");
+    cJSON_AddStringToObject(o, "svd_method", x->d.svd_randomized ? "randomized" : "exact");
+    cJSON_AddNumberToObject(o, "bits", 8);
+    cJSON_AddNumberToObject(o, "rank", (double)rk);
+    cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim; d++)
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+    cJSON_AddItemToObject(o, "shape", sh);
+    cJSON_AddStringToObject(o, "U", x->fname[0]);
+    cJSON_AddStringToObject(o, "U_scales", x->fname[1]);
+    cJSON_AddStringToObject(o, "S", x->fname[2]);
+    cJSON_AddNumberToObject(o, "S_scale", x->s_scale);
+    cJSON_AddStringToObject(o, "Vh", x->fname[3]);
+    cJSON_AddStringToObject(o, "Vh_scales", x->fname[4]);
+    cJSON_AddStringToObject(o, "scale_dtype", "F32");
+    cJSON_AddNumberToObject(o, "rel_error", x->rel_error);
+    char *js = cJSON_PrintUnformatted(o), key[1024];
+    cJSON_Delete(o);
+    if (!js)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    snprintf(key, sizeof key, "%s%s", META_PREFIX, t->name);
+    st = stz_writer_set_meta(w, key, js, err);
+    free(js);
+    return st;
+}
+
+/* Writes n floats as little-endian F32 through buf (BATCH_BYTES). */
+static stz_status write_f32(stz_writer *w, const float *v, size_t n, uint8_t *buf, stz_err *err)
+{
+    for (size_t i = 0; i < n; i += BATCH_BYTES / 4) {
+        size_t k = n - i < BATCH_BYTES / 4 ? n - i : BATCH_BYTES / 4;
+        stz_status st = stz_from_f32(STZ_DTYPE_F32, v + i, k, buf, err);
+        if (st || (st = stz_writer_write(w, buf, k * 4, err)))
+            return st;
+    }
+    return STZ_OK;
+}
+
+static stz_status write_svd(stz_writer *w, const plan_t *x, uint8_t *buf, stz_err *err)
+{
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, rk = x->rank;
+    stz_status st = stz_writer_write(w, x->Uq, m * rk, err);
+    if (!st)
+        st = write_f32(w, x->Us, m, buf, err);
+    if (!st)
+        st = stz_writer_write(w, x->Sq, rk, err);
+    if (!st)
+        st = stz_writer_write(w, x->Vq, rk * n, err);
+    if (!st)
+        st = write_f32(w, x->Vs, rk, buf, err);
+    return st;
+}
+
+static void plan_free(plan_t *x)
+{
+    free(x->scales_name);
+    free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);
+    for (int j = 0; j < 5; j++)
+        free(x->fname[j]);
+}
+
 stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
                              stz_quant_stats *stats, stz_err *err)
 {
@@ -184,7 +362,8 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         pl[i].d = stz_policy_decide(policy, t);
         if (pl[i].d.action == STZ_ACTION_KEEP)
             continue;
-        pl[i].bits = pl[i].d.action == STZ_ACTION_INT8 ? 8 : 4;
+        pl[i].svd = pl[i].d.action == STZ_ACTION_SVD;
+        pl[i].bits = pl[i].d.action == STZ_ACTION_INT4 ? 4 : 8;
         row_shape(t, &pl[i].rows, &pl[i].cols);
         pl[i].nblocks = stz_q_blocks(pl[i].cols, pl[i].d.block_size);
         if (t->ndim < 2) /* include_1d: one row */
@@ -204,7 +383,9 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
     for (size_t i = 0; i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
         plan_t *x = &pl[i];
-        if (!x->bits)
+        if (x->svd && (st = svd_prepare(p, r, t, x, err)))
+            goto cleanup;
+        if (!x->bits || x->svd)
             continue;
         if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
             int64_t at;
@@ -248,6 +429,8 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         plan_t *x = &pl[i];
         if (!x->bits) {
             st = stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
+        } else if (x->svd) {
+            st = declare_svd(w, t, x, err);
         } else {
             uint64_t shape[STZ_ST_MAX_NDIM];
             int nd = t->ndim ? t->ndim : 1;
@@ -269,7 +452,9 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
     uint64_t done = 0, total = stz_reader_file_size(r);
     for (size_t i = 0; i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
-        st = pl[i].bits ? write_quantized(w, r, t, &pl[i], buf, f, q, err) : copy_tensor(w, r, t, buf, err);
+        st = pl[i].svd    ? write_svd(w, &pl[i], buf, err)
+             : pl[i].bits ? write_quantized(w, r, t, &pl[i], buf, f, q, err)
+                          : copy_tensor(w, r, t, buf, err);
         if (st)
             goto cleanup;
         done += t->end - t->begin;
@@ -298,7 +483,7 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
 cleanup:
     stz_writer_free(w);
     for (size_t i = 0; pl && i < nt; i++)
-        free(pl[i].scales_name);
+        plan_free(&pl[i]);
     free(pl);
     free(buf);
     free(f);
@@ -310,7 +495,8 @@ cleanup:
 /* ---- dequantize ------------------------------------------------------ */
 
 typedef struct {
-    const stz_tensor *t;   /* values tensor in the quantized file */
+    const char *name;      /* original name (owned by the reader's metadata) */
+    const stz_tensor *t;   /* values tensor (svd: U) in the quantized file */
     const stz_tensor *sc;  /* scales tensor, NULL for a single scale */
     int bits;
     uint32_t block;
@@ -319,6 +505,12 @@ typedef struct {
     uint64_t shape[STZ_ST_MAX_NDIM];
     uint64_t numel, rows, cols, nblocks;
     float scalar;
+    /* svd: W = U diag(S) Vh, INT8 factors with per-row F32 scales */
+    int svd;
+    uint64_t rank;
+    const stz_tensor *Us, *S, *Vh, *Vs;
+    float s_scale;
+    float *vh, *sv;        /* Vh and S dequantized, on first use */
 } qinfo;
 
 /* Parses and checks __metadata__["stz.quant.NAME"] against the file. */
@@ -387,9 +579,51 @@ done:
 
 /* Dequantizes rows [row, row + nr) into f. `raw` holds nr * row bytes and
  * `sbytes` the scales' bytes; `sc` receives nr * nblocks floats. */
-static stz_status qinfo_rows(const stz_reader *r, const qinfo *qi, uint64_t row, size_t nr, uint8_t *raw,
+static void qinfo_free(qinfo *qi)
+{
+    free(qi->vh);
+    free(qi->sv);
+}
+
+/* S and Vh of an svd entry, dequantized once. */
+static stz_status svd_load(const stz_reader *r, qinfo *qi, stz_err *err)
+{
+    size_t k = (size_t)qi->rank, n = (size_t)qi->cols;
+    int8_t *q = malloc(k * n + k);
+    float *vs = malloc(k * sizeof *vs);
+    uint8_t *b = malloc(k * 4 + 1);
+    qi->vh = malloc(k * n * sizeof *qi->vh), qi->sv = malloc(k * sizeof *qi->sv);
+    stz_status st = q && vs && b && qi->vh && qi->sv ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!st && !(st = stz_reader_read(r, qi->Vh, 0, q, k * n, err)) && !(st = stz_reader_read(r, qi->Vs, 0, b, k * 4, err)) &&
+        !(st = stz_to_f32(STZ_DTYPE_F32, b, k, vs, err)) && !(st = stz_reader_read(r, qi->S, 0, q + k * n, k, err))) {
+        for (size_t i = 0; i < k; i++)
+            stz_q8_dequantize_ref(q + i * n, vs + i, n, n, qi->vh + i * n);
+        stz_q8_dequantize_ref(q + k * n, &qi->s_scale, k, k, qi->sv);
+    }
+    free(q), free(vs), free(b);
+    if (st)
+        qinfo_free(qi), qi->vh = qi->sv = NULL;
+    return st;
+}
+
+static stz_status qinfo_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_t nr, uint8_t *raw,
                              uint8_t *sbytes, float *sc, float *f, stz_err *err)
 {
+    if (qi->svd) {
+        /* W rows (nr, n) = U rows (nr, k) @ diag(S) @ Vh (k, n) */
+        size_t k = (size_t)qi->rank;
+        stz_status st = qi->vh ? STZ_OK : svd_load(r, qi, err);
+        if (st || (st = stz_reader_read(r, qi->t, row * k, raw, nr * k, err)) ||
+            (st = stz_reader_read(r, qi->Us, row * 4, sbytes, nr * 4, err)))
+            return st;
+        float *us = sc + nr * k; /* row scales after the U values */
+        if ((st = stz_to_f32(STZ_DTYPE_F32, sbytes, nr, us, err)))
+            return st;
+        for (size_t i = 0; i < nr; i++)
+            stz_q8_dequantize_ref((const int8_t *)raw + i * k, us + i, k, k, sc + i * k);
+        stz_svd_reconstruct(sc, qi->sv, qi->vh, nr, (size_t)qi->cols, k, f);
+        return STZ_OK;
+    }
     size_t rb = stz_q_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
     size_t nsc = nr * (size_t)qi->nblocks;
     stz_status st = stz_reader_read(r, qi->t, row * rb, raw, nr * rb, err);
@@ -412,7 +646,7 @@ static stz_status qinfo_rows(const stz_reader *r, const qinfo *qi, uint64_t row,
     return STZ_OK;
 }
 
-static stz_status write_dequantized(stz_writer *w, const stz_reader *r, const qinfo *qi, stz_dtype odt, uint8_t *in,
+static stz_status write_dequantized(stz_writer *w, const stz_reader *r, qinfo *qi, stz_dtype odt, uint8_t *in,
                                     float *f, float *sc, uint8_t *out, stz_err *err)
 {
     size_t osz = stz_dtype_bits(odt) / 8;
@@ -429,24 +663,86 @@ static stz_status write_dequantized(stz_writer *w, const stz_reader *r, const qi
     return STZ_OK;
 }
 
-/* Quantization entries of every tensor: qi[i].bits == 0 for plain ones;
- * skip[i] marks companion scales tensors. */
+/* Reads an svd entry; qi->t is its U tensor. */
+static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJSON *o, qinfo *qi, stz_err *err)
+{
+    const char *P = stz_reader_path(r);
+    static const char *const keys[5] = {"U", "U_scales", "S", "Vh", "Vh_scales"};
+    const stz_tensor *f[5];
+    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(o, "rank"), *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"),
+                *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"), *ss = cJSON_GetObjectItemCaseSensitive(o, "S_scale");
+    memset(qi, 0, sizeof *qi);
+    qi->name = name, qi->svd = 1, qi->bits = 8;
+    for (int j = 0; j < 5; j++) {
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, keys[j]);
+        long ti = cJSON_IsString(k) ? stz_reader_find(r, k->valuestring) : -1;
+        f[j] = ti >= 0 ? stz_reader_tensor(r, (size_t)ti) : NULL;
+        if (!f[j])
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': svd factor '%s' is missing", P, name, keys[j]);
+    }
+    if (!cJSON_IsNumber(rk) || rk->valuedouble < 1 || !cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) ||
+        !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) < 2 || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !cJSON_IsNumber(ss))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid svd entry", P, name);
+    qi->numel = 1;
+    for (const cJSON *d = sh->child; d; d = d->next) {
+        if (!cJSON_IsNumber(d) || d->valuedouble < 1 || d->valuedouble != floor(d->valuedouble) || d->valuedouble > 1e15)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid original shape", P, name);
+        qi->shape[qi->ndim++] = (uint64_t)d->valuedouble;
+        qi->numel *= (uint64_t)d->valuedouble;
+    }
+    qi->rank = (uint64_t)rk->valuedouble;
+    qi->cols = qi->shape[qi->ndim - 1];
+    qi->rows = qi->numel / qi->cols;
+    qi->s_scale = (float)ss->valuedouble;
+    qi->t = f[0], qi->Us = f[1], qi->S = f[2], qi->Vh = f[3], qi->Vs = f[4];
+    uint64_t m = qi->rows, n = qi->cols, k = qi->rank;
+    if (f[0]->dtype != STZ_DTYPE_I8 || f[0]->numel != m * k || f[1]->dtype != STZ_DTYPE_F32 || f[1]->numel != m ||
+        f[2]->dtype != STZ_DTYPE_I8 || f[2]->numel != k || f[3]->dtype != STZ_DTYPE_I8 || f[3]->numel != k * n ||
+        f[4]->dtype != STZ_DTYPE_F32 || f[4]->numel != k || k >= (m < n ? m : n))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': svd factors do not match rank %llu of %llu x %llu", P,
+                           name, (unsigned long long)k, (unsigned long long)m, (unsigned long long)n);
+    return STZ_OK;
+}
+
+/* Quantization entries, from the "stz.quant.NAME" metadata: qi[i] is set at
+ * the reader index of the entry's values tensor (svd: its U); skip[i] marks
+ * the other tensors an entry owns (scales, svd factors). */
 static stz_status scan_quantized(const stz_reader *r, qinfo *qi, char *skip, size_t *maxcols, stz_err *err)
 {
+    const char *P = stz_reader_path(r);
+    size_t plen = strlen(META_PREFIX);
+    const stz_tensor *base = stz_reader_tensor(r, 0);
     *maxcols = 0;
-    for (size_t i = 0; i < stz_reader_count(r); i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        char key[1024];
-        snprintf(key, sizeof key, "%s%s", META_PREFIX, t->name);
-        const char *j = stz_reader_meta_get(r, key);
-        if (!j)
+    for (size_t k = 0; k < stz_reader_meta_count(r); k++) {
+        const char *key = stz_reader_meta_key(r, k);
+        if (strncmp(key, META_PREFIX, plen) || !strcmp(key, "stz.quant.version"))
             continue;
-        stz_status st = parse_qinfo(r, t, j, &qi[i], err);
+        const char *name = key + plen;
+        cJSON *o = cJSON_Parse(stz_reader_meta_value(r, k));
+        const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method");
+        int is_svd = cJSON_IsString(meth) && !strcmp(meth->valuestring, "svd");
+        qinfo tmp;
+        stz_status st;
+        if (is_svd) {
+            st = parse_svd_info(r, name, o, &tmp, err);
+        } else {
+            long ti = stz_reader_find(r, name);
+            st = ti < 0 ? stz_err_set(err, STZ_E_FORMAT, "%s: metadata describes tensor '%s', which is missing", P, name)
+                        : parse_qinfo(r, stz_reader_tensor(r, (size_t)ti), stz_reader_meta_value(r, k), &tmp, err);
+            tmp.name = name;
+        }
+        cJSON_Delete(o);
         if (st)
             return st;
-        if (qi[i].sc)
-            skip[qi[i].sc - stz_reader_tensor(r, 0)] = 1;
-        *maxcols = qi[i].cols > *maxcols ? qi[i].cols : *maxcols;
+        size_t at = (size_t)(tmp.t - base);
+        if (qi[at].bits)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' is described twice", P, tmp.t->name);
+        qi[at] = tmp;
+        const stz_tensor *owned[5] = {tmp.sc, tmp.Us, tmp.S, tmp.Vh, tmp.Vs};
+        for (int j = 0; j < 5; j++)
+            if (owned[j])
+                skip[owned[j] - base] = 1;
+        *maxcols = tmp.cols > *maxcols ? tmp.cols : *maxcols;
     }
     return STZ_OK;
 }
@@ -500,7 +796,7 @@ stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const 
         const stz_tensor *t = stz_reader_tensor(r, i);
         if (skip[i] && !qi[i].bits)
             continue;
-        st = qi[i].bits ? stz_writer_add(w, t->name, dtype == STZ_DTYPE_COUNT ? qi[i].dtype : dtype, qi[i].ndim,
+        st = qi[i].bits ? stz_writer_add(w, qi[i].name, dtype == STZ_DTYPE_COUNT ? qi[i].dtype : dtype, qi[i].ndim,
                                          qi[i].shape, err)
                         : stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
         if (st)
@@ -527,6 +823,8 @@ stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const 
     st = stz_writer_finish(w, err);
 cleanup:
     stz_writer_free(w);
+    for (size_t i = 0; qi && i < nt; i++)
+        qinfo_free(&qi[i]);
     free(qi);
     free(skip);
     free(buf);
@@ -577,12 +875,14 @@ stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
         stz_qtensor *e = &m->list[m->n];
         if (skip[i] && !q->bits)
             continue;
-        e->name = t->name;
+        e->name = q->bits ? q->name : t->name;
         e->bits = q->bits;
         if (q->bits) {
             e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;
             e->rows = q->rows, e->cols = q->cols;
-            e->stored_bytes = (t->end - t->begin) + (q->sc ? q->sc->end - q->sc->begin : 0);
+            const stz_tensor *own[6] = {t, q->sc, q->Us, q->S, q->Vh, q->Vs};
+            for (int j = 0; j < 6; j++)
+                e->stored_bytes += own[j] ? own[j]->end - own[j]->begin : 0;
         } else {
             e->dtype = t->dtype, e->ndim = t->ndim, e->shape = t->shape, e->numel = t->numel;
             e->cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel;
@@ -604,6 +904,8 @@ void stz_qmodel_free(stz_qmodel *m)
 {
     if (!m)
         return;
+    for (size_t i = 0; m->qi && m->r && i < stz_reader_count(m->r); i++)
+        qinfo_free(&m->qi[i]);
     stz_reader_free(m->r);
     free(m->qi);
     free(m->list);
@@ -618,9 +920,8 @@ const stz_reader *stz_qmodel_reader(const stz_qmodel *m) { return m->r; }
 
 long stz_qmodel_find(const stz_qmodel *m, const char *name)
 {
-    long ri = stz_reader_find(m->r, name);
-    for (size_t i = 0; ri >= 0 && i < m->n; i++) /* listed in reader order: few hundred entries */
-        if (m->idx[i] == (size_t)ri)
+    for (size_t i = 0; i < m->n; i++) /* a few hundred to a few thousand entries */
+        if (!strcmp(m->list[i].name, name))
             return (long)i;
     return -1;
 }
@@ -645,7 +946,7 @@ stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nr
         return st ? st : stz_to_f32(t->dtype, m->scratch, n, dst, err);
     }
     /* raw values, then scale bytes, then scale floats in the scratch */
-    const qinfo *q = &m->qi[m->idx[i]];
+    qinfo *q = &m->qi[m->idx[i]];
     size_t nsc = nrows * (size_t)q->nblocks;
     uint8_t *raw = m->scratch, *sb = raw + n + 8;
     float *sc = (float *)(void *)(m->scratch + ((n + 8 + nsc * 4 + 15) & ~(size_t)15));

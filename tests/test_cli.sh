@@ -116,8 +116,6 @@ has "$T/out" '"predicted_ratio"' "plan json"
 printf '{"rules": [{"match": "x", "action": "int3"}]}' >"$T/bad.json"
 expect_rc 1 "plan with a bad policy" "$STZ" plan --policy "$T/bad.json" "$M"
 has "$T/err" "rule 0 ('x'): unknown action 'int3'" "policy error names the rule"
-expect_rc 1 "svd not yet" "$STZ" plan --policy gpt-neo-surgical "$M"
-has "$T/err" "not supported yet" "svd message"
 expect_rc 2 "plan without policy" "$STZ" plan "$M"
 expect_rc 0 "quantize --int4" "$STZ" quantize --int4 "$M" -o "$T/q4.safetensors"
 has "$T/out" "tensors quantized" "quantize summary"
@@ -140,6 +138,19 @@ expect_rc 0 "eval --json" "$STZ" eval "$M" "$T/q4.safetensors" --json
 has "$T/out" '"min_cosine"' "eval json"
 expect_rc 1 "eval a missing file" "$STZ" eval "$M" "$T/none.safetensors"
 "$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
+expect_rc 0 "plan gpt-neo-surgical" "$STZ" plan --policy gpt-neo-surgical "$T/neo.safetensors"
+has "$T/out" "svd/r128" "plan shows the svd rank"
+has "$T/out" "would not be smaller: int8 instead" "plan shows the svd fallback"
+printf '{"rules": [{"match": "*.mlp.c_fc.weight", "action": "svd", "rank": 16, "method": "randomized"}]}' >"$T/svd.json"
+expect_rc 0 "quantize with svd" "$STZ" quantize --policy "$T/svd.json" "$T/neo.safetensors" -o "$T/neo.svd.safetensors"
+expect_rc 0 "inspect svd factors" "$STZ" inspect "$T/neo.svd.safetensors"
+has "$T/out" "transformer.h.0.mlp.c_fc.weight.Vh " "svd factor Vh"
+has "$T/out" '"method":"svd"' "svd metadata"
+expect_rc 0 "eval svd" "$STZ" eval "$T/neo.safetensors" "$T/neo.svd.safetensors" -q
+has "$T/out" "256 tensors compared\|30 tensors compared" "eval of svd model"
+expect_rc 0 "dequantize svd" "$STZ" dequantize "$T/neo.svd.safetensors" -o "$T/neo.back.safetensors"
+expect_rc 0 "inspect dequantized svd" "$STZ" inspect "$T/neo.back.safetensors"
+has "$T/out" "transformer.h.0.mlp.c_fc.weight  *BF16  *\[256, 64\]" "svd tensor restored with its shape"
 expect_rc 0 "eval mismatched models" "$STZ" eval "$M" "$T/neo.safetensors" -q
 has "$T/err" "is missing from" "eval reports unmatched tensors"
 

@@ -261,8 +261,17 @@ static void test_policy_errors(void **state)
     expect_policy_error("{\"rules\": [{\"action\": \"int8\"}]}", "rule 0", "missing \"match\"");
     expect_policy_error("{\"rules\": [{\"match\": \"x\"}]}", "rule 0 ('x')", "missing \"action\"");
     expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"rank\": 4}]}", "'rank' applies to the svd", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"*k_proj.weight\", \"action\": \"svd\", \"rank\": 128}]}",
-                        "rule 0 ('*k_proj.weight')", "not supported yet");
+    expect_policy_error("{\"rules\": [{\"match\": \"*k_proj.weight\", \"action\": \"svd\"}]}",
+                        "rule 0 ('*k_proj.weight')", "exactly one of rank, energy, max_error");
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 8, \"energy\": 0.9}]}",
+                        "rule 0 ('k')", "exactly one");
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 0}]}", "rank must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"energy\": 1.5}]}", "energy must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"max_error\": 0}]}", "max_error must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"fallback\": \"svd\"}]}",
+                        "fallback must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int8\", \"method\": \"randomized\"}]}",
+                        "'method' applies to the svd action", NULL);
 }
 
 static void test_builtin_policies(void **state)
@@ -274,13 +283,24 @@ static void test_builtin_policies(void **state)
         stz_policy *p;
         stz_err err;
         stz_status st = stz_policy_load(&p, name, &err);
-        if (!strcmp(name, "gpt-neo-surgical")) { /* needs the svd action */
-            assert_int_equal(st, STZ_E_POLICY);
-            assert_non_null(strstr(err.msg, "not supported yet"));
-            continue;
-        }
         if (st)
             fail_msg("%s: %s", name, err.msg);
+        if (!strcmp(name, "gpt-neo-surgical")) {
+            uint64_t sq[2] = {2048, 2048};
+            stz_tensor t = mk("transformer.h.4.attn.attention.k_proj.weight", STZ_DTYPE_F32, 2, sq);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP); /* the sensitive layer */
+            t = mk("transformer.h.5.attn.attention.k_proj.weight", STZ_DTYPE_F32, 2, sq);
+            stz_decision d = stz_policy_decide(p, &t);
+            assert_int_equal(d.action, STZ_ACTION_SVD);
+            assert_int_equal(d.svd_rank, 128);
+            assert_int_equal(d.fallback, STZ_ACTION_INT8);
+            t = mk("transformer.h.5.mlp.c_fc.weight", STZ_DTYPE_F32, 2, sq);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+            t = mk("transformer.h.5.attn.attention.q_proj.weight", STZ_DTYPE_F32, 2, sq);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+            stz_policy_free(p);
+            continue;
+        }
         /* every shipped policy keeps norms and embeddings, under every naming */
         uint64_t s1[1] = {64}, s2[2] = {512, 64};
         static const char *keep_names[] = {"model.embed_tokens.weight", "transformer.wte.weight", "transformer.wpe.weight",
