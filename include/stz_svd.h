@@ -42,8 +42,9 @@ typedef struct {
 
 /* Factors W. On success *res owns U, S, Vh (free with stz_svd_result_free).
  * Errors: STZ_E_ARG (rank 0 or >= min(m, n), energy / max_error out of
- * range, none or several of rank / energy / max_error), STZ_E_NOMEM,
- * STZ_E_LAPACK (a routine returned info != 0; the message names it). */
+ * range, none or several of rank / energy / max_error), STZ_E_NUMERIC
+ * (NaN or Inf in W), STZ_E_NOMEM, STZ_E_LAPACK (a routine returned
+ * info != 0; the message names it). */
 stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_svd_params *p, stz_svd_result *res,
                           stz_err *err);
 void stz_svd_result_free(stz_svd_result *res);

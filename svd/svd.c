@@ -1,5 +1,6 @@
 /* Rank-reduced SVD: exact (sgesdd) and randomized (Halko et al. 2011). */
 #include "stz_svd.h"
+#include "svd_internal.h"
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -136,6 +137,17 @@ stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_svd_para
                           stz_err *err)
 {
     memset(res, 0, sizeof *res);
+    for (size_t i = 0; i < m * n; i++) /* LAPACK catches NaN but not Inf */
+        if (!isfinite(W[i]))
+            return stz_err_set(err, STZ_E_NUMERIC, "element %zu of the %zu x %zu matrix is %s", i, m, n,
+                               isnan(W[i]) ? "NaN" : "infinite");
+    return stz_svd_factor_unchecked(W, m, n, p, res, err);
+}
+
+stz_status stz_svd_factor_unchecked(const float *W, size_t m, size_t n, const stz_svd_params *p, stz_svd_result *res,
+                                    stz_err *err)
+{
+    memset(res, 0, sizeof *res);
     size_t k = m < n ? m : n;
     int given = (p->rank > 0) + (p->energy > 0) + (p->max_error > 0); /* 0 means unset: rank 0 is refused */
     if (m == 0 || n == 0)
@@ -190,15 +202,18 @@ stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_svd_para
     /* keep the first r triplets: U (m, have) -> (m, r), Vh rows are contiguous */
     for (size_t i = 0; i < m; i++)
         memmove(U + i * r, U + i * have, r * sizeof *U);
-    double kept = 0;
-    for (size_t i = 0; i < r; i++)
-        kept += (double)S[i] * S[i];
+    /* with the whole spectrum, sum what is dropped (no cancellation) */
+    double kept = 0, dropped = 0;
+    for (size_t i = 0; i < have; i++)
+        *(i < r ? &kept : &dropped) += (double)S[i] * S[i];
+    if (have < k)
+        dropped = fmax(total - kept, 0);
     res->m = m, res->n = n, res->rank = r;
     float *shrunk = realloc(U, m * r * sizeof *U + 1);
     res->U = shrunk ? shrunk : U;
     res->S = S;
     res->Vh = Vh;
-    res->rel_error = total > 0 ? sqrt(fmax(total - kept, 0) / total) : 0;
+    res->rel_error = total > 0 ? sqrt(dropped / total) : 0;
     return STZ_OK;
 done:
     free(U), free(S), free(Vh);
