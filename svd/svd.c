@@ -53,24 +53,29 @@ static float gauss(uint64_t *s)
     return (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-/* Orthonormalises the columns of A (rows x cols, row-major, rows >= cols). */
+/* Orthonormalises the columns of a column-major rows x cols matrix A
+ * (rows >= cols), in place. Column-major: LAPACK's own order, no copies. */
 static stz_status orthonormalize(float *A, size_t rows, size_t cols, float *tau, stz_err *err)
 {
-    lapack_int info = LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, (lapack_int)rows, (lapack_int)cols, A, (lapack_int)cols, tau);
+    lapack_int info = LAPACKE_sgeqrf(LAPACK_COL_MAJOR, (lapack_int)rows, (lapack_int)cols, A, (lapack_int)rows, tau);
     if (info)
         return stz_err_set(err, STZ_E_LAPACK, "LAPACK sgeqrf failed (info %d)", (int)info);
-    info = LAPACKE_sorgqr(LAPACK_ROW_MAJOR, (lapack_int)rows, (lapack_int)cols, (lapack_int)cols, A, (lapack_int)cols, tau);
+    info = LAPACKE_sorgqr(LAPACK_COL_MAJOR, (lapack_int)rows, (lapack_int)cols, (lapack_int)cols, A, (lapack_int)rows,
+                          tau);
     if (info)
         return stz_err_set(err, STZ_E_LAPACK, "LAPACK sorgqr failed (info %d)", (int)info);
     return STZ_OK;
 }
 
-/* Thin SVD of A (m x n, destroyed): U m x k, S k, Vh k x n, k = min(m, n). */
+/* Thin SVD of the row-major m x n matrix A (destroyed): U m x k, S k,
+ * Vh k x n, row-major, k = min(m, n). A row-major A is the column-major
+ * A^T = Vh^T S U^T, so LAPACK's column-major U and Vt of A^T are exactly
+ * our row-major Vh and U: no transposition. */
 static stz_status thin_svd(float *A, size_t m, size_t n, float *U, float *S, float *Vh, stz_err *err)
 {
     size_t k = m < n ? m : n;
-    lapack_int info = LAPACKE_sgesdd(LAPACK_ROW_MAJOR, 'S', (lapack_int)m, (lapack_int)n, A, (lapack_int)n, S, U,
-                                     (lapack_int)k, Vh, (lapack_int)n);
+    lapack_int info = LAPACKE_sgesdd(LAPACK_COL_MAJOR, 'S', (lapack_int)n, (lapack_int)m, A, (lapack_int)n, S, Vh,
+                                     (lapack_int)n, U, (lapack_int)k);
     if (info)
         return stz_err_set(err, STZ_E_LAPACK, "LAPACK sgesdd failed (info %d%s)", (int)info,
                            info > 0 ? ": did not converge" : ": invalid argument");
@@ -93,43 +98,45 @@ static size_t choose_rank(const stz_svd_params *p, const float *S, size_t k, dou
     return k;
 }
 
-/* Randomized range finder + small SVD at rank `l` (rank + oversampling). */
+/* Randomized range finder + small SVD at rank `l` (rank + oversampling).
+ * Y (m, l) and Z (n, l) are kept column-major, i.e. as the row-major
+ * buffers Yt (l, m) and Zt (l, n), so that QR needs no transposition. */
 static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const stz_svd_params *p, float **Uo,
                              float **So, float **Vho, stz_err *err)
 {
     stz_status st = STZ_OK;
-    float *Om = malloc(n * l * sizeof *Om), *Y = malloc(m * l * sizeof *Y), *Z = malloc(n * l * sizeof *Z);
+    float *Omt = malloc(l * n * sizeof *Omt), *Yt = malloc(l * m * sizeof *Yt), *Zt = malloc(l * n * sizeof *Zt);
     float *tau = malloc(l * sizeof *tau), *B = malloc(l * n * sizeof *B), *Ub = malloc(l * l * sizeof *Ub);
     float *S = malloc(l * sizeof *S), *Vh = malloc(l * n * sizeof *Vh), *U = malloc(m * l * sizeof *U);
-    if (!Om || !Y || !Z || !tau || !B || !Ub || !S || !Vh || !U) {
+    if (!Omt || !Yt || !Zt || !tau || !B || !Ub || !S || !Vh || !U) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a randomized SVD of %zu x %zu", m, n);
         goto done;
     }
     uint64_t seed = p->seed;
     for (size_t i = 0; i < n * l; i++)
-        Om[i] = gauss(&seed);
-    /* Y (m, l) = W (m, n) @ Om (n, l) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)l, (int)n, 1, W, (int)n, Om, (int)l, 0, Y, (int)l);
-    if ((st = orthonormalize(Y, m, l, tau, err)))
+        Omt[i] = gauss(&seed);
+    /* Y (m, l) = W (m, n) @ Om (n, l), i.e. Yt (l, m) = Omt (l, n) @ W^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)l, (int)m, (int)n, 1, Omt, (int)n, W, (int)n, 0, Yt, (int)m);
+    if ((st = orthonormalize(Yt, m, l, tau, err)))
         goto done;
     for (int it = 0; it < p->power_iters; it++) {
-        /* Z (n, l) = W^T (n, m) @ Y (m, l); Y = W @ Z; orthonormalise both */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)l, (int)m, 1, W, (int)n, Y, (int)l, 0, Z, (int)l);
-        if ((st = orthonormalize(Z, n, l, tau, err)))
+        /* Z (n, l) = W^T @ Y: Zt (l, n) = Yt (l, m) @ W (m, n); then Y = W @ Z: Yt = Zt @ W^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)l, (int)n, (int)m, 1, Yt, (int)m, W, (int)n, 0, Zt, (int)n);
+        if ((st = orthonormalize(Zt, n, l, tau, err)))
             goto done;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)l, (int)n, 1, W, (int)n, Z, (int)l, 0, Y, (int)l);
-        if ((st = orthonormalize(Y, m, l, tau, err)))
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)l, (int)m, (int)n, 1, Zt, (int)n, W, (int)n, 0, Yt, (int)m);
+        if ((st = orthonormalize(Yt, m, l, tau, err)))
             goto done;
     }
-    /* B (l, n) = Q^T (l, m) @ W (m, n); B = Ub S Vh; U (m, l) = Q (m, l) @ Ub (l, l) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l, (int)n, (int)m, 1, Y, (int)l, W, (int)n, 0, B, (int)n);
+    /* B (l, n) = Q^T (l, m) @ W (m, n) = Yt @ W; B = Ub S Vh; U (m, l) = Q @ Ub = Yt^T @ Ub */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)l, (int)n, (int)m, 1, Yt, (int)m, W, (int)n, 0, B, (int)n);
     if ((st = thin_svd(B, l, n, Ub, S, Vh, err)))
         goto done;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)l, (int)l, 1, Y, (int)l, Ub, (int)l, 0, U, (int)l);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)l, (int)l, 1, Yt, (int)m, Ub, (int)l, 0, U, (int)l);
     *Uo = U, *So = S, *Vho = Vh;
     U = S = Vh = NULL;
 done:
-    free(Om), free(Y), free(Z), free(tau), free(B), free(Ub), free(S), free(Vh), free(U);
+    free(Omt), free(Yt), free(Zt), free(tau), free(B), free(Ub), free(S), free(Vh), free(U);
     return st;
 }
 
