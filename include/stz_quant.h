@@ -73,9 +73,11 @@ typedef struct {
  * does not grow with the model). Kept tensors are copied byte for byte.
  * The output is a normal SafeTensors file whose __metadata__ describes
  * each quantized tensor (docs/FORMAT.md, "Quantized SafeTensors").
- * Errors: the reader's, STZ_E_POLICY (e.g. SVD not supported yet),
- * STZ_E_NUMERIC (NaN/Inf, naming tensor and element), STZ_E_DUPLICATE
- * (companion name collides), STZ_E_EXISTS, STZ_E_IO.
+ * SVD decisions are factored first (stz_svd.h): the whole matrix is held as
+ * F32 while it is factored, and the INT8 factors until they are written.
+ * Errors: the reader's, STZ_E_NUMERIC (NaN/Inf, naming tensor and
+ * element), STZ_E_DUPLICATE (a companion name exists), STZ_E_LAPACK,
+ * STZ_E_EXISTS, STZ_E_IO.
  */
 stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
                              stz_quant_stats *stats, stz_err *err);
