@@ -49,9 +49,11 @@ stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_svd_para
                           stz_err *err);
 void stz_svd_result_free(stz_svd_result *res);
 
-/* W (m x n) = U (m x r) @ diag(S) @ Vh (r x n), with cblas_sgemm. U is
- * used as is: pass rows of U to rebuild rows of W. */
-void stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r, float *W);
+/* W (m x n) = U (m x r) @ diag(S) @ Vh (r x n), with cblas_sgemm. Pass m
+ * rows of U to rebuild those rows of W. STZ_E_NOMEM if its m x r work
+ * buffer cannot be allocated (W is then untouched). */
+stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r,
+                               float *W);
 
 #ifdef __cplusplus
 }

@@ -621,7 +621,9 @@ static stz_status qinfo_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_
             return st;
         for (size_t i = 0; i < nr; i++)
             stz_q8_dequantize_ref((const int8_t *)raw + i * k, us + i, k, k, sc + i * k);
-        stz_svd_reconstruct(sc, qi->sv, qi->vh, nr, (size_t)qi->cols, k, f);
+        if (stz_svd_reconstruct(sc, qi->sv, qi->vh, nr, (size_t)qi->cols, k, f))
+            return stz_err_set(err, STZ_E_NOMEM, "%s: tensor '%s': out of memory rebuilding rows", stz_reader_path(r),
+                               qi->name);
         return STZ_OK;
     }
     size_t rb = stz_q_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;

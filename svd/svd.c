@@ -16,26 +16,20 @@ void stz_svd_result_free(stz_svd_result *r)
     memset(r, 0, sizeof *r);
 }
 
-void stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r, float *W)
+stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r,
+                               float *W)
 {
     /* US (m, r) = U scaled column-wise by S; W (m, n) = US (m, r) @ Vh (r, n) */
     float *US = malloc(m * r * sizeof *US + 1);
-    if (!US) { /* fall back to the slow loop rather than fail a void function */
-        for (size_t i = 0; i < m; i++)
-            for (size_t j = 0; j < n; j++) {
-                double s = 0;
-                for (size_t k = 0; k < r; k++)
-                    s += (double)U[i * r + k] * S[k] * Vh[k * n + j];
-                W[i * n + j] = (float)s;
-            }
-        return;
-    }
+    if (!US)
+        return STZ_E_NOMEM;
     for (size_t i = 0; i < m; i++)
         for (size_t k = 0; k < r; k++)
             US[i * r + k] = U[i * r + k] * S[k];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)r, 1.0f, US, (int)r, Vh, (int)n, 0.0f,
                 W, (int)n);
     free(US);
+    return STZ_OK;
 }
 
 static uint64_t rng_next(uint64_t *s)

@@ -56,7 +56,7 @@ static float *with_spectrum(size_t m, size_t n, const double *s, size_t k)
 static double rel_err(const float *W, const stz_svd_result *r, size_t m, size_t n)
 {
     float *R = malloc(m * n * sizeof *R);
-    stz_svd_reconstruct(r->U, r->S, r->Vh, m, n, r->rank, R);
+    assert_int_equal(stz_svd_reconstruct(r->U, r->S, r->Vh, m, n, r->rank, R), STZ_OK);
     double d = 0, t = 0;
     for (size_t i = 0; i < m * n; i++)
         d += ((double)W[i] - R[i]) * ((double)W[i] - R[i]), t += (double)W[i] * W[i];
