@@ -66,6 +66,10 @@ typedef struct {
     uint64_t in_bytes, out_bytes;
     size_t tensors, quantized;
     uint64_t params, params_quantized;
+    /* measured while quantizing, over the quantized tensors (1 if none):
+     * cosine of each dequantized tensor against its original */
+    double min_cosine, weighted_cosine;
+    char worst[256]; /* name of the tensor with the lowest cosine */
 } stz_quant_stats;
 
 /*

@@ -11,6 +11,7 @@
 #include "stz_internal.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
+#include "stz_eval.h"
 #include "stz_svd.h"
 
 #include <cjson/cJSON.h>
@@ -36,6 +37,7 @@ typedef struct {
     int8_t *Uq, *Sq, *Vq;      /* m x r, r, r x n */
     float *Us, *Vs, s_scale;   /* per-row scales of U and Vh; S's one scale */
     char *fname[5];            /* NAME.U, .U.scales, .S, .Vh, .Vh.scales */
+    double cosine;             /* of the dequantized tensor, measured while quantizing */
 } plan_t;
 
 static const char *const factor_suffix[5] = {".U", ".U.scales", ".S", ".Vh", ".Vh.scales"};
@@ -126,7 +128,7 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl,
 
 /* Streams one quantized tensor: values row batch by row batch, then its
  * scales (held for the tensor: rows x blocks floats). */
-static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, const plan_t *pl,
+static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, plan_t *pl,
                                   uint8_t *in, float *f, uint8_t *q, stz_err *err)
 {
     size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_q_row_bytes(pl->bits, pl->cols);
@@ -134,10 +136,12 @@ static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_
     if (per == 0)
         per = 1; /* one row larger than a batch: the caller sized buffers for it */
     size_t nsc = (size_t)(pl->rows * pl->nblocks), ssz = stz_dtype_bits(pl->d.scale_dtype) / 8;
-    float *sc = malloc(nsc * sizeof *sc + 1);
+    float *sc = malloc(nsc * sizeof *sc + 1), *y = malloc((size_t)pl->cols * sizeof *y + 1);
+    stz_metrics_acc acc;
+    memset(&acc, 0, sizeof acc);
     if (!sc)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu scales of '%s'", nsc, t->name);
-    stz_status st = STZ_OK;
+    stz_status st = y ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
     for (uint64_t row = 0; row < pl->rows && !st; row += per) {
         size_t nr = pl->rows - row < per ? (size_t)(pl->rows - row) : (size_t)per, n = nr * (size_t)pl->cols;
         if ((st = stz_reader_read(r, t, row * pl->cols * esz, in, n * esz, err)) ||
@@ -152,10 +156,20 @@ static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_
                                  isnan(f[i]) ? "NaN" : "infinite");
                 break;
             }
-        for (size_t k = 0; !st && k < nr; k++)
-            if (quant_row(pl, f + k * pl->cols, q + k * rb, sc + (row + k) * pl->nblocks))
+        for (size_t k = 0; !st && k < nr; k++) {
+            const float *x = f + k * pl->cols, *s_row = sc + (row + k) * pl->nblocks;
+            if (quant_row(pl, x, q + k * rb, sc + (row + k) * pl->nblocks)) {
                 st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
                                  "use \"scale_dtype\": \"F32\"", stz_reader_path(r), t->name);
+                break;
+            }
+            /* the quality as the reader will see it: stored scales, dequantized */
+            if (pl->bits == 8)
+                stz_q8_dequantize_ref((const int8_t *)q + k * rb, s_row, pl->cols, pl->d.block_size, y);
+            else
+                stz_q4_dequantize_ref(q + k * rb, s_row, pl->cols, pl->d.block_size, y);
+            stz_metrics_add(&acc, x, y, pl->cols); /* scales are exact in their stored dtype */
+        }
         if (!st)
             st = stz_writer_write(w, q, nr * rb, err);
     }
@@ -164,7 +178,9 @@ static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_
         if (!(st = stz_from_f32(pl->d.scale_dtype, sc + i, n, in, err)))
             st = stz_writer_write(w, in, n * ssz, err);
     }
+    pl->cosine = stz_metrics_finish(&acc).cosine;
     free(sc);
+    free(y);
     return st;
 }
 
@@ -187,6 +203,33 @@ static void use_fallback(plan_t *x, const char *why)
     x->d.reason = why;
     x->bits = x->d.action == STZ_ACTION_INT8 ? 8 : x->d.action == STZ_ACTION_INT4 ? 4 : 0;
     x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
+}
+
+/* Cosine of the tensor rebuilt from the INT8 factors, as readers see it. */
+static stz_status svd_quality(const stz_reader *r, const stz_tensor *t, plan_t *x, stz_err *err)
+{
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, k = x->rank, esz = stz_dtype_bits(t->dtype) / 8;
+    float *U = malloc(m * k * sizeof *U), *S = malloc(k * sizeof *S), *V = malloc(k * n * sizeof *V);
+    float *Wr = malloc(m * n * sizeof *Wr), *W = malloc(m * n * sizeof *W);
+    uint8_t *raw = malloc(m * n * esz + 1);
+    stz_status st = U && S && V && Wr && W && raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)) && !(st = stz_to_f32(t->dtype, raw, m * n, W, err))) {
+        for (size_t i = 0; i < m; i++)
+            stz_q8_dequantize_ref(x->Uq + i * k, x->Us + i, k, k, U + i * k);
+        for (size_t i = 0; i < k; i++)
+            stz_q8_dequantize_ref(x->Vq + i * n, x->Vs + i, n, n, V + i * n);
+        stz_q8_dequantize_ref(x->Sq, &x->s_scale, k, k, S);
+        if (stz_svd_reconstruct(U, S, V, m, n, k, Wr))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    if (!st) {
+        stz_metrics_acc acc;
+        memset(&acc, 0, sizeof acc);
+        stz_metrics_add(&acc, W, Wr, m * n);
+        x->cosine = stz_metrics_finish(&acc).cosine;
+    }
+    free(U), free(S), free(V), free(Wr), free(W), free(raw);
+    return st;
 }
 
 /* Factors a tensor, picks the rank, and either quantizes the factors or
@@ -251,6 +294,8 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
         stz_q8_quantize_ref(f.Vh + i * n, n, n, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Vq + i * n, x->Vs + i);
     stz_q8_quantize_ref(f.S, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Sq, &x->s_scale);
     stz_svd_result_free(&f);
+    if ((st = svd_quality(r, t, x, err)))
+        return st;
     for (int j = 0; j < 5; j++) {
         size_t len = strlen(t->name) + 16;
         if (!(x->fname[j] = malloc(len)))
@@ -469,11 +514,21 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         memset(stats, 0, sizeof *stats);
         stats->in_bytes = stz_reader_file_size(r);
         stats->tensors = nt;
+        stats->min_cosine = 1;
+        double wsum = 0;
         for (size_t i = 0; i < nt; i++) {
-            stats->params += stz_reader_tensor(r, i)->numel;
-            if (pl[i].bits)
-                stats->quantized++, stats->params_quantized += stz_reader_tensor(r, i)->numel;
+            const stz_tensor *t = stz_reader_tensor(r, i);
+            stats->params += t->numel;
+            if (!pl[i].bits)
+                continue;
+            stats->quantized++, stats->params_quantized += t->numel;
+            wsum += pl[i].cosine * (double)t->numel;
+            if (pl[i].cosine < stats->min_cosine) {
+                stats->min_cosine = pl[i].cosine;
+                snprintf(stats->worst, sizeof stats->worst, "%s", t->name);
+            }
         }
+        stats->weighted_cosine = stats->params_quantized ? wsum / (double)stats->params_quantized : 1;
         stz_reader *o;
         if (stz_reader_open(&o, out, NULL) == STZ_OK) {
             stats->out_bytes = stz_reader_file_size(o);

@@ -123,16 +123,36 @@ int stz_q4_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, s
 
 void stz_q8_dequantize_ref(const int8_t *q, const float *scales, size_t n, size_t block, float *y)
 {
-    for (size_t i = 0; i < n; i++)
-        y[i] = (float)q[i] * scales[i / block];
+    for (size_t b = 0, i0 = 0; i0 < n; b++, i0 += block) {
+        size_t end = n - i0 < block ? n : i0 + block;
+        float s = scales[b];
+        for (size_t i = i0; i < end; i++)
+            y[i] = (float)q[i] * s;
+    }
+}
+
+/* Element i is the high nibble of byte i/2 when i is even, the low one when
+ * odd, as 4-bit two's complement. */
+static inline float nibble(const uint8_t *q, size_t i)
+{
+    uint8_t byte = q[i / 2];
+    return (float)(i & 1 ? (int8_t)(uint8_t)(byte << 4) >> 4 : (int8_t)byte >> 4);
 }
 
 void stz_q4_dequantize_ref(const uint8_t *q, const float *scales, size_t n, size_t block, float *y)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint8_t byte = q[i / 2];
-        int v = i & 1 ? (int8_t)(uint8_t)(byte << 4) >> 4 : (int8_t)byte >> 4;
-        y[i] = (float)v * scales[i / block];
+    for (size_t b = 0, i0 = 0; i0 < n; b++, i0 += block) {
+        size_t end = n - i0 < block ? n : i0 + block, i = i0;
+        float s = scales[b];
+        if (i & 1) /* a block starting mid-byte */
+            y[i] = nibble(q, i) * s, i++;
+        for (; i + 1 < end; i += 2) { /* whole bytes */
+            uint8_t byte = q[i / 2];
+            y[i] = (float)((int8_t)byte >> 4) * s;
+            y[i + 1] = (float)((int8_t)(uint8_t)(byte << 4) >> 4) * s;
+        }
+        if (i < end)
+            y[i] = nibble(q, i) * s;
     }
 }
 
