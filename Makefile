@@ -15,13 +15,12 @@ build:
 demo: build
 	@mkdir -p $(BUILD)/example
 	$(BUILD)/stz synth qwen2-0.5b -o $(EXAMPLE) --stats -f
-	$(BUILD)/stz inspect $(EXAMPLE) | head -n 8
-	@echo "..."
-	$(BUILD)/stz pack $(EXAMPLE) -o $(EXAMPLE).stz -f
-	$(BUILD)/stz verify $(EXAMPLE).stz
-	$(BUILD)/stz unpack $(EXAMPLE).stz -o $(EXAMPLE).back -f
+	$(BUILD)/stz compress --int4 $(EXAMPLE) -o $(EXAMPLE).int4.stz -f
+	$(BUILD)/stz decompress $(EXAMPLE).int4.stz --dequantize -o $(BUILD)/example/plain.safetensors -f
+	$(BUILD)/stz eval $(EXAMPLE) $(EXAMPLE).int4.stz --threshold 0.98 -q
+	$(BUILD)/stz compress --lossless $(EXAMPLE) -o $(EXAMPLE).stz -f
+	$(BUILD)/stz decompress $(EXAMPLE).stz -o $(EXAMPLE).back -f
 	cmp $(EXAMPLE) $(EXAMPLE).back && echo "lossless round trip: identical bytes"
-	$(BUILD)/stz inspect $(EXAMPLE).stz | tail -n 12
 	@rm -f $(EXAMPLE).back
 
 test: build

@@ -51,6 +51,37 @@ int cli_ncores(void);
 /* Refuses an output that is one of the inputs, even with --force. */
 int cli_check_not_input(const char *out, const char *in);
 
+/* An intermediate file next to `out` (".OUT.WHAT-XXXXXX"), created empty and
+ * tracked so that signals remove it; cli_tmp_drop removes it. */
+typedef struct {
+    char *path;
+    int handle;
+} tmpfile_t;
+int cli_tmp_make(tmpfile_t *t, const char *out, const char *what);
+void cli_tmp_drop(tmpfile_t *t);
+
+/* Sharded models: a directory holding model.safetensors.index.json. */
+int cli_is_sharded_dir(const char *path);
+/* Converts one file: in -> out. `mapped` (cap bytes) may name a SafeTensors
+ * file whose tensor names the rewritten index must list instead of out's;
+ * it is removed after use. */
+typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, char *mapped, size_t cap,
+                                   stz_err *err);
+/* Runs convert on every shard of directory `in` (file SHARD+in_suffix) into
+ * a new directory `out` (file SHARD+out_suffix), writes the index
+ * (rewritten for the new tensor names and sizes if rewrite_index, else
+ * copied byte for byte), copies the other files. Returns a CLI exit status. */
+int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
+                   int rewrite_index, cli_shard_fn convert, void *user);
+
+/* Set by the first SIGINT/SIGTERM/SIGHUP: long operations stop through
+ * their progress callback and clean up on their normal error path. */
+extern volatile int cli_interrupted;
+
+struct stz_qmodel;
+/* stz_qmodel_open, also for .stz containers (unpacked to a temporary file). */
+int cli_open_model(const char *path, int threads, struct stz_qmodel **m, stz_err *err);
+
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
@@ -60,5 +91,7 @@ int cmd_plan(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_dequantize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_compress(int argc, char **argv);
+int cmd_decompress(int argc, char **argv);
 
 #endif

@@ -1,8 +1,11 @@
 /* Helpers shared by the stz commands: errors, numbers, progress. */
 #include "cli.h"
+#include "stz_pack.h"
+#include "stz_quant.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -79,9 +82,13 @@ void cli_progress_init(cli_progress *p, const char *label, int quiet)
     p->last = 0;
 }
 
+volatile int cli_interrupted;
+
 int cli_progress_cb(void *user, uint64_t done, uint64_t total)
 {
     cli_progress *p = (cli_progress *)user;
+    if (cli_interrupted)
+        return 1; /* stop: the operation removes its outputs and returns */
     if (!p || !p->enabled)
         return 0;
     double now = cli_now(), el = now - p->start;
@@ -129,4 +136,57 @@ int cli_check_not_input(const char *out, const char *in)
         return cli_fail(&e);
     }
     return CLI_OK;
+}
+
+/* A temporary name next to `out` for an intermediate file; tracked. */
+int cli_tmp_make(tmpfile_t *t, const char *out, const char *what)
+{
+    size_t n = strlen(out) + 32;
+    const char *slash = strrchr(out, '/');
+    int dirlen = slash ? (int)(slash - out) + 1 : 0;
+    t->path = malloc(n);
+    t->handle = -1;
+    if (!t->path)
+        return -1;
+    snprintf(t->path, n, "%.*s.%s.%s-XXXXXX", dirlen, out, out + dirlen, what);
+    int fd = mkstemp(t->path);
+    if (fd < 0) {
+        free(t->path);
+        t->path = NULL;
+        return -1;
+    }
+    close(fd);
+    t->handle = stz_tmp_track(t->path);
+    return 0;
+}
+
+void cli_tmp_drop(tmpfile_t *t)
+{
+    if (!t->path)
+        return;
+    unlink(t->path);
+    stz_tmp_untrack(t->handle);
+    free(t->path);
+    t->path = NULL;
+}
+
+/* Opens a model for eval; a container is unpacked to a temporary file next
+ * to it first, which is unlinked as soon as it is open. */
+int cli_open_model(const char *path, int threads, stz_qmodel **m, stz_err *err)
+{
+    if (!stz_is_container(path))
+        return stz_qmodel_open(m, path, err) ? CLI_ERROR : CLI_OK;
+    tmpfile_t t;
+    if (cli_tmp_make(&t, path, "unpacked")) {
+        stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
+        return CLI_ERROR;
+    }
+    stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
+    up.threads = threads;
+    up.write_flags = STZ_WRITE_FORCE;
+    stz_status s = stz_unpack_file(&up, path, t.path, err);
+    if (!s)
+        s = stz_qmodel_open(m, t.path, err);
+    cli_tmp_drop(&t);
+    return s ? CLI_ERROR : CLI_OK;
 }

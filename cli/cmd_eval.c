@@ -10,9 +10,10 @@
 #include <string.h>
 
 static const char eval_help[] =
-    "usage: stz eval ORIGINAL.safetensors CANDIDATE.safetensors [options]\n\n"
+    "usage: stz eval ORIGINAL CANDIDATE [options]\n\n"
     "Compares every tensor of CANDIDATE (a quantized file, dequantized on the\n"
-    "fly one tensor at a time, or a plain one) with ORIGINAL, matched by name:\n"
+    "fly one tensor at a time, a plain one, or an .stz container of either,\n"
+    "unpacked to a temporary file first) with ORIGINAL, matched by name:\n"
     "cosine similarity, relative Frobenius error, SNR (dB) and largest absolute\n"
     "error, worst first; then the parameter-weighted mean and minimum cosine\n"
     "and the share of parameters quantized. Tensors found in one file only,\n"
@@ -69,7 +70,7 @@ int cmd_eval(int argc, char **argv)
         return cli_usage_error("eval", "expected ORIGINAL and CANDIDATE");
     stz_err err;
     stz_qmodel *a = NULL, *b = NULL;
-    if (stz_qmodel_open(&a, argv[optind], &err) || stz_qmodel_open(&b, argv[optind + 1], &err)) {
+    if (cli_open_model(argv[optind], cli_ncores(), &a, &err) || cli_open_model(argv[optind + 1], cli_ncores(), &b, &err)) {
         stz_qmodel_free(a);
         return cli_fail(&err);
     }
@@ -109,7 +110,11 @@ int cmd_eval(int argc, char **argv)
         rows[nr++] = (row_t){ta->name, tb->bits, ta->numel, m};
         wsum += m.cosine * (double)ta->numel, wtot += (double)ta->numel;
         minc = m.cosine < minc ? m.cosine : minc;
-        cli_progress_cb(&prog, i + 1, na);
+        if (cli_progress_cb(&prog, i + 1, na)) {
+            stz_err_set(&err, STZ_E_INTERRUPTED, "interrupted");
+            rc = cli_fail(&err);
+            goto done;
+        }
     }
     for (size_t j = 0; j < stz_qmodel_count(b); j++)
         if (stz_qmodel_find(a, stz_qmodel_tensor(b, j)->name) < 0) {

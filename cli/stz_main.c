@@ -6,6 +6,8 @@
 #include <string.h>
 
 static const cli_command commands[] = {
+    {"compress", cmd_compress, "policy -> quantize / SVD -> pack, in one command (or --lossless)"},
+    {"decompress", cmd_decompress, "back from a container (--dequantize: a plain float model)"},
     {"inspect", cmd_inspect, "list the tensors, dtypes, sizes and metadata of a file"},
     {"plan", cmd_plan, "show what a policy would do to each tensor"},
     {"quantize", cmd_quantize, "quantize tensors to INT8 / INT4 as a policy says"},
@@ -28,9 +30,15 @@ static void usage(FILE *f)
                "(stz eval: 3 when a tensor is below --threshold).\n");
 }
 
-/* Removes temporary outputs, then dies of the same signal. */
+/* First signal: ask the running operation to stop (it cleans up on its
+ * error path, temporary directories included). Second: remove temporary
+ * files now and die of the same signal. */
 static void on_signal(int sig)
 {
+    if (!cli_interrupted) {
+        cli_interrupted = 1;
+        return;
+    }
     stz_tmp_cleanup_all();
     signal(sig, SIG_DFL);
     raise(sig);

@@ -160,6 +160,9 @@ static void tmp_unregister(int slot)
     pthread_mutex_unlock(&tmp_lock);
 }
 
+int stz_tmp_track(char *path) { return tmp_register(path); }
+void stz_tmp_untrack(int handle) { tmp_unregister(handle); }
+
 void stz_tmp_cleanup_all(void)
 {
     for (int i = 0; i < TMP_SLOTS; i++) {

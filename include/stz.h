@@ -126,6 +126,12 @@ typedef int (*stz_progress_fn)(void *user, uint64_t done, uint64_t total);
  */
 void stz_tmp_cleanup_all(void);
 
+/* Adds a path of the caller's (an intermediate file) to what
+ * stz_tmp_cleanup_all() removes; returns a handle for stz_tmp_untrack, or
+ * -1 when the table is full. The path must stay valid while tracked. */
+int stz_tmp_track(char *path);
+void stz_tmp_untrack(int handle);
+
 /* 1 if a and b name the same existing file (same device and inode), else 0. */
 int stz_same_file(const char *a, const char *b);
 

@@ -66,8 +66,10 @@ typedef struct {
     uint64_t in_bytes, out_bytes;
     size_t tensors, quantized;
     uint64_t params, params_quantized;
-    /* measured while quantizing, over the quantized tensors (1 if none):
-     * cosine of each dequantized tensor against its original */
+    /* measured while quantizing: cosine of each dequantized tensor against
+     * its original; minimum over the quantized tensors (1 if none), mean
+     * weighted by parameters over all float tensors (kept ones count 1),
+     * as stz eval reports them */
     double min_cosine, weighted_cosine;
     char worst[256]; /* name of the tensor with the lowest cosine */
 } stz_quant_stats;

@@ -515,10 +515,12 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         stats->in_bytes = stz_reader_file_size(r);
         stats->tensors = nt;
         stats->min_cosine = 1;
-        double wsum = 0;
+        double wsum = 0, wtot = 0; /* like stz eval: every float tensor, kept ones at cosine 1 */
         for (size_t i = 0; i < nt; i++) {
             const stz_tensor *t = stz_reader_tensor(r, i);
             stats->params += t->numel;
+            if (stz_dtype_is_float(t->dtype))
+                wtot += (double)t->numel, wsum += pl[i].bits ? 0 : (double)t->numel;
             if (!pl[i].bits)
                 continue;
             stats->quantized++, stats->params_quantized += t->numel;
@@ -528,7 +530,7 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
                 snprintf(stats->worst, sizeof stats->worst, "%s", t->name);
             }
         }
-        stats->weighted_cosine = stats->params_quantized ? wsum / (double)stats->params_quantized : 1;
+        stats->weighted_cosine = wtot ? wsum / wtot : 1;
         stz_reader *o;
         if (stz_reader_open(&o, out, NULL) == STZ_OK) {
             stats->out_bytes = stz_reader_file_size(o);

@@ -154,6 +154,69 @@ has "$T/out" "transformer.h.0.mlp.c_fc.weight  *BF16  *\[256, 64\]" "svd tensor 
 expect_rc 0 "eval mismatched models" "$STZ" eval "$M" "$T/neo.safetensors" -q
 has "$T/err" "is missing from" "eval reports unmatched tensors"
 
+# One-shot pipeline.
+expect_rc 0 "compress --lossless" "$STZ" compress --lossless "$M" -o "$T/l.stz"
+has "$T/out" "lossless, bit-exact" "lossless summary"
+expect_rc 0 "decompress lossless" "$STZ" decompress "$T/l.stz" -o "$T/l.safetensors"
+cmp -s "$M" "$T/l.safetensors" && ok || bad "lossless pipeline is not bit-exact"
+expect_rc 0 "compress --int4" "$STZ" compress --int4 "$M" -o "$T/c4.stz"
+has "$T/out" "cosine vs original: weighted mean" "compress reports quality"
+expect_rc 1 "compress over existing" "$STZ" compress --int4 "$M" -o "$T/c4.stz"
+expect_rc 2 "compress without mode" "$STZ" compress "$M" -o "$T/x.stz"
+expect_rc 0 "decompress quantized" "$STZ" decompress "$T/c4.stz" -o "$T/c4.safetensors"
+cmp -s "$T/c4.safetensors" "$T/q4.safetensors" && ok || bad "decompress does not give back the packed quantized file"
+expect_rc 0 "decompress --dequantize" "$STZ" decompress "$T/c4.stz" --dequantize --dtype f32 -o "$T/c4p.safetensors"
+expect_rc 0 "inspect dequantized pipeline" "$STZ" inspect "$T/c4p.safetensors"
+has "$T/out" "model.layers.0.mlp.up_proj.weight  *F32 " "decompressed plain model"
+expect_rc 0 "eval .stz candidate" "$STZ" eval "$M" "$T/c4.stz" -q --threshold 0.97
+has "$T/out" "0 tensor(s) below" "eval of a container"
+expect_rc 0 "compress --json" "$STZ" compress --policy int8 "$M" -o "$T/c8.stz" --json
+has "$T/out" '"min_cosine"' "compress json"
+ls -A "$T" | grep -q "\.quant-\|\.unpacked-\|tmp-" && bad "temporary files left: $(ls -A "$T" | grep -e '-[A-Za-z0-9]\{6\}$')" || ok
+
+# Sharded model: a directory with model.safetensors.index.json.
+mkdir "$T/sh"
+cp "$M" "$T/sh/model-00001-of-00002.safetensors"
+cp "$T/neo.safetensors" "$T/sh/model-00002-of-00002.safetensors"
+printf '{"model_type": "test"}\n' >"$T/sh/config.json"
+{
+    printf '{\n  "metadata": {"total_size": 0},\n  "weight_map": {\n'
+    for k in 1 2; do
+        "$STZ" inspect --json "$T/sh/model-0000$k-of-00002.safetensors" | grep '"name":' |
+            sed "s/.*\"name\":[[:space:]]*\"\([^\"]*\)\".*/    \"\1\": \"model-0000$k-of-00002.safetensors\",/"
+    done | sed '$ s/,$//'
+    printf '  }\n}\n'
+} >"$T/sh/model.safetensors.index.json"
+expect_rc 0 "compress sharded lossless" "$STZ" compress --lossless "$T/sh" -o "$T/shl.stz"
+has "$T/out" "sharded" "sharded summary"
+[ -f "$T/shl.stz/model-00002-of-00002.safetensors.stz" ] && [ -f "$T/shl.stz/config.json" ] && ok || bad "sharded output layout"
+expect_rc 0 "decompress sharded lossless" "$STZ" decompress "$T/shl.stz" -o "$T/shl"
+diff -r "$T/sh" "$T/shl" >/dev/null && ok || bad "sharded lossless round trip differs"
+expect_rc 1 "sharded output exists" "$STZ" decompress "$T/shl.stz" -o "$T/shl" -f
+expect_rc 0 "compress sharded int4" "$STZ" compress --int4 "$T/sh" -o "$T/sh4.stz"
+has "$T/sh4.stz/model.safetensors.index.json" '"model.layers.0.mlp.up_proj.weight.scales":[[:space:]]*"model-00001-of-00002.safetensors"' "index lists new names"
+expect_rc 0 "decompress sharded --dequantize" "$STZ" decompress "$T/sh4.stz" --dequantize -o "$T/sh4p"
+has "$T/sh4p/model.safetensors.index.json" '"model.layers.0.mlp.up_proj.weight":[[:space:]]*"model-00001-of-00002.safetensors"' "index back to original names"
+grep -q "scales" "$T/sh4p/model.safetensors.index.json" && bad "dequantized index still lists scales" || ok
+expect_rc 0 "eval a dequantized shard" "$STZ" eval "$T/sh/model-00001-of-00002.safetensors" "$T/sh4p/model-00001-of-00002.safetensors" -q
+ls -A "$T" | grep -q "tmp-" && bad "temporary directory left: $(ls -A "$T" | grep tmp-)" || ok
+
+# Interrupted compress: whether SIGINT lands before it finishes or not,
+# there is never a partial output nor a temporary file.
+"$STZ" synth small -o "$T/small.safetensors" -q
+"$STZ" compress --int4 "$T/small.safetensors" -o "$T/small.stz" -q -T 1 &
+pid=$!
+sleep 0.3
+kill -INT $pid 2>/dev/null
+wait $pid; rc=$?
+# an output, if any, was renamed into place complete (the signal may land after that)
+if [ -e "$T/small.stz" ]; then
+    "$STZ" verify -q "$T/small.stz" && ok || bad "compress left an output that does not verify (rc $rc)"
+else
+    [ "$rc" -ne 0 ] && ok || bad "compress exited 0 without an output"
+fi
+ls -A "$T" | grep -q "small.stz\.\|\.small\.stz" && bad "interrupted compress left $(ls -A "$T" | grep small)" || ok
+
 # Interrupted: SIGINT mid-write leaves neither the output nor a temporary file.
 "$STZ" synth llama-1b -o "$T/big.safetensors" -q -T 1 &
 pid=$!

@@ -30,6 +30,8 @@ static const arch archs[] = {
      FAM_HF_LLAMA, 2048, 5632, 22, 32, 4, 32000, 0, 0, 0},
     {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied",
      FAM_GPT_NEO, 2048, 8192, 24, 16, 16, 50257, 2048, 0, 1},
+    {"small", "small Llama-style model for quick runs: 8 layers, hidden 512, 8/4 heads, vocab 32000",
+     FAM_HF_LLAMA, 512, 1408, 8, 8, 4, 32000, 0, 0, 1},
     {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head",
      FAM_HF_LLAMA, 64, 172, 2, 4, 2, 256, 0, 1, 0},
     {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64",

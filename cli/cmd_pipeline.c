@@ -1,0 +1,312 @@
+/* stz compress / decompress: policy -> quantize / SVD -> pack in one go,
+ * and back. Intermediate files live next to the output under a hidden
+ * temporary name, tracked so that errors and signals remove them. */
+#include "cli.h"
+#include "stz_pack.h"
+#include "stz_policy.h"
+#include "stz_quant.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char compress_help[] =
+    "usage: stz compress (--policy P | --int8 | --int4 | --lossless) IN.safetensors [-o OUT.stz] [options]\n\n"
+    "Quantizes the tensors the policy selects (INT8, INT4, SVD factors) and packs\n"
+    "the result losslessly, in one command; --lossless only packs (bit-exact).\n"
+    "Memory stays bounded: the quantized model passes through a temporary file\n"
+    "next to OUT, removed on every path. OUT defaults to IN.stz.\n\n"
+    "  -o, --output FILE   where to write\n"
+    "  --policy P          policy file or shipped name (int8, int4, int4-small, ...)\n"
+    "  --int8, --int4      the shipped policies\n"
+    "  --lossless          no quantization: stz pack\n"
+    "  --best              pack harder (see stz pack --help)\n"
+    "  --no-eval           do not report the cosine figures\n"
+    "  -T, --threads N     threads for packing and SVD, 0 = all cores (default)\n"
+    "  -f, --force         replace OUT if it exists\n"
+    "  -q, --quiet         no progress, no summary\n"
+    "  --json              print the summary as JSON\n"
+    "  -h, --help          this text\n";
+
+static const char decompress_help[] =
+    "usage: stz decompress IN.stz [-o OUT.safetensors] [--dequantize [--dtype bf16|f16|f32]] [options]\n\n"
+    "Gives back exactly the file that was packed (for a lossless container, the\n"
+    "original model byte for byte). With --dequantize, writes a plain float\n"
+    "model any SafeTensors reader loads. OUT defaults to IN without .stz.\n\n"
+    "  -o, --output FILE   where to write\n"
+    "  --dequantize        dequantize quantized tensors (and rebuild SVD ones)\n"
+    "  --dtype D           with --dequantize: dtype of those tensors\n"
+    "  -T, --threads N     threads, 0 = all cores (default)\n"
+    "  -f, --force         replace OUT if it exists\n"
+    "  -q, --quiet         no progress\n"
+    "  -h, --help          this text\n";
+
+enum { O_POLICY = 256, O_INT8, O_INT4, O_LOSSLESS, O_BEST, O_NOEVAL, O_JSON, O_DEQ, O_DTYPE };
+static const struct option opts[] = {
+    {"policy", required_argument, 0, O_POLICY}, {"int8", no_argument, 0, O_INT8},
+    {"int4", no_argument, 0, O_INT4},           {"lossless", no_argument, 0, O_LOSSLESS},
+    {"best", no_argument, 0, O_BEST},           {"no-eval", no_argument, 0, O_NOEVAL},
+    {"json", no_argument, 0, O_JSON},           {"dequantize", no_argument, 0, O_DEQ},
+    {"dtype", required_argument, 0, O_DTYPE},   {"output", required_argument, 0, 'o'},
+    {"threads", required_argument, 0, 'T'},     {"force", no_argument, 0, 'f'},
+    {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0}};
+
+typedef struct {
+    const char *policy, *out;
+    int lossless, best, noeval, json, deq, force, quiet, threads;
+    stz_dtype dtype;
+} popts;
+
+static int parse(const char *cmd, const char *help, int argc, char **argv, popts *o)
+{
+    int c;
+    memset(o, 0, sizeof *o);
+    o->threads = cli_ncores();
+    o->dtype = STZ_DTYPE_COUNT;
+    while ((c = getopt_long(argc, argv, "o:T:fqh", opts, NULL)) != -1) {
+        switch (c) {
+        case O_POLICY: o->policy = optarg; break;
+        case O_INT8: o->policy = "int8"; break;
+        case O_INT4: o->policy = "int4"; break;
+        case O_LOSSLESS: o->lossless = 1; break;
+        case O_BEST: o->best = 1; break;
+        case O_NOEVAL: o->noeval = 1; break;
+        case O_JSON: o->json = 1; break;
+        case O_DEQ: o->deq = 1; break;
+        case O_DTYPE:
+            if (stz_dtype_parse_nocase(optarg, &o->dtype) ||
+                (o->dtype != STZ_DTYPE_BF16 && o->dtype != STZ_DTYPE_F16 && o->dtype != STZ_DTYPE_F32))
+                return cli_usage_error(cmd, "--dtype must be bf16, f16 or f32, not '%s'", optarg);
+            break;
+        case 'o': o->out = optarg; break;
+        case 'T':
+            if ((o->threads = cli_threads(optarg)) < 0)
+                return cli_usage_error(cmd, "-T takes 0..256, not '%s'", optarg);
+            break;
+        case 'f': o->force = 1; break;
+        case 'q': o->quiet = 1; break;
+        case 'h': return fputs(help, stdout), CLI_OK;
+        default: return cli_usage_error(cmd, "unknown option");
+        }
+    }
+    if (optind != argc - 1)
+        return cli_usage_error(cmd, "expected one input file");
+    return -1;
+}
+
+/* What compress does to one file, and the totals over all of them. */
+typedef struct {
+    const popts *o;
+    stz_policy *pol;
+    uint64_t in_bytes, out_bytes;
+    stz_quant_stats qs;   /* summed over files: counts, min cosine, weighted numerator */
+    double wsum, wtot;
+    int files;
+} compress_ctx;
+
+static stz_status compress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, stz_err *err)
+{
+    compress_ctx *c = (compress_ctx *)user;
+    const popts *o = c->o;
+    stz_status s = STZ_OK;
+    tmpfile_t tq = {0};
+    const char *to_pack = in;
+    cli_progress prog;
+    char label[64];
+    if (!o->lossless) {
+        if (cli_tmp_make(&tq, out, "quant"))
+            return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
+        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+        qp.threads = o->threads;
+        qp.write_flags = STZ_WRITE_FORCE; /* over our own empty temporary file */
+        snprintf(label, sizeof label, "compress %d: quantize", c->files + 1);
+        cli_progress_init(&prog, label, o->quiet);
+        qp.progress = cli_progress_cb;
+        qp.progress_user = &prog;
+        stz_quant_stats qs;
+        s = stz_quantize_file(&qp, c->pol, in, tq.path, &qs, err);
+        cli_progress_end(&prog);
+        if (s)
+            goto done;
+        c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
+        c->qs.params += qs.params, c->qs.params_quantized += qs.params_quantized;
+        c->wsum += qs.weighted_cosine * (double)qs.params, c->wtot += (double)qs.params;
+        if (qs.quantized && qs.min_cosine < c->qs.min_cosine) {
+            c->qs.min_cosine = qs.min_cosine;
+            memcpy(c->qs.worst, qs.worst, sizeof qs.worst);
+        }
+        to_pack = tq.path;
+    }
+    if (stz_same_file(in, out)) {
+        s = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+        goto done;
+    }
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    pp.threads = o->threads;
+    pp.level = o->best ? STZ_PACK_BEST : STZ_PACK_FAST;
+    pp.write_flags = o->force ? STZ_WRITE_FORCE : 0;
+    snprintf(label, sizeof label, "compress %d: pack", c->files + 1);
+    cli_progress_init(&prog, label, o->quiet);
+    pp.progress = cli_progress_cb;
+    pp.progress_user = &prog;
+    stz_pack_stats ps;
+    s = stz_pack_file(&pp, to_pack, out, &ps, err);
+    cli_progress_end(&prog);
+    if (s)
+        goto done;
+    struct stat sb;
+    c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    c->out_bytes += ps.out_bytes;
+    c->files++;
+    if (tq.path && mapped) { /* the index lists the quantized names */
+        snprintf(mapped, cap, "%s", tq.path);
+        stz_tmp_untrack(tq.handle); /* the caller removes it */
+        free(tq.path);
+        tq.path = NULL;
+    }
+done:
+    cli_tmp_drop(&tq);
+    return s;
+}
+
+int cmd_compress(int argc, char **argv)
+{
+    popts o;
+    int rc = parse("compress", compress_help, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (!o.policy == !o.lossless)
+        return cli_usage_error("compress", "give one of --policy P, --int8, --int4, --lossless");
+    const char *in = argv[optind];
+    char *out = o.out ? strdup(o.out) : malloc(strlen(in) + 5);
+    if (!o.out)
+        sprintf(out, "%s.stz", in);
+    stz_err err;
+    compress_ctx c = {.o = &o};
+    c.qs.min_cosine = 1;
+    double t0 = cli_now();
+    struct stat sb;
+    int sharded = cli_is_sharded_dir(in);
+    if (!o.lossless && stz_policy_load(&c.pol, o.policy, &err)) {
+        free(out);
+        return cli_fail(&err);
+    }
+    if (sharded) {
+        rc = cli_shards_run(in, out, "", ".stz", !o.lossless, compress_one, &c);
+    } else if (stat(out, &sb) == 0 && !o.force) { /* refuse before the long work */
+        stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
+        rc = cli_fail(&err);
+    } else {
+        rc = compress_one(&c, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
+    }
+    stz_policy_free(c.pol);
+    if (rc != CLI_OK) {
+        free(out);
+        return rc;
+    }
+    double secs = cli_now() - t0, ratio = c.out_bytes ? (double)c.in_bytes / (double)c.out_bytes : 0;
+    double wmean = c.wtot ? c.wsum / c.wtot : 1;
+    int show_eval = !o.lossless && !o.noeval;
+    if (o.json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "input", in);
+        cJSON_AddStringToObject(d, "output", out);
+        cJSON_AddStringToObject(d, "mode", o.lossless ? "lossless" : o.policy);
+        cJSON_AddNumberToObject(d, "files", c.files);
+        cJSON_AddNumberToObject(d, "in_bytes", (double)c.in_bytes);
+        cJSON_AddNumberToObject(d, "out_bytes", (double)c.out_bytes);
+        cJSON_AddNumberToObject(d, "ratio", ratio);
+        cJSON_AddNumberToObject(d, "seconds", secs);
+        if (!o.lossless) {
+            cJSON_AddNumberToObject(d, "tensors_quantized", (double)c.qs.quantized);
+            cJSON_AddNumberToObject(d, "params_quantized_share",
+                                    c.qs.params ? (double)c.qs.params_quantized / (double)c.qs.params : 0);
+        }
+        if (show_eval) {
+            cJSON_AddNumberToObject(d, "weighted_cosine", wmean);
+            cJSON_AddNumberToObject(d, "min_cosine", c.qs.min_cosine);
+            cJSON_AddStringToObject(d, "worst_tensor", c.qs.worst);
+        }
+        rc = cli_print_json(d);
+    } else if (!o.quiet) {
+        char a[32], b[32];
+        printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", in, out, cli_commas(a, c.in_bytes),
+               cli_commas(b, c.out_bytes), ratio, secs, o.lossless ? "lossless, bit-exact" : o.policy,
+               sharded ? ", sharded" : "");
+        if (!o.lossless)
+            printf("%zu of %zu tensors quantized (%.1f%% of parameters)\n", c.qs.quantized, c.qs.tensors,
+                   c.qs.params ? 100.0 * (double)c.qs.params_quantized / (double)c.qs.params : 0);
+        if (show_eval && c.qs.quantized) /* the figures stz eval gives */
+            printf("cosine vs original: weighted mean %.6f, minimum %.6f (%s)\n", wmean, c.qs.min_cosine, c.qs.worst);
+    }
+    free(out);
+    return rc;
+}
+
+/* What decompress does to one file. */
+static stz_status decompress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, stz_err *err)
+{
+    (void)mapped, (void)cap;
+    const popts *o = (const popts *)user;
+    stz_status s;
+    tmpfile_t tu = {0};
+    stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
+    up.threads = o->threads;
+    up.write_flags = o->force ? STZ_WRITE_FORCE : 0;
+    cli_progress prog;
+    cli_progress_init(&prog, o->deq ? "decompress: unpack" : "decompress", o->quiet);
+    up.progress = cli_progress_cb;
+    up.progress_user = &prog;
+    if (!o->deq) {
+        s = stz_unpack_file(&up, in, out, err);
+        cli_progress_end(&prog);
+        return s;
+    }
+    if (cli_tmp_make(&tu, out, "unpacked"))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
+    up.write_flags = STZ_WRITE_FORCE;
+    s = stz_unpack_file(&up, in, tu.path, err);
+    cli_progress_end(&prog);
+    if (!s) {
+        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+        qp.write_flags = o->force ? STZ_WRITE_FORCE : 0;
+        cli_progress_init(&prog, "decompress: dequantize", o->quiet);
+        qp.progress = cli_progress_cb;
+        qp.progress_user = &prog;
+        s = stz_dequantize_file(&qp, tu.path, out, o->dtype, err);
+        cli_progress_end(&prog);
+    }
+    cli_tmp_drop(&tu);
+    return s;
+}
+
+int cmd_decompress(int argc, char **argv)
+{
+    popts o;
+    int rc = parse("decompress", decompress_help, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (o.dtype != STZ_DTYPE_COUNT && !o.deq)
+        return cli_usage_error("decompress", "--dtype needs --dequantize");
+    const char *in = argv[optind];
+    size_t n = strlen(in);
+    char *out = o.out ? strdup(o.out) : n > 4 && !strcmp(in + n - 4, ".stz") ? strndup(in, n - 4) : NULL;
+    if (!out)
+        return cli_usage_error("decompress", "give -o OUT (cannot derive a name from '%s')", in);
+    stz_err err;
+    struct stat sb;
+    if (cli_is_sharded_dir(in)) {
+        rc = cli_shards_run(in, out, ".stz", "", o.deq, decompress_one, &o);
+    } else if (stat(out, &sb) == 0 && !o.force) {
+        stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
+        rc = cli_fail(&err);
+    } else {
+        rc = decompress_one(&o, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
+    }
+    free(out);
+    return rc;
+}
