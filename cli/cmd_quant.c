@@ -31,6 +31,7 @@ static const char quantize_help[] =
     "  -o, --output FILE   where to write (required)\n"
     "  --policy P          policy file or shipped name (see 'stz plan --help')\n"
     "  --int8, --int4      the shipped int8 / int4 policies\n"
+    "  -T, --threads N     OpenBLAS threads for SVD rules, 0 = all cores (default)\n"
     "  -f, --force         replace OUT if it exists\n"
     "  -q, --quiet         no progress, no summary\n"
     "  --json              print the summary as JSON\n"
@@ -53,11 +54,12 @@ static const struct option opts[] = {
     {"int4", no_argument, 0, O_INT4},           {"json", no_argument, 0, O_JSON},
     {"dtype", required_argument, 0, O_DTYPE},   {"output", required_argument, 0, 'o'},
     {"force", no_argument, 0, 'f'},             {"quiet", no_argument, 0, 'q'},
-    {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+    {"threads", required_argument, 0, 'T'},     {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0}};
 
 typedef struct {
     const char *policy, *out;
-    int json, force, quiet;
+    int json, force, quiet, threads;
     stz_dtype dtype;
 } qopts;
 
@@ -66,7 +68,8 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, qopts
     int c;
     memset(o, 0, sizeof *o);
     o->dtype = STZ_DTYPE_COUNT;
-    while ((c = getopt_long(argc, argv, "o:fqh", opts, NULL)) != -1) {
+    o->threads = cli_ncores();
+    while ((c = getopt_long(argc, argv, "o:T:fqh", opts, NULL)) != -1) {
         switch (c) {
         case O_POLICY: o->policy = optarg; break;
         case O_INT8: o->policy = "int8"; break;
@@ -78,6 +81,10 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, qopts
                 return cli_usage_error(cmd, "--dtype must be bf16, f16 or f32, not '%s'", optarg);
             break;
         case 'o': o->out = optarg; break;
+        case 'T':
+            if ((o->threads = cli_threads(optarg)) < 0)
+                return cli_usage_error(cmd, "-T takes 0..256, not '%s'", optarg);
+            break;
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
         case 'h': return fputs(help, stdout), CLI_OK;
@@ -239,6 +246,7 @@ int cmd_quantize(int argc, char **argv)
         return cli_fail(&err);
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
     p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    p.threads = o.threads;
     cli_progress prog;
     cli_progress_init(&prog, "quantize", o.quiet);
     p.progress = cli_progress_cb;

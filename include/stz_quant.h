@@ -54,7 +54,7 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d);
 /* ---- files ----------------------------------------------------------- */
 
 typedef struct {
-    int threads;              /* reserved; quantization runs on one thread */
+    int threads;              /* OpenBLAS threads for SVD; INT8/INT4 run on one thread */
     unsigned write_flags;     /* STZ_WRITE_FORCE */
     stz_progress_fn progress; /* input bytes */
     void *progress_user;
