@@ -25,6 +25,28 @@ struct cJSON;
 /* Prints a JSON document to stdout and frees it; CLI_ERROR if out of memory. */
 int cli_print_json(struct cJSON *doc);
 
+/* Flags shared by the commands, parsed by cli_common_opt. */
+typedef struct {
+    const char *out;  /* -o */
+    int threads;      /* -T (0 = all cores), default all cores */
+    int force, quiet, json;
+    stz_dtype dtype;  /* --dtype bf16|f16|f32, STZ_DTYPE_COUNT if not given */
+} cli_common;
+
+/* getopt_long codes of the shared long-only options. */
+enum { CLI_OPT_JSON = 1000, CLI_OPT_DTYPE };
+#define CLI_COMMON_SHORT "o:T:fqh"
+#define CLI_COMMON_LONG                                                                                  \
+    {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, 'T'},                     \
+        {"force", no_argument, 0, 'f'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'}, \
+        {"json", no_argument, 0, CLI_OPT_JSON}, {"dtype", required_argument, 0, CLI_OPT_DTYPE}
+
+void cli_common_init(cli_common *o);
+/* Handles option c if it is a shared one: returns -1 when handled, an exit
+ * status to return (help printed, or a usage error), or -2 if c is not a
+ * shared option. */
+int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o);
+
 /* "1,234,567" into buf (>= 32 bytes); returns buf. */
 const char *cli_commas(char *buf, uint64_t v);
 /* "988.1 MB" (decimal units) into buf (>= 32 bytes); returns buf. */

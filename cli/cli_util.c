@@ -4,6 +4,7 @@
 #include "stz_quant.h"
 
 #include <cjson/cJSON.h>
+#include <getopt.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -41,6 +42,35 @@ int cli_print_json(cJSON *doc)
     puts(s);
     free(s);
     return CLI_OK;
+}
+
+void cli_common_init(cli_common *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = cli_ncores();
+    o->dtype = STZ_DTYPE_COUNT;
+}
+
+int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o)
+{
+    switch (c) {
+    case 'o': o->out = optarg; return -1;
+    case 'T':
+        if ((o->threads = cli_threads(optarg)) < 0)
+            return cli_usage_error(cmd, "-T takes 0..256, not '%s'", optarg);
+        return -1;
+    case 'f': o->force = 1; return -1;
+    case 'q': o->quiet = 1; return -1;
+    case CLI_OPT_JSON: o->json = 1; return -1;
+    case CLI_OPT_DTYPE:
+        if (stz_dtype_parse_nocase(optarg, &o->dtype) ||
+            (o->dtype != STZ_DTYPE_BF16 && o->dtype != STZ_DTYPE_F16 && o->dtype != STZ_DTYPE_F32))
+            return cli_usage_error(cmd, "--dtype must be bf16, f16 or f32, not '%s'", optarg);
+        return -1;
+    case 'h': return fputs(help, stdout), CLI_OK;
+    case '?': return cli_usage_error(cmd, "unknown option");
+    default: return -2;
+    }
 }
 
 const char *cli_commas(char *buf, uint64_t v)

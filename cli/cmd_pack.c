@@ -42,55 +42,47 @@ static const char verify_help[] =
     "  --json                print results as JSON\n"
     "  -h, --help            this text\n";
 
-enum { O_BEST = 256, O_CHUNK, O_JSON, O_TENSOR };
+enum { O_BEST = 256, O_CHUNK, O_TENSOR };
 
-static const struct option opts[] = {
-    {"output", required_argument, 0, 'o'}, {"best", no_argument, 0, O_BEST},
-    {"threads", required_argument, 0, 'T'}, {"chunk-size", required_argument, 0, O_CHUNK},
-    {"force", no_argument, 0, 'f'},         {"quiet", no_argument, 0, 'q'},
-    {"json", no_argument, 0, O_JSON},       {"tensor", required_argument, 0, O_TENSOR},
-    {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+static const struct option opts[] = {{"best", no_argument, 0, O_BEST},
+                                     {"chunk-size", required_argument, 0, O_CHUNK},
+                                     {"tensor", required_argument, 0, O_TENSOR},
+                                     CLI_COMMON_LONG,
+                                     {0, 0, 0, 0}};
 
 typedef struct {
-    const char *out, *tensor;
-    int best, threads, force, quiet, json;
+    cli_common c;
+    const char *tensor;
+    int best;
     long chunk;
 } pack_opts;
 
-/* Parses the options shared by the three commands; `allowed` lists the
- * long options the command takes. Returns -1 to go on, else an exit code. */
+/* Parses the options of the three commands; `allowed` lists the
+ * command-specific long options it takes. Returns -1 to go on, else an
+ * exit status. */
 static int parse(const char *cmd, const char *help, const char *allowed, int argc, char **argv, pack_opts *o)
 {
-    int c;
+    int c, r;
     memset(o, 0, sizeof *o);
-    o->threads = cli_ncores();
+    cli_common_init(&o->c);
     o->chunk = 1 << 20;
-    while ((c = getopt_long(argc, argv, "o:T:fqh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
         const char *name = c == 'o' ? "output" : c == O_BEST ? "best" : c == O_CHUNK ? "chunk-size"
-                         : c == O_JSON ? "json" : c == O_TENSOR ? "tensor" : "";
+                         : c == CLI_OPT_JSON ? "json" : c == O_TENSOR ? "tensor" : c == CLI_OPT_DTYPE ? "dtype" : "";
         if (*name && !strstr(allowed, name))
             return cli_usage_error(cmd, "--%s does not apply here", name);
-        switch (c) {
-        case 'o': o->out = optarg; break;
-        case O_BEST: o->best = 1; break;
-        case O_CHUNK: {
+        if (c == O_BEST) {
+            o->best = 1;
+        } else if (c == O_TENSOR) {
+            o->tensor = optarg;
+        } else if (c == O_CHUNK) {
             char *end;
             o->chunk = strtol(optarg, &end, 10);
             if (*end || o->chunk < (long)STZ_PACK_MIN_CHUNK || o->chunk > (long)STZ_PACK_MAX_CHUNK || o->chunk % 8)
                 return cli_usage_error(cmd, "--chunk-size takes a multiple of 8 in [%u, %u]", STZ_PACK_MIN_CHUNK,
                                        STZ_PACK_MAX_CHUNK);
-            break;
-        }
-        case 'T':
-            if ((o->threads = cli_threads(optarg)) < 0)
-                return cli_usage_error(cmd, "-T takes 0..256, not '%s'", optarg);
-            break;
-        case 'f': o->force = 1; break;
-        case 'q': o->quiet = 1; break;
-        case O_JSON: o->json = 1; break;
-        case O_TENSOR: o->tensor = optarg; break;
-        case 'h': return fputs(help, stdout), CLI_OK;
-        default: return cli_usage_error(cmd, "unknown option");
+        } else if ((r = cli_common_opt(cmd, help, c, &o->c)) != -1) {
+            return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
         }
     }
     return -1;
@@ -120,14 +112,14 @@ int cmd_pack(int argc, char **argv)
     if (optind != argc - 1)
         return cli_usage_error("pack", "expected one input file");
     const char *in = argv[optind];
-    char *out = o.out ? strdup(o.out) : derive(in, ".stz", 1);
+    char *out = o.c.out ? strdup(o.c.out) : derive(in, ".stz", 1);
     stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
     p.level = o.best ? STZ_PACK_BEST : STZ_PACK_FAST;
-    p.threads = o.threads;
+    p.threads = o.c.threads;
     p.chunk_size = (uint32_t)o.chunk;
-    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
     cli_progress prog;
-    cli_progress_init(&prog, "pack", o.quiet);
+    cli_progress_init(&prog, "pack", o.c.quiet);
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_pack_stats st;
@@ -139,12 +131,12 @@ int cmd_pack(int argc, char **argv)
         return cli_fail(&err);
     }
     double secs = cli_now() - prog.start, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;
-    if (o.json) {
+    if (o.c.json) {
         printf("{\"input\": \"%s\", \"output\": \"%s\", \"in_bytes\": %llu, \"out_bytes\": %llu, \"ratio\": %.4f, "
                "\"chunks\": %llu, \"seconds\": %.3f}\n",
                in, out, (unsigned long long)st.in_bytes, (unsigned long long)st.out_bytes, ratio,
                (unsigned long long)st.chunks, secs);
-    } else if (!o.quiet) {
+    } else if (!o.c.quiet) {
         char a[32], b[32], r[32];
         printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n", in, out, cli_commas(a, st.in_bytes),
                cli_commas(b, st.out_bytes), ratio, secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
@@ -162,14 +154,14 @@ int cmd_unpack(int argc, char **argv)
     if (optind != argc - 1)
         return cli_usage_error("unpack", "expected one input file");
     const char *in = argv[optind];
-    char *out = o.out ? strdup(o.out) : o.tensor ? NULL : derive(in, ".stz", 0);
+    char *out = o.c.out ? strdup(o.c.out) : o.tensor ? NULL : derive(in, ".stz", 0);
     if (!out)
         return cli_usage_error("unpack", "give -o OUT (cannot derive a name from '%s')", in);
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
-    p.threads = o.threads;
-    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    p.threads = o.c.threads;
+    p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
     cli_progress prog;
-    cli_progress_init(&prog, "unpack", o.quiet);
+    cli_progress_init(&prog, "unpack", o.c.quiet);
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_err err;
@@ -188,12 +180,12 @@ int cmd_verify(int argc, char **argv)
     if (optind >= argc)
         return cli_usage_error("verify", "expected at least one file");
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
-    p.threads = o.threads;
+    p.threads = o.c.threads;
     int bad = 0;
-    cJSON *arr = o.json ? cJSON_CreateArray() : NULL;
+    cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
     for (int i = optind; i < argc; i++) {
         cli_progress prog;
-        cli_progress_init(&prog, "verify", o.quiet);
+        cli_progress_init(&prog, "verify", o.c.quiet);
         p.progress = cli_progress_cb;
         p.progress_user = &prog;
         stz_err err;
@@ -211,7 +203,7 @@ int cmd_verify(int argc, char **argv)
             cJSON_AddItemToArray(arr, e);
         } else if (s) {
             cli_fail(&err);
-        } else if (!o.quiet) {
+        } else if (!o.c.quiet) {
             printf("%s: OK\n", argv[i]);
         }
     }

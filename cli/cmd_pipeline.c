@@ -44,30 +44,29 @@ static const char decompress_help[] =
     "  -q, --quiet         no progress\n"
     "  -h, --help          this text\n";
 
-enum { O_POLICY = 256, O_INT8, O_INT4, O_LOSSLESS, O_BEST, O_NOEVAL, O_JSON, O_DEQ, O_DTYPE };
-static const struct option opts[] = {
-    {"policy", required_argument, 0, O_POLICY}, {"int8", no_argument, 0, O_INT8},
-    {"int4", no_argument, 0, O_INT4},           {"lossless", no_argument, 0, O_LOSSLESS},
-    {"best", no_argument, 0, O_BEST},           {"no-eval", no_argument, 0, O_NOEVAL},
-    {"json", no_argument, 0, O_JSON},           {"dequantize", no_argument, 0, O_DEQ},
-    {"dtype", required_argument, 0, O_DTYPE},   {"output", required_argument, 0, 'o'},
-    {"threads", required_argument, 0, 'T'},     {"force", no_argument, 0, 'f'},
-    {"quiet", no_argument, 0, 'q'},             {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0}};
+enum { O_POLICY = 256, O_INT8, O_INT4, O_LOSSLESS, O_BEST, O_NOEVAL, O_DEQ };
+static const struct option opts[] = {{"policy", required_argument, 0, O_POLICY},
+                                     {"int8", no_argument, 0, O_INT8},
+                                     {"int4", no_argument, 0, O_INT4},
+                                     {"lossless", no_argument, 0, O_LOSSLESS},
+                                     {"best", no_argument, 0, O_BEST},
+                                     {"no-eval", no_argument, 0, O_NOEVAL},
+                                     {"dequantize", no_argument, 0, O_DEQ},
+                                     CLI_COMMON_LONG,
+                                     {0, 0, 0, 0}};
 
 typedef struct {
-    const char *policy, *out;
-    int lossless, best, noeval, json, deq, force, quiet, threads;
-    stz_dtype dtype;
+    cli_common c;
+    const char *policy;
+    int lossless, best, noeval, deq;
 } popts;
 
 static int parse(const char *cmd, const char *help, int argc, char **argv, popts *o)
 {
-    int c;
+    int c, r;
     memset(o, 0, sizeof *o);
-    o->threads = cli_ncores();
-    o->dtype = STZ_DTYPE_COUNT;
-    while ((c = getopt_long(argc, argv, "o:T:fqh", opts, NULL)) != -1) {
+    cli_common_init(&o->c);
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
         switch (c) {
         case O_POLICY: o->policy = optarg; break;
         case O_INT8: o->policy = "int8"; break;
@@ -75,22 +74,10 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, popts
         case O_LOSSLESS: o->lossless = 1; break;
         case O_BEST: o->best = 1; break;
         case O_NOEVAL: o->noeval = 1; break;
-        case O_JSON: o->json = 1; break;
         case O_DEQ: o->deq = 1; break;
-        case O_DTYPE:
-            if (stz_dtype_parse_nocase(optarg, &o->dtype) ||
-                (o->dtype != STZ_DTYPE_BF16 && o->dtype != STZ_DTYPE_F16 && o->dtype != STZ_DTYPE_F32))
-                return cli_usage_error(cmd, "--dtype must be bf16, f16 or f32, not '%s'", optarg);
-            break;
-        case 'o': o->out = optarg; break;
-        case 'T':
-            if ((o->threads = cli_threads(optarg)) < 0)
-                return cli_usage_error(cmd, "-T takes 0..256, not '%s'", optarg);
-            break;
-        case 'f': o->force = 1; break;
-        case 'q': o->quiet = 1; break;
-        case 'h': return fputs(help, stdout), CLI_OK;
-        default: return cli_usage_error(cmd, "unknown option");
+        default:
+            if ((r = cli_common_opt(cmd, help, c, &o->c)) != -1)
+                return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
         }
     }
     if (optind != argc - 1)
@@ -121,10 +108,10 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
         if (cli_tmp_make(&tq, out, "quant"))
             return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
-        qp.threads = o->threads;
+        qp.threads = o->c.threads;
         qp.write_flags = STZ_WRITE_FORCE; /* over our own empty temporary file */
         snprintf(label, sizeof label, "compress %d: quantize", c->files + 1);
-        cli_progress_init(&prog, label, o->quiet);
+        cli_progress_init(&prog, label, o->c.quiet);
         qp.progress = cli_progress_cb;
         qp.progress_user = &prog;
         stz_quant_stats qs;
@@ -146,11 +133,11 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
         goto done;
     }
     stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
-    pp.threads = o->threads;
+    pp.threads = o->c.threads;
     pp.level = o->best ? STZ_PACK_BEST : STZ_PACK_FAST;
-    pp.write_flags = o->force ? STZ_WRITE_FORCE : 0;
+    pp.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
     snprintf(label, sizeof label, "compress %d: pack", c->files + 1);
-    cli_progress_init(&prog, label, o->quiet);
+    cli_progress_init(&prog, label, o->c.quiet);
     pp.progress = cli_progress_cb;
     pp.progress_user = &prog;
     stz_pack_stats ps;
@@ -182,8 +169,8 @@ int cmd_compress(int argc, char **argv)
     if (!o.policy == !o.lossless)
         return cli_usage_error("compress", "give one of --policy P, --int8, --int4, --lossless");
     const char *in = argv[optind];
-    char *out = o.out ? strdup(o.out) : malloc(strlen(in) + 5);
-    if (!o.out)
+    char *out = o.c.out ? strdup(o.c.out) : malloc(strlen(in) + 5);
+    if (!o.c.out)
         sprintf(out, "%s.stz", in);
     stz_err err;
     compress_ctx c = {.o = &o};
@@ -197,7 +184,7 @@ int cmd_compress(int argc, char **argv)
     }
     if (sharded) {
         rc = cli_shards_run(in, out, "", ".stz", !o.lossless, compress_one, &c);
-    } else if (stat(out, &sb) == 0 && !o.force) { /* refuse before the long work */
+    } else if (stat(out, &sb) == 0 && !o.c.force) { /* refuse before the long work */
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
@@ -211,7 +198,7 @@ int cmd_compress(int argc, char **argv)
     double secs = cli_now() - t0, ratio = c.out_bytes ? (double)c.in_bytes / (double)c.out_bytes : 0;
     double wmean = c.wtot ? c.wsum / c.wtot : 1;
     int show_eval = !o.lossless && !o.noeval;
-    if (o.json) {
+    if (o.c.json) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "input", in);
         cJSON_AddStringToObject(d, "output", out);
@@ -232,7 +219,7 @@ int cmd_compress(int argc, char **argv)
             cJSON_AddStringToObject(d, "worst_tensor", c.qs.worst);
         }
         rc = cli_print_json(d);
-    } else if (!o.quiet) {
+    } else if (!o.c.quiet) {
         char a[32], b[32];
         printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", in, out, cli_commas(a, c.in_bytes),
                cli_commas(b, c.out_bytes), ratio, secs, o.lossless ? "lossless, bit-exact" : o.policy,
@@ -255,10 +242,10 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     stz_status s;
     tmpfile_t tu = {0};
     stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
-    up.threads = o->threads;
-    up.write_flags = o->force ? STZ_WRITE_FORCE : 0;
+    up.threads = o->c.threads;
+    up.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
     cli_progress prog;
-    cli_progress_init(&prog, o->deq ? "decompress: unpack" : "decompress", o->quiet);
+    cli_progress_init(&prog, o->deq ? "decompress: unpack" : "decompress", o->c.quiet);
     up.progress = cli_progress_cb;
     up.progress_user = &prog;
     if (!o->deq) {
@@ -273,11 +260,11 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     cli_progress_end(&prog);
     if (!s) {
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
-        qp.write_flags = o->force ? STZ_WRITE_FORCE : 0;
-        cli_progress_init(&prog, "decompress: dequantize", o->quiet);
+        qp.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
+        cli_progress_init(&prog, "decompress: dequantize", o->c.quiet);
         qp.progress = cli_progress_cb;
         qp.progress_user = &prog;
-        s = stz_dequantize_file(&qp, tu.path, out, o->dtype, err);
+        s = stz_dequantize_file(&qp, tu.path, out, o->c.dtype, err);
         cli_progress_end(&prog);
     }
     cli_tmp_drop(&tu);
@@ -290,18 +277,18 @@ int cmd_decompress(int argc, char **argv)
     int rc = parse("decompress", decompress_help, argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (o.dtype != STZ_DTYPE_COUNT && !o.deq)
+    if (o.c.dtype != STZ_DTYPE_COUNT && !o.deq)
         return cli_usage_error("decompress", "--dtype needs --dequantize");
     const char *in = argv[optind];
     size_t n = strlen(in);
-    char *out = o.out ? strdup(o.out) : n > 4 && !strcmp(in + n - 4, ".stz") ? strndup(in, n - 4) : NULL;
+    char *out = o.c.out ? strdup(o.c.out) : n > 4 && !strcmp(in + n - 4, ".stz") ? strndup(in, n - 4) : NULL;
     if (!out)
         return cli_usage_error("decompress", "give -o OUT (cannot derive a name from '%s')", in);
     stz_err err;
     struct stat sb;
     if (cli_is_sharded_dir(in)) {
         rc = cli_shards_run(in, out, ".stz", "", o.deq, decompress_one, &o);
-    } else if (stat(out, &sb) == 0 && !o.force) {
+    } else if (stat(out, &sb) == 0 && !o.c.force) {
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {

@@ -48,48 +48,30 @@ static const char dequantize_help[] =
     "  -q, --quiet         no progress\n"
     "  -h, --help          this text\n";
 
-enum { O_POLICY = 256, O_INT8, O_INT4, O_JSON, O_DTYPE };
-static const struct option opts[] = {
-    {"policy", required_argument, 0, O_POLICY}, {"int8", no_argument, 0, O_INT8},
-    {"int4", no_argument, 0, O_INT4},           {"json", no_argument, 0, O_JSON},
-    {"dtype", required_argument, 0, O_DTYPE},   {"output", required_argument, 0, 'o'},
-    {"force", no_argument, 0, 'f'},             {"quiet", no_argument, 0, 'q'},
-    {"threads", required_argument, 0, 'T'},     {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0}};
+enum { O_POLICY = 256, O_INT8, O_INT4 };
+static const struct option opts[] = {{"policy", required_argument, 0, O_POLICY},
+                                     {"int8", no_argument, 0, O_INT8},
+                                     {"int4", no_argument, 0, O_INT4},
+                                     CLI_COMMON_LONG,
+                                     {0, 0, 0, 0}};
 
 typedef struct {
-    const char *policy, *out;
-    int json, force, quiet, threads;
-    stz_dtype dtype;
+    cli_common c;
+    const char *policy;
 } qopts;
 
 static int parse(const char *cmd, const char *help, int argc, char **argv, qopts *o)
 {
-    int c;
+    int c, r;
     memset(o, 0, sizeof *o);
-    o->dtype = STZ_DTYPE_COUNT;
-    o->threads = cli_ncores();
-    while ((c = getopt_long(argc, argv, "o:T:fqh", opts, NULL)) != -1) {
-        switch (c) {
-        case O_POLICY: o->policy = optarg; break;
-        case O_INT8: o->policy = "int8"; break;
-        case O_INT4: o->policy = "int4"; break;
-        case O_JSON: o->json = 1; break;
-        case O_DTYPE:
-            if (stz_dtype_parse_nocase(optarg, &o->dtype) ||
-                (o->dtype != STZ_DTYPE_BF16 && o->dtype != STZ_DTYPE_F16 && o->dtype != STZ_DTYPE_F32))
-                return cli_usage_error(cmd, "--dtype must be bf16, f16 or f32, not '%s'", optarg);
-            break;
-        case 'o': o->out = optarg; break;
-        case 'T':
-            if ((o->threads = cli_threads(optarg)) < 0)
-                return cli_usage_error(cmd, "-T takes 0..256, not '%s'", optarg);
-            break;
-        case 'f': o->force = 1; break;
-        case 'q': o->quiet = 1; break;
-        case 'h': return fputs(help, stdout), CLI_OK;
-        default: return cli_usage_error(cmd, "unknown option");
-        }
+    cli_common_init(&o->c);
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+        if (c == O_POLICY)
+            o->policy = optarg;
+        else if (c == O_INT8 || c == O_INT4)
+            o->policy = c == O_INT8 ? "int8" : "int4";
+        else if ((r = cli_common_opt(cmd, help, c, &o->c)) != -1)
+            return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
     }
     if (optind != argc - 1)
         return cli_usage_error(cmd, "expected one input file");
@@ -142,8 +124,8 @@ int cmd_plan(int argc, char **argv)
     for (size_t i = 0; i < nt; i++)
         w = strlen(stz_reader_tensor(r, i)->name) > w ? strlen(stz_reader_tensor(r, i)->name) : w;
     w = w > 60 ? 60 : w;
-    cJSON *arr = o.json ? cJSON_CreateArray() : NULL;
-    if (!o.json)
+    cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
+    if (!o.c.json)
         printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, "name", "dtype", "rule", "action", "bytes",
                "after", "note");
     char a[32], b[32], lab[64], rule[16];
@@ -238,31 +220,31 @@ int cmd_quantize(int argc, char **argv)
         return rc;
     if (!o.policy)
         return cli_usage_error("quantize", "give --policy P, --int8 or --int4");
-    if (!o.out)
+    if (!o.c.out)
         return cli_usage_error("quantize", "missing -o OUT");
     stz_err err;
     stz_policy *pol;
     if (stz_policy_load(&pol, o.policy, &err))
         return cli_fail(&err);
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
-    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
-    p.threads = o.threads;
+    p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
+    p.threads = o.c.threads;
     cli_progress prog;
-    cli_progress_init(&prog, "quantize", o.quiet);
+    cli_progress_init(&prog, "quantize", o.c.quiet);
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_quant_stats st;
-    stz_status s = stz_quantize_file(&p, pol, argv[optind], o.out, &st, &err);
+    stz_status s = stz_quantize_file(&p, pol, argv[optind], o.c.out, &st, &err);
     cli_progress_end(&prog);
     stz_policy_free(pol);
     if (s)
         return cli_fail(&err);
     double secs = cli_now() - prog.start, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;
     char a[32], b[32], r[32];
-    if (o.json) {
+    if (o.c.json) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "input", argv[optind]);
-        cJSON_AddStringToObject(d, "output", o.out);
+        cJSON_AddStringToObject(d, "output", o.c.out);
         cJSON_AddNumberToObject(d, "in_bytes", (double)st.in_bytes);
         cJSON_AddNumberToObject(d, "out_bytes", (double)st.out_bytes);
         cJSON_AddNumberToObject(d, "ratio", ratio);
@@ -272,10 +254,10 @@ int cmd_quantize(int argc, char **argv)
         cJSON_AddNumberToObject(d, "seconds", secs);
         return cli_print_json(d);
     }
-    if (!o.quiet)
+    if (!o.c.quiet)
         printf("%s -> %s: %s -> %s bytes (%.3fx), %zu of %zu tensors quantized (%.1f%% of parameters) in %.2f s, "
                "%s/s\n",
-               argv[optind], o.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized,
+               argv[optind], o.c.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized,
                st.tensors, st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0, secs,
                cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
     return CLI_OK;
@@ -287,16 +269,16 @@ int cmd_dequantize(int argc, char **argv)
     int rc = parse("dequantize", dequantize_help, argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (!o.out)
+    if (!o.c.out)
         return cli_usage_error("dequantize", "missing -o OUT");
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
-    p.write_flags = o.force ? STZ_WRITE_FORCE : 0;
+    p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
     cli_progress prog;
-    cli_progress_init(&prog, "dequantize", o.quiet);
+    cli_progress_init(&prog, "dequantize", o.c.quiet);
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_err err;
-    stz_status s = stz_dequantize_file(&p, argv[optind], o.out, o.dtype, &err);
+    stz_status s = stz_dequantize_file(&p, argv[optind], o.c.out, o.c.dtype, &err);
     cli_progress_end(&prog);
     return s ? cli_fail(&err) : CLI_OK;
 }
