@@ -901,6 +901,7 @@ struct stz_qmodel {
     qinfo *qi;         /* per reader tensor */
     stz_qtensor *list; /* listed tensors */
     size_t *idx;       /* reader index of each listed tensor */
+    long *pos;         /* list index of each reader tensor, -1 if not listed */
     size_t n;
     uint8_t *scratch;
     size_t scratch_cap;
@@ -921,13 +922,16 @@ stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
     m->qi = calloc(nt + 1, sizeof *m->qi);
     m->list = calloc(nt + 1, sizeof *m->list);
     m->idx = calloc(nt + 1, sizeof *m->idx);
+    m->pos = malloc((nt + 1) * sizeof *m->pos);
     skip = calloc(nt + 1, 1);
-    if (!m->qi || !m->list || !m->idx || !skip) {
+    if (!m->qi || !m->list || !m->idx || !m->pos || !skip) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
         goto fail;
     }
     if ((st = scan_quantized(m->r, m->qi, skip, &maxcols, err)))
         goto fail;
+    for (size_t i = 0; i < nt; i++)
+        m->pos[i] = -1;
     for (size_t i = 0; i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(m->r, i);
         const qinfo *q = &m->qi[i];
@@ -948,6 +952,7 @@ stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
             e->rows = e->cols ? t->numel / e->cols : 0;
             e->stored_bytes = t->end - t->begin;
         }
+        m->pos[i] = (long)m->n;
         m->idx[m->n++] = i;
     }
     free(skip);
@@ -969,6 +974,7 @@ void stz_qmodel_free(stz_qmodel *m)
     free(m->qi);
     free(m->list);
     free(m->idx);
+    free(m->pos);
     free(m->scratch);
     free(m);
 }
@@ -979,8 +985,13 @@ const stz_reader *stz_qmodel_reader(const stz_qmodel *m) { return m->r; }
 
 long stz_qmodel_find(const stz_qmodel *m, const char *name)
 {
-    for (size_t i = 0; i < m->n; i++) /* a few hundred to a few thousand entries */
-        if (!strcmp(m->list[i].name, name))
+    /* a tensor of the file under that name (plain, or the values of an
+     * INT8/INT4 entry): O(log n); SVD entries have no such tensor: scan */
+    long ri = stz_reader_find(m->r, name);
+    if (ri >= 0 && m->pos[ri] >= 0 && !strcmp(m->list[m->pos[ri]].name, name))
+        return m->pos[ri];
+    for (size_t i = 0; i < m->n; i++)
+        if (m->list[i].bits && !strcmp(m->list[i].name, name))
             return (long)i;
     return -1;
 }
