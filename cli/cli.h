@@ -70,8 +70,6 @@ double cli_now(void);
 int cli_threads(const char *s);
 int cli_ncores(void);
 
-/* Refuses an output that is one of the inputs, even with --force. */
-int cli_check_not_input(const char *out, const char *in);
 
 /* An intermediate file next to `out` (".OUT.WHAT-XXXXXX"), created empty and
  * tracked so that signals remove it; cli_tmp_drop removes it. */

@@ -158,16 +158,6 @@ int cli_threads(const char *s)
     return v == 0 ? cli_ncores() : (int)v;
 }
 
-int cli_check_not_input(const char *out, const char *in)
-{
-    if (stz_same_file(out, in)) {
-        stz_err e;
-        stz_err_set(&e, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
-        return cli_fail(&e);
-    }
-    return CLI_OK;
-}
-
 /* A temporary name next to `out` for an intermediate file; tracked. */
 int cli_tmp_make(tmpfile_t *t, const char *out, const char *what)
 {

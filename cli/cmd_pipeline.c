@@ -104,6 +104,9 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     const char *to_pack = in;
     cli_progress prog;
     char label[64];
+    /* before the long work; pack would only see the temporary file */
+    if ((s = stz_refuse_input_as_output(in, out, err)))
+        return s;
     if (!o->lossless) {
         if (cli_tmp_make(&tq, out, "quant"))
             return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
@@ -127,10 +130,6 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
             memcpy(c->qs.worst, qs.worst, sizeof qs.worst);
         }
         to_pack = tq.path;
-    }
-    if (stz_same_file(in, out)) {
-        s = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
-        goto done;
     }
     stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
     pp.threads = o->c.threads;

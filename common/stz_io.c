@@ -172,6 +172,13 @@ void stz_tmp_cleanup_all(void)
     }
 }
 
+stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *err)
+{
+    if (stz_same_file(in, out))
+        return stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+    return STZ_OK;
+}
+
 stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err)
 {
     struct stat st;

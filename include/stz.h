@@ -134,6 +134,8 @@ void stz_tmp_untrack(int handle);
 
 /* 1 if a and b name the same existing file (same device and inode), else 0. */
 int stz_same_file(const char *a, const char *b);
+/* STZ_E_EXISTS ("output is the input file") if out is in, else STZ_OK. */
+stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *err);
 
 #ifdef __cplusplus
 }

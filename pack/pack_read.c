@@ -394,10 +394,8 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
             if (c->chunks[i].tensor == (uint32_t)ti)
                 sel[nsel++] = i;
     }
-    if (out && stz_same_file(in, out)) {
-        st = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+    if (out && (st = stz_refuse_input_as_output(in, out, err)))
         goto cleanup;
-    }
     if (out && (st = stz_outfile_open(&of, out, p->write_flags & STZ_WRITE_FORCE, err)))
         goto cleanup;
     if ((st = run_decode(p, c, sel, nsel, out ? &of : NULL, err)))

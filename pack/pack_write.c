@@ -201,9 +201,9 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
     stz_status st;
     if ((st = stz_reader_open(&c.r, in, err)))
         return st;
-    if (stz_same_file(in, out)) {
+    if ((st = stz_refuse_input_as_output(in, out, err))) {
         stz_reader_free(c.r);
-        return stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+        return st;
     }
     c.tb = calloc((size_t)p->threads, sizeof *c.tb);
     if (!c.tb) {

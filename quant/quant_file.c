@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define META_PREFIX "stz.quant."
 #define BATCH_BYTES (4u << 20) /* input bytes converted at a time */
@@ -205,15 +206,15 @@ static void use_fallback(plan_t *x, const char *why)
     x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
 }
 
-/* Cosine of the tensor rebuilt from the INT8 factors, as readers see it. */
-static stz_status svd_quality(const stz_reader *r, const stz_tensor *t, plan_t *x, stz_err *err)
+/* Cosine of W (m x n) against the tensor rebuilt from x's INT8 factors,
+ * as readers will see it. */
+static stz_status svd_quality(const float *W, plan_t *x, stz_err *err)
 {
-    size_t m = (size_t)x->rows, n = (size_t)x->cols, k = x->rank, esz = stz_dtype_bits(t->dtype) / 8;
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, k = x->rank;
     float *U = malloc(m * k * sizeof *U), *S = malloc(k * sizeof *S), *V = malloc(k * n * sizeof *V);
-    float *Wr = malloc(m * n * sizeof *Wr), *W = malloc(m * n * sizeof *W);
-    uint8_t *raw = malloc(m * n * esz + 1);
-    stz_status st = U && S && V && Wr && W && raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)) && !(st = stz_to_f32(t->dtype, raw, m * n, W, err))) {
+    float *Wr = malloc(m * n * sizeof *Wr);
+    stz_status st = U && S && V && Wr ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!st) {
         for (size_t i = 0; i < m; i++)
             stz_q8_dequantize_ref(x->Uq + i * k, x->Us + i, k, k, U + i * k);
         for (size_t i = 0; i < k; i++)
@@ -228,7 +229,7 @@ static stz_status svd_quality(const stz_reader *r, const stz_tensor *t, plan_t *
         stz_metrics_add(&acc, W, Wr, m * n);
         x->cosine = stz_metrics_finish(&acc).cosine;
     }
-    free(U), free(S), free(V), free(Wr), free(W), free(raw);
+    free(U), free(S), free(V), free(Wr);
     return st;
 }
 
@@ -241,11 +242,9 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
     stz_decision fb = x->d;
     fb.action = x->d.fallback;
     uint64_t fbytes = stz_quant_bytes(t, &fb);
-    if (x->d.svd_rank >= k || svd_bytes(m, n, x->d.svd_rank) >= fbytes) {
-        if (x->d.svd_rank) {
-            use_fallback(x, "SVD factors at this rank would not be smaller: fallback");
-            return STZ_OK;
-        }
+    if (x->d.svd_rank && (x->d.svd_rank >= k || svd_bytes(m, n, x->d.svd_rank) >= fbytes)) {
+        use_fallback(x, "SVD factors at this rank would not be smaller: fallback");
+        return STZ_OK;
     }
     uint8_t *raw = malloc(m * n * esz + 1);
     float *W = malloc(m * n * sizeof *W + 1);
@@ -258,8 +257,7 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
         if (!isfinite(W[i])) {
             if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
                 x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
-                free(W);
-                return STZ_OK;
+                goto done;
             }
             st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': element %zu is %s; SVD needs finite values",
                              stz_reader_path(r), t->name, i, isnan(W[i]) ? "NaN" : "infinite");
@@ -271,21 +269,19 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
     stz_err sub;
     if (!st && (st = stz_svd_factor(W, m, n, &sp, &f, &sub)))
         st = stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(r), t->name, sub.msg);
-    free(W);
     if (st)
-        return st;
+        goto done;
     if (f.rank >= k || svd_bytes(m, n, f.rank) >= fbytes) {
         use_fallback(x, "SVD factors at the chosen rank would not be smaller: fallback");
-        stz_svd_result_free(&f);
-        return STZ_OK;
+        goto done;
     }
     size_t rk = f.rank;
     x->rank = rk, x->rel_error = f.rel_error;
     x->Uq = malloc(m * rk), x->Us = malloc(m * sizeof(float)), x->Sq = malloc(rk);
     x->Vq = malloc(rk * n), x->Vs = malloc(rk * sizeof(float));
     if (!x->Uq || !x->Us || !x->Sq || !x->Vq || !x->Vs) {
-        stz_svd_result_free(&f);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors of '%s'", t->name);
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors of '%s'", t->name);
+        goto done;
     }
     /* one scale per row of U and of Vh, one for S */
     for (size_t i = 0; i < m; i++)
@@ -293,8 +289,11 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
     for (size_t i = 0; i < rk; i++)
         stz_q8_quantize_ref(f.Vh + i * n, n, n, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Vq + i * n, x->Vs + i);
     stz_q8_quantize_ref(f.S, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Sq, &x->s_scale);
+    st = svd_quality(W, x, err);
+done:
     stz_svd_result_free(&f);
-    if ((st = svd_quality(r, t, x, err)))
+    free(W);
+    if (st || !x->svd)
         return st;
     for (int j = 0; j < 5; j++) {
         size_t len = strlen(t->name) + 16;
@@ -392,10 +391,8 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
     stz_status st;
     if ((st = stz_reader_open(&r, in, err)))
         return st;
-    if (stz_same_file(in, out)) {
-        st = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+    if ((st = stz_refuse_input_as_output(in, out, err)))
         goto cleanup;
-    }
     nt = stz_reader_count(r);
     pl = calloc(nt + 1, sizeof *pl);
     if (!pl) {
@@ -531,11 +528,8 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
             }
         }
         stats->weighted_cosine = wtot ? wsum / wtot : 1;
-        stz_reader *o;
-        if (stz_reader_open(&o, out, NULL) == STZ_OK) {
-            stats->out_bytes = stz_reader_file_size(o);
-            stz_reader_free(o);
-        }
+        struct stat sb;
+        stats->out_bytes = stat(out, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     }
 cleanup:
     stz_writer_free(w);
@@ -828,10 +822,8 @@ stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const 
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
         goto cleanup;
     }
-    if (stz_same_file(in, out)) {
-        st = stz_err_set(err, STZ_E_EXISTS, "%s: output is the input file; refusing to write over it", out);
+    if ((st = stz_refuse_input_as_output(in, out, err)))
         goto cleanup;
-    }
     if ((st = scan_quantized(r, qi, skip, &maxcols, err)))
         goto cleanup;
     size_t elems = BATCH_BYTES / 8 > maxcols ? BATCH_BYTES / 8 : maxcols;
