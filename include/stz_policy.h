@@ -45,6 +45,8 @@ typedef struct {
     uint32_t svd_rank;
     double svd_energy, svd_max_error;
     int svd_randomized;      /* method "randomized" (default "exact") */
+    uint32_t svd_power_iters; /* randomized: power iterations q (default 1) */
+    uint32_t svd_oversample;  /* randomized: extra sketch columns (default 10) */
     stz_action fallback;     /* when factors would not be smaller: keep, int8 (default) or int4 */
     int rule;                /* index of the deciding rule, -1 for the default */
     const char *reason;      /* static text when the action was overridden, else NULL */

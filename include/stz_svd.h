@@ -3,8 +3,9 @@
  *
  * W is m x n, row-major F32. Exact: LAPACK sgesdd. Randomized (Halko,
  * Martinsson, Tropp 2011): a seeded Gaussian test matrix with oversampling,
- * q power iterations re-orthonormalised by QR (sgeqrf + sorgqr), then the
- * SVD of the small projected matrix. The rank is given, or the smallest that
+ * q power iterations, each step renormalised by LU (sgetrf), the last basis
+ * made orthonormal by QR (sgeqrf + sorgqr), then the SVD of the small
+ * projected matrix. The rank is given, or the smallest that
  * keeps `energy` of the squared singular values, or the smallest whose
  * relative Frobenius error is at most `max_error`.
  */
@@ -25,12 +26,12 @@ typedef struct {
     double energy;     /* in (0, 1]: keep this share of sum(S^2) */
     double max_error;  /* in [0, 1): ||W - W_r||_F / ||W||_F at most this */
     size_t oversample; /* randomized: extra columns (default 10) */
-    int power_iters;   /* randomized: q (default 2) */
+    int power_iters;   /* randomized: q (default 1) */
     uint64_t seed;
     int threads;       /* OpenBLAS threads, >= 1 */
 } stz_svd_params;
 
-#define STZ_SVD_PARAMS_DEFAULT {STZ_SVD_EXACT, 0, 0, 0, 10, 2, 1, 1}
+#define STZ_SVD_PARAMS_DEFAULT {STZ_SVD_EXACT, 0, 0, 0, 10, 1, 1, 1}
 
 typedef struct {
     size_t m, n, rank;

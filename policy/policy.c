@@ -36,7 +36,7 @@ static stz_decision default_decision(void)
 {
     return (stz_decision){.action = STZ_ACTION_KEEP, .block_size = 128, .scale_dtype = STZ_DTYPE_F16,
                           .method = STZ_QMETHOD_ABSMAX, .nonfinite = STZ_NONFINITE_ERROR,
-                          .fallback = STZ_ACTION_INT8, .rule = -1};
+                          .svd_power_iters = 1, .svd_oversample = 10, .fallback = STZ_ACTION_INT8, .rule = -1};
 }
 
 /* Error for rule `i` (or the default when i < 0). */
@@ -65,7 +65,8 @@ static int whole_in(const cJSON *v, double lo, double hi, double *out)
 static stz_status parse_action(stz_policy *p, int where, const char *pat, const cJSON *o, stz_decision *d, rule *r,
                                stz_err *err)
 {
-    const char *svd_key = NULL; /* an SVD-only key, checked against the action */
+    const char *svd_key = NULL;  /* an SVD-only key, checked against the action */
+    const char *rand_key = NULL; /* a key of the randomized method only */
     for (const cJSON *k = o->child; k; k = k->next) {
         const char *key = k->string;
         double v;
@@ -139,6 +140,13 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             if (!cJSON_IsNumber(k) || !(k->valuedouble > 0 && k->valuedouble < 1))
                 return perr(err, p, where, pat, "max_error must be a number in (0, 1)", NULL, NULL);
             d->svd_max_error = k->valuedouble, svd_key = key;
+        } else if (!strcmp(key, "power_iters") || !strcmp(key, "oversample")) {
+            int q = key[0] == 'p';
+            if (!whole_in(k, 0, q ? 16 : 1024, &v))
+                return perr(err, p, where, pat, q ? "power_iters must be a whole number in [0, 16]"
+                                                  : "oversample must be a whole number in [0, 1024]", NULL, NULL);
+            *(q ? &d->svd_power_iters : &d->svd_oversample) = (uint32_t)v;
+            svd_key = rand_key = key;
         } else if (!strcmp(key, "fallback")) {
             if (cJSON_IsString(k) && !strcmp(k->valuestring, "keep"))
                 d->fallback = STZ_ACTION_KEEP;
@@ -160,6 +168,8 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
     if (d->action == STZ_ACTION_SVD &&
         (d->svd_rank > 0) + (d->svd_energy > 0) + (d->svd_max_error > 0) != 1)
         return perr(err, p, where, pat, "action 'svd' needs exactly one of rank, energy, max_error", NULL, NULL);
+    if (rand_key && !d->svd_randomized)
+        return perr(err, p, where, pat, "'%s' applies to method \"randomized\" only", rand_key, NULL);
     return STZ_OK;
 }
 

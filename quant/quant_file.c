@@ -265,6 +265,7 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
     stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
     sp.method = x->d.svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
     sp.rank = x->d.svd_rank, sp.energy = x->d.svd_energy, sp.max_error = x->d.svd_max_error;
+    sp.power_iters = (int)x->d.svd_power_iters, sp.oversample = x->d.svd_oversample;
     sp.threads = p->threads;
     stz_err sub;
     if (!st && (st = stz_svd_factor(W, m, n, &sp, &f, &sub)))
@@ -320,6 +321,10 @@ static stz_status declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *
     cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
     cJSON_AddStringToObject(o, "method", "svd");
     cJSON_AddStringToObject(o, "svd_method", x->d.svd_randomized ? "randomized" : "exact");
+    if (x->d.svd_randomized) {
+        cJSON_AddNumberToObject(o, "power_iters", x->d.svd_power_iters);
+        cJSON_AddNumberToObject(o, "oversample", x->d.svd_oversample);
+    }
     cJSON_AddNumberToObject(o, "bits", 8);
     cJSON_AddNumberToObject(o, "rank", (double)rk);
     cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));

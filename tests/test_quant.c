@@ -272,6 +272,33 @@ static void test_policy_errors(void **state)
                         "fallback must be", NULL);
     expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int8\", \"method\": \"randomized\"}]}",
                         "'method' applies to the svd action", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"power_iters\": 2}]}",
+                        "'power_iters' applies to method \"randomized\"", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
+                        "\"power_iters\": 17}]}", "power_iters must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
+                        "\"oversample\": -1}]}", "oversample must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int4\", \"oversample\": 5}]}",
+                        "'oversample' applies to the svd action", NULL);
+}
+
+static void test_policy_randomized_keys(void **state)
+{
+    (void)state;
+    static const char json[] = "{\"rules\": [{\"match\": \"a\", \"action\": \"svd\", \"rank\": 8, \"oversample\": 0, "
+                               "\"method\": \"randomized\", \"power_iters\": 3}, "
+                               "{\"match\": \"b\", \"action\": \"svd\", \"rank\": 8, \"method\": \"randomized\"}]}";
+    stz_policy *p;
+    stz_err err;
+    assert_int_equal(stz_policy_parse(&p, json, sizeof json - 1, "t", &err), STZ_OK);
+    uint64_t sq[2] = {64, 64};
+    stz_tensor t = mk("a", STZ_DTYPE_F32, 2, sq);
+    stz_decision d = stz_policy_decide(p, &t);
+    assert_true(d.svd_randomized && d.svd_power_iters == 3 && d.svd_oversample == 0);
+    t = mk("b", STZ_DTYPE_F32, 2, sq);
+    d = stz_policy_decide(p, &t);
+    assert_true(d.svd_randomized && d.svd_power_iters == 1 && d.svd_oversample == 10); /* the defaults */
+    stz_policy_free(p);
 }
 
 static void test_builtin_policies(void **state)
@@ -513,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_policy_matching),
         cmocka_unit_test(test_policy_errors),
         cmocka_unit_test(test_builtin_policies),
+        cmocka_unit_test(test_policy_randomized_keys),
         cmocka_unit_test(test_file_roundtrip),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_shared_f32),

@@ -74,25 +74,34 @@ static void test_known_spectrum(void **state)
         for (size_t i = 0; i < k; i++)
             s[i] = pow(0.85, (double)i) * 10, total += s[i] * s[i];
         float *W = with_spectrum(m, n, s, k);
-        for (size_t r = 1; r < k; r += 7) {
-            stz_svd_params p = STZ_SVD_PARAMS_DEFAULT;
-            p.rank = r;
-            stz_svd_result res;
-            stz_err err;
-            assert_int_equal(stz_svd_factor(W, m, n, &p, &res, &err), STZ_OK);
-            assert_int_equal(res.rank, r);
-            double dropped = 0;
-            for (size_t i = r; i < k; i++)
-                dropped += s[i] * s[i];
-            /* squared error = sum of the dropped squared singular values */
-            double want = sqrt(dropped / total), got = rel_err(W, &res, m, n);
-            if (fabs(got - want) > 1e-3 * want + 1e-5)
-                fail_msg("%zux%zu rank %zu: error %.6f, dropped spectrum says %.6f", m, n, r, got, want);
-            assert_true(fabs(res.rel_error - want) < 1e-3 * want + 1e-5);
-            for (size_t i = 0; i < r; i++)
-                assert_true(fabs(res.S[i] - s[i]) < 1e-3 * s[0]);
-            stz_svd_result_free(&res);
-        }
+        /* exact, and randomized with 3 power iterations: without the
+         * renormalisation of each step (s_0 / s_39)^7 ~ 1e19 would leave
+         * nothing but the first singular direction in float */
+        for (size_t r = 1; r < k; r += 7)
+            for (int meth = 0; meth < 2; meth++) {
+                stz_svd_params p = STZ_SVD_PARAMS_DEFAULT;
+                p.rank = r, p.method = (stz_svd_method)meth, p.power_iters = 3;
+                stz_svd_result res;
+                stz_err err;
+                assert_int_equal(stz_svd_factor(W, m, n, &p, &res, &err), STZ_OK);
+                assert_int_equal(res.rank, r);
+                double dropped = 0;
+                for (size_t i = r; i < k; i++)
+                    dropped += s[i] * s[i];
+                /* squared error = sum of the dropped squared singular values */
+                double want = sqrt(dropped / total), got = rel_err(W, &res, m, n);
+                if (fabs(got - want) > 1e-3 * want + 1e-5)
+                    fail_msg("%zux%zu rank %zu method %d: error %.6f, dropped spectrum says %.6f", m, n, r, meth, got, want);
+                /* exact sums the dropped spectrum; randomized has only the kept
+                 * one, so its estimate ||W||^2 - sum(kept S^2) is as good as
+                 * float S: about 1e-6 of the total energy */
+                if (meth ? fabs(res.rel_error * res.rel_error - want * want) > 1e-6
+                         : fabs(res.rel_error - want) > 1e-3 * want + 1e-5)
+                    fail_msg("rank %zu method %d: estimated error %.6f, actual %.6f", r, meth, res.rel_error, want);
+                for (size_t i = 0; i < r; i++)
+                    assert_true(fabs(res.S[i] - s[i]) < 1e-3 * s[0]);
+                stz_svd_result_free(&res);
+            }
         free(W);
     }
 }
@@ -101,17 +110,23 @@ static void test_exact_low_rank(void **state)
 {
     (void)state;
     double s[6] = {5, 4, 3, 2, 1, 0.5};
-    float *W = with_spectrum(70, 50, s, 6);
-    for (int meth = 0; meth < 2; meth++) {
-        stz_svd_params p = STZ_SVD_PARAMS_DEFAULT;
-        p.rank = 6, p.method = (stz_svd_method)meth;
-        stz_svd_result res;
-        stz_err err;
-        assert_int_equal(stz_svd_factor(W, 70, 50, &p, &res, &err), STZ_OK);
-        assert_true(rel_err(W, &res, 70, 50) < 1e-4); /* exactly rank 6: almost exact */
-        stz_svd_result_free(&res);
+    size_t shapes[2][2] = {{70, 50}, {50, 70}}; /* tall and wide */
+    for (int sh = 0; sh < 2; sh++) {
+        size_t m = shapes[sh][0], n = shapes[sh][1];
+        float *W = with_spectrum(m, n, s, 6);
+        for (int meth = 0; meth < 2; meth++) {
+            stz_svd_params p = STZ_SVD_PARAMS_DEFAULT;
+            p.rank = 6, p.method = (stz_svd_method)meth;
+            stz_svd_result res;
+            stz_err err;
+            assert_int_equal(stz_svd_factor(W, m, n, &p, &res, &err), STZ_OK);
+            double e = rel_err(W, &res, m, n);
+            if (e > 1e-4) /* exactly rank 6: almost exact */
+                fail_msg("%zu x %zu method %d: error %g", m, n, meth, e);
+            stz_svd_result_free(&res);
+        }
+        free(W);
     }
-    free(W);
 }
 
 static void test_energy_and_max_error(void **state)
@@ -152,29 +167,38 @@ static void test_energy_and_max_error(void **state)
 static void test_randomized_close_to_exact(void **state)
 {
     (void)state;
-    /* weight-like: a slowly decaying spectrum plus noise, 600 x 300 */
+    /* weight-like: a slowly decaying spectrum plus noise, 600 x 300 and
+     * its transpose; the default q = 1 and the issue's q = 2 */
     size_t m = 600, n = 300;
-    float *W = malloc(m * n * sizeof *W);
+    float *W = malloc(m * n * sizeof *W), *Wt = malloc(m * n * sizeof *Wt);
     double s[300];
     for (int i = 0; i < 300; i++)
         s[i] = 1.0 / sqrt(1.0 + i);
     float *L = with_spectrum(m, n, s, 300);
     for (size_t i = 0; i < m * n; i++)
         W[i] = L[i] + 0.002f * gauss();
+    for (size_t i = 0; i < m; i++)
+        for (size_t j = 0; j < n; j++)
+            Wt[j * m + i] = W[i * n + j];
     free(L);
-    double err[2];
-    for (int meth = 0; meth < 2; meth++) {
-        stz_svd_params p = STZ_SVD_PARAMS_DEFAULT;
-        p.rank = 64, p.method = (stz_svd_method)meth, p.power_iters = 2;
-        stz_svd_result res;
-        stz_err e;
-        assert_int_equal(stz_svd_factor(W, m, n, &p, &res, &e), STZ_OK);
-        err[meth] = rel_err(W, &res, m, n);
-        stz_svd_result_free(&res);
-    }
-    if (err[1] > 1.05 * err[0])
-        fail_msg("randomized error %.5f > 1.05 x exact %.5f", err[1], err[0]);
-    free(W);
+    for (int q = 1; q <= 2; q++)
+        for (int tr = 0; tr < 2; tr++) {
+            size_t rows = tr ? n : m, cols = tr ? m : n;
+            double err[2];
+            for (int meth = 0; meth < 2; meth++) {
+                stz_svd_params p = STZ_SVD_PARAMS_DEFAULT;
+                p.rank = 64, p.method = (stz_svd_method)meth, p.power_iters = q;
+                stz_svd_result res;
+                stz_err e;
+                assert_int_equal(stz_svd_factor(tr ? Wt : W, rows, cols, &p, &res, &e), STZ_OK);
+                err[meth] = rel_err(tr ? Wt : W, &res, rows, cols);
+                assert_true(fabs(res.rel_error - err[meth]) < 1e-3 * err[meth]);
+                stz_svd_result_free(&res);
+            }
+            if (err[1] > 1.05 * err[0])
+                fail_msg("%zu x %zu, q = %d: randomized error %.5f > 1.05 x exact %.5f", rows, cols, q, err[1], err[0]);
+        }
+    free(W), free(Wt);
 }
 
 static void test_int8_factors_bound(void **state)
