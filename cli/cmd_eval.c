@@ -27,7 +27,7 @@ static const char eval_help[] =
 
 typedef struct {
     const char *name;
-    int bits;
+    const char *action;
     uint64_t numel;
     stz_metrics m;
 } row_t;
@@ -38,7 +38,10 @@ static int by_cosine(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static const char *action_of(int bits) { return bits == 8 ? "int8" : bits == 4 ? "int4" : "kept"; }
+static const char *action_of(const stz_qtensor *t)
+{
+    return t->rank ? "svd" : t->bits == 8 ? "int8" : t->bits == 4 ? "int4" : "kept";
+}
 
 static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
@@ -107,7 +110,7 @@ int cmd_eval(int argc, char **argv)
             rc = cli_fail(&err);
             goto done;
         }
-        rows[nr++] = (row_t){ta->name, tb->bits, ta->numel, m};
+        rows[nr++] = (row_t){ta->name, action_of(tb), ta->numel, m};
         wsum += m.cosine * (double)ta->numel, wtot += (double)ta->numel;
         minc = m.cosine < minc ? m.cosine : minc;
         if (cli_progress_cb(&prog, i + 1, na)) {
@@ -132,7 +135,7 @@ int cmd_eval(int argc, char **argv)
         for (size_t i = 0; i < nr; i++) {
             cJSON *e = cJSON_CreateObject();
             cJSON_AddStringToObject(e, "name", rows[i].name);
-            cJSON_AddStringToObject(e, "action", action_of(rows[i].bits));
+            cJSON_AddStringToObject(e, "action", rows[i].action);
             cJSON_AddNumberToObject(e, "params", (double)rows[i].numel);
             cJSON_AddItemToObject(e, "cosine", num(rows[i].m.cosine));
             cJSON_AddItemToObject(e, "rel_frobenius", num(rows[i].m.rel_frobenius));
@@ -155,7 +158,7 @@ int cmd_eval(int argc, char **argv)
     } else if (csv) {
         printf("name,action,params,cosine,rel_frobenius,snr_db,max_abs_error\n");
         for (size_t i = 0; i < nr; i++)
-            printf("\"%s\",%s,%llu,%.9f,%.9g,%.4f,%.9g\n", rows[i].name, action_of(rows[i].bits),
+            printf("\"%s\",%s,%llu,%.9f,%.9g,%.4f,%.9g\n", rows[i].name, rows[i].action,
                    (unsigned long long)rows[i].numel, rows[i].m.cosine, rows[i].m.rel_frobenius, rows[i].m.snr_db,
                    rows[i].m.max_abs);
     } else {
@@ -168,7 +171,7 @@ int cmd_eval(int argc, char **argv)
                    "SNR dB", "max |err|");
         for (size_t i = 0; i < nr; i++)
             if (!quiet || rows[i].m.cosine < threshold)
-                printf("%-*s  %-6s  %10.6f  %10.3g  %8.2f  %10.3g%s\n", (int)w, rows[i].name, action_of(rows[i].bits),
+                printf("%-*s  %-6s  %10.6f  %10.3g  %8.2f  %10.3g%s\n", (int)w, rows[i].name, rows[i].action,
                        rows[i].m.cosine, rows[i].m.rel_frobenius, rows[i].m.snr_db, rows[i].m.max_abs,
                        rows[i].m.cosine < threshold ? "  BELOW THRESHOLD" : "");
         printf("\n%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n", nr,

@@ -108,6 +108,7 @@ typedef struct {
     const uint64_t *shape;  /* original shape */
     uint64_t numel, rows, cols;
     int bits;               /* 0: stored as is; 8 / 4: quantized */
+    uint64_t rank;          /* SVD factors (INT8, bits 8): their rank; else 0 */
     uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
 } stz_qtensor;
 

@@ -936,7 +936,7 @@ stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
         if (skip[i] && !q->bits)
             continue;
         e->name = q->bits ? q->name : t->name;
-        e->bits = q->bits;
+        e->bits = q->bits, e->rank = q->svd ? q->rank : 0;
         if (q->bits) {
             e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;
             e->rows = q->rows, e->cols = q->cols;

@@ -158,8 +158,8 @@ static void times_a(const float *W, size_t n, int t, int at, size_t l, size_t M,
  * and W^T (M x N, M >= N): no copy of W, every product with A is a gemm on
  * W with the matching transpose flag, and the Gaussian test matrix and the
  * small SVD are on the short side (the same work for W and W^T). Y (M, l)
- * and Z (N, l) are column-major,
- * i.e. the row-major buffers Yt (l, M) and Zt (l, N), as LAPACK wants. */
+ * and Z (N, l) are column-major, i.e. the row-major buffers Yt (l, M) and
+ * Zt (l, N), as LAPACK wants. */
 static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const stz_svd_params *p, float **Uo,
                              float **So, float **Vho, stz_err *err)
 {
