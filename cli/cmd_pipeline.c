@@ -25,7 +25,7 @@ static const char compress_help[] =
     "  --lossless          no quantization: stz pack\n"
     "  --best              pack harder (see stz pack --help)\n"
     "  --no-eval           do not report the cosine figures\n"
-    "  -T, --threads N     threads for packing and SVD, 0 = all cores (default)\n"
+    "  -T, --threads N     threads for quantizing, SVD and packing, 0 = all cores (default)\n"
     "  -f, --force         replace OUT if it exists\n"
     "  -q, --quiet         no progress, no summary\n"
     "  --json              print the summary as JSON\n"

@@ -35,6 +35,13 @@ void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b, size_t 
     m->n += n;
 }
 
+void stz_metrics_merge(stz_metrics_acc *into, const stz_metrics_acc *from)
+{
+    into->dot += from->dot, into->aa += from->aa, into->bb += from->bb, into->dd += from->dd;
+    into->max_abs = from->max_abs > into->max_abs ? from->max_abs : into->max_abs;
+    into->n += from->n;
+}
+
 stz_metrics stz_metrics_finish(const stz_metrics_acc *m)
 {
     stz_metrics r = {.max_abs = m->max_abs, .n = m->n};

@@ -30,6 +30,8 @@ typedef struct {
 
 /* Adds n element pairs (a = reference, b = candidate). */
 void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b, size_t n);
+/* Adds the pairs counted in `from` to `into`. */
+void stz_metrics_merge(stz_metrics_acc *into, const stz_metrics_acc *from);
 stz_metrics stz_metrics_finish(const stz_metrics_acc *m);
 
 /* Compares tensor ia of `ref` with tensor ib of `cand` (same shape and a

@@ -54,7 +54,7 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d);
 /* ---- files ----------------------------------------------------------- */
 
 typedef struct {
-    int threads;              /* OpenBLAS threads for SVD; INT8/INT4 run on one thread */
+    int threads;              /* INT8/INT4 row batches and OpenBLAS (SVD) threads, >= 1 */
     unsigned write_flags;     /* STZ_WRITE_FORCE */
     stz_progress_fn progress; /* input bytes */
     void *progress_user;

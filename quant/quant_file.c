@@ -127,61 +127,99 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl,
     return st;
 }
 
-/* Streams one quantized tensor: values row batch by row batch, then its
- * scales (held for the tensor: rows x blocks floats). */
-static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, plan_t *pl,
-                                  uint8_t *in, float *f, uint8_t *q, stz_err *err)
+/* Buffers of one quantizing thread, and the row batch it holds. */
+typedef struct {
+    uint8_t *in, *q; /* raw input; quantized rows */
+    float *f, *y;    /* input as F32; one row dequantized */
+    size_t rows;     /* rows in the batch held */
+    stz_metrics_acc acc;
+} qslot;
+
+/* One tensor quantized by the ordered pipeline: batches of rows are read,
+ * quantized and measured in parallel, written and their metrics merged in
+ * order, so the output and the figures do not depend on the thread count. */
+typedef struct {
+    stz_pipeline pl;
+    stz_writer *w;
+    const stz_reader *r;
+    const stz_tensor *t;
+    const plan_t *x;
+    qslot *slot;
+    float *sc;    /* rows x nblocks scales */
+    uint64_t per; /* rows per batch */
+    stz_metrics_acc acc;
+} qjob;
+
+static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
 {
+    qjob *j = ctx;
+    qslot *s = &j->slot[tid];
+    const plan_t *pl = j->x;
+    const stz_tensor *t = j->t;
     size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_q_row_bytes(pl->bits, pl->cols);
+    uint64_t row = i * j->per;
+    size_t nr = pl->rows - row < j->per ? (size_t)(pl->rows - row) : (size_t)j->per, n = nr * (size_t)pl->cols;
+    stz_status st;
+    s->rows = nr;
+    memset(&s->acc, 0, sizeof s->acc);
+    if ((st = stz_reader_read(j->r, t, row * pl->cols * esz, s->in, n * esz, err)) ||
+        (st = stz_to_f32(t->dtype, s->in, n, s->f, err)))
+        return st;
+    for (size_t k = 0; k < n; k++)
+        if (!isfinite(s->f[k]))
+            return stz_err_set(err, STZ_E_NUMERIC,
+                               "%s: tensor '%s': element %llu is %s; quantization needs finite values "
+                               "(or \"nonfinite\": \"keep\" in the policy rule)",
+                               stz_reader_path(j->r), t->name, (unsigned long long)(row * pl->cols + k),
+                               isnan(s->f[k]) ? "NaN" : "infinite");
+    for (size_t k = 0; k < nr; k++) {
+        const float *x = s->f + k * pl->cols, *s_row = j->sc + (row + k) * pl->nblocks;
+        if (quant_row(pl, x, s->q + k * rb, j->sc + (row + k) * pl->nblocks))
+            return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
+                               "use \"scale_dtype\": \"F32\"", stz_reader_path(j->r), t->name);
+        /* the quality as the reader will see it: stored scales, dequantized */
+        if (pl->bits == 8)
+            stz_q8_dequantize_ref((const int8_t *)s->q + k * rb, s_row, pl->cols, pl->d.block_size, s->y);
+        else
+            stz_q4_dequantize_ref(s->q + k * rb, s_row, pl->cols, pl->d.block_size, s->y);
+        stz_metrics_add(&s->acc, x, s->y, pl->cols); /* scales are exact in their stored dtype */
+    }
+    return STZ_OK;
+}
+
+static stz_status q_commit(void *ctx, int tid, size_t i, stz_err *err)
+{
+    qjob *j = ctx;
+    qslot *s = &j->slot[tid];
+    (void)i;
+    stz_metrics_merge(&j->acc, &s->acc);
+    return stz_writer_write(j->w, s->q, s->rows * stz_q_row_bytes(j->x->bits, j->x->cols), err);
+}
+
+/* Streams one quantized tensor: values row batch by row batch on
+ * `threads` threads, then its scales (held for the tensor: rows x blocks
+ * floats). */
+static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, plan_t *pl, qslot *slot,
+                                  int threads, stz_err *err)
+{
+    size_t esz = stz_dtype_bits(t->dtype) / 8;
     uint64_t per = BATCH_BYTES / esz / pl->cols;
     if (per == 0)
         per = 1; /* one row larger than a batch: the caller sized buffers for it */
     size_t nsc = (size_t)(pl->rows * pl->nblocks), ssz = stz_dtype_bits(pl->d.scale_dtype) / 8;
-    float *sc = malloc(nsc * sizeof *sc + 1), *y = malloc((size_t)pl->cols * sizeof *y + 1);
-    stz_metrics_acc acc;
-    memset(&acc, 0, sizeof acc);
-    if (!sc)
+    qjob j = {.w = w, .r = r, .t = t, .x = pl, .slot = slot, .per = per, .sc = malloc(nsc * sizeof(float) + 1)};
+    if (!j.sc)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu scales of '%s'", nsc, t->name);
-    stz_status st = y ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    for (uint64_t row = 0; row < pl->rows && !st; row += per) {
-        size_t nr = pl->rows - row < per ? (size_t)(pl->rows - row) : (size_t)per, n = nr * (size_t)pl->cols;
-        if ((st = stz_reader_read(r, t, row * pl->cols * esz, in, n * esz, err)) ||
-            (st = stz_to_f32(t->dtype, in, n, f, err)))
-            break;
-        for (size_t i = 0; i < n; i++)
-            if (!isfinite(f[i])) {
-                st = stz_err_set(err, STZ_E_NUMERIC,
-                                 "%s: tensor '%s': element %llu is %s; quantization needs finite values "
-                                 "(or \"nonfinite\": \"keep\" in the policy rule)",
-                                 stz_reader_path(r), t->name, (unsigned long long)(row * pl->cols + i),
-                                 isnan(f[i]) ? "NaN" : "infinite");
-                break;
-            }
-        for (size_t k = 0; !st && k < nr; k++) {
-            const float *x = f + k * pl->cols, *s_row = sc + (row + k) * pl->nblocks;
-            if (quant_row(pl, x, q + k * rb, sc + (row + k) * pl->nblocks)) {
-                st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
-                                 "use \"scale_dtype\": \"F32\"", stz_reader_path(r), t->name);
-                break;
-            }
-            /* the quality as the reader will see it: stored scales, dequantized */
-            if (pl->bits == 8)
-                stz_q8_dequantize_ref((const int8_t *)q + k * rb, s_row, pl->cols, pl->d.block_size, y);
-            else
-                stz_q4_dequantize_ref(q + k * rb, s_row, pl->cols, pl->d.block_size, y);
-            stz_metrics_add(&acc, x, y, pl->cols); /* scales are exact in their stored dtype */
-        }
-        if (!st)
-            st = stz_writer_write(w, q, nr * rb, err);
-    }
+    j.pl = (stz_pipeline){.n = (size_t)((pl->rows + per - 1) / per), .threads = threads, .ctx = &j,
+                          .work = q_work, .commit = q_commit};
+    stz_status st = stz_pipeline_run(&j.pl, err);
     for (size_t i = 0; !st && pl->scales_name && i < nsc; i += BATCH_BYTES / 4) {
         size_t n = nsc - i < BATCH_BYTES / 4 ? nsc - i : BATCH_BYTES / 4;
-        if (!(st = stz_from_f32(pl->d.scale_dtype, sc + i, n, in, err)))
-            st = stz_writer_write(w, in, n * ssz, err);
+        if (!(st = stz_from_f32(pl->d.scale_dtype, j.sc + i, n, slot[0].in, err)))
+            st = stz_writer_write(w, slot[0].in, n * ssz, err);
     }
-    pl->cosine = stz_metrics_finish(&acc).cosine;
-    free(sc);
-    free(y);
+    pl->cosine = stz_metrics_finish(&j.acc).cosine;
+    free(j.sc);
     return st;
 }
 
@@ -390,7 +428,9 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
     stz_reader *r = NULL;
     stz_writer *w = NULL;
     plan_t *pl = NULL;
-    uint8_t *buf = NULL, *q = NULL;
+    qslot *slot = NULL;
+    int nslots = 0;
+    uint8_t *buf = NULL, *q = NULL; /* slot 0's buffers, for the serial steps */
     float *f = NULL;
     size_t nt = 0, maxrow = 0;
     stz_status st;
@@ -417,14 +457,25 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
             pl[i].rows = 1, pl[i].cols = t->numel, pl[i].nblocks = stz_q_blocks(t->numel, pl[i].d.block_size);
         maxrow = pl[i].cols > maxrow ? pl[i].cols : maxrow;
     }
-    size_t batch_elems = BATCH_BYTES / 2 > maxrow ? BATCH_BYTES / 2 : maxrow; /* >= one row of 2-byte values */
-    buf = malloc(batch_elems * 8 > BATCH_BYTES ? batch_elems * 8 : BATCH_BYTES);
-    f = malloc(batch_elems * sizeof *f);
-    q = malloc(batch_elems + 16);
-    if (!buf || !f || !q) {
+    /* a batch: BATCH_BYTES of input (>= 2-byte values), or one longer row */
+    size_t batch_elems = BATCH_BYTES / 2 > maxrow ? BATCH_BYTES / 2 : maxrow;
+    nslots = p->threads < 1 ? 1 : p->threads;
+    if (!(slot = calloc((size_t)nslots, sizeof *slot))) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
         goto cleanup;
     }
+    for (int k = 0; k < nslots; k++) {
+        qslot *s = &slot[k];
+        s->in = malloc(maxrow * 8 > BATCH_BYTES ? maxrow * 8 : BATCH_BYTES);
+        s->f = malloc(batch_elems * sizeof *s->f);
+        s->q = malloc(batch_elems + 16);
+        s->y = malloc(maxrow * sizeof *s->y + 1);
+        if (!s->in || !s->f || !s->q || !s->y) {
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the buffers of %d threads", nslots);
+            goto cleanup;
+        }
+    }
+    buf = slot[0].in, f = slot[0].f, q = slot[0].q;
     /* Before the header is written: tensors the policy keeps when they hold
      * NaN/Inf, single-block scales (stored in __metadata__), names. */
     for (size_t i = 0; i < nt; i++) {
@@ -500,7 +551,7 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
     for (size_t i = 0; i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
         st = pl[i].svd    ? write_svd(w, &pl[i], buf, err)
-             : pl[i].bits ? write_quantized(w, r, t, &pl[i], buf, f, q, err)
+             : pl[i].bits ? write_quantized(w, r, t, &pl[i], slot, nslots, err)
                           : copy_tensor(w, r, t, buf, err);
         if (st)
             goto cleanup;
@@ -541,9 +592,9 @@ cleanup:
     for (size_t i = 0; pl && i < nt; i++)
         plan_free(&pl[i]);
     free(pl);
-    free(buf);
-    free(f);
-    free(q);
+    for (int k = 0; slot && k < nslots; k++)
+        free(slot[k].in), free(slot[k].f), free(slot[k].q), free(slot[k].y);
+    free(slot);
     stz_reader_free(r);
     return st;
 }

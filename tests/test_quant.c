@@ -496,6 +496,54 @@ static void test_file_errors(void **state)
     tu_rmdir(dir);
 }
 
+/* Row batches are quantized on several threads: the output bytes and the
+ * measured quality must not depend on how many, and an error in a later
+ * batch must name its element and leave no output. */
+static void test_threads_same_bytes(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *q = tu_path(dir, "q.safetensors");
+    uint64_t shape[2] = {2600, 1024}; /* 10.6 MB of F32: three 4 MB batches */
+    size_t n = 2600 * 1024;
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = frand();
+    stz_policy *p = parse_ok("{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"block_size\": 64}]}");
+    uint64_t hash[2];
+    double cos[2];
+    for (int nan = 0; nan < 2; nan++) {
+        stz_writer *w;
+        stz_err err;
+        if (nan)
+            v[2500 * 1024 + 7] = NAN, unlink(q);
+        assert_int_equal(stz_writer_open(&w, m, STZ_WRITE_FORCE, &err), STZ_OK);
+        assert_int_equal(stz_writer_add(w, "big", STZ_DTYPE_F32, 2, shape, &err), STZ_OK);
+        assert_int_equal(stz_writer_write(w, v, n * sizeof *v, &err), STZ_OK);
+        assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+        stz_writer_free(w);
+        for (int k = 0; k < 2; k++) {
+            stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+            qp.write_flags = STZ_WRITE_FORCE, qp.threads = k ? 3 : 1;
+            stz_quant_stats stats;
+            stz_status st = stz_quantize_file(&qp, p, m, q, &stats, &err);
+            if (nan) {
+                assert_int_equal(st, STZ_E_NUMERIC);
+                assert_non_null(strstr(err.msg, "element 2560007 is NaN"));
+                assert_false(tu_exists(q));
+                continue;
+            }
+            assert_int_equal(st, STZ_OK);
+            hash[k] = tu_hash_file(q), cos[k] = stats.min_cosine;
+        }
+    }
+    assert_true(hash[0] == hash[1]);
+    assert_true(cos[0] == cos[1] && cos[0] > 0.9 && cos[0] < 1);
+    stz_policy_free(p);
+    free(v);
+    unlink(m), free(m), free(q);
+    tu_rmdir(dir);
+}
+
 static void check_shared(const char *file, double min8, double min4, double mean4)
 {
     char *p = tu_path(STZ_SHARED_DATA_DIR, file);
@@ -541,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_policy_errors),
         cmocka_unit_test(test_builtin_policies),
         cmocka_unit_test(test_policy_randomized_keys),
+        cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_file_roundtrip),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_shared_f32),
