@@ -71,6 +71,15 @@ static void row_shape(const stz_tensor *t, uint64_t *rows, uint64_t *cols)
     *rows = *cols ? t->numel / *cols : 0;
 }
 
+/* Index of the first NaN/Inf in x[0..n), or n. */
+static size_t first_nonfinite(const float *x, size_t n)
+{
+    size_t i = 0;
+    while (i < n && isfinite(x[i]))
+        i++;
+    return i;
+}
+
 /* Finds the first NaN/Inf; returns its element index or -1. Reads the
  * tensor in batches. */
 static stz_status find_nonfinite(const stz_reader *r, const stz_tensor *t, uint8_t *buf, float *f, int64_t *at,
@@ -83,11 +92,9 @@ static stz_status find_nonfinite(const stz_reader *r, const stz_tensor *t, uint8
         stz_status st = stz_reader_read(r, t, e * esz, buf, n * esz, err);
         if (st || (st = stz_to_f32(t->dtype, buf, n, f, err)))
             return st;
-        for (size_t i = 0; i < n; i++)
-            if (!isfinite(f[i])) {
-                *at = (int64_t)(e + i);
-                break;
-            }
+        size_t k = first_nonfinite(f, n);
+        if (k < n)
+            *at = (int64_t)(e + k);
     }
     return STZ_OK;
 }
@@ -165,16 +172,17 @@ static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
     if ((st = stz_reader_read(j->r, t, row * pl->cols * esz, s->in, n * esz, err)) ||
         (st = stz_to_f32(t->dtype, s->in, n, s->f, err)))
         return st;
-    for (size_t k = 0; k < n; k++)
-        if (!isfinite(s->f[k]))
-            return stz_err_set(err, STZ_E_NUMERIC,
-                               "%s: tensor '%s': element %llu is %s; quantization needs finite values "
-                               "(or \"nonfinite\": \"keep\" in the policy rule)",
-                               stz_reader_path(j->r), t->name, (unsigned long long)(row * pl->cols + k),
-                               isnan(s->f[k]) ? "NaN" : "infinite");
+    size_t bad = first_nonfinite(s->f, n);
+    if (bad < n)
+        return stz_err_set(err, STZ_E_NUMERIC,
+                           "%s: tensor '%s': element %llu is %s; quantization needs finite values "
+                           "(or \"nonfinite\": \"keep\" in the policy rule)",
+                           stz_reader_path(j->r), t->name, (unsigned long long)(row * pl->cols + bad),
+                           isnan(s->f[bad]) ? "NaN" : "infinite");
     for (size_t k = 0; k < nr; k++) {
-        const float *x = s->f + k * pl->cols, *s_row = j->sc + (row + k) * pl->nblocks;
-        if (quant_row(pl, x, s->q + k * rb, j->sc + (row + k) * pl->nblocks))
+        const float *x = s->f + k * pl->cols;
+        float *s_row = j->sc + (row + k) * pl->nblocks;
+        if (quant_row(pl, x, s->q + k * rb, s_row))
             return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
                                "use \"scale_dtype\": \"F32\"", stz_reader_path(j->r), t->name);
         /* the quality as the reader will see it: stored scales, dequantized */
@@ -291,15 +299,15 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
     if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)))
         st = stz_to_f32(t->dtype, raw, m * n, W, err);
     free(raw);
-    for (size_t i = 0; !st && i < m * n; i++)
-        if (!isfinite(W[i])) {
-            if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
-                x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
-                goto done;
-            }
-            st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': element %zu is %s; SVD needs finite values",
-                             stz_reader_path(r), t->name, i, isnan(W[i]) ? "NaN" : "infinite");
+    size_t bad = st ? m * n : first_nonfinite(W, m * n);
+    if (bad < m * n) {
+        if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
+            x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+            goto done;
         }
+        st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': element %zu is %s; SVD needs finite values",
+                         stz_reader_path(r), t->name, bad, isnan(W[bad]) ? "NaN" : "infinite");
+    }
     stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
     sp.method = x->d.svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
     sp.rank = x->d.svd_rank, sp.energy = x->d.svd_energy, sp.max_error = x->d.svd_max_error;

@@ -168,7 +168,8 @@ static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const
     stz_status st = STZ_OK;
     float *Yt = malloc(l * M * sizeof *Yt), *Zt = malloc(l * N * sizeof *Zt), *tau = malloc(l * sizeof *tau);
     float *B = malloc(l * N * sizeof *B), *Ub = malloc(l * l * sizeof *Ub), *S = malloc(l * sizeof *S);
-    float *Vb = malloc(l * N * sizeof *Vb), *U = malloc(m * l * sizeof *U), *Vh = malloc(l * n * sizeof *Vh);
+    float *U = malloc(m * l * sizeof *U), *Vh = malloc(l * n * sizeof *Vh);
+    float *Vb = t ? malloc(l * N * sizeof *Vb) : Vh; /* without t, Vb is Vh */
     lapack_int *ipiv = malloc(l * sizeof *ipiv);
     if (!Yt || !Zt || !tau || !B || !Ub || !S || !Vb || !U || !Vh || !ipiv) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a randomized SVD of %zu x %zu", m, n);
@@ -192,10 +193,9 @@ static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const
     times_a(W, n, t, 0, l, M, N, Yt, B);
     if ((st = thin_svd(B, l, N, Ub, S, Vb, err)))
         goto done;
-    if (!t) { /* U (m, l) = Q Ub = Yt^T @ Ub; Vh = Vb */
+    if (!t) { /* U (m, l) = Q Ub = Yt^T @ Ub; Vh = Vb already */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)l, (int)l, 1, Yt, (int)M, Ub, (int)l, 0, U,
                     (int)l);
-        memcpy(Vh, Vb, l * n * sizeof *Vh);
     } else { /* W = A^T = Vb^T S (Q Ub)^T: U = Vb^T, Vh (l, n) = Ub^T @ Yt */
         transpose(Vb, l, m, U);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l, (int)n, (int)l, 1, Ub, (int)l, Yt, (int)M, 0, Vh,
@@ -204,7 +204,9 @@ static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const
     *Uo = U, *So = S, *Vho = Vh;
     U = S = Vh = NULL;
 done:
-    free(Yt), free(Zt), free(tau), free(B), free(Ub), free(S), free(Vb), free(U), free(Vh), free(ipiv);
+    if (t)
+        free(Vb);
+    free(Yt), free(Zt), free(tau), free(B), free(Ub), free(S), free(U), free(Vh), free(ipiv);
     return st;
 }
 

@@ -530,6 +530,23 @@ static void test_threads_same_bytes(void **state)
                 assert_int_equal(st, STZ_E_NUMERIC);
                 assert_non_null(strstr(err.msg, "element 2560007 is NaN"));
                 assert_false(tu_exists(q));
+                /* SVD rules check the whole matrix first: an error, or kept */
+                quantize_with("{\"rules\": [{\"match\": \"big\", \"action\": \"svd\", \"rank\": 8}]}", m, q,
+                              STZ_E_NUMERIC, &err);
+                assert_non_null(strstr(err.msg, "element 2560007 is NaN; SVD needs finite values"));
+                assert_false(tu_exists(q));
+                quantize_with("{\"rules\": [{\"match\": \"big\", \"action\": \"svd\", \"rank\": 8, "
+                              "\"nonfinite\": \"keep\"}]}", m, q, STZ_OK, &err);
+                stz_reader *rq; /* kept: the same F32 bytes, NaN included */
+                assert_int_equal(stz_reader_open(&rq, q, &err), STZ_OK);
+                const stz_tensor *kt = stz_reader_tensor(rq, (size_t)stz_reader_find(rq, "big"));
+                assert_int_equal(kt->dtype, STZ_DTYPE_F32);
+                float *back = malloc(n * sizeof *back);
+                assert_int_equal(stz_reader_read(rq, kt, 0, back, n * sizeof *back, &err), STZ_OK);
+                assert_memory_equal(back, v, n * sizeof *v);
+                free(back);
+                stz_reader_free(rq);
+                unlink(q);
                 continue;
             }
             assert_int_equal(st, STZ_OK);
