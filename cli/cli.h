@@ -47,6 +47,47 @@ void cli_common_init(cli_common *o);
  * shared option. */
 int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o);
 
+/* Policy options of plan, quantize and compress (docs/POLICY.md,
+ * "Command-line rules"). */
+#define CLI_MAX_OVERRIDES 64
+typedef struct {
+    const char *policy; /* --policy / --int8 / --int4: file or shipped name */
+    struct {
+        const char *text; /* PATTERN (--keep) or PATTERN=ACTION[:k=v...] (--set) */
+        int keep;
+    } over[CLI_MAX_OVERRIDES];
+    int nover;
+    const char *method; /* --method for int8/int4 rules */
+    int block_size;     /* --block-size, 0 if not given */
+} cli_policy_opts;
+
+enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_SET, CLI_OPT_METHOD, CLI_OPT_BLOCK };
+#define CLI_POLICY_LONG                                                                                       \
+    {"policy", required_argument, 0, CLI_OPT_POLICY}, {"int8", no_argument, 0, CLI_OPT_INT8},                \
+        {"int4", no_argument, 0, CLI_OPT_INT4}, {"keep", required_argument, 0, CLI_OPT_KEEP},                \
+        {"set", required_argument, 0, CLI_OPT_SET}, {"method", required_argument, 0, CLI_OPT_METHOD},        \
+        {"block-size", required_argument, 0, CLI_OPT_BLOCK}
+#define CLI_POLICY_HELP                                                                                        \
+    "  --policy P          policy file or shipped name (stz policy list)\n"                                  \
+    "  --int8, --int4      the shipped int8 / int4 policies\n"                                               \
+    "  --keep PATTERN      keep the tensors PATTERN matches (before the policy's rules)\n"                   \
+    "  --set PAT=ACTION[:key=value...]  a rule before the policy's, e.g. 'lm_head.weight=int8:block_size=32'\n" \
+    "  --method M          absmax or mse for every int8/int4 rule\n"                                         \
+    "  --block-size N      block size of every int8/int4 rule\n"
+
+/* Handles option c if it is a policy option: -1 handled, an exit status
+ * (usage error), or -2 if not a policy option. */
+int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po);
+/* 1 if any policy option was given. */
+static inline int cli_policy_given(const cli_policy_opts *po) { return po->policy || po->nover; }
+struct stz_policy;
+/* The policy with the command-line rules and settings applied. */
+stz_status cli_policy_load(const cli_policy_opts *po, struct stz_policy **out, stz_err *err);
+struct stz_reader;
+/* Warns on stderr about rules that matched no tensor, suggesting the name
+ * of `names` (may be NULL) a plain pattern was probably meant to be. */
+void cli_policy_warn_unused(const struct stz_policy *pol, const struct stz_reader *names);
+
 /* "1,234,567" into buf (>= 32 bytes); returns buf. */
 const char *cli_commas(char *buf, uint64_t v);
 /* "988.1 MB" (decimal units) into buf (>= 32 bytes); returns buf. */
@@ -80,8 +121,19 @@ typedef struct {
 int cli_tmp_make(tmpfile_t *t, const char *out, const char *what);
 void cli_tmp_drop(tmpfile_t *t);
 
+/* Bytes of a file, or of every regular file below a directory. */
+uint64_t cli_path_bytes(const char *path);
+/* The one-line summary of a command that turned `in` into `out` (or its
+ * --json document): sizes, time, mode. Returns an exit status. */
+int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs);
+
 /* Sharded models: a directory holding model.safetensors.index.json. */
 int cli_is_sharded_dir(const char *path);
+/* The files a model path stands for: a file itself; a sharded directory's
+ * shards (plain, or SHARD.stz in a compressed one), checked against its
+ * index; a single-file repository's model.safetensors(.stz). */
+stz_status cli_model_files(const char *path, char ***files, size_t *n, stz_err *err);
+void cli_model_files_free(char **files, size_t n);
 /* Converts one file: in -> out. `mapped` (cap bytes) may name a SafeTensors
  * file whose tensor names the rewritten index must list instead of out's;
  * it is removed after use. */
@@ -113,5 +165,6 @@ int cmd_dequantize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
 int cmd_decompress(int argc, char **argv);
+int cmd_policy(int argc, char **argv);
 
 #endif

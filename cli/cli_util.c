@@ -4,6 +4,7 @@
 #include "stz_quant.h"
 
 #include <cjson/cJSON.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -209,4 +210,43 @@ int cli_open_model(const char *path, int threads, stz_qmodel **m, stz_err *err)
         s = stz_qmodel_open(m, t.path, err);
     cli_tmp_drop(&t);
     return s ? CLI_ERROR : CLI_OK;
+}
+
+static uint64_t tree_bytes;
+static int add_bytes(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)path, (void)ftw;
+    if (type == FTW_F && S_ISREG(sb->st_mode))
+        tree_bytes += (uint64_t)sb->st_size;
+    return 0;
+}
+
+uint64_t cli_path_bytes(const char *path)
+{
+    tree_bytes = 0;
+    nftw(path, add_bytes, 16, FTW_PHYS);
+    return tree_bytes;
+}
+
+int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs)
+{
+    uint64_t a = cli_path_bytes(in), b = cli_path_bytes(out);
+    if (c->json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "input", in);
+        cJSON_AddStringToObject(d, "output", out);
+        cJSON_AddStringToObject(d, "mode", mode);
+        cJSON_AddBoolToObject(d, "sharded", sharded);
+        cJSON_AddNumberToObject(d, "in_bytes", (double)a);
+        cJSON_AddNumberToObject(d, "out_bytes", (double)b);
+        cJSON_AddNumberToObject(d, "ratio", a ? (double)b / (double)a : 0);
+        cJSON_AddNumberToObject(d, "seconds", secs);
+        return cli_print_json(d);
+    }
+    if (!c->quiet) {
+        char x[32], y[32];
+        printf("%s -> %s: %s -> %s bytes in %.2f s (%s%s)\n", in, out, cli_commas(x, a), cli_commas(y, b), secs, mode,
+               sharded ? ", sharded" : "");
+    }
+    return CLI_OK;
 }

@@ -18,10 +18,12 @@ static const char compress_help[] =
     "Quantizes the tensors the policy selects (INT8, INT4, SVD factors) and packs\n"
     "the result losslessly, in one command; --lossless only packs (bit-exact).\n"
     "Memory stays bounded: the quantized model passes through a temporary file\n"
-    "next to OUT, removed on every path. OUT defaults to IN.stz.\n\n"
+    "next to OUT, removed on every path. OUT defaults to IN.stz with\n"
+    "--lossless and to BASE.POLICY.safetensors.stz otherwise (m.safetensors ->\n"
+    "m.int4.safetensors.stz), so that lossy and lossless outputs never collide.\n"
+    "IN may be a directory of shards (model.safetensors.index.json).\n\n"
     "  -o, --output FILE   where to write\n"
-    "  --policy P          policy file or shipped name (int8, int4, int4-small, ...)\n"
-    "  --int8, --int4      the shipped policies\n"
+    CLI_POLICY_HELP
     "  --lossless          no quantization: stz pack\n"
     "  --best              pack harder (see stz pack --help)\n"
     "  --no-eval           do not report the cosine figures\n"
@@ -35,29 +37,29 @@ static const char decompress_help[] =
     "usage: stz decompress IN.stz [-o OUT.safetensors] [--dequantize [--dtype bf16|f16|f32]] [options]\n\n"
     "Gives back exactly the file that was packed (for a lossless container, the\n"
     "original model byte for byte). With --dequantize, writes a plain float\n"
-    "model any SafeTensors reader loads. OUT defaults to IN without .stz.\n\n"
+    "model any SafeTensors reader loads. OUT defaults to IN without .stz.\n"
+    "Prints a one-line summary (--json: as JSON).\n\n"
     "  -o, --output FILE   where to write\n"
     "  --dequantize        dequantize quantized tensors (and rebuild SVD ones)\n"
     "  --dtype D           with --dequantize: dtype of those tensors\n"
     "  -T, --threads N     threads, 0 = all cores (default)\n"
     "  -f, --force         replace OUT if it exists\n"
-    "  -q, --quiet         no progress\n"
+    "  -q, --quiet         no progress, no summary\n"
+    "  --json              print the summary as JSON\n"
     "  -h, --help          this text\n";
 
-enum { O_POLICY = 256, O_INT8, O_INT4, O_LOSSLESS, O_BEST, O_NOEVAL, O_DEQ };
-static const struct option opts[] = {{"policy", required_argument, 0, O_POLICY},
-                                     {"int8", no_argument, 0, O_INT8},
-                                     {"int4", no_argument, 0, O_INT4},
-                                     {"lossless", no_argument, 0, O_LOSSLESS},
+enum { O_LOSSLESS = 256, O_BEST, O_NOEVAL, O_DEQ };
+static const struct option opts[] = {{"lossless", no_argument, 0, O_LOSSLESS},
                                      {"best", no_argument, 0, O_BEST},
                                      {"no-eval", no_argument, 0, O_NOEVAL},
                                      {"dequantize", no_argument, 0, O_DEQ},
+                                     CLI_POLICY_LONG,
                                      CLI_COMMON_LONG,
                                      {0, 0, 0, 0}};
 
 typedef struct {
     cli_common c;
-    const char *policy;
+    cli_policy_opts po;
     int lossless, best, noeval, deq;
 } popts;
 
@@ -68,21 +70,49 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, popts
     cli_common_init(&o->c);
     while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
         switch (c) {
-        case O_POLICY: o->policy = optarg; break;
-        case O_INT8: o->policy = "int8"; break;
-        case O_INT4: o->policy = "int4"; break;
         case O_LOSSLESS: o->lossless = 1; break;
         case O_BEST: o->best = 1; break;
         case O_NOEVAL: o->noeval = 1; break;
         case O_DEQ: o->deq = 1; break;
         default:
-            if ((r = cli_common_opt(cmd, help, c, &o->c)) != -1)
+            if ((r = strcmp(cmd, "compress") ? -2 : cli_policy_opt(cmd, c, &o->po)) == -2)
+                r = cli_common_opt(cmd, help, c, &o->c);
+            if (r != -1)
                 return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
         }
     }
     if (optind != argc - 1)
         return cli_usage_error(cmd, "expected one input file");
     return -1;
+}
+
+/* The name of the policy for default output names: a shipped name, or a
+ * policy file's name without its directory and .json. */
+static char *policy_tag(const cli_policy_opts *po)
+{
+    const char *p = po->policy ? po->policy : "custom", *slash = strrchr(p, '/');
+    char *t = strdup(slash ? slash + 1 : p);
+    size_t n = t ? strlen(t) : 0;
+    if (n > 5 && !strcmp(t + n - 5, ".json"))
+        t[n - 5] = 0;
+    return t;
+}
+
+/* IN.stz (lossless), BASE.TAG.safetensors.stz or IN.TAG.stz (lossy). */
+static char *default_output(const char *in, const popts *o)
+{
+    size_t n = strlen(in);
+    while (n > 1 && in[n - 1] == '/')
+        n--;
+    char *tag = o->lossless ? NULL : policy_tag(&o->po), *out = malloc(n + (tag ? strlen(tag) : 0) + 32);
+    if (out && !tag)
+        sprintf(out, "%.*s.stz", (int)n, in);
+    else if (out && n > 12 && !strncmp(in + n - 12, ".safetensors", 12))
+        sprintf(out, "%.*s.%s.safetensors.stz", (int)(n - 12), in, tag);
+    else if (out)
+        sprintf(out, "%.*s.%s.stz", (int)n, in, tag);
+    free(tag);
+    return out;
 }
 
 /* What compress does to one file, and the totals over all of them. */
@@ -165,19 +195,18 @@ int cmd_compress(int argc, char **argv)
     int rc = parse("compress", compress_help, argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (!o.policy == !o.lossless)
-        return cli_usage_error("compress", "give one of --policy P, --int8, --int4, --lossless");
+    if (cli_policy_given(&o.po) == o.lossless)
+        return cli_usage_error("compress", o.lossless ? "--lossless takes no policy options"
+                                                      : "give one of --policy P, --int8, --int4, --set, --lossless");
     const char *in = argv[optind];
-    char *out = o.c.out ? strdup(o.c.out) : malloc(strlen(in) + 5);
-    if (!o.c.out)
-        sprintf(out, "%s.stz", in);
+    char *out = o.c.out ? strdup(o.c.out) : default_output(in, &o);
     stz_err err;
     compress_ctx c = {.o = &o};
     c.qs.min_cosine = 1;
     double t0 = cli_now();
     struct stat sb;
     int sharded = cli_is_sharded_dir(in);
-    if (!o.lossless && stz_policy_load(&c.pol, o.policy, &err)) {
+    if (!o.lossless && cli_policy_load(&o.po, &c.pol, &err)) {
         free(out);
         return cli_fail(&err);
     }
@@ -188,6 +217,14 @@ int cmd_compress(int argc, char **argv)
         rc = cli_fail(&err);
     } else {
         rc = compress_one(&c, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
+    }
+    if (rc == CLI_OK && c.pol) {
+        stz_reader *names = NULL;
+        stz_err ignored;
+        if (!sharded)
+            stz_reader_open(&names, in, &ignored);
+        cli_policy_warn_unused(c.pol, names);
+        stz_reader_free(names);
     }
     stz_policy_free(c.pol);
     if (rc != CLI_OK) {
@@ -201,7 +238,7 @@ int cmd_compress(int argc, char **argv)
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "input", in);
         cJSON_AddStringToObject(d, "output", out);
-        cJSON_AddStringToObject(d, "mode", o.lossless ? "lossless" : o.policy);
+        cJSON_AddStringToObject(d, "mode", o.lossless ? "lossless" : o.po.policy ? o.po.policy : "custom");
         cJSON_AddNumberToObject(d, "files", c.files);
         cJSON_AddNumberToObject(d, "in_bytes", (double)c.in_bytes);
         cJSON_AddNumberToObject(d, "out_bytes", (double)c.out_bytes);
@@ -221,7 +258,7 @@ int cmd_compress(int argc, char **argv)
     } else if (!o.c.quiet) {
         char a[32], b[32];
         printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", in, out, cli_commas(a, c.in_bytes),
-               cli_commas(b, c.out_bytes), ratio, secs, o.lossless ? "lossless, bit-exact" : o.policy,
+               cli_commas(b, c.out_bytes), ratio, secs, o.lossless ? "lossless, bit-exact" : o.po.policy ? o.po.policy : "custom",
                sharded ? ", sharded" : "");
         if (!o.lossless)
             printf("%zu of %zu tensors quantized (%.1f%% of parameters)\n", c.qs.quantized, c.qs.tensors,
@@ -240,6 +277,8 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     const popts *o = (const popts *)user;
     stz_status s;
     tmpfile_t tu = {0};
+    if ((s = stz_refuse_input_as_output(in, out, err))) /* --dequantize only ever sees a temporary file */
+        return s;
     stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
     up.threads = o->c.threads;
     up.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
@@ -285,7 +324,9 @@ int cmd_decompress(int argc, char **argv)
         return cli_usage_error("decompress", "give -o OUT (cannot derive a name from '%s')", in);
     stz_err err;
     struct stat sb;
-    if (cli_is_sharded_dir(in)) {
+    double t0 = cli_now();
+    int sharded = cli_is_sharded_dir(in);
+    if (sharded) {
         rc = cli_shards_run(in, out, ".stz", "", o.deq, decompress_one, &o);
     } else if (stat(out, &sb) == 0 && !o.c.force) {
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
@@ -293,6 +334,8 @@ int cmd_decompress(int argc, char **argv)
     } else {
         rc = decompress_one(&o, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
     }
+    if (rc == CLI_OK)
+        cli_print_summary(&o.c, in, out, o.deq ? "dequantized" : "as packed", sharded, cli_now() - t0);
     free(out);
     return rc;
 }

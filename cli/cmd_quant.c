@@ -16,10 +16,8 @@ static const char plan_help[] =
     "before and after; then totals and the predicted ratio (before packing).\n"
     "Warns about rules that match no tensor. P is a policy file or a shipped\n"
     "policy name: int8, int4, int4-small, lossless, gpt-neo-surgical.\n\n"
-    "  --policy P   policy file or shipped name\n"
-    "  --int8       same as --policy int8\n"
-    "  --int4       same as --policy int4\n"
-    "  --json       print the plan as JSON\n"
+ CLI_POLICY_HELP
+    "  --json              print the plan as JSON\n"
     "  -h, --help   this text\n";
 
 static const char quantize_help[] =
@@ -29,8 +27,7 @@ static const char quantize_help[] =
     "are copied byte for byte. OUT is a normal SafeTensors file whose\n"
     "__metadata__ records how each tensor was quantized (docs/FORMAT.md).\n\n"
     "  -o, --output FILE   where to write (required)\n"
-    "  --policy P          policy file or shipped name (see 'stz plan --help')\n"
-    "  --int8, --int4      the shipped int8 / int4 policies\n"
+ CLI_POLICY_HELP
     "  -T, --threads N     threads for INT8/INT4 and SVD rules, 0 = all cores (default);\n"
     "                      same output for any N\n"
     "  -f, --force         replace OUT if it exists\n"
@@ -46,19 +43,15 @@ static const char dequantize_help[] =
     "  -o, --output FILE   where to write (required)\n"
     "  --dtype D           dtype of the dequantized tensors\n"
     "  -f, --force         replace OUT if it exists\n"
-    "  -q, --quiet         no progress\n"
+    "  -q, --quiet         no progress, no summary\n"
+    "  --json              print the summary as JSON\n"
     "  -h, --help          this text\n";
 
-enum { O_POLICY = 256, O_INT8, O_INT4 };
-static const struct option opts[] = {{"policy", required_argument, 0, O_POLICY},
-                                     {"int8", no_argument, 0, O_INT8},
-                                     {"int4", no_argument, 0, O_INT4},
-                                     CLI_COMMON_LONG,
-                                     {0, 0, 0, 0}};
+static const struct option opts[] = {CLI_POLICY_LONG, CLI_COMMON_LONG, {0, 0, 0, 0}};
 
 typedef struct {
     cli_common c;
-    const char *policy;
+    cli_policy_opts po;
 } qopts;
 
 static int parse(const char *cmd, const char *help, int argc, char **argv, qopts *o)
@@ -67,23 +60,14 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, qopts
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
-        if (c == O_POLICY)
-            o->policy = optarg;
-        else if (c == O_INT8 || c == O_INT4)
-            o->policy = c == O_INT8 ? "int8" : "int4";
-        else if ((r = cli_common_opt(cmd, help, c, &o->c)) != -1)
+        if ((r = strcmp(cmd, "dequantize") ? cli_policy_opt(cmd, c, &o->po) : -2) == -2)
+            r = cli_common_opt(cmd, help, c, &o->c);
+        if (r != -1)
             return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
     }
     if (optind != argc - 1)
         return cli_usage_error(cmd, "expected one input file");
     return -1;
-}
-
-static void unused_rule_warnings(const stz_policy *pol)
-{
-    for (size_t i = 0; i < stz_policy_rule_count(pol); i++)
-        if (!stz_policy_rule_hits(pol, i))
-            fprintf(stderr, "stz: warning: rule %zu ('%s') matched no tensor\n", i, stz_policy_rule_pattern(pol, i));
 }
 
 static const char *action_label(const stz_decision *d, char *buf, size_t cap)
@@ -109,12 +93,12 @@ int cmd_plan(int argc, char **argv)
     int rc = parse("plan", plan_help, argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (!o.policy)
-        return cli_usage_error("plan", "give --policy P, --int8 or --int4");
+    if (!cli_policy_given(&o.po))
+        return cli_usage_error("plan", "give --policy P, --int8, --int4 or --set");
     stz_err err;
     stz_policy *pol;
     stz_reader *r;
-    if (stz_policy_load(&pol, o.policy, &err))
+    if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
     if (stz_reader_open(&r, argv[optind], &err)) {
         stz_policy_free(pol);
@@ -187,7 +171,7 @@ int cmd_plan(int argc, char **argv)
     if (arr) {
         cJSON *doc = cJSON_CreateObject(), *unused = cJSON_CreateArray();
         cJSON_AddStringToObject(doc, "file", argv[optind]);
-        cJSON_AddStringToObject(doc, "policy", o.policy);
+        cJSON_AddStringToObject(doc, "policy", o.po.policy ? o.po.policy : "command line");
         cJSON_AddItemToObject(doc, "tensors", arr);
         cJSON_AddNumberToObject(doc, "tensor_count", (double)nt);
         cJSON_AddNumberToObject(doc, "quantized", (double)nq);
@@ -207,7 +191,7 @@ int cmd_plan(int argc, char **argv)
                cli_commas(b, after), ratio);
         rc = CLI_OK;
     }
-    unused_rule_warnings(pol);
+    cli_policy_warn_unused(pol, r);
     stz_reader_free(r);
     stz_policy_free(pol);
     return rc;
@@ -219,13 +203,13 @@ int cmd_quantize(int argc, char **argv)
     int rc = parse("quantize", quantize_help, argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (!o.policy)
-        return cli_usage_error("quantize", "give --policy P, --int8 or --int4");
+    if (!cli_policy_given(&o.po))
+        return cli_usage_error("quantize", "give --policy P, --int8, --int4 or --set");
     if (!o.c.out)
         return cli_usage_error("quantize", "missing -o OUT");
     stz_err err;
     stz_policy *pol;
-    if (stz_policy_load(&pol, o.policy, &err))
+    if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
     p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
@@ -237,6 +221,13 @@ int cmd_quantize(int argc, char **argv)
     stz_quant_stats st;
     stz_status s = stz_quantize_file(&p, pol, argv[optind], o.c.out, &st, &err);
     cli_progress_end(&prog);
+    if (!s) {
+        stz_reader *names = NULL;
+        stz_err ignored;
+        stz_reader_open(&names, argv[optind], &ignored);
+        cli_policy_warn_unused(pol, names);
+        stz_reader_free(names);
+    }
     stz_policy_free(pol);
     if (s)
         return cli_fail(&err);
@@ -281,5 +272,5 @@ int cmd_dequantize(int argc, char **argv)
     stz_err err;
     stz_status s = stz_dequantize_file(&p, argv[optind], o.c.out, o.c.dtype, &err);
     cli_progress_end(&prog);
-    return s ? cli_fail(&err) : CLI_OK;
+    return s ? cli_fail(&err) : cli_print_summary(&o.c, argv[optind], o.c.out, "dequantized", 0, cli_now() - prog.start);
 }

@@ -9,6 +9,7 @@ static const cli_command commands[] = {
     {"compress", cmd_compress, "policy -> quantize / SVD -> pack, in one command (or --lossless)"},
     {"decompress", cmd_decompress, "back from a container (--dequantize: a plain float model)"},
     {"inspect", cmd_inspect, "list the tensors, dtypes, sizes and metadata of a file"},
+    {"policy", cmd_policy, "list the shipped policies, or print one"},
     {"plan", cmd_plan, "show what a policy would do to each tensor"},
     {"quantize", cmd_quantize, "quantize tensors to INT8 / INT4 as a policy says"},
     {"dequantize", cmd_dequantize, "turn a quantized file back into a plain float model"},

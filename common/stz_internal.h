@@ -66,10 +66,6 @@ uint16_t stz_f32_to_f16(float f);
 int stz_pread_full(int fd, void *buf, size_t n, uint64_t off);
 int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
 
-/* Opens an existing regular file for reading: *fd and its *size, or
- * STZ_E_IO naming the path (*fd = -1). */
-stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err);
-
 /* Strict UTF-8 check; returns the offset of the first bad byte, or n. */
 size_t stz_utf8_check(const uint8_t *s, size_t n);
 
@@ -81,9 +77,10 @@ typedef struct stz_outfile {
     char *tmp_path; /* where bytes go until commit */
     int slot;       /* index in the cleanup registry, -1 if none */
     uint64_t pos;   /* where stz_outfile_write appends */
+    int force;      /* commit may replace an existing file */
 } stz_outfile;
 
-#define STZ_OUTFILE_INIT {-1, NULL, NULL, -1, 0}
+#define STZ_OUTFILE_INIT {-1, NULL, NULL, -1, 0, 0}
 
 /* Creates a temporary file next to `path`. STZ_E_EXISTS if path exists and
  * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */
@@ -93,8 +90,13 @@ stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err
 /* Writes at an absolute offset (threads may write disjoint ranges at once);
  * does not move of->pos. */
 stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64_t off, stz_err *err);
-/* Renames the temporary file to the final path (permissions follow umask). */
+/* Renames the temporary file to the final path (permissions follow umask).
+ * Without force it never replaces a file that appeared meanwhile
+ * (STZ_E_EXISTS). */
 stz_status stz_outfile_commit(stz_outfile *of, stz_err *err);
+/* STZ_E_IO naming the output, `what`, `need` and the free bytes when the
+ * output's file system has less than `need` bytes free. */
+stz_status stz_check_space(const stz_outfile *of, uint64_t need, const char *what, stz_err *err);
 /* Removes the temporary file if still there; safe after commit and twice. */
 void stz_outfile_abort(stz_outfile *of);
 

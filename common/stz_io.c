@@ -2,6 +2,8 @@
  * registry used to clean up on errors and signals. */
 #include "stz_internal.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 int stz_pread_full(int fd, void *buf, size_t n, uint64_t off)
@@ -182,7 +185,9 @@ stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *
 stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err)
 {
     struct stat st;
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer;
+     * it is cleared again for the regular file we expect. */
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (*fd < 0 || fstat(*fd, &st) != 0) {
         int e = errno;
         if (*fd >= 0)
@@ -193,9 +198,74 @@ stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *
     if (!S_ISREG(st.st_mode)) {
         close(*fd);
         *fd = -1;
-        return stz_err_set(err, STZ_E_IO, "%s: not a regular file", path);
+        return stz_err_set(err, STZ_E_IO, "%s: not a regular file (%s)", path,
+                           S_ISDIR(st.st_mode)    ? "a directory"
+                           : S_ISFIFO(st.st_mode) ? "a FIFO"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                        : "a special file");
     }
+    int fl = fcntl(*fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(*fd, F_SETFL, fl & ~O_NONBLOCK);
     *size = (uint64_t)st.st_size;
+    return STZ_OK;
+}
+
+stz_status stz_read_text(const char *path, size_t limit, char **text, size_t *len, stz_err *err)
+{
+    int fd;
+    uint64_t size;
+    *text = NULL;
+    stz_status st = stz_open_regular(path, &fd, &size, err);
+    if (st)
+        return st;
+    if (size > limit) {
+        close(fd);
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %llu bytes, more than the %zu this kind of file may have", path,
+                           (unsigned long long)size, limit);
+    }
+    char *b = malloc((size_t)size + 1);
+    int e = b ? stz_pread_full(fd, b, (size_t)size, 0) : ENOMEM;
+    close(fd);
+    if (e) {
+        free(b);
+        return stz_err_set(err, e == ENOMEM ? STZ_E_NOMEM : STZ_E_IO, "%s: cannot read: %s", path,
+                           e < 0 ? "file shrank" : strerror(e));
+    }
+    b[size] = 0;
+    *text = b;
+    if (len)
+        *len = (size_t)size;
+    return STZ_OK;
+}
+
+int stz_rename_noreplace(const char *from, const char *to)
+{
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+        return -1;
+    /* file systems without RENAME_NOREPLACE: link() never replaces either */
+    struct stat st;
+    if (lstat(from, &st) == 0 && !S_ISDIR(st.st_mode) && link(from, to) == 0)
+        return unlink(from), 0;
+    if (errno == EEXIST)
+        return -1;
+    if (lstat(to, &st) == 0) /* last resort: check, then rename */
+        return errno = EEXIST, -1;
+    return rename(from, to);
+}
+
+stz_status stz_check_space(const stz_outfile *of, uint64_t need, const char *what, stz_err *err)
+{
+    struct statvfs vs;
+    if (statvfs(of->tmp_path, &vs) != 0)
+        return STZ_OK; /* unknown: the writes will tell */
+    uint64_t avail = (uint64_t)vs.f_bavail * (uint64_t)vs.f_frsize;
+    if (avail < need)
+        return stz_err_set(err, STZ_E_IO, "%s: not enough free space: %s needs %llu bytes, the file system has %llu",
+                           of->path, what, (unsigned long long)need, (unsigned long long)avail);
     return STZ_OK;
 }
 
@@ -240,6 +310,7 @@ stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_er
         return stz_err_set(err, STZ_E_IO, "%s: cannot create temporary output: %s", path, strerror(e));
     }
     of->slot = tmp_register(of->tmp_path);
+    of->force = force;
     return STZ_OK;
 }
 
@@ -269,9 +340,13 @@ stz_status stz_outfile_commit(stz_outfile *of, stz_err *err)
         return stz_err_set(err, STZ_E_IO, "%s: cannot finish output: %s", of->path, strerror(errno));
     }
     of->fd = -1;
-    if (rename(of->tmp_path, of->path) != 0)
-        return stz_err_set(err, STZ_E_IO, "%s: cannot rename temporary output into place: %s", of->path,
-                           strerror(errno));
+    /* without --force, never replace a file that appeared while we worked */
+    if ((of->force ? rename(of->tmp_path, of->path) : stz_rename_noreplace(of->tmp_path, of->path)) != 0)
+        return stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO,
+                           errno == EEXIST ? "%s: output appeared while stz was writing; left as it is (use --force "
+                                             "to replace it)"
+                                           : "%s: cannot rename temporary output into place: %s",
+                           of->path, strerror(errno));
     tmp_unregister(of->slot);
     of->slot = -1;
     free(of->tmp_path);
@@ -291,4 +366,46 @@ void stz_outfile_abort(stz_outfile *of)
     free(of->tmp_path);
     free(of->path);
     of->tmp_path = of->path = NULL;
+}
+
+/* ---- JSON objects ------------------------------------------------------ */
+
+static int cmp_str_ptr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+const char *stz_json_duplicate_key(const cJSON *obj)
+{
+    size_t n = 0, k = 0;
+    for (const cJSON *e = obj ? obj->child : NULL; e; e = e->next)
+        n++;
+    if (n < 2)
+        return NULL;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys) /* fall back to the quadratic scan rather than skip the check */
+        for (const cJSON *a = obj->child; a; a = a->next)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (a->string && b->string && !strcmp(a->string, b->string))
+                    return a->string;
+    if (!keys)
+        return NULL;
+    for (const cJSON *e = obj->child; e; e = e->next)
+        keys[k++] = e->string ? e->string : "";
+    qsort(keys, n, sizeof *keys, cmp_str_ptr);
+    const char *dup = NULL;
+    for (size_t i = 1; i < n && !dup; i++)
+        if (!strcmp(keys[i], keys[i - 1]))
+            dup = keys[i];
+    free(keys);
+    return dup;
+}
+
+const char *stz_json_unknown_key(const cJSON *obj, const char *const *allowed)
+{
+    for (const cJSON *e = obj ? obj->child : NULL; e; e = e->next) {
+        size_t i = 0;
+        while (allowed[i] && strcmp(allowed[i], e->string))
+            i++;
+        if (!allowed[i])
+            return e->string;
+    }
+    return NULL;
 }

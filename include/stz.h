@@ -137,6 +137,26 @@ int stz_same_file(const char *a, const char *b);
 /* STZ_E_EXISTS ("output is the input file") if out is in, else STZ_OK. */
 stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *err);
 
+/* Opens an existing regular file for reading: *fd and its *size, or
+ * STZ_E_IO naming the path (*fd = -1); a FIFO
+ * or device is refused without blocking. */
+stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err);
+
+/* JSON objects parsed by cJSON, which keeps every duplicate key (and
+ * lookups return the first): the first key that appears twice in `obj`, or
+ * NULL. */
+struct cJSON;
+const char *stz_json_duplicate_key(const struct cJSON *obj);
+/* The first key of `obj` not in the NULL-terminated list `allowed`, or NULL. */
+const char *stz_json_unknown_key(const struct cJSON *obj, const char *const *allowed);
+
+/* Reads a whole small regular file (policy, index, config) into a new
+ * NUL-terminated buffer; refuses FIFOs and devices and files over `limit`. */
+stz_status stz_read_text(const char *path, size_t limit, char **text, size_t *len, stz_err *err);
+
+/* rename() that never replaces an existing `to` (EEXIST); 0 or -1/errno. */
+int stz_rename_noreplace(const char *from, const char *to);
+
 #ifdef __cplusplus
 }
 #endif

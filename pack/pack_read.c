@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -37,12 +38,24 @@ static stz_status cread(const stz_container *c, uint64_t off, void *dst, size_t 
 
 int stz_is_container(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd;
+    uint64_t size;
     uint8_t m[8];
-    int yes = fd >= 0 && stz_pread_full(fd, m, 8, 0) == 0 && memcmp(m, STZ_MAGIC, 8) == 0;
+    stz_err ignored;
+    int yes = stz_open_regular(path, &fd, &size, &ignored) == STZ_OK && stz_pread_full(fd, m, 8, 0) == 0 &&
+              memcmp(m, STZ_MAGIC, 8) == 0;
     if (fd >= 0)
         close(fd);
     return yes;
+}
+
+/* 1 if n bytes at p are all zero: reserved fields must be, so that a later
+ * version can give them a meaning that older readers refuse. */
+static int zeros(const uint8_t *p, size_t n)
+{
+    while (n && !*p)
+        p++, n--;
+    return n == 0;
 }
 
 #define BAD(code, ...) do { st = stz_err_set(err, code, __VA_ARGS__); goto cleanup; } while (0)
@@ -65,6 +78,8 @@ static stz_status read_head(stz_container *c, uint64_t *head_end, stz_err *err)
     if (stz_le16(fh + 8) != STZ_PACK_FORMAT_VERSION)
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: container format version %u (this stz reads %u)", P,
                            stz_le16(fh + 8), STZ_PACK_FORMAT_VERSION);
+    if (!zeros(fh + 10, 2) || !zeros(fh + 41, 7))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: reserved bytes of the file header are not zero", P);
     c->chunk_size = stz_le32(fh + 12);
     c->orig_size = stz_le64(fh + 16);
     uint64_t hlen = stz_le64(fh + 24), stored = stz_le64(fh + 32);
@@ -129,7 +144,7 @@ static stz_status read_index(stz_container *c, uint64_t head_end, stz_err *err)
     if (XXH3_64bits(ix, (size_t)isize) != stz_le64(tr + 16))
         BAD(STZ_E_CHECKSUM, "%s: index checksum mismatch", P);
     c->n = (size_t)((isize - INDEX_HEAD_SIZE) / INDEX_ENTRY_SIZE);
-    if (memcmp(ix, "STZI", 4) != 0 || stz_le64(ix + 8) != c->n)
+    if (memcmp(ix, "STZI", 4) != 0 || !zeros(ix + 4, 4) || stz_le64(ix + 8) != c->n)
         BAD(STZ_E_FORMAT, "%s: index header is invalid", P);
     c->chunks = calloc(c->n + 1, sizeof *c->chunks);
     if (!c->chunks)
@@ -150,7 +165,7 @@ static stz_status read_index(stz_container *c, uint64_t head_end, stz_err *err)
         const stz_tensor *t = ch->tensor < nt ? stz_reader_tensor(c->hdr, ch->tensor) : NULL;
         if (ch->data_offset != expect_data || ch->file_offset != expect_file || !ch->raw_size ||
             ch->raw_size > c->chunk_size || ch->record_size < RECORD_HEAD_SIZE || ch->record_size > rec_max || !t ||
-            ch->data_offset < t->begin || ch->data_offset + ch->raw_size > t->end)
+            ch->data_offset < t->begin || ch->data_offset + ch->raw_size > t->end || !zeros(e + 28, 4))
             BAD(STZ_E_FORMAT, "%s: index entry %zu is inconsistent (data offset %llu, record at %llu)", P, i,
                 (unsigned long long)ch->data_offset, (unsigned long long)ch->file_offset);
         expect_data += ch->raw_size;
@@ -216,7 +231,7 @@ static stz_status parse_record(const stz_container *c, size_t i, const uint8_t *
     pl->nplanes = rec[5];
     unsigned w = stz_xform_width(pl->xform);
     if (!w || (unsigned)pl->nplanes != stz_xform_planes(pl->xform) || stz_le32(rec + 8) != ch->raw_size ||
-        ch->raw_size % w)
+        ch->raw_size % w || !zeros(rec + 6, 2) || !zeros(rec + 12, 4))
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): invalid transform or size", c->path, i,
                            name);
     uint64_t total = RECORD_HEAD_SIZE + (uint64_t)pl->nplanes * PLANE_HEAD_SIZE;
@@ -226,9 +241,9 @@ static stz_status parse_record(const stz_container *c, size_t i, const uint8_t *
         pl->stored[k] = stz_le32(ph + 4);
         pl->raw[k] = ch->raw_size / w;
         total += pl->stored[k];
-        if (pl->codec[k] >= STZ_CODEC_COUNT)
-            return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): unknown codec %u", c->path, i, name,
-                               ph[0]);
+        if (pl->codec[k] >= STZ_CODEC_COUNT || !zeros(ph + 1, 3))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): unknown codec %u or reserved bytes set",
+                               c->path, i, name, ph[0]);
     }
     if (total != ch->record_size)
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): planes hold %llu bytes, record %u",
@@ -378,6 +393,7 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
         return st;
     stz_outfile of = STZ_OUTFILE_INIT;
     size_t *sel = NULL, nsel = c->n;
+    uint64_t need = c->orig_size;
     if (name) {
         long ti = stz_reader_find(c->hdr, name);
         if (ti < 0) {
@@ -390,6 +406,7 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
             goto cleanup;
         }
         nsel = 0;
+        need = stz_reader_tensor(c->hdr, (size_t)ti)->end - stz_reader_tensor(c->hdr, (size_t)ti)->begin;
         for (size_t i = 0; i < c->n; i++)
             if (c->chunks[i].tensor == (uint32_t)ti)
                 sel[nsel++] = i;
@@ -397,6 +414,11 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
     if (out && (st = stz_refuse_input_as_output(in, out, err)))
         goto cleanup;
     if (out && (st = stz_outfile_open(&of, out, p->write_flags & STZ_WRITE_FORCE, err)))
+        goto cleanup;
+    /* a small container may declare a huge file: fail now, not when the disk is full */
+    char what[512];
+    snprintf(what, sizeof what, "unpacking %s", in);
+    if (out && (st = stz_check_space(&of, need, what, err)))
         goto cleanup;
     if ((st = run_decode(p, c, sel, nsel, out ? &of : NULL, err)))
         goto cleanup;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     char *pattern;      /* as written, for messages */
@@ -67,6 +68,9 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
 {
     const char *svd_key = NULL;  /* an SVD-only key, checked against the action */
     const char *rand_key = NULL; /* a key of the randomized method only */
+    const char *dup = stz_json_duplicate_key(o);
+    if (dup) /* cJSON keeps both and lookups see the first: which one was meant? */
+        return perr(err, p, where, pat, "key '%s' appears twice", dup, NULL);
     for (const cJSON *k = o->child; k; k = k->next) {
         const char *key = k->string;
         double v;
@@ -188,6 +192,10 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
         st = stz_err_set(err, STZ_E_POLICY, "%s: not a JSON object%s", p->label, root ? "" : " (invalid JSON)");
         goto done;
     }
+    if (stz_json_duplicate_key(root)) {
+        st = perr(err, p, -2, NULL, "top-level key '%s' appears twice", stz_json_duplicate_key(root), NULL);
+        goto done;
+    }
     for (const cJSON *k = root->child; k; k = k->next)
         if (strcmp(k->string, "default") && strcmp(k->string, "rules") && strcmp(k->string, "description") &&
             strcmp(k->string, "comment")) {
@@ -287,8 +295,8 @@ void stz_policy_free(stz_policy *p)
 stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *err)
 {
     *out = NULL;
-    FILE *f = fopen(path_or_name, "rb");
-    if (!f) {
+    struct stat sb;
+    if (stat(path_or_name, &sb) != 0) {
         const char *text = stz_policy_builtin_text(path_or_name);
         if (text) {
             char label[128];
@@ -298,31 +306,12 @@ stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *
         return stz_err_set(err, STZ_E_IO, "%s: no such policy file, and not a shipped policy name "
                            "(int8, int4, int4-small, lossless, gpt-neo-surgical)", path_or_name);
     }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            if (cap >= (64u << 20)) {
-                fclose(f);
-                free(buf);
-                return stz_err_set(err, STZ_E_POLICY, "%s: policy file larger than 64 MiB", path_or_name);
-            }
-            cap = cap ? cap * 2 : 4096;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                fclose(f);
-                free(buf);
-                return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-            }
-            buf = nb;
-        }
-        size_t k = fread(buf + len, 1, cap - len, f);
-        len += k;
-        if (k == 0)
-            break;
-    }
-    fclose(f);
-    stz_status st = stz_policy_parse(out, buf, len, path_or_name, err);
+    char *buf;
+    size_t len;
+    stz_status st = stz_read_text(path_or_name, 64u << 20, &buf, &len, err);
+    if (st)
+        return st;
+    st = stz_policy_parse(out, buf, len, path_or_name, err);
     free(buf);
     return st;
 }

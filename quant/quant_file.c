@@ -22,6 +22,8 @@
 #include <sys/stat.h>
 
 #define META_PREFIX "stz.quant."
+#define QUANT_VERSION "1"
+#define INT4_PACKING "int4-pairs-high-nibble-first"
 #define BATCH_BYTES (4u << 20) /* input bytes converted at a time */
 
 typedef struct {
@@ -99,6 +101,19 @@ static stz_status find_nonfinite(const stz_reader *r, const stz_tensor *t, uint8
     return STZ_OK;
 }
 
+/* A file stz already quantized holds INT8/INT4 codes and scales tensors:
+ * quantizing those again would give a file that no longer reads back. */
+static stz_status refuse_quantized(const stz_reader *r, stz_err *err)
+{
+    for (size_t i = 0; i < stz_reader_meta_count(r); i++)
+        if (!strncmp(stz_reader_meta_key(r, i), META_PREFIX, strlen(META_PREFIX)))
+            return stz_err_set(err, STZ_E_UNSUPPORTED,
+                               "%s: already quantized by stz (metadata '%s'); quantizing it again would quantize "
+                               "its codes and scales. Quantize the original model, or dequantize this one first "
+                               "(stz dequantize)", stz_reader_path(r), stz_reader_meta_key(r, i));
+    return STZ_OK;
+}
+
 static int quant_row(const plan_t *pl, const float *x, uint8_t *q, float *scales)
 {
     return pl->bits == 8 ? stz_q8_quantize_ref(x, pl->cols, pl->d.block_size, pl->d.method, pl->d.scale_dtype,
@@ -123,7 +138,7 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl,
         cJSON_AddNumberToObject(o, "scale", pl->scalar);
     cJSON_AddStringToObject(o, "scale_dtype", stz_dtype_name(pl->d.scale_dtype));
     if (pl->bits == 4)
-        cJSON_AddStringToObject(o, "packing", "int4-pairs-high-nibble-first");
+        cJSON_AddStringToObject(o, "packing", INT4_PACKING);
     char *s = cJSON_PrintUnformatted(o), key[1024];
     cJSON_Delete(o);
     if (!s)
@@ -446,6 +461,8 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         return st;
     if ((st = stz_refuse_input_as_output(in, out, err)))
         goto cleanup;
+    if ((st = refuse_quantized(r, err)))
+        goto cleanup;
     nt = stz_reader_count(r);
     pl = calloc(nt + 1, sizeof *pl);
     if (!pl) {
@@ -524,7 +541,7 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         }
     }
     if ((st = stz_writer_open(&w, out, p->write_flags, err)) ||
-        (st = stz_writer_set_meta(w, "stz.quant.version", "1", err)))
+        (st = stz_writer_set_meta(w, "stz.quant.version", QUANT_VERSION, err)))
         goto cleanup;
     for (size_t i = 0; i < stz_reader_meta_count(r); i++) /* original metadata first */
         if (strcmp(stz_reader_meta_key(r, i), "format") &&
@@ -637,10 +654,31 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                 *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
                 *scn = cJSON_GetObjectItemCaseSensitive(o, "scales"), *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"),
                 *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
+    static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "scales",
+                                        "scale", "scale_dtype", "packing", NULL};
+    const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method"), *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
+    const char *unknown = stz_json_unknown_key(o, known), *dup = stz_json_duplicate_key(o);
     stz_status st = STZ_OK;
     memset(qi, 0, sizeof *qi);
     qi->t = t;
-    if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || (bits->valueint != 8 && bits->valueint != 4) ||
+    if (unknown || dup) {
+        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': %s%s has %s key '%s'", P, t->name, META_PREFIX,
+                         t->name, unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
+        goto done;
+    }
+    if (!cJSON_IsString(meth) || (strcmp(meth->valuestring, "absmax") && strcmp(meth->valuestring, "mse"))) {
+        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown quantization method '%s'", P, t->name,
+                         cJSON_IsString(meth) ? meth->valuestring : "(none)");
+        goto done;
+    }
+    if (cJSON_IsNumber(bits) && bits->valuedouble == 4 ? !cJSON_IsString(pk) || strcmp(pk->valuestring, INT4_PACKING)
+                                                       : pk != NULL) {
+        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown packing '%s' (this stz reads '%s' for "
+                         "4 bits, and none for 8)", P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)",
+                         INT4_PACKING);
+        goto done;
+    }
+    if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || (bits->valuedouble != 8 && bits->valuedouble != 4) ||
         !cJSON_IsNumber(blk) || blk->valuedouble < 1 || blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) ||
         stz_dtype_parse(dt->valuestring, &qi->dtype) || !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM ||
         !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) || !cJSON_IsString(sdt) ||
@@ -788,8 +826,19 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
     const stz_tensor *f[5];
     const cJSON *rk = cJSON_GetObjectItemCaseSensitive(o, "rank"), *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"),
                 *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"), *ss = cJSON_GetObjectItemCaseSensitive(o, "S_scale");
+    static const char *const known[] = {"method", "svd_method", "power_iters", "oversample", "bits", "rank",
+                                        "dtype", "shape", "U", "U_scales", "S", "S_scale", "Vh", "Vh_scales",
+                                        "scale_dtype", "rel_error", NULL};
+    const char *unknown = stz_json_unknown_key(o, known), *dup = stz_json_duplicate_key(o);
+    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"), *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
     memset(qi, 0, sizeof *qi);
     qi->name = name, qi->svd = 1, qi->bits = 8;
+    if (unknown || dup)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': svd entry has %s key '%s'", P, name,
+                           unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
+    if (!cJSON_IsNumber(bits) || bits->valuedouble != 8 || !cJSON_IsString(sdt) || strcmp(sdt->valuestring, "F32"))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': svd factors with 'bits' other than 8 or "
+                           "'scale_dtype' other than F32 (this stz reads INT8 factors with F32 scales)", P, name);
     for (int j = 0; j < 5; j++) {
         const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, keys[j]);
         long ti = cJSON_IsString(k) ? stz_reader_find(r, k->valuestring) : -1;
@@ -829,11 +878,18 @@ static stz_status scan_quantized(const stz_reader *r, qinfo *qi, char *skip, siz
     const char *P = stz_reader_path(r);
     size_t plen = strlen(META_PREFIX);
     const stz_tensor *base = stz_reader_tensor(r, 0);
+    const char *version = stz_reader_meta_get(r, "stz.quant.version");
     *maxcols = 0;
+    if (version && strcmp(version, QUANT_VERSION))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: quantized with format version '%s' (this stz reads version %s)",
+                           P, version, QUANT_VERSION);
     for (size_t k = 0; k < stz_reader_meta_count(r); k++) {
         const char *key = stz_reader_meta_key(r, k);
         if (strncmp(key, META_PREFIX, plen) || !strcmp(key, "stz.quant.version"))
             continue;
+        if (!version)
+            return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: metadata '%s' without 'stz.quant.version': not a file "
+                               "this stz wrote, refusing to guess its layout", P, key);
         const char *name = key + plen;
         cJSON *o = cJSON_Parse(stz_reader_meta_value(r, k));
         const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method");

@@ -2,21 +2,7 @@
 # End-to-end checks of the stz program: exit statuses, messages, refusal to
 # overwrite, clean interruption. Usage: test_cli.sh STZ [SHARED_DATA_DIR]
 set -u
-STZ=$1
-DATA=${2:-}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
-expect_rc() { # expected-rc description command...
-    want=$1 what=$2; shift 2
-    "$@" >"$T/out" 2>"$T/err"; rc=$?
-    if [ "$rc" = "$want" ]; then ok; else bad "$what: exit $rc, wanted $want"; cat "$T/err"; fi
-}
-has() { # file pattern description
-    if grep -q -- "$2" "$1"; then ok; else bad "$3: '$2' not in output"; cat "$1"; fi
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 expect_rc 0 "help" "$STZ" --help
 has "$T/out" "inspect" "help lists commands"
@@ -230,5 +216,4 @@ wait $pid; rc=$?
 [ "$rc" -ne 0 ] && ok || bad "interrupted synth exited 0"
 ls -A "$T" | grep -q "big" && bad "interrupted synth left $(ls -A "$T" | grep big)" || ok
 
-echo "cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish cli

@@ -249,6 +249,40 @@ static void test_open_errors(void **state)
     assert_string_equal(stz_status_name((stz_status)999), "STZ_E_UNKNOWN");
 }
 
+/* A file that appears at the output path while a writer works is never
+ * replaced without force; with force it is. A FIFO is refused at once. */
+static void test_output_race_and_fifo(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *out = tu_path(dir, "out.bin"), *fifo = tu_path(dir, "fifo");
+    stz_err err;
+    for (int force = 0; force < 2; force++) {
+        stz_outfile of;
+        assert_int_equal(stz_outfile_open(&of, out, force, &err), STZ_OK);
+        assert_int_equal(stz_outfile_write(&of, "stz", 3, &err), STZ_OK);
+        FILE *f = fopen(out, "wb"); /* someone else's file, created meanwhile */
+        fputs("theirs", f);
+        fclose(f);
+        stz_status st = stz_outfile_commit(&of, &err);
+        stz_outfile_abort(&of);
+        char buf[8] = {0};
+        f = fopen(out, "rb");
+        assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
+        fclose(f);
+        assert_int_equal(st, force ? STZ_OK : STZ_E_EXISTS);
+        assert_string_equal(buf, force ? "stz" : "theirs");
+        assert_int_equal(tu_count_entries(dir), 1); /* no temporary file left */
+        unlink(out);
+    }
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    stz_reader *r;
+    assert_int_equal(stz_reader_open(&r, fifo, &err), STZ_E_IO); /* returns: does not wait for a writer */
+    assert_non_null(strstr(err.msg, "a FIFO"));
+    unlink(fifo);
+    free(out), free(fifo);
+    tu_rmdir(dir);
+}
+
 static void check_shared(const char *file, stz_dtype dtype)
 {
     char *p = tu_path(STZ_SHARED_DATA_DIR, file);
@@ -313,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_corpus),
         cmocka_unit_test(test_truncated_everywhere),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_output_race_and_fifo),
         cmocka_unit_test(test_shared_f32),
         cmocka_unit_test(test_shared_bf16),
         cmocka_unit_test(test_half_conversions),

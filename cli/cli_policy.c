@@ -1,0 +1,240 @@
+/* Policy options shared by plan, quantize and compress: --policy / --int8 /
+ * --int4 and command-line overrides (--keep, --set, --method,
+ * --block-size) applied on top of the policy's JSON; `stz policy`. */
+#include "cli.h"
+#include "stz_policy.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
+{
+    const char *given = NULL;
+    switch (c) {
+    case CLI_OPT_POLICY: given = optarg; break;
+    case CLI_OPT_INT8: given = "int8"; break;
+    case CLI_OPT_INT4: given = "int4"; break;
+    case CLI_OPT_KEEP:
+    case CLI_OPT_SET:
+        if (po->nover == CLI_MAX_OVERRIDES)
+            return cli_usage_error(cmd, "at most %d --keep / --set", CLI_MAX_OVERRIDES);
+        po->over[po->nover].keep = c == CLI_OPT_KEEP;
+        po->over[po->nover++].text = optarg;
+        return -1;
+    case CLI_OPT_METHOD: po->method = optarg; return -1;
+    case CLI_OPT_BLOCK: {
+        char *end;
+        long v = strtol(optarg, &end, 10);
+        if (*end || !*optarg || v < 1 || v > (1 << 20))
+            return cli_usage_error(cmd, "--block-size takes 1..1048576, not '%s'", optarg);
+        po->block_size = (int)v;
+        return -1;
+    }
+    default: return -2;
+    }
+    if (po->policy && strcmp(po->policy, given))
+        return cli_usage_error(cmd, "give one policy: '%s' and '%s' conflict", po->policy, given);
+    po->policy = given;
+    return -1;
+}
+
+/* "PATTERN=ACTION[:key=value...]" as a rule object; PATTERN ends at the
+ * first '='. Values that read as numbers or true/false are JSON numbers or
+ * booleans, others strings. */
+static cJSON *parse_set(const char *text, stz_err *err)
+{
+    const char *eq = strchr(text, '=');
+    if (!eq || eq == text)
+        return stz_err_set(err, STZ_E_ARG, "--set '%s': expected PATTERN=ACTION[:key=value...]", text), NULL;
+    cJSON *r = cJSON_CreateObject();
+    char *pat = strndup(text, (size_t)(eq - text)), *rest = strdup(eq + 1), *save = NULL;
+    cJSON_AddStringToObject(r, "match", pat ? pat : "");
+    int first = 1;
+    for (char *tok = strtok_r(rest, ":", &save); tok; tok = strtok_r(NULL, ":", &save), first = 0) {
+        if (first) {
+            cJSON_AddStringToObject(r, "action", tok);
+            continue;
+        }
+        char *kv = strchr(tok, '='), *end;
+        if (!kv || kv == tok) {
+            stz_err_set(err, STZ_E_ARG, "--set '%s': '%s' is not key=value", text, tok);
+            cJSON_Delete(r), r = NULL;
+            break;
+        }
+        *kv++ = 0;
+        double d = strtod(kv, &end);
+        if (*kv && !*end)
+            cJSON_AddNumberToObject(r, tok, d);
+        else if (!strcmp(kv, "true") || !strcmp(kv, "false"))
+            cJSON_AddBoolToObject(r, tok, kv[0] == 't');
+        else
+            cJSON_AddStringToObject(r, tok, kv);
+    }
+    if (r && first)
+        stz_err_set(err, STZ_E_ARG, "--set '%s': no action after '='", text), cJSON_Delete(r), r = NULL;
+    free(pat);
+    free(rest);
+    return r;
+}
+
+/* --method / --block-size on every int8 / int4 rule and default. */
+static void apply_quant_opts(cJSON *o, const cli_policy_opts *po)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
+    if (!cJSON_IsString(a) || (strcmp(a->valuestring, "int8") && strcmp(a->valuestring, "int4")))
+        return;
+    if (po->method) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "method");
+        cJSON_AddStringToObject(o, "method", po->method);
+    }
+    if (po->block_size) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "block_size");
+        cJSON_AddNumberToObject(o, "block_size", po->block_size);
+    }
+}
+
+stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err *err)
+{
+    char *text = NULL;
+    const char *src = po->policy ? po->policy : "{\"default\": \"keep\"}";
+    struct stat sb;
+    *out = NULL;
+    if (!po->nover && !po->method && !po->block_size)
+        return stz_policy_load(out, po->policy, err);
+    if (po->policy && stat(po->policy, &sb) == 0) {
+        stz_status st = stz_read_text(po->policy, 64u << 20, &text, NULL, err);
+        if (st)
+            return st;
+        src = text;
+    } else if (po->policy && !(src = stz_policy_builtin_text(po->policy))) {
+        return stz_policy_load(out, po->policy, err); /* its error names the problem */
+    }
+    /* parse as given first: errors in the file are reported against it */
+    stz_policy *check;
+    stz_status st = stz_policy_parse(&check, src, strlen(src), po->policy ? po->policy : "policy", err);
+    stz_policy_free(check);
+    cJSON *root = st ? NULL : cJSON_Parse(src);
+    free(text);
+    if (st)
+        return st;
+    cJSON *rules = cJSON_GetObjectItemCaseSensitive(root, "rules"), *def = cJSON_GetObjectItemCaseSensitive(root, "default");
+    if (!rules)
+        cJSON_AddItemToObject(root, "rules", rules = cJSON_CreateArray());
+    if (cJSON_IsString(def)) { /* as an object, so that --method can reach it */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "action", def->valuestring);
+        cJSON_ReplaceItemInObjectCaseSensitive(root, "default", def = o);
+    }
+    if (def)
+        apply_quant_opts(def, po);
+    for (cJSON *r = rules->child; r; r = r->next)
+        apply_quant_opts(r, po);
+    /* command-line rules come first, in the order given: first match wins */
+    for (int i = po->nover - 1; i >= 0 && !st; i--) {
+        cJSON *r;
+        if (po->over[i].keep) {
+            r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "match", po->over[i].text);
+            cJSON_AddStringToObject(r, "action", "keep");
+        } else if (!(r = parse_set(po->over[i].text, err))) {
+            st = err->code;
+            break;
+        }
+        apply_quant_opts(r, po);
+        cJSON_InsertItemInArray(rules, 0, r);
+    }
+    char *merged = st ? NULL : cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (st)
+        return st;
+    char label[512];
+    snprintf(label, sizeof label, "%s with command-line rules (0..%d)", po->policy ? po->policy : "policy",
+             po->nover - 1);
+    st = stz_policy_parse(out, merged, strlen(merged), label, err);
+    free(merged);
+    return st;
+}
+
+/* Edit distance, for suggesting the tensor a misspelt pattern meant. */
+static size_t edits(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[256];
+    if (lb >= 255)
+        return (size_t)-1;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t prev = row[0]++;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t cur = row[j], best = prev + (a[i - 1] != b[j - 1]);
+            best = row[j] + 1 < best ? row[j] + 1 : best;
+            best = row[j - 1] + 1 < best ? row[j - 1] + 1 : best;
+            prev = cur, row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+void cli_policy_warn_unused(const stz_policy *pol, const stz_reader *names)
+{
+    for (size_t i = 0; i < stz_policy_rule_count(pol); i++) {
+        if (stz_policy_rule_hits(pol, i))
+            continue;
+        const char *pat = stz_policy_rule_pattern(pol, i), *best = NULL;
+        size_t bd = 4; /* a suggestion at most 3 edits away */
+        for (size_t t = 0; names && !strpbrk(pat, "*?[") && strncmp(pat, "re:", 3) && t < stz_reader_count(names); t++) {
+            size_t d = edits(pat, stz_reader_tensor(names, t)->name);
+            if (d < bd)
+                bd = d, best = stz_reader_tensor(names, t)->name;
+        }
+        if (best)
+            fprintf(stderr, "stz: warning: rule %zu ('%s') matched no tensor; did you mean '%s'?\n", i, pat, best);
+        else
+            fprintf(stderr, "stz: warning: rule %zu ('%s') matched no tensor\n", i, pat);
+    }
+}
+
+static const char policy_help[] =
+    "usage: stz policy list\n"
+    "       stz policy show NAME|FILE [--json]\n\n"
+    "Lists the shipped policies, or prints one (or a policy file, checked)\n"
+    "as JSON, ready to copy and edit. docs/POLICY.md describes the rules.\n";
+
+int cmd_policy(int argc, char **argv)
+{
+    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))
+        return fputs(policy_help, stdout), CLI_OK;
+    if (argc == 2 && !strcmp(argv[1], "list")) {
+        for (size_t i = 0; stz_policy_builtin_name(i); i++) {
+            cJSON *j = cJSON_Parse(stz_policy_builtin_text(stz_policy_builtin_name(i)));
+            const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "description");
+            printf("%-18s %s\n", stz_policy_builtin_name(i), cJSON_IsString(d) ? d->valuestring : "");
+            cJSON_Delete(j);
+        }
+        return CLI_OK;
+    }
+    if (argc != 3 || strcmp(argv[1], "show"))
+        return cli_usage_error("policy", "expected 'list' or 'show NAME'");
+    cli_policy_opts po = {.policy = argv[2]};
+    stz_policy *pol;
+    stz_err err;
+    if (cli_policy_load(&po, &pol, &err))
+        return cli_fail(&err);
+    stz_policy_free(pol);
+    const char *text = stz_policy_builtin_text(argv[2]);
+    char *owned = NULL;
+    struct stat sb;
+    if (stat(argv[2], &sb) == 0) {
+        if (stz_read_text(argv[2], 64u << 20, &owned, NULL, &err))
+            return cli_fail(&err);
+        text = owned;
+    }
+    fputs(text, stdout);
+    if (*text && text[strlen(text) - 1] != '\n')
+        putchar('\n');
+    free(owned);
+    return CLI_OK;
+}
