@@ -16,14 +16,20 @@ static const char eval_help[] =
     "unpacked to a temporary file first) with ORIGINAL, matched by name:\n"
     "cosine similarity, relative Frobenius error, SNR (dB) and largest absolute\n"
     "error, worst first; then the parameter-weighted mean and minimum cosine\n"
-    "and the share of parameters quantized. Tensors found in one file only,\n"
-    "or whose shapes differ, are listed.\n\n"
-    "  --threshold X   list tensors with cosine below X; exit status 3 if any\n"
-    "  --json          print everything as JSON\n"
-    "  --csv           print one CSV row per tensor\n"
-    "  -q, --quiet     only the summary (and the tensors below --threshold)\n"
-    "  -h, --help      this text\n\n"
-    "Exit status: 0 ok, 1 error, 2 usage, 3 a tensor is below --threshold.\n";
+    "and the share of parameters quantized. Either side may be a model\n"
+    "directory (sharded with model.safetensors.index.json, or holding\n"
+    "model.safetensors).\n\n"
+    "A tensor found on one side only, or with a different shape, fails the\n"
+    "check (exit 3, named) unless --allow-missing; comparing nothing always\n"
+    "fails.\n\n"
+    "  --threshold X     list tensors with cosine below X; exit status 3 if any\n"
+    "  --allow-missing   tensors on one side only do not fail the check\n"
+    "  --json            print everything as JSON\n"
+    "  --csv             print one CSV row per tensor\n"
+    "  -q, --quiet       only the summary (and the tensors below --threshold)\n"
+    "  -h, --help        this text\n\n"
+    "Exit status: 0 ok, 1 error, 2 usage, 3 the check failed (a tensor below\n"
+    "--threshold, a tensor missing or mismatched, or nothing compared).\n";
 
 typedef struct {
     const char *name;
@@ -45,15 +51,55 @@ static const char *action_of(const stz_qtensor *t)
 
 static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
+/* A model given as a file or a directory: its files, opened. */
+typedef struct {
+    stz_qmodel **m;
+    size_t n;
+} model_set;
+
+static void set_free(model_set *s)
+{
+    for (size_t i = 0; s->m && i < s->n; i++)
+        stz_qmodel_free(s->m[i]);
+    free(s->m);
+}
+
+static stz_status set_open(model_set *s, const char *path, stz_err *err)
+{
+    char **files;
+    size_t n;
+    memset(s, 0, sizeof *s);
+    stz_status st = cli_model_files(path, &files, &n, err);
+    if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < n; i++, s->n++)
+        if (cli_open_model(files[i], cli_ncores(), &s->m[i], err))
+            st = err->code;
+    cli_model_files_free(files, n);
+    return st;
+}
+
+/* The tensor named `name` in any file of the set: file *f, index *i. */
+static int set_find(const model_set *s, const char *name, size_t *f, size_t *i)
+{
+    for (*f = 0; *f < s->n; (*f)++) {
+        long j = stz_qmodel_find(s->m[*f], name);
+        if (j >= 0)
+            return *i = (size_t)j, 1;
+    }
+    return 0;
+}
+
 int cmd_eval(int argc, char **argv)
 {
-    enum { O_THRESHOLD = 256, O_JSON, O_CSV };
+    enum { O_THRESHOLD = 256, O_JSON, O_CSV, O_ALLOW };
     static const struct option opts[] = {{"threshold", required_argument, 0, O_THRESHOLD},
+                                         {"allow-missing", no_argument, 0, O_ALLOW},
                                          {"json", no_argument, 0, O_JSON}, {"csv", no_argument, 0, O_CSV},
                                          {"quiet", no_argument, 0, 'q'},   {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     double threshold = -2;
-    int json = 0, csv = 0, quiet = 0, c;
+    int json = 0, csv = 0, quiet = 0, allow_missing = 0, c;
     while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
         char *end;
         switch (c) {
@@ -62,6 +108,7 @@ int cmd_eval(int argc, char **argv)
             if (*end || !*optarg || threshold < -1 || threshold > 1)
                 return cli_usage_error("eval", "--threshold takes a cosine in [-1, 1], not '%s'", optarg);
             break;
+        case O_ALLOW: allow_missing = 1; break;
         case O_JSON: json = 1; break;
         case O_CSV: csv = 1; break;
         case 'q': quiet = 1; break;
@@ -71,58 +118,80 @@ int cmd_eval(int argc, char **argv)
     }
     if (optind != argc - 2)
         return cli_usage_error("eval", "expected ORIGINAL and CANDIDATE");
+    if (json && csv)
+        return cli_usage_error("eval", "--json and --csv conflict");
+    const char *pa = argv[optind], *pb = argv[optind + 1];
     stz_err err;
-    stz_qmodel *a = NULL, *b = NULL;
-    if (cli_open_model(argv[optind], cli_ncores(), &a, &err) || cli_open_model(argv[optind + 1], cli_ncores(), &b, &err)) {
-        stz_qmodel_free(a);
+    model_set A, B;
+    if (set_open(&A, pa, &err) || set_open(&B, pb, &err)) {
+        set_free(&A);
         return cli_fail(&err);
     }
-    size_t na = stz_qmodel_count(a), nr = 0;
+    size_t na = 0, nr = 0;
+    for (size_t f = 0; f < A.n; f++)
+        na += stz_qmodel_count(A.m[f]);
     row_t *rows = calloc(na + 1, sizeof *rows);
-    cJSON *doc = json ? cJSON_CreateObject() : NULL, *problems = cJSON_CreateArray();
+    cJSON *doc = json ? cJSON_CreateObject() : NULL, *missing = cJSON_CreateArray(), *extra = cJSON_CreateArray(),
+          *mismatched = cJSON_CreateArray();
     double wsum = 0, wtot = 0, minc = 1;
     uint64_t params = 0, pq = 0;
+    size_t nmissing = 0, nextra = 0, nmismatch = 0, done_n = 0;
     int rc = CLI_OK;
     cli_progress prog;
     cli_progress_init(&prog, "eval", quiet || json || csv);
-    for (size_t i = 0; i < na; i++) {
-        const stz_qtensor *ta = stz_qmodel_tensor(a, i);
-        long j = stz_qmodel_find(b, ta->name);
-        params += ta->numel;
-        if (j < 0) {
-            cJSON_AddItemToArray(problems, cJSON_CreateString(ta->name));
-            fprintf(stderr, "stz: warning: tensor '%s' is missing from %s\n", ta->name, argv[optind + 1]);
-            continue;
+    for (size_t fa = 0; fa < A.n; fa++)
+        for (size_t i = 0; i < stz_qmodel_count(A.m[fa]); i++) {
+            stz_qmodel *a = A.m[fa];
+            const stz_qtensor *ta = stz_qmodel_tensor(a, i);
+            size_t fb, j;
+            params += ta->numel;
+            if (!set_find(&B, ta->name, &fb, &j)) {
+                cJSON_AddItemToArray(missing, cJSON_CreateString(ta->name));
+                fprintf(stderr, "stz: %s: tensor '%s' is missing from %s\n", allow_missing ? "warning" : "check failed",
+                        ta->name, pb);
+                nmissing++;
+                continue;
+            }
+            stz_qmodel *b = B.m[fb];
+            const stz_qtensor *tb = stz_qmodel_tensor(b, j);
+            if (tb->bits)
+                pq += ta->numel;
+            if (!stz_dtype_is_float(ta->dtype) || !stz_dtype_is_float(tb->dtype) || ta->dtype == STZ_DTYPE_C64) {
+                done_n++; /* integer tensors are compared by shape only */
+                continue;
+            }
+            stz_metrics m;
+            stz_status s = stz_eval_tensor(a, i, b, j, &m, &err);
+            if (s == STZ_E_SHAPE || s == STZ_E_DTYPE) {
+                cJSON_AddItemToArray(mismatched, cJSON_CreateString(ta->name));
+                fprintf(stderr, "stz: check failed: %s\n", err.msg);
+                nmismatch++;
+                continue;
+            }
+            if (s) {
+                rc = cli_fail(&err);
+                goto done;
+            }
+            done_n++;
+            rows[nr++] = (row_t){ta->name, action_of(tb), ta->numel, m};
+            wsum += m.cosine * (double)ta->numel, wtot += (double)ta->numel;
+            minc = m.cosine < minc ? m.cosine : minc;
+            if (cli_progress_cb(&prog, nr, na)) {
+                stz_err_set(&err, STZ_E_INTERRUPTED, "interrupted");
+                rc = cli_fail(&err);
+                goto done;
+            }
         }
-        const stz_qtensor *tb = stz_qmodel_tensor(b, (size_t)j);
-        if (tb->bits)
-            pq += ta->numel;
-        if (!stz_dtype_is_float(ta->dtype) || !stz_dtype_is_float(tb->dtype) || ta->dtype == STZ_DTYPE_C64)
-            continue; /* integer tensors are not compared numerically */
-        stz_metrics m;
-        stz_status s = stz_eval_tensor(a, i, b, (size_t)j, &m, &err);
-        if (s == STZ_E_SHAPE || s == STZ_E_DTYPE) {
-            cJSON_AddItemToArray(problems, cJSON_CreateString(ta->name));
-            fprintf(stderr, "stz: warning: %s\n", err.msg);
-            continue;
-        }
-        if (s) {
-            rc = cli_fail(&err);
-            goto done;
-        }
-        rows[nr++] = (row_t){ta->name, action_of(tb), ta->numel, m};
-        wsum += m.cosine * (double)ta->numel, wtot += (double)ta->numel;
-        minc = m.cosine < minc ? m.cosine : minc;
-        if (cli_progress_cb(&prog, i + 1, na)) {
-            stz_err_set(&err, STZ_E_INTERRUPTED, "interrupted");
-            rc = cli_fail(&err);
-            goto done;
-        }
-    }
-    for (size_t j = 0; j < stz_qmodel_count(b); j++)
-        if (stz_qmodel_find(a, stz_qmodel_tensor(b, j)->name) < 0) {
-            cJSON_AddItemToArray(problems, cJSON_CreateString(stz_qmodel_tensor(b, j)->name));
-            fprintf(stderr, "stz: warning: tensor '%s' is only in %s\n", stz_qmodel_tensor(b, j)->name, argv[optind + 1]);
+    for (size_t fb = 0; fb < B.n; fb++)
+        for (size_t j = 0; j < stz_qmodel_count(B.m[fb]); j++) {
+            const char *name = stz_qmodel_tensor(B.m[fb], j)->name;
+            size_t f, i;
+            if (!set_find(&A, name, &f, &i)) {
+                cJSON_AddItemToArray(extra, cJSON_CreateString(name));
+                fprintf(stderr, "stz: %s: tensor '%s' is only in %s\n", allow_missing ? "warning" : "check failed", name,
+                        pb);
+                nextra++;
+            }
         }
     cli_progress_end(&prog);
     qsort(rows, nr, sizeof *rows, by_cosine);
@@ -130,6 +199,7 @@ int cmd_eval(int argc, char **argv)
     size_t below = 0;
     for (size_t i = 0; i < nr; i++)
         below += rows[i].m.cosine < threshold;
+    int failed = below || !done_n || nmismatch || (!allow_missing && nmissing + nextra);
     if (json) {
         cJSON *arr = cJSON_CreateArray();
         for (size_t i = 0; i < nr; i++) {
@@ -149,10 +219,20 @@ int cmd_eval(int argc, char **argv)
         cJSON_AddNumberToObject(doc, "weighted_mean_cosine", wmean);
         cJSON_AddNumberToObject(doc, "min_cosine", minc);
         cJSON_AddNumberToObject(doc, "params_quantized_share", share);
-        cJSON_AddItemToObject(doc, "unmatched", problems);
-        problems = NULL;
-        if (threshold > -2)
-            cJSON_AddNumberToObject(doc, "below_threshold", (double)below);
+        cJSON_AddNumberToObject(doc, "tensors_compared", (double)done_n);
+        cJSON_AddItemToObject(doc, "missing_from_candidate", missing);
+        cJSON_AddItemToObject(doc, "only_in_candidate", extra);
+        cJSON_AddItemToObject(doc, "mismatched", mismatched);
+        missing = extra = mismatched = NULL;
+        if (threshold > -2) {
+            cJSON *bl = cJSON_CreateArray();
+            for (size_t i = 0; i < nr; i++)
+                if (rows[i].m.cosine < threshold)
+                    cJSON_AddItemToArray(bl, cJSON_CreateString(rows[i].name));
+            cJSON_AddNumberToObject(doc, "threshold", threshold);
+            cJSON_AddItemToObject(doc, "below_threshold", bl);
+        }
+        cJSON_AddBoolToObject(doc, "passed", !failed);
         rc = cli_print_json(doc);
         doc = NULL;
     } else if (csv) {
@@ -178,14 +258,21 @@ int cmd_eval(int argc, char **argv)
                wmean, minc, 100 * share);
         if (threshold > -2)
             printf("%zu tensor(s) below the threshold %g\n", below, threshold);
+        if (nmissing + nextra + nmismatch)
+            printf("%zu tensor(s) missing from the candidate, %zu only in it, %zu with another shape or dtype%s\n",
+                   nmissing, nextra, nmismatch, allow_missing ? " (allowed)" : "");
     }
-    if (rc == CLI_OK && below)
+    if (!done_n)
+        fprintf(stderr, "stz: check failed: no tensor of %s was compared with %s\n", pa, pb);
+    if (rc == CLI_OK && failed)
         rc = 3;
 done:
     cJSON_Delete(doc);
-    cJSON_Delete(problems);
+    cJSON_Delete(missing);
+    cJSON_Delete(extra);
+    cJSON_Delete(mismatched);
     free(rows);
-    stz_qmodel_free(a);
-    stz_qmodel_free(b);
+    set_free(&A);
+    set_free(&B);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* stz inspect: what a model file holds. */
 #include "cli.h"
 #include "stz_pack.h"
+#include "stz_quant.h"
 #include "stz_safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -9,12 +10,16 @@
 #include <string.h>
 
 static const char inspect_help[] =
-    "usage: stz inspect [--json] FILE\n\n"
+    "usage: stz inspect [--json] FILE|DIR\n\n"
     "Lists every tensor of a SafeTensors file (name, dtype, shape, parameters,\n"
     "bytes) in file order, totals per dtype, and the __metadata__ entries.\n"
     "Only the header is read, so any file size takes the same memory.\n"
     "For an .stz container, also the stored size and ratio of each tensor,\n"
-    "the codec of each plane, and totals per dtype and per plane.\n\n"
+    "the codec of each plane, and totals per dtype and per plane. For a file\n"
+    "quantized by stz (or a container of one), each tensor under its original\n"
+    "name, dtype and shape with how it is stored (INT4 absmax b128, SVD rank\n"
+    "64, kept) and the true parameter count. A model directory (sharded, or\n"
+    "holding model.safetensors) lists each of its files.\n\n"
     "  --json      print the same as one JSON object\n"
     "  -h, --help  this text\n";
 
@@ -42,7 +47,91 @@ static void sum_dtypes(const stz_reader *r, totals *by)
     }
 }
 
-static int print_json(const stz_reader *r)
+static int has_quant_meta(const stz_reader *r)
+{
+    for (size_t i = 0; i < stz_reader_meta_count(r); i++)
+        if (!strncmp(stz_reader_meta_key(r, i), "stz.quant.", 10))
+            return 1;
+    return 0;
+}
+
+/* "int4 absmax b128", "svd rank 64", "kept" */
+static const char *stored_as(const stz_qtensor *t, char *buf, size_t cap)
+{
+    if (!t->bits)
+        return "kept";
+    if (t->rank)
+        snprintf(buf, cap, "svd rank %llu (int8)", (unsigned long long)t->rank);
+    else
+        snprintf(buf, cap, "int%d %s b%u", t->bits, t->method, t->block_size);
+    return buf;
+}
+
+/* The tensors of a file quantized by stz under their original names: a
+ * table on stdout, or "model" entries added to o. */
+static stz_status quant_view(const stz_reader *r, cJSON *o, stz_err *err)
+{
+    stz_qmodel *m;
+    stz_status st = stz_qmodel_open_reader(&m, r, err);
+    if (st)
+        return st;
+    size_t n = stz_qmodel_count(m), w = 4, nq = 0;
+    uint64_t params = 0, pq = 0;
+    char a[32], b[32], shape[256], how[64];
+    for (size_t i = 0; i < n; i++) {
+        const stz_qtensor *t = stz_qmodel_tensor(m, i);
+        w = strlen(t->name) > w ? strlen(t->name) : w;
+        params += t->numel;
+        if (t->bits)
+            nq++, pq += t->numel;
+    }
+    w = w > 64 ? 64 : w;
+    cJSON *arr = o ? cJSON_CreateArray() : NULL;
+    if (!o)
+        printf("\nquantized by stz: %zu tensors, %s parameters (%zu tensors, %.1f%% of parameters quantized)\n"
+               "%-*s  %-7s  %-18s  %-22s  %15s\n", n, cli_commas(a, params), nq,
+               params ? 100.0 * (double)pq / (double)params : 0, (int)w, "name", "dtype", "shape", "stored as",
+               "bytes");
+    for (size_t i = 0; i < n; i++) {
+        const stz_qtensor *t = stz_qmodel_tensor(m, i);
+        stz_tensor view = {.ndim = t->ndim, .shape = (uint64_t *)t->shape};
+        shape_str(&view, shape, sizeof shape);
+        if (!o) {
+            printf("%-*s  %-7s  %-18s  %-22s  %15s\n", (int)w, t->name, stz_dtype_name(t->dtype), shape,
+                   stored_as(t, how, sizeof how), cli_commas(b, t->stored_bytes));
+            continue;
+        }
+        cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray();
+        cJSON_AddStringToObject(e, "name", t->name);
+        cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON_AddItemToObject(e, "shape", sh);
+        cJSON_AddNumberToObject(e, "params", (double)t->numel);
+        cJSON_AddStringToObject(e, "action", t->rank ? "svd" : t->bits == 8 ? "int8" : t->bits == 4 ? "int4" : "keep");
+        if (t->method)
+            cJSON_AddStringToObject(e, "method", t->method);
+        if (t->block_size)
+            cJSON_AddNumberToObject(e, "block_size", t->block_size);
+        if (t->rank)
+            cJSON_AddNumberToObject(e, "rank", (double)t->rank);
+        cJSON_AddNumberToObject(e, "stored_bytes", (double)t->stored_bytes);
+        cJSON_AddItemToArray(arr, e);
+    }
+    if (o) {
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddNumberToObject(q, "tensor_count", (double)n);
+        cJSON_AddNumberToObject(q, "params", (double)params);
+        cJSON_AddNumberToObject(q, "tensors_quantized", (double)nq);
+        cJSON_AddNumberToObject(q, "params_quantized_share", params ? (double)pq / (double)params : 0);
+        cJSON_AddItemToObject(q, "tensors", arr);
+        cJSON_AddItemToObject(o, "model", q);
+    }
+    stz_qmodel_free(m);
+    return STZ_OK;
+}
+
+static cJSON *build_json(const stz_reader *r)
 {
     totals by[STZ_DTYPE_COUNT];
     sum_dtypes(r, by);
@@ -83,7 +172,7 @@ static int print_json(const stz_reader *r)
     cJSON_AddItemToObject(o, "tensors", ts);
     cJSON_AddItemToObject(o, "dtypes", dts);
     cJSON_AddItemToObject(o, "metadata", md);
-    return cli_print_json(o);
+    return o;
 }
 
 static void print_table(const stz_reader *r)
@@ -146,7 +235,7 @@ static void codec_list(unsigned mask, char *buf, size_t cap)
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
 
-static int inspect_container(const char *path, int json)
+static int inspect_container(const char *path, cJSON **json)
 {
     stz_err err;
     stz_container *c;
@@ -216,12 +305,21 @@ static int inspect_container(const char *path, int json)
         }
         cJSON_AddItemToObject(o, "tensors", arr);
         cJSON_AddItemToObject(o, "dtypes", dts);
-        rc = cli_print_json(o);
+        cJSON_AddBoolToObject(o, "lossless", !has_quant_meta(h));
+        cJSON *md = cJSON_CreateObject();
+        for (size_t i = 0; i < stz_reader_meta_count(h); i++)
+            cJSON_AddStringToObject(md, stz_reader_meta_key(h, i), stz_reader_meta_value(h, i));
+        cJSON_AddItemToObject(o, "metadata", md);
+        if (has_quant_meta(h) && quant_view(h, o, &err))
+            rc = cli_fail(&err), cJSON_Delete(o), o = NULL;
+        *json = o;
         goto cleanup;
     }
-    printf("%s: stz container v%d, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n\n", path,
+    printf("%s: stz container v%d, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n", path,
            STZ_PACK_FORMAT_VERSION, nt, cli_commas(a, orig), cli_commas(b, size), ratio(orig, size),
-           stz_container_chunk_count(c), stz_container_chunk_size(c));
+           stz_container_chunk_count(c), stz_container_chunk_size(c),
+           has_quant_meta(h) ? "lossy: holds a model quantized by stz (decompress --dequantize gives floats back)"
+                             : "lossless: unpacks to the original file byte for byte");
     size_t w = 4;
     for (size_t i = 0; i < nt; i++)
         w = strlen(stz_reader_tensor(h, i)->name) > w ? strlen(stz_reader_tensor(h, i)->name) : w;
@@ -257,9 +355,34 @@ static int inspect_container(const char *path, int json)
     printf("\nmetadata:%s\n", stz_reader_meta_count(h) ? "" : " (none)");
     for (size_t i = 0; i < stz_reader_meta_count(h); i++)
         printf("  %s = %s\n", stz_reader_meta_key(h, i), stz_reader_meta_value(h, i));
+    if (has_quant_meta(h) && quant_view(h, NULL, &err))
+        rc = cli_fail(&err);
 cleanup:
     free(ts);
     stz_container_free(c);
+    return rc;
+}
+
+/* One file; with json, *json receives its document instead of a table. */
+static int inspect_file(const char *path, cJSON **json)
+{
+    if (stz_is_container(path))
+        return inspect_container(path, json);
+    stz_err err;
+    stz_reader *r;
+    if (stz_reader_open(&r, path, &err))
+        return cli_fail(&err);
+    int rc = CLI_OK;
+    if (json)
+        *json = build_json(r);
+    else
+        print_table(r);
+    if (has_quant_meta(r) && quant_view(r, json ? *json : NULL, &err)) {
+        rc = cli_fail(&err);
+        if (json)
+            cJSON_Delete(*json), *json = NULL;
+    }
+    stz_reader_free(r);
     return rc;
 }
 
@@ -276,18 +399,32 @@ int cmd_inspect(int argc, char **argv)
             return cli_usage_error("inspect", "unknown option");
     }
     if (optind != argc - 1)
-        return cli_usage_error("inspect", "expected one FILE");
-    if (stz_is_container(argv[optind]))
-        return inspect_container(argv[optind], json);
+        return cli_usage_error("inspect", "expected one FILE or DIR");
     stz_err err;
-    stz_reader *r;
-    if (stz_reader_open(&r, argv[optind], &err))
+    char **files;
+    size_t n;
+    if (cli_model_files(argv[optind], &files, &n, &err))
         return cli_fail(&err);
     int rc = CLI_OK;
-    if (json)
-        rc = print_json(r);
-    else
-        print_table(r);
-    stz_reader_free(r);
+    cJSON *arr = json && n > 1 ? cJSON_CreateArray() : NULL;
+    for (size_t i = 0; i < n && rc == CLI_OK; i++) {
+        cJSON *doc = NULL;
+        if (i)
+            fputs(json ? "" : "\n", stdout);
+        rc = inspect_file(files[i], json ? &doc : NULL);
+        if (doc && arr)
+            cJSON_AddItemToArray(arr, doc);
+        else if (doc)
+            rc = cli_print_json(doc);
+    }
+    if (arr && rc == CLI_OK) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "directory", argv[optind]);
+        cJSON_AddItemToObject(o, "files", arr);
+        rc = cli_print_json(o);
+    } else {
+        cJSON_Delete(arr);
+    }
+    cli_model_files_free(files, n);
     return rc;
 }

@@ -171,6 +171,33 @@ int cmd_unpack(int argc, char **argv)
     return s ? cli_fail(&err) : CLI_OK;
 }
 
+/* Verifies one container; 1 if it is bad. */
+static int verify_one(const pack_opts *o, stz_unpack_params *p, const char *path, cJSON *arr)
+{
+    cli_progress prog;
+    cli_progress_init(&prog, "verify", o->c.quiet);
+    p->progress = cli_progress_cb;
+    p->progress_user = &prog;
+    stz_err err;
+    stz_status s = stz_verify_file(p, path, &err);
+    cli_progress_end(&prog);
+    if (arr) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "file", path);
+        cJSON_AddBoolToObject(e, "ok", s == STZ_OK);
+        if (s) {
+            cJSON_AddStringToObject(e, "code", stz_status_name(s));
+            cJSON_AddStringToObject(e, "error", err.msg);
+        }
+        cJSON_AddItemToArray(arr, e);
+    } else if (s) {
+        cli_fail(&err);
+    } else if (!o->c.quiet) {
+        printf("%s: OK\n", path);
+    }
+    return s != STZ_OK;
+}
+
 int cmd_verify(int argc, char **argv)
 {
     pack_opts o;
@@ -183,29 +210,18 @@ int cmd_verify(int argc, char **argv)
     p.threads = o.c.threads;
     int bad = 0;
     cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
-    for (int i = optind; i < argc; i++) {
-        cli_progress prog;
-        cli_progress_init(&prog, "verify", o.c.quiet);
-        p.progress = cli_progress_cb;
-        p.progress_user = &prog;
+    for (int a = optind; a < argc; a++) {
+        char **files;
+        size_t n;
         stz_err err;
-        stz_status s = stz_verify_file(&p, argv[i], &err);
-        cli_progress_end(&prog);
-        bad |= s != STZ_OK;
-        if (arr) {
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddStringToObject(e, "file", argv[i]);
-            cJSON_AddBoolToObject(e, "ok", s == STZ_OK);
-            if (s) {
-                cJSON_AddStringToObject(e, "code", stz_status_name(s));
-                cJSON_AddStringToObject(e, "error", err.msg);
-            }
-            cJSON_AddItemToArray(arr, e);
-        } else if (s) {
+        if (cli_model_files(argv[a], &files, &n, &err)) {
+            bad = 1;
             cli_fail(&err);
-        } else if (!o.c.quiet) {
-            printf("%s: OK\n", argv[i]);
+            continue;
         }
+        for (size_t f = 0; f < n; f++)
+            bad |= verify_one(&o, &p, files[f], arr);
+        cli_model_files_free(files, n);
     }
     int rc2 = arr ? cli_print_json(arr) : CLI_OK;
     return bad ? CLI_ERROR : rc2;

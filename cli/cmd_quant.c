@@ -1,5 +1,6 @@
 /* stz plan / quantize / dequantize. */
 #include "cli.h"
+#include "stz_pack.h"
 #include "stz_policy.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
@@ -97,25 +98,41 @@ int cmd_plan(int argc, char **argv)
         return cli_usage_error("plan", "give --policy P, --int8, --int4 or --set");
     stz_err err;
     stz_policy *pol;
-    stz_reader *r;
+    char **files;
+    size_t nfiles, nt = 0, nq = 0, w = 4;
     if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
-    if (stz_reader_open(&r, argv[optind], &err)) {
+    if (cli_model_files(argv[optind], &files, &nfiles, &err)) {
         stz_policy_free(pol);
         return cli_fail(&err);
     }
-    size_t nt = stz_reader_count(r), nq = 0, w = 4;
+    stz_reader **rs = calloc(nfiles + 1, sizeof *rs);
+    for (size_t f = 0; f < nfiles; f++) {
+        if (!rs || stz_reader_open(&rs[f], files[f], &err)) {
+            if (!rs)
+                stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+            else if (stz_is_container(files[f]))
+                stz_err_set(&err, STZ_E_ARG, "%s: an .stz container; plan the model it came from", files[f]);
+            for (size_t k = 0; rs && k < f; k++)
+                stz_reader_free(rs[k]);
+            free(rs);
+            cli_model_files_free(files, nfiles);
+            stz_policy_free(pol);
+            return cli_fail(&err);
+        }
+        for (size_t i = 0; i < stz_reader_count(rs[f]); i++, nt++)
+            w = strlen(stz_reader_tensor(rs[f], i)->name) > w ? strlen(stz_reader_tensor(rs[f], i)->name) : w;
+    }
     uint64_t before = 0, after = 0, pq = 0, params = 0;
-    for (size_t i = 0; i < nt; i++)
-        w = strlen(stz_reader_tensor(r, i)->name) > w ? strlen(stz_reader_tensor(r, i)->name) : w;
     w = w > 60 ? 60 : w;
     cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
     if (!o.c.json)
         printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, "name", "dtype", "rule", "action", "bytes",
                "after", "note");
     char a[32], b[32], lab[64], rule[16];
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
+    for (size_t f = 0; f < nfiles; f++)
+    for (size_t i = 0; i < stz_reader_count(rs[f]); i++) {
+        const stz_tensor *t = stz_reader_tensor(rs[f], i);
         stz_decision d = stz_policy_decide(pol, t);
         uint64_t nb = stz_quant_bytes(t, &d);
         char note[128];
@@ -191,8 +208,11 @@ int cmd_plan(int argc, char **argv)
                cli_commas(b, after), ratio);
         rc = CLI_OK;
     }
-    cli_policy_warn_unused(pol, r);
-    stz_reader_free(r);
+    cli_policy_warn_unused(pol, nfiles == 1 ? rs[0] : NULL);
+    for (size_t f = 0; f < nfiles; f++)
+        stz_reader_free(rs[f]);
+    free(rs);
+    cli_model_files_free(files, nfiles);
     stz_policy_free(pol);
     return rc;
 }

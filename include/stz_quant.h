@@ -110,6 +110,8 @@ typedef struct {
     int bits;               /* 0: stored as is; 8 / 4: quantized */
     uint64_t rank;          /* SVD factors (INT8, bits 8): their rank; else 0 */
     uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
+    const char *method;     /* "absmax", "mse", "svd", or NULL when stored as is */
+    uint32_t block_size;    /* INT8/INT4: elements per block */
 } stz_qtensor;
 
 typedef struct stz_qmodel stz_qmodel;
@@ -117,6 +119,10 @@ typedef struct stz_qmodel stz_qmodel;
 /* Opens a plain or quantized SafeTensors file. Companion scales tensors are
  * not listed; quantized tensors appear under their original names. */
 stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err);
+/* The same over a reader the caller keeps (for example a container's
+ * header, stz_container_header): lists tensors; reading rows needs the
+ * reader's data. */
+stz_status stz_qmodel_open_reader(stz_qmodel **out, const stz_reader *r, stz_err *err);
 void stz_qmodel_free(stz_qmodel *m);
 size_t stz_qmodel_count(const stz_qmodel *m);
 const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);

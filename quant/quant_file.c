@@ -628,6 +628,7 @@ cleanup:
 
 typedef struct {
     const char *name;      /* original name (owned by the reader's metadata) */
+    const char *method;    /* "absmax", "mse", "svd" (static) */
     const stz_tensor *t;   /* values tensor (svd: U) in the quantized file */
     const stz_tensor *sc;  /* scales tensor, NULL for a single scale */
     int bits;
@@ -687,8 +688,9 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, META_PREFIX, t->name);
         goto done;
     }
-    qi->bits = bits->valueint;
+    qi->bits = (int)bits->valuedouble;
     qi->block = (uint32_t)blk->valuedouble;
+    qi->method = strcmp(meth->valuestring, "mse") ? "absmax" : "mse";
     qi->numel = 1;
     for (const cJSON *d = sh->child; d; d = d->next) {
         if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) ||
@@ -832,7 +834,7 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
     const char *unknown = stz_json_unknown_key(o, known), *dup = stz_json_duplicate_key(o);
     const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"), *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
     memset(qi, 0, sizeof *qi);
-    qi->name = name, qi->svd = 1, qi->bits = 8;
+    qi->name = name, qi->svd = 1, qi->bits = 8, qi->method = "svd";
     if (unknown || dup)
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': svd entry has %s key '%s'", P, name,
                            unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
@@ -1010,6 +1012,7 @@ cleanup:
 
 struct stz_qmodel {
     stz_reader *r;
+    int owns_reader;
     qinfo *qi;         /* per reader tensor */
     stz_qtensor *list; /* listed tensors */
     size_t *idx;       /* reader index of each listed tensor */
@@ -1019,17 +1022,12 @@ struct stz_qmodel {
     size_t scratch_cap;
 };
 
-stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
+/* Lists the tensors of m->r. */
+static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
 {
-    *out = NULL;
-    stz_qmodel *m = calloc(1, sizeof *m);
     char *skip = NULL;
     size_t maxcols;
     stz_status st;
-    if (!m)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    if ((st = stz_reader_open(&m->r, path, err)))
-        goto fail;
     size_t nt = stz_reader_count(m->r);
     m->qi = calloc(nt + 1, sizeof *m->qi);
     m->list = calloc(nt + 1, sizeof *m->list);
@@ -1052,6 +1050,7 @@ stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
             continue;
         e->name = q->bits ? q->name : t->name;
         e->bits = q->bits, e->rank = q->svd ? q->rank : 0;
+        e->method = q->bits ? q->method : NULL, e->block_size = q->svd ? 0 : q->block;
         if (q->bits) {
             e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;
             e->rows = q->rows, e->cols = q->cols;
@@ -1067,13 +1066,41 @@ stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
         m->pos[i] = (long)m->n;
         m->idx[m->n++] = i;
     }
-    free(skip);
-    *out = m;
-    return STZ_OK;
 fail:
     free(skip);
-    stz_qmodel_free(m);
     return st;
+}
+
+stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
+{
+    *out = NULL;
+    stz_qmodel *m = calloc(1, sizeof *m);
+    if (!m)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    m->owns_reader = 1;
+    stz_status st = stz_reader_open(&m->r, path, err);
+    if (st || (st = qmodel_init(m, err))) {
+        stz_qmodel_free(m);
+        return st;
+    }
+    *out = m;
+    return STZ_OK;
+}
+
+stz_status stz_qmodel_open_reader(stz_qmodel **out, const stz_reader *r, stz_err *err)
+{
+    *out = NULL;
+    stz_qmodel *m = calloc(1, sizeof *m);
+    if (!m)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    m->r = (stz_reader *)r; /* not freed: owns_reader is 0 */
+    stz_status st = qmodel_init(m, err);
+    if (st) {
+        stz_qmodel_free(m);
+        return st;
+    }
+    *out = m;
+    return STZ_OK;
 }
 
 void stz_qmodel_free(stz_qmodel *m)
@@ -1082,7 +1109,8 @@ void stz_qmodel_free(stz_qmodel *m)
         return;
     for (size_t i = 0; m->qi && m->r && i < stz_reader_count(m->r); i++)
         qinfo_free(&m->qi[i]);
-    stz_reader_free(m->r);
+    if (m->owns_reader)
+        stz_reader_free(m->r);
     free(m->qi);
     free(m->list);
     free(m->idx);

@@ -149,4 +149,49 @@ expect_rc 1 "svd entry with bits 4" "$STZ" dequantize "$T/svd4.safetensors" -o "
 has "$T/err" "svd factors with 'bits' other than 8" "svd bits"
 [ -e "$T/x.safetensors" ] && bad "output written for refused metadata" || ok
 
+# 7. Gates that compared nothing, or not everything, fail.
+"$STZ" synth gpt-neo-tiny -o "$T/other.safetensors" -q --seed 3
+expect_rc 3 "eval with no tensor in common" "$STZ" eval "$M" "$T/neo.safetensors" --threshold 0.99 -q
+has "$T/err" "no tensor of" "says nothing was compared"
+python3 - "$M" "$T/part.safetensors" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1:3]
+with open(src, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n)); data = f.read()
+names = sorted(k for k in h if k != "__metadata__")[:3]
+out, blobs, off = {}, [], 0
+for k in names:
+    b, e = h[k]["data_offsets"]; out[k] = dict(h[k], data_offsets=[off, off + e - b]); blobs.append(data[b:e]); off += e - b
+t = json.dumps(out).encode(); t += b" " * (-len(t) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(t)) + t + b"".join(blobs))
+PY
+expect_rc 3 "eval of a candidate holding 3 of 27 tensors" "$STZ" eval "$M" "$T/part.safetensors" --threshold 0.99 -q
+has "$T/err" "check failed: tensor '.*' is missing from" "names the missing tensors"
+has "$T/out" "24 tensor(s) missing from the candidate" "counts them"
+expect_rc 0 "--allow-missing" "$STZ" eval "$M" "$T/part.safetensors" --threshold 0.99 -q --allow-missing
+expect_rc 3 "eval --json of a partial candidate" "$STZ" eval "$M" "$T/part.safetensors" --json
+has "$T/out" '"passed":[[:space:]]*false' "json says it failed"
+has "$T/out" '"missing_from_candidate"' "json lists the missing tensors"
+expect_rc 3 "eval --json with a threshold" "$STZ" eval "$M" "$T/q.safetensors" --json --threshold 0.99999
+has "$T/out" '"below_threshold":[[:space:]]*\[' "json lists tensors below the threshold"
+has "$T/out" '"model.layers.0.mlp.up_proj.weight"' "by name"
+
+# 8. Read-only commands take model directories.
+expect_rc 0 "eval two directories" "$STZ" eval "$D" "$T/hf4.stz" --threshold 0.9 -q
+has "$T/out" "0 tensor(s) below" "directory eval"
+expect_rc 0 "eval a directory against its lossless copy" "$STZ" eval "$D" "$T/hf.stz" --threshold 0.999999 -q
+expect_rc 0 "inspect a directory" "$STZ" inspect "$D"
+has "$T/out" "model-00002-of-00002.safetensors" "lists the shards"
+expect_rc 0 "inspect a compressed directory" "$STZ" inspect "$T/hf4.stz"
+expect_rc 0 "verify a compressed directory" "$STZ" verify "$T/hf.stz"
+has "$T/out" "model-00001-of-00002.safetensors.stz: OK" "verifies every shard"
+expect_rc 0 "plan a directory" "$STZ" plan --int4 "$D"
+has "$T/out" "transformer.h.0.mlp.c_fc.weight" "plans every shard"
+mkdir "$T/single"
+cp "$M" "$T/single/model.safetensors"
+expect_rc 0 "inspect a single-file repository" "$STZ" inspect "$T/single"
+expect_rc 0 "eval a single-file repository" "$STZ" eval "$T/single" "$M" --threshold 0.999999 -q
+expect_rc 1 "a directory that is no model" "$STZ" inspect "$T/hf.back/original"
+has "$T/err" "not a model directory" "says so"
+
 finish safety
