@@ -120,6 +120,9 @@ typedef struct {
 } tmpfile_t;
 int cli_tmp_make(tmpfile_t *t, const char *out, const char *what);
 void cli_tmp_drop(tmpfile_t *t);
+/* Replaces the temporary path `tmp` in err's message by `shown` (the file
+ * the user named), so that errors name the input. */
+void cli_err_path(stz_err *err, const char *tmp, const char *shown);
 
 /* Bytes of a file, or of every regular file below a directory. */
 uint64_t cli_path_bytes(const char *path);

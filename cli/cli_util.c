@@ -191,6 +191,16 @@ void cli_tmp_drop(tmpfile_t *t)
     t->path = NULL;
 }
 
+void cli_err_path(stz_err *err, const char *tmp, const char *shown)
+{
+    char buf[sizeof err->msg];
+    const char *at = strstr(err->msg, tmp);
+    if (!at)
+        return;
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - err->msg), err->msg, shown, at + strlen(tmp));
+    memcpy(err->msg, buf, sizeof buf);
+}
+
 /* Opens a model for eval; a container is unpacked to a temporary file next
  * to it first, which is unlinked as soon as it is open. */
 int cli_open_model(const char *path, int threads, stz_qmodel **m, stz_err *err)
@@ -206,8 +216,8 @@ int cli_open_model(const char *path, int threads, stz_qmodel **m, stz_err *err)
     up.threads = threads;
     up.write_flags = STZ_WRITE_FORCE;
     stz_status s = stz_unpack_file(&up, path, t.path, err);
-    if (!s)
-        s = stz_qmodel_open(m, t.path, err);
+    if (!s && (s = stz_qmodel_open(m, t.path, err)))
+        cli_err_path(err, t.path, path); /* the user knows the container, not our temporary file */
     cli_tmp_drop(&t);
     return s ? CLI_ERROR : CLI_OK;
 }

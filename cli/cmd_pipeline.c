@@ -218,7 +218,7 @@ int cmd_compress(int argc, char **argv)
     } else {
         rc = compress_one(&c, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
     }
-    if (rc == CLI_OK && c.pol) {
+    if (rc == CLI_OK && c.pol && !o.c.quiet) {
         stz_reader *names = NULL;
         stz_err ignored;
         if (!sharded)
@@ -304,6 +304,8 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
         qp.progress_user = &prog;
         s = stz_dequantize_file(&qp, tu.path, out, o->c.dtype, err);
         cli_progress_end(&prog);
+        if (s)
+            cli_err_path(err, tu.path, in);
     }
     cli_tmp_drop(&tu);
     return s;

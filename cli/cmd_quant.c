@@ -208,7 +208,8 @@ int cmd_plan(int argc, char **argv)
                cli_commas(b, after), ratio);
         rc = CLI_OK;
     }
-    cli_policy_warn_unused(pol, nfiles == 1 ? rs[0] : NULL);
+    if (!o.c.quiet)
+        cli_policy_warn_unused(pol, nfiles == 1 ? rs[0] : NULL);
     for (size_t f = 0; f < nfiles; f++)
         stz_reader_free(rs[f]);
     free(rs);
@@ -241,7 +242,7 @@ int cmd_quantize(int argc, char **argv)
     stz_quant_stats st;
     stz_status s = stz_quantize_file(&p, pol, argv[optind], o.c.out, &st, &err);
     cli_progress_end(&prog);
-    if (!s) {
+    if (!s && !o.c.quiet) {
         stz_reader *names = NULL;
         stz_err ignored;
         stz_reader_open(&names, argv[optind], &ignored);

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -30,18 +32,83 @@ struct stz_reader {
 
 #define MAX_JSON_INT 9007199254740992.0 /* 2^53: larger doubles are not exact */
 
-/* cJSON turns "\u0000" into a NUL inside a C string, which would silently
- * cut a name short; refuse it. Backslashes only occur inside strings. */
-static int has_nul_escape(const uint8_t *s, size_t n)
+/* cJSON reports a failed allocation as a syntax error; its allocator,
+ * wrapped, tells the two apart. */
+static _Thread_local int json_oom;
+static void *json_malloc(size_t n)
 {
-    for (size_t i = 0; i + 1 < n; i++) {
-        if (s[i] != '\\')
-            continue;
-        if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0)
-            return 1;
-        i++; /* skip the escaped character */
+    void *p = malloc(n);
+    json_oom |= !p;
+    return p;
+}
+static void json_hooks(void)
+{
+    cJSON_Hooks h = {json_malloc, free};
+    cJSON_InitHooks(&h);
+}
+static pthread_once_t json_hooks_once = PTHREAD_ONCE_INIT;
+
+/* One pass over the header bytes before cJSON sees them: refuses what the
+ * reference parser (serde_json) refuses and cJSON accepts, raw control
+ * characters inside strings, and "\u0000", which cJSON turns into a NUL that
+ * silently cuts a name short; counts the objects ('{' outside strings) so
+ * that a header of millions of tiny entries is refused before it is
+ * parsed. Returns 0 or the offset + 1 of the offending byte; *what says why. */
+static size_t prescan(const uint8_t *s, size_t n, size_t *objects, const char **what)
+{
+    int in_str = 0;
+    *objects = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = s[i];
+        if (!in_str) {
+            *objects += c == '{';
+            in_str = c == '"';
+        } else if (c == '"') {
+            in_str = 0;
+        } else if (c < 0x20) {
+            return *what = "a raw control character inside a string", i + 1;
+        } else if (c == '\\' && i + 1 < n) {
+            if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0)
+                return *what = "a \\u0000 escape", i + 1;
+            i++; /* skip the escaped character */
+        }
     }
     return 0;
+}
+
+/* What a file that is not SafeTensors probably is, from its first bytes. */
+static const char *sniff(const uint8_t *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+        i++;
+    if (n >= 8 && !memcmp(b, "\x89STZ\r\n\x1a\n", 8))
+        return "an stz container, not a SafeTensors file: use 'stz unpack' or 'stz decompress' (inspect, eval and "
+               "verify read containers as they are)";
+    if (n >= 4 && !memcmp(b, "GGUF", 4))
+        return "a GGUF file (llama.cpp), not a SafeTensors file";
+    if (n >= 4 && !memcmp(b, "PK\x03\x04", 4))
+        return "a zip archive (a PyTorch .pt/.bin checkpoint?), not a SafeTensors file: convert it with the "
+               "safetensors package first";
+    if (n >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
+        return "a Python pickle (a PyTorch checkpoint?), not a SafeTensors file: convert it with the safetensors "
+               "package first";
+    if (n >= 6 && !memcmp(b, "\x93NUMPY", 6))
+        return "a NumPy .npy array, not a SafeTensors file";
+    if (i < n && (b[i] == '{' || b[i] == '['))
+        return "a JSON text (a policy, config or index?), not a model: SafeTensors files start with an 8-byte length";
+    return NULL;
+}
+
+/* The reader's error for a file whose first bytes are not a SafeTensors
+ * header: what it is instead, when that can be told. */
+static stz_status not_safetensors(const stz_reader *r, const uint8_t *first, size_t n, stz_status code,
+                                  const char *detail, stz_err *err)
+{
+    const char *kind = sniff(first, n);
+    if (kind)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s", r->path, kind);
+    return stz_err_set(err, code, "%s: %s", r->path, detail);
 }
 
 static int json_whole(const cJSON *v, uint64_t *out)
@@ -174,10 +241,20 @@ static stz_status parse_header(stz_reader *r, stz_err *err)
     size_t bad = stz_utf8_check(h, n);
     if (bad != n)
         return stz_err_set(err, STZ_E_JSON, "%s: header is not valid UTF-8 (byte %zu)", P, bad);
-    if (has_nul_escape(h, n))
-        return stz_err_set(err, STZ_E_JSON, "%s: header contains a \\u0000 escape", P);
+    size_t objects;
+    const char *what;
+    size_t bad_at = prescan(h, n, &objects, &what);
+    if (bad_at)
+        return stz_err_set(err, STZ_E_JSON, "%s: header contains %s (byte %zu)", P, what, bad_at - 1);
+    if (objects > STZ_ST_MAX_TENSORS + 2)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: header holds %zu objects; more than %u tensors per file are refused",
+                           P, objects, STZ_ST_MAX_TENSORS);
     const char *end = NULL;
+    pthread_once(&json_hooks_once, json_hooks);
+    json_oom = 0;
     root = cJSON_ParseWithLengthOpts((const char *)h, n, &end, 0);
+    if (!root && json_oom)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory parsing a %zu-byte header", P, n);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
         size_t pos = at && at >= (const char *)h && at <= (const char *)h + n ? (size_t)(at - (const char *)h) : 0;
@@ -230,6 +307,12 @@ static stz_status parse_header(stz_reader *r, stz_err *err)
         }
         stz_tensor *t = &r->tensors[ti];
         size_t len = strlen(e->string) + 1;
+        for (const unsigned char *c = (const unsigned char *)e->string; *c; c++)
+            if (*c < 0x20 || *c == 0x7f) {
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: a tensor name holds control character 0x%02x: '%.60s'", P,
+                                 *c, e->string);
+                goto cleanup;
+            }
         memcpy(np, e->string, len);
         t->name = np;
         np += len;
@@ -292,12 +375,17 @@ static stz_status reader_init(stz_reader *r, stz_err *err)
     if (st)
         return st;
     uint64_t n = stz_le64(len8);
-    if (n > STZ_ST_MAX_HEADER)
-        return stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header length %llu exceeds the limit of %u bytes", P,
-                           (unsigned long long)n, STZ_ST_MAX_HEADER);
-    if (n > r->file_size - 8)
-        return stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header length %llu runs past the end of the file (%llu bytes)",
-                           P, (unsigned long long)n, (unsigned long long)r->file_size);
+    char detail[160];
+    if (n > STZ_ST_MAX_HEADER) {
+        snprintf(detail, sizeof detail, "header length %llu exceeds the limit of %u bytes", (unsigned long long)n,
+                 STZ_ST_MAX_HEADER);
+        return not_safetensors(r, len8, 8, STZ_E_HEADER_SIZE, detail, err);
+    }
+    if (n > r->file_size - 8) {
+        snprintf(detail, sizeof detail, "header length %llu runs past the end of the file (%llu bytes)",
+                 (unsigned long long)n, (unsigned long long)r->file_size);
+        return not_safetensors(r, len8, 8, STZ_E_HEADER_SIZE, detail, err);
+    }
     r->header_len = n;
     r->header = malloc((size_t)n + 1);
     if (!r->header)

@@ -28,6 +28,11 @@ extern "C" {
 
 #define STZ_ST_MAX_HEADER 100000000u  /* the reference implementation's limit */
 #define STZ_ST_MAX_NDIM 64            /* deeper shapes are rejected (STZ_E_SHAPE) */
+/* Tensors in one file. Each entry costs ~1 kB while the header is parsed
+ * (~50 bytes of JSON), so without a cap a 100 MB header of empty tensors
+ * would take ~1.5 GB to open; the largest real checkpoints hold a few
+ * thousand per file. STZ_E_FORMAT past it. */
+#define STZ_ST_MAX_TENSORS 262144
 
 typedef struct stz_tensor {
     const char *name;       /* UTF-8, NUL-terminated, owned by the reader */

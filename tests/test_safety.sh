@@ -194,4 +194,152 @@ expect_rc 0 "eval a single-file repository" "$STZ" eval "$T/single" "$M" --thres
 expect_rc 1 "a directory that is no model" "$STZ" inspect "$T/hf.back/original"
 has "$T/err" "not a model directory" "says so"
 
+# 9. A FIFO (or device) as input is refused at once, never waited on.
+mkfifo "$T/fifo.safetensors"
+for cmd in inspect pack "compress --int4" "quantize --int4 -o $T/f.out" verify "policy show"; do
+    # shellcheck disable=SC2086
+    expect_rc 1 "$cmd on a FIFO" timeout 10 "$STZ" $cmd "$T/fifo.safetensors"
+    has "$T/err" "a FIFO" "$cmd names the FIFO"
+done
+expect_rc 1 "a FIFO as policy" timeout 10 "$STZ" plan --policy "$T/fifo.safetensors" "$M"
+expect_rc 1 "a device as input" timeout 10 "$STZ" inspect /dev/zero
+has "$T/err" "a device" "names the device"
+
+# 10. Millions of empty tensors are refused before they are parsed.
+python3 - "$T/many.safetensors" <<'PY'
+import struct, sys
+body = ",".join('"t%d":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}' % i for i in range(300000))
+t = ("{" + body + "}").encode(); t += b" " * (-len(t) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(t)) + t)
+PY
+expect_rc 1 "300,000 tensors" sh -c "ulimit -v 400000; exec \"$STZ\" inspect \"$T/many.safetensors\""
+has "$T/err" "more than 262144 tensors per file are refused" "says why"
+
+# 12. Control characters in names are refused, like the reference parser;
+# zero-element tensors with huge other dimensions allocate nothing.
+python3 - "$T" <<'PY'
+import json, struct, sys
+T = sys.argv[1]
+def write(path, text, data=b""):
+    t = text.encode(); t += b" " * (-len(t) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(t)) + t + data)
+write(T + "/nul.safetensors", '{"a\x00b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\0" * 4)
+write(T + "/ctl.safetensors", '{"a\\u0001b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\0" * 4)
+write(T + "/zero.safetensors", json.dumps({"z": {"dtype": "F32", "shape": [0, 1 << 40], "data_offsets": [0, 0]},
+                                          "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}), b"\0" * 16)
+PY
+expect_rc 1 "raw NUL in a name" "$STZ" inspect "$T/nul.safetensors"
+has "$T/err" "raw control character" "raw control character"
+expect_rc 1 "escaped control character in a name" "$STZ" inspect "$T/ctl.safetensors"
+has "$T/err" "control character 0x01" "escaped control character"
+expect_rc 0 "eval a zero-element tensor of huge shape" sh -c "ulimit -v 400000; exec \"$STZ\" eval \"$T/zero.safetensors\" \"$T/zero.safetensors\" -q"
+expect_rc 0 "quantize it" sh -c "ulimit -v 400000; exec \"$STZ\" quantize --set 'z=int4' --set 'w=int8' \"$T/zero.safetensors\" -o \"$T/zq.safetensors\" -q"
+expect_rc 0 "dequantize it" "$STZ" dequantize "$T/zq.safetensors" -o "$T/zd.safetensors" -q
+python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/qbad.safetensors" "stz.quant.$W" method=nf4
+"$STZ" pack -q "$T/qbad.safetensors" -o "$T/qbad.stz"
+expect_rc 1 "errors name the input, not a temporary file" "$STZ" decompress --dequantize "$T/qbad.stz" -o "$T/qbad.out"
+has "$T/err" "qbad.stz" "names the container"
+hasnt "$T/err" "unpacked-" "no temporary name"
+expect_rc 1 "eval of a bad container names it" "$STZ" eval "$M" "$T/qbad.stz"
+hasnt "$T/err" "unpacked-" "eval: no temporary name"
+
+# 13. Duplicate keys in policies are refused; reserved container bytes must be zero.
+printf '{"default": "int8", "default": "keep"}' >"$T/dup.json"
+expect_rc 1 "duplicate top-level key" "$STZ" plan --policy "$T/dup.json" "$M"
+has "$T/err" "'default' appears twice" "names the key"
+printf '{"rules": [{"match": "*", "action": "int8", "action": "keep"}]}' >"$T/dup2.json"
+expect_rc 1 "duplicate key in a rule" "$STZ" quantize --policy "$T/dup2.json" "$M" -o "$T/dup.out"
+has "$T/err" "rule 0 ('\*'): key 'action' appears twice" "names rule and key"
+"$STZ" pack -q "$M" -o "$T/r.stz"
+python3 - "$T/r.stz" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+rec = 64 + struct.unpack_from("<Q", b, 32)[0]  # first chunk record follows the header section
+assert b[rec:rec + 4] == b"STZC"
+b[rec + 12] = 1  # a reserved byte
+open(sys.argv[1], "wb").write(b)
+PY
+expect_rc 1 "reserved record byte set" "$STZ" verify "$T/r.stz"
+has "$T/err" "chunk 0" "names the chunk"
+
+# 14. The wrong kind of file: say what it is and what fits.
+expect_rc 1 "pack a container" "$STZ" pack "$T/r.stz" -o "$T/rr.stz"
+has "$T/err" "an stz container, not a SafeTensors file: use 'stz unpack'" "container recognised"
+expect_rc 1 "dequantize a container" "$STZ" dequantize "$T/q.stz" -o "$T/x.safetensors"
+has "$T/err" "stz decompress" "points to decompress"
+expect_rc 1 "compress a policy" "$STZ" compress --int4 "$T/dup.json" -o "$T/x.stz"
+has "$T/err" "a JSON text" "JSON recognised"
+printf 'GGUF\003\000\000\000\000\000\000\000\000\000\000\000' >"$T/m.gguf"
+expect_rc 1 "inspect GGUF" "$STZ" inspect "$T/m.gguf"
+has "$T/err" "a GGUF file" "GGUF recognised"
+printf 'PK\003\004\024\000\000\000\010\000\000\000' >"$T/m.pt"
+expect_rc 1 "a PyTorch zip" "$STZ" quantize --int4 "$T/m.pt" -o "$T/x.safetensors"
+has "$T/err" "PyTorch" "zip recognised"
+printf '\200\002}q\000(X\001\000\000\000aq' >"$T/m.bin"
+expect_rc 1 "a pickle" "$STZ" inspect "$T/m.bin"
+has "$T/err" "pickle" "pickle recognised"
+
+# 15. inspect on quantized files and containers: original names, dtypes,
+# shapes, methods; the true parameter count; lossless or lossy.
+expect_rc 0 "inspect a quantized file" "$STZ" inspect "$T/q.safetensors"
+has "$T/out" "quantized by stz: 27 tensors, 123,968 parameters" "true parameter count"
+has "$T/out" "model.layers.0.mlp.up_proj.weight  *BF16  *\[172, 64\]  *int4 absmax b128" "original dtype, shape, method"
+expect_rc 0 "inspect an int4 container" "$STZ" inspect "$T/q.stz"
+has "$T/out" "lossy: holds a model quantized by stz" "lossy container"
+expect_rc 0 "inspect a lossless container" "$STZ" inspect "$T/hf.stz/model-00001-of-00002.safetensors.stz"
+has "$T/out" "lossless: unpacks to the original file byte for byte" "lossless container"
+expect_rc 0 "inspect --json of a quantized container" "$STZ" inspect --json "$T/q.stz"
+has "$T/out" '"lossless":[[:space:]]*false' "json lossless flag"
+has "$T/out" '"method":[[:space:]]*"absmax"' "json method"
+has "$T/out" '"params":[[:space:]]*123968' "json true parameter count"
+expect_rc 0 "inspect svd" "$STZ" inspect "$T/svd.safetensors"
+has "$T/out" "svd rank 8" "svd rank shown"
+
+# 16. Rules that match nothing are reported by quantize and compress, with
+# the name a typo probably meant.
+expect_rc 0 "a typo in a --keep" "$STZ" quantize --int4 --keep lm-head.weight "$M" -o "$T/typo.safetensors"
+has "$T/err" "rule 0 ('lm-head.weight') matched no tensor; did you mean 'lm_head.weight'?" "suggests the name"
+expect_rc 0 "compress warns too" "$STZ" compress --int4 --keep lm-head.weight "$M" -o "$T/typo.stz"
+has "$T/err" "did you mean 'lm_head.weight'" "compress suggests"
+
+# 17. Command-line rules; shipped policies shown; conflicting flags refused.
+expect_rc 0 "--set and --keep" "$STZ" plan --int4 --keep 'model.layers.0.*' --set '*.down_proj.weight=int8:block_size=32' --json "$M"
+python3 - "$T/out" <<'PY' && ok || bad "--set/--keep decisions"
+import json, sys
+d = {t["name"]: t for t in json.load(open(sys.argv[1]))["tensors"]}
+assert d["model.layers.0.mlp.up_proj.weight"]["action"] == "keep"
+assert d["model.layers.1.mlp.down_proj.weight"]["action"] == "int8" and d["model.layers.1.mlp.down_proj.weight"]["block_size"] == 32
+assert d["model.layers.1.mlp.up_proj.weight"]["action"] == "int4"
+PY
+expect_rc 0 "--method --block-size" "$STZ" plan --int4 --method mse --block-size 32 --json "$M"
+has "$T/out" '"method":[[:space:]]*"mse"' "method applied"
+has "$T/out" '"block_size":[[:space:]]*32' "block size applied"
+expect_rc 2 "--int4 --int8" "$STZ" quantize --int4 --int8 "$M" -o "$T/x.safetensors"
+has "$T/err" "conflict" "says they conflict"
+expect_rc 2 "--policy and --int4" "$STZ" compress --policy int8 --int4 "$M"
+expect_rc 2 "--lossless with a policy" "$STZ" compress --lossless --int4 "$M"
+expect_rc 1 "a bad --set" "$STZ" plan --set 'x=int3' "$M"
+has "$T/err" "unknown action 'int3'" "names the problem"
+expect_rc 0 "stz policy show" "$STZ" policy show int4
+has "$T/out" '"rules"' "prints the policy"
+expect_rc 0 "stz policy list" "$STZ" policy list
+has "$T/out" "int4-small" "lists the shipped policies"
+
+# 18. --json prints a document wherever it is offered, with the same keys.
+expect_rc 0 "decompress --json" "$STZ" decompress "$T/q.stz" -o "$T/dj.safetensors" --json
+has "$T/out" '"out_bytes"' "decompress json"
+has "$T/out" '"ratio"' "decompress json ratio"
+expect_rc 0 "dequantize --json" "$STZ" dequantize "$T/q.safetensors" -o "$T/dq.safetensors" --json
+has "$T/out" '"in_bytes"' "dequantize json"
+
+# 19. Lossy and lossless outputs do not collide; decompress says what it did.
+cp "$M" "$T/n.safetensors"
+expect_rc 0 "compress --int4, default name" "$STZ" compress --int4 "$T/n.safetensors" -q
+[ -f "$T/n.int4.safetensors.stz" ] && ok || bad "lossy default name"
+expect_rc 0 "compress --lossless, default name" "$STZ" compress --lossless "$T/n.safetensors" -q
+[ -f "$T/n.safetensors.stz" ] && ok || bad "lossless default name"
+expect_rc 0 "decompress, default name" "$STZ" decompress "$T/n.int4.safetensors.stz"
+[ -f "$T/n.int4.safetensors" ] && ok || bad "decompressed default name"
+has "$T/out" "n.int4.safetensors.stz -> .*n.int4.safetensors: .* bytes in" "one-line summary"
+
 finish safety
