@@ -216,8 +216,13 @@ int cmd_eval(int argc, char **argv)
         cJSON_AddStringToObject(doc, "original", argv[optind]);
         cJSON_AddStringToObject(doc, "candidate", argv[optind + 1]);
         cJSON_AddItemToObject(doc, "tensors", arr);
-        cJSON_AddNumberToObject(doc, "weighted_mean_cosine", wmean);
-        cJSON_AddNumberToObject(doc, "min_cosine", minc);
+        if (nr) {
+            cJSON_AddNumberToObject(doc, "weighted_mean_cosine", wmean);
+            cJSON_AddNumberToObject(doc, "min_cosine", minc);
+        } else { /* nothing compared: no figure to give */
+            cJSON_AddNullToObject(doc, "weighted_mean_cosine");
+            cJSON_AddNullToObject(doc, "min_cosine");
+        }
         cJSON_AddNumberToObject(doc, "params_quantized_share", share);
         cJSON_AddNumberToObject(doc, "tensors_compared", (double)done_n);
         cJSON_AddItemToObject(doc, "missing_from_candidate", missing);
@@ -254,8 +259,13 @@ int cmd_eval(int argc, char **argv)
                 printf("%-*s  %-6s  %10.6f  %10.3g  %8.2f  %10.3g%s\n", (int)w, rows[i].name, rows[i].action,
                        rows[i].m.cosine, rows[i].m.rel_frobenius, rows[i].m.snr_db, rows[i].m.max_abs,
                        rows[i].m.cosine < threshold ? "  BELOW THRESHOLD" : "");
-        printf("\n%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n", nr,
-               wmean, minc, 100 * share);
+        if (!quiet)
+            printf("\n");
+        if (nr)
+            printf("%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n",
+                   nr, wmean, minc, 100 * share);
+        else
+            printf("no tensor compared\n");
         if (threshold > -2)
             printf("%zu tensor(s) below the threshold %g\n", below, threshold);
         if (nmissing + nextra + nmismatch)

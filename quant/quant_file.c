@@ -899,7 +899,9 @@ static stz_status scan_quantized(const stz_reader *r, qinfo *qi, char *skip, siz
         qinfo tmp;
         stz_status st;
         if (is_svd) {
-            st = parse_svd_info(r, name, o, &tmp, err);
+            st = stz_reader_find(r, name) >= 0
+                     ? stz_err_set(err, STZ_E_FORMAT, "%s: SVD entry '%s' has the name of a stored tensor", P, name)
+                     : parse_svd_info(r, name, o, &tmp, err);
         } else {
             long ti = stz_reader_find(r, name);
             st = ti < 0 ? stz_err_set(err, STZ_E_FORMAT, "%s: metadata describes tensor '%s', which is missing", P, name)
@@ -914,11 +916,19 @@ static stz_status scan_quantized(const stz_reader *r, qinfo *qi, char *skip, siz
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' is described twice", P, tmp.t->name);
         qi[at] = tmp;
         const stz_tensor *owned[5] = {tmp.sc, tmp.Us, tmp.S, tmp.Vh, tmp.Vs};
-        for (int j = 0; j < 5; j++)
+        for (int j = 0; j < 5; j++) {
+            if (owned[j] && skip[owned[j] - base])
+                return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' belongs to two quantized entries", P,
+                                   owned[j]->name);
             if (owned[j])
                 skip[owned[j] - base] = 1;
+        }
         *maxcols = tmp.cols > *maxcols ? tmp.cols : *maxcols;
     }
+    for (size_t i = 0; i < stz_reader_count(r); i++)
+        if (skip[i] && qi[i].bits)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' belongs to two quantized entries", P,
+                               stz_reader_tensor(r, i)->name);
     return STZ_OK;
 }
 

@@ -274,6 +274,15 @@ static void test_output_race_and_fifo(void **state)
         assert_int_equal(tu_count_entries(dir), 1); /* no temporary file left */
         unlink(out);
     }
+    stz_outfile of; /* a declared size no disk holds fails before any write, naming the output and the need */
+    assert_int_equal(stz_outfile_open(&of, out, 0, &err), STZ_OK);
+    assert_int_equal(stz_check_space(&of, 1000, "test", &err), STZ_OK);
+    assert_int_equal(stz_check_space(&of, UINT64_MAX / 2, "unpacking x.stz", &err), STZ_E_IO);
+    assert_non_null(strstr(err.msg, "not enough free space"));
+    assert_non_null(strstr(err.msg, "unpacking x.stz needs 9223372036854775807 bytes"));
+    assert_non_null(strstr(err.msg, out));
+    stz_outfile_abort(&of);
+    assert_int_equal(tu_count_entries(dir), 0);
     assert_int_equal(mkfifo(fifo, 0600), 0);
     stz_reader *r;
     assert_int_equal(stz_reader_open(&r, fifo, &err), STZ_E_IO); /* returns: does not wait for a writer */

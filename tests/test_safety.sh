@@ -215,6 +215,20 @@ PY
 expect_rc 1 "300,000 tensors" sh -c "ulimit -v 400000; exec \"$STZ\" inspect \"$T/many.safetensors\""
 has "$T/err" "more than 262144 tensors per file are refused" "says why"
 
+# 11. A container that decodes to more than the disk holds fails before
+# writing, naming both (on a 1 MiB tmpfs when this user may mount one).
+python3 -c "import struct,sys; t=b'{\"z\":{\"dtype\":\"F32\",\"shape\":[1048576],\"data_offsets\":[0,4194304]}}'; sys.stdout.buffer.write(struct.pack('<Q',len(t))+t+bytes(4194304))" >"$T/zeros.safetensors"
+"$STZ" pack -q "$T/zeros.safetensors" -o "$T/zeros.stz"
+mkdir "$T/small"
+if mount -t tmpfs -o size=1m tmpfs "$T/small" 2>/dev/null; then
+    expect_rc 1 "4 MiB into 1 MiB" "$STZ" unpack "$T/zeros.stz" -o "$T/small/z.safetensors"
+    has "$T/err" "not enough free space: unpacking .*zeros.stz needs 41943[0-9]* bytes" "names both and the need"
+    [ -z "$(ls -A "$T/small")" ] && ok || bad "nothing left on the small disk"
+    umount "$T/small"
+else
+    echo "skip: cannot mount a small tmpfs (not root); tests/test_safetensors covers stz_check_space"
+fi
+
 # 12. Control characters in names are refused, like the reference parser;
 # zero-element tensors with huge other dimensions allocate nothing.
 python3 - "$T" <<'PY'

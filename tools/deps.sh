@@ -3,7 +3,8 @@
 # Run as root (or with sudo available). Safe to run again.
 set -e
 PKGS="build-essential cmake pkg-config libzstd-dev libcjson-dev libxxhash-dev
-libopenblas-dev liblapacke-dev libcmocka-dev zstd xz-utils bzip2 time"
+libopenblas-dev liblapacke-dev libcmocka-dev zstd xz-utils bzip2 time
+python3 python3-numpy python3-pytest"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

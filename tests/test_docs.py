@@ -1,0 +1,188 @@
+"""Runs every example in README.md and docs/ so the docs cannot drift.
+
+Usage: test_docs.py STZ REPO_ROOT
+
+- In a fenced block, a line starting with "$ " is a command; the lines up to
+  the next command or the end of the block are its output (stdout, then
+  stderr). Commands run with `sh` in one scratch directory, in document
+  order (README first, then docs/*.md, then docs/cli/*.md), with `stz` and
+  `build/stz` both the binary under test; a block may rely on files an
+  earlier block made. Output must match line for line, except that times
+  and speeds ("in 1.23 s", "456.7 MB/s") are not compared, a line "..."
+  stands for any number of lines, and trailing blanks are ignored. The exit
+  status must be 0 unless the output shows an "stz: error:" line.
+- ```python blocks are run by a Python with numpy, then checked against stz
+  (check_python below).
+- ```json blocks of POLICY.md must be policies stz accepts.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+STZ, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+failures, ran = [], 0
+
+
+def blocks(path):
+    """(language, first line number, lines) of each fenced block."""
+    out, cur = [], None
+    for i, line in enumerate(open(path, encoding="utf-8"), 1):
+        line = line.rstrip("\n")
+        if line.startswith("```"):
+            if cur is None:
+                cur = (line[3:].strip(), i + 1, [])
+            else:
+                out.append(cur)
+                cur = None
+        elif cur is not None:
+            cur[2].append(line)
+    return out
+
+
+TIMES = re.compile(r"\d+(\.\d+)? ([kMG]B/s|s\b)")
+
+
+def norm(line):
+    return TIMES.sub("T", line).rstrip()
+
+
+def matches(want, got):
+    """want may hold '...' lines matching any number of lines."""
+    if not want:
+        return not got
+    if want[0] == "...":
+        return any(matches(want[1:], got[k:]) for k in range(len(got) + 1))
+    return bool(got) and norm(want[0]) == norm(got[0]) and matches(want[1:], got[1:])
+
+
+def run_block(where, lines, cwd, env):
+    global ran
+    cmds = []
+    for line in lines:
+        if line.startswith("$ "):
+            cmds.append((line[2:], []))
+        elif cmds:
+            cmds[-1][1].append(line)
+    for cmd, want in cmds:
+        ran += 1
+        p = subprocess.run(["sh", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+        got = p.stdout.splitlines() + p.stderr.splitlines()
+        want_error = any(w.startswith(("stz: error:", "stz: check failed:")) for w in want)
+        if (p.returncode != 0) != want_error or not matches(want, got):
+            failures.append("%s: $ %s\n  exit %d\n  wanted:\n    %s\n  got:\n    %s" % (
+                where, cmd, p.returncode, "\n    ".join(want), "\n    ".join(got)))
+
+
+def python_with_numpy():
+    for py in ("/usr/bin/python3", sys.executable, "python3"):
+        if shutil.which(py) and subprocess.run([py, "-c", "import numpy"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+# The docs' Python reader, then a check: every tensor of the quantized file
+# it reads equals what `stz dequantize --dtype f32` writes.
+CHECK = r"""
+import sys
+q_t, q_meta = load("q.safetensors")
+ref, _ = load("q.f32.safetensors")
+names = [k[len("stz.quant."):] for k in q_meta if k.startswith("stz.quant.") and k != "stz.quant.version"]
+assert len(names) >= 3, names
+for n in names:
+    got = dequant(q_t, q_meta, n)
+    want = ref[n]
+    assert got.shape == want.shape, (n, got.shape, want.shape)
+    err = float(np.max(np.abs(got - want)))
+    assert err <= 1e-6 * float(np.max(np.abs(want))), (n, err)
+plain, _ = load("plain.bf16.safetensors")
+assert plain["w"].dtype == np.float32 and abs(float(plain["w"][0, 1]) - 1.5) < 1e-9, plain["w"][0, :4]
+print("python reader: %d quantized tensors equal stz dequantize" % len(names))
+"""
+
+
+def check_python(where, code, cwd, env):
+    global ran
+    py = python_with_numpy()
+    if not py:
+        print("skip: %s: no Python with numpy" % where)
+        return
+    ran += 1
+    rule = '{"default":"keep","rules":[{"match":"a","action":"int4","block_size":32},' \
+           '{"match":"b","action":"int8","block_size":64,"method":"mse"},' \
+           '{"match":"c","action":"svd","rank":4},{"match":"d","action":"int4","block_size":256}]}'
+    setup = [
+        # a model with one tensor per storage case: int4 blocks, int8 mse,
+        # svd factors, one block per row (a single 'scale'), a kept BF16 tensor
+        py + " -c \"import numpy as np, json, struct; r = np.random.default_rng(1);"
+        " t = {'a': r.standard_normal((8, 96)), 'b': r.standard_normal((16, 100)), 'c': r.standard_normal((24, 40)),"
+        " 'd': r.standard_normal((1, 200))};"
+        " h = {}; data = b''\n"
+        "for k, v in t.items():\n"
+        "    b = v.astype('<f4').tobytes(); h[k] = {'dtype': 'F32', 'shape': list(v.shape), 'data_offsets': [len(data), len(data) + len(b)]}; data += b\n"
+        "w = np.array([[1.0, 1.5, -2.0, 0.25]], dtype='<f4').view('<u4') >> 16\n"
+        "b = w.astype('<u2').tobytes(); h['w'] = {'dtype': 'BF16', 'shape': [1, 4], 'data_offsets': [len(data), len(data) + len(b)]}; data += b\n"
+        "j = json.dumps(h).encode(); j += b' ' * (-len(j) % 8)\n"
+        "open('m.safetensors', 'wb').write(struct.pack('<Q', len(j)) + j + data)\"",
+        "echo '%s' > docs-test-policy.json" % rule,
+        "stz quantize -q -f --policy docs-test-policy.json m.safetensors -o q.safetensors",
+        "stz dequantize -q -f --dtype f32 q.safetensors -o q.f32.safetensors",
+        "cp m.safetensors plain.bf16.safetensors",
+    ]
+    for s in setup:
+        p = subprocess.run(["sh", "-c", s], cwd=cwd, env=env, capture_output=True, text=True)
+        if p.returncode:
+            failures.append("%s: setup failed: %s\n%s" % (where, s, p.stderr))
+            return
+    p = subprocess.run([py, "-c", code + "\n" + CHECK], cwd=cwd, env=env, capture_output=True, text=True)
+    if p.returncode:
+        failures.append("%s: the Python example fails:\n%s" % (where, p.stderr))
+
+
+def check_policy(where, text, cwd, env):
+    global ran
+    if '"rules"' not in text and '"default"' not in text:
+        return
+    ran += 1
+    path = os.path.join(cwd, "docs-policy.json")
+    open(path, "w").write(text)
+    p = subprocess.run([STZ, "policy", "show", path], env=env, capture_output=True, text=True)
+    if p.returncode:
+        failures.append("%s: policy refused: %s" % (where, p.stderr))
+
+
+def main():
+    docs = [os.path.join(ROOT, "README.md")]
+    for sub in ("docs", os.path.join("docs", "cli")):
+        d = os.path.join(ROOT, sub)
+        docs += sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".md"))
+    work = tempfile.mkdtemp(prefix="stz-docs-")
+    try:
+        os.makedirs(os.path.join(work, "build"))
+        bindir = os.path.join(work, ".bin")
+        os.makedirs(bindir)
+        for link in (os.path.join(work, "build", "stz"), os.path.join(bindir, "stz")):
+            os.symlink(STZ, link)
+        env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""), LC_ALL="C")
+        for path in docs:
+            rel = os.path.relpath(path, ROOT)
+            for lang, line, lines in blocks(path):
+                where = "%s:%d" % (rel, line)
+                if lang == "python":
+                    check_python(where, "\n".join(lines), work, env)
+                elif lang == "json" and rel.endswith("POLICY.md"):
+                    check_policy(where, "\n".join(lines), work, env)
+                elif any(l.startswith("$ ") for l in lines):
+                    run_block(where, lines, work, env)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for f in failures:
+        print("FAIL: " + f)
+    print("docs: %d examples run, %d failed" % (ran, len(failures)))
+    return 1 if failures or not ran else 0
+
+
+sys.exit(main())
