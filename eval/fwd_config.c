@@ -1,0 +1,179 @@
+/* Model configuration of the forward pass: Hugging Face config.json or
+ * llama2.c-style JSON, checked and refused by name when unsupported. */
+#include "stz_forward.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+/* A whole number in [lo, hi] under `key`, or `dflt` when absent (or null). */
+static int get_u32(const cJSON *o, const char *key, double lo, double hi, uint32_t dflt, uint32_t *v,
+                   const char *label, stz_err *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!j || cJSON_IsNull(j)) {
+        if (dflt == UINT32_MAX)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: '%s' is missing", label, key), -1;
+        *v = dflt;
+        return 0;
+    }
+    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || j->valuedouble < lo || j->valuedouble > hi)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: '%s' must be a whole number in [%.0f, %.0f]", label, key, lo, hi), -1;
+    *v = (uint32_t)j->valuedouble;
+    return 0;
+}
+
+static int get_real(const cJSON *o, const char *key, double lo, double hi, double dflt, double *v, const char *label,
+                    stz_err *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!j || cJSON_IsNull(j))
+        return *v = dflt, 0;
+    if (!cJSON_IsNumber(j) || !(j->valuedouble >= lo && j->valuedouble <= hi))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: '%s' must be a number in [%g, %g]", label, key, lo, hi), -1;
+    *v = j->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *key, int dflt)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsBool(j) ? cJSON_IsTrue(j) : dflt;
+}
+
+static const char *get_str(const cJSON *o, const char *key)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(j) ? j->valuestring : NULL;
+}
+
+#define BIG 1048576.0
+
+/* rope_scaling: null, "linear" or "llama3"; anything else is refused. */
+static int parse_rope_scaling(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs))
+        return 0;
+    const char *kind = get_str(rs, "rope_type");
+    kind = kind ? kind : get_str(rs, "type");
+    if (!cJSON_IsObject(rs) || !kind)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: 'rope_scaling' has no 'rope_type'", label), -1;
+    if (get_real(rs, "factor", 1, 1e6, NAN, &c->rope_factor, label, err))
+        return -1;
+    if (isnan(c->rope_factor))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: 'rope_scaling' has no 'factor'", label), -1;
+    if (!strcmp(kind, "linear"))
+        return c->rope_scaling = STZ_ROPE_LINEAR, 0;
+    if (!strcmp(kind, "llama3")) {
+        uint32_t orig;
+        if (get_real(rs, "low_freq_factor", 1e-6, 1e6, 1, &c->rope_low_freq, label, err) ||
+            get_real(rs, "high_freq_factor", 1e-6, 1e6, 4, &c->rope_high_freq, label, err) ||
+            get_u32(rs, "original_max_position_embeddings", 1, 1e9, 8192, &orig, label, err))
+            return -1;
+        if (c->rope_high_freq <= c->rope_low_freq)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: rope_scaling high_freq_factor must exceed low_freq_factor",
+                               label), -1;
+        c->rope_orig_pos = orig;
+        return c->rope_scaling = STZ_ROPE_LLAMA3, 0;
+    }
+    return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: rope_scaling of type '%s' is not supported (only linear and llama3)",
+                       label, kind), -1;
+}
+
+/* Hugging Face config.json of LlamaForCausalLM, MistralForCausalLM or
+ * Qwen2ForCausalLM (and stz synth's metadata). */
+static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
+{
+    static const char *const types[] = {"llama", "mistral", "qwen2"};
+    const char *mt = get_str(root, "model_type"), *arch = get_str(root, "architecture");
+    int known = !mt;
+    for (size_t i = 0; mt && i < sizeof types / sizeof *types; i++)
+        known |= !strcmp(mt, types[i]);
+    if (!known)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: model_type '%s' is not supported (llama, mistral, qwen2)",
+                           label, mt), -1;
+    if (arch && !strncmp(arch, "gpt-neo", 7)) /* stz synth's GPT-Neo shapes */
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: architecture '%s' is not supported (Llama family only)", label,
+                           arch), -1;
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (cJSON_IsArray(archs) && cJSON_GetArraySize(archs) > 0) {
+        const char *a = cJSON_IsString(archs->child) ? archs->child->valuestring : "";
+        if (strcmp(a, "LlamaForCausalLM") && strcmp(a, "MistralForCausalLM") && strcmp(a, "Qwen2ForCausalLM"))
+            return stz_err_set(err, STZ_E_UNSUPPORTED,
+                               "%s: architecture '%s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                               "Qwen2ForCausalLM)", label, a), -1;
+    }
+    const char *act = get_str(root, "hidden_act");
+    if (act && strcmp(act, "silu"))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu only)", label, act), -1;
+    if (get_bool(root, "mlp_bias", 0))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: mlp_bias is not supported", label), -1;
+    if (get_u32(root, "hidden_size", 1, BIG, UINT32_MAX, &c->dim, label, err) ||
+        get_u32(root, "intermediate_size", 1, BIG, UINT32_MAX, &c->hidden, label, err) ||
+        get_u32(root, "num_hidden_layers", 1, 65536, UINT32_MAX, &c->n_layers, label, err) ||
+        get_u32(root, "num_attention_heads", 1, 65536, UINT32_MAX, &c->n_heads, label, err) ||
+        get_u32(root, "num_key_value_heads", 1, 65536, c->n_heads, &c->n_kv_heads, label, err) ||
+        get_u32(root, "head_dim", 2, 65536, c->dim / c->n_heads, &c->head_dim, label, err) ||
+        get_u32(root, "vocab_size", 1, 1 << 24, UINT32_MAX, &c->vocab, label, err) ||
+        get_u32(root, "max_position_embeddings", 1, 1e9, 0, &c->max_pos, label, err) ||
+        get_real(root, "rope_theta", 1, 1e12, 10000, &c->rope_theta, label, err) ||
+        get_real(root, "rms_norm_eps", 0, 1, 1e-6, &c->norm_eps, label, err) ||
+        parse_rope_scaling(c, root, label, err))
+        return -1;
+    uint32_t bos = 1;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
+    if (cJSON_IsNumber(b) && get_u32(root, "bos_token_id", 0, c->vocab - 1, 1, &bos, label, err))
+        return -1;
+    c->bos = (int32_t)(bos < c->vocab ? bos : 0);
+    c->tied = get_bool(root, "tie_word_embeddings", 0);
+    /* Qwen2 states a window it does not use unless use_sliding_window. */
+    int sw = mt && !strcmp(mt, "qwen2") ? get_bool(root, "use_sliding_window", 0) : 1;
+    if (sw && get_u32(root, "sliding_window", 1, 1e9, 0, &c->sliding_window, label, err))
+        return -1;
+    c->rope_interleaved = 0;
+    return 0;
+}
+
+/* llama2.c's Config as JSON (dim, hidden_dim, n_layers, ...). */
+static int parse_llama2c(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
+{
+    if (get_u32(root, "dim", 1, BIG, UINT32_MAX, &c->dim, label, err) ||
+        get_u32(root, "hidden_dim", 1, BIG, UINT32_MAX, &c->hidden, label, err) ||
+        get_u32(root, "n_layers", 1, 65536, UINT32_MAX, &c->n_layers, label, err) ||
+        get_u32(root, "n_heads", 1, 65536, UINT32_MAX, &c->n_heads, label, err) ||
+        get_u32(root, "n_kv_heads", 1, 65536, c->n_heads, &c->n_kv_heads, label, err) ||
+        get_u32(root, "vocab_size", 1, 1 << 24, UINT32_MAX, &c->vocab, label, err) ||
+        get_u32(root, "seq_len", 1, 1e9, 0, &c->max_pos, label, err) ||
+        get_real(root, "rope_theta", 1, 1e12, 10000, &c->rope_theta, label, err) ||
+        get_real(root, "norm_eps", 0, 1, 1e-5, &c->norm_eps, label, err))
+        return -1;
+    c->head_dim = c->dim / c->n_heads;
+    c->bos = 1;
+    c->tied = get_bool(root, "shared_classifier", 1);
+    c->rope_interleaved = 1;
+    return 0;
+}
+
+stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char *label, stz_err *err)
+{
+    memset(c, 0, sizeof *c);
+    cJSON *root = cJSON_ParseWithLength(json, strlen(json));
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return stz_err_set(err, STZ_E_JSON, "%s: not a JSON object", label);
+    }
+    int bad = cJSON_GetObjectItemCaseSensitive(root, "dim") ? parse_llama2c(c, root, label, err)
+                                                             : parse_hf(c, root, label, err);
+    cJSON_Delete(root);
+    if (bad)
+        return err->code;
+    if (c->n_heads % c->n_kv_heads)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %u attention heads are not a multiple of %u key/value heads", label,
+                           c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2 || !c->head_dim)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: the head size %u is not even", label, c->head_dim);
+    if ((uint64_t)c->head_dim * c->n_heads > BIG)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %u heads of %u are too wide", label, c->n_heads, c->head_dim);
+    return STZ_OK;
+}

@@ -1,0 +1,85 @@
+/*
+ * stz_forward.h - a reference forward pass of Llama-family decoder models,
+ * to judge a compressed model by what it outputs.
+ *
+ * Supported: Llama 2/3, Mistral (while sequences fit its sliding window),
+ * TinyLlama, Qwen2 (q/k/v biases) in Hugging Face names, and llama2.c
+ * checkpoints (tok_embeddings, layers.N.attention.wq, ...). Grouped-query
+ * attention, RoPE (llama2.c's interleaved pairs for llama2.c names, Hugging
+ * Face's rotate_half otherwise), RMSNorm, SwiGLU, tied or separate head.
+ * Anything else is refused by name (STZ_E_UNSUPPORTED).
+ *
+ * Memory: the model runs one layer at a time over all positions of all
+ * sequences; one layer's weights (dequantized to F32) and the activations
+ * are held, never the whole model. Matrix products use OpenBLAS sgemm.
+ */
+#ifndef STZ_FORWARD_H
+#define STZ_FORWARD_H
+
+#include "stz.h"
+#include "stz_quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { STZ_ROPE_NONE = 0, STZ_ROPE_LINEAR, STZ_ROPE_LLAMA3 } stz_rope_scaling;
+
+typedef struct {
+    uint32_t dim, hidden, n_layers, n_heads, n_kv_heads, head_dim, vocab;
+    uint32_t max_pos;        /* longest sequence the model takes; 0: not stated */
+    uint32_t sliding_window; /* 0: none */
+    int32_t bos;             /* first token of sampled sequences */
+    double rope_theta, norm_eps;
+    int rope_interleaved;    /* 1: llama2.c pairs (2i, 2i+1); 0: rotate_half (i, i + head_dim/2) */
+    int tied;                /* output head is the token embedding */
+    stz_rope_scaling rope_scaling; /* Hugging Face rope_scaling: linear or llama3 */
+    double rope_factor, rope_low_freq, rope_high_freq;
+    uint32_t rope_orig_pos;  /* llama3: original_max_position_embeddings */
+} stz_fwd_config;
+
+/* Parses a Hugging Face config.json or llama2.c-style config (dim,
+ * hidden_dim, n_layers, ...) text; `label` names it in messages. */
+stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char *label, stz_err *err);
+
+typedef struct stz_fwd stz_fwd;
+
+/* A model over the files of one checkpoint (shards), which the caller
+ * keeps open. Checks that every tensor the config needs is there with the
+ * right shape. `threads` is given to OpenBLAS. */
+stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
+                        const char *label, int threads, stz_err *err);
+void stz_fwd_free(stz_fwd *m);
+const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
+
+/* Called after each layer of each pass; non-zero stops with STZ_E_INTERRUPTED. */
+typedef int (*stz_fwd_progress)(void *user, uint64_t done, uint64_t total);
+
+/* Logits of every position: tokens holds nseq sequences of len ids; logits
+ * gets nseq * len * vocab floats (row t: the prediction of token t + 1). */
+stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t len, float *logits,
+                          stz_err *err);
+
+/* Samples nseq sequences of len tokens (BOS first) at `temperature` with
+ * nucleus `top_p`, deterministically from `seed`. */
+stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
+                          int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err);
+
+typedef struct {
+    uint64_t positions;      /* scored: every position whose next token is given */
+    double kl_mean, kl_stderr, kl_median, kl_p95, kl_p99, kl_max; /* KL(P_ref || P_cand), nats/token */
+    double top1;             /* share of positions where both argmaxes agree */
+    double ppl_ref, ppl_cand, ppl_change; /* perplexity on the sequences; change = cand / ref - 1 */
+} stz_fwd_report;
+
+/* Runs both models over the same sequences (lens[s] tokens each, laid out
+ * with stride `stride`) and compares their next-token distributions, in
+ * double precision. */
+stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
+                           const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
+                           stz_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

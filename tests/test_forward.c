@@ -1,0 +1,341 @@
+/* Forward pass: reproduces llama2.c's reference logits on stories260K,
+ * continues its greedy text, and KL behaves (0 on itself, grows with noise);
+ * bad models and tokens are refused by name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+
+#include "stz_forward.h"
+#include "stz_safetensors.h"
+#include "stz_synth.h"
+#include "test_util.h"
+
+static char *dir;
+
+/* A model and its forward pass over one file. */
+typedef struct {
+    stz_qmodel *q;
+    stz_fwd *f;
+} model;
+
+static stz_status open_model(model *m, const char *path, stz_err *err)
+{
+    memset(m, 0, sizeof *m);
+    stz_status st = stz_qmodel_open(&m->q, path, err);
+    if (st)
+        return st;
+    const char *cfg = stz_reader_meta_get(stz_qmodel_reader(m->q), "config");
+    stz_fwd_config c;
+    if (!cfg)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: no config", path);
+    if ((st = stz_fwd_config_parse(&c, cfg, path, err)))
+        return st;
+    return stz_fwd_open(&m->f, &m->q, 1, &c, path, 2, err);
+}
+
+static void close_model(model *m)
+{
+    stz_fwd_free(m->f);
+    stz_qmodel_free(m->q);
+}
+
+/* Copies src to dst as F32: matrices get Gaussian noise of `sigma` times
+ * their RMS; `skip` is left out; `poison` gets a NaN; `config` replaces
+ * the metadata config when not NULL. */
+typedef struct {
+    double sigma;
+    const char *skip, *poison, *config;
+} edit;
+
+static void rewrite(const char *src, const char *dst, const edit *e)
+{
+    stz_err err;
+    stz_qmodel *q;
+    stz_writer *w;
+    assert_int_equal(stz_qmodel_open(&q, src, &err), STZ_OK);
+    assert_int_equal(stz_writer_open(&w, dst, STZ_WRITE_FORCE, &err), STZ_OK);
+    const char *cfg = stz_reader_meta_get(stz_qmodel_reader(q), "config");
+    assert_int_equal(stz_writer_set_meta(w, "config", e->config ? e->config : cfg, &err), STZ_OK);
+    size_t n = stz_qmodel_count(q);
+    for (size_t i = 0; i < n; i++) {
+        const stz_qtensor *t = stz_qmodel_tensor(q, i);
+        if (!e->skip || strcmp(t->name, e->skip))
+            assert_int_equal(stz_writer_add(w, t->name, STZ_DTYPE_F32, t->ndim, t->shape, &err), STZ_OK);
+    }
+    uint64_t rng = 12345;
+    for (size_t i = 0; i < n; i++) {
+        const stz_qtensor *t = stz_qmodel_tensor(q, i);
+        if (e->skip && !strcmp(t->name, e->skip))
+            continue;
+        float *v = malloc(t->numel * sizeof *v + 4);
+        assert_int_equal(stz_qmodel_read_rows(q, i, 0, (size_t)t->rows, v, &err), STZ_OK);
+        double ss = 0;
+        for (uint64_t j = 0; j < t->numel; j++)
+            ss += (double)v[j] * v[j];
+        double s = e->sigma * sqrt(ss / (double)t->numel);
+        for (uint64_t j = 0; t->ndim == 2 && s > 0 && j < t->numel; j++) {
+            double u1, u2; /* Box-Muller from an LCG */
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull, u1 = ((rng >> 11) + 1.0) / 9007199254740993.0;
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull, u2 = (rng >> 11) / 9007199254740992.0;
+            v[j] += (float)(s * sqrt(-2 * log(u1)) * cos(2 * M_PI * u2));
+        }
+        if (e->poison && !strcmp(t->name, e->poison))
+            v[t->numel / 2] = NAN;
+        assert_int_equal(stz_writer_write(w, v, t->numel * 4, &err), STZ_OK);
+        free(v);
+    }
+    assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_qmodel_free(q);
+}
+
+static char *synth_tiny(void)
+{
+    char *p = tu_path(dir, "tiny.safetensors");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    sp.dtype = STZ_DTYPE_F32;
+    sp.write_flags = STZ_WRITE_FORCE;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, p, NULL, &err), STZ_OK);
+    return p;
+}
+
+static int have_data(const char *name)
+{
+    char *p = tu_path(STZ_SHARED_DATA_DIR, name);
+    int ok = access(p, R_OK) == 0;
+    free(p);
+    if (!ok)
+        printf("skip: %s/%s is not there\n", STZ_SHARED_DATA_DIR, name);
+    return ok;
+}
+
+static int32_t *greedy_tokens(size_t *n)
+{
+    char *p = tu_path(STZ_SHARED_DATA_DIR, "stories260K.greedy.json");
+    FILE *f = fopen(p, "rb");
+    char buf[8192];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    free(p);
+    buf[len] = 0;
+    cJSON *j = cJSON_Parse(buf), *a = cJSON_GetObjectItem(j, "tokens");
+    *n = (size_t)cJSON_GetArraySize(a);
+    int32_t *t = malloc(*n * sizeof *t);
+    for (size_t i = 0; i < *n; i++)
+        t[i] = cJSON_GetArrayItem(a, (int)i)->valueint;
+    cJSON_Delete(j);
+    return t;
+}
+
+static void test_stories_reference_logits(void **state)
+{
+    (void)state;
+    if (!have_data("stories260K.f32.safetensors") || !have_data("stories260K.greedy.logits.f32"))
+        return;
+    size_t n;
+    int32_t *tok = greedy_tokens(&n);
+    assert_int_equal(n, 128);
+    model m;
+    stz_err err;
+    char *p = tu_path(STZ_SHARED_DATA_DIR, "stories260K.f32.safetensors");
+    assert_int_equal(open_model(&m, p, &err), STZ_OK);
+    float *got = malloc(n * 512 * sizeof *got), *want = malloc(n * 512 * sizeof *want);
+    assert_int_equal(stz_fwd_logits(m.f, tok, 1, n, got, &err), STZ_OK);
+    char *lp = tu_path(STZ_SHARED_DATA_DIR, "stories260K.greedy.logits.f32");
+    FILE *f = fopen(lp, "rb");
+    assert_int_equal(fread(want, sizeof *want, n * 512, f), n * 512);
+    fclose(f);
+    double worst = 0;
+    for (size_t i = 0; i < n * 512; i++)
+        worst = fmax(worst, fabs((double)got[i] - want[i]));
+    printf("stories260K: largest |logit - reference| = %.3g\n", worst);
+    assert_true(worst <= 1e-4);
+
+    /* greedy continuation from BOS gives the same 128 tokens */
+    int32_t *cont = malloc(n * sizeof *cont);
+    assert_int_equal(stz_fwd_sample(m.f, 1, n, 7, 0, 0.9, cont, NULL, NULL, &err), STZ_OK);
+    assert_memory_equal(cont, tok, n * sizeof *tok);
+    close_model(&m);
+    free(got), free(want), free(cont), free(tok), free(p), free(lp);
+}
+
+static stz_fwd_report compare(const char *a, const char *b, const int32_t *tok, size_t nseq, size_t len)
+{
+    model A, B;
+    stz_err err;
+    stz_fwd_report r;
+    assert_int_equal(open_model(&A, a, &err), STZ_OK);
+    assert_int_equal(open_model(&B, b, &err), STZ_OK);
+    size_t *lens = malloc(nseq * sizeof *lens);
+    for (size_t s = 0; s < nseq; s++)
+        lens[s] = len;
+    assert_int_equal(stz_fwd_compare(A.f, B.f, tok, nseq, len, lens, NULL, NULL, &r, &err), STZ_OK);
+    assert_int_equal(r.positions, nseq * (len - 1));
+    close_model(&A), close_model(&B);
+    free(lens);
+    return r;
+}
+
+/* KL 0 on itself, small for BF16, growing with noise: on stories260K when
+ * present, on stz synth's tiny model always. */
+static void kl_behaves(const char *path, const char *bf16)
+{
+    model m;
+    stz_err err;
+    assert_int_equal(open_model(&m, path, &err), STZ_OK);
+    enum { NSEQ = 3, LEN = 48 };
+    int32_t tok[NSEQ * LEN];
+    assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 42, 1.0, 0.9, tok, NULL, NULL, &err), STZ_OK);
+    int32_t again[NSEQ * LEN];
+    assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 42, 1.0, 0.9, again, NULL, NULL, &err), STZ_OK);
+    assert_memory_equal(tok, again, sizeof tok); /* same seed, same text */
+    close_model(&m);
+
+    stz_fwd_report r = compare(path, path, tok, NSEQ, LEN);
+    assert_true(r.kl_mean == 0 && r.kl_max == 0 && r.top1 == 1 && r.ppl_change == 0);
+    assert_true(r.ppl_ref > 1 && isfinite(r.ppl_ref));
+    if (bf16) {
+        r = compare(path, bf16, tok, NSEQ, LEN);
+        printf("BF16: KL %.3g, top-1 %.4f\n", r.kl_mean, r.top1);
+        assert_true(r.kl_mean > 0 && r.kl_mean < 1e-3);
+    }
+    double last = 0;
+    const double sigmas[] = {0.01, 0.05, 0.2, 0.5};
+    for (size_t i = 0; i < 4; i++) {
+        char *noisy = tu_path(dir, "noisy.safetensors");
+        rewrite(path, noisy, &(edit){sigmas[i], NULL, NULL, NULL});
+        r = compare(path, noisy, tok, NSEQ, LEN);
+        printf("noise %.2f: KL %.4g +- %.2g (median %.3g, p99 %.3g, max %.3g), top-1 %.3f, ppl %.3f -> %.3f\n",
+               sigmas[i], r.kl_mean, r.kl_stderr, r.kl_median, r.kl_p99, r.kl_max, r.top1, r.ppl_ref, r.ppl_cand);
+        assert_true(r.kl_mean > last);
+        assert_true(r.kl_median <= r.kl_p95 && r.kl_p95 <= r.kl_p99 && r.kl_p99 <= r.kl_max);
+        last = r.kl_mean;
+        free(noisy);
+    }
+}
+
+static void test_kl_stories(void **state)
+{
+    (void)state;
+    if (!have_data("stories260K.f32.safetensors") || !have_data("stories260K.bf16.safetensors"))
+        return;
+    char *a = tu_path(STZ_SHARED_DATA_DIR, "stories260K.f32.safetensors"),
+         *b = tu_path(STZ_SHARED_DATA_DIR, "stories260K.bf16.safetensors");
+    kl_behaves(a, b);
+    free(a), free(b);
+}
+
+static void test_kl_synth(void **state)
+{
+    (void)state;
+    char *p = synth_tiny();
+    kl_behaves(p, NULL);
+    free(p);
+}
+
+static void expect_open_error(const char *path, stz_status code, const char *text)
+{
+    model m;
+    stz_err err;
+    stz_status st = open_model(&m, path, &err);
+    if (st != code || !strstr(err.msg, text))
+        fail_msg("%s: got %s '%s', wanted %s with '%s'", path, stz_status_name(st), err.msg, stz_status_name(code),
+                 text);
+    close_model(&m);
+}
+
+static void test_bad_models(void **state)
+{
+    (void)state;
+    char *p = synth_tiny(), *bad = tu_path(dir, "bad.safetensors");
+    rewrite(p, bad, &(edit){0, "model.layers.1.mlp.up_proj.weight", NULL, NULL});
+    expect_open_error(bad, STZ_E_FORMAT, "tensor 'model.layers.1.mlp.up_proj.weight' is missing");
+    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":170,\"num_hidden_layers\":2,"
+                                           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256}"});
+    expect_open_error(bad, STZ_E_SHAPE, "has shape [172, 64], the config says [170, 64]");
+    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":1,"
+                                           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256}"});
+    expect_open_error(bad, STZ_E_FORMAT, "the config says 1 layers but 'model.layers.1");
+    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"model_type\":\"gpt2\",\"hidden_size\":64}"});
+    expect_open_error(bad, STZ_E_UNSUPPORTED, "model_type 'gpt2' is not supported");
+    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
+                                           "\"num_attention_heads\":4,\"vocab_size\":256,"
+                                           "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}"});
+    expect_open_error(bad, STZ_E_UNSUPPORTED, "rope_scaling of type 'yarn' is not supported");
+    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
+                                           "\"num_attention_heads\":3,\"vocab_size\":256}"});
+    expect_open_error(bad, STZ_E_FORMAT, "not even");
+
+    /* NaN in a weight, token ids outside the vocabulary, too long a sequence */
+    rewrite(p, bad, &(edit){0, NULL, "model.layers.0.self_attn.k_proj.weight", NULL});
+    model m;
+    stz_err err;
+    assert_int_equal(open_model(&m, bad, &err), STZ_OK);
+    int32_t tok[4] = {1, 5, 7, 9};
+    float *logits = malloc(4 * 256 * sizeof *logits);
+    assert_int_equal(stz_fwd_logits(m.f, tok, 1, 4, logits, &err), STZ_E_NUMERIC);
+    assert_non_null(strstr(err.msg, "tensor 'model.layers.0.self_attn.k_proj.weight' holds NaN or Inf"));
+    close_model(&m);
+    assert_int_equal(open_model(&m, p, &err), STZ_OK);
+    tok[2] = 256;
+    assert_int_equal(stz_fwd_logits(m.f, tok, 1, 4, logits, &err), STZ_E_ARG);
+    assert_non_null(strstr(err.msg, "token id 256 is outside the vocabulary [0, 256)"));
+    tok[2] = -1;
+    assert_int_equal(stz_fwd_logits(m.f, tok, 1, 4, logits, &err), STZ_E_ARG);
+    close_model(&m);
+    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
+                                           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256,"
+                                           "\"max_position_embeddings\":3}"});
+    assert_int_equal(open_model(&m, bad, &err), STZ_OK);
+    tok[2] = 3;
+    assert_int_equal(stz_fwd_logits(m.f, tok, 1, 4, logits, &err), STZ_E_ARG);
+    assert_non_null(strstr(err.msg, "sequence 1 has 4 tokens, more than the model's 3 positions"));
+    close_model(&m);
+    free(logits), free(p), free(bad);
+}
+
+/* Linear and llama3 rope scaling change the frequencies as published. */
+static void test_config(void **state)
+{
+    (void)state;
+    stz_fwd_config c;
+    stz_err err;
+    assert_int_equal(stz_fwd_config_parse(&c,
+                                          "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":2048,"
+                                          "\"intermediate_size\":8192,\"num_hidden_layers\":16,\"num_attention_heads\":32,"
+                                          "\"num_key_value_heads\":8,\"vocab_size\":128256,\"rope_theta\":500000.0,"
+                                          "\"rms_norm_eps\":1e-05,\"tie_word_embeddings\":true,\"bos_token_id\":128000,"
+                                          "\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+                                          "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}",
+                                          "cfg", &err),
+                     STZ_OK);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.bos, 128000);
+    assert_true(c.tied && c.rope_scaling == STZ_ROPE_LLAMA3 && c.rope_factor == 32 && c.norm_eps == 1e-5);
+    assert_int_equal(stz_fwd_config_parse(&c, "{\"dim\":64,\"hidden_dim\":172,\"n_layers\":5,\"n_heads\":8,"
+                                              "\"n_kv_heads\":4,\"vocab_size\":512,\"seq_len\":512}", "cfg", &err),
+                     STZ_OK);
+    assert_true(c.rope_interleaved && c.tied && c.norm_eps == 1e-5 && c.max_pos == 512 && c.head_dim == 8);
+    assert_int_equal(stz_fwd_config_parse(&c, "{\"hidden_size\":64}", "cfg.json", &err), STZ_E_FORMAT);
+    assert_string_equal(err.msg, "cfg.json: 'intermediate_size' is missing");
+    assert_int_equal(stz_fwd_config_parse(&c, "[1]", "cfg.json", &err), STZ_E_JSON);
+    assert_int_equal(stz_fwd_config_parse(&c, "{\"architectures\":[\"GPT2LMHeadModel\"]}", "c", &err),
+                     STZ_E_UNSUPPORTED);
+    assert_int_equal(stz_fwd_config_parse(&c, "{\"hidden_act\":\"gelu\"}", "c", &err), STZ_E_UNSUPPORTED);
+}
+
+int main(void)
+{
+    dir = tu_tmpdir();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config),          cmocka_unit_test(test_stories_reference_logits),
+        cmocka_unit_test(test_kl_stories),      cmocka_unit_test(test_kl_synth),
+        cmocka_unit_test(test_bad_models),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tu_rmdir(dir);
+    return rc;
+}
