@@ -177,6 +177,62 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
     return STZ_OK;
 }
 
+/* glibc's regcomp copies a repeated group once per repetition it needs
+ * ("x+" is "xx*", "x{3}" is "xxx"), so nested repetitions take memory
+ * exponential in the pattern. A policy file must not exhaust memory:
+ * refuses a quantifier right after another, and patterns whose expanded
+ * size passes 4096 atoms. */
+static int regex_too_costly(const char *re)
+{
+    enum { DEPTH = 64 };
+    double sum[DEPTH] = {0}, last[DEPTH] = {0}; /* size so far, size of the last atom or group */
+    int d = 0, after_quant = 0;
+    for (const char *c = re; *c; c++) {
+        double mult = 0;
+        if (*c == '(') {
+            if (++d == DEPTH)
+                return 1;
+            sum[d] = last[d] = 0, after_quant = 0;
+            continue;
+        }
+        if (*c == ')' && d > 0) {
+            d--, sum[d] += last[d] = sum[d + 1], after_quant = 0;
+            continue;
+        }
+        if (*c == '|') {
+            last[d] = 0, after_quant = 0;
+            continue;
+        }
+        if (*c == '+' || *c == '*' || *c == '?')
+            mult = *c == '+' ? 2 : 1;
+        else if (*c == '{') {
+            char *end;
+            unsigned long lo = strtoul(c + 1, &end, 10), hi = lo;
+            if (*end == ',')
+                hi = end[1] == '}' ? lo + 1 : strtoul(end + 1, &end, 10);
+            mult = (double)(hi > lo ? hi : lo) + 1;
+            c = strchr(c, '}') ? strchr(c, '}') : c;
+        }
+        if (mult) {
+            if (after_quant)
+                return 1;
+            sum[d] += last[d] * (mult - 1), last[d] *= mult, after_quant = 1;
+        } else {
+            if (*c == '\\' && c[1])
+                c++;
+            else if (*c == '[') /* a bracket expression is one atom; ']' first is literal */
+                for (c += c[1] == '^' ? 2 : 1, c += *c == ']'; *c && *c != ']'; c++)
+                    ;
+            if (!*c)
+                break;
+            sum[d] += 1, last[d] = 1, after_quant = 0;
+        }
+        if (sum[d] > 4096)
+            return 1;
+    }
+    return sum[0] > 4096;
+}
+
 stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, const char *label, stz_err *err)
 {
     *out = NULL;
@@ -251,6 +307,13 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
             goto done;
         if (!strncmp(r->pattern, "re:", 3)) {
             size_t l = strlen(r->pattern);
+            if (regex_too_costly(r->pattern + 3)) {
+                st = perr(err, p, i, r->pattern,
+                          "regular expression too costly to compile (a repetition of a repetition, or "
+                          "nested repetitions expanding past 4096 atoms): simplify it",
+                          NULL, NULL);
+                goto done;
+            }
             char *anch = malloc(l + 4);
             if (!anch) {
                 st = stz_err_set(err, STZ_E_NOMEM, "out of memory");

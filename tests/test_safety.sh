@@ -269,6 +269,12 @@ has "$T/err" "'default' appears twice" "names the key"
 printf '{"rules": [{"match": "*", "action": "int8", "action": "keep"}]}' >"$T/dup2.json"
 expect_rc 1 "duplicate key in a rule" "$STZ" quantize --policy "$T/dup2.json" "$M" -o "$T/dup.out"
 has "$T/err" "rule 0 ('\*'): key 'action' appears twice" "names rule and key"
+# A regular expression whose compiled form is exponential (found by fuzzing:
+# "o" then 140 "+" took gigabytes in regcomp) is refused, not compiled.
+printf '{"rules": [{"match": "re:((((((((((((((a)+)+)+)+)+)+)+)+)+)+)+)+)+)+", "action": "int8"}]}' >"$T/re.json"
+expect_rc 1 "exponential regular expression" sh -c "$MEMCAP exec \"$STZ\" policy show \"$T/re.json\""
+has "$T/err" "regular expression too costly to compile" "says why"
+expect_rc 1 "stacked quantifiers" "$STZ" policy show "$(dirname "$0")/corpus/policy/regex-exponential.json"
 "$STZ" pack -q "$M" -o "$T/r.stz"
 python3 - "$T/r.stz" <<'PY'
 import struct, sys
