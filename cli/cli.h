@@ -156,6 +156,15 @@ extern volatile int cli_interrupted;
 struct stz_qmodel;
 /* stz_qmodel_open, also for .stz containers (unpacked to a temporary file). */
 int cli_open_model(const char *path, int threads, struct stz_qmodel **m, stz_err *err);
+/* A model given as a file or a directory: its files, opened. */
+typedef struct {
+    struct stz_qmodel **m;
+    size_t n;
+} cli_model_set;
+stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err);
+void cli_set_free(cli_model_set *s);
+/* The tensor `name` in any file of the set: file *f, index *i; 0 if none. */
+int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
@@ -166,6 +175,7 @@ int cmd_plan(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_dequantize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_eval_forward(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
 int cmd_decompress(int argc, char **argv);
 int cmd_policy(int argc, char **argv);

@@ -222,6 +222,40 @@ int cli_open_model(const char *path, int threads, stz_qmodel **m, stz_err *err)
     return s ? CLI_ERROR : CLI_OK;
 }
 
+
+void cli_set_free(cli_model_set *s)
+{
+    for (size_t i = 0; s->m && i < s->n; i++)
+        stz_qmodel_free(s->m[i]);
+    free(s->m);
+}
+
+stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
+{
+    char **files;
+    size_t n;
+    memset(s, 0, sizeof *s);
+    stz_status st = cli_model_files(path, &files, &n, err);
+    if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < n; i++, s->n++)
+        if (cli_open_model(files[i], cli_ncores(), &s->m[i], err))
+            st = err->code;
+    cli_model_files_free(files, n);
+    return st;
+}
+
+/* The tensor named `name` in any file of the set: file *f, index *i. */
+int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i)
+{
+    for (*f = 0; *f < s->n; (*f)++) {
+        long j = stz_qmodel_find(s->m[*f], name);
+        if (j >= 0)
+            return *i = (size_t)j, 1;
+    }
+    return 0;
+}
+
 static uint64_t tree_bytes;
 static int add_bytes(const char *path, const struct stat *sb, int type, struct FTW *ftw)
 {

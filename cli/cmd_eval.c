@@ -22,6 +22,8 @@ static const char eval_help[] =
     "A tensor found on one side only, or with a different shape, fails the\n"
     "check (exit 3, named) unless --allow-missing; comparing nothing always\n"
     "fails.\n\n"
+    "  --forward         compare what the models output instead: KL divergence,\n"
+    "                    top-1 agreement, perplexity (stz eval --forward --help)\n"
     "  --threshold X     list tensors with cosine below X; exit status 3 if any\n"
     "  --allow-missing   tensors on one side only do not fail the check\n"
     "  --json            print everything as JSON\n"
@@ -51,45 +53,6 @@ static const char *action_of(const stz_qtensor *t)
 
 static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
-/* A model given as a file or a directory: its files, opened. */
-typedef struct {
-    stz_qmodel **m;
-    size_t n;
-} model_set;
-
-static void set_free(model_set *s)
-{
-    for (size_t i = 0; s->m && i < s->n; i++)
-        stz_qmodel_free(s->m[i]);
-    free(s->m);
-}
-
-static stz_status set_open(model_set *s, const char *path, stz_err *err)
-{
-    char **files;
-    size_t n;
-    memset(s, 0, sizeof *s);
-    stz_status st = cli_model_files(path, &files, &n, err);
-    if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    for (size_t i = 0; !st && i < n; i++, s->n++)
-        if (cli_open_model(files[i], cli_ncores(), &s->m[i], err))
-            st = err->code;
-    cli_model_files_free(files, n);
-    return st;
-}
-
-/* The tensor named `name` in any file of the set: file *f, index *i. */
-static int set_find(const model_set *s, const char *name, size_t *f, size_t *i)
-{
-    for (*f = 0; *f < s->n; (*f)++) {
-        long j = stz_qmodel_find(s->m[*f], name);
-        if (j >= 0)
-            return *i = (size_t)j, 1;
-    }
-    return 0;
-}
-
 int cmd_eval(int argc, char **argv)
 {
     enum { O_THRESHOLD = 256, O_JSON, O_CSV, O_ALLOW };
@@ -98,6 +61,9 @@ int cmd_eval(int argc, char **argv)
                                          {"json", no_argument, 0, O_JSON}, {"csv", no_argument, 0, O_CSV},
                                          {"quiet", no_argument, 0, 'q'},   {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--forward"))
+            return cmd_eval_forward(argc, argv);
     double threshold = -2;
     int json = 0, csv = 0, quiet = 0, allow_missing = 0, c;
     while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
@@ -122,9 +88,9 @@ int cmd_eval(int argc, char **argv)
         return cli_usage_error("eval", "--json and --csv conflict");
     const char *pa = argv[optind], *pb = argv[optind + 1];
     stz_err err;
-    model_set A, B;
-    if (set_open(&A, pa, &err) || set_open(&B, pb, &err)) {
-        set_free(&A);
+    cli_model_set A, B;
+    if (cli_set_open(&A, pa, &err) || cli_set_open(&B, pb, &err)) {
+        cli_set_free(&A);
         return cli_fail(&err);
     }
     size_t na = 0, nr = 0;
@@ -145,7 +111,7 @@ int cmd_eval(int argc, char **argv)
             const stz_qtensor *ta = stz_qmodel_tensor(a, i);
             size_t fb, j;
             params += ta->numel;
-            if (!set_find(&B, ta->name, &fb, &j)) {
+            if (!cli_set_find(&B, ta->name, &fb, &j)) {
                 cJSON_AddItemToArray(missing, cJSON_CreateString(ta->name));
                 fprintf(stderr, "stz: %s: tensor '%s' is missing from %s\n", allow_missing ? "warning" : "check failed",
                         ta->name, pb);
@@ -186,7 +152,7 @@ int cmd_eval(int argc, char **argv)
         for (size_t j = 0; j < stz_qmodel_count(B.m[fb]); j++) {
             const char *name = stz_qmodel_tensor(B.m[fb], j)->name;
             size_t f, i;
-            if (!set_find(&A, name, &f, &i)) {
+            if (!cli_set_find(&A, name, &f, &i)) {
                 cJSON_AddItemToArray(extra, cJSON_CreateString(name));
                 fprintf(stderr, "stz: %s: tensor '%s' is only in %s\n", allow_missing ? "warning" : "check failed", name,
                         pb);
@@ -282,7 +248,7 @@ done:
     cJSON_Delete(extra);
     cJSON_Delete(mismatched);
     free(rows);
-    set_free(&A);
-    set_free(&B);
+    cli_set_free(&A);
+    cli_set_free(&B);
     return rc;
 }

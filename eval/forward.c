@@ -204,42 +204,31 @@ static stz_status read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *ds
     return STZ_OK;
 }
 
-/* One layer's weights (NULL where an optional bias is absent): kept ones
- * when sampling keeps them, else freshly read (the caller frees them). */
-static stz_status load_layer(stz_fwd *m, uint32_t l, float *w[T_PER_LAYER], stz_err *err)
+/* One layer's weights into w (NULL where an optional bias is absent): the
+ * kept copy when sampling keeps this layer, else read into buf, buffers
+ * the caller reuses for every layer (all layers have the same shapes). */
+static stz_status load_layer(stz_fwd *m, uint32_t l, float *const buf[T_PER_LAYER], float *w[T_PER_LAYER],
+                             stz_err *err)
 {
-    memset(w, 0, T_PER_LAYER * sizeof *w);
-    if (l < m->keep_layers && m->keep[(size_t)l * T_PER_LAYER + T_WQ]) {
-        memcpy(w, m->keep + (size_t)l * T_PER_LAYER, T_PER_LAYER * sizeof *w);
+    float **kept = l < m->keep_layers ? m->keep + (size_t)l * T_PER_LAYER : NULL;
+    if (kept && kept[T_WQ]) {
+        memcpy(w, kept, T_PER_LAYER * sizeof *w);
         return STZ_OK;
     }
     for (int k = 0; k < T_PER_LAYER; k++) {
         loc at = m->layer[(size_t)l * T_PER_LAYER + k];
+        w[k] = NULL;
         if (at.f < 0)
             continue;
         const stz_qtensor *t = tensor(m, at);
-        stz_status st;
-        if (!(w[k] = malloc(t->numel * sizeof(float))))
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory reading '%s'", t->name);
-        else
-            st = read_rows(m, at, 0, (size_t)t->rows, w[k], err);
-        if (st) {
-            for (int j = 0; j <= k; j++)
-                free(w[j]), w[j] = NULL;
+        if (kept && !(kept[k] = malloc(t->numel * sizeof(float))))
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory reading '%s'", t->name);
+        w[k] = kept ? kept[k] : buf[k];
+        stz_status st = read_rows(m, at, 0, (size_t)t->rows, w[k], err);
+        if (st)
             return st;
-        }
     }
-    if (l < m->keep_layers)
-        memcpy(m->keep + (size_t)l * T_PER_LAYER, w, T_PER_LAYER * sizeof *w);
     return STZ_OK;
-}
-
-static void unload_layer(stz_fwd *m, uint32_t l, float *w[T_PER_LAYER])
-{
-    if (l < m->keep_layers)
-        return;
-    for (int k = 0; k < T_PER_LAYER; k++)
-        free(w[k]);
 }
 
 /* ---- the layers ----------------------------------------------------------- */
@@ -306,10 +295,13 @@ static stz_status run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, 
     stz_status st = STZ_OK;
     if (!xb || !q || !kv || !att || !h1 || !h3 || !sc)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = 1.0f / sqrtf((float)hd), *buf[T_PER_LAYER] = {0};
+    for (int k = 0; !st && m->keep_layers < c->n_layers && k < T_PER_LAYER; k++)
+        if (m->layer[k].f >= 0 && !(buf[k] = malloc(tensor(m, m->layer[k])->numel * sizeof(float))))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a layer's weights");
     for (uint32_t l = 0; !st && l < c->n_layers; l++) {
         float *w[T_PER_LAYER];
-        if ((st = load_layer(m, l, w, err)))
+        if ((st = load_layer(m, l, buf, w, err)))
             break;
         size_t lk = b->layers > 1 ? l : 0;
         float *kc = b->k + lk * nseq * b->cap * KD, *vc = b->v + lk * nseq * b->cap * KD;
@@ -364,11 +356,12 @@ static stz_status run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, 
         linear(xb, h1, w[T_DOWN], NULL, n, F, D); /* (n, hidden) @ w2^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
-        unload_layer(m, l, w);
         if (progress && progress(user, ++*done, total))
             st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     }
     free(xb), free(q), free(kv), free(att), free(h1), free(h3), free(sc);
+    for (int k = 0; k < T_PER_LAYER; k++)
+        free(buf[k]);
     return st;
 }
 
@@ -580,19 +573,84 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* log-softmax of a row in double: lp[i] = l[i] - logsumexp(l); returns argmax. */
-static size_t log_softmax(const float *l, size_t V, double *lp)
+/* Running log-softmax statistics of one scored row, over vocabulary slices:
+ * with m the largest logit so far, s = sum exp(l - m); for the original,
+ * t = sum exp(la - ma) (la - lb), so KL = t / s - lse_a + lse_b. */
+typedef struct {
+    double ma, sa, ta, mb, sb, next_a, next_b;
+    uint32_t arg_a, arg_b;
+} row_stats;
+
+/* Folds logits LA, LB (n rows x k, vocabulary ids v0..v0+k) into the rows' stats. */
+static void fold_slice(row_stats *rs, const float *LA, const float *LB, size_t n, size_t k, size_t v0,
+                       const int32_t *next)
 {
-    size_t best = 0;
-    for (size_t i = 1; i < V; i++)
-        best = l[i] > l[best] ? i : best;
-    double sum = 0;
-    for (size_t i = 0; i < V; i++)
-        sum += exp((double)l[i] - l[best]);
-    double lse = l[best] + log(sum);
-    for (size_t i = 0; i < V; i++)
-        lp[i] = (double)l[i] - lse;
-    return best;
+    for (size_t r = 0; r < n; r++) {
+        row_stats *x = &rs[r];
+        const float *la = LA + r * k, *lb = LB + r * k;
+        float mxa = la[0], mxb = lb[0];
+        size_t ia = 0, ib = 0;
+        for (size_t i = 1; i < k; i++) {
+            if (la[i] > mxa)
+                mxa = la[i], ia = i;
+            if (lb[i] > mxb)
+                mxb = lb[i], ib = i;
+        }
+        if (!v0 || mxa > x->ma) { /* rescale to the new maximum */
+            double f = v0 ? exp(x->ma - mxa) : 0;
+            x->sa *= f, x->ta *= f, x->ma = mxa, x->arg_a = (uint32_t)(v0 + ia);
+        }
+        if (!v0 || mxb > x->mb) {
+            x->sb *= v0 ? exp(x->mb - mxb) : 0;
+            x->mb = mxb, x->arg_b = (uint32_t)(v0 + ib);
+        }
+        double sa = 0, ta = 0, sb = 0;
+        for (size_t i = 0; i < k; i++) {
+            double e = exp((double)la[i] - x->ma);
+            sa += e, ta += e * ((double)la[i] - lb[i]), sb += exp((double)lb[i] - x->mb);
+        }
+        x->sa += sa, x->ta += ta, x->sb += sb;
+        if ((size_t)next[r] >= v0 && (size_t)next[r] < v0 + k)
+            x->next_a = la[next[r] - v0], x->next_b = lb[next[r] - v0];
+    }
+}
+
+/* Final norm, then both heads streamed in vocabulary slices (each read
+ * once) over the n scored rows XA, XB; stats into rs. */
+static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, size_t n, const int32_t *next,
+                             row_stats *rs, stz_err *err)
+{
+    size_t D = ref->c.dim, V = ref->c.vocab, step = ((size_t)8 << 20) / (n > D ? n : D);
+    step = step < 1 ? 1 : step > V ? V : step;
+    float *na = malloc(D * sizeof *na), *nb = malloc(D * sizeof *nb), *W = malloc(step * D * sizeof *W),
+          *LA = malloc(n * step * sizeof *LA), *LB = malloc(n * step * sizeof *LB);
+    stz_status st = !na || !nb || !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    if (!st && !(st = read_rows(ref, ref->global[G_NORM], 0, 1, na, err)))
+        st = read_rows(cand, cand->global[G_NORM], 0, 1, nb, err);
+    for (size_t r = 0; !st && r < n; r++) {
+        rmsnorm(XA + r * D, XA + r * D, na, D, ref->c.norm_eps);
+        rmsnorm(XB + r * D, XB + r * D, nb, D, cand->c.norm_eps);
+    }
+    for (size_t v0 = 0; !st && v0 < V; v0 += step) {
+        size_t k = V - v0 < step ? V - v0 : step;
+        /* L (n, k) = X (n, dim) @ head[v0:v0+k] (k, dim)^T, for each model */
+        if ((st = read_rows(ref, ref->global[G_HEAD], v0, k, W, err)))
+            break;
+        linear(LA, XA, W, NULL, n, D, k);
+        if ((st = read_rows(cand, cand->global[G_HEAD], v0, k, W, err)))
+            break;
+        linear(LB, XB, W, NULL, n, D, k);
+        for (size_t i = 0; i < n * k; i++)
+            if (!isfinite(LA[i]) || !isfinite(LB[i])) {
+                st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite",
+                                 isfinite(LA[i]) ? cand->label : ref->label, i / k + 1);
+                break;
+            }
+        if (!st)
+            fold_slice(rs, LA, LB, n, k, v0, next);
+    }
+    free(na), free(nb), free(W), free(LA), free(LB);
+    return st;
 }
 
 stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
@@ -604,51 +662,46 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
     if (a->dim != b->dim || a->vocab != b->vocab || a->n_layers != b->n_layers || a->hidden != b->hidden)
         return stz_err_set(err, STZ_E_SHAPE, "%s and %s are not the same architecture (dim %u/%u, layers %u/%u, vocab %u/%u)",
                            ref->label, cand->label, a->dim, b->dim, a->n_layers, b->n_layers, a->vocab, b->vocab);
-    size_t n = 0, D = a->dim, V = a->vocab;
+    size_t n = 0, D = a->dim;
     for (size_t s = 0; s < nseq; s++)
         n += lens[s];
-    uint64_t done = 0, total = 2 * (uint64_t)a->n_layers + 2;
+    uint64_t done = 0, total = 2 * (uint64_t)a->n_layers + 1;
     float *XA = malloc((n * D + 1) * sizeof *XA), *XB = malloc((n * D + 1) * sizeof *XB);
-    size_t chunk = (size_t)(((uint64_t)32 << 20) / V) ? (size_t)(((uint64_t)32 << 20) / V) : 1;
-    chunk = chunk > n ? n : chunk;
-    float *LA = malloc((chunk * V + 1) * sizeof *LA), *LB = malloc((chunk * V + 1) * sizeof *LB);
-    double *pa = malloc(V * sizeof *pa), *pb = malloc(V * sizeof *pb), *kl = malloc((n + 1) * sizeof *kl);
-    stz_status st = !XA || !XB || !LA || !LB || !pa || !pb || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory")
-                                                                  : STZ_OK;
+    int32_t *next = malloc((n + 1) * sizeof *next);
+    row_stats *rs = calloc(n + 1, sizeof *rs);
+    double *kl = malloc((n + 1) * sizeof *kl);
+    stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
     openblas_set_num_threads(ref->threads);
     if (!st)
         st = hidden_states(ref, tokens, nseq, stride, lens, XA, progress, user, &done, total, err);
     openblas_set_num_threads(cand->threads);
     if (!st)
         st = hidden_states(cand, tokens, nseq, stride, lens, XB, progress, user, &done, total, err);
-    /* row r of X is token t of sequence s; it predicts token t + 1 */
-    size_t s = 0, t = 0, scored = 0, agree = 0;
-    double nll_a = 0, nll_b = 0, sum = 0, sum2 = 0;
-    for (size_t r0 = 0; !st && r0 < n; r0 += chunk) {
-        size_t k = n - r0 < chunk ? n - r0 : chunk;
-        if ((st = head(ref, XA + r0 * D, k, LA, err)) || (st = head(cand, XB + r0 * D, k, LB, err)))
-            break;
-        for (size_t r = 0; r < k; r++) {
-            while (t >= lens[s])
-                s++, t = 0;
+    /* keep the rows whose next token is given: token t of sequence s predicts t + 1 */
+    size_t scored = 0;
+    for (size_t s = 0, r = 0; !st && s < nseq; s++)
+        for (size_t t = 0; t < lens[s]; t++, r++)
             if (t + 1 < lens[s]) {
-                size_t ia = log_softmax(LA + r * V, V, pa), ib = log_softmax(LB + r * V, V, pb);
-                double d = 0;
-                for (size_t i = 0; i < V; i++)
-                    d += exp(pa[i]) * (pa[i] - pb[i]);
-                d = d < 0 ? 0 : d; /* rounding can leave -1e-17 for identical rows */
-                int32_t next = tokens[s * stride + t + 1];
-                kl[scored++] = d, sum += d, sum2 += d * d, agree += ia == ib;
-                nll_a -= pa[next], nll_b -= pb[next];
+                memmove(XA + scored * D, XA + r * D, D * sizeof *XA);
+                memmove(XB + scored * D, XB + r * D, D * sizeof *XB);
+                next[scored++] = tokens[s * stride + t + 1];
             }
-            t++;
-        }
-        if (progress && progress(user, done + (r0 + k == n ? 2 : 0), total))
-            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-    }
     if (!st && !scored)
         st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
+    if (!st)
+        st = score_rows(ref, cand, XA, XB, scored, next, rs, err);
+    if (!st && progress && progress(user, total, total))
+        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     if (!st) {
+        double sum = 0, sum2 = 0, nll_a = 0, nll_b = 0;
+        size_t agree = 0;
+        for (size_t r = 0; r < scored; r++) {
+            const row_stats *x = &rs[r];
+            double lse_a = x->ma + log(x->sa), lse_b = x->mb + log(x->sb), d = x->ta / x->sa - lse_a + lse_b;
+            d = d < 0 ? 0 : d; /* rounding can leave -1e-17 for identical rows */
+            kl[r] = d, sum += d, sum2 += d * d, agree += x->arg_a == x->arg_b;
+            nll_a += lse_a - x->next_a, nll_b += lse_b - x->next_b;
+        }
         double mean = sum / (double)scored, var = scored > 1 ? (sum2 - sum * mean) / (double)(scored - 1) : 0;
         qsort(kl, scored, sizeof *kl, cmp_double);
 #define PCT(q) kl[(size_t)((q) * (double)(scored - 1) + 0.5)]
@@ -658,6 +711,6 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
 #undef PCT
         out->ppl_change = out->ppl_cand / out->ppl_ref - 1;
     }
-    free(XA), free(XB), free(LA), free(LB), free(pa), free(pb), free(kl);
+    free(XA), free(XB), free(next), free(rs), free(kl);
     return st;
 }

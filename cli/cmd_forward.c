@@ -1,0 +1,427 @@
+/* stz eval --forward: compares what two models output (KL divergence,
+ * top-1 agreement, perplexity change) over the same token sequences. */
+#include "cli.h"
+#include "stz_forward.h"
+#include "stz_quant.h"
+#include "stz_safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char forward_help[] =
+    "usage: stz eval ORIGINAL CANDIDATE --forward [options]\n\n"
+    "Runs both models (Llama-family decoders: Llama 2/3, Mistral, TinyLlama,\n"
+    "Qwen2, llama2.c checkpoints) over the same token sequences and compares\n"
+    "their next-token distributions at every position: mean KL(original ||\n"
+    "candidate) with its standard error, median, p95, p99 and max; top-1\n"
+    "agreement; perplexity of each on the sequences and its change. Either\n"
+    "model may be plain, quantized, an .stz container or a model directory.\n"
+    "The sequences are sampled from ORIGINAL (temperature 1, top-p 0.9) unless\n"
+    "--tokens gives them. The configuration comes from --config, else\n"
+    "config.json in the model directory, else the file's\n"
+    "__metadata__[\"config\"], else config.json beside the file.\n\n"
+    "  --tokens FILE       sequences to score: one per line (token ids split by\n"
+    "                      spaces) or a JSON array of arrays of ids\n"
+    "  --sequences N       sequences to sample (default 4)\n"
+    "  --seq-len L         tokens per sampled sequence (default 128)\n"
+    "  --seed S            sampling seed (default 1)\n"
+    "  --temperature T     sampling temperature, 0 for greedy (default 1)\n"
+    "  --top-p P           nucleus sampling mass (default 0.9)\n"
+    "  --save-tokens FILE  write the sequences used, one per line (-f replaces)\n"
+    "  --max-kl X          exit status 3 if the mean KL exceeds X\n"
+    "  --config FILE       config.json for both models\n"
+    "  -T N                threads (default: all cores)\n"
+    "  --json              print the report as JSON\n"
+    "  -q, --quiet         no progress\n"
+    "  -h, --help          this text\n\n"
+    "Exit status: 0 ok, 1 error, 2 usage, 3 --max-kl exceeded.\n";
+
+/* ---- configuration --------------------------------------------------------- */
+
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static stz_status parse_file(const char *path, stz_fwd_config *c, stz_err *err)
+{
+    char *text;
+    stz_status st = stz_read_text(path, 16u << 20, &text, NULL, err);
+    if (!st)
+        st = stz_fwd_config_parse(c, text, path, err);
+    if (!st)
+        free(text);
+    return st;
+}
+
+/* The configuration of a model at `path` (its files opened in s): 1 found,
+ * 0 none, -1 error. `from` (>= 4096 bytes) names where it came from. */
+static int find_config(const char *path, const cli_model_set *s, stz_fwd_config *c, char *from, stz_err *err)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory"), -1;
+    if (is_dir(path))
+        snprintf(from, 4096, "%s/config.json", path);
+    else
+        snprintf(from, 4096, "%s/config.json", dirname(copy));
+    free(copy);
+    int in_dir = is_dir(path) && access(from, F_OK) == 0;
+    for (size_t f = 0; !in_dir && f < s->n; f++) {
+        const char *meta = stz_reader_meta_get(stz_qmodel_reader(s->m[f]), "config");
+        if (meta) {
+            char label[4096];
+            snprintf(label, sizeof label, "%s: __metadata__[\"config\"]", path);
+            if (stz_fwd_config_parse(c, meta, label, err))
+                return -1;
+            snprintf(from, 4096, "%s", label);
+            return 1;
+        }
+    }
+    if (access(from, F_OK) != 0)
+        return 0;
+    return parse_file(from, c, err) ? -1 : 1;
+}
+
+/* ---- tokens ---------------------------------------------------------------- */
+
+typedef struct {
+    int32_t *tok; /* nseq x stride */
+    size_t *lens, nseq, stride;
+} seqs;
+
+static void seqs_free(seqs *q)
+{
+    free(q->tok);
+    free(q->lens);
+    memset(q, 0, sizeof *q);
+}
+
+/* Appends sequence `v` (n ids) to q. */
+static stz_status seqs_add(seqs *q, const int32_t *v, size_t n, stz_err *err)
+{
+    size_t stride = n > q->stride ? n : q->stride;
+    int32_t *tok = calloc((q->nseq + 1) * stride, sizeof *tok);
+    size_t *lens = realloc(q->lens, (q->nseq + 1) * sizeof *lens);
+    if (!tok || !lens) {
+        free(tok);
+        if (lens)
+            q->lens = lens;
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    for (size_t s = 0; s < q->nseq; s++)
+        memcpy(tok + s * stride, q->tok + s * q->stride, lens[s] * sizeof *tok);
+    memcpy(tok + q->nseq * stride, v, n * sizeof *tok);
+    free(q->tok);
+    q->tok = tok, q->lens = lens, q->stride = stride;
+    lens[q->nseq++] = n;
+    return STZ_OK;
+}
+
+static stz_status check_seq(const char *path, size_t where, const char *what, size_t n, stz_err *err)
+{
+    if (n < 2)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s %zu: a sequence needs at least 2 tokens, it has %zu", path, what,
+                           where, n);
+    return STZ_OK;
+}
+
+static stz_status id_of(const char *path, size_t where, const char *what, double v, int32_t *id, stz_err *err)
+{
+    if (!(v >= 0 && v < 2147483648.0) || v != floor(v))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s %zu: '%g' is not a token id", path, what, where, v);
+    *id = (int32_t)v;
+    return STZ_OK;
+}
+
+/* --tokens: one sequence per line, or a JSON array of arrays. */
+static stz_status read_tokens(const char *path, seqs *q, stz_err *err)
+{
+    char *text;
+    size_t len;
+    stz_status st = stz_read_text(path, 1u << 30, &text, &len, err);
+    if (st)
+        return st;
+    int32_t *v = malloc((len / 2 + 2) * sizeof *v);
+    if (!v)
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    const char *p = text;
+    while (!st && isspace((unsigned char)*p))
+        p++;
+    if (!st && *p == '[') {
+        cJSON *root = cJSON_ParseWithLength(text, len), *s;
+        if (!cJSON_IsArray(root))
+            st = stz_err_set(err, STZ_E_JSON, "%s: not valid JSON (an array of arrays of token ids)", path);
+        size_t i = 0;
+        cJSON *arr = st ? NULL : root;
+        cJSON_ArrayForEach(s, arr)
+        {
+            size_t n = 0;
+            cJSON *t;
+            i++;
+            if (!cJSON_IsArray(s)) {
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu is not an array of token ids", path, i);
+                break;
+            }
+            cJSON_ArrayForEach(t, s)
+            {
+                if (!cJSON_IsNumber(t) || (st = id_of(path, i, "sequence", t->valuedouble, &v[n++], err))) {
+                    st = st ? st : stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu holds something other than "
+                                                                  "token ids", path, i);
+                    break;
+                }
+            }
+            if (st || (st = check_seq(path, i, "sequence", n, err)) || (st = seqs_add(q, v, n, err)))
+                break;
+        }
+        cJSON_Delete(root);
+    } else {
+        size_t line = 0;
+        for (char *s = text; !st && s < text + len; line++) {
+            char *eol = memchr(s, '\n', (size_t)(text + len - s)), *end;
+            eol = eol ? eol : text + len;
+            *eol = 0;
+            size_t n = 0;
+            for (char *c = s; !st;) {
+                while (isspace((unsigned char)*c))
+                    c++;
+                if (!*c)
+                    break;
+                errno = 0;
+                double d = strtod(c, &end);
+                if (end == c || (*end && !isspace((unsigned char)*end))) {
+                    st = stz_err_set(err, STZ_E_FORMAT, "%s: line %zu: '%.20s' is not a token id", path, line + 1, c);
+                    break;
+                }
+                st = id_of(path, line + 1, "line", d, &v[n++], err);
+                c = end;
+            }
+            if (!st && n)
+                if (!(st = check_seq(path, line + 1, "line", n, err)))
+                    st = seqs_add(q, v, n, err);
+            s = eol + 1;
+        }
+    }
+    if (!st && !q->nseq)
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: no token sequence in it", path);
+    free(v);
+    free(text);
+    return st;
+}
+
+static stz_status save_tokens(const char *path, const seqs *q, int force, stz_err *err)
+{
+    tmpfile_t t;
+    if (cli_tmp_make(&t, path, "tokens"))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
+    FILE *f = fopen(t.path, "w");
+    for (size_t s = 0; f && s < q->nseq; s++)
+        for (size_t i = 0; i < q->lens[s]; i++)
+            fprintf(f, "%d%c", q->tok[s * q->stride + i], i + 1 < q->lens[s] ? ' ' : '\n');
+    stz_status st = STZ_OK;
+    if (!f || ferror(f) | fclose(f))
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
+    else if (force ? rename(t.path, path) : stz_rename_noreplace(t.path, path))
+        st = stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO, "%s: %s", path,
+                         errno == EEXIST ? "appeared meanwhile; not replaced (use -f)" : strerror(errno));
+    cli_tmp_drop(&t);
+    return st;
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
+
+static int print_report(const char *pa, const char *pb, const char *cfg_from, const seqs *q, const char *source,
+                        const stz_fwd_report *r, double max_kl, int json)
+{
+    if (json) {
+        cJSON *doc = cJSON_CreateObject(), *kl = cJSON_CreateObject(), *ppl = cJSON_CreateObject();
+        cJSON_AddStringToObject(doc, "original", pa);
+        cJSON_AddStringToObject(doc, "candidate", pb);
+        cJSON_AddStringToObject(doc, "config", cfg_from);
+        cJSON_AddStringToObject(doc, "tokens", source);
+        cJSON_AddNumberToObject(doc, "sequences", (double)q->nseq);
+        cJSON_AddNumberToObject(doc, "positions", (double)r->positions);
+        cJSON_AddItemToObject(kl, "mean", num(r->kl_mean));
+        cJSON_AddItemToObject(kl, "stderr", num(r->kl_stderr));
+        cJSON_AddItemToObject(kl, "median", num(r->kl_median));
+        cJSON_AddItemToObject(kl, "p95", num(r->kl_p95));
+        cJSON_AddItemToObject(kl, "p99", num(r->kl_p99));
+        cJSON_AddItemToObject(kl, "max", num(r->kl_max));
+        cJSON_AddItemToObject(doc, "kl", kl);
+        cJSON_AddNumberToObject(doc, "top1_agreement", r->top1);
+        cJSON_AddItemToObject(ppl, "original", num(r->ppl_ref));
+        cJSON_AddItemToObject(ppl, "candidate", num(r->ppl_cand));
+        cJSON_AddItemToObject(ppl, "change", num(r->ppl_change));
+        cJSON_AddItemToObject(doc, "perplexity", ppl);
+        if (max_kl >= 0)
+            cJSON_AddNumberToObject(doc, "max_kl", max_kl);
+        cJSON_AddBoolToObject(doc, "passed", !(max_kl >= 0 && r->kl_mean > max_kl));
+        return cli_print_json(doc);
+    }
+    printf("%s -> %s: %zu sequences (%s), %llu positions scored\n", pa, pb, q->nseq, source,
+           (unsigned long long)r->positions);
+    printf("KL divergence    mean %.6g +- %.2g, median %.3g, p95 %.3g, p99 %.3g, max %.3g (nats/token)\n", r->kl_mean,
+           r->kl_stderr, r->kl_median, r->kl_p95, r->kl_p99, r->kl_max);
+    printf("top-1 agreement  %.2f%%\n", 100 * r->top1);
+    printf("perplexity       %.4f -> %.4f (%+.2f%%)\n", r->ppl_ref, r->ppl_cand, 100 * r->ppl_change);
+    if (max_kl >= 0)
+        printf("mean KL %s the limit %g\n", r->kl_mean > max_kl ? "EXCEEDS" : "is within", max_kl);
+    return CLI_OK;
+}
+
+static int number_opt(const char *opt, const char *arg, double lo, double hi, double *v)
+{
+    char *end;
+    *v = strtod(arg, &end);
+    if (*end || !*arg || !(*v >= lo && *v <= hi))
+        return cli_usage_error("eval", "%s takes a number in [%g, %g], not '%s'", opt, lo, hi, arg);
+    return -1;
+}
+
+int cmd_eval_forward(int argc, char **argv)
+{
+    enum { O_FWD = 256, O_TOKENS, O_SEQS, O_LEN, O_SEED, O_TEMP, O_TOPP, O_SAVE, O_MAXKL, O_CONFIG, O_JSON };
+    static const struct option opts[] = {
+        {"forward", no_argument, 0, O_FWD},          {"tokens", required_argument, 0, O_TOKENS},
+        {"sequences", required_argument, 0, O_SEQS}, {"seq-len", required_argument, 0, O_LEN},
+        {"seed", required_argument, 0, O_SEED},      {"temperature", required_argument, 0, O_TEMP},
+        {"top-p", required_argument, 0, O_TOPP},     {"save-tokens", required_argument, 0, O_SAVE},
+        {"max-kl", required_argument, 0, O_MAXKL},   {"config", required_argument, 0, O_CONFIG},
+        {"json", no_argument, 0, O_JSON},            {"threads", required_argument, 0, 'T'},
+        {"force", no_argument, 0, 'f'},              {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    const char *tokens_path = NULL, *save = NULL, *config = NULL;
+    double nseq = 4, len = 0, seed = 1, temp = 1, top_p = 0.9, max_kl = -1;
+    int json = 0, quiet = 0, force = 0, threads = cli_ncores(), c, rc;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "T:fqh", opts, NULL)) != -1) {
+        switch (c) {
+        case O_FWD: break;
+        case O_TOKENS: tokens_path = optarg; break;
+        case O_SEQS: if ((rc = number_opt("--sequences", optarg, 1, 65536, &nseq)) >= 0) return rc; break;
+        case O_LEN: if ((rc = number_opt("--seq-len", optarg, 2, 1 << 20, &len)) >= 0) return rc; break;
+        case O_SEED: if ((rc = number_opt("--seed", optarg, 0, 1e15, &seed)) >= 0) return rc; break;
+        case O_TEMP: if ((rc = number_opt("--temperature", optarg, 0, 100, &temp)) >= 0) return rc; break;
+        case O_TOPP: if ((rc = number_opt("--top-p", optarg, 0, 1, &top_p)) >= 0) return rc; break;
+        case O_MAXKL: if ((rc = number_opt("--max-kl", optarg, 0, 1e9, &max_kl)) >= 0) return rc; break;
+        case O_SAVE: save = optarg; break;
+        case O_CONFIG: config = optarg; break;
+        case O_JSON: json = 1; break;
+        case 'T':
+            if ((threads = cli_threads(optarg)) < 0)
+                return cli_usage_error("eval", "-T takes 0..256, not '%s'", optarg);
+            threads = threads ? threads : cli_ncores();
+            break;
+        case 'f': force = 1; break;
+        case 'q': quiet = 1; break;
+        case 'h': return fputs(forward_help, stdout), CLI_OK;
+        default: return cli_usage_error("eval", "unknown option");
+        }
+    }
+    if (optind != argc - 2)
+        return cli_usage_error("eval", "expected ORIGINAL and CANDIDATE");
+    if (tokens_path && (nseq != 4 || len || seed != 1))
+        return cli_usage_error("eval", "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply");
+    if (nseq != floor(nseq) || len != floor(len) || seed != floor(seed))
+        return cli_usage_error("eval", "--sequences, --seq-len and --seed take whole numbers");
+    const char *pa = argv[optind], *pb = argv[optind + 1];
+    stz_err err;
+    if (save && !force && access(save, F_OK) == 0)
+        return stz_err_set(&err, STZ_E_EXISTS, "%s: exists (use -f to replace it)", save), cli_fail(&err);
+    if (save && (stz_refuse_input_as_output(pa, save, &err) || stz_refuse_input_as_output(pb, save, &err)))
+        return cli_fail(&err);
+    cli_model_set A = {0}, B = {0};
+    stz_fwd *ma = NULL, *mb = NULL;
+    seqs q = {0};
+    stz_fwd_config ca, cb;
+    char from_a[4096], from_b[4096], source[64];
+    int fa = 0, fb = 0;
+    rc = CLI_ERROR;
+    if (cli_set_open(&A, pa, &err) || cli_set_open(&B, pb, &err))
+        goto fail;
+    if (config) {
+        if (parse_file(config, &ca, &err))
+            goto fail;
+        cb = ca, fa = fb = 1;
+        snprintf(from_a, sizeof from_a, "%s", config);
+    } else {
+        if ((fa = find_config(pa, &A, &ca, from_a, &err)) < 0 || (fb = find_config(pb, &B, &cb, from_b, &err)) < 0)
+            goto fail;
+        if (!fa) {
+            stz_err_set(&err, STZ_E_FORMAT, "%s: no model configuration (no config.json beside it, no "
+                                            "__metadata__[\"config\"]): give one with --config FILE", pa);
+            goto fail;
+        }
+        if (!fb)
+            cb = ca; /* a candidate without its own configuration is taken to be the original's */
+    }
+    if (stz_fwd_open(&ma, A.m, A.n, &ca, pa, threads, &err) || stz_fwd_open(&mb, B.m, B.n, &cb, pb, threads, &err))
+        goto fail;
+    cli_progress prog;
+    if (tokens_path) {
+        if (read_tokens(tokens_path, &q, &err))
+            goto fail;
+        for (size_t s = 0; s < q.nseq; s++)
+            for (size_t i = 0; i < q.lens[s]; i++)
+                if ((uint32_t)q.tok[s * q.stride + i] >= ca.vocab) {
+                    stz_err_set(&err, STZ_E_FORMAT, "%s: sequence %zu, token %zu: id %d is outside the vocabulary "
+                                "of %s [0, %u)", tokens_path, s + 1, i + 1, q.tok[s * q.stride + i], pa, ca.vocab);
+                    goto fail;
+                }
+        snprintf(source, sizeof source, "from %.50s", strrchr(tokens_path, '/') ? strrchr(tokens_path, '/') + 1
+                                                                                 : tokens_path);
+    } else {
+        size_t L = len ? (size_t)len : ca.max_pos && ca.max_pos < 128 ? ca.max_pos : 128, n = (size_t)nseq;
+        if (L < 2) {
+            stz_err_set(&err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", pa, ca.max_pos);
+            goto fail;
+        }
+        q.tok = malloc(n * L * sizeof *q.tok), q.lens = malloc(n * sizeof *q.lens), q.nseq = n, q.stride = L;
+        if (!q.tok || !q.lens) {
+            stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (size_t s = 0; s < n; s++)
+            q.lens[s] = L;
+        cli_progress_init(&prog, "sampling", quiet || json);
+        stz_status st = stz_fwd_sample(ma, n, L, (uint64_t)seed, temp, top_p, q.tok, cli_progress_cb, &prog, &err);
+        cli_progress_end(&prog);
+        if (st)
+            goto fail;
+        snprintf(source, sizeof source, "%zu tokens sampled from the original, seed %.0f", L, seed);
+    }
+    if (save && save_tokens(save, &q, force, &err))
+        goto fail;
+    stz_fwd_report r;
+    cli_progress_init(&prog, "forward", quiet || json);
+    stz_status st = stz_fwd_compare(ma, mb, q.tok, q.nseq, q.stride, q.lens, cli_progress_cb, &prog, &r, &err);
+    cli_progress_end(&prog);
+    if (st)
+        goto fail;
+    rc = print_report(pa, pb, from_a, &q, source, &r, max_kl, json);
+    if (rc == CLI_OK && max_kl >= 0 && r.kl_mean > max_kl) {
+        fprintf(stderr, "stz: check failed: mean KL %.6g exceeds --max-kl %g\n", r.kl_mean, max_kl);
+        rc = 3;
+    }
+    goto done;
+fail:
+    rc = cli_fail(&err);
+done:
+    seqs_free(&q);
+    stz_fwd_free(ma);
+    stz_fwd_free(mb);
+    cli_set_free(&A);
+    cli_set_free(&B);
+    return rc;
+}
