@@ -207,6 +207,57 @@ else
 fi
 ls -A "$T" | grep -q "small.stz\.\|\.small\.stz" && bad "interrupted compress left $(ls -A "$T" | grep small)" || ok
 
+# eval --forward: model outputs compared; plain, quantized, .stz and directory
+# inputs; tokens given or sampled (and saved, then reused); gates; bad input.
+"$STZ" synth tiny -o "$T/fw.safetensors" -q
+"$STZ" quantize --int4 "$T/fw.safetensors" -o "$T/fw4.safetensors" -q
+"$STZ" compress --int4 "$T/fw.safetensors" -o "$T/fw4.stz" -q
+expect_rc 0 "forward: itself" "$STZ" eval "$T/fw.safetensors" "$T/fw.safetensors" --forward --json
+has "$T/out" '"mean":	0,' "KL 0 on itself"
+has "$T/out" '"top1_agreement":	1,' "top-1 100% on itself"
+expect_rc 0 "forward: int4, tokens saved" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --sequences 3 --seq-len 20 --save-tokens "$T/tok.txt"
+has "$T/out" "3 sequences (20 tokens sampled from the original, seed 1), 57 positions scored" "says what was scored"
+[ "$(wc -l <"$T/tok.txt")" = 3 ] && ok || bad "3 sequences saved"
+cp "$T/out" "$T/sampled.out"
+expect_rc 0 "forward: the saved tokens give the same figures" "$STZ" eval "$T/fw.safetensors" "$T/fw4.stz" --forward --tokens "$T/tok.txt"
+tail -3 "$T/out" >"$T/a"; tail -3 "$T/sampled.out" >"$T/b"
+same "$T/a" "$T/b" "same KL, top-1 and perplexity from the .stz and the saved tokens"
+expect_rc 1 "forward: --save-tokens never replaces without -f" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --save-tokens "$T/tok.txt"
+has "$T/err" "tok.txt: exists" "names the file"
+expect_rc 3 "forward: --max-kl exceeded" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/tok.txt" --max-kl 0.000001
+has "$T/err" "check failed: mean KL" "says the gate failed"
+expect_rc 0 "forward: --max-kl met" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/tok.txt" --max-kl 10
+mkdir "$T/fwdir"; cp "$T/fw.safetensors" "$T/fwdir/model.safetensors"
+expect_rc 0 "forward: a model directory" "$STZ" eval "$T/fwdir" "$T/fw4.safetensors" --forward --tokens "$T/tok.txt" -q
+printf '1 2 3\n7\n' >"$T/short.txt"
+expect_rc 1 "forward: a one-token sequence" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/short.txt"
+has "$T/err" "short.txt: line 2: a sequence needs at least 2 tokens" "names file and line"
+printf '[[1, 2, 300]]' >"$T/vocab.json"
+expect_rc 1 "forward: a token outside the vocabulary" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/vocab.json"
+has "$T/err" "vocab.json: sequence 1, token 3: id 300 is outside the vocabulary" "names file, sequence and token"
+printf '[[1, 2.5]]' >"$T/frac.json"
+expect_rc 1 "forward: not a token id" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/frac.json"
+expect_rc 1 "forward: another architecture" "$STZ" eval "$T/neo.safetensors" "$T/neo.safetensors" --forward
+has "$T/err" "architecture 'gpt-neo-tiny' is not supported" "names what is unsupported"
+printf '{"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}' >"$T/cfg3.json"
+expect_rc 1 "forward: config disagrees with the tensors" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --config "$T/cfg3.json"
+has "$T/err" "tensor 'model.layers.2.input_layernorm.weight' is missing (the config has 3 layers" "names the tensor"
+python3 - "$T/fw.safetensors" "$T/nocfg.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+del h["__metadata__"]["config"]
+t = json.dumps(h).encode(); t += b" " * (-len(t) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(t)) + t + b[8 + n:])
+PY
+expect_rc 1 "forward: no configuration" "$STZ" eval "$T/nocfg.safetensors" "$T/fw4.safetensors" --forward
+has "$T/err" "no model configuration" "says what is missing"
+has "$T/err" "--config FILE" "says what to do"
+expect_rc 2 "forward: --tokens with --seed" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/tok.txt" --seed 3
+if [ -n "$DATA" ] && [ -f "$DATA/stories260K.f32.safetensors" ]; then
+    expect_rc 0 "forward: stories260K BF16" "$STZ" eval "$DATA/stories260K.f32.safetensors" "$DATA/stories260K.bf16.safetensors" --forward --json
+    has "$T/out" '"positions":	508' "4 x 128 tokens by default"
+fi
+
 # Interrupted: SIGINT mid-write leaves neither the output nor a temporary file.
 "$STZ" synth llama-1b -o "$T/big.safetensors" -q -T 1 &
 pid=$!
