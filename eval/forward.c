@@ -47,6 +47,7 @@ struct stz_fwd {
     float *inv_freq;     /* head_dim / 2 RoPE frequencies */
     float **keep;        /* sampling: weights kept between steps, per layer x T_PER_LAYER */
     size_t keep_layers;  /* layers kept */
+    float *keep_head;    /* sampling: the output head (vocab, dim), when it fits too */
 };
 
 const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m) { return &m->c; }
@@ -169,7 +170,8 @@ static void drop_kept(stz_fwd *m)
     for (size_t i = 0; m->keep && i < m->keep_layers * T_PER_LAYER; i++)
         free(m->keep[i]);
     free(m->keep);
-    m->keep = NULL, m->keep_layers = 0;
+    free(m->keep_head);
+    m->keep = NULL, m->keep_layers = 0, m->keep_head = NULL;
 }
 
 void stz_fwd_free(stz_fwd *m)
@@ -390,10 +392,12 @@ static stz_status head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *e
         st = read_rows(m, m->global[G_NORM], 0, 1, nw, err);
     for (size_t r = 0; !st && r < n; r++)
         rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
+    /* logits (n, V) = X (n, dim) @ head (V, dim)^T, a slice of the vocabulary at a time */
     for (size_t v0 = 0; !st && v0 < V; v0 += step) {
         size_t k = V - v0 < step ? V - v0 : step;
-        if (!(st = read_rows(m, m->global[G_HEAD], v0, k, w, err)))
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)D, 1.0f, X, (int)D, w, (int)D,
+        const float *h = m->keep_head ? m->keep_head + v0 * D : w;
+        if (m->keep_head || !(st = read_rows(m, m->global[G_HEAD], v0, k, w, err)))
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)D, 1.0f, X, (int)D, h, (int)D,
                         0.0f, logits + v0, (int)V);
     }
     for (size_t i = 0; !st && i < n * V; i++)
@@ -537,6 +541,12 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
     m->keep_layers = per_layer ? (size_t)(KEEP_BUDGET / per_layer) : c->n_layers;
     m->keep_layers = m->keep_layers > c->n_layers ? c->n_layers : m->keep_layers;
     m->keep = calloc(m->keep_layers * T_PER_LAYER + 1, sizeof *m->keep);
+    uint64_t head_bytes = (uint64_t)c->vocab * c->dim * 4;
+    if (m->keep_layers == c->n_layers && per_layer * c->n_layers + head_bytes <= KEEP_BUDGET &&
+        (m->keep_head = malloc(head_bytes)) && read_rows(m, m->global[G_HEAD], 0, c->vocab, m->keep_head, err)) {
+        drop_kept(m);
+        return err->code;
+    }
     size_t kvn = (size_t)c->n_layers * nseq * len * KD;
     float *k = malloc((kvn + 1) * sizeof *k), *v = malloc((kvn + 1) * sizeof *v), *X = malloc(nseq * D * sizeof *X),
           *logits = malloc(nseq * V * sizeof *logits);

@@ -1,6 +1,6 @@
 """Runs every example in README.md and docs/ so the docs cannot drift.
 
-Usage: test_docs.py STZ REPO_ROOT
+Usage: test_docs.py STZ REPO_ROOT [SHARED_DATA_DIR]
 
 - In a fenced block, a line starting with "$ " is a command; the lines up to
   the next command or the end of the block are its output (stdout, then
@@ -11,6 +11,9 @@ Usage: test_docs.py STZ REPO_ROOT
   and speeds ("in 1.23 s", "456.7 MB/s") are not compared, a line "..."
   stands for any number of lines, and trailing blanks are ignored. The exit
   status must be 0 unless the output shows an "stz: error:" line.
+- Blocks that name ../shared/data/ (the real weights, as seen from the
+  repository) run only when SHARED_DATA_DIR holds them; they are skipped
+  otherwise.
 - ```python blocks are run by a Python with numpy, then checked against stz
   (check_python below).
 - ```json blocks of POLICY.md must be policies stz accepts.
@@ -24,6 +27,8 @@ import sys
 import tempfile
 
 STZ, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+DATA = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else os.path.join(ROOT, "..", "shared", "data")
+HAVE_DATA = os.path.isfile(os.path.join(DATA, "stories260K.f32.safetensors"))
 failures, ran = [], 0
 
 
@@ -159,9 +164,13 @@ def main():
     for sub in ("docs", os.path.join("docs", "cli")):
         d = os.path.join(ROOT, sub)
         docs += sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".md"))
-    work = tempfile.mkdtemp(prefix="stz-docs-")
+    top = tempfile.mkdtemp(prefix="stz-docs-")
+    work = os.path.join(top, "repo")  # ../shared/data is the real weights, as beside the repository
     try:
         os.makedirs(os.path.join(work, "build"))
+        os.makedirs(os.path.join(top, "shared"))
+        if HAVE_DATA:
+            os.symlink(DATA, os.path.join(top, "shared", "data"))
         bindir = os.path.join(work, ".bin")
         os.makedirs(bindir)
         for link in (os.path.join(work, "build", "stz"), os.path.join(bindir, "stz")):
@@ -176,9 +185,12 @@ def main():
                 elif lang == "json" and rel.endswith("POLICY.md"):
                     check_policy(where, "\n".join(lines), work, env)
                 elif any(l.startswith("$ ") for l in lines):
+                    if not HAVE_DATA and any("shared/data/" in l for l in lines):
+                        print("skip: %s: needs the weights in %s" % (where, DATA))
+                        continue
                     run_block(where, lines, work, env)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(top, ignore_errors=True)
     for f in failures:
         print("FAIL: " + f)
     print("docs: %d examples run, %d failed" % (ran, len(failures)))

@@ -146,6 +146,10 @@ has "$T/err" "unknown quantization method 'nf4'" "method named"
 python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/uk.safetensors" "stz.quant.$W" zero_point=3
 expect_rc 1 "unknown key" "$STZ" dequantize "$T/uk.safetensors" -o "$T/x.safetensors"
 has "$T/err" "unknown key 'zero_point'" "key named"
+# found by fuzz_quant_meta: an SVD entry under the name of a stored tensor
+python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/sn.safetensors" "stz.quant.model.norm.weight" '{"method":"svd"}'
+expect_rc 1 "SVD entry named like a stored tensor" "$STZ" dequantize "$T/sn.safetensors" -o "$T/x.safetensors"
+has "$T/err" "SVD entry 'model.norm.weight' has the name of a stored tensor" "names the entry"
 "$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
 "$STZ" quantize --set '*.mlp.c_fc.weight=svd:rank=8' "$T/neo.safetensors" -o "$T/svd.safetensors" -q
 python3 "$(dirname "$0")/edit_meta.py" "$T/svd.safetensors" "$T/svd4.safetensors" \

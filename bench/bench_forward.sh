@@ -1,0 +1,29 @@
+#!/bin/sh
+# Forward-pass benchmark (stz eval --forward): the generated Qwen2-0.5B-shaped
+# BF16 model against its --int8 quantization, 4 sequences x 128 tokens, both
+# models, 1 and 2 threads; tokens per second and GFLOP/s against OpenBLAS
+# sgemm on the model's own matrix shapes, measured in the same run (target:
+# at least 50%). Then the same through the command line, timed.
+# Usage: bench/bench_forward.sh [BUILD_DIR] [WORK_DIR]
+set -eu
+BUILD=${1:-build}
+WORK=${2:-/dev/shm/stz-bench}
+STZ=$BUILD/stz
+mkdir -p "$WORK"
+Q=$WORK/qwen2-0.5b.safetensors
+"$STZ" synth qwen2-0.5b -o "$Q" -q -f
+"$STZ" quantize --int8 "$Q" -o "$WORK/qwen2-0.5b.int8.safetensors" -q -f
+echo "## stz forward-pass benchmark"
+for T in 1 2; do
+    echo
+    echo "### $T thread(s)"
+    echo
+    "$BUILD/forward_bench" "$Q" "$WORK/qwen2-0.5b.int8.safetensors" $T 4 128
+done
+echo
+echo "### stz eval --forward (sampling 4 x 128 tokens from the original, then both models), 2 threads"
+echo
+start=$(date +%s.%N)
+"$STZ" eval "$Q" "$WORK/qwen2-0.5b.int8.safetensors" --forward -T 2 -q
+echo "wall time: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }") s"
+rm -f "$Q" "$WORK/qwen2-0.5b.int8.safetensors"
