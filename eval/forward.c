@@ -281,23 +281,98 @@ typedef struct {
     size_t layers;
 } batch;
 
+/* Causal attention, one row at a time: row r sees positions 0..pos[r] of
+ * its sequence in the caches. att (n, QD); sc: pos + 1 floats. */
+static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q, const float *kc, const float *vc,
+                        float *att, float *sc)
+{
+    size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
+           group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (size_t r = 0; r < b->n; r++) {
+        const float *ks = kc + b->seq[r] * b->cap * KD, *vs = vc + b->seq[r] * b->cap * KD;
+        size_t P = b->pos[r] + 1;
+        for (size_t h = 0; h < c->n_heads; h++) {
+            const float *qh = q + r * QD + h * hd;
+            size_t g = h / group * hd;
+            float mx = -INFINITY;
+            for (size_t t = 0; t < P; t++) {
+                float s = 0;
+                for (size_t i = 0; i < hd; i++)
+                    s += qh[i] * ks[t * KD + g + i];
+                sc[t] = s * scale;
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            double sum = 0;
+            for (size_t t = 0; t < P; t++)
+                sum += sc[t] = expf(sc[t] - mx);
+            float *o = att + r * QD + h * hd, inv = (float)(1 / sum);
+            memset(o, 0, hd * sizeof *o);
+            for (size_t t = 0; t < P; t++) {
+                float a = sc[t] * inv;
+                for (size_t i = 0; i < hd; i++)
+                    o[i] += a * vs[t * KD + g + i];
+            }
+        }
+    }
+}
+
+#define QUERY_BLOCK 256
+
+/* Causal attention of a whole sequence (positions 0..L-1) through sgemm,
+ * QUERY_BLOCK queries at a time. q, att: L rows of QD; ks, vs: the
+ * sequence's caches; S: QUERY_BLOCK x L floats. */
+static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks, const float *vs, size_t L, float *att,
+                       float *S)
+{
+    size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
+           group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (size_t h = 0; h < c->n_heads; h++) {
+        size_t g = h / group * hd;
+        for (size_t t0 = 0; t0 < L; t0 += QUERY_BLOCK) {
+            size_t nq = L - t0 < QUERY_BLOCK ? L - t0 : QUERY_BLOCK, P = t0 + nq;
+            /* S (nq, P) = q[t0:P, h] (nq, hd) @ k[0:P, g] (P, hd)^T * scale */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)P, (int)hd, scale, q + t0 * QD + h * hd,
+                        (int)QD, ks + g, (int)KD, 0.0f, S, (int)P);
+            for (size_t i = 0; i < nq; i++) {
+                float *row = S + i * P, mx = -INFINITY;
+                size_t valid = t0 + i + 1;
+                for (size_t t = 0; t < valid; t++)
+                    mx = row[t] > mx ? row[t] : mx;
+                double sum = 0;
+                for (size_t t = 0; t < valid; t++)
+                    sum += row[t] = expf(row[t] - mx);
+                float inv = (float)(1 / sum);
+                for (size_t t = 0; t < valid; t++)
+                    row[t] *= inv;
+                memset(row + valid, 0, (P - valid) * sizeof *row);
+            }
+            /* att[t0:P, h] (nq, hd) = S (nq, P) @ v[0:P, g] (P, hd) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)hd, (int)P, 1.0f, S, (int)P, vs + g,
+                        (int)KD, 0.0f, att + t0 * QD + h * hd, (int)QD);
+        }
+    }
+}
+
 /* Every row through every layer: X (n, dim) in place. */
 static stz_status run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, stz_fwd_progress progress, void *user,
                              uint64_t *done, uint64_t total, stz_err *err)
 {
     const stz_fwd_config *c = &m->c;
     size_t n = b->n, D = c->dim, F = c->hidden, hd = c->head_dim, QD = (size_t)c->n_heads * hd,
-           KD = (size_t)c->n_kv_heads * hd, group = c->n_heads / c->n_kv_heads;
+           KD = (size_t)c->n_kv_heads * hd;
     size_t maxpos = 0;
     for (size_t r = 0; r < n; r++)
         maxpos = b->pos[r] + 1 > maxpos ? b->pos[r] + 1 : maxpos;
     float *xb = malloc(n * (QD > D ? QD : D) * sizeof *xb), *q = malloc(n * QD * sizeof *q),
           *kv = malloc(n * 2 * KD * sizeof *kv), *att = malloc(n * QD * sizeof *att),
-          *h1 = malloc(n * F * sizeof *h1), *h3 = malloc(n * F * sizeof *h3), *sc = malloc(maxpos * sizeof *sc);
+          *h1 = malloc(n * F * sizeof *h1), *h3 = malloc(n * F * sizeof *h3),
+          *sc = malloc((b->layers == 1 ? QUERY_BLOCK : 1) * maxpos * sizeof *sc);
     stz_status st = STZ_OK;
     if (!xb || !q || !kv || !att || !h1 || !h3 || !sc)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
-    float scale = 1.0f / sqrtf((float)hd), *buf[T_PER_LAYER] = {0};
+    float *buf[T_PER_LAYER] = {0};
     for (int k = 0; !st && m->keep_layers < c->n_layers && k < T_PER_LAYER; k++)
         if (m->layer[k].f >= 0 && !(buf[k] = malloc(tensor(m, m->layer[k])->numel * sizeof(float))))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a layer's weights");
@@ -319,33 +394,15 @@ static stz_status run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, 
             memcpy(kc + at, kv + r * KD, KD * sizeof *kc);
             memcpy(vc + at, kv + (n + r) * KD, KD * sizeof *vc);
         }
-        /* causal attention: each row sees positions 0..pos of its sequence */
-        for (size_t r = 0; r < n; r++) {
-            const float *ks = kc + b->seq[r] * b->cap * KD, *vs = vc + b->seq[r] * b->cap * KD;
-            size_t P = b->pos[r] + 1;
-            for (size_t h = 0; h < c->n_heads; h++) {
-                const float *qh = q + r * QD + h * hd;
-                size_t g = h / group * hd;
-                float mx = -INFINITY;
-                for (size_t t = 0; t < P; t++) {
-                    float s = 0;
-                    for (size_t i = 0; i < hd; i++)
-                        s += qh[i] * ks[t * KD + g + i];
-                    sc[t] = s * scale;
-                    mx = sc[t] > mx ? sc[t] : mx;
-                }
-                double sum = 0;
-                for (size_t t = 0; t < P; t++)
-                    sum += sc[t] = expf(sc[t] - mx);
-                float *o = att + r * QD + h * hd, inv = (float)(1 / sum);
-                memset(o, 0, hd * sizeof *o);
-                for (size_t t = 0; t < P; t++) {
-                    float a = sc[t] * inv;
-                    for (size_t i = 0; i < hd; i++)
-                        o[i] += a * vs[t * KD + g + i];
-                }
+        if (b->layers == 1) /* whole sequences, rows in order: through sgemm */
+            for (size_t r0 = 0, L; r0 < n; r0 += L) {
+                for (L = 1; r0 + L < n && b->seq[r0 + L] == b->seq[r0]; L++)
+                    ;
+                attend_seq(c, q + r0 * QD, kc + b->seq[r0] * b->cap * KD, vc + b->seq[r0] * b->cap * KD, L,
+                           att + r0 * QD, sc);
             }
-        }
+        else
+            attend_rows(c, b, q, kc, vc, att, sc);
         linear(xb, att, w[T_WO], w[T_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];

@@ -88,6 +88,7 @@ static void rewrite(const char *src, const char *dst, const edit *e)
         free(v);
     }
     assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_writer_free(w);
     stz_qmodel_free(q);
 }
 
