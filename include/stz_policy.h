@@ -29,17 +29,33 @@ typedef enum {
     STZ_ACTION_INT8 = 1,
     STZ_ACTION_INT4 = 2,
     STZ_ACTION_SVD = 3,
+    STZ_ACTION_INT2 = 4,
+    STZ_ACTION_INT3 = 5,
+    STZ_ACTION_INT5 = 6,
+    STZ_ACTION_INT6 = 7,
     STZ_ACTION_COUNT
 } stz_action;
 
-typedef enum { STZ_QMETHOD_ABSMAX = 0, STZ_QMETHOD_MSE = 1 } stz_qmethod;
+/* absmax: symmetric, the largest magnitude maps to +-(2^(bits-1) - 1);
+ * full: symmetric, the signed extreme maps to -2^(bits-1) (llama.cpp's Q4_0);
+ * mse: symmetric, the scale searched for the lowest squared error;
+ * asym: scale and minimum per block, codes 0..2^bits - 1;
+ * nl: a non-uniform codebook of 2^bits levels fitted per tensor, scale searched. */
+typedef enum {
+    STZ_QMETHOD_ABSMAX = 0,
+    STZ_QMETHOD_MSE = 1,
+    STZ_QMETHOD_FULL = 2,
+    STZ_QMETHOD_ASYM = 3,
+    STZ_QMETHOD_NL = 4,
+    STZ_QMETHOD_COUNT
+} stz_qmethod;
 typedef enum { STZ_NONFINITE_ERROR = 0, STZ_NONFINITE_KEEP = 1 } stz_nonfinite;
 
 typedef struct {
     stz_action action;
     uint32_t block_size;     /* elements per block along the last dimension */
-    stz_dtype scale_dtype;   /* F16 (default) or F32 */
-    stz_qmethod method;      /* absmax (default) or mse (INT4/INT8 clip search) */
+    stz_dtype scale_dtype;   /* F16 (default), F32, or U8 (8-bit log codes under a per-tensor base) */
+    stz_qmethod method;      /* absmax (default), mse, full, asym, nl */
     stz_nonfinite nonfinite; /* what NaN/Inf in the tensor does */
     /* svd only: exactly one of rank / energy / max_error is set (non-zero) */
     uint32_t svd_rank;
@@ -72,6 +88,9 @@ const char *stz_policy_rule_pattern(const stz_policy *p, size_t i);
 uint64_t stz_policy_rule_hits(const stz_policy *p, size_t i);
 
 const char *stz_action_name(stz_action a);
+/* Bits per value of a quantizing action (int2..int8), 0 for keep and svd. */
+int stz_action_bits(stz_action a);
+const char *stz_qmethod_name(stz_qmethod m);
 
 /* Shipped policies: name i (NULL past the end) and its JSON text. */
 const char *stz_policy_builtin_name(size_t i);

@@ -42,6 +42,49 @@ int stz_q4_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, s
 void stz_q8_dequantize_ref(const int8_t *q, const float *scales, size_t n, size_t block, float *y);
 void stz_q4_dequantize_ref(const uint8_t *q, const float *scales, size_t n, size_t block, float *y);
 
+/* ---- any width and method ------------------------------------------- */
+
+/*
+ * The general form (stz_qf_*): `bits` 2..8, any stz_qmethod, scales as
+ * F16, F32 or U8. A row's codes are a bit string, each code `bits` wide,
+ * the first code in the highest bits of the first byte; a row starts on a
+ * byte (stz_qf_row_bytes). Codes are two's complement for absmax, full and
+ * mse (value q), unsigned for asym (value u * scale + min) and nl (value
+ * levels[u] * scale). For 4 bits this is INT4's pair layout; for 8, bytes.
+ * U8 scales are codes c: c = 0 is scale 0, else
+ * scale = base * 2^((c & 15) / 16) * 2^((c >> 4) - 15), with 2^(k/16) taken
+ * from a table of floats (stz_qf_scale_value); base is per tensor.
+ */
+typedef struct {
+    int bits;              /* 2..8 */
+    stz_qmethod method;
+    uint32_t block;        /* elements per block (any >= 1) */
+    stz_dtype scale_dtype; /* F16, F32 or U8 (not U8 with asym) */
+    float scale_base;      /* U8: the scale of code 240, the tensor's largest |value| */
+    float levels[64];      /* nl: 2^bits levels, sorted, largest magnitude 1 */
+    uint8_t lut[1024];     /* nl: filled by stz_qf_prepare from levels */
+} stz_qformat;
+
+/* Call after setting levels (nl), before quantizing. */
+void stz_qf_prepare(stz_qformat *f);
+
+size_t stz_qf_row_bytes(int bits, size_t n);
+/* Quantizes one row: q gets stz_qf_row_bytes bytes, scales (and mins, asym)
+ * one float per block, each exactly its stored value. Returns -1 if a
+ * scale cannot be stored (F16 overflow). x must be finite. */
+int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
+void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins, size_t n,
+                           float *y);
+/* U8 scales: the value of code c, and the code nearest s. */
+float stz_qf_scale_value(float base, uint8_t c);
+uint8_t stz_qf_scale_code(float base, float s);
+/* nl: fits f->levels to rows x cols sample values (f->bits, block,
+ * scale_dtype and scale_base set): Lloyd iterations between the levels and
+ * each block's searched scale, starting from a fixed codebook. */
+void stz_qf_fit_levels(stz_qformat *f, const float *x, size_t rows, size_t cols);
+/* The fixed starting codebook of nl for `bits` (2^bits levels). */
+void stz_qf_default_levels(int bits, float *levels);
+
 /* Converts n elements of a float dtype (BF16, F16, F32, F64) to F32 and
  * back (round to nearest even). STZ_E_DTYPE for other dtypes. */
 stz_status stz_to_f32(stz_dtype d, const uint8_t *src, size_t n, float *dst, stz_err *err);

@@ -1,0 +1,383 @@
+/* Block quantization of any width (2..8 bits) and method: uniform
+ * symmetric (absmax, full, mse), asymmetric scale + min (asym), and a
+ * non-uniform codebook (nl); scales as F16, F32 or 8-bit log codes.
+ * The scalar reference; see stz_quant.h for the definitions. */
+#include "stz_internal.h"
+#include "stz_quant.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- 8-bit log-coded scales: s = base * 2^((c - 240) / 16), c in 1..255 ---- */
+
+/* 2^(k/8) rounded to float, k = 0..7: the reader's table too (FORMAT.md). */
+static const float frac8[8] = {1.0f, 1.09050773f, 1.18920712f, 1.29683955f, 1.41421356f, 1.54221083f, 1.68179283f,
+                               1.83400809f};
+
+float stz_qf_scale_value(float base, uint8_t c)
+{
+    int m = c & 0x7f;
+    float v = m ? ldexpf(base * frac8[m & 7], (m >> 3) - 15) : 0.0f;
+    return c & 0x80 ? -v : v;
+}
+
+/* 2^((k + 0.5) / 8), k = 0..7: the rounding points between codes. */
+static const float half8[8] = {1.04427378f, 1.13878863f, 1.24185781f, 1.35425555f, 1.47682615f, 1.61049033f,
+                               1.75625216f, 1.91520656f};
+
+/* The code whose value is nearest s in log scale; 0 for s == 0. */
+static uint8_t scale_code(float base, float s)
+{
+    if (s == 0 || !(base > 0))
+        return 0;
+    int e;
+    float m = 2 * frexpf(fabsf(s) / base, &e); /* |s| / base = m * 2^(e - 1), m in [1, 2) */
+    int k = 0;
+    while (k < 8 && m >= half8[k])
+        k++;
+    int c = 120 + 8 * (e - 1) + k;
+    c = c < 1 ? 1 : c > 127 ? 127 : c;
+    return (uint8_t)(c | (s < 0 ? 0x80 : 0));
+}
+
+uint8_t stz_qf_scale_code(float base, float s) { return scale_code(base, s); }
+
+/* The stored scale nearest s (keeping its sign for F16/F32; U8 is >= 0). */
+static float store_scale(const stz_qformat *f, float s)
+{
+    if (f->scale_dtype == STZ_DTYPE_F32)
+        return s;
+    if (f->scale_dtype == STZ_DTYPE_F16) {
+        float r = stz_f16_to_f32(stz_f32_to_f16(s));
+        return isinf(r) ? NAN : r;
+    }
+    return stz_qf_scale_value(f->scale_base, scale_code(f->scale_base, s));
+}
+
+/* The next stored scale above |s| in magnitude, same sign (U8: positive). */
+static float store_scale_up(const stz_qformat *f, float s)
+{
+    float r = store_scale(f, s);
+    if (!(fabsf(r) < fabsf(s)))
+        return r;
+    if (f->scale_dtype == STZ_DTYPE_F16) {
+        uint16_t h = stz_f32_to_f16(s);
+        r = stz_f16_to_f32((uint16_t)(h + 1));
+        return isinf(r) ? NAN : r;
+    }
+    uint8_t c = scale_code(f->scale_base, s);
+    return stz_qf_scale_value(f->scale_base, (c & 0x7f) < 127 ? (uint8_t)(c + 1) : c);
+}
+
+/* ---- codes ------------------------------------------------------------------ */
+
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* The code range of the uniform methods. */
+static void uniform_range(const stz_qformat *f, int *lo, int *hi)
+{
+    int q = 1 << (f->bits - 1);
+    *lo = f->method == STZ_QMETHOD_ABSMAX ? -(q - 1) : -q, *hi = q - 1;
+}
+
+/* Round half away from zero; a form the compiler vectorises. */
+static inline float rndf(float v) { return (float)(int)(v + (v < 0 ? -0.5f : 0.5f)); }
+
+/* nl: nearest level through a table over t in [-LUT_RANGE, LUT_RANGE]
+ * (levels lie in [-1, 1]; a searched scale can put values a little past). */
+#define LUT_BINS 1024
+#define LUT_RANGE 1.25f
+
+void stz_qf_prepare(stz_qformat *f)
+{
+    int k = 1 << f->bits;
+    for (int i = 0; f->method == STZ_QMETHOD_NL && i < LUT_BINS; i++) {
+        float t = -LUT_RANGE + (2 * LUT_RANGE) * ((float)i + 0.5f) / LUT_BINS;
+        int best = 0;
+        for (int j = 1; j < k; j++)
+            best = fabsf(f->levels[j] - t) < fabsf(f->levels[best] - t) ? j : best;
+        f->lut[i] = (uint8_t)best;
+    }
+}
+
+static inline int nl_code(const stz_qformat *f, float t)
+{
+    float u = (t + LUT_RANGE) * (LUT_BINS / (2 * LUT_RANGE));
+    int i = (int)(u < 0 ? 0 : u > LUT_BINS - 1 ? LUT_BINS - 1 : u);
+    return f->lut[i];
+}
+
+/* Code of t = x / s: the value (uniform) or the level's index (nl). */
+static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
+{
+    return f->method == STZ_QMETHOD_NL ? nl_code(f, t) : clampi((int)rndf(t), lo, hi);
+}
+
+/* Squared error of x[n] coded at scale s, and the sums for the
+ * least-squares scale of that assignment (sxl = sum x l, sll = sum l^2).
+ * Eight lanes so that the loops vectorise; a block is short enough for
+ * float sums. */
+__attribute__((target_clones("avx2", "default"))) static double assign(const stz_qformat *f, int lo, int hi,
+                                                                        const float *x, size_t n, float s,
+                                                                        double *sxl, double *sll, uint8_t *codes)
+{
+    float inv = s != 0 ? 1.0f / s : 0.0f, e[8] = {0}, a[8] = {0}, b[8] = {0}, flo = (float)lo, fhi = (float)hi;
+    size_t i = 0;
+    if (f->method != STZ_QMETHOD_NL && !codes)
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) {
+                float l = rndf(x[i + j] * inv);
+                l = l < flo ? flo : l > fhi ? fhi : l;
+                float d = x[i + j] - l * s;
+                e[j] += d * d, a[j] += x[i + j] * l, b[j] += l * l;
+            }
+    else if (f->method == STZ_QMETHOD_NL) /* four lanes: eight spill to the stack */
+        for (; i + 4 <= n; i += 4)
+            for (int j = 0; j < 4; j++) {
+                int q = nl_code(f, x[i + j] * inv);
+                float l = f->levels[q], d = x[i + j] - l * s;
+                e[j] += d * d, a[j] += x[i + j] * l, b[j] += l * l;
+                if (codes)
+                    codes[i + j] = (uint8_t)q;
+            }
+    for (; i < n; i++) {
+        int q = code_of(f, lo, hi, x[i] * inv);
+        float l = f->method == STZ_QMETHOD_NL ? f->levels[q] : (float)q, d = x[i] - l * s;
+        e[0] += d * d, a[0] += x[i] * l, b[0] += l * l;
+        if (codes)
+            codes[i] = (uint8_t)q;
+    }
+    for (int j = 1; j < 8; j++)
+        e[0] += e[j], a[0] += a[j], b[0] += b[j];
+    if (sxl)
+        *sxl = a[0], *sll = b[0];
+    return e[0];
+}
+
+/* The scale of a symmetric block (0 for all zeros); NAN if none can be stored. */
+static float block_sym(const stz_qformat *f, const float *x, size_t n, uint8_t *codes, uint8_t *tmp)
+{
+    int lo, hi, nl = f->method == STZ_QMETHOD_NL, k = 1 << f->bits;
+    uniform_range(f, &lo, &hi);
+    float mx[8] = {0}, mn[8] = {0}; /* lanes, so that it vectorises */
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            mx[j] = x[i + j] > mx[j] ? x[i + j] : mx[j], mn[j] = x[i + j] < mn[j] ? x[i + j] : mn[j];
+    for (; i < n; i++)
+        mx[0] = x[i] > mx[0] ? x[i] : mx[0], mn[0] = x[i] < mn[0] ? x[i] : mn[0];
+    for (int j = 1; j < 8; j++)
+        mx[0] = mx[j] > mx[0] ? mx[j] : mx[0], mn[0] = mn[j] < mn[0] ? mn[j] : mn[0];
+    float vmax = mx[0] >= -mn[0] ? mx[0] : mn[0], amax = fabsf(vmax); /* the largest magnitude, signed */
+    if (amax == 0) {
+        if (codes)
+            memset(codes, code_of(f, lo, hi, 0.0f), n);
+        return 0;
+    }
+    float top = nl ? f->levels[k - 1] : (float)hi, bottom = nl ? f->levels[0] : (float)lo;
+    int u8 = f->scale_dtype == STZ_DTYPE_U8;
+    if (f->method == STZ_QMETHOD_ABSMAX) /* the extreme maps to +-top, the scale rounded up */
+        return store_scale_up(f, amax / top);
+    if (f->method == STZ_QMETHOD_FULL) /* the extreme maps to the bottom level, Q4_0's rule (U8: positive) */
+        return store_scale_up(f, vmax / bottom);
+    /* mse / nl: the extreme on either end of the code set (a negative
+     * scale mirrors the codes); from the better, one least-squares step
+     * (which cannot raise the error); then the better stored scale around it */
+    double best = INFINITY;
+    float cand = NAN;
+    const float ends[2] = {vmax > 0 ? top : bottom, vmax > 0 ? bottom : top};
+    for (int e = 0; e < 2; e++) {
+        if (ends[e] == 0)
+            continue;
+        double sxl, sll, err = assign(f, lo, hi, x, n, vmax / ends[e], &sxl, &sll, NULL);
+        if (err < best)
+            best = err, cand = sll > 0 ? (float)(sxl / sll) : vmax / ends[e];
+    }
+    float sl = store_scale(f, cand), sh;
+    if (isnan(sl))
+        return NAN;
+    if (u8) { /* the codes either side of cand */
+        uint8_t cc = scale_code(f->scale_base, cand), sg = cc & 0x80, m = cc & 0x7f;
+        if (fabsf(sl) > fabsf(cand) && m > 1)
+            m--;
+        sl = stz_qf_scale_value(f->scale_base, sg | m), sh = stz_qf_scale_value(f->scale_base, sg | (m < 127 ? m + 1 : m));
+    } else {
+        sh = fabsf(sl) < fabsf(cand) ? store_scale_up(f, cand) : sl;
+    }
+    if (isnan(sh) || sh == sl) {
+        assign(f, lo, hi, x, n, sl, NULL, NULL, codes);
+        return sl;
+    }
+    if (assign(f, lo, hi, x, n, sl, NULL, NULL, codes) <= assign(f, lo, hi, x, n, sh, NULL, NULL, tmp))
+        return sl;
+    if (codes)
+        memcpy(codes, tmp, n);
+    return sh;
+}
+
+/* Asymmetric block: y = u * s + m, u in [0, 2^bits - 1]; least squares on
+ * (s, m) alternating with the assignment, from the full range and from a
+ * slightly narrower one. Returns -1 if s or m cannot be stored. */
+static int block_asym(const stz_qformat *f, const float *x, size_t n, float *s, float *m)
+{
+    float lo = x[0], hi = x[0];
+    int top = (1 << f->bits) - 1;
+    for (size_t i = 1; i < n; i++)
+        lo = x[i] < lo ? x[i] : lo, hi = x[i] > hi ? x[i] : hi;
+    float bs = (hi - lo) / (float)top, bm = lo;
+    double best = INFINITY;
+    for (int start = 0; start < 2 && hi > lo; start++) {
+        float cs = start ? (hi - lo) * 0.9f / (float)top : bs, cm = start ? lo + (hi - lo) * 0.05f : lo;
+        for (int it = 0; it < 4 && cs > 0; it++) {
+            double su = 0, sx = 0, suu = 0, sux = 0, e = 0;
+            float inv = 1.0f / cs;
+            for (size_t i = 0; i < n; i++) {
+                int u = clampi((int)rndf((x[i] - cm) * inv), 0, top);
+                float d = x[i] - ((float)u * cs + cm);
+                e += (double)d * d, su += u, sx += x[i], suu += (double)u * u, sux += (double)u * x[i];
+            }
+            if (e < best)
+                best = e, bs = cs, bm = cm;
+            double det = (double)n * suu - su * su;
+            if (det <= 0)
+                break;
+            cs = (float)(((double)n * sux - su * sx) / det), cm = (float)((sx - cs * su) / (double)n);
+        }
+    }
+    *s = store_scale(f, bs), *m = store_scale(f, bm);
+    return isnan(*s) || isnan(*m) ? -1 : 0;
+}
+
+/* ---- rows ----------------------------------------------------------------- */
+
+size_t stz_qf_row_bytes(int bits, size_t n) { return (n * (size_t)bits + 7) / 8; }
+
+/* A row's bit string, high bits first. */
+typedef struct {
+    uint8_t *q;
+    uint64_t acc;
+    int n;
+} bitw;
+
+static inline void bw_put(bitw *w, int bits, unsigned v)
+{
+    w->acc = w->acc << bits | (v & ((1u << bits) - 1)), w->n += bits;
+    while (w->n >= 8)
+        w->n -= 8, *w->q++ = (uint8_t)(w->acc >> w->n);
+}
+
+static inline void bw_flush(bitw *w)
+{
+    if (w->n)
+        *w->q++ = (uint8_t)(w->acc << (8 - w->n)), w->n = 0;
+}
+
+int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
+{
+    int lo, hi, top = (1 << f->bits) - 1;
+    uint8_t codes[256], tmp[256];
+    uniform_range(f, &lo, &hi);
+    bitw w = {q, 0, 0};
+    for (size_t b = 0, i = 0; i < n; b++, i += f->block) {
+        size_t len = n - i < f->block ? n - i : f->block;
+        /* the searching methods leave the codes of short blocks in `codes` */
+        int have = len <= sizeof codes && f->method == STZ_QMETHOD_NL;
+        if (f->method == STZ_QMETHOD_ASYM) {
+            if (block_asym(f, x + i, len, &scales[b], &mins[b]))
+                return -1;
+        } else if (isnan(scales[b] = block_sym(f, x + i, len, have ? codes : NULL, tmp))) {
+            return -1;
+        }
+        float inv = scales[b] != 0 ? 1.0f / scales[b] : 0.0f;
+        if (!have)
+            for (size_t j = 0; j < len && len <= sizeof codes; j++)
+                codes[j] = (uint8_t)(f->method == STZ_QMETHOD_ASYM ? clampi((int)rndf((x[i + j] - mins[b]) * inv), 0, top)
+                                                                   : code_of(f, lo, hi, x[i + j] * inv));
+        for (size_t j = i; j < i + len; j++) {
+            int v = len <= sizeof codes ? codes[j - i]
+                    : f->method == STZ_QMETHOD_ASYM ? clampi((int)rndf((x[j] - mins[b]) * inv), 0, top)
+                                                    : code_of(f, lo, hi, x[j] * inv);
+            if (f->bits == 4 && !w.n && j + 1 < i + len && len <= sizeof codes) { /* a whole byte */
+                *w.q++ = (uint8_t)(v << 4 | (codes[j + 1 - i] & 15));
+                j++;
+                continue;
+            }
+            bw_put(&w, f->bits, (unsigned)v);
+        }
+    }
+    bw_flush(&w);
+    return 0;
+}
+
+void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins, size_t n,
+                           float *y)
+{
+    int bits = f->bits, sh = 32 - bits, have = 0;
+    uint64_t acc = 0;
+    for (size_t b = 0, i0 = 0; i0 < n; b++, i0 += f->block) {
+        size_t end = n - i0 < f->block ? n : i0 + f->block;
+        float s = scales[b], m = f->method == STZ_QMETHOD_ASYM ? mins[b] : 0.0f;
+        for (size_t i = i0; i < end; i++) {
+            if (have < bits)
+                acc = acc << 8 | *q++, have += 8;
+            have -= bits;
+            unsigned v = (unsigned)(acc >> have) & ((1u << bits) - 1);
+            float l = f->method == STZ_QMETHOD_NL     ? f->levels[v]
+                      : f->method == STZ_QMETHOD_ASYM ? (float)v
+                                                      : (float)((int32_t)(v << sh) >> sh);
+            y[i] = l * s + m;
+        }
+    }
+}
+
+/* ---- nl codebooks ------------------------------------------------------------ */
+
+void stz_qf_default_levels(int bits, float *levels)
+{
+    static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    int k = 1 << bits;
+    for (int i = 0; i < k; i++) {
+        float u = (float)(2 * i + 1 - k) / (float)(k - 1);
+        levels[i] = bits == 4 ? iq4nl[i] / 127.0f : u * (0.6f + 0.4f * fabsf(u)); /* denser near zero */
+    }
+}
+
+void stz_qf_fit_levels(stz_qformat *f, const float *x, size_t rows, size_t cols)
+{
+    int k = 1 << f->bits;
+    double num[64], den[64];
+    stz_qf_default_levels(f->bits, f->levels);
+    int lo, hi;
+    uniform_range(f, &lo, &hi);
+    for (int it = 0; it < 6; it++) {
+        stz_qf_prepare(f);
+        memset(num, 0, sizeof num), memset(den, 0, sizeof den);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t i = 0; i < cols; i += f->block) {
+                const float *b = x + r * cols + i;
+                size_t len = cols - i < f->block ? cols - i : f->block;
+                float s = block_sym(f, b, len, NULL, NULL);
+                if (!(s != 0) || isnan(s))
+                    continue;
+                /* level j minimises sum (x - s L_j)^2 over its values: L_j = sum s x / sum s^2 */
+                for (size_t j = 0; j < len; j++) {
+                    int q = code_of(f, lo, hi, b[j] / s);
+                    num[q] += (double)s * b[j], den[q] += (double)s * s;
+                }
+            }
+        float l[64], mx = 0;
+        for (int j = 0; j < k; j++) {
+            l[j] = den[j] > 0 ? (float)(num[j] / den[j]) : f->levels[j];
+            mx = fabsf(l[j]) > mx ? fabsf(l[j]) : mx;
+        }
+        if (!(mx > 0))
+            break;
+        for (int j = 0; j < k; j++)
+            l[j] /= mx;
+        for (int j = 1; j < k; j++) /* keep them sorted and distinct */
+            if (!(l[j] > l[j - 1]))
+                l[j] = nextafterf(l[j - 1], INFINITY);
+        memcpy(f->levels, l, (size_t)k * sizeof *l);
+    }
+    stz_qf_prepare(f);
+}
