@@ -271,7 +271,7 @@ static int print_report(const char *pa, const char *pb, const char *cfg_from, co
     }
     printf("%s -> %s: %zu sequences (%s), %llu positions scored\n", pa, pb, q->nseq, source,
            (unsigned long long)r->positions);
-    printf("KL divergence    mean %.6g +- %.2g, median %.3g, p95 %.3g, p99 %.3g, max %.3g (nats/token)\n", r->kl_mean,
+    printf("KL divergence    mean %.4g +- %.2g, median %.3g, p95 %.3g, p99 %.3g, max %.3g (nats/token)\n", r->kl_mean,
            r->kl_stderr, r->kl_median, r->kl_p95, r->kl_p99, r->kl_max);
     printf("top-1 agreement  %.2f%%\n", 100 * r->top1);
     printf("perplexity       %.4f -> %.4f (%+.2f%%)\n", r->ppl_ref, r->ppl_cand, 100 * r->ppl_change);
@@ -411,7 +411,7 @@ int cmd_eval_forward(int argc, char **argv)
         goto fail;
     rc = print_report(pa, pb, from_a, &q, source, &r, max_kl, json);
     if (rc == CLI_OK && max_kl >= 0 && r.kl_mean > max_kl) {
-        fprintf(stderr, "stz: check failed: mean KL %.6g exceeds --max-kl %g\n", r.kl_mean, max_kl);
+        fprintf(stderr, "stz: check failed: mean KL %.4g exceeds --max-kl %g\n", r.kl_mean, max_kl);
         rc = 3;
     }
     goto done;

@@ -40,13 +40,15 @@ typedef enum {
  * full: symmetric, the signed extreme maps to -2^(bits-1) (llama.cpp's Q4_0);
  * mse: symmetric, the scale searched for the lowest squared error;
  * asym: scale and minimum per block, codes 0..2^bits - 1;
- * nl: a non-uniform codebook of 2^bits levels fitted per tensor, scale searched. */
+ * nl: a non-uniform codebook of 2^bits levels (a fixed one), scale searched;
+ * nl-fit: nl with the codebook fitted to each tensor. */
 typedef enum {
     STZ_QMETHOD_ABSMAX = 0,
     STZ_QMETHOD_MSE = 1,
     STZ_QMETHOD_FULL = 2,
     STZ_QMETHOD_ASYM = 3,
     STZ_QMETHOD_NL = 4,
+    STZ_QMETHOD_NL_FIT = 5, /* nl with the codebook fitted to each tensor (stored in the file) */
     STZ_QMETHOD_COUNT
 } stz_qmethod;
 typedef enum { STZ_NONFINITE_ERROR = 0, STZ_NONFINITE_KEEP = 1 } stz_nonfinite;

@@ -30,8 +30,17 @@ struct stz_policy {
     stz_decision def;
 };
 
-static const char *const action_names[STZ_ACTION_COUNT] = {"keep", "int8", "int4", "svd"};
+static const char *const action_names[STZ_ACTION_COUNT] = {"keep", "int8", "int4", "svd", "int2", "int3", "int5", "int6"};
 const char *stz_action_name(stz_action a) { return (unsigned)a < STZ_ACTION_COUNT ? action_names[a] : "?"; }
+
+int stz_action_bits(stz_action a)
+{
+    static const int bits[STZ_ACTION_COUNT] = {0, 8, 4, 0, 2, 3, 5, 6};
+    return (unsigned)a < STZ_ACTION_COUNT ? bits[a] : 0;
+}
+
+static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit"};
+const char *stz_qmethod_name(stz_qmethod m) { return (unsigned)m < STZ_QMETHOD_COUNT ? method_names[m] : "?"; }
 
 static stz_decision default_decision(void)
 {
@@ -82,7 +91,7 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                 if (!strcmp(k->valuestring, action_names[j]))
                     a = j;
             if (a < 0)
-                return perr(err, p, where, pat, "unknown action '%s' (keep, int8, int4, svd)",
+                return perr(err, p, where, pat, "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd)",
                             cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
             d->action = (stz_action)a;
         } else if (!strcmp(key, "block_size")) {
@@ -91,18 +100,20 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             d->block_size = (uint32_t)v;
         } else if (!strcmp(key, "scale_dtype")) {
             if (!cJSON_IsString(k) || stz_dtype_parse_nocase(k->valuestring, &d->scale_dtype) ||
-                (d->scale_dtype != STZ_DTYPE_F16 && d->scale_dtype != STZ_DTYPE_F32))
-                return perr(err, p, where, pat, "scale_dtype must be \"F16\" or \"F32\"", NULL, NULL);
+                (d->scale_dtype != STZ_DTYPE_F16 && d->scale_dtype != STZ_DTYPE_F32 && d->scale_dtype != STZ_DTYPE_U8))
+                return perr(err, p, where, pat, "scale_dtype must be \"F16\", \"F32\" or \"U8\"", NULL, NULL);
         } else if (!strcmp(key, "method")) {
-            if (cJSON_IsString(k) && !strcmp(k->valuestring, "absmax"))
-                d->method = STZ_QMETHOD_ABSMAX;
-            else if (cJSON_IsString(k) && !strcmp(k->valuestring, "mse"))
-                d->method = STZ_QMETHOD_MSE;
+            int m = -1;
+            for (int j = 0; j < STZ_QMETHOD_COUNT && cJSON_IsString(k); j++)
+                if (!strcmp(k->valuestring, method_names[j]))
+                    m = j;
+            if (m >= 0)
+                d->method = (stz_qmethod)m;
             else if (cJSON_IsString(k) && (!strcmp(k->valuestring, "exact") || !strcmp(k->valuestring, "randomized")))
                 svd_key = "method", d->svd_randomized = k->valuestring[0] == 'r';
             else
-                return perr(err, p, where, pat, "method must be \"absmax\" or \"mse\" (int8/int4), \"exact\" or "
-                            "\"randomized\" (svd)", NULL, NULL);
+                return perr(err, p, where, pat, "method must be \"absmax\", \"mse\", \"full\", \"asym\", \"nl\" "
+                            "or \"nl-fit\" (int2..int8), \"exact\" or \"randomized\" (svd)", NULL, NULL);
         } else if (!strcmp(key, "nonfinite")) {
             if (cJSON_IsString(k) && !strcmp(k->valuestring, "error"))
                 d->nonfinite = STZ_NONFINITE_ERROR;
@@ -172,6 +183,11 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
     if (d->action == STZ_ACTION_SVD &&
         (d->svd_rank > 0) + (d->svd_energy > 0) + (d->svd_max_error > 0) != 1)
         return perr(err, p, where, pat, "action 'svd' needs exactly one of rank, energy, max_error", NULL, NULL);
+    if (d->method == STZ_QMETHOD_ASYM && d->scale_dtype == STZ_DTYPE_U8)
+        return perr(err, p, where, pat, "method \"asym\" stores its minimums beside the scales: scale_dtype must be "
+                    "\"F16\" or \"F32\", not \"U8\"", NULL, NULL);
+    if ((d->method == STZ_QMETHOD_NL || d->method == STZ_QMETHOD_NL_FIT) && stz_action_bits(d->action) > 6)
+        return perr(err, p, where, pat, "methods \"nl\" and \"nl-fit\" take 2 to 6 bits (int2..int6)", NULL, NULL);
     if (rand_key && !d->svd_randomized)
         return perr(err, p, where, pat, "'%s' applies to method \"randomized\" only", rand_key, NULL);
     return STZ_OK;

@@ -332,13 +332,16 @@ void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *
 
 /* ---- nl codebooks ------------------------------------------------------------ */
 
+/* Levels are stored as n / 32767 (n a 16-bit integer), exactly as read. */
+static float level_of(double v) { return (float)lrint((v < -1 ? -1 : v > 1 ? 1 : v) * 32767.0) / 32767.0f; }
+
 void stz_qf_default_levels(int bits, float *levels)
 {
     static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
     int k = 1 << bits;
     for (int i = 0; i < k; i++) {
-        float u = (float)(2 * i + 1 - k) / (float)(k - 1);
-        levels[i] = bits == 4 ? iq4nl[i] / 127.0f : u * (0.6f + 0.4f * fabsf(u)); /* denser near zero */
+        double u = (double)(2 * i + 1 - k) / (double)(k - 1);
+        levels[i] = level_of(bits == 4 ? iq4nl[i] / 127.0 : u * (0.6 + 0.4 * fabs(u))); /* denser near zero */
     }
 }
 
@@ -373,10 +376,10 @@ void stz_qf_fit_levels(stz_qformat *f, const float *x, size_t rows, size_t cols)
         if (!(mx > 0))
             break;
         for (int j = 0; j < k; j++)
-            l[j] /= mx;
-        for (int j = 1; j < k; j++) /* keep them sorted and distinct */
-            if (!(l[j] > l[j - 1]))
-                l[j] = nextafterf(l[j - 1], INFINITY);
+            l[j] = level_of(l[j] / mx);
+        for (int j = 1; j < k; j++) /* keep them sorted */
+            if (!(l[j] >= l[j - 1]))
+                l[j] = l[j - 1];
         memcpy(f->levels, l, (size_t)k * sizeof *l);
     }
     stz_qf_prepare(f);

@@ -32,7 +32,10 @@ typedef struct {
     uint64_t rows, cols; /* cols = last dimension (whole tensor for 1-D) */
     uint64_t nblocks;    /* per row */
     char *scales_name;   /* NULL: single scale, in metadata */
-    float scalar;        /* the single scale */
+    char *mins_name;     /* asym: NAME.mins (NULL: single block) */
+    float scalar, scalar_min; /* the single scale (and minimum) */
+    stz_qformat fmt;     /* bits, method, block, scales (and base, levels) */
+    int legacy;          /* 8 or 4 bits, absmax or mse, F16/F32 scales: the first kernels, byte for byte */
     /* svd: INT8 factors, made before the header is written */
     int svd;
     size_t rank;
@@ -59,12 +62,13 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
         uint64_t sb = svd_bytes(m, n, d->svd_rank);
         return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
     }
-    if (d->action != STZ_ACTION_INT8 && d->action != STZ_ACTION_INT4)
+    int bits = stz_action_bits(d->action);
+    if (!bits)
         return t->end - t->begin;
-    int bits = d->action == STZ_ACTION_INT8 ? 8 : 4;
     uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;
-    uint64_t blocks = rows * stz_q_blocks(cols, d->block_size);
-    return rows * stz_q_row_bytes(bits, cols) + (blocks > 1 ? blocks * stz_dtype_bits(d->scale_dtype) / 8 : 0);
+    uint64_t blocks = rows * stz_q_blocks(cols, d->block_size), per = stz_dtype_bits(d->scale_dtype) / 8;
+    per *= d->method == STZ_QMETHOD_ASYM ? 2 : 1; /* scale and minimum */
+    return rows * stz_qf_row_bytes(bits, cols) + (blocks > 1 ? blocks * per : 0);
 }
 
 static void row_shape(const stz_tensor *t, uint64_t *rows, uint64_t *cols)
@@ -114,18 +118,30 @@ static stz_status refuse_quantized(const stz_reader *r, stz_err *err)
     return STZ_OK;
 }
 
-static int quant_row(const plan_t *pl, const float *x, uint8_t *q, float *scales)
+static int quant_row(const plan_t *pl, const float *x, uint8_t *q, float *scales, float *mins)
 {
+    if (!pl->legacy)
+        return stz_qf_quantize_row(&pl->fmt, x, pl->cols, q, scales, mins);
     return pl->bits == 8 ? stz_q8_quantize_ref(x, pl->cols, pl->d.block_size, pl->d.method, pl->d.scale_dtype,
                                                (int8_t *)q, scales)
                          : stz_q4_quantize_ref(x, pl->cols, pl->d.block_size, pl->d.method, pl->d.scale_dtype, q,
                                                scales);
 }
 
+/* The stored form of a quantized tensor's values: I8 for the symmetric
+ * uniform 8-bit methods, else U8 bit strings. */
+static stz_dtype values_dtype(int bits, stz_qmethod m)
+{
+    return bits == 8 && (m == STZ_QMETHOD_ABSMAX || m == STZ_QMETHOD_MSE || m == STZ_QMETHOD_FULL) ? STZ_DTYPE_I8
+                                                                                                  : STZ_DTYPE_U8;
+}
+
+#define MSB_PACKING "bits-high-first"
+
 static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl, stz_err *err)
 {
     cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
-    cJSON_AddStringToObject(o, "method", pl->d.method == STZ_QMETHOD_MSE ? "mse" : "absmax");
+    cJSON_AddStringToObject(o, "method", pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method));
     cJSON_AddNumberToObject(o, "bits", pl->bits);
     cJSON_AddNumberToObject(o, "block_size", pl->d.block_size);
     cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));
@@ -137,8 +153,24 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl,
     else
         cJSON_AddNumberToObject(o, "scale", pl->scalar);
     cJSON_AddStringToObject(o, "scale_dtype", stz_dtype_name(pl->d.scale_dtype));
+    if (pl->d.scale_dtype == STZ_DTYPE_U8)
+        cJSON_AddNumberToObject(o, "scale_base", pl->fmt.scale_base);
+    if (pl->d.method == STZ_QMETHOD_ASYM) {
+        if (pl->mins_name)
+            cJSON_AddStringToObject(o, "mins", pl->mins_name);
+        else
+            cJSON_AddNumberToObject(o, "min", pl->scalar_min);
+    }
+    if (pl->d.method == STZ_QMETHOD_NL_FIT) {
+        cJSON *lv = cJSON_CreateArray();
+        for (int k = 0; k < 1 << pl->bits; k++)
+            cJSON_AddItemToArray(lv, cJSON_CreateNumber(lrintf(pl->fmt.levels[k] * 32767.0f)));
+        cJSON_AddItemToObject(o, "levels", lv);
+    }
     if (pl->bits == 4)
         cJSON_AddStringToObject(o, "packing", INT4_PACKING);
+    else if (pl->bits != 8)
+        cJSON_AddStringToObject(o, "packing", MSB_PACKING);
     char *s = cJSON_PrintUnformatted(o), key[1024];
     cJSON_Delete(o);
     if (!s)
@@ -168,6 +200,7 @@ typedef struct {
     const plan_t *x;
     qslot *slot;
     float *sc;    /* rows x nblocks scales */
+    float *mn;    /* asym: rows x nblocks minimums */
     uint64_t per; /* rows per batch */
     stz_metrics_acc acc;
 } qjob;
@@ -178,7 +211,7 @@ static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
     qslot *s = &j->slot[tid];
     const plan_t *pl = j->x;
     const stz_tensor *t = j->t;
-    size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_q_row_bytes(pl->bits, pl->cols);
+    size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_qf_row_bytes(pl->bits, pl->cols);
     uint64_t row = i * j->per;
     size_t nr = pl->rows - row < j->per ? (size_t)(pl->rows - row) : (size_t)j->per, n = nr * (size_t)pl->cols;
     stz_status st;
@@ -196,15 +229,12 @@ static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
                            isnan(s->f[bad]) ? "NaN" : "infinite");
     for (size_t k = 0; k < nr; k++) {
         const float *x = s->f + k * pl->cols;
-        float *s_row = j->sc + (row + k) * pl->nblocks;
-        if (quant_row(pl, x, s->q + k * rb, s_row))
+        float *s_row = j->sc + (row + k) * pl->nblocks, *m_row = j->mn ? j->mn + (row + k) * pl->nblocks : NULL;
+        if (quant_row(pl, x, s->q + k * rb, s_row, m_row))
             return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
                                "use \"scale_dtype\": \"F32\"", stz_reader_path(j->r), t->name);
         /* the quality as the reader will see it: stored scales, dequantized */
-        if (pl->bits == 8)
-            stz_q8_dequantize_ref((const int8_t *)s->q + k * rb, s_row, pl->cols, pl->d.block_size, s->y);
-        else
-            stz_q4_dequantize_ref(s->q + k * rb, s_row, pl->cols, pl->d.block_size, s->y);
+        stz_qf_dequantize_row(&pl->fmt, s->q + k * rb, s_row, m_row, pl->cols, s->y);
         stz_metrics_add(&s->acc, x, s->y, pl->cols); /* scales are exact in their stored dtype */
     }
     return STZ_OK;
@@ -216,12 +246,34 @@ static stz_status q_commit(void *ctx, int tid, size_t i, stz_err *err)
     qslot *s = &j->slot[tid];
     (void)i;
     stz_metrics_merge(&j->acc, &s->acc);
-    return stz_writer_write(j->w, s->q, s->rows * stz_q_row_bytes(j->x->bits, j->x->cols), err);
+    return stz_writer_write(j->w, s->q, s->rows * stz_qf_row_bytes(j->x->bits, j->x->cols), err);
 }
 
 /* Streams one quantized tensor: values row batch by row batch on
  * `threads` threads, then its scales (held for the tensor: rows x blocks
  * floats). */
+/* Writes n per-block floats as the scale dtype (U8: log codes under the base). */
+static stz_status write_blockwise(stz_writer *w, const plan_t *pl, const float *v, size_t n, uint8_t *buf, stz_err *err)
+{
+    stz_dtype dt = pl->d.scale_dtype;
+    size_t sz = stz_dtype_bits(dt) / 8;
+    stz_status st = STZ_OK;
+    for (size_t i = 0; !st && i < n; i += BATCH_BYTES / 4) {
+        size_t k = n - i < BATCH_BYTES / 4 ? n - i : BATCH_BYTES / 4;
+        if (dt == STZ_DTYPE_U8)
+            for (size_t j = 0; j < k; j++)
+                buf[j] = stz_qf_scale_code(pl->fmt.scale_base, v[i + j]);
+        else
+            st = stz_from_f32(dt, v + i, k, buf, err);
+        if (!st)
+            st = stz_writer_write(w, buf, k * sz, err);
+    }
+    return st;
+}
+
+/* Streams one quantized tensor: values row batch by row batch on
+ * `threads` threads, then its scales (and minimums), held for the tensor:
+ * rows x blocks floats. */
 static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, plan_t *pl, qslot *slot,
                                   int threads, stz_err *err)
 {
@@ -229,20 +281,23 @@ static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_
     uint64_t per = BATCH_BYTES / esz / pl->cols;
     if (per == 0)
         per = 1; /* one row larger than a batch: the caller sized buffers for it */
-    size_t nsc = (size_t)(pl->rows * pl->nblocks), ssz = stz_dtype_bits(pl->d.scale_dtype) / 8;
-    qjob j = {.w = w, .r = r, .t = t, .x = pl, .slot = slot, .per = per, .sc = malloc(nsc * sizeof(float) + 1)};
-    if (!j.sc)
+    size_t nsc = (size_t)(pl->rows * pl->nblocks);
+    int asym = pl->d.method == STZ_QMETHOD_ASYM;
+    qjob j = {.w = w, .r = r, .t = t, .x = pl, .slot = slot, .per = per, .sc = malloc(nsc * sizeof(float) + 1),
+              .mn = asym ? malloc(nsc * sizeof(float) + 1) : NULL};
+    if (!j.sc || (asym && !j.mn)) {
+        free(j.sc), free(j.mn);
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu scales of '%s'", nsc, t->name);
+    }
     j.pl = (stz_pipeline){.n = (size_t)((pl->rows + per - 1) / per), .threads = threads, .ctx = &j,
                           .work = q_work, .commit = q_commit};
     stz_status st = stz_pipeline_run(&j.pl, err);
-    for (size_t i = 0; !st && pl->scales_name && i < nsc; i += BATCH_BYTES / 4) {
-        size_t n = nsc - i < BATCH_BYTES / 4 ? nsc - i : BATCH_BYTES / 4;
-        if (!(st = stz_from_f32(pl->d.scale_dtype, j.sc + i, n, slot[0].in, err)))
-            st = stz_writer_write(w, slot[0].in, n * ssz, err);
-    }
+    if (!st && pl->scales_name)
+        st = write_blockwise(w, pl, j.sc, nsc, slot[0].in, err);
+    if (!st && pl->mins_name)
+        st = write_blockwise(w, pl, j.mn, nsc, slot[0].in, err);
     pl->cosine = stz_metrics_finish(&j.acc).cosine;
-    free(j.sc);
+    free(j.sc), free(j.mn);
     return st;
 }
 
@@ -257,13 +312,63 @@ static stz_status copy_tensor(stz_writer *w, const stz_reader *r, const stz_tens
     return STZ_OK;
 }
 
+/* The kernel format of x's decision: bits, method, block, scale storage. */
+static void plan_format(plan_t *x)
+{
+    const stz_decision *d = &x->d;
+    x->bits = d->action == STZ_ACTION_SVD ? 8 : stz_action_bits(d->action); /* svd: INT8 factors */
+    memset(&x->fmt, 0, sizeof x->fmt);
+    x->fmt.bits = x->bits, x->fmt.method = d->method == STZ_QMETHOD_NL_FIT ? STZ_QMETHOD_NL : d->method;
+    x->fmt.block = d->block_size, x->fmt.scale_dtype = d->scale_dtype;
+    x->legacy = (x->bits == 8 || x->bits == 4) && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE) &&
+                d->scale_dtype != STZ_DTYPE_U8;
+    if (x->fmt.method == STZ_QMETHOD_NL && x->bits)
+        stz_qf_default_levels(x->bits, x->fmt.levels), stz_qf_prepare(&x->fmt);
+}
+
+/* What the format needs from the whole tensor before any row is
+ * quantized: U8 scales, its largest magnitude (the base); nl-fit, a
+ * codebook fitted to up to 256 rows spread over it. */
+static stz_status plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, uint8_t *buf, float *f,
+                               stz_err *err)
+{
+    int fit = x->d.method == STZ_QMETHOD_NL_FIT;
+    if (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit))
+        return STZ_OK;
+    size_t esz = stz_dtype_bits(t->dtype) / 8, per = BATCH_BYTES / esz;
+    float amax = 0;
+    stz_status st = STZ_OK;
+    for (uint64_t e = 0; !st && e < t->numel; e += per) {
+        size_t n = t->numel - e < per ? (size_t)(t->numel - e) : per;
+        if (!(st = stz_reader_read(r, t, e * esz, buf, n * esz, err)) && !(st = stz_to_f32(t->dtype, buf, n, f, err)))
+            for (size_t i = 0; i < n; i++)
+                amax = fabsf(f[i]) > amax ? fabsf(f[i]) : amax; /* NaN is reported by the main pass */
+    }
+    x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
+    if (st || !fit)
+        return st;
+    size_t cols = x->cols > (1u << 20) ? (size_t)1 << 20 : (size_t)x->cols, nr = x->rows < 256 ? (size_t)x->rows : 256;
+    float *smp = malloc(nr * cols * sizeof *smp + 1);
+    if (!smp)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t k = 0; !st && k < nr; k++) {
+        uint64_t row = k * (x->rows / nr);
+        if (!(st = stz_reader_read(r, t, row * x->cols * esz, buf, cols * esz, err)))
+            st = stz_to_f32(t->dtype, buf, cols, smp + k * cols, err);
+    }
+    if (!st && first_nonfinite(smp, nr * cols) == nr * cols)
+        stz_qf_fit_levels(&x->fmt, smp, nr, cols);
+    free(smp);
+    return st;
+}
+
 /* Turns an svd decision into the rule's fallback action. */
 static void use_fallback(plan_t *x, const char *why)
 {
     x->svd = 0;
     x->d.action = x->d.fallback;
     x->d.reason = why;
-    x->bits = x->d.action == STZ_ACTION_INT8 ? 8 : x->d.action == STZ_ACTION_INT4 ? 4 : 0;
+    plan_format(x);
     x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
 }
 
@@ -440,6 +545,7 @@ static stz_status write_svd(stz_writer *w, const plan_t *x, uint8_t *buf, stz_er
 static void plan_free(plan_t *x)
 {
     free(x->scales_name);
+    free(x->mins_name);
     free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);
     for (int j = 0; j < 5; j++)
         free(x->fname[j]);
@@ -475,7 +581,7 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         if (pl[i].d.action == STZ_ACTION_KEEP)
             continue;
         pl[i].svd = pl[i].d.action == STZ_ACTION_SVD;
-        pl[i].bits = pl[i].d.action == STZ_ACTION_INT4 ? 4 : 8;
+        plan_format(&pl[i]);
         row_shape(t, &pl[i].rows, &pl[i].cols);
         pl[i].nblocks = stz_q_blocks(pl[i].cols, pl[i].d.block_size);
         if (t->ndim < 2) /* include_1d: one row */
@@ -519,25 +625,30 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
                 continue;
             }
         }
+        if ((st = plan_prepare(r, t, x, buf, f, err)))
+            goto cleanup;
         if (x->rows * x->nblocks == 1) {
             size_t esz = stz_dtype_bits(t->dtype) / 8;
             if ((st = stz_reader_read(r, t, 0, buf, t->numel * esz, err)) ||
                 (st = stz_to_f32(t->dtype, buf, (size_t)t->numel, f, err)))
                 goto cleanup;
-            quant_row(x, f, q, &x->scalar); /* a non-finite value is reported in the main pass */
+            quant_row(x, f, q, &x->scalar, &x->scalar_min); /* a non-finite value is reported in the main pass */
             continue;
         }
-        size_t len = strlen(t->name) + 8;
-        if (!(x->scales_name = malloc(len))) {
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-            goto cleanup;
-        }
-        snprintf(x->scales_name, len, "%s.scales", t->name);
-        if (stz_reader_find(r, x->scales_name) >= 0) {
-            st = stz_err_set(err, STZ_E_DUPLICATE,
-                             "%s: tensor '%s': its scales would be stored as '%s', which already exists in the file",
-                             in, t->name, x->scales_name);
-            goto cleanup;
+        char **names[2] = {&x->scales_name, &x->mins_name};
+        for (int k = 0; k < (x->d.method == STZ_QMETHOD_ASYM ? 2 : 1); k++) {
+            size_t len = strlen(t->name) + 8;
+            if (!(*names[k] = malloc(len))) {
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            snprintf(*names[k], len, "%s.%s", t->name, k ? "mins" : "scales");
+            if (stz_reader_find(r, *names[k]) >= 0) {
+                st = stz_err_set(err, STZ_E_DUPLICATE,
+                                 "%s: tensor '%s': its %s would be stored as '%s', which already exists in the file",
+                                 in, t->name, k ? "minimums" : "scales", *names[k]);
+                goto cleanup;
+            }
         }
     }
     if ((st = stz_writer_open(&w, out, p->write_flags, err)) ||
@@ -558,13 +669,15 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
             uint64_t shape[STZ_ST_MAX_NDIM];
             int nd = t->ndim ? t->ndim : 1;
             memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);
-            shape[nd - 1] = stz_q_row_bytes(x->bits, t->ndim ? t->shape[nd - 1] : 1);
+            shape[nd - 1] = stz_qf_row_bytes(x->bits, t->ndim ? t->shape[nd - 1] : 1);
             if (t->ndim < 2)
-                shape[0] = stz_q_row_bytes(x->bits, t->numel);
-            if (!(st = stz_writer_add(w, t->name, x->bits == 8 ? STZ_DTYPE_I8 : STZ_DTYPE_U8, nd, shape, err)) &&
+                shape[0] = stz_qf_row_bytes(x->bits, t->numel);
+            if (!(st = stz_writer_add(w, t->name, values_dtype(x->bits, x->d.method), nd, shape, err)) &&
                 x->scales_name) {
                 shape[nd - 1] = x->nblocks;
                 st = stz_writer_add(w, x->scales_name, x->d.scale_dtype, nd, shape, err);
+                if (!st && x->mins_name)
+                    st = stz_writer_add(w, x->mins_name, x->d.scale_dtype, nd, shape, err);
             }
             if (!st)
                 st = meta_for(w, t, x, err);
@@ -631,6 +744,9 @@ typedef struct {
     const char *method;    /* "absmax", "mse", "svd" (static) */
     const stz_tensor *t;   /* values tensor (svd: U) in the quantized file */
     const stz_tensor *sc;  /* scales tensor, NULL for a single scale */
+    const stz_tensor *mn;  /* asym: minimums tensor, NULL for a single block */
+    float scalar_min;
+    stz_qformat fmt;       /* how to dequantize (not svd) */
     int bits;
     uint32_t block;
     stz_dtype dtype, scale_dtype;
@@ -646,6 +762,28 @@ typedef struct {
     float *vh, *sv;        /* Vh and S dequantized, on first use */
 } qinfo;
 
+/* The levels of an nl entry: absent (the fixed codebook for its bits), or
+ * 2^bits integers n in [-32767, 32767], non-decreasing, level n / 32767. */
+static int parse_levels(const cJSON *lv, stz_qformat *f)
+{
+    int k = 1 << f->bits;
+    if (!lv) {
+        stz_qf_default_levels(f->bits, f->levels);
+        return 0;
+    }
+    if (!cJSON_IsArray(lv) || cJSON_GetArraySize(lv) != k)
+        return -1;
+    int i = 0;
+    for (const cJSON *e = lv->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || fabs(e->valuedouble) > 32767)
+            return -1;
+        f->levels[i] = (float)e->valuedouble / 32767.0f;
+        if (i && f->levels[i] < f->levels[i - 1])
+            return -1;
+    }
+    return 0;
+}
+
 /* Parses and checks __metadata__["stz.quant.NAME"] against the file. */
 static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const char *json, qinfo *qi, stz_err *err)
 {
@@ -654,12 +792,16 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"), *blk = cJSON_GetObjectItemCaseSensitive(o, "block_size"),
                 *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
                 *scn = cJSON_GetObjectItemCaseSensitive(o, "scales"), *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"),
-                *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
-    static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "scales",
-                                        "scale", "scale_dtype", "packing", NULL};
+                *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype"),
+                *base = cJSON_GetObjectItemCaseSensitive(o, "scale_base"),
+                *mnn = cJSON_GetObjectItemCaseSensitive(o, "mins"), *mnv = cJSON_GetObjectItemCaseSensitive(o, "min"),
+                *lv = cJSON_GetObjectItemCaseSensitive(o, "levels");
+    static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "scales", "scale",
+                                        "scale_dtype", "scale_base", "mins", "min", "levels", "packing", NULL};
     const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method"), *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
     const char *unknown = stz_json_unknown_key(o, known), *dup = stz_json_duplicate_key(o);
     stz_status st = STZ_OK;
+    int m = -1;
     memset(qi, 0, sizeof *qi);
     qi->t = t;
     if (unknown || dup) {
@@ -667,30 +809,46 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                          t->name, unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
         goto done;
     }
-    if (!cJSON_IsString(meth) || (strcmp(meth->valuestring, "absmax") && strcmp(meth->valuestring, "mse"))) {
+    for (int j = 0; j < STZ_QMETHOD_NL_FIT && cJSON_IsString(meth); j++) /* nl-fit is stored as nl + levels */
+        if (!strcmp(meth->valuestring, stz_qmethod_name((stz_qmethod)j)))
+            m = j;
+    if (m < 0) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown quantization method '%s'", P, t->name,
                          cJSON_IsString(meth) ? meth->valuestring : "(none)");
         goto done;
     }
-    if (cJSON_IsNumber(bits) && bits->valuedouble == 4 ? !cJSON_IsString(pk) || strcmp(pk->valuestring, INT4_PACKING)
-                                                       : pk != NULL) {
+    int nb = cJSON_IsNumber(bits) ? (int)bits->valuedouble : 0;
+    const char *want_pk = nb == 4 ? INT4_PACKING : nb == 8 ? NULL : MSB_PACKING;
+    if (want_pk ? !cJSON_IsString(pk) || strcmp(pk->valuestring, want_pk) : pk != NULL) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown packing '%s' (this stz reads '%s' for "
-                         "4 bits, and none for 8)", P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)",
-                         INT4_PACKING);
+                         "4 bits, '%s' for 2, 3, 5 and 6, and none for 8)", P, t->name,
+                         cJSON_IsString(pk) ? pk->valuestring : "(none)", INT4_PACKING, MSB_PACKING);
         goto done;
     }
-    if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || (bits->valuedouble != 8 && bits->valuedouble != 4) ||
-        !cJSON_IsNumber(blk) || blk->valuedouble < 1 || blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) ||
-        stz_dtype_parse(dt->valuestring, &qi->dtype) || !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM ||
-        !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) || !cJSON_IsString(sdt) ||
-        stz_dtype_parse(sdt->valuestring, &qi->scale_dtype) ||
-        (qi->scale_dtype != STZ_DTYPE_F16 && qi->scale_dtype != STZ_DTYPE_F32)) {
+    qi->fmt.method = (stz_qmethod)m;
+    if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || bits->valuedouble != nb || nb < 2 || nb > 8 || nb == 7 ||
+        ((m == STZ_QMETHOD_NL) && nb > 6) || !cJSON_IsNumber(blk) || blk->valuedouble < 1 ||
+        blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) ||
+        !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) ||
+        !cJSON_IsString(sdt) || stz_dtype_parse(sdt->valuestring, &qi->scale_dtype) ||
+        (qi->scale_dtype != STZ_DTYPE_F16 && qi->scale_dtype != STZ_DTYPE_F32 && qi->scale_dtype != STZ_DTYPE_U8) ||
+        (qi->scale_dtype == STZ_DTYPE_U8) != cJSON_IsNumber(base) || (cJSON_IsNumber(base) && !(base->valuedouble > 0)) ||
+        (m == STZ_QMETHOD_ASYM) != (cJSON_IsString(mnn) || cJSON_IsNumber(mnv)) ||
+        (m == STZ_QMETHOD_ASYM && (qi->scale_dtype == STZ_DTYPE_U8 || cJSON_IsString(scn) != cJSON_IsString(mnn))) ||
+        (lv && m != STZ_QMETHOD_NL)) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, META_PREFIX, t->name);
         goto done;
     }
-    qi->bits = (int)bits->valuedouble;
+    qi->bits = nb;
     qi->block = (uint32_t)blk->valuedouble;
-    qi->method = strcmp(meth->valuestring, "mse") ? "absmax" : "mse";
+    qi->method = stz_qmethod_name((stz_qmethod)m);
+    qi->fmt.bits = nb, qi->fmt.block = qi->block, qi->fmt.scale_dtype = qi->scale_dtype;
+    qi->fmt.scale_base = base ? (float)base->valuedouble : 0;
+    if (m == STZ_QMETHOD_NL && parse_levels(lv, &qi->fmt)) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'levels' must be %d whole numbers in [-32767, 32767] "
+                         "in increasing order", P, t->name, 1 << nb);
+        goto done;
+    }
     qi->numel = 1;
     for (const cJSON *d = sh->child; d; d = d->next) {
         if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) ||
@@ -705,28 +863,37 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     qi->rows = qi->cols ? qi->numel / qi->cols : 0;
     qi->nblocks = stz_q_blocks(qi->cols, qi->block);
     /* the values tensor must be what the metadata says it is */
-    if (t->dtype != (qi->bits == 8 ? STZ_DTYPE_I8 : STZ_DTYPE_U8) ||
-        t->end - t->begin != qi->rows * stz_q_row_bytes(qi->bits, qi->cols) || !qi->numel) {
+    stz_dtype vdt = nb == 8 && (m == STZ_QMETHOD_ABSMAX || m == STZ_QMETHOD_MSE || m == STZ_QMETHOD_FULL) ? STZ_DTYPE_I8
+                                                                                                        : STZ_DTYPE_U8;
+    if (t->dtype != vdt || t->end - t->begin != qi->rows * stz_qf_row_bytes(nb, qi->cols) || !qi->numel) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s values do not match the recorded shape", P, t->name,
                          stz_dtype_name(t->dtype));
         goto done;
     }
-    if (cJSON_IsString(scn)) {
-        long si = stz_reader_find(r, scn->valuestring);
-        qi->sc = si >= 0 ? stz_reader_tensor(r, (size_t)si) : NULL;
-        if (!qi->sc || qi->sc->dtype != qi->scale_dtype || qi->sc->numel != qi->rows * qi->nblocks) {
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': scales tensor '%s' is missing or has the wrong "
-                             "dtype or size", P, t->name, scn->valuestring);
+    const cJSON *names[2] = {scn, mnn};
+    const stz_tensor **found[2] = {&qi->sc, &qi->mn};
+    for (int k = 0; k < 2; k++) {
+        if (!cJSON_IsString(names[k]))
+            continue;
+        long si = stz_reader_find(r, names[k]->valuestring);
+        *found[k] = si >= 0 ? stz_reader_tensor(r, (size_t)si) : NULL;
+        if (!*found[k] || (*found[k])->dtype != qi->scale_dtype || (*found[k])->numel != qi->rows * qi->nblocks) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s tensor '%s' is missing or has the wrong "
+                             "dtype or size", P, t->name, k ? "minimums" : "scales", names[k]->valuestring);
             goto done;
         }
-    } else {
+    }
+    if (!qi->sc) {
         if (qi->rows * qi->nblocks != 1) {
             st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': one scale for %llu blocks", P, t->name,
                              (unsigned long long)(qi->rows * qi->nblocks));
             goto done;
         }
         qi->scalar = (float)scv->valuedouble;
+        qi->scalar_min = cJSON_IsNumber(mnv) ? (float)mnv->valuedouble : 0;
     }
+    if (m == STZ_QMETHOD_NL)
+        stz_qf_prepare(&qi->fmt);
 done:
     cJSON_Delete(o);
     return st;
@@ -781,25 +948,28 @@ static stz_status qinfo_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_
                                qi->name);
         return STZ_OK;
     }
-    size_t rb = stz_q_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
+    size_t rb = stz_qf_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
     size_t nsc = nr * (size_t)qi->nblocks;
+    float *mn = sc + nsc; /* asym: the minimums after the scales */
     stz_status st = stz_reader_read(r, qi->t, row * rb, raw, nr * rb, err);
     if (st)
         return st;
-    if (qi->sc) {
-        if ((st = stz_reader_read(r, qi->sc, row * qi->nblocks * ssz, sbytes, nsc * ssz, err)) ||
-            (st = stz_to_f32(qi->scale_dtype, sbytes, nsc, sc, err)))
+    const stz_tensor *src[2] = {qi->sc, qi->mn};
+    float *dst[2] = {sc, mn};
+    for (int k = 0; k < (qi->mn ? 2 : 1) && qi->sc; k++) {
+        if ((st = stz_reader_read(r, src[k], row * qi->nblocks * ssz, sbytes, nsc * ssz, err)))
             return st;
-    } else {
-        sc[0] = qi->scalar;
+        if (qi->scale_dtype == STZ_DTYPE_U8)
+            for (size_t i = 0; i < nsc; i++)
+                dst[k][i] = stz_qf_scale_value(qi->fmt.scale_base, sbytes[i]);
+        else if ((st = stz_to_f32(qi->scale_dtype, sbytes, nsc, dst[k], err)))
+            return st;
     }
-    for (size_t k = 0; k < nr; k++) {
-        if (qi->bits == 8)
-            stz_q8_dequantize_ref((const int8_t *)raw + k * rb, sc + k * qi->nblocks, qi->cols, qi->block,
-                                  f + k * qi->cols);
-        else
-            stz_q4_dequantize_ref(raw + k * rb, sc + k * qi->nblocks, qi->cols, qi->block, f + k * qi->cols);
-    }
+    if (!qi->sc)
+        sc[0] = qi->scalar, mn[0] = qi->scalar_min;
+    for (size_t k = 0; k < nr; k++)
+        stz_qf_dequantize_row(&qi->fmt, raw + k * rb, sc + k * qi->nblocks, mn + k * qi->nblocks, (size_t)qi->cols,
+                              f + k * qi->cols);
     return STZ_OK;
 }
 
@@ -915,8 +1085,8 @@ static stz_status scan_quantized(const stz_reader *r, qinfo *qi, char *skip, siz
         if (qi[at].bits)
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' is described twice", P, tmp.t->name);
         qi[at] = tmp;
-        const stz_tensor *owned[5] = {tmp.sc, tmp.Us, tmp.S, tmp.Vh, tmp.Vs};
-        for (int j = 0; j < 5; j++) {
+        const stz_tensor *owned[6] = {tmp.sc, tmp.Us, tmp.S, tmp.Vh, tmp.Vs, tmp.mn};
+        for (int j = 0; j < 6; j++) {
             if (owned[j] && skip[owned[j] - base])
                 return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' belongs to two quantized entries", P,
                                    owned[j]->name);
@@ -962,7 +1132,7 @@ stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const 
     buf = malloc(elems * 8 > BATCH_BYTES ? elems * 8 : BATCH_BYTES);
     obuf = malloc(elems * 8 > BATCH_BYTES ? elems * 8 : BATCH_BYTES);
     f = malloc(elems * sizeof *f);
-    sc = malloc(elems * sizeof *sc);
+    sc = malloc(2 * elems * sizeof *sc); /* scales, then minimums (asym) */
     if (!buf || !obuf || !f || !sc) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
         goto cleanup;
@@ -1064,8 +1234,8 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
         if (q->bits) {
             e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;
             e->rows = q->rows, e->cols = q->cols;
-            const stz_tensor *own[6] = {t, q->sc, q->Us, q->S, q->Vh, q->Vs};
-            for (int j = 0; j < 6; j++)
+            const stz_tensor *own[7] = {t, q->sc, q->Us, q->S, q->Vh, q->Vs, q->mn};
+            for (int j = 0; j < 7; j++)
                 e->stored_bytes += own[j] ? own[j]->end - own[j]->begin : 0;
         } else {
             e->dtype = t->dtype, e->ndim = t->ndim, e->shape = t->shape, e->numel = t->numel;
@@ -1153,7 +1323,7 @@ stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nr
     if (row > e->rows || nrows > e->rows - row)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s': rows %llu+%zu out of %llu", stz_reader_path(m->r),
                            e->name, (unsigned long long)row, nrows, (unsigned long long)e->rows);
-    size_t n = nrows * (size_t)e->cols, need = n * 9 + 64; /* values, scale bytes, scale floats */
+    size_t n = nrows * (size_t)e->cols, need = n * 13 + 64; /* values, scale bytes, scale and minimum floats */
     if (need > m->scratch_cap) {
         uint8_t *b = realloc(m->scratch, need);
         if (!b)
@@ -1170,7 +1340,7 @@ stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nr
     size_t nsc = nrows * (size_t)q->nblocks;
     uint8_t *raw = m->scratch, *sb = raw + n + 8;
     float *sc = (float *)(void *)(m->scratch + ((n + 8 + nsc * 4 + 15) & ~(size_t)15));
-    if (((n + 8 + nsc * 4 + 15) & ~(size_t)15) + nsc * 4 > m->scratch_cap)
+    if (((n + 8 + nsc * 4 + 15) & ~(size_t)15) + nsc * 8 > m->scratch_cap)
         return stz_err_set(err, STZ_E_BOUNDS, "internal: scratch too small"); /* cannot happen: nsc <= n */
     return qinfo_rows(m->r, q, row, nrows, raw, sb, sc, dst, err);
 }

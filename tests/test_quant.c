@@ -247,7 +247,7 @@ static void test_policy_errors(void **state)
     expect_policy_error("{\"colour\": 1}", "unknown top-level key 'colour'", NULL);
     expect_policy_error("{\"rules\": {}}", "must be an array", NULL);
     expect_policy_error("{\"default\": \"zip\"}", "default", "unknown action 'zip'");
-    expect_policy_error("{\"rules\": [{\"match\": \"a*\", \"action\": \"int3\"}]}", "rule 0 ('a*')", "unknown action 'int3'");
+    expect_policy_error("{\"rules\": [{\"match\": \"a*\", \"action\": \"int7\"}]}", "rule 0 ('a*')", "unknown action 'int7'");
     expect_policy_error("{\"rules\": [{\"match\": \"a\", \"action\": \"keep\"}, {\"match\": \"b*\", \"action\": \"int8\", "
                         "\"blocksize\": 4}]}", "rule 1 ('b*')", "unknown key 'blocksize'");
     expect_policy_error("{\"rules\": [{\"match\": \"re:([a-\", \"action\": \"int8\"}]}", "rule 0 ('re:([a-')",
