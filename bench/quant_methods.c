@@ -21,9 +21,10 @@ static double now(void)
 }
 
 static const char *const defaults[] = {
-    "4:absmax:128:F16", "4:absmax:32:F16", "4:mse:32:F16", "4:full:32:F16", "4:asym:32:F16", "4:nl:32:F16",
-    "4:mse:32:U8",      "4:nl:32:U8",      "4:nl:16:U8",  "4:asym:32:F16", "3:nl:32:U8",   "5:nl:32:U8",
-    "5:mse:32:U8",      "6:nl:32:U8",      "6:mse:32:U8", "2:nl:32:U8",    "8:absmax:32:F16"};
+    "4:absmax:128:F16", "4:absmax:32:F16", "4:full:32:F16", "4:mse:32:F16", "4:mse:32:U8",    "4:nl:32:F16",
+    "4:nl:32:U8",       "4:nl-fit:32:U8",  "4:nl:16:U8",    "4:nl-fit:16:U8", "4:asym:32:F16", "2:nl:32:U8",
+    "3:nl:32:U8",       "3:mse:32:U8",     "5:mse:32:U8",   "5:nl:32:U8",     "6:mse:32:U8",   "6:nl:32:U8",
+    "8:absmax:32:F16",  "8:mse:32:U8"};
 
 int main(int argc, char **argv)
 {
@@ -73,28 +74,17 @@ int main(int argc, char **argv)
             fprintf(stderr, "bad config '%s'\n", cfg[c]);
             return 2;
         }
-        f.method = !strcmp(meth, "absmax") ? STZ_QMETHOD_ABSMAX : !strcmp(meth, "mse") ? STZ_QMETHOD_MSE
-                 : !strcmp(meth, "full")   ? STZ_QMETHOD_FULL   : !strcmp(meth, "asym") ? STZ_QMETHOD_ASYM
-                                                                                         : STZ_QMETHOD_NL;
+        int mi = -1;
+        for (int k = 0; k < STZ_QMETHOD_COUNT; k++)
+            mi = !strcmp(meth, stz_qmethod_name((stz_qmethod)k)) ? k : mi;
+        if (mi < 0) {
+            fprintf(stderr, "unknown method '%s'\n", meth);
+            return 2;
+        }
+        int fit = mi == STZ_QMETHOD_NL_FIT;
+        f.method = fit ? STZ_QMETHOD_NL : (stz_qmethod)mi;
         f.scale_dtype = !strcmp(sdt, "U8") ? STZ_DTYPE_U8 : !strcmp(sdt, "F32") ? STZ_DTYPE_F32 : STZ_DTYPE_F16;
         double sum_err = 0, bits = 0, weights = 0, secs = 0;
-        if (!strcmp(meth, "nlf")) { /* one codebook for the file: fitted on 64 rows of every tensor */
-            size_t tot = 0;
-            for (size_t k = 0; k < nt; k++)
-                tot += 64 * stz_qmodel_tensor(m, ids[k])->cols;
-            float *smp = malloc(tot * sizeof *smp), *at = smp;
-            float amax = 0;
-            for (size_t k = 0; k < nt; k++) {
-                const stz_qtensor *t = stz_qmodel_tensor(m, ids[k]);
-                stz_qmodel_read_rows(m, ids[k], 0, 64, at, &err);
-                at += 64 * t->cols;
-            }
-            for (size_t i = 0; i < tot; i++)
-                amax = fabsf(smp[i]) > amax ? fabsf(smp[i]) : amax;
-            f.scale_base = amax;
-            stz_qf_fit_levels(&f, smp, tot / f.block, f.block);
-            free(smp);
-        }
         for (size_t k = 0; k < nt; k++) {
             const stz_qtensor *t = stz_qmodel_tensor(m, ids[k]);
             size_t rows = (size_t)t->rows, cols = (size_t)t->cols, nb = (cols + f.block - 1) / f.block;
@@ -107,9 +97,9 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < rows * cols; i++)
                 amax = fabsf(w[i]) > amax ? fabsf(w[i]) : amax;
             f.scale_base = amax;
-            if (f.method == STZ_QMETHOD_NL && strcmp(meth, "nl0") && strcmp(meth, "nlf"))
+            if (fit) /* as stz quantize does: up to 256 rows spread over the tensor */
                 stz_qf_fit_levels(&f, w, rows > 256 ? 256 : rows, cols);
-            else if (f.method == STZ_QMETHOD_NL && strcmp(meth, "nlf"))
+            else if (f.method == STZ_QMETHOD_NL)
                 stz_qf_default_levels(f.bits, f.levels), stz_qf_prepare(&f);
             size_t rb = stz_qf_row_bytes(f.bits, cols);
             for (size_t r = 0; r < rows; r++)
@@ -126,8 +116,8 @@ int main(int argc, char **argv)
             }
             sum_err += sqrt(e / n2);
             int sbits = f.scale_dtype == STZ_DTYPE_U8 ? 8 : f.scale_dtype == STZ_DTYPE_F16 ? 16 : 32;
-            bits += 8.0 * rows * rb + (double)rows * nb * sbits * (f.method == STZ_QMETHOD_ASYM ? 2 : 1) + 32 +
-                    (f.method == STZ_QMETHOD_NL && strcmp(meth, "nl0") && strcmp(meth, "nlf") ? 16 << f.bits : 0);
+            bits += 8.0 * rows * rb + (double)rows * nb * sbits * (f.method == STZ_QMETHOD_ASYM ? 2 : 1) +
+                    (fit ? 16 << f.bits : 0) + (f.scale_dtype == STZ_DTYPE_U8 ? 32 : 0); /* levels, base */
             weights += (double)rows * cols;
             free(w), free(y), free(sc), free(mn), free(q);
         }

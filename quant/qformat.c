@@ -91,12 +91,11 @@ static inline float rndf(float v) { return (float)(int)(v + (v < 0 ? -0.5f : 0.5
 void stz_qf_prepare(stz_qformat *f)
 {
     int k = 1 << f->bits;
-    for (int i = 0; f->method == STZ_QMETHOD_NL && i < LUT_BINS; i++) {
+    for (int i = 0, j = 0; f->method == STZ_QMETHOD_NL && i < LUT_BINS; i++) { /* levels are sorted */
         float t = -LUT_RANGE + (2 * LUT_RANGE) * ((float)i + 0.5f) / LUT_BINS;
-        int best = 0;
-        for (int j = 1; j < k; j++)
-            best = fabsf(f->levels[j] - t) < fabsf(f->levels[best] - t) ? j : best;
-        f->lut[i] = (uint8_t)best;
+        while (j + 1 < k && fabsf(f->levels[j + 1] - t) < fabsf(f->levels[j] - t))
+            j++;
+        f->lut[i] = (uint8_t)j;
     }
 }
 
@@ -349,22 +348,24 @@ void stz_qf_fit_levels(stz_qformat *f, const float *x, size_t rows, size_t cols)
 {
     int k = 1 << f->bits;
     double num[64], den[64];
+    size_t nrows = rows;
+    while (nrows > 1 && nrows * cols > 65536) /* enough values to place 64 levels */
+        nrows /= 2;
     stz_qf_default_levels(f->bits, f->levels);
-    int lo, hi;
-    uniform_range(f, &lo, &hi);
-    for (int it = 0; it < 6; it++) {
+    for (int it = 0; it < 4; it++) {
         stz_qf_prepare(f);
         memset(num, 0, sizeof num), memset(den, 0, sizeof den);
-        for (size_t r = 0; r < rows; r++)
+        for (size_t r = 0; r < nrows; r++)
             for (size_t i = 0; i < cols; i += f->block) {
-                const float *b = x + r * cols + i;
+                const float *b = x + r * (rows / nrows) * cols + i;
                 size_t len = cols - i < f->block ? cols - i : f->block;
                 float s = block_sym(f, b, len, NULL, NULL);
                 if (!(s != 0) || isnan(s))
                     continue;
                 /* level j minimises sum (x - s L_j)^2 over its values: L_j = sum s x / sum s^2 */
+                float inv = 1.0f / s;
                 for (size_t j = 0; j < len; j++) {
-                    int q = code_of(f, lo, hi, b[j] / s);
+                    int q = nl_code(f, b[j] * inv);
                     num[q] += (double)s * b[j], den[q] += (double)s * s;
                 }
             }
