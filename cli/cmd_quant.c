@@ -83,8 +83,9 @@ static const char *action_label(const stz_decision *d, char *buf, size_t cap)
                      d->svd_randomized ? "/rand" : "");
         return buf;
     }
-    snprintf(buf, cap, "%s/%u%s%s", stz_action_name(d->action), d->block_size,
-             d->method == STZ_QMETHOD_MSE ? "/mse" : "", d->scale_dtype == STZ_DTYPE_F32 ? "/f32" : "");
+    snprintf(buf, cap, "%s/%u%s%s%s", stz_action_name(d->action), d->block_size,
+             d->method == STZ_QMETHOD_ABSMAX ? "" : "/", d->method == STZ_QMETHOD_ABSMAX ? "" : stz_qmethod_name(d->method),
+             d->scale_dtype == STZ_DTYPE_F32 ? "/f32" : d->scale_dtype == STZ_DTYPE_U8 ? "/u8" : "");
     return buf;
 }
 

@@ -76,7 +76,7 @@ typedef struct stz_policy stz_policy;
  * (STZ_E_POLICY) name the rule index and pattern and the problem: unknown
  * key, unknown action, bad regex, bad value. */
 stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, const char *label, stz_err *err);
-/* Loads a policy file, or a shipped policy by name ("int8", "int4",
+/* Loads a policy file, or a shipped policy by name ("int8", "int5", "int4",
  * "int4-small", "lossless", "gpt-neo-surgical") when no such file exists. */
 stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *err);
 void stz_policy_free(stz_policy *p);

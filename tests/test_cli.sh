@@ -91,7 +91,7 @@ has "$T/err" "not an stz container" "wrong input message"
 
 # Policies, quantization, evaluation.
 expect_rc 0 "plan --int4" "$STZ" plan --int4 "$M"
-has "$T/out" "int4/128" "plan action column"
+has "$T/out" "int4/32/nl/u8" "plan action column"
 has "$T/out" "predicted ratio" "plan totals"
 printf '{"default": "int8", "rules": [{"match": "nothing*", "action": "keep"}]}' >"$T/pol.json"
 expect_rc 0 "plan custom policy" "$STZ" plan --policy "$T/pol.json" "$M"

@@ -347,13 +347,18 @@ static void test_builtin_policies(void **state)
             stz_action got = stz_policy_decide(p, &t).action;
             stz_action want = !strcmp(name, "lossless") ? STZ_ACTION_KEEP
                               : !strcmp(name, "int8")   ? STZ_ACTION_INT8
+                              : !strcmp(name, "int5")   ? STZ_ACTION_INT5
                                                         : STZ_ACTION_INT4;
             if (got != want)
                 fail_msg("policy %s: %s got %s", name, lin[k], stz_action_name(got));
+            /* the 4- and 5-bit policies use the nl codebook with U8 scales */
+            stz_decision d = stz_policy_decide(p, &t);
+            if (want == STZ_ACTION_INT4 || want == STZ_ACTION_INT5)
+                assert_true(d.method == STZ_QMETHOD_NL && d.scale_dtype == STZ_DTYPE_U8);
         }
         stz_policy_free(p);
     }
-    assert_int_equal(n, 5);
+    assert_int_equal(n, 6);
     stz_policy *p;
     stz_err err;
     assert_int_equal(stz_policy_load(&p, "no-such-policy", &err), STZ_E_IO);
