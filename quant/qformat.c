@@ -284,7 +284,7 @@ int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t 
         if (f->method == STZ_QMETHOD_ASYM) {
             if (block_asym(f, x + i, len, &scales[b], &mins[b]))
                 return -1;
-        } else if (isnan(scales[b] = block_sym(f, x + i, len, have ? codes : NULL, tmp))) {
+        } else if (isnan(scales[b] = block_sym(f, x + i, len, have ? codes : NULL, have ? tmp : NULL))) {
             return -1;
         }
         float inv = scales[b] != 0 ? 1.0f / scales[b] : 0.0f;
@@ -338,9 +338,9 @@ void stz_qf_default_levels(int bits, float *levels)
 {
     static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
     int k = 1 << bits;
-    for (int i = 0; i < k; i++) {
-        double u = (double)(2 * i + 1 - k) / (double)(k - 1);
-        levels[i] = level_of(bits == 4 ? iq4nl[i] / 127.0 : u * (0.6 + 0.4 * fabs(u))); /* denser near zero */
+    for (int i = 0; i < k; i++) { /* like two's complement: -1 .. 1 - 2/k, zero included; denser near zero */
+        double u = (double)(i - k / 2) / (double)(k / 2);
+        levels[i] = level_of(bits == 4 ? iq4nl[i] / 127.0 : u * (0.6 + 0.4 * fabs(u)));
     }
 }
 
