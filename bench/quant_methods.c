@@ -1,6 +1,7 @@
 /* Error and speed of every quantization method on a set of tensors: mean
  * relative Frobenius error ||W - Q|| / ||W|| over the tensors, bits per
- * weight (codes, scales, mins, per-tensor base and codebook), and MB/s of
+ * weight (codes, scales, minimums; the per-tensor U8 base and fitted
+ * codebook apart, as bits per tensor), and MB/s of
  * F32 input on one thread (codebook fit included).
  * Usage: quant_methods MODEL [--cols-multiple K] [--layers A,B] [CONFIG...]
  * CONFIG is bits:method:block:scale_dtype, e.g. 4:nl:32:U8; default: a set. */
@@ -64,8 +65,8 @@ int main(int argc, char **argv)
         }
         ids[nt++] = i;
     }
-    printf("%zu tensors\n\n| bits:method:block:scales | bits/weight | mean rel. error | MB/s (F32, 1 thread) |\n"
-           "|---|---|---|---|\n", nt);
+    printf("%zu tensors\n\n| bits:method:block:scales | bits/weight | + per tensor | mean rel. error | MB/s (F32, 1 thread) |\n"
+           "|---|---|---|---|---|\n", nt);
     for (int c = 0; c < ncfg; c++) {
         stz_qformat f;
         char meth[16], sdt[8];
@@ -84,7 +85,7 @@ int main(int argc, char **argv)
         int fit = mi == STZ_QMETHOD_NL_FIT;
         f.method = fit ? STZ_QMETHOD_NL : (stz_qmethod)mi;
         f.scale_dtype = !strcmp(sdt, "U8") ? STZ_DTYPE_U8 : !strcmp(sdt, "F32") ? STZ_DTYPE_F32 : STZ_DTYPE_F16;
-        double sum_err = 0, bits = 0, weights = 0, secs = 0;
+        double sum_err = 0, bits = 0, extra = 0, weights = 0, secs = 0;
         for (size_t k = 0; k < nt; k++) {
             const stz_qtensor *t = stz_qmodel_tensor(m, ids[k]);
             size_t rows = (size_t)t->rows, cols = (size_t)t->cols, nb = (cols + f.block - 1) / f.block;
@@ -116,12 +117,13 @@ int main(int argc, char **argv)
             }
             sum_err += sqrt(e / n2);
             int sbits = f.scale_dtype == STZ_DTYPE_U8 ? 8 : f.scale_dtype == STZ_DTYPE_F16 ? 16 : 32;
-            bits += 8.0 * rows * rb + (double)rows * nb * sbits * (f.method == STZ_QMETHOD_ASYM ? 2 : 1) +
-                    (fit ? 16 << f.bits : 0) + (f.scale_dtype == STZ_DTYPE_U8 ? 32 : 0); /* levels, base */
+            bits += 8.0 * rows * rb + (double)rows * nb * sbits * (f.method == STZ_QMETHOD_ASYM ? 2 : 1);
+            extra += (fit ? 16 << f.bits : 0) + (f.scale_dtype == STZ_DTYPE_U8 ? 32 : 0); /* levels, base */
             weights += (double)rows * cols;
             free(w), free(y), free(sc), free(mn), free(q);
         }
-        printf("| %s | %.3f | %.4f | %.0f |\n", cfg[c], bits / weights, sum_err / (double)nt, weights * 4 / secs / 1e6);
+        printf("| %s | %.3f | %.0f bits | %.4f | %.0f |\n", cfg[c], bits / weights, extra / (double)nt, sum_err / (double)nt,
+               weights * 4 / secs / 1e6);
         fflush(stdout);
     }
     stz_qmodel_free(m);

@@ -72,7 +72,7 @@ enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_
     "  --int8, --int4      the shipped int8 / int4 policies\n"                                               \
     "  --keep PATTERN      keep the tensors PATTERN matches (before the policy's rules)\n"                   \
     "  --set PAT=ACTION[:key=value...]  a rule before the policy's, e.g. 'lm_head.weight=int8:block_size=32'\n" \
-    "  --method M          absmax or mse for every int8/int4 rule\n"                                         \
+    "  --method M          absmax, mse, full, asym, nl or nl-fit for every int2..int8 rule\n"                                         \
     "  --block-size N      block size of every int8/int4 rule\n"
 
 /* Handles option c if it is a policy option: -1 handled, an exit status

@@ -80,15 +80,21 @@ static cJSON *parse_set(const char *text, stz_err *err)
     return r;
 }
 
-/* --method / --block-size on every int8 / int4 rule and default. */
+/* --method / --block-size on every int2..int8 rule and default. asym
+ * keeps its minimums in the scales' dtype, which cannot be U8: F16 then. */
 static void apply_quant_opts(cJSON *o, const cli_policy_opts *po)
 {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
-    if (!cJSON_IsString(a) || (strcmp(a->valuestring, "int8") && strcmp(a->valuestring, "int4")))
+    if (!cJSON_IsString(a) || strncmp(a->valuestring, "int", 3))
         return;
     if (po->method) {
         cJSON_DeleteItemFromObjectCaseSensitive(o, "method");
         cJSON_AddStringToObject(o, "method", po->method);
+        const cJSON *sd = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
+        if (!strcmp(po->method, "asym") && cJSON_IsString(sd) && !strcmp(sd->valuestring, "U8")) {
+            cJSON_DeleteItemFromObjectCaseSensitive(o, "scale_dtype");
+            cJSON_AddStringToObject(o, "scale_dtype", "F16");
+        }
     }
     if (po->block_size) {
         cJSON_DeleteItemFromObjectCaseSensitive(o, "block_size");
@@ -151,8 +157,11 @@ stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err 
     if (st)
         return st;
     char label[512];
-    snprintf(label, sizeof label, "%s with command-line rules (0..%d)", po->policy ? po->policy : "policy",
-             po->nover - 1);
+    if (po->nover)
+        snprintf(label, sizeof label, "%s with command-line rules (0..%d)", po->policy ? po->policy : "policy",
+                 po->nover - 1);
+    else
+        snprintf(label, sizeof label, "%s with --method/--block-size", po->policy ? po->policy : "policy");
     st = stz_policy_parse(out, merged, strlen(merged), label, err);
     free(merged);
     return st;

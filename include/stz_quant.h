@@ -63,6 +63,7 @@ typedef struct {
     float scale_base;      /* U8: the scale of code 240, the tensor's largest |value| */
     float levels[64];      /* nl: 2^bits levels, sorted, largest magnitude 1 */
     uint8_t lut[1024];     /* nl: filled by stz_qf_prepare from levels */
+    float lutv[1024];
 } stz_qformat;
 
 /* Call after setting levels (nl), before quantizing. */

@@ -95,16 +95,17 @@ void stz_qf_prepare(stz_qformat *f)
         float t = -LUT_RANGE + (2 * LUT_RANGE) * ((float)i + 0.5f) / LUT_BINS;
         while (j + 1 < k && fabsf(f->levels[j + 1] - t) < fabsf(f->levels[j] - t))
             j++;
-        f->lut[i] = (uint8_t)j;
+        f->lut[i] = (uint8_t)j, f->lutv[i] = f->levels[j];
     }
 }
 
-static inline int nl_code(const stz_qformat *f, float t)
+static inline int nl_bin(float t)
 {
     float u = (t + LUT_RANGE) * (LUT_BINS / (2 * LUT_RANGE));
-    int i = (int)(u < 0 ? 0 : u > LUT_BINS - 1 ? LUT_BINS - 1 : u);
-    return f->lut[i];
+    return (int)(u < 0 ? 0 : u > LUT_BINS - 1 ? LUT_BINS - 1 : u);
 }
+
+static inline int nl_code(const stz_qformat *f, float t) { return f->lut[nl_bin(t)]; }
 
 /* Code of t = x / s: the value (uniform) or the level's index (nl). */
 static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
@@ -133,8 +134,8 @@ __attribute__((target_clones("avx2", "default"))) static double assign(const stz
     else if (f->method == STZ_QMETHOD_NL) /* four lanes: eight spill to the stack */
         for (; i + 4 <= n; i += 4)
             for (int j = 0; j < 4; j++) {
-                int q = nl_code(f, x[i + j] * inv);
-                float l = f->levels[q], d = x[i + j] - l * s;
+                int bin = nl_bin(x[i + j] * inv), q = f->lut[bin];
+                float l = f->lutv[bin], d = x[i + j] - l * s; /* the level itself: one load less */
                 e[j] += d * d, a[j] += x[i + j] * l, b[j] += l * l;
                 if (codes)
                     codes[i + j] = (uint8_t)q;
