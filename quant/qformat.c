@@ -333,7 +333,7 @@ void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *
 /* ---- nl codebooks ------------------------------------------------------------ */
 
 /* Levels are stored as n / 32767 (n a 16-bit integer), exactly as read. */
-static float level_of(double v) { return (float)lrint((v < -1 ? -1 : v > 1 ? 1 : v) * 32767.0) / 32767.0f; }
+static float level_of(double v) { return (float)lround((v < -1 ? -1 : v > 1 ? 1 : v) * 32767.0) / 32767.0f; }
 
 void stz_qf_default_levels(int bits, float *levels)
 {

@@ -96,7 +96,7 @@ import sys
 q_t, q_meta = load("q.safetensors")
 ref, _ = load("q.f32.safetensors")
 names = [k[len("stz.quant."):] for k in q_meta if k.startswith("stz.quant.") and k != "stz.quant.version"]
-assert len(names) >= 3, names
+assert len(names) >= 9, names
 for n in names:
     got = dequant(q_t, q_meta, n)
     want = ref[n]
@@ -118,13 +118,21 @@ def check_python(where, code, cwd, env):
     ran += 1
     rule = '{"default":"keep","rules":[{"match":"a","action":"int4","block_size":32},' \
            '{"match":"b","action":"int8","block_size":64,"method":"mse"},' \
-           '{"match":"c","action":"svd","rank":4},{"match":"d","action":"int4","block_size":256}]}'
+           '{"match":"c","action":"svd","rank":4},{"match":"d","action":"int4","block_size":256},' \
+           '{"match":"e","action":"int3","method":"nl","block_size":32,"scale_dtype":"U8"},' \
+           '{"match":"f","action":"int5","method":"asym","block_size":16},' \
+           '{"match":"g","action":"int6","method":"nl-fit","block_size":64,"scale_dtype":"U8"},' \
+           '{"match":"h","action":"int4","method":"nl","block_size":32,"scale_dtype":"U8"},' \
+           '{"match":"i","action":"int2","method":"full","block_size":4}]}'
     setup = [
         # a model with one tensor per storage case: int4 blocks, int8 mse,
-        # svd factors, one block per row (a single 'scale'), a kept BF16 tensor
+        # svd factors, one block per row (a single 'scale'), int3 nl with U8
+        # scales, int5 asym (minimums), int6 nl-fit (stored levels), a single
+        # U8 scale, int2 full; a kept BF16 tensor
         py + " -c \"import numpy as np, json, struct; r = np.random.default_rng(1);"
         " t = {'a': r.standard_normal((8, 96)), 'b': r.standard_normal((16, 100)), 'c': r.standard_normal((24, 40)),"
-        " 'd': r.standard_normal((1, 200))};"
+        " 'd': r.standard_normal((1, 200)), 'e': r.standard_normal((10, 70)), 'f': r.standard_normal((12, 33)),"
+        " 'g': r.standard_normal((300, 64)), 'h': r.standard_normal((1, 20)), 'i': r.standard_normal((5, 9))};"
         " h = {}; data = b''\n"
         "for k, v in t.items():\n"
         "    b = v.astype('<f4').tobytes(); h[k] = {'dtype': 'F32', 'shape': list(v.shape), 'data_offsets': [len(data), len(data) + len(b)]}; data += b\n"
