@@ -48,7 +48,8 @@ static int by_cosine(const void *a, const void *b)
 
 static const char *action_of(const stz_qtensor *t)
 {
-    return t->rank ? "svd" : t->bits == 8 ? "int8" : t->bits == 4 ? "int4" : "kept";
+    static const char *const names[9] = {"kept", "int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8"};
+    return t->rank ? "svd" : t->bits >= 0 && t->bits <= 8 ? names[t->bits] : "?";
 }
 
 static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
