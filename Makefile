@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 EXAMPLE = $(BUILD)/example/qwen2-0.5b.safetensors
 
-.PHONY: all build demo test asan fuzz bench clean
+.PHONY: all build demo test asan fuzz bench install clean
 
 all: build
 
@@ -25,6 +25,11 @@ demo: build
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# make install PREFIX=/opt/stz (default /usr/local; DESTDIR is honoured).
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 asan:
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DSTZ_SANITIZE=ON >/dev/null
