@@ -134,6 +134,13 @@ stz_status stz_verify_file(const stz_unpack_params *p, const char *in, stz_err *
 stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const char *name, const char *out,
                              stz_err *err);
 
+/* Reads the raw bytes of tensor `name` (little-endian, as in the original
+ * file) from an open container into dst (cap >= its size), decoding and
+ * checking only its chunks, on `threads` threads. STZ_E_ARG if no such
+ * tensor, STZ_E_BOUNDS if cap is too small. */
+stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
+                                     stz_err *err);
+
 const char *stz_codec_name(stz_codec c);
 const char *stz_xform_name(stz_xform x);
 

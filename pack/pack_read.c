@@ -280,6 +280,7 @@ typedef struct {
     const size_t *sel;  /* chunk numbers to decode, NULL = all */
     dec_buf *tb;
     stz_outfile *out;   /* NULL for verify */
+    uint8_t *mem;       /* or a memory destination (stz_container_read_tensor) */
     uint64_t out_base;  /* output offset of the first decoded byte */
     uint64_t out_skip;  /* data offset of the first decoded byte */
     uint64_t *hashes;   /* per decoded chunk */
@@ -325,6 +326,8 @@ static stz_status dec_work(void *vctx, int tid, size_t i, stz_err *err)
     if (st)
         return st;
     x->hashes[i] = stz_le64(x->tb[tid].rec + 16);
+    if (x->mem)
+        memcpy(x->mem + (ch->data_offset - x->out_skip), x->tb[tid].raw, ch->raw_size);
     return x->out ? stz_outfile_pwrite(x->out, x->tb[tid].raw, ch->raw_size, x->out_base + ch->data_offset - x->out_skip, err)
                   : STZ_OK;
 }
@@ -341,10 +344,10 @@ static stz_status dec_commit(void *vctx, int tid, size_t i, stz_err *err)
  * if given: the whole file, or for a selection the bytes from the first
  * selected chunk on. A full decode also checks the whole-file digest. */
 static stz_status run_decode(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                             stz_outfile *out, stz_err *err)
+                             stz_outfile *out, uint8_t *mem, stz_err *err)
 {
     int nt = p->threads < 1 ? 1 : p->threads > 256 ? 256 : p->threads;
-    dec_ctx x = {.c = c, .sel = sel, .out = out};
+    dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem};
     stz_status st = STZ_OK;
     x.tb = calloc((size_t)nt, sizeof *x.tb);
     x.hashes = calloc(nsel + 1, sizeof *x.hashes);
@@ -420,7 +423,7 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
     snprintf(what, sizeof what, "unpacking %s", in);
     if (out && (st = stz_check_space(&of, need, what, err)))
         goto cleanup;
-    if ((st = run_decode(p, c, sel, nsel, out ? &of : NULL, err)))
+    if ((st = run_decode(p, c, sel, nsel, out ? &of : NULL, NULL, err)))
         goto cleanup;
     if (out)
         st = stz_outfile_commit(&of, err);
@@ -445,4 +448,27 @@ stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const c
                              stz_err *err)
 {
     return unpack_to(p, in, name, out, err);
+}
+
+stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
+                                     stz_err *err)
+{
+    long ti = stz_reader_find(c->hdr, name);
+    if (ti < 0)
+        return stz_err_set(err, STZ_E_ARG, "%s: no tensor named '%s'", c->path, name);
+    const stz_tensor *t = stz_reader_tensor(c->hdr, (size_t)ti);
+    if (cap < t->end - t->begin)
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s' has %llu bytes, the buffer %zu", c->path, name,
+                           (unsigned long long)(t->end - t->begin), cap);
+    size_t *sel = calloc(c->n + 1, sizeof *sel), nsel = 0;
+    if (!sel)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < c->n; i++)
+        if (c->chunks[i].tensor == (uint32_t)ti)
+            sel[nsel++] = i;
+    stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
+    p.threads = threads;
+    stz_status st = run_decode(&p, c, sel, nsel, NULL, dst, err);
+    free(sel);
+    return st;
 }

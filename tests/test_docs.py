@@ -14,8 +14,9 @@ Usage: test_docs.py STZ REPO_ROOT [SHARED_DATA_DIR]
 - Blocks that name ../shared/data/ (the real weights, as seen from the
   repository) run only when SHARED_DATA_DIR holds them; they are skipped
   otherwise.
-- ```python blocks are run by a Python with numpy, then checked against stz
-  (check_python below).
+- ```python blocks of FORMAT.md are run by a Python with numpy, then checked
+  against stz (check_python below); other ```python blocks use the stz
+  package and must print only True (run_python).
 - ```json blocks of POLICY.md must be policies stz accepts.
 """
 import json
@@ -109,6 +110,22 @@ print("python reader: %d quantized tensors equal stz dequantize" % len(names))
 """
 
 
+def run_python(where, code, cwd, env):
+    """Other ```python blocks use the stz package (python/): they must run
+    without error and print only True."""
+    global ran
+    py = python_with_numpy()
+    if not py:
+        print("skip: %s: no Python with numpy" % where)
+        return
+    ran += 1
+    env = dict(env, PYTHONPATH=os.path.join(ROOT, "python"), STZ=STZ,
+               STZ_LIBRARY=os.path.join(os.path.dirname(STZ), "libstz.so"))
+    p = subprocess.run([py, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
+    if p.returncode or set(p.stdout.split()) - {"True"}:
+        failures.append("%s: the Python example fails:\n%s%s" % (where, p.stdout, p.stderr))
+
+
 def check_python(where, code, cwd, env):
     global ran
     py = python_with_numpy()
@@ -188,8 +205,10 @@ def main():
             rel = os.path.relpath(path, ROOT)
             for lang, line, lines in blocks(path):
                 where = "%s:%d" % (rel, line)
-                if lang == "python":
+                if lang == "python" and rel.endswith("FORMAT.md"):
                     check_python(where, "\n".join(lines), work, env)
+                elif lang == "python":
+                    run_python(where, "\n".join(lines), work, env)
                 elif lang == "json" and rel.endswith("POLICY.md"):
                     check_policy(where, "\n".join(lines), work, env)
                 elif any(l.startswith("$ ") for l in lines):
