@@ -136,8 +136,9 @@ stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const c
 
 /* Reads the raw bytes of tensor `name` (little-endian, as in the original
  * file) from an open container into dst (cap >= its size), decoding and
- * checking only its chunks, on `threads` threads. STZ_E_ARG if no such
- * tensor, STZ_E_BOUNDS if cap is too small. */
+ * checking only its chunks, on `threads` threads; name NULL: the whole data
+ * section (the original file after its header), all checks included.
+ * STZ_E_ARG if no such tensor, STZ_E_BOUNDS if cap is too small. */
 stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
                                      stz_err *err);
 

@@ -453,6 +453,15 @@ stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const c
 stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
                                      stz_err *err)
 {
+    stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
+    p.threads = threads;
+    if (!name) { /* the whole data section, every checksum and the file digest checked */
+        uint64_t n = c->orig_size - c->header_len;
+        if (cap < n)
+            return stz_err_set(err, STZ_E_BOUNDS, "%s: %llu data bytes, the buffer %zu", c->path,
+                               (unsigned long long)n, cap);
+        return run_decode(&p, c, NULL, c->n, NULL, dst, err);
+    }
     long ti = stz_reader_find(c->hdr, name);
     if (ti < 0)
         return stz_err_set(err, STZ_E_ARG, "%s: no tensor named '%s'", c->path, name);
@@ -466,8 +475,6 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
     for (size_t i = 0; i < c->n; i++)
         if (c->chunks[i].tensor == (uint32_t)ti)
             sel[nsel++] = i;
-    stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
-    p.threads = threads;
     stz_status st = run_decode(&p, c, sel, nsel, NULL, dst, err);
     free(sel);
     return st;

@@ -154,3 +154,10 @@ def test_pip_install(tmp_path):
     check = "import sys; sys.path.insert(0, sys.argv[1]); import stz; print(stz.__file__)"
     out = subprocess.run([sys.executable, "-c", check, str(tmp_path / "site")], capture_output=True, text=True)
     assert out.returncode == 0 and str(tmp_path / "site") in out.stdout, out.stderr
+
+
+def test_bf16_raw(files):
+    raw = stz.load_file(files / "tiny.safetensors", bf16_raw=True)
+    wide = stz.load_file(files / "tiny.safetensors")
+    w = raw["model.norm.weight"]
+    assert w.dtype == np.uint16 and np.array_equal((w.astype(np.uint32) << 16).view(np.float32), wide["model.norm.weight"])

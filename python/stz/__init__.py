@@ -160,11 +160,13 @@ class safe_open:
 
     Quantized tensors appear under their original names and come back as
     float32 (dequantize=True), or, with dequantize=False, every stored tensor
-    (codes, scales) as it is. BF16 tensors come back as float32 for numpy and
-    as torch.bfloat16 for PyTorch."""
+    (codes, scales) as it is. BF16 tensors come back as float32 for numpy
+    (bf16_raw=True: their uint16 bits, no copy to widen) and as
+    torch.bfloat16 for PyTorch. threads: decoding threads (0: all cores)."""
 
-    def __init__(self, path, framework="np", dequantize=True, threads=1):
-        self.path, self.framework, self.dequantize, self.threads = os.fspath(path), framework, dequantize, threads
+    def __init__(self, path, framework="np", dequantize=True, threads=0, bf16_raw=False):
+        self.path, self.framework, self.dequantize, self.bf16_raw = os.fspath(path), framework, dequantize, bf16_raw
+        self.threads = threads or os.cpu_count() or 1
         self._c = None
         if not os.path.isfile(self.path):
             raise StzError("STZ_E_IO", "%s: not a file" % self.path)
@@ -220,6 +222,14 @@ class safe_open:
     def keys(self):
         return list(self._keys)
 
+    def _decode_all(self):
+        """Decodes every chunk at once: later tensors are views of the result."""
+        n = max((e["data_offsets"][1] for e in self._stored.values()), default=0)
+        lib, err, buf = _library(), _Err(), np.empty(n, dtype=np.uint8)
+        _check(lib, lib.stz_container_read_tensor(self._c, None, buf.ctypes.data, buf.nbytes, self.threads,
+                                                  ctypes.byref(err)), err)
+        self._data = buf
+
     def metadata(self):
         return {k: v for k, v in self._meta.items() if not k.startswith("stz.quant.")}
 
@@ -228,7 +238,7 @@ class safe_open:
         if e is None:
             raise StzError("STZ_E_ARG", "%s: no tensor named '%s'" % (self.path, name))
         b, end = e["data_offsets"]
-        if self._c is not None:
+        if self._c is not None and self._data is None:
             lib, err = _library(), _Err()
             buf = np.empty(end - b, dtype=np.uint8)
             _check(lib, lib.stz_container_read_tensor(self._c, name.encode(), buf.ctypes.data, buf.nbytes,
@@ -244,17 +254,21 @@ class safe_open:
         if name not in self._keys:
             raise StzError("STZ_E_ARG", "%s: no tensor named '%s'" % (self.path, name))
         a, kind = self._stored_tensor(name)
-        if kind == "BF16":
+        if kind == "BF16" and not self.bf16_raw:
             if self.framework in ("pt", "torch") and dtype is None:
                 import torch
                 return torch.from_numpy(np.array(a).view(np.int16)).view(torch.bfloat16)
             a = (a.astype(np.uint32) << 16).view(np.float32)
-        return _to_framework(np.array(a), self.framework, dtype)
+        # memory-mapped file bytes are copied out; decoded container bytes are ours already
+        return _to_framework(np.array(a) if isinstance(self._data, np.memmap) else a, self.framework, dtype)
 
 
-def load_file(path, framework="np", dequantize=True, dtype=None):
-    """Every tensor of a plain, quantized or .stz file, by name."""
-    with safe_open(path, framework, dequantize) as f:
+def load_file(path, framework="np", dequantize=True, dtype=None, bf16_raw=False):
+    """Every tensor of a plain, quantized or .stz file, by name (a container
+    is decoded whole, on every core, and the tensors are views of it)."""
+    with safe_open(path, framework, dequantize, bf16_raw=bf16_raw) as f:
+        if f._c is not None:
+            f._decode_all()
         return {k: f.get_tensor(k, dtype) for k in f.keys()}
 
 
