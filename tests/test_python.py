@@ -161,3 +161,20 @@ def test_bf16_raw(files):
     wide = stz.load_file(files / "tiny.safetensors")
     w = raw["model.norm.weight"]
     assert w.dtype == np.uint16 and np.array_equal((w.astype(np.uint32) << 16).view(np.float32), wide["model.norm.weight"])
+
+
+def test_load_dir_sharded(tmp_path):
+    """A sharded directory: the index's shards, plain and packed alike."""
+    d = tmp_path / "sharded"
+    d.mkdir()
+    a, b = np.ones((4, 8), np.float32), np.arange(6, dtype=np.float32)
+    stz.save_file({"a": a}, d / "model-00001-of-00002.safetensors")
+    stz.save_file({"b": b}, d / "model-00002-of-00002.safetensors")
+    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                            "b": "model-00002-of-00002.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    got = stz.load_dir(d)
+    assert np.array_equal(got["a"], a) and np.array_equal(got["b"], b)
+    run("pack", d / "model-00002-of-00002.safetensors", "-o", d / "model-00002-of-00002.safetensors.stz")
+    os.unlink(d / "model-00002-of-00002.safetensors")
+    assert np.array_equal(stz.load_dir(d)["b"], b)
