@@ -188,7 +188,8 @@ class safe_open:
                     header = json.loads(f.read(n))
                 except ValueError as e:
                     raise StzError("STZ_E_JSON", "%s: header is not JSON (%s)" % (self.path, e))
-            self._data = np.memmap(self.path, dtype=np.uint8, mode="r", offset=8 + n) if len(header) > 1 else None
+            has_data = os.path.getsize(self.path) > 8 + n  # numpy cannot map zero bytes
+            self._data = np.memmap(self.path, dtype=np.uint8, mode="r", offset=8 + n) if has_data else None
         self._meta = header.pop("__metadata__", {}) or {}
         self._stored = header
         self._quant = {}
