@@ -1,5 +1,9 @@
 /*
- * stz_quant.h - block-wise symmetric INT8 / INT4 quantization.
+ * stz_quant.h - block-wise quantization, 2 to 8 bits.
+ *
+ * The first kernels (stz_q8_*, stz_q4_*: INT8 / INT4, absmax and mse with
+ * F16/F32 scales) keep writing the first version's bytes; the general form
+ * (stz_qf_*, below) has every width, method and scale storage.
  *
  * Each row (the last dimension) is cut into blocks of `block` elements, the
  * last one shorter when the row length is not a multiple. Per block:
@@ -51,16 +55,17 @@ void stz_q4_dequantize_ref(const uint8_t *q, const float *scales, size_t n, size
  * byte (stz_qf_row_bytes). Codes are two's complement for absmax, full and
  * mse (value q), unsigned for asym (value u * scale + min) and nl (value
  * levels[u] * scale). For 4 bits this is INT4's pair layout; for 8, bytes.
- * U8 scales are codes c: c = 0 is scale 0, else
- * scale = base * 2^((c & 15) / 16) * 2^((c >> 4) - 15), with 2^(k/16) taken
- * from a table of floats (stz_qf_scale_value); base is per tensor.
+ * U8 scales are codes c: the sign in c & 128, m = c & 127; m = 0 is scale
+ * 0, else |scale| = ldexp(base * 2^((m & 7) / 8), (m >> 3) - 15) in float,
+ * 2^(k/8) from a table of floats (stz_qf_scale_value): code 120 is the base,
+ * a step 1/8 octave; base is per tensor.
  */
 typedef struct {
     int bits;              /* 2..8 */
     stz_qmethod method;
     uint32_t block;        /* elements per block (any >= 1) */
     stz_dtype scale_dtype; /* F16, F32 or U8 (not U8 with asym) */
-    float scale_base;      /* U8: the scale of code 240, the tensor's largest |value| */
+    float scale_base;      /* U8: the scale of code 120 (the tensor's largest |value|) */
     float levels[64];      /* nl: 2^bits levels, sorted, largest magnitude 1 */
     uint8_t lut[1024];     /* nl: filled by stz_qf_prepare from levels */
     float lutv[1024];

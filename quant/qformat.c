@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-/* ---- 8-bit log-coded scales: s = base * 2^((c - 240) / 16), c in 1..255 ---- */
+/* ---- 8-bit log-coded scales: a sign bit and m in 1..127, s = +-base * 2^((m - 120) / 8) ---- */
 
 /* 2^(k/8) rounded to float, k = 0..7: the reader's table too (FORMAT.md). */
 static const float frac8[8] = {1.0f, 1.09050773f, 1.18920712f, 1.29683955f, 1.41421356f, 1.54221083f, 1.68179283f,
@@ -42,7 +42,7 @@ static uint8_t scale_code(float base, float s)
 
 uint8_t stz_qf_scale_code(float base, float s) { return scale_code(base, s); }
 
-/* The stored scale nearest s (keeping its sign for F16/F32; U8 is >= 0). */
+/* The stored scale nearest s, same sign; NAN if F16 cannot hold it. */
 static float store_scale(const stz_qformat *f, float s)
 {
     if (f->scale_dtype == STZ_DTYPE_F32)
@@ -54,7 +54,7 @@ static float store_scale(const stz_qformat *f, float s)
     return stz_qf_scale_value(f->scale_base, scale_code(f->scale_base, s));
 }
 
-/* The next stored scale above |s| in magnitude, same sign (U8: positive). */
+/* The nearest stored scale at or above |s| in magnitude, same sign. */
 static float store_scale_up(const stz_qformat *f, float s)
 {
     float r = store_scale(f, s);
