@@ -245,14 +245,25 @@ static void rmsnorm(float *o, const float *x, const float *w, size_t n, double e
         o[i] = w[i] * (x[i] * s);
 }
 
-/* Y (n, out) = X (n, in) @ W (out, in)^T + b */
-static void linear(float *Y, const float *X, const float *W, const float *b, size_t n, size_t in, size_t out)
+/* Y (n, out; rows ldy apart) = X (n, in) @ W (out, in)^T + b */
+static void linear_ld(float *Y, size_t ldy, const float *X, const float *W, const float *b, size_t n, size_t in,
+                      size_t out)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, X, (int)in, W, (int)in, 0.0f,
-                Y, (int)out);
+    if (n <= 8) /* a few rows (sampling a token at a time): sgemm would repack all of W, sgemv streams it */
+        for (size_t r = 0; r < n; r++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)out, (int)in, 1.0f, W, (int)in, X + r * in, 1, 0.0f,
+                        Y + r * ldy, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, X, (int)in, W, (int)in,
+                    0.0f, Y, (int)ldy);
     for (size_t r = 0; b && r < n; r++)
         for (size_t j = 0; j < out; j++)
-            Y[r * out + j] += b[j];
+            Y[r * ldy + j] += b[j];
+}
+
+static void linear(float *Y, const float *X, const float *W, const float *b, size_t n, size_t in, size_t out)
+{
+    linear_ld(Y, out, X, W, b, n, in, out);
 }
 
 static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos)
@@ -454,8 +465,7 @@ static stz_status head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *e
         size_t k = V - v0 < step ? V - v0 : step;
         const float *h = m->keep_head ? m->keep_head + v0 * D : w;
         if (m->keep_head || !(st = read_rows(m, m->global[G_HEAD], v0, k, w, err)))
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)D, 1.0f, X, (int)D, h, (int)D,
-                        0.0f, logits + v0, (int)V);
+            linear_ld(logits + v0, V, X, h, NULL, n, D, k);
     }
     for (size_t i = 0; !st && i < n * V; i++)
         if (!isfinite(logits[i]))
