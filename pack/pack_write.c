@@ -27,6 +27,24 @@ typedef struct {
     stz_pipeline pl;
 } pack_ctx;
 
+/* zstd level of the trial on unsplit float bytes (plain zstd -3's). */
+#define LZ_TRIAL_LEVEL 3
+
+/* 1 if a sample of the chunk's elements (w bytes each) holds zeros or
+ * repeats of the previous element often enough (1 in 16) for LZ matching
+ * to beat the plane coder; trained weights have almost none. */
+static int lz_friendly(const uint8_t *raw, size_t n, size_t w)
+{
+    size_t ne = n / w, hits = 0, samples = 0;
+    static const uint8_t zero[8];
+    for (size_t k = 0; k < 1024 && ne > 1; k++, samples++) {
+        size_t e = 1 + (uint64_t)k * (ne - 1) / 1024;
+        const uint8_t *p = raw + e * w;
+        hits += !memcmp(p, zero, w) || !memcmp(p, p - w, w);
+    }
+    return samples && hits * 16 >= samples;
+}
+
 static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
 {
     pack_ctx *c = (pack_ctx *)vctx;
@@ -74,6 +92,29 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
         off += stored;
     }
     b->rec_len = off;
+    /* Float planes lose the runs and repeats LZ matching finds (pruned
+     * weights, mostly-zero tables, masks): where a sample shows them, or
+     * always with --best, also try zstd on the unsplit bytes and keep the
+     * smaller record. */
+    if (is_float && (c->p->level == STZ_PACK_BEST || lz_friendly(b->raw, ch->raw_size, stz_xform_width(x)))) {
+        uint8_t *trial = b->planes; /* free now: its bound exceeds a chunk */
+        stz_codec codec;
+        size_t stored;
+        stz_err sub;
+        int level = c->p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : LZ_TRIAL_LEVEL;
+        if ((st = stz_plane_encode(&b->enc, level, b->raw, ch->raw_size, trial, stz_planes_bound(c->p->chunk_size),
+                                   &codec, &stored, &sub)))
+            return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, sub.msg);
+        if (RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored < off) {
+            h[4] = STZ_XFORM_NONE, h[5] = 1;
+            uint8_t *ph = h + RECORD_HEAD_SIZE;
+            ph[0] = (uint8_t)codec;
+            ph[1] = ph[2] = ph[3] = 0;
+            stz_put_le32(ph + 4, (uint32_t)stored);
+            memcpy(h + RECORD_HEAD_SIZE + PLANE_HEAD_SIZE, trial, stored);
+            b->rec_len = RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored;
+        }
+    }
     return STZ_OK;
 }
 
