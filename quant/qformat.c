@@ -272,6 +272,17 @@ static inline void bw_flush(bitw *w)
         *w->q++ = (uint8_t)(w->acc << (8 - w->n)), w->n = 0;
 }
 
+/* Appends n codes; 4-bit pairs on a byte boundary go in whole. */
+static void bw_put_codes(bitw *w, int bits, const uint8_t *c, size_t n)
+{
+    size_t j = 0;
+    if (bits == 4 && !w->n)
+        for (; j + 1 < n; j += 2)
+            *w->q++ = (uint8_t)(c[j] << 4 | (c[j + 1] & 15));
+    for (; j < n; j++)
+        bw_put(w, bits, c[j]);
+}
+
 int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
 {
     int lo, hi, top = (1 << f->bits) - 1;
@@ -280,7 +291,7 @@ int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t 
     bitw w = {q, 0, 0};
     for (size_t b = 0, i = 0; i < n; b++, i += f->block) {
         size_t len = n - i < f->block ? n - i : f->block;
-        /* the searching methods leave the codes of short blocks in `codes` */
+        /* nl's search leaves the codes of a short block in `codes` */
         int have = len <= sizeof codes && f->method == STZ_QMETHOD_NL;
         if (f->method == STZ_QMETHOD_ASYM) {
             if (block_asym(f, x + i, len, &scales[b], &mins[b]))
@@ -289,20 +300,14 @@ int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t 
             return -1;
         }
         float inv = scales[b] != 0 ? 1.0f / scales[b] : 0.0f;
-        if (!have)
-            for (size_t j = 0; j < len && len <= sizeof codes; j++)
-                codes[j] = (uint8_t)(f->method == STZ_QMETHOD_ASYM ? clampi((int)rndf((x[i + j] - mins[b]) * inv), 0, top)
-                                                                   : code_of(f, lo, hi, x[i + j] * inv));
-        for (size_t j = i; j < i + len; j++) {
-            int v = len <= sizeof codes ? codes[j - i]
-                    : f->method == STZ_QMETHOD_ASYM ? clampi((int)rndf((x[j] - mins[b]) * inv), 0, top)
-                                                    : code_of(f, lo, hi, x[j] * inv);
-            if (f->bits == 4 && !w.n && j + 1 < i + len && len <= sizeof codes) { /* a whole byte */
-                *w.q++ = (uint8_t)(v << 4 | (codes[j + 1 - i] & 15));
-                j++;
-                continue;
+        for (size_t k = 0; k < len; k += sizeof codes) { /* pieces of a long block */
+            size_t piece = len - k < sizeof codes ? len - k : sizeof codes;
+            for (size_t j = 0; !have && j < piece; j++) {
+                float v = x[i + k + j];
+                codes[j] = (uint8_t)(f->method == STZ_QMETHOD_ASYM ? clampi((int)rndf((v - mins[b]) * inv), 0, top)
+                                                                   : code_of(f, lo, hi, v * inv));
             }
-            bw_put(&w, f->bits, (unsigned)v);
+            bw_put_codes(&w, f->bits, codes, piece);
         }
     }
     bw_flush(&w);
