@@ -106,24 +106,24 @@ static void seqs_free(seqs *q)
     memset(q, 0, sizeof *q);
 }
 
-/* Appends sequence `v` (n ids) to q. */
-static stz_status seqs_add(seqs *q, const int32_t *v, size_t n, stz_err *err)
+/* Counts one more sequence of n ids (read into a flat list meanwhile). */
+static stz_status seqs_count(seqs *q, size_t n, stz_err *err)
 {
-    size_t stride = n > q->stride ? n : q->stride;
-    int32_t *tok = calloc((q->nseq + 1) * stride, sizeof *tok);
     size_t *lens = realloc(q->lens, (q->nseq + 1) * sizeof *lens);
-    if (!tok || !lens) {
-        free(tok);
-        if (lens)
-            q->lens = lens;
+    if (!lens)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    }
-    for (size_t s = 0; s < q->nseq; s++)
-        memcpy(tok + s * stride, q->tok + s * q->stride, lens[s] * sizeof *tok);
-    memcpy(tok + q->nseq * stride, v, n * sizeof *tok);
-    free(q->tok);
-    q->tok = tok, q->lens = lens, q->stride = stride;
-    lens[q->nseq++] = n;
+    q->lens = lens, lens[q->nseq++] = n;
+    q->stride = n > q->stride ? n : q->stride;
+    return STZ_OK;
+}
+
+/* Lays the flat list out one sequence per row of the longest's length. */
+static stz_status seqs_layout(seqs *q, const int32_t *flat, stz_err *err)
+{
+    if (!(q->tok = calloc(q->nseq * q->stride + 1, sizeof *q->tok)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t s = 0; s < q->nseq; flat += q->lens[s++])
+        memcpy(q->tok + s * q->stride, flat, q->lens[s] * sizeof *flat);
     return STZ_OK;
 }
 
@@ -151,7 +151,8 @@ static stz_status read_tokens(const char *path, seqs *q, stz_err *err)
     stz_status st = stz_read_text(path, 1u << 30, &text, &len, err);
     if (st)
         return st;
-    int32_t *v = malloc((len / 2 + 2) * sizeof *v);
+    int32_t *v = malloc((len / 2 + 2) * sizeof *v); /* every id takes 2 characters or more */
+    size_t used = 0;                                   /* ids of the sequences so far, in v */
     if (!v)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
     const char *p = text;
@@ -174,14 +175,15 @@ static stz_status read_tokens(const char *path, seqs *q, stz_err *err)
             }
             cJSON_ArrayForEach(t, s)
             {
-                if (!cJSON_IsNumber(t) || (st = id_of(path, i, "sequence", t->valuedouble, &v[n++], err))) {
+                if (!cJSON_IsNumber(t) || (st = id_of(path, i, "sequence", t->valuedouble, &v[used + n++], err))) {
                     st = st ? st : stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu holds something other than "
                                                                   "token ids", path, i);
                     break;
                 }
             }
-            if (st || (st = check_seq(path, i, "sequence", n, err)) || (st = seqs_add(q, v, n, err)))
+            if (st || (st = check_seq(path, i, "sequence", n, err)) || (st = seqs_count(q, n, err)))
                 break;
+            used += n;
         }
         cJSON_Delete(root);
     } else {
@@ -202,17 +204,18 @@ static stz_status read_tokens(const char *path, seqs *q, stz_err *err)
                     st = stz_err_set(err, STZ_E_FORMAT, "%s: line %zu: '%.20s' is not a token id", path, line + 1, c);
                     break;
                 }
-                st = id_of(path, line + 1, "line", d, &v[n++], err);
+                st = id_of(path, line + 1, "line", d, &v[used + n++], err);
                 c = end;
             }
-            if (!st && n)
-                if (!(st = check_seq(path, line + 1, "line", n, err)))
-                    st = seqs_add(q, v, n, err);
+            if (!st && n && !(st = check_seq(path, line + 1, "line", n, err)) && !(st = seqs_count(q, n, err)))
+                used += n;
             s = eol + 1;
         }
     }
     if (!st && !q->nseq)
         st = stz_err_set(err, STZ_E_FORMAT, "%s: no token sequence in it", path);
+    if (!st)
+        st = seqs_layout(q, v, err);
     free(v);
     free(text);
     return st;
