@@ -3,6 +3,7 @@
 #define STZ_CLI_H
 
 #include "stz.h"
+#include "stz_quant.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -156,6 +157,8 @@ extern volatile int cli_interrupted;
 struct stz_qmodel;
 /* stz_qmodel_open, also for .stz containers (unpacked to a temporary file). */
 int cli_open_model(const char *path, int threads, struct stz_qmodel **m, stz_err *err);
+/* How a listed tensor is stored: "svd", "int2".."int8", or `kept`. */
+const char *cli_action_of(const stz_qtensor *t, const char *kept);
 /* A model given as a file or a directory: its files, opened. */
 typedef struct {
     struct stz_qmodel **m;

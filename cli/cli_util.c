@@ -223,6 +223,12 @@ int cli_open_model(const char *path, int threads, stz_qmodel **m, stz_err *err)
 }
 
 
+const char *cli_action_of(const stz_qtensor *t, const char *kept)
+{
+    static const char *const names[9] = {NULL, "int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8"};
+    return t->rank ? "svd" : t->bits > 0 && t->bits <= 8 ? names[t->bits] : kept;
+}
+
 void cli_set_free(cli_model_set *s)
 {
     for (size_t i = 0; s->m && i < s->n; i++)

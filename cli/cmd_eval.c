@@ -46,12 +46,6 @@ static int by_cosine(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static const char *action_of(const stz_qtensor *t)
-{
-    static const char *const names[9] = {"kept", "int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8"};
-    return t->rank ? "svd" : t->bits >= 0 && t->bits <= 8 ? names[t->bits] : "?";
-}
-
 static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
 int cmd_eval(int argc, char **argv)
@@ -140,7 +134,7 @@ int cmd_eval(int argc, char **argv)
                 goto done;
             }
             done_n++;
-            rows[nr++] = (row_t){ta->name, action_of(tb), ta->numel, m};
+            rows[nr++] = (row_t){ta->name, cli_action_of(tb, "kept"), ta->numel, m};
             wsum += m.cosine * (double)ta->numel, wtot += (double)ta->numel;
             minc = m.cosine < minc ? m.cosine : minc;
             if (cli_progress_cb(&prog, nr, na)) {

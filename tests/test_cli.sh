@@ -212,6 +212,11 @@ ls -A "$T" | grep -q "small.stz\.\|\.small\.stz" && bad "interrupted compress le
 "$STZ" synth tiny -o "$T/fw.safetensors" -q
 "$STZ" quantize --int4 "$T/fw.safetensors" -o "$T/fw4.safetensors" -q
 "$STZ" compress --int4 "$T/fw.safetensors" -o "$T/fw4.stz" -q
+"$STZ" quantize --set '*.mlp.up_proj.weight=int3:method=nl' "$T/fw.safetensors" -o "$T/fw3.safetensors" -q
+expect_rc 0 "inspect a 3-bit tensor" "$STZ" inspect --json "$T/fw3.safetensors"
+has "$T/out" '"action":[[:space:]]*"int3"' "inspect --json names the width"
+expect_rc 0 "eval a 3-bit tensor" "$STZ" eval "$T/fw.safetensors" "$T/fw3.safetensors"
+has "$T/out" "up_proj.weight  *int3 " "eval names the width"
 expect_rc 0 "forward: itself" "$STZ" eval "$T/fw.safetensors" "$T/fw.safetensors" --forward --json
 has "$T/out" '"mean":	0,' "KL 0 on itself"
 has "$T/out" '"top1_agreement":	1,' "top-1 100% on itself"
