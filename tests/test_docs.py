@@ -110,15 +110,23 @@ print("python reader: %d quantized tensors equal stz dequantize" % len(names))
 """
 
 
-def run_python(where, code, cwd, env):
-    """Other ```python blocks use the stz package (python/): they must run
-    without error and print only True."""
+def counted_python(where):
+    """A Python with numpy for the example at `where` (counted as run), or None (skipped)."""
     global ran
     py = python_with_numpy()
     if not py:
         print("skip: %s: no Python with numpy" % where)
-        return
+        return None
     ran += 1
+    return py
+
+
+def run_python(where, code, cwd, env):
+    """Other ```python blocks use the stz package (python/): they must run
+    without error and print only True."""
+    py = counted_python(where)
+    if not py:
+        return
     env = dict(env, PYTHONPATH=os.path.join(ROOT, "python"), STZ=STZ,
                STZ_LIBRARY=os.path.join(os.path.dirname(STZ), "libstz.so"))
     p = subprocess.run([py, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
@@ -127,12 +135,9 @@ def run_python(where, code, cwd, env):
 
 
 def check_python(where, code, cwd, env):
-    global ran
-    py = python_with_numpy()
+    py = counted_python(where)
     if not py:
-        print("skip: %s: no Python with numpy" % where)
         return
-    ran += 1
     rule = '{"default":"keep","rules":[{"match":"a","action":"int4","block_size":32},' \
            '{"match":"b","action":"int8","block_size":64,"method":"mse"},' \
            '{"match":"c","action":"svd","rank":4},{"match":"d","action":"int4","block_size":256},' \

@@ -243,6 +243,17 @@ static void test_same_bytes_any_threads(void **state)
     free(junk), free(jo), free(in), free(a), free(b);
 }
 
+/* Appends one little-endian F32 value. */
+static void write_f32(stz_writer *w, float v)
+{
+    uint8_t b[4];
+    uint32_t u;
+    stz_err err;
+    memcpy(&u, &v, 4);
+    stz_put_le32(b, u);
+    assert_int_equal(stz_writer_write(w, b, 4, &err), STZ_OK);
+}
+
 static void test_upcast_f32_compresses(void **state)
 {
     fixture *f = *state;
@@ -252,14 +263,8 @@ static void test_upcast_f32_compresses(void **state)
     uint64_t n = 1 << 18;
     assert_int_equal(stz_writer_open(&w, in, 0, &err), STZ_OK);
     assert_int_equal(stz_writer_add(w, "w", STZ_DTYPE_F32, 1, &n, &err), STZ_OK);
-    for (uint64_t i = 0; i < n; i++) { /* BF16-representable values stored as F32 */
-        float v = stz_bf16_to_f32(stz_f32_to_bf16(((float)(rnd() % 20001) - 10000.0f) * 1e-5f));
-        uint8_t b[4];
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        stz_put_le32(b, u);
-        assert_int_equal(stz_writer_write(w, b, 4, &err), STZ_OK);
-    }
+    for (uint64_t i = 0; i < n; i++) /* BF16-representable values stored as F32 */
+        write_f32(w, stz_bf16_to_f32(stz_f32_to_bf16(((float)(rnd() % 20001) - 10000.0f) * 1e-5f)));
     assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
     stz_writer_free(w);
     stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
@@ -285,15 +290,9 @@ static void test_sparse_never_worse_than_zstd(void **state)
     assert_int_equal(stz_writer_add(w, "table", STZ_DTYPE_F32, 2, s1, &err), STZ_OK);
     assert_int_equal(stz_writer_add(w, "pruned", STZ_DTYPE_F32, 2, s2, &err), STZ_OK);
     for (int k = 0; k < 2; k++)
-        for (uint64_t i = 0; i < (k ? 512u * 512 : 80u * 4097); i++) {
-            float v = k ? (rnd() % 2 ? 0.0f : ((float)(rnd() % 20001) - 10000.0f) * 1e-4f)
-                        : (i % 4097 < 100 ? (float)(rnd() % 1000) * 1e-3f : 0.0f);
-            uint8_t b[4];
-            uint32_t u;
-            memcpy(&u, &v, 4);
-            stz_put_le32(b, u);
-            assert_int_equal(stz_writer_write(w, b, 4, &err), STZ_OK);
-        }
+        for (uint64_t i = 0; i < (k ? 512u * 512 : 80u * 4097); i++)
+            write_f32(w, k ? (rnd() % 2 ? 0.0f : ((float)(rnd() % 20001) - 10000.0f) * 1e-4f)
+                           : (i % 4097 < 100 ? (float)(rnd() % 1000) * 1e-3f : 0.0f));
     assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
     stz_writer_free(w);
     size_t n;
