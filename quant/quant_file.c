@@ -863,9 +863,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     qi->rows = qi->cols ? qi->numel / qi->cols : 0;
     qi->nblocks = stz_q_blocks(qi->cols, qi->block);
     /* the values tensor must be what the metadata says it is */
-    stz_dtype vdt = nb == 8 && (m == STZ_QMETHOD_ABSMAX || m == STZ_QMETHOD_MSE || m == STZ_QMETHOD_FULL) ? STZ_DTYPE_I8
-                                                                                                        : STZ_DTYPE_U8;
-    if (t->dtype != vdt || t->end - t->begin != qi->rows * stz_qf_row_bytes(nb, qi->cols) || !qi->numel) {
+    if (t->dtype != values_dtype(nb, (stz_qmethod)m) || t->end - t->begin != qi->rows * stz_qf_row_bytes(nb, qi->cols) || !qi->numel) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s values do not match the recorded shape", P, t->name,
                          stz_dtype_name(t->dtype));
         goto done;
