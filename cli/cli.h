@@ -3,6 +3,7 @@
 #define STZ_CLI_H
 
 #include "stz.h"
+#include "stz_forward.h"
 #include "stz_quant.h"
 
 #include <stdint.h>
@@ -168,6 +169,21 @@ stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err);
 void cli_set_free(cli_model_set *s);
 /* The tensor `name` in any file of the set: file *f, index *i; 0 if none. */
 int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i);
+/* The forward-pass configuration of the model at `path` (files opened in
+ * s): from `config` if given, else config.json in the model directory,
+ * else a file's __metadata__["config"], else config.json beside the file.
+ * 1 found, 0 none, -1 error. `from` (4096 bytes) names where it came from;
+ * *text (if text) gets a copy of the JSON, for the caller to free. */
+int cli_model_config(const char *path, const cli_model_set *s, const char *config, stz_fwd_config *c, char *from,
+                     char **text, stz_err *err);
+/* STZ_E_FORMAT: no configuration for the model at path. */
+stz_status cli_no_config(const char *path, stz_err *err);
+int cmd_export(int argc, char **argv);
+/* GGUF files: detection by magic, and stz inspect's listing (JSON into
+ * *json when json is not NULL). */
+int cli_is_gguf(const char *path);
+struct cJSON;
+int cli_inspect_gguf(const char *path, struct cJSON **json);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);

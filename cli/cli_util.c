@@ -2,6 +2,9 @@
 #include "cli.h"
 #include "stz_pack.h"
 #include "stz_quant.h"
+#include "stz_forward.h"
+
+#include <libgen.h>
 
 #include <cjson/cJSON.h>
 #include <ftw.h>
@@ -299,4 +302,58 @@ int cli_print_summary(const cli_common *c, const char *in, const char *out, cons
                sharded ? ", sharded" : "");
     }
     return CLI_OK;
+}
+
+/* ---- model configuration --------------------------------------------------- */
+
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int parse_config(const char *json, const char *label, stz_fwd_config *c, char **text, stz_err *err)
+{
+    if (stz_fwd_config_parse(c, json, label, err))
+        return -1;
+    if (text && !(*text = strdup(json)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory"), -1;
+    return 1;
+}
+
+int cli_model_config(const char *path, const cli_model_set *s, const char *config, stz_fwd_config *c, char *from,
+                     char **text, stz_err *err)
+{
+    char *json = NULL;
+    if (text)
+        *text = NULL;
+    if (!config) {
+        char *copy = strdup(path);
+        if (!copy)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory"), -1;
+        snprintf(from, 4096, "%s/config.json", is_dir(path) ? path : dirname(copy));
+        free(copy);
+        int in_dir = is_dir(path) && access(from, F_OK) == 0;
+        for (size_t f = 0; !in_dir && f < s->n; f++) {
+            const char *meta = stz_reader_meta_get(stz_qmodel_reader(s->m[f]), "config");
+            if (meta) {
+                snprintf(from, 4096, "%s: __metadata__[\"config\"]", path);
+                return parse_config(meta, from, c, text, err);
+            }
+        }
+        if (access(from, F_OK) != 0)
+            return 0;
+    } else
+        snprintf(from, 4096, "%s", config);
+    if (stz_read_text(from, 16u << 20, &json, NULL, err))
+        return -1;
+    int r = parse_config(json, from, c, text, err);
+    free(json);
+    return r;
+}
+
+stz_status cli_no_config(const char *path, stz_err *err)
+{
+    return stz_err_set(err, STZ_E_FORMAT, "%s: no model configuration (no config.json beside it, no "
+                                          "__metadata__[\"config\"]): give one with --config FILE", path);
 }

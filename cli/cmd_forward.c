@@ -44,54 +44,6 @@ static const char forward_help[] =
     "  -h, --help          this text\n\n"
     "Exit status: 0 ok, 1 error, 2 usage, 3 --max-kl exceeded.\n";
 
-/* ---- configuration --------------------------------------------------------- */
-
-static int is_dir(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-static stz_status parse_file(const char *path, stz_fwd_config *c, stz_err *err)
-{
-    char *text;
-    stz_status st = stz_read_text(path, 16u << 20, &text, NULL, err);
-    if (!st)
-        st = stz_fwd_config_parse(c, text, path, err);
-    if (!st)
-        free(text);
-    return st;
-}
-
-/* The configuration of a model at `path` (its files opened in s): 1 found,
- * 0 none, -1 error. `from` (>= 4096 bytes) names where it came from. */
-static int find_config(const char *path, const cli_model_set *s, stz_fwd_config *c, char *from, stz_err *err)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory"), -1;
-    if (is_dir(path))
-        snprintf(from, 4096, "%s/config.json", path);
-    else
-        snprintf(from, 4096, "%s/config.json", dirname(copy));
-    free(copy);
-    int in_dir = is_dir(path) && access(from, F_OK) == 0;
-    for (size_t f = 0; !in_dir && f < s->n; f++) {
-        const char *meta = stz_reader_meta_get(stz_qmodel_reader(s->m[f]), "config");
-        if (meta) {
-            char label[4096];
-            snprintf(label, sizeof label, "%s: __metadata__[\"config\"]", path);
-            if (stz_fwd_config_parse(c, meta, label, err))
-                return -1;
-            snprintf(from, 4096, "%s", label);
-            return 1;
-        }
-    }
-    if (access(from, F_OK) != 0)
-        return 0;
-    return parse_file(from, c, err) ? -1 : 1;
-}
-
 /* ---- tokens ---------------------------------------------------------------- */
 
 typedef struct {
@@ -354,16 +306,15 @@ int cmd_eval_forward(int argc, char **argv)
     if (cli_set_open(&A, pa, &err) || cli_set_open(&B, pb, &err))
         goto fail;
     if (config) {
-        if (parse_file(config, &ca, &err))
+        if (cli_model_config(pa, &A, config, &ca, from_a, NULL, &err) < 0)
             goto fail;
         cb = ca, fa = fb = 1;
-        snprintf(from_a, sizeof from_a, "%s", config);
     } else {
-        if ((fa = find_config(pa, &A, &ca, from_a, &err)) < 0 || (fb = find_config(pb, &B, &cb, from_b, &err)) < 0)
+        if ((fa = cli_model_config(pa, &A, NULL, &ca, from_a, NULL, &err)) < 0 ||
+            (fb = cli_model_config(pb, &B, NULL, &cb, from_b, NULL, &err)) < 0)
             goto fail;
         if (!fa) {
-            stz_err_set(&err, STZ_E_FORMAT, "%s: no model configuration (no config.json beside it, no "
-                                            "__metadata__[\"config\"]): give one with --config FILE", pa);
+            cli_no_config(pa, &err);
             goto fail;
         }
         if (!fb)

@@ -19,7 +19,8 @@ static const char inspect_help[] =
     "quantized by stz (or a container of one), each tensor under its original\n"
     "name, dtype and shape with how it is stored (INT4 absmax b128, SVD rank\n"
     "64, kept) and the true parameter count. A model directory (sharded, or\n"
-    "holding model.safetensors) lists each of its files.\n\n"
+    "holding model.safetensors) lists each of its files. A GGUF file (stz\n"
+    "export) lists its tensors (ggml type, shape, bytes) and its keys.\n\n"
     "  --json      print the same as one JSON object\n"
     "  -h, --help  this text\n";
 
@@ -368,6 +369,8 @@ static int inspect_file(const char *path, cJSON **json)
 {
     if (stz_is_container(path))
         return inspect_container(path, json);
+    if (cli_is_gguf(path))
+        return cli_inspect_gguf(path, json);
     stz_err err;
     stz_reader *r;
     if (stz_reader_open(&r, path, &err))

@@ -17,6 +17,7 @@ static const cli_command commands[] = {
     {"pack", cmd_pack, "pack a SafeTensors file losslessly into an .stz container"},
     {"unpack", cmd_unpack, "restore the original file (or one tensor) from a container"},
     {"verify", cmd_verify, "check every checksum of containers without writing"},
+    {"export", cmd_export, "write a model as GGUF for llama.cpp (--gguf)"},
     {"synth", cmd_synth, "generate a realistic stand-in model of a real architecture"},
 };
 #define NCMD (sizeof commands / sizeof commands[0])

@@ -89,7 +89,7 @@ static stz_status need(stz_fwd *m, const char *name, uint64_t d0, uint64_t d1, i
     return STZ_OK;
 }
 
-static void rope_frequencies(const stz_fwd_config *c, float *f)
+void stz_fwd_rope_frequencies(const stz_fwd_config *c, float *f)
 {
     for (uint32_t i = 0; i < c->head_dim / 2; i++) {
         double freq = pow(c->rope_theta, -2.0 * i / c->head_dim);
@@ -131,7 +131,7 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
                                               "tok_embeddings.weight): not a Llama-family model", label);
     }
     m->c.rope_interleaved = !hf; /* llama2.c keeps Meta's pairwise layout; HF checkpoints are permuted */
-    rope_frequencies(&m->c, m->inv_freq);
+    stz_fwd_rope_frequencies(&m->c, m->inv_freq);
     uint64_t D = c->dim, F = c->hidden, QD = (uint64_t)c->n_heads * c->head_dim,
              KD = (uint64_t)c->n_kv_heads * c->head_dim;
     const uint64_t shape[T_PER_LAYER][2] = {{D, 0}, {QD, D}, {KD, D}, {KD, D}, {D, QD}, {QD, 0}, {KD, 0},

@@ -42,6 +42,10 @@ typedef struct {
  * hidden_dim, n_layers, ...) text; `label` names it in messages. */
 stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char *label, stz_err *err);
 
+/* The head_dim / 2 RoPE frequencies theta^(-2i/head_dim), scaled as the
+ * configuration's rope_scaling says. */
+void stz_fwd_rope_frequencies(const stz_fwd_config *c, float *f);
+
 typedef struct stz_fwd stz_fwd;
 
 /* A model over the files of one checkpoint (shards), which the caller

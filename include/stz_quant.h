@@ -161,6 +161,7 @@ typedef struct {
     uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
     const char *method;     /* "absmax", "mse", "svd", or NULL when stored as is */
     uint32_t block_size;    /* INT8/INT4: elements per block */
+    stz_dtype scale_dtype;  /* quantized (not svd): how scales are stored (F16, F32, U8) */
 } stz_qtensor;
 
 typedef struct stz_qmodel stz_qmodel;
@@ -181,6 +182,11 @@ const stz_reader *stz_qmodel_reader(const stz_qmodel *m);
  * needed) into dst (nrows * cols floats). STZ_E_DTYPE for a non-float
  * tensor that is stored as is. Not thread-safe on one model. */
 stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, stz_err *err);
+/* The same, and for a block-quantized tensor (bits set, rank 0) each
+ * block's scale as stored, exactly (nrows * ceil(cols / block_size)
+ * floats, row by row), when scales is not NULL. */
+stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
+                                       float *scales, stz_err *err);
 
 #ifdef __cplusplus
 }

@@ -1229,6 +1229,7 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
         e->name = q->bits ? q->name : t->name;
         e->bits = q->bits, e->rank = q->svd ? q->rank : 0;
         e->method = q->bits ? q->method : NULL, e->block_size = q->svd ? 0 : q->block;
+        e->scale_dtype = q->bits && !q->svd ? q->scale_dtype : STZ_DTYPE_COUNT;
         if (q->bits) {
             e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;
             e->rows = q->rows, e->cols = q->cols;
@@ -1316,6 +1317,12 @@ long stz_qmodel_find(const stz_qmodel *m, const char *name)
 
 stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, stz_err *err)
 {
+    return stz_qmodel_read_rows_scales(m, i, row, nrows, dst, NULL, err);
+}
+
+stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
+                                       float *scales, stz_err *err)
+{
     const stz_qtensor *e = &m->list[i];
     const stz_tensor *t = stz_reader_tensor(m->r, m->idx[i]);
     if (row > e->rows || nrows > e->rows - row)
@@ -1340,5 +1347,8 @@ stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nr
     float *sc = (float *)(void *)(m->scratch + ((n + 8 + nsc * 4 + 15) & ~(size_t)15));
     if (((n + 8 + nsc * 4 + 15) & ~(size_t)15) + nsc * 8 > m->scratch_cap)
         return stz_err_set(err, STZ_E_BOUNDS, "internal: scratch too small"); /* cannot happen: nsc <= n */
-    return qinfo_rows(m->r, q, row, nrows, raw, sb, sc, dst, err);
+    stz_status st = qinfo_rows(m->r, q, row, nrows, raw, sb, sc, dst, err);
+    if (!st && scales && !q->svd)
+        memcpy(scales, sc, nsc * sizeof *sc);
+    return st;
 }

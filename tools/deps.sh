@@ -9,9 +9,20 @@ missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO=sudo
-echo "installing:$missing"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+if [ -n "$missing" ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    echo "installing:$missing"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+# Optional: llama.cpp's prebuilt CPU build from npm, to run exported GGUF
+# files in the tests (they skip without it). Never fails the install.
+NODE_DIR=${STZ_NODE_DIR:-$HOME/.cache/stz/node}
+if command -v npm >/dev/null && [ ! -f "$NODE_DIR/node_modules/node-llama-cpp/package.json" ]; then
+    mkdir -p "$NODE_DIR"
+    npm install --prefix "$NODE_DIR" --omit=optional --no-audit --no-fund --loglevel=error \
+        node-llama-cpp@3.22.1 @node-llama-cpp/linux-x64@3.22.1 >/dev/null 2>&1 ||
+        echo "note: node-llama-cpp not installed (no npm registry?): the llama.cpp cases of the gguf test will skip"
+fi
+exit 0

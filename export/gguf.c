@@ -1,0 +1,435 @@
+/* GGUF: types, the key/value builder, block packing, and a strict reader
+ * (see stz_gguf.h). All integers in a GGUF file are little-endian. */
+#include "gguf_internal.h"
+#include "stz_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- types --------------------------------------------------------------- */
+
+static const struct {
+    int type;
+    const char *name;
+    uint32_t block, bytes; /* elements and bytes per block */
+} types[] = {{STZ_GGML_F32, "f32", 1, 4},     {STZ_GGML_F16, "f16", 1, 2},    {STZ_GGML_BF16, "bf16", 1, 2},
+             {STZ_GGML_Q8_0, "q8_0", 32, 34}, {STZ_GGML_Q5_0, "q5_0", 32, 22}, {STZ_GGML_Q4_0, "q4_0", 32, 18}};
+#define NTYPES (sizeof types / sizeof types[0])
+
+static int type_index(int type)
+{
+    for (size_t i = 0; i < NTYPES; i++)
+        if (types[i].type == type)
+            return (int)i;
+    return -1;
+}
+
+const char *stz_ggml_type_name(int type)
+{
+    int i = type_index(type);
+    return i < 0 ? NULL : types[i].name;
+}
+
+int stz_ggml_type_parse(const char *s)
+{
+    if (!strcmp(s, "auto"))
+        return STZ_GGML_AUTO;
+    for (size_t i = 0; i < NTYPES; i++)
+        if (!strcmp(types[i].name, s))
+            return types[i].type;
+    return -2;
+}
+
+uint64_t stz_ggml_row_bytes(int type, uint64_t n)
+{
+    int i = type_index(type);
+    return i < 0 ? 0 : n / types[i].block * types[i].bytes;
+}
+
+/* ---- building ------------------------------------------------------------ */
+
+void gb_bytes(gbuf *b, const void *v, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n)
+            cap *= 2;
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->n, v, n);
+    b->n += n;
+}
+
+static void le(uint8_t *o, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        o[i] = (uint8_t)(v >> (8 * i));
+}
+
+void gb_u32(gbuf *b, uint32_t v)
+{
+    uint8_t o[4];
+    le(o, v, 4);
+    gb_bytes(b, o, 4);
+}
+
+void gb_u64(gbuf *b, uint64_t v)
+{
+    uint8_t o[8];
+    le(o, v, 8);
+    gb_bytes(b, o, 8);
+}
+
+void gb_str(gbuf *b, const char *s, size_t n)
+{
+    gb_u64(b, n);
+    gb_bytes(b, s, n);
+}
+
+static void kv_key(gbuf *b, const char *key, uint32_t type)
+{
+    gb_str(b, key, strlen(key));
+    gb_u32(b, type);
+    b->count++;
+}
+
+void kv_u32(gbuf *b, const char *key, uint32_t v) { kv_key(b, key, GV_U32), gb_u32(b, v); }
+void kv_i32(gbuf *b, const char *key, int32_t v) { kv_key(b, key, GV_I32), gb_u32(b, (uint32_t)v); }
+void kv_bool(gbuf *b, const char *key, int v)
+{
+    uint8_t c = v != 0;
+    kv_key(b, key, GV_BOOL), gb_bytes(b, &c, 1);
+}
+void kv_f32(gbuf *b, const char *key, float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    kv_key(b, key, GV_F32), gb_u32(b, u);
+}
+void kv_str(gbuf *b, const char *key, const char *v) { kv_key(b, key, GV_STR), gb_str(b, v, strlen(v)); }
+void kv_arr(gbuf *b, const char *key, uint32_t type, uint64_t n)
+{
+    kv_key(b, key, GV_ARR);
+    gb_u32(b, type);
+    gb_u64(b, n);
+}
+
+/* ---- blocks -------------------------------------------------------------- */
+
+void gguf_block_format(int type, stz_qformat *f)
+{
+    memset(f, 0, sizeof *f);
+    f->bits = type == STZ_GGML_Q8_0 ? 8 : type == STZ_GGML_Q5_0 ? 5 : 4;
+    f->method = type == STZ_GGML_Q8_0 ? STZ_QMETHOD_ABSMAX : STZ_QMETHOD_FULL;
+    f->block = GGML_QK;
+    f->scale_dtype = STZ_DTYPE_F16;
+    stz_qf_prepare(f);
+}
+
+long gguf_pack_row(int type, const float *v, const float *scales, size_t n, uint8_t *out)
+{
+    if (type == STZ_GGML_F32 || type == STZ_GGML_F16 || type == STZ_GGML_BF16) {
+        stz_dtype d = type == STZ_GGML_F32 ? STZ_DTYPE_F32 : type == STZ_GGML_F16 ? STZ_DTYPE_F16 : STZ_DTYPE_BF16;
+        return stz_from_f32(d, v, n, out, NULL) ? 0 : -1;
+    }
+    int lo = type == STZ_GGML_Q8_0 ? -128 : type == STZ_GGML_Q5_0 ? -16 : -8, off = -lo;
+    size_t bb = types[type_index(type)].bytes;
+    for (size_t b = 0; b < n / GGML_QK; b++) {
+        const float *x = v + b * GGML_QK, s = scales[b];
+        uint8_t *o = out + b * bb;
+        int q[GGML_QK];
+        uint16_t h = stz_f32_to_f16(s);
+        if (stz_f16_to_f32(h) != s)
+            return (long)(b * GGML_QK); /* the scale is not an F16 value */
+        for (int j = 0; j < GGML_QK; j++) {
+            float c = s != 0 ? x[j] / s : 0;
+            q[j] = (int)lrintf(c);
+            if (q[j] < lo || q[j] > -lo - 1 || (float)q[j] * s != x[j])
+                return (long)(b * GGML_QK + (size_t)j);
+        }
+        le(o, h, 2);
+        if (type == STZ_GGML_Q8_0)
+            for (int j = 0; j < GGML_QK; j++)
+                o[2 + j] = (uint8_t)(int8_t)q[j];
+        else {
+            uint8_t *qs = o + (type == STZ_GGML_Q5_0 ? 6 : 2);
+            uint32_t qh = 0;
+            for (int j = 0; j < 16; j++) {
+                unsigned a = (unsigned)(q[j] + off), c = (unsigned)(q[j + 16] + off);
+                qs[j] = (uint8_t)((a & 15) | (c & 15) << 4);
+                qh |= (a >> 4) << j | (c >> 4) << (j + 16);
+            }
+            if (type == STZ_GGML_Q5_0)
+                le(o + 2, qh, 4);
+        }
+    }
+    return -1;
+}
+
+/* ---- reading ------------------------------------------------------------- */
+
+typedef struct {
+    char *key, *text;
+} gkv;
+
+struct stz_gguf {
+    uint32_t version;
+    gkv *kv;
+    size_t nkv;
+    stz_gguf_tensor *t;
+    size_t nt;
+    char **names;
+};
+
+typedef struct {
+    const uint8_t *p;
+    size_t n, at;
+    int bad;
+} cur;
+
+static uint64_t rd(cur *c, int n)
+{
+    if (c->bad || c->n - c->at < (size_t)n)
+        return c->bad = 1, 0;
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v |= (uint64_t)c->p[c->at + i] << (8 * i);
+    c->at += (size_t)n;
+    return v;
+}
+
+/* A string, copied (NULL when it does not fit the file). */
+static char *rd_str(cur *c)
+{
+    uint64_t n = rd(c, 8);
+    if (c->bad || n > c->n - c->at)
+        return c->bad = 1, NULL;
+    char *s = malloc(n + 1);
+    if (!s)
+        return c->bad = 2, NULL;
+    memcpy(s, c->p + c->at, n);
+    s[n] = 0;
+    c->at += n;
+    return s;
+}
+
+static const int vsize[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+
+/* One scalar of type t as text appended to o (cap bytes). */
+static void scalar_text(cur *c, uint32_t t, char *o, size_t cap)
+{
+    if (t == GV_STR) {
+        char *s = rd_str(c);
+        snprintf(o, cap, "\"%.200s\"", s ? s : "");
+        free(s);
+        return;
+    }
+    uint64_t v = rd(c, vsize[t]);
+    float f;
+    double d;
+    switch (t) {
+    case GV_F32: memcpy(&f, &(uint32_t){(uint32_t)v}, 4), snprintf(o, cap, "%.9g", f); break;
+    case GV_F64: memcpy(&d, &v, 8), snprintf(o, cap, "%.17g", d); break;
+    case GV_BOOL: snprintf(o, cap, "%s", v ? "true" : "false"); break;
+    case GV_I8: snprintf(o, cap, "%d", (int8_t)v); break;
+    case GV_I16: snprintf(o, cap, "%d", (int16_t)v); break;
+    case GV_I32: snprintf(o, cap, "%d", (int32_t)v); break;
+    case GV_I64: snprintf(o, cap, "%lld", (long long)v); break;
+    default: snprintf(o, cap, "%llu", (unsigned long long)v);
+    }
+}
+
+static const char *const vname[13] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64"};
+
+/* The value of a pair as text: scalars as themselves, arrays as
+ * "[N x type: first, second, third, ...]". */
+static char *value_text(cur *c)
+{
+    char o[1024], one[256];
+    uint32_t t = (uint32_t)rd(c, 4);
+    if (c->bad || t > GV_F64)
+        return c->bad = 1, NULL;
+    if (t != GV_ARR) {
+        scalar_text(c, t, o, sizeof o);
+        return c->bad ? NULL : strdup(o);
+    }
+    uint32_t et = (uint32_t)rd(c, 4);
+    uint64_t n = rd(c, 8);
+    if (c->bad || et > GV_F64 || et == GV_ARR || (et != GV_STR && n > (c->n - c->at) / (uint64_t)vsize[et]) ||
+        (et == GV_STR && n > (c->n - c->at) / 8))
+        return c->bad = 1, NULL;
+    int len = snprintf(o, sizeof o, "[%llu x %s", (unsigned long long)n, vname[et]);
+    for (uint64_t i = 0; i < n && !c->bad; i++) {
+        if (i < 4) {
+            scalar_text(c, et, one, sizeof one);
+            len += snprintf(o + len, sizeof o - (size_t)len, "%s %s", i ? "," : ":", one);
+        } else if (et == GV_STR) {
+            free(rd_str(c));
+        } else {
+            c->at += (size_t)(n - i) * (size_t)vsize[et]; /* checked above */
+            break;
+        }
+    }
+    snprintf(o + len, sizeof o - (size_t)len, "%s]", n > 4 ? ", ..." : "");
+    return c->bad ? NULL : strdup(o);
+}
+
+void stz_gguf_free(stz_gguf *g)
+{
+    if (!g)
+        return;
+    for (size_t i = 0; i < g->nkv; i++)
+        free(g->kv[i].key), free(g->kv[i].text);
+    for (size_t i = 0; i < g->nt; i++)
+        free(g->names[i]);
+    free(g->kv), free(g->t), free(g->names), free(g);
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const stz_gguf_tensor *x = *(const stz_gguf_tensor *const *)a, *y = *(const stz_gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Checks the header in `c` (the whole file) into g. */
+static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, stz_err *err)
+{
+    if (rd(c, 4) != 0x46554747u) /* "GGUF" */
+        return stz_err_set(err, STZ_E_FORMAT, "%s: not a GGUF file (no GGUF magic)", path);
+    g->version = (uint32_t)rd(c, 4);
+    if (g->version != 2 && g->version != 3)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: GGUF version %u (this stz reads 2 and 3)", path, g->version);
+    uint64_t nt = rd(c, 8), nkv = rd(c, 8), align = GGUF_ALIGN;
+    if (c->bad || nt > (c->n - c->at) / 24 || nkv > (c->n - c->at) / 12)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %llu tensors and %llu keys cannot fit the file", path,
+                           (unsigned long long)nt, (unsigned long long)nkv);
+    if (!(g->kv = calloc(nkv + 1, sizeof *g->kv)) || !(g->t = calloc(nt + 1, sizeof *g->t)) ||
+        !(g->names = calloc(nt + 1, sizeof *g->names)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (; g->nkv < nkv; g->nkv++) {
+        gkv *e = &g->kv[g->nkv];
+        size_t at = c->at;
+        if (!(e->key = rd_str(c)) || !(e->text = value_text(c)))
+            return stz_err_set(err, c->bad == 2 ? STZ_E_NOMEM : STZ_E_FORMAT,
+                               "%s: key/value pair %zu (at byte %zu) runs past the end of the file or has an "
+                               "unknown type", path, g->nkv, at);
+        if (!strcmp(e->key, "general.alignment")) {
+            align = strtoull(e->text, NULL, 10);
+            if (!align || (align & (align - 1)) || align > 65536)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: general.alignment %s is not a power of two", path, e->text);
+        }
+    }
+    for (; g->nt < nt; g->nt++) {
+        stz_gguf_tensor *t = &g->t[g->nt];
+        if (!(g->names[g->nt] = rd_str(c)))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info %zu runs past the end of the file", path, g->nt);
+        t->name = g->names[g->nt];
+        t->ndim = (uint32_t)rd(c, 4);
+        if (c->bad || t->ndim < 1 || t->ndim > 4)
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %u dimensions (1 to 4 allowed)", path, t->name,
+                               t->ndim);
+        uint64_t numel = 1;
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            t->ne[d] = rd(c, 8);
+            if (t->ne[d] && numel > UINT64_MAX / t->ne[d])
+                return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': element count overflows", path, t->name);
+            numel *= t->ne[d];
+        }
+        t->type = (int)rd(c, 4);
+        t->offset = rd(c, 8);
+        int ti = type_index(t->type);
+        if (c->bad)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info '%s' runs past the end of the file", path, t->name);
+        if (ti >= 0 && t->ne[0] % types[ti].block)
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': rows of %llu are not whole %s blocks", path,
+                               t->name, (unsigned long long)t->ne[0], types[ti].name);
+        t->bytes = ti >= 0 ? numel / types[ti].block * types[ti].bytes : 0;
+        if (ti >= 0 && numel / types[ti].block > UINT64_MAX / types[ti].bytes)
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': size overflows", path, t->name);
+    }
+    uint64_t data = (c->at + align - 1) / align * align;
+    if (data > fsize)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its header", path);
+    stz_gguf_tensor **order = malloc((nt + 1) * sizeof *order);
+    if (!order)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < nt; i++) {
+        stz_gguf_tensor *t = &g->t[i];
+        order[i] = t;
+        if (t->offset % align || t->offset > fsize - data || t->bytes > fsize - data - t->offset) {
+            free(order);
+            return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data at offset %llu (+%llu bytes) is %s", path,
+                               t->name, (unsigned long long)t->offset, (unsigned long long)t->bytes,
+                               t->offset % align ? "not aligned" : "past the end of the file");
+        }
+        t->offset += data;
+    }
+    qsort(order, nt, sizeof *order, by_offset);
+    for (size_t i = 1; i < nt; i++)
+        if (order[i - 1]->offset + order[i - 1]->bytes > order[i]->offset) {
+            stz_status st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensors '%s' and '%s' overlap", path,
+                                        order[i - 1]->name, order[i]->name);
+            free(order);
+            return st;
+        }
+    free(order);
+    return STZ_OK;
+}
+
+stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        stz_status st = stz_err_set(err, STZ_E_IO, "%s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
+    /* the header: the first 16 MiB, more while it does not fit (vocabularies are large) */
+    uint64_t fsize = (uint64_t)sb.st_size, n = 0;
+    stz_gguf *g = NULL;
+    stz_status st = STZ_OK;
+    do {
+        n = fsize < (n ? n * 4 : 16u << 20) ? fsize : (n ? n * 4 : 16u << 20);
+        stz_gguf_free(g);
+        uint8_t *buf = malloc(n + 1);
+        if (!buf || !(g = calloc(1, sizeof *g)))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        else if (stz_pread_full(fd, buf, n, 0))
+            st = stz_err_set(err, STZ_E_IO, "%s: read failed", path);
+        else {
+            cur c = {buf, n, 0, 0};
+            st = parse(g, &c, path, fsize, err);
+        }
+        free(buf);
+    } while (st && st != STZ_E_NOMEM && st != STZ_E_IO && n < fsize);
+    close(fd);
+    if (st) {
+        stz_gguf_free(g);
+        return st;
+    }
+    *out = g;
+    return STZ_OK;
+}
+
+uint32_t stz_gguf_version(const stz_gguf *g) { return g->version; }
+size_t stz_gguf_tensor_count(const stz_gguf *g) { return g->nt; }
+const stz_gguf_tensor *stz_gguf_tensor_at(const stz_gguf *g, size_t i) { return i < g->nt ? &g->t[i] : NULL; }
+size_t stz_gguf_kv_count(const stz_gguf *g) { return g->nkv; }
+const char *stz_gguf_kv_key(const stz_gguf *g, size_t i) { return i < g->nkv ? g->kv[i].key : NULL; }
+const char *stz_gguf_kv_text(const stz_gguf *g, size_t i) { return i < g->nkv ? g->kv[i].text : NULL; }

@@ -1,0 +1,276 @@
+/* The tokenizer as GGUF keys: from a Hugging Face tokenizer.json (BPE) or
+ * a llama2.c tokenizer file (pieces with scores). */
+#include "gguf_internal.h"
+#include "stz_internal.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* llama.cpp's token types */
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
+
+typedef struct {
+    char **text;
+    float *score;
+    int32_t *type;
+    uint32_t n;
+} vocab;
+
+static void vocab_free(vocab *v)
+{
+    for (uint32_t i = 0; v->text && i < v->n; i++)
+        free(v->text[i]);
+    free(v->text), free(v->score), free(v->type);
+}
+
+static stz_status vocab_alloc(vocab *v, uint32_t n, stz_err *err)
+{
+    v->n = n;
+    v->text = calloc(n + 1, sizeof *v->text);
+    v->score = calloc(n + 1, sizeof *v->score);
+    v->type = calloc(n + 1, sizeof *v->type);
+    return v->text && v->score && v->type ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+}
+
+static int is_byte_piece(const char *s)
+{
+    unsigned x;
+    char end;
+    return strlen(s) == 6 && sscanf(s, "<0x%2X%c", &x, &end) == 2 && end == '>';
+}
+
+/* Writes tokens, scores (if any) and types. */
+static void put_vocab(gbuf *kv, const vocab *v, int scores)
+{
+    kv_arr(kv, "tokenizer.ggml.tokens", GV_STR, v->n);
+    for (uint32_t i = 0; i < v->n; i++)
+        gb_str(kv, v->text[i], strlen(v->text[i]));
+    if (scores) {
+        kv_arr(kv, "tokenizer.ggml.scores", GV_F32, v->n);
+        for (uint32_t i = 0; i < v->n; i++) {
+            uint32_t u;
+            memcpy(&u, &v->score[i], 4);
+            gb_u32(kv, u);
+        }
+    }
+    kv_arr(kv, "tokenizer.ggml.token_type", GV_I32, v->n);
+    for (uint32_t i = 0; i < v->n; i++)
+        gb_u32(kv, (uint32_t)v->type[i]);
+}
+
+/* ---- llama2.c ------------------------------------------------------------ */
+
+/* int32 max_token_length, then per token: float32 score, int32 length,
+ * bytes; exactly n_vocab tokens. Ids 0, 1, 2 are <unk>, <s>, </s>. */
+static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, stz_err *err)
+{
+    char *data;
+    size_t size, at = 4;
+    stz_status st = stz_read_text(path, 64u << 20, &data, &size, err);
+    if (st)
+        return st;
+    vocab v = {0};
+    if ((st = vocab_alloc(&v, n_vocab, err)))
+        goto done;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        int32_t len;
+        if (size < 8 || at > size - 8) {
+            st = stz_err_set(err, STZ_E_TRUNCATED, "%s: ends at token %u of the model's %u (a llama2.c tokenizer "
+                                                   "of another vocabulary?)", path, i, n_vocab);
+            goto done;
+        }
+        memcpy(&v.score[i], data + at, 4), memcpy(&len, data + at + 4, 4);
+        at += 8;
+        if (len < 0 || (size_t)len > size - at) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: token %u: length %d runs past the end of the file", path, i, len);
+            goto done;
+        }
+        /* pieces spell spaces as ' '; llama.cpp's SentencePiece vocabulary as U+2581 */
+        char *t = malloc((size_t)len * 3 + 8), *o = t;
+        if (!(v.text[i] = t)) {
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int32_t k = 0; k < len; k++)
+            if (data[at + (size_t)k] == ' ')
+                memcpy(o, "\xe2\x96\x81", 3), o += 3;
+            else
+                *o++ = data[at + (size_t)k];
+        *o = 0;
+        at += (size_t)len;
+        v.type[i] = i == 0 ? TT_UNKNOWN : i <= 2 || !len ? TT_CONTROL : is_byte_piece(t) ? TT_BYTE : TT_NORMAL;
+        if (i < 3)
+            strcpy(t, i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+    }
+    if (at != size) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: %zu bytes after the model's %u tokens (a tokenizer of another "
+                                            "vocabulary?)", path, size - at, n_vocab);
+        goto done;
+    }
+    kv_str(kv, "tokenizer.ggml.model", "llama");
+    put_vocab(kv, &v, 1);
+    kv_u32(kv, "tokenizer.ggml.unknown_token_id", 0);
+    kv_u32(kv, "tokenizer.ggml.bos_token_id", 1);
+    kv_u32(kv, "tokenizer.ggml.eos_token_id", 2);
+    kv_bool(kv, "tokenizer.ggml.add_bos_token", 1);
+    kv_bool(kv, "tokenizer.ggml.add_eos_token", 0);
+done:
+    vocab_free(&v);
+    free(data);
+    return st;
+}
+
+/* ---- tokenizer.json -------------------------------------------------------- */
+
+/* Merges as "a b" strings (either JSON form: "a b" or ["a", "b"]). */
+static char *merge_text(const cJSON *m)
+{
+    if (cJSON_IsString(m))
+        return strdup(m->valuestring);
+    if (cJSON_GetArraySize(m) != 2 || !cJSON_IsString(m->child) || !cJSON_IsString(m->child->next))
+        return NULL;
+    size_t a = strlen(m->child->valuestring), b = strlen(m->child->next->valuestring);
+    char *s = malloc(a + b + 2);
+    if (s)
+        memcpy(s, m->child->valuestring, a), s[a] = ' ', memcpy(s + a + 1, m->child->next->valuestring, b + 1);
+    return s;
+}
+
+static int config_id(const cJSON *cfg, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsArray(v))
+        v = v->child;
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483647.0 ? (int)v->valuedouble : -1;
+}
+
+static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
+                           stz_err *err)
+{
+    char *text;
+    stz_status st = stz_read_text(path, 1u << 30, &text, NULL, err);
+    if (st)
+        return st;
+    cJSON *doc = cJSON_Parse(text), *cfg = cJSON_Parse(config_json ? config_json : "{}");
+    free(text);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    const cJSON *vmap = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(doc, "added_tokens");
+    int spm = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
+    vocab v = {0};
+    char **mtext = NULL;
+    int nm = cJSON_GetArraySize(merges);
+    if (!doc || !cJSON_IsObject(vmap) || !cJSON_IsArray(merges)) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: not a tokenizer.json with model.vocab and model.merges", path);
+        goto done;
+    }
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE")) {
+        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tokenizer model '%s' (stz exports BPE tokenizers)", path,
+                         cJSON_IsString(type) ? type->valuestring : "?");
+        goto done;
+    }
+    if ((st = vocab_alloc(&v, n_vocab, err)) || !(mtext = calloc((size_t)nm + 1, sizeof *mtext)))
+        goto done;
+    const cJSON *lists[2] = {vmap, added};
+    for (int l = 0; l < 2; l++)
+        for (const cJSON *e = lists[l] ? lists[l]->child : NULL; e; e = e->next) {
+            const cJSON *idv = l ? cJSON_GetObjectItemCaseSensitive(e, "id") : e;
+            const cJSON *content = l ? cJSON_GetObjectItemCaseSensitive(e, "content") : NULL;
+            const char *s = l ? (cJSON_IsString(content) ? content->valuestring : NULL) : e->string;
+            if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 || idv->valuedouble != (double)(uint32_t)idv->valuedouble ||
+                !s) {
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: %s entry '%.80s' has no whole-number id", path,
+                                 l ? "added_tokens" : "model.vocab", s ? s : "?");
+                goto done;
+            }
+            uint32_t id = (uint32_t)idv->valuedouble;
+            if (id >= n_vocab) {
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' has id %u, past the model's vocabulary of %u",
+                                 path, s, id, n_vocab);
+                goto done;
+            }
+            free(v.text[id]);
+            if (!(v.text[id] = strdup(s))) {
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                goto done;
+            }
+            v.type[id] = l ? (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ? TT_CONTROL : TT_USER)
+                           : spm && is_byte_piece(s) ? TT_BYTE : TT_NORMAL;
+        }
+    for (uint32_t i = 0; i < n_vocab; i++) /* the model's rows past the tokenizer's ids */
+        if (!v.text[i]) {
+            char pad[32];
+            snprintf(pad, sizeof pad, "[PAD%u]", i);
+            if (!(v.text[i] = strdup(pad))) {
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                goto done;
+            }
+            v.type[i] = TT_UNUSED;
+        }
+    int i = 0;
+    for (const cJSON *m = merges->child; m; m = m->next, i++)
+        if (!(mtext[i] = merge_text(m))) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: merge %d is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+            goto done;
+        }
+    if (spm) {
+        /* SentencePiece-style BPE: llama.cpp merges the pair whose result
+         * scores highest, so a token made by merge r scores -r */
+        for (uint32_t k = 0; k < n_vocab; k++)
+            v.score[k] = v.type[k] == TT_NORMAL ? 0.0f : -1e9f;
+        for (int r = nm - 1; r >= 0; r--) {
+            char *sp = strchr(mtext[r], ' ');
+            if (!sp)
+                continue;
+            size_t a = (size_t)(sp - mtext[r]);
+            char joined[1024];
+            if (strlen(mtext[r]) >= sizeof joined)
+                continue;
+            memcpy(joined, mtext[r], a), strcpy(joined + a, sp + 1);
+            const cJSON *idv = cJSON_GetObjectItemCaseSensitive(vmap, joined);
+            if (cJSON_IsNumber(idv) && (uint32_t)idv->valuedouble < n_vocab)
+                v.score[(uint32_t)idv->valuedouble] = (float)-r;
+        }
+        const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+        const cJSON *uid = cJSON_IsString(unk) ? cJSON_GetObjectItemCaseSensitive(vmap, unk->valuestring) : NULL;
+        if (cJSON_IsNumber(uid)) {
+            v.type[(uint32_t)uid->valuedouble] = TT_UNKNOWN;
+            kv_u32(kv, "tokenizer.ggml.unknown_token_id", (uint32_t)uid->valuedouble);
+        }
+        kv_str(kv, "tokenizer.ggml.model", "llama");
+        put_vocab(kv, &v, 1);
+    } else {
+        kv_str(kv, "tokenizer.ggml.model", "gpt2");
+        kv_str(kv, "tokenizer.ggml.pre", !strcmp(arch, "qwen2") ? "qwen2" : "llama-bpe");
+        put_vocab(kv, &v, 0);
+        kv_arr(kv, "tokenizer.ggml.merges", GV_STR, (uint64_t)nm);
+        for (int k = 0; k < nm; k++)
+            gb_str(kv, mtext[k], strlen(mtext[k]));
+    }
+    int bos = config_id(cfg, "bos_token_id"), eos = config_id(cfg, "eos_token_id");
+    if (bos >= 0 && (uint32_t)bos < n_vocab)
+        kv_u32(kv, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    if (eos >= 0 && (uint32_t)eos < n_vocab)
+        kv_u32(kv, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
+    kv_bool(kv, "tokenizer.ggml.add_bos_token", spm || (strcmp(arch, "qwen2") && bos >= 0));
+done:
+    for (int k = 0; mtext && k < nm; k++)
+        free(mtext[k]);
+    free(mtext);
+    vocab_free(&v);
+    cJSON_Delete(doc);
+    cJSON_Delete(cfg);
+    return st;
+}
+
+stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
+                      stz_err *err)
+{
+    size_t n = strlen(path);
+    return n >= 5 && !strcmp(path + n - 5, ".json") ? hf_vocab(kv, path, arch, config_json, n_vocab, err)
+                                                    : llama2c_vocab(kv, path, n_vocab, err);
+}
