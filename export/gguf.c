@@ -188,9 +188,9 @@ typedef struct {
 struct stz_gguf {
     uint32_t version;
     gkv *kv;
-    size_t nkv;
+    size_t nkv, kv_cap; /* read, allocated (entries past nkv may hold a partial read) */
     stz_gguf_tensor *t;
-    size_t nt;
+    size_t nt, t_cap;
     char **names;
 };
 
@@ -291,9 +291,9 @@ void stz_gguf_free(stz_gguf *g)
 {
     if (!g)
         return;
-    for (size_t i = 0; i < g->nkv; i++)
+    for (size_t i = 0; g->kv && i < g->kv_cap; i++)
         free(g->kv[i].key), free(g->kv[i].text);
-    for (size_t i = 0; i < g->nt; i++)
+    for (size_t i = 0; g->names && i < g->t_cap; i++)
         free(g->names[i]);
     free(g->kv), free(g->t), free(g->names), free(g);
 }
@@ -319,6 +319,7 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     if (!(g->kv = calloc(nkv + 1, sizeof *g->kv)) || !(g->t = calloc(nt + 1, sizeof *g->t)) ||
         !(g->names = calloc(nt + 1, sizeof *g->names)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    g->kv_cap = nkv, g->t_cap = nt;
     for (; g->nkv < nkv; g->nkv++) {
         gkv *e = &g->kv[g->nkv];
         size_t at = c->at;

@@ -39,7 +39,11 @@ static const struct {
 #define FIRST_LAYER_ROLE 1
 #define LAST_LAYER_ROLE 13
 
-enum { K_FLOAT, K_REPACK, K_REQUANT, K_ROPE };
+/* how a tensor is written: from float values (K_FLOAT), its bytes as
+ * stored when GGUF takes its dtype (K_COPY), stz's codes
+ * checked value by value (K_REPACK) or copied as stored (K_RAW), stz's
+ * values requantized (K_REQUANT), or computed (K_ROPE: rope_freqs) */
+enum { K_FLOAT, K_COPY, K_REPACK, K_RAW, K_REQUANT, K_ROPE };
 
 typedef struct {
     char name[64];
@@ -96,10 +100,13 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     const stz_qtensor *q = e->q;
     int want = x->p->type;
     e->kind = K_FLOAT;
-    if (e->ndim == 1)
+    if (e->ndim == 1) {
         e->type = STZ_GGML_F32; /* norms and biases: llama.cpp keeps them F32 */
+        e->kind = !q->bits && q->dtype == STZ_DTYPE_F32 && !e->heads ? K_COPY : K_FLOAT;
+    }
     else if (q->bits && (e->type = exact_type(q)) >= 0)
-        e->kind = K_REPACK;
+        /* stored codes and scales when there is a scales tensor (more than one block) */
+        e->kind = e->type != STZ_GGML_Q5_0 && e->rows * (e->cols / GGML_QK) > 1 ? K_RAW : K_REPACK;
     else if (q->bits && e->cols % GGML_QK)
         e->type = STZ_GGML_Q8_0; /* any block type: replaced below */
     else if (q->bits) {
@@ -112,8 +119,12 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
                                q->scale_dtype < STZ_DTYPE_COUNT ? stz_dtype_name(q->scale_dtype) : "F32");
         e->kind = K_REQUANT;
         e->type = block_type(want) ? want : nearest_type(q);
-    } else
+    } else {
         e->type = want == STZ_GGML_AUTO ? float_type(q->dtype) : want;
+        if (q->dtype == (e->type == STZ_GGML_F32 ? STZ_DTYPE_F32 : e->type == STZ_GGML_F16 ? STZ_DTYPE_F16
+                                                                                            : STZ_DTYPE_BF16))
+            e->kind = K_COPY;
+    }
     if (block_type(e->type) && e->cols % GGML_QK) {
         /* no block type takes such rows: F16 as llama.cpp does, or F32 for
            stz's quantized values, which it holds exactly */
@@ -224,20 +235,111 @@ static stz_status reserve(exporter *x, size_t rows, size_t cols, stz_err *err)
     return STZ_OK;
 }
 
-/* Head-reordered copy: within each head of hd rows, row 2j + t takes row
- * t * hd / 2 + j (Hugging Face's rotate_half halves into llama.cpp's pairs). */
-static void permute(const float *src, float *dst, size_t rows, size_t width, size_t hd)
+/* Head-reordered copy of rows of `width` bytes: within each head of hd
+ * rows, row 2j + t takes row t * hd / 2 + j (Hugging Face's rotate_half
+ * halves into llama.cpp's pairs). */
+static void permute(const void *src, void *dst, size_t rows, size_t width, size_t hd)
 {
     for (size_t h = 0; h < rows / hd; h++)
         for (size_t j = 0; j < hd / 2; j++)
             for (size_t t = 0; t < 2; t++)
-                memcpy(dst + (h * hd + 2 * j + t) * width, src + (h * hd + t * hd / 2 + j) * width, width * 4);
+                memcpy((char *)dst + (h * hd + 2 * j + t) * width, (const char *)src + (h * hd + t * hd / 2 + j) * width,
+                       width);
+}
+
+static inline unsigned nibble(const uint8_t *c, size_t j) { return j & 1 ? c[j >> 1] & 15u : c[j >> 1] >> 4; }
+
+/* K_COPY: the stored bytes. K_RAW: stz's stored codes and F16 scale
+ * bytes straight into Q8_0 / Q4_0 blocks (the same numbers: a 4-bit two's
+ * complement code n is Q4_0's n ^ 8). */
+static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, stz_err *err)
+{
+    size_t cols = (size_t)e->cols, nb = cols / GGML_QK, srb = nb * 2;
+    size_t crb = e->kind == K_COPY ? (size_t)stz_ggml_row_bytes(e->type, cols) : stz_qf_row_bytes(e->q->bits, cols);
+    size_t bb = e->type == STZ_GGML_Q8_0 ? 34 : 18;
+    uint8_t *codes = e->kind == K_COPY && !e->heads ? x->out : (uint8_t *)x->f, *sc = (uint8_t *)x->sc;
+    stz_status st;
+    if (e->kind == K_COPY) {
+        const stz_reader *r = stz_qmodel_reader(e->m);
+        const stz_tensor *t = stz_reader_tensor(r, (size_t)stz_reader_find(r, e->q->name));
+        if ((st = stz_reader_read(r, t, row * crb, codes, nr * crb, err)))
+            return st;
+        if (e->heads)
+            permute(codes, x->out, nr, crb, hd);
+        return STZ_OK;
+    }
+    if ((st = stz_qmodel_read_codes(e->m, e->i, row, nr, codes, sc, err)))
+        return st;
+    if (e->heads) {
+        permute(codes, x->g, nr, crb, hd), codes = (uint8_t *)x->g;
+        permute(sc, x->sg, nr, srb, hd), sc = (uint8_t *)x->sg;
+    }
+    uint8_t *o = x->out;
+    for (size_t k = 0; k < nr; k++)
+        for (size_t b = 0; b < nb; b++, o += bb) {
+            const uint8_t *c = codes + k * crb + b * (bb - 2);
+            memcpy(o, sc + k * srb + 2 * b, 2); /* both little-endian F16 */
+            if (e->type == STZ_GGML_Q8_0)
+                memcpy(o + 2, c, 32);
+            else
+                for (size_t j = 0; j < 16; j++)
+                    o[2 + j] = (uint8_t)((nibble(c, j) ^ 8) | (nibble(c, j + 16) ^ 8) << 4);
+        }
+    return STZ_OK;
+}
+
+/* The other kinds: rows as floats (dequantized, and with the scales for
+ * K_REPACK), quantized to a block type as ggml does if asked, packed;
+ * err2 / ref2 sum the requantization error. */
+static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, const stz_qformat *fmt,
+                             double *err2, double *ref2, stz_err *err)
+{
+    size_t cols = (size_t)e->cols, nb = cols / GGML_QK, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
+    float *v = x->f, *s = x->sc;
+    stz_status st = STZ_OK;
+    if (e->kind == K_ROPE) { /* llama.cpp divides the unscaled frequencies by these factors */
+        stz_fwd_config plain = *x->c;
+        plain.rope_scaling = STZ_ROPE_NONE;
+        stz_fwd_rope_frequencies(&plain, x->g);
+        stz_fwd_rope_frequencies(x->c, v);
+        for (size_t i = 0; i < cols; i++)
+            v[i] = x->g[i] / v[i];
+    } else if ((st = stz_qmodel_read_rows_scales(e->m, e->i, row, nr, v, e->kind == K_REPACK ? s : NULL, err)))
+        return st;
+    if (e->heads) { /* 2-D: whole rows; 1-D: the elements */
+        permute(v, x->g, e->ndim == 1 ? cols : nr, (e->ndim == 1 ? 1 : cols) * 4, hd), v = x->g;
+        if (e->kind == K_REPACK)
+            permute(s, x->sg, nr, nb * 4, hd), s = x->sg;
+    }
+    for (size_t k = 0; k < nr; k++) {
+        float *w = v + k * cols;
+        if (e->kind != K_REPACK && block_type(e->type)) {
+            /* quantize as ggml does; the values the codes stand for replace w */
+            size_t bad = 0;
+            while (bad < cols && isfinite(w[bad]))
+                bad++;
+            if (bad < cols || stz_qf_quantize_row(fmt, w, cols, x->q, s + k * nb, NULL) < 0)
+                return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': row %llu %s", x->model, e->q->name,
+                                   (unsigned long long)(row + k),
+                                   bad < cols ? "holds NaN or Inf" : "has a scale too large for F16");
+            float *y = x->g == v ? x->f : x->g; /* the buffer v is not */
+            stz_qf_dequantize_row(fmt, x->q, s + k * nb, NULL, cols, y);
+            for (size_t j = 0; j < cols; j++)
+                *err2 += ((double)y[j] - w[j]) * ((double)y[j] - w[j]), *ref2 += (double)w[j] * w[j];
+            memcpy(w, y, cols * 4);
+        }
+        long at = gguf_pack_row(e->type, w, s + k * nb, cols, x->out + k * rb);
+        if (at >= 0)
+            return stz_err_set(err, STZ_E_FORMAT,
+                               "%s: tensor '%s': row %llu, element %ld is not code x F16 scale (%.9g, scale %.9g)",
+                               x->model, e->q->name, (unsigned long long)(row + k), at, w[at], s[k * nb + at / 32]);
+    }
+    return STZ_OK;
 }
 
 static stz_status write_tensor(exporter *x, etensor *e, stz_err *err)
 {
-    const stz_fwd_config *c = x->c;
-    size_t cols = (size_t)e->cols, nb = cols / GGML_QK, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
+    size_t cols = (size_t)e->cols, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
     size_t hd = e->heads ? (size_t)(e->rows * (e->ndim == 1 ? e->cols : 1) / e->heads) : 1;
     size_t batch = (4u << 20) / (cols * 4) + 1;
     if (e->heads && e->ndim == 2)
@@ -250,46 +352,8 @@ static stz_status write_tensor(exporter *x, etensor *e, stz_err *err)
         gguf_block_format(e->type, &fmt);
     for (uint64_t row = 0; !st && row < e->rows; row += batch) {
         size_t nr = e->rows - row < batch ? (size_t)(e->rows - row) : batch;
-        float *v = x->f, *s = x->sc;
-        if (e->kind == K_ROPE) { /* llama.cpp divides the unscaled frequencies by these factors */
-            stz_fwd_config plain = *c;
-            plain.rope_scaling = STZ_ROPE_NONE;
-            stz_fwd_rope_frequencies(&plain, x->g);
-            stz_fwd_rope_frequencies(c, v);
-            for (size_t i = 0; i < cols; i++)
-                v[i] = x->g[i] / v[i];
-        } else if ((st = stz_qmodel_read_rows_scales(e->m, e->i, row, nr, v, e->kind == K_REPACK ? s : NULL, err)))
-            break;
-        if (e->heads) { /* 2-D: whole rows; 1-D: the elements */
-            permute(v, x->g, e->ndim == 1 ? cols : nr, e->ndim == 1 ? 1 : cols, hd), v = x->g;
-            if (e->kind == K_REPACK)
-                permute(s, x->sg, nr, nb, hd), s = x->sg;
-        }
-        for (size_t k = 0; k < nr && !st; k++) {
-            float *w = v + k * cols;
-            if (e->kind != K_REPACK && block_type(e->type)) {
-                /* quantize as ggml does; the values the codes stand for replace w */
-                size_t bad = 0;
-                while (bad < cols && isfinite(w[bad]))
-                    bad++;
-                if (bad < cols || stz_qf_quantize_row(&fmt, w, cols, x->q, s + k * nb, NULL) < 0) {
-                    st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': row %llu %s", x->model, e->q->name,
-                                     (unsigned long long)(row + k),
-                                     bad < cols ? "holds NaN or Inf" : "has a scale too large for F16");
-                    break;
-                }
-                float *y = x->g == v ? x->f : x->g; /* the buffer v is not */
-                stz_qf_dequantize_row(&fmt, x->q, s + k * nb, NULL, cols, y);
-                for (size_t j = 0; j < cols; j++)
-                    err2 += ((double)y[j] - w[j]) * ((double)y[j] - w[j]), ref2 += (double)w[j] * w[j];
-                memcpy(w, y, cols * 4);
-            }
-            long at = gguf_pack_row(e->type, w, s + k * nb, cols, x->out + k * rb);
-            if (at >= 0)
-                st = stz_err_set(err, STZ_E_FORMAT,
-                                 "%s: tensor '%s': row %llu, element %ld is not code x F16 scale (%.9g, scale %.9g)",
-                                 x->model, e->q->name, (unsigned long long)(row + k), at, w[at], s[k * nb + at / 32]);
-        }
+        st = e->kind == K_RAW || e->kind == K_COPY ? raw_rows(x, e, row, nr, hd, err)
+                              : value_rows(x, e, row, nr, hd, &fmt, &err2, &ref2, err);
         if (!st)
             st = stz_outfile_write(&x->of, x->out, nr * rb, err);
         x->done += nr * rb;
@@ -369,7 +433,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
         gb_u32(&head, (uint32_t)e->type);
         gb_u64(&head, e->offset);
         stats->tensors[e->type]++, stats->bytes[e->type] += e->bytes;
-        stats->repacked += e->kind == K_REPACK;
+        stats->repacked += e->kind == K_REPACK || e->kind == K_RAW;
     }
     static const uint8_t zero[GGUF_ALIGN];
     gb_bytes(&head, zero, (GGUF_ALIGN - head.n % GGUF_ALIGN) % GGUF_ALIGN);

@@ -182,7 +182,13 @@ const stz_reader *stz_qmodel_reader(const stz_qmodel *m);
  * needed) into dst (nrows * cols floats). STZ_E_DTYPE for a non-float
  * tensor that is stored as is. Not thread-safe on one model. */
 stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, stz_err *err);
-/* The same, and for a block-quantized tensor (bits set, rank 0) each
+/* The stored bytes of rows [row, row + nrows) of a block-quantized tensor
+ * with a scales tensor: codes (nrows * stz_qf_row_bytes) and scales (nrows
+ * * blocks * the scale dtype's size), as docs/FORMAT.md lays them out.
+ * STZ_E_UNSUPPORTED for other tensors. */
+stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, uint8_t *codes,
+                                 uint8_t *scales, stz_err *err);
+/* The same as stz_qmodel_read_rows, and for a block-quantized tensor (bits set, rank 0) each
  * block's scale as stored, exactly (nrows * ceil(cols / block_size)
  * floats, row by row), when scales is not NULL. */
 stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,

@@ -1352,3 +1352,19 @@ stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, si
         memcpy(scales, sc, nsc * sizeof *sc);
     return st;
 }
+
+stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, uint8_t *codes,
+                                 uint8_t *scales, stz_err *err)
+{
+    const stz_qtensor *e = &m->list[i];
+    const qinfo *q = &m->qi[m->idx[i]];
+    if (!e->bits || q->svd || !q->sc)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s' has no stored codes and scales",
+                           stz_reader_path(m->r), e->name);
+    if (row > e->rows || nrows > e->rows - row)
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s': rows %llu+%zu out of %llu", stz_reader_path(m->r),
+                           e->name, (unsigned long long)row, nrows, (unsigned long long)e->rows);
+    size_t rb = stz_qf_row_bytes(q->bits, q->cols), sb = (size_t)q->nblocks * (stz_dtype_bits(q->scale_dtype) / 8);
+    stz_status st = stz_reader_read(m->r, q->t, row * rb, codes, nrows * rb, err);
+    return st ? st : stz_reader_read(m->r, q->sc, row * sb, scales, nrows * sb, err);
+}

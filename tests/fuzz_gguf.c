@@ -1,0 +1,38 @@
+/* Fuzz target for the GGUF reader (stz inspect FILE.gguf): any byte string
+ * is a GGUF file, read through a memfd. Whatever opens must list tensors
+ * that lie inside the file and do not overlap, and keys with text. */
+#include "stz_gguf.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    int fd = memfd_create("stz-fuzz", 0);
+    if (fd < 0 || write(fd, data, size) != (ssize_t)size)
+        abort();
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    stz_err err;
+    stz_gguf *g;
+    stz_status st = stz_gguf_open(&g, path, &err);
+    if (st != STZ_OK && (err.code != st || !err.msg[0]))
+        abort(); /* a failure must say why */
+    if (st == STZ_OK) {
+        for (size_t i = 0; i < stz_gguf_tensor_count(g); i++) {
+            const stz_gguf_tensor *t = stz_gguf_tensor_at(g, i);
+            if (!t->name || t->offset > size || t->bytes > size - t->offset)
+                abort();
+        }
+        for (size_t i = 0; i < stz_gguf_kv_count(g); i++)
+            if (!stz_gguf_kv_key(g, i) || !stz_gguf_kv_text(g, i))
+                abort();
+        stz_gguf_free(g);
+    }
+    close(fd);
+    return 0;
+}
