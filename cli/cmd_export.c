@@ -172,11 +172,13 @@ fail:
 
 int cli_is_gguf(const char *path)
 {
+    int fd;
+    uint64_t size;
     char m[4] = {0};
-    FILE *f = fopen(path, "rb");
-    size_t n = f ? fread(m, 1, 4, f) : 0;
-    if (f)
-        fclose(f);
+    if (stz_open_regular(path, &fd, &size, NULL)) /* never blocks on a FIFO */
+        return 0;
+    ssize_t n = size >= 4 ? pread(fd, m, 4, 0) : 0;
+    close(fd);
     return n == 4 && !memcmp(m, "GGUF", 4);
 }
 

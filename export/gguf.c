@@ -4,12 +4,10 @@
 #include "stz_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- types --------------------------------------------------------------- */
@@ -313,7 +311,9 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     if (g->version != 2 && g->version != 3)
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: GGUF version %u (this stz reads 2 and 3)", path, g->version);
     uint64_t nt = rd(c, 8), nkv = rd(c, 8), align = GGUF_ALIGN;
-    if (c->bad || nt > (c->n - c->at) / 24 || nkv > (c->n - c->at) / 12)
+    if (c->bad)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its GGUF header", path);
+    if (nt > (c->n - c->at) / 24 || nkv > (c->n - c->at) / 12)
         return stz_err_set(err, STZ_E_FORMAT, "%s: %llu tensors and %llu keys cannot fit the file", path,
                            (unsigned long long)nt, (unsigned long long)nkv);
     if (!(g->kv = calloc(nkv + 1, sizeof *g->kv)) || !(g->t = calloc(nt + 1, sizeof *g->t)) ||
@@ -393,18 +393,13 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
 stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb)) {
-        stz_status st = stz_err_set(err, STZ_E_IO, "%s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+    int fd;
+    uint64_t fsize, n = 0;
+    stz_status st = stz_open_regular(path, &fd, &fsize, err);
+    if (st)
         return st;
-    }
     /* the header: the first 16 MiB, more while it does not fit (vocabularies are large) */
-    uint64_t fsize = (uint64_t)sb.st_size, n = 0;
     stz_gguf *g = NULL;
-    stz_status st = STZ_OK;
     do {
         n = fsize < (n ? n * 4 : 16u << 20) ? fsize : (n ? n * 4 : 16u << 20);
         stz_gguf_free(g);

@@ -408,10 +408,18 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     free(copy);
     if (!p->name && strchr(name + 1, '.'))
         *strchr(name + 1, '.') = 0;
-    int quantized = 0;
-    for (size_t i = 0; i < x.n; i++)
+    /* general.file_type: llama.cpp's LLAMA_FTYPE of the type most matrix elements have */
+    static const int ftype[31] = {[STZ_GGML_F32] = 0, [STZ_GGML_F16] = 1, [STZ_GGML_Q4_0] = 2, [STZ_GGML_Q8_0] = 7,
+                                  [STZ_GGML_Q5_0] = 8, [STZ_GGML_BF16] = 32};
+    uint64_t elems[31] = {0};
+    int quantized = 0, most = STZ_GGML_F32;
+    for (size_t i = 0; i < x.n; i++) {
         quantized |= block_type(x.t[i].type);
+        if (x.t[i].ndim == 2 && (elems[x.t[i].type] += x.t[i].rows * x.t[i].cols) > elems[most])
+            most = x.t[i].type;
+    }
     put_hparams(&kv, c, arch, name, quantized);
+    kv_u32(&kv, "general.file_type", (uint32_t)ftype[most]);
     if ((st = gguf_vocab(&kv, tok, arch, config_json, c->vocab, err)))
         goto done;
     /* header: magic, version, counts, pairs, tensor infos, padding */

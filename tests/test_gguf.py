@@ -251,6 +251,54 @@ def test_bad_input(tmp_path):
     assert r.returncode == 1 and "bad.gguf: tensor info 0 runs past the end of the file" in r.stderr
 
 
+def write_safetensors(path, tensors):
+    head, off, blobs = {}, 0, []
+    for name, v in tensors.items():
+        b = np.ascontiguousarray(v, dtype="<f4").tobytes()
+        head[name] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def hf_dir(tmp_path, arch, name="m"):
+    """stz synth's tiny model as a Hugging Face directory of `arch`."""
+    m = tmp_path / name
+    m.mkdir()
+    stz("synth", "tiny", "--dtype", "f32", "-o", m / "model.safetensors", "-q")
+    cfg = json.loads(json.loads(stz("inspect", "--json", m / "model.safetensors").stdout)["metadata"]["config"])
+    del cfg["architecture"]
+    cfg.update(model_type=arch, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=255,
+               eos_token_id=255)
+    (m / "config.json").write_text(json.dumps(cfg))
+    (m / "tokenizer.json").write_text(json.dumps(tiny_tokenizer()))
+    return m
+
+
+def test_sharded_directory(tmp_path):
+    """A sharded directory exports to the same bytes as the single file."""
+    one = hf_dir(tmp_path, "qwen2")
+    w = read_safetensors(one / "model.safetensors")
+    two = tmp_path / "sharded"
+    two.mkdir()
+    names = list(w)
+    shards = {"model-00001-of-00002.safetensors": names[:10], "model-00002-of-00002.safetensors": names[10:]}
+    for f, part in shards.items():
+        write_safetensors(two / f, {n: w[n] for n in part})
+    (two / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}}))
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy(one / f, two / f)
+    stz("export", "--gguf", one, "-o", tmp_path / "a.gguf", "--name", "tiny", "-q")
+    stz("export", "--gguf", two, "-o", tmp_path / "b.gguf", "--name", "tiny", "-q")
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    kv, t = read_gguf(tmp_path / "a.gguf")
+    assert kv["general.name"] == "tiny" and kv["general.file_type"] == 0 and len(t) == len(w)
+
+
 # ---- in llama.cpp ---------------------------------------------------------------------
 
 def engine():
@@ -345,17 +393,7 @@ def test_llama_cpp_runs_hugging_face_model(tmp_path, arch):
     """stz synth's tiny model with q/k/v biases as a Hugging Face directory:
     Qwen2 (rotate_half RoPE kept as is) and Llama (q/k rows permuted to
     llama.cpp's pairs). llama.cpp's logits match stz's forward pass."""
-    m = tmp_path / "m"
-    m.mkdir()
-    stz("synth", "tiny", "--dtype", "f32", "-o", m / "model.safetensors", "-q")
-    cfg = json.loads(subprocess.run([STZ, "inspect", "--json", m / "model.safetensors"], capture_output=True,
-                                    text=True, check=True).stdout)["metadata"]["config"]
-    cfg = json.loads(cfg)
-    del cfg["architecture"]
-    cfg.update(model_type=arch, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=255,
-               eos_token_id=255)
-    (m / "config.json").write_text(json.dumps(cfg))
-    (m / "tokenizer.json").write_text(json.dumps(tiny_tokenizer()))
+    m = hf_dir(tmp_path, arch)
     out = tmp_path / "t.gguf"
     rep = json.loads(stz("export", "--gguf", m, "-o", out, "--json").stdout)
     assert rep["architecture"] == arch
