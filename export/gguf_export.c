@@ -121,8 +121,7 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
         e->type = block_type(want) ? want : nearest_type(q);
     } else {
         e->type = want == STZ_GGML_AUTO ? float_type(q->dtype) : want;
-        if (q->dtype == (e->type == STZ_GGML_F32 ? STZ_DTYPE_F32 : e->type == STZ_GGML_F16 ? STZ_DTYPE_F16
-                                                                                            : STZ_DTYPE_BF16))
+        if (!block_type(e->type) && e->type == float_type(q->dtype) && q->dtype != STZ_DTYPE_F64)
             e->kind = K_COPY;
     }
     if (block_type(e->type) && e->cols % GGML_QK) {

@@ -210,16 +210,25 @@ def test_inexact_quantization_needs_requantize(tmp_path):
 
 
 @need_data
-def test_float_types(tmp_path):
+@pytest.mark.parametrize("src", ["f32", "bf16"])
+@pytest.mark.parametrize("typ", ["q8_0", "q5_0", "q4_0", "f16", "bf16", "f32"])
+def test_float_types(tmp_path, src, typ):
+    """--type on F32 and BF16 sources: every value within the type's error."""
     out = tmp_path / "t.gguf"
-    rep = json.loads(stz("export", "--gguf", F32, "--tokenizer", TOK, "-o", out, "--type", "q8_0", "--json").stdout)
-    assert rep["types"]["q8_0"]["tensors"] == 31 and rep["types"]["f16"]["tensors"] == 5
+    model = os.path.join(DATA, "stories260K.%s.safetensors" % src)
+    rep = json.loads(stz("export", "--gguf", model, "--tokenizer", TOK, "-o", out, "--type", typ, "--json").stdout)
+    block = typ.startswith("q")
+    assert rep["types"][typ]["tensors"] == (31 if block else 47 if typ == "f32" else 36) and rep["f16_fallback"] == (5 if block else 0)
     _, t = read_gguf(out)
+    tol = {"q8_0": 0.01, "q5_0": 0.05, "q4_0": 0.12, "f16": 1e-3, "bf16": 5e-3, "f32": 0}[typ]
     w = read_safetensors(F32)
+    if src == "bf16":  # the BF16 file's values, as F32
+        w = {n: ((v.view(np.uint32) + 0x7FFF + ((v.view(np.uint32) >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+             for n, v in w.items()}
     for name, v in w.items():
-        got, typ = t[gguf_name(name)]
+        got, code = t[gguf_name(name)]
         rel = np.linalg.norm(got - v) / np.linalg.norm(v)
-        assert rel < (0.01 if typ == 8 else 1e-3), name
+        assert rel <= (tol if v.ndim == 2 and not (block and code == 1) else 1e-3 if code == 1 else 0), name
 
 
 def test_bad_input(tmp_path):
