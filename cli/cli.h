@@ -156,8 +156,6 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
 extern volatile int cli_interrupted;
 
 struct stz_qmodel;
-/* stz_qmodel_open, also for .stz containers (unpacked to a temporary file). */
-int cli_open_model(const char *path, int threads, struct stz_qmodel **m, stz_err *err);
 /* How a listed tensor is stored: "svd", "int2".."int8", or `kept`. */
 const char *cli_action_of(const stz_qtensor *t, const char *kept);
 /* A model given as a file or a directory: its files, opened. */

@@ -206,26 +206,6 @@ void cli_err_path(stz_err *err, const char *tmp, const char *shown)
 
 /* Opens a model for eval; a container is unpacked to a temporary file next
  * to it first, which is unlinked as soon as it is open. */
-int cli_open_model(const char *path, int threads, stz_qmodel **m, stz_err *err)
-{
-    if (!stz_is_container(path))
-        return stz_qmodel_open(m, path, err) ? CLI_ERROR : CLI_OK;
-    tmpfile_t t;
-    if (cli_tmp_make(&t, path, "unpacked")) {
-        stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
-        return CLI_ERROR;
-    }
-    stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
-    up.threads = threads;
-    up.write_flags = STZ_WRITE_FORCE;
-    stz_status s = stz_unpack_file(&up, path, t.path, err);
-    if (!s && (s = stz_qmodel_open(m, t.path, err)))
-        cli_err_path(err, t.path, path); /* the user knows the container, not our temporary file */
-    cli_tmp_drop(&t);
-    return s ? CLI_ERROR : CLI_OK;
-}
-
-
 const char *cli_action_of(const stz_qtensor *t, const char *kept)
 {
     static const char *const names[9] = {NULL, "int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8"};
@@ -248,7 +228,7 @@ stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
     if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < n; i++, s->n++)
-        if (cli_open_model(files[i], cli_ncores(), &s->m[i], err))
+        if (stz_qmodel_open(&s->m[i], files[i], err))
             st = err->code;
     cli_model_files_free(files, n);
     return st;

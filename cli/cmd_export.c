@@ -27,6 +27,7 @@ static const char export_help[] =
     "                      tokenizer.json in the model's directory)\n"
     "  --config FILE       config.json (default: as stz eval --forward finds it)\n"
     "  --name NAME         general.name (default: the file name)\n"
+    "  -T, --threads N     threads decoding an .stz container (default: all cores)\n"
     "  -o, --output FILE   the GGUF file to write\n"
     "  -f, --force         replace OUT if it exists\n"
     "  -q, --quiet         no progress, no summary\n"
@@ -139,6 +140,8 @@ int cmd_export(int argc, char **argv)
     }
     if (stz_refuse_input_as_output(in, c.out, &err) || cli_set_open(&set, in, &err))
         goto fail;
+    for (size_t f = 0; f < set.n; f++)
+        stz_qmodel_set_threads(set.m[f], c.threads);
     if ((found = cli_model_config(in, &set, config, &cfg, from, &json, &err)) < 0)
         goto fail;
     if (!found) {

@@ -28,7 +28,11 @@ struct stz_reader {
     char *names;            /* all names, in header order, in one block */
     char **meta;            /* key, value, key, value, ... */
     size_t nmeta;
+    stz_read_fn source;     /* when set, reads go here (stz_reader_set_source) */
+    void *source_user;
 };
+
+void stz_reader_set_source(stz_reader *r, stz_read_fn fn, void *user) { r->source = fn, r->source_user = user; }
 
 #define MAX_JSON_INT 9007199254740992.0 /* 2^53: larger doubles are not exact */
 
@@ -531,6 +535,8 @@ stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t
     if (off > r->file_size || n > r->file_size - off)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: read of %zu bytes at offset %llu is past the end (%llu bytes)",
                            r->path, n, (unsigned long long)off, (unsigned long long)r->file_size);
+    if (r->source)
+        return r->source(r->source_user, off, dst, n, err);
     if (r->mem) {
         if (off > r->mem_size || n > r->mem_size - off)
             return stz_err_set(err, STZ_E_BOUNDS, "%s: bytes at offset %llu are not held in memory", r->path,

@@ -69,6 +69,12 @@ int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
 /* Strict UTF-8 check; returns the offset of the first bad byte, or n. */
 size_t stz_utf8_check(const uint8_t *s, size_t n);
 
+/* A reader's bytes from elsewhere (a container decoding them on demand):
+ * reads of n bytes at offset off of the original file. */
+typedef stz_status (*stz_read_fn)(void *user, uint64_t off, void *dst, size_t n, stz_err *err);
+struct stz_reader;
+void stz_reader_set_source(struct stz_reader *r, stz_read_fn fn, void *user);
+
 /* ---- output files: temporary name, rename at the end ----------------- */
 
 typedef struct stz_outfile {

@@ -340,7 +340,7 @@ static stz_status write_tensor(exporter *x, etensor *e, stz_err *err)
 {
     size_t cols = (size_t)e->cols, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
     size_t hd = e->heads ? (size_t)(e->rows * (e->ndim == 1 ? e->cols : 1) / e->heads) : 1;
-    size_t batch = (4u << 20) / (cols * 4) + 1;
+    size_t batch = (16u << 20) / (cols * 4) + 1; /* 16 MB of floats */
     if (e->heads && e->ndim == 2)
         batch = (batch + hd - 1) / hd * hd;
     batch = batch < e->rows ? batch : (size_t)e->rows;

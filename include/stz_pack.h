@@ -142,6 +142,16 @@ stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const c
 stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
                                      stz_err *err);
 
+/* The original file's reader (stz_container_header) with its tensor data
+ * readable: each read decodes the chunks it covers, checking their
+ * checksums, and keeps the last one decoded (so reading a tensor row batch
+ * by row batch decodes each chunk once). Not thread-safe; valid while c is
+ * open. Memory: one chunk, whatever the file's size. */
+const stz_reader *stz_container_data_reader(stz_container *c);
+/* Reads through stz_container_data_reader that cover two or more whole
+ * chunks decode them on `threads` threads (default 1). */
+void stz_container_set_threads(stz_container *c, int threads);
+
 const char *stz_codec_name(stz_codec c);
 const char *stz_xform_name(stz_xform x);
 

@@ -166,14 +166,19 @@ typedef struct {
 
 typedef struct stz_qmodel stz_qmodel;
 
-/* Opens a plain or quantized SafeTensors file. Companion scales tensors are
- * not listed; quantized tensors appear under their original names. */
+/* Opens a plain or quantized SafeTensors file, or an .stz container of one
+ * (its chunks decoded as rows are read, one chunk held: no temporary file).
+ * Companion scales tensors are not listed; quantized tensors appear under
+ * their original names. */
 stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err);
 /* The same over a reader the caller keeps (for example a container's
  * header, stz_container_header): lists tensors; reading rows needs the
  * reader's data. */
 stz_status stz_qmodel_open_reader(stz_qmodel **out, const stz_reader *r, stz_err *err);
 void stz_qmodel_free(stz_qmodel *m);
+/* A container's chunks are decoded on `threads` threads where a read covers
+ * several (stz_container_set_threads); no effect on other files. */
+void stz_qmodel_set_threads(stz_qmodel *m, int threads);
 size_t stz_qmodel_count(const stz_qmodel *m);
 const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
 long stz_qmodel_find(const stz_qmodel *m, const char *name);

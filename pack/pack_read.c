@@ -22,7 +22,30 @@ struct stz_container {
     stz_reader *hdr;
     stz_chunk_info *chunks;
     size_t n;
+    struct dec_buf_ *cache; /* stz_container_data_reader: `threads` buffers; the first holds the last chunk decoded */
+    size_t cached;          /* its number; n when none */
+    int threads;            /* stz_container_data_reader: decoding threads */
 };
+
+typedef struct dec_buf_ {
+    uint8_t *rec, *planes, *raw;
+    ZSTD_DCtx *d;
+} dec_buf;
+
+static stz_status dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err)
+{
+    b->rec = malloc(stz_record_bound(chunk_size));
+    b->planes = malloc(stz_planes_bound(chunk_size));
+    b->raw = malloc(chunk_size);
+    b->d = ZSTD_createDCtx();
+    return b->rec && b->planes && b->raw && b->d ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for chunk buffers");
+}
+
+static void dec_buf_free(dec_buf *b)
+{
+    free(b->rec), free(b->planes), free(b->raw);
+    ZSTD_freeDCtx(b->d);
+}
 
 static stz_status cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
 {
@@ -206,6 +229,9 @@ void stz_container_free(stz_container *c)
     if (c->fd >= 0)
         close(c->fd);
     stz_reader_free(c->hdr);
+    for (int t = 0; c->cache && t < c->threads; t++)
+        dec_buf_free(&c->cache[t]);
+    free(c->cache);
     free(c->header_img);
     free(c->chunks);
     free(c->path);
@@ -270,10 +296,6 @@ stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_plan
 
 /* ---- decoding ---------------------------------------------------------- */
 
-typedef struct {
-    uint8_t *rec, *planes, *raw;
-    ZSTD_DCtx *d;
-} dec_buf;
 
 typedef struct {
     const stz_container *c;
@@ -343,25 +365,28 @@ static stz_status dec_commit(void *vctx, int tid, size_t i, stz_err *err)
 /* Decodes the selected chunks (all if sel == NULL), writing them to `out`
  * if given: the whole file, or for a selection the bytes from the first
  * selected chunk on. A full decode also checks the whole-file digest. */
+static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
+                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_err *err);
 static stz_status run_decode(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
                              stz_outfile *out, uint8_t *mem, stz_err *err)
+{
+    return run_decode_with(p, c, sel, nsel, out, mem, NULL, err);
+}
+
+/* run_decode with the threads' buffers `pool` (p->threads of them, kept by
+ * the caller), or buffers of its own when pool is NULL. */
+static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
+                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_err *err)
 {
     int nt = p->threads < 1 ? 1 : p->threads > 256 ? 256 : p->threads;
     dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem};
     stz_status st = STZ_OK;
-    x.tb = calloc((size_t)nt, sizeof *x.tb);
+    x.tb = pool ? pool : calloc((size_t)nt, sizeof *x.tb);
     x.hashes = calloc(nsel + 1, sizeof *x.hashes);
     if (!x.tb || !x.hashes)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    for (int t = 0; !st && t < nt; t++) {
-        dec_buf *b = &x.tb[t];
-        b->rec = malloc(stz_record_bound(c->chunk_size));
-        b->planes = malloc(stz_planes_bound(c->chunk_size));
-        b->raw = malloc(c->chunk_size);
-        b->d = ZSTD_createDCtx();
-        if (!b->rec || !b->planes || !b->raw || !b->d)
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for thread buffers");
-    }
+    for (int t = 0; !st && !pool && t < nt; t++)
+        st = dec_buf_init(&x.tb[t], c->chunk_size, err);
     uint64_t total = 0;
     for (size_t i = 0; i < nsel; i++)
         total += c->chunks[sel ? sel[i] : i].raw_size;
@@ -376,13 +401,10 @@ static stz_status run_decode(const stz_unpack_params *p, const stz_container *c,
     }
     if (!st && !sel && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), x.hashes, nsel) != c->whole_hash)
         st = stz_err_set(err, STZ_E_CHECKSUM, "%s: whole-file checksum mismatch", c->path);
-    for (int t = 0; x.tb && t < nt; t++) {
-        free(x.tb[t].rec);
-        free(x.tb[t].planes);
-        free(x.tb[t].raw);
-        ZSTD_freeDCtx(x.tb[t].d);
-    }
-    free(x.tb);
+    for (int t = 0; x.tb && !pool && t < nt; t++)
+        dec_buf_free(&x.tb[t]);
+    if (!pool)
+        free(x.tb);
     free(x.hashes);
     return st;
 }
@@ -478,4 +500,85 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
     stz_status st = run_decode(&p, c, sel, nsel, NULL, dst, err);
     free(sel);
     return st;
+}
+
+/* ---- random access to the original file --------------------------------- */
+
+/* n bytes at offset off of the original file: the header from memory, data
+ * from the chunks that cover it, each decoded and checked (the last one
+ * kept for the next read). */
+static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_err *err)
+{
+    stz_container *c = user;
+    uint8_t *o = dst;
+    if (off < c->header_len) {
+        size_t k = off + n < c->header_len ? n : (size_t)(c->header_len - off);
+        memcpy(o, c->header_img + off, k);
+        o += k, off += k, n -= k;
+    }
+    uint64_t d = off - c->header_len;
+    size_t lo = 0, hi = c->n; /* the first chunk ending after d */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->chunks[mid].data_offset + c->chunks[mid].raw_size <= d)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    stz_status st = STZ_OK;
+    if (n && !c->cache) {
+        if (!(c->cache = calloc((size_t)c->threads, sizeof *c->cache)))
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        for (int t = 0; t < c->threads; t++)
+            if ((st = dec_buf_init(&c->cache[t], c->chunk_size, err)))
+                return st;
+    }
+    for (size_t i = lo; n; i++) {
+        const stz_chunk_info *ch = &c->chunks[i];
+        if (i >= c->n || ch->data_offset > d)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: no chunk holds data byte %llu", c->path, (unsigned long long)d);
+        size_t in = (size_t)(d - ch->data_offset), whole = 0, span = 0; /* chunks are contiguous (checked at open) */
+        while (!in && c->threads > 1 && i + whole < c->n && span + c->chunks[i + whole].raw_size <= n)
+            span += c->chunks[i + whole++].raw_size;
+        if (whole >= 2) { /* whole chunks straight into dst, on several threads */
+            size_t *sel = malloc(whole * sizeof *sel), k = 0;
+            if (!sel)
+                return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            for (; k < whole; k++)
+                sel[k] = i + k;
+            stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
+            p.threads = c->threads;
+            st = run_decode_with(&p, c, sel, whole, NULL, o, c->cache, err);
+            c->cached = c->n; /* the first buffer was used */
+            free(sel);
+            if (st)
+                return st;
+            o += span, d += span, n -= span, i += whole - 1;
+            continue;
+        }
+        if (c->cached != i) {
+            c->cached = c->n;
+            if ((st = decode_chunk(c, i, c->cache, err)))
+                return st;
+            c->cached = i;
+        }
+        size_t k = n < ch->raw_size - in ? n : ch->raw_size - in;
+        memcpy(o, c->cache->raw + in, k);
+        o += k, d += k, n -= k;
+    }
+    return STZ_OK;
+}
+
+void stz_container_set_threads(stz_container *c, int threads)
+{
+    if (!c->cache) /* fixed once reading has started */
+        c->threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+}
+
+const stz_reader *stz_container_data_reader(stz_container *c)
+{
+    c->cached = c->n;
+    c->threads = c->threads < 1 ? 1 : c->threads;
+    stz_reader_set_source(c->hdr, read_range, c);
+    return c->hdr;
 }

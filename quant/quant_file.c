@@ -9,6 +9,7 @@
  * "dtype", "shape", "scales" | "scale", "scale_dtype", "packing"}.
  * docs/FORMAT.md, "Quantized SafeTensors", is the reference. */
 #include "stz_internal.h"
+#include "stz_pack.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "stz_eval.h"
@@ -1191,6 +1192,7 @@ cleanup:
 struct stz_qmodel {
     stz_reader *r;
     int owns_reader;
+    stz_container *container; /* a container opened for r, owned */
     qinfo *qi;         /* per reader tensor */
     stz_qtensor *list; /* listed tensors */
     size_t *idx;       /* reader index of each listed tensor */
@@ -1256,8 +1258,12 @@ stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
     stz_qmodel *m = calloc(1, sizeof *m);
     if (!m)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    m->owns_reader = 1;
-    stz_status st = stz_reader_open(&m->r, path, err);
+    stz_status st;
+    if (stz_is_container(path)) { /* its data decoded where it is read */
+        if (!(st = stz_container_open(&m->container, path, err)))
+            m->r = (stz_reader *)stz_container_data_reader(m->container);
+    } else
+        m->owns_reader = 1, st = stz_reader_open(&m->r, path, err);
     if (st || (st = qmodel_init(m, err))) {
         stz_qmodel_free(m);
         return st;
@@ -1290,6 +1296,7 @@ void stz_qmodel_free(stz_qmodel *m)
         qinfo_free(&m->qi[i]);
     if (m->owns_reader)
         stz_reader_free(m->r);
+    stz_container_free(m->container);
     free(m->qi);
     free(m->list);
     free(m->idx);
@@ -1299,6 +1306,11 @@ void stz_qmodel_free(stz_qmodel *m)
 }
 
 size_t stz_qmodel_count(const stz_qmodel *m) { return m->n; }
+void stz_qmodel_set_threads(stz_qmodel *m, int threads)
+{
+    if (m->container)
+        stz_container_set_threads(m->container, threads);
+}
 const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i) { return i < m->n ? &m->list[i] : NULL; }
 const stz_reader *stz_qmodel_reader(const stz_qmodel *m) { return m->r; }
 

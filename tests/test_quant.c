@@ -9,6 +9,7 @@
 #include "stz_eval.h"
 #include "stz_internal.h"
 #include "stz_policy.h"
+#include "stz_pack.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "stz_synth.h"
@@ -472,6 +473,75 @@ static void test_file_roundtrip(void **state)
     tu_rmdir(dir);
 }
 
+/* An .stz container opened by stz_qmodel_open reads the same rows as the
+ * file it holds (chunks of 64 KiB, so reads cross chunks; 1 and 3 decoding
+ * threads), and a damaged chunk is an error naming it, not wrong values. */
+static void test_qmodel_reads_containers(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *q = tu_path(dir, "q.safetensors"),
+         *c = tu_path(dir, "q.stz");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
+    quantize_with("{\"rules\": [{\"match\": \"*mlp*\", \"action\": \"int4\", \"min_ndim\": 2}]}", m, q, STZ_OK, &err);
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    pp.chunk_size = STZ_PACK_MIN_CHUNK;
+    stz_pack_stats ps;
+    assert_int_equal(stz_pack_file(&pp, q, c, &ps, &err), STZ_OK);
+    assert_true(ps.chunks > 4);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        stz_qmodel *a, *b;
+        assert_int_equal(stz_qmodel_open(&a, q, &err), STZ_OK);
+        assert_int_equal(stz_qmodel_open(&b, c, &err), STZ_OK);
+        stz_qmodel_set_threads(b, threads);
+        assert_int_equal(stz_qmodel_count(a), stz_qmodel_count(b));
+        for (size_t i = 0; i < stz_qmodel_count(a); i++) {
+            const stz_qtensor *t = stz_qmodel_tensor(a, i);
+            size_t n = (size_t)(t->rows * t->cols), half = (size_t)t->rows / 2;
+            float *x = malloc(n * sizeof *x + 4), *y = malloc(n * sizeof *y + 4);
+            assert_int_equal(stz_qmodel_read_rows(a, i, 0, (size_t)t->rows, x, &err), STZ_OK);
+            /* the second half first, then the first: reads out of order */
+            assert_int_equal(stz_qmodel_read_rows(b, i, half, (size_t)t->rows - half, y + half * t->cols, &err), STZ_OK);
+            assert_int_equal(stz_qmodel_read_rows(b, i, 0, half, y, &err), STZ_OK);
+            assert_memory_equal(x, y, n * sizeof *x);
+            free(x), free(y);
+        }
+        stz_qmodel_free(a), stz_qmodel_free(b);
+    }
+    /* damage the last chunk's payload */
+    FILE *f = fopen(c, "r+b");
+    assert_non_null(f);
+    stz_container *ct;
+    assert_int_equal(stz_container_open(&ct, c, &err), STZ_OK);
+    const stz_chunk_info *last = stz_container_chunk(ct, stz_container_chunk_count(ct) - 1);
+    long at = (long)(last->file_offset + last->record_size - 1);
+    stz_container_free(ct);
+    fseek(f, at, SEEK_SET);
+    int byte = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(byte ^ 0x55, f);
+    fclose(f);
+    stz_qmodel *b;
+    assert_int_equal(stz_qmodel_open(&b, c, &err), STZ_OK);
+    stz_status worst = STZ_OK;
+    for (size_t i = 0; i < stz_qmodel_count(b); i++) {
+        const stz_qtensor *t = stz_qmodel_tensor(b, i);
+        float *y = malloc((size_t)(t->rows * t->cols) * sizeof *y + 4);
+        stz_status st = stz_qmodel_read_rows(b, i, 0, (size_t)t->rows, y, &err);
+        if (st) {
+            worst = st;
+            assert_non_null(strstr(err.msg, "chunk"));
+        }
+        free(y);
+    }
+    assert_int_not_equal(worst, STZ_OK);
+    stz_qmodel_free(b);
+    unlink(m), unlink(q), unlink(c);
+    free(m), free(q), free(c);
+    tu_rmdir(dir);
+}
+
 static void test_file_errors(void **state)
 {
     (void)state;
@@ -614,6 +684,7 @@ int main(void)
         cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_file_roundtrip),
         cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_qmodel_reads_containers),
         cmocka_unit_test(test_shared_f32),
         cmocka_unit_test(test_shared_bf16),
     };
