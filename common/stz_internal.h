@@ -106,6 +106,13 @@ stz_status stz_check_space(const stz_outfile *of, uint64_t need, const char *wha
 /* Removes the temporary file if still there; safe after commit and twice. */
 void stz_outfile_abort(stz_outfile *of);
 
+/* The raw bytes of a container's tensor `name` written to `of` from offset
+ * `at` (not moving of->pos), its chunks decoded and checked on `threads`
+ * threads, each written as soon as it is decoded. */
+struct stz_container;
+stz_status stz_container_tensor_to(const struct stz_container *c, const char *name, stz_outfile *of, uint64_t at,
+                                   int threads, stz_err *err);
+
 #endif /* STZ_INTERNAL_H */
 
 /* ---- ordered parallel pipeline --------------------------------------- */

@@ -246,8 +246,6 @@ static void permute(const void *src, void *dst, size_t rows, size_t width, size_
                        width);
 }
 
-static inline unsigned nibble(const uint8_t *c, size_t j) { return j & 1 ? c[j >> 1] & 15u : c[j >> 1] >> 4; }
-
 /* K_COPY: the stored bytes. K_RAW: stz's stored codes and F16 scale
  * bytes straight into Q8_0 / Q4_0 blocks (the same numbers: a 4-bit two's
  * complement code n is Q4_0's n ^ 8). */
@@ -280,9 +278,12 @@ static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, siz
             memcpy(o, sc + k * srb + 2 * b, 2); /* both little-endian F16 */
             if (e->type == STZ_GGML_Q8_0)
                 memcpy(o + 2, c, 32);
-            else
-                for (size_t j = 0; j < 16; j++)
-                    o[2 + j] = (uint8_t)((nibble(c, j) ^ 8) | (nibble(c, j + 16) ^ 8) << 4);
+            else /* byte k holds codes 2k (high) and 2k+1; Q4_0's byte j codes j and j + 16, each + 8 */
+                for (size_t j = 0; j < 8; j++) {
+                    unsigned lo = c[j] ^ 0x88u, hi = c[j + 8] ^ 0x88u;
+                    o[2 + 2 * j] = (uint8_t)((lo >> 4) | (hi & 0xF0u));
+                    o[3 + 2 * j] = (uint8_t)((lo & 15u) | (hi & 15u) << 4);
+                }
         }
     return STZ_OK;
 }
@@ -349,7 +350,14 @@ static stz_status write_tensor(exporter *x, etensor *e, stz_err *err)
     stz_qformat fmt;
     if (block_type(e->type))
         gguf_block_format(e->type, &fmt);
-    for (uint64_t row = 0; !st && row < e->rows; row += batch) {
+    struct stz_container *ct = e->kind == K_COPY && !e->heads ? stz_qmodel_container(e->m) : NULL;
+    if (!st && ct) { /* the tensor's chunks decoded straight into the output, on all threads */
+        if (!(st = stz_container_tensor_to(ct, e->q->name, &x->of, x->of.pos, x->p->threads, err)))
+            x->of.pos += e->bytes, x->done += e->bytes;
+        if (!st && x->p->progress && x->p->progress(x->p->progress_user, x->done, x->total))
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    }
+    for (uint64_t row = 0; !st && !ct && row < e->rows; row += batch) {
         size_t nr = e->rows - row < batch ? (size_t)(e->rows - row) : batch;
         st = e->kind == K_RAW || e->kind == K_COPY ? raw_rows(x, e, row, nr, hd, err)
                               : value_rows(x, e, row, nr, hd, &fmt, &err2, &ref2, err);

@@ -179,6 +179,9 @@ void stz_qmodel_free(stz_qmodel *m);
 /* A container's chunks are decoded on `threads` threads where a read covers
  * several (stz_container_set_threads); no effect on other files. */
 void stz_qmodel_set_threads(stz_qmodel *m, int threads);
+struct stz_container;
+/* The container m was opened from, or NULL for a SafeTensors file. */
+struct stz_container *stz_qmodel_container(const stz_qmodel *m);
 size_t stz_qmodel_count(const stz_qmodel *m);
 const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
 long stz_qmodel_find(const stz_qmodel *m, const char *name);

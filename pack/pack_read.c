@@ -366,17 +366,18 @@ static stz_status dec_commit(void *vctx, int tid, size_t i, stz_err *err)
  * if given: the whole file, or for a selection the bytes from the first
  * selected chunk on. A full decode also checks the whole-file digest. */
 static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_err *err);
+                                  stz_outfile *out, uint64_t at, uint8_t *mem, dec_buf *pool, stz_err *err);
 static stz_status run_decode(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
                              stz_outfile *out, uint8_t *mem, stz_err *err)
 {
-    return run_decode_with(p, c, sel, nsel, out, mem, NULL, err);
+    return run_decode_with(p, c, sel, nsel, out, 0, mem, NULL, err);
 }
 
 /* run_decode with the threads' buffers `pool` (p->threads of them, kept by
- * the caller), or buffers of its own when pool is NULL. */
+ * the caller), or buffers of its own when pool is NULL; a selection goes
+ * to `out` from offset `at`. */
 static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_err *err)
+                                  stz_outfile *out, uint64_t at, uint8_t *mem, dec_buf *pool, stz_err *err)
 {
     int nt = p->threads < 1 ? 1 : p->threads > 256 ? 256 : p->threads;
     dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem};
@@ -390,7 +391,7 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     uint64_t total = 0;
     for (size_t i = 0; i < nsel; i++)
         total += c->chunks[sel ? sel[i] : i].raw_size;
-    x.out_base = sel ? 0 : c->header_len;
+    x.out_base = sel ? at : c->header_len;
     x.out_skip = sel && nsel ? c->chunks[sel[0]].data_offset : 0;
     if (!st && out && !sel)
         st = stz_outfile_pwrite(out, c->header_img, c->header_len, 0, err);
@@ -472,6 +473,33 @@ stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const c
     return unpack_to(p, in, name, out, err);
 }
 
+/* The chunks of tensor ti (each lies inside one tensor), in order. */
+static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
+{
+    size_t *sel = calloc(c->n + 1, sizeof *sel);
+    *nsel = 0;
+    for (size_t i = 0; sel && i < c->n; i++)
+        if (c->chunks[i].tensor == (uint32_t)ti)
+            sel[(*nsel)++] = i;
+    return sel;
+}
+
+stz_status stz_container_tensor_to(const stz_container *c, const char *name, stz_outfile *of, uint64_t at, int threads,
+                                   stz_err *err)
+{
+    long ti = stz_reader_find(c->hdr, name);
+    if (ti < 0)
+        return stz_err_set(err, STZ_E_ARG, "%s: no tensor named '%s'", c->path, name);
+    size_t nsel, *sel = tensor_chunks(c, (size_t)ti, &nsel);
+    if (!sel)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
+    p.threads = threads;
+    stz_status st = run_decode_with(&p, c, sel, nsel, of, at, NULL, NULL, err);
+    free(sel);
+    return st;
+}
+
 stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
                                      stz_err *err)
 {
@@ -491,12 +519,9 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
     if (cap < t->end - t->begin)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s' has %llu bytes, the buffer %zu", c->path, name,
                            (unsigned long long)(t->end - t->begin), cap);
-    size_t *sel = calloc(c->n + 1, sizeof *sel), nsel = 0;
+    size_t nsel, *sel = tensor_chunks(c, (size_t)ti, &nsel);
     if (!sel)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < c->n; i++)
-        if (c->chunks[i].tensor == (uint32_t)ti)
-            sel[nsel++] = i;
     stz_status st = run_decode(&p, c, sel, nsel, NULL, dst, err);
     free(sel);
     return st;
@@ -548,7 +573,7 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
                 sel[k] = i + k;
             stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
             p.threads = c->threads;
-            st = run_decode_with(&p, c, sel, whole, NULL, o, c->cache, err);
+            st = run_decode_with(&p, c, sel, whole, NULL, 0, o, c->cache, err);
             c->cached = c->n; /* the first buffer was used */
             free(sel);
             if (st)

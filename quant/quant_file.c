@@ -1306,6 +1306,8 @@ void stz_qmodel_free(stz_qmodel *m)
 }
 
 size_t stz_qmodel_count(const stz_qmodel *m) { return m->n; }
+stz_container *stz_qmodel_container(const stz_qmodel *m) { return m->container; }
+
 void stz_qmodel_set_threads(stz_qmodel *m, int threads)
 {
     if (m->container)
