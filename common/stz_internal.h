@@ -106,12 +106,14 @@ stz_status stz_check_space(const stz_outfile *of, uint64_t need, const char *wha
 /* Removes the temporary file if still there; safe after commit and twice. */
 void stz_outfile_abort(stz_outfile *of);
 
-/* The raw bytes of a container's tensor `name` written to `of` from offset
- * `at` (not moving of->pos), its chunks decoded and checked on `threads`
- * threads, each written as soon as it is decoded. */
+/* Decodes and checks the chunks of a container's tensor `name` on `threads`
+ * threads, handing each to sink (from worker thread `tid`, any order) with
+ * its offset in the tensor's bytes. Chunks never span two tensors. Uses the
+ * container's buffers: not with other reads of c at the same time. */
+typedef stz_status (*stz_chunk_sink)(void *user, int tid, uint64_t off, const uint8_t *raw, size_t n, stz_err *err);
 struct stz_container;
-stz_status stz_container_tensor_to(const struct stz_container *c, const char *name, stz_outfile *of, uint64_t at,
-                                   int threads, stz_err *err);
+stz_status stz_container_tensor_map(struct stz_container *c, const char *name, int threads, stz_chunk_sink sink,
+                                    void *user, stz_err *err);
 
 #endif /* STZ_INTERNAL_H */
 

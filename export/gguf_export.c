@@ -2,6 +2,7 @@
  * tensor in row batches (see stz_gguf.h). */
 #include "gguf_internal.h"
 #include "stz_internal.h"
+#include "stz_pack.h"
 
 #include <cjson/cJSON.h>
 #include <libgen.h>
@@ -10,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* Source names (llama2.c, Hugging Face) and llama.cpp's; %u is the layer.
  * `perm`: Hugging Face q / k rows that llama.cpp's "llama" RoPE wants in
@@ -246,9 +250,35 @@ static void permute(const void *src, void *dst, size_t rows, size_t width, size_
                        width);
 }
 
+/* One Q8_0 / Q4_0 block from stz's codes c and F16 scale bytes (the same
+ * numbers: a 4-bit two's complement code n is Q4_0's n + 8, that is n ^ 8;
+ * stz's byte k holds codes 2k (high nibble) and 2k + 1, Q4_0's byte j codes
+ * j and j + 16). */
+static void raw_block(int type, const uint8_t *c, const uint8_t *scale, uint8_t *o)
+{
+    memcpy(o, scale, 2); /* both little-endian F16 */
+    if (type == STZ_GGML_Q8_0) {
+        memcpy(o + 2, c, 32);
+        return;
+    }
+#ifdef __SSE2__
+    const __m128i m = _mm_set1_epi8(0x0F), flip = _mm_set1_epi8((char)0x88);
+    __m128i lo = _mm_xor_si128(_mm_loadl_epi64((const __m128i *)c), flip);
+    __m128i hi = _mm_xor_si128(_mm_loadl_epi64((const __m128i *)(c + 8)), flip);
+    __m128i even = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m), _mm_andnot_si128(m, hi));
+    __m128i odd = _mm_or_si128(_mm_and_si128(lo, m), _mm_slli_epi16(_mm_and_si128(hi, m), 4));
+    _mm_storeu_si128((__m128i *)(o + 2), _mm_unpacklo_epi8(even, odd));
+#else
+    for (size_t j = 0; j < 8; j++) {
+        unsigned lo = c[j] ^ 0x88u, hi = c[j + 8] ^ 0x88u;
+        o[2 + 2 * j] = (uint8_t)((lo >> 4) | (hi & 0xF0u));
+        o[3 + 2 * j] = (uint8_t)((lo & 15u) | (hi & 15u) << 4);
+    }
+#endif
+}
+
 /* K_COPY: the stored bytes. K_RAW: stz's stored codes and F16 scale
- * bytes straight into Q8_0 / Q4_0 blocks (the same numbers: a 4-bit two's
- * complement code n is Q4_0's n ^ 8). */
+ * bytes straight into Q8_0 / Q4_0 blocks (raw_block). */
 static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, stz_err *err)
 {
     size_t cols = (size_t)e->cols, nb = cols / GGML_QK, srb = nb * 2;
@@ -273,18 +303,8 @@ static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, siz
     }
     uint8_t *o = x->out;
     for (size_t k = 0; k < nr; k++)
-        for (size_t b = 0; b < nb; b++, o += bb) {
-            const uint8_t *c = codes + k * crb + b * (bb - 2);
-            memcpy(o, sc + k * srb + 2 * b, 2); /* both little-endian F16 */
-            if (e->type == STZ_GGML_Q8_0)
-                memcpy(o + 2, c, 32);
-            else /* byte k holds codes 2k (high) and 2k+1; Q4_0's byte j codes j and j + 16, each + 8 */
-                for (size_t j = 0; j < 8; j++) {
-                    unsigned lo = c[j] ^ 0x88u, hi = c[j + 8] ^ 0x88u;
-                    o[2 + 2 * j] = (uint8_t)((lo >> 4) | (hi & 0xF0u));
-                    o[3 + 2 * j] = (uint8_t)((lo & 15u) | (hi & 15u) << 4);
-                }
-        }
+        for (size_t b = 0; b < nb; b++, o += bb)
+            raw_block(e->type, codes + k * crb + b * (bb - 2), sc + k * srb + 2 * b, o);
     return STZ_OK;
 }
 
@@ -337,6 +357,66 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
     return STZ_OK;
 }
 
+/* From a container, K_COPY and K_RAW tensors (rows in their order) go
+ * chunk by chunk: decoded on the worker threads, converted there and
+ * written at their place in the output (stz_container_tensor_map). */
+typedef struct {
+    exporter *x;
+    etensor *e;
+    uint64_t at;         /* output offset of the tensor */
+    uint8_t *scales;     /* K_RAW: the tensor's F16 scale bytes, all of them */
+    uint8_t **buf;       /* per thread: one chunk's converted blocks */
+    size_t cb, bb;       /* K_RAW: code bytes and block bytes per block */
+} mapper;
+
+static stz_status copy_chunk(void *user, int tid, uint64_t off, const uint8_t *raw, size_t n, stz_err *err)
+{
+    (void)tid, (void)err;
+    memcpy((uint8_t *)user + off, raw, n);
+    return STZ_OK;
+}
+
+static stz_status map_chunk(void *user, int tid, uint64_t off, const uint8_t *raw, size_t n, stz_err *err)
+{
+    mapper *mp = user;
+    if (mp->e->kind == K_COPY)
+        return stz_outfile_pwrite(&mp->x->of, raw, n, mp->at + off, err);
+    uint64_t b0 = off / mp->cb;
+    size_t nb = n / mp->cb;
+    for (size_t b = 0; b < nb; b++)
+        raw_block(mp->e->type, raw + b * mp->cb, mp->scales + 2 * (b0 + b), mp->buf[tid] + b * mp->bb);
+    return stz_outfile_pwrite(&mp->x->of, mp->buf[tid], nb * mp->bb, mp->at + b0 * mp->bb, err);
+}
+
+static stz_status mapped_tensor(exporter *x, etensor *e, int *done, stz_err *err)
+{
+    struct stz_container *ct = stz_qmodel_container(e->m);
+    size_t cb = e->type == STZ_GGML_Q8_0 ? 32 : 16, bb = cb + 2;
+    *done = 0;
+    if (!ct || e->heads || (e->kind != K_COPY && e->kind != K_RAW) ||
+        (e->kind == K_RAW && stz_container_chunk_size(ct) % cb))
+        return STZ_OK;
+    int nt = x->p->threads < 1 ? 1 : x->p->threads;
+    mapper mp = {x, e, x->of.pos, NULL, calloc((size_t)nt, sizeof(uint8_t *)), cb, bb};
+    stz_status st = mp.buf ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!st && e->kind == K_RAW) {
+        size_t ns = (size_t)(e->rows * (e->cols / GGML_QK) * 2);
+        if (!(mp.scales = malloc(ns)))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales of '%s'", e->q->name);
+        else
+            st = stz_container_tensor_map(ct, e->q->scales_name, nt, copy_chunk, mp.scales, err);
+        for (int t = 0; !st && t < nt; t++)
+            if (!(mp.buf[t] = malloc(stz_container_chunk_size(ct) / cb * bb)))
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    if (!st && !(st = stz_container_tensor_map(ct, e->q->name, nt, map_chunk, &mp, err)))
+        x->of.pos += e->bytes, *done = 1;
+    for (int t = 0; mp.buf && t < nt; t++)
+        free(mp.buf[t]);
+    free(mp.buf), free(mp.scales);
+    return st;
+}
+
 static stz_status write_tensor(exporter *x, etensor *e, stz_err *err)
 {
     size_t cols = (size_t)e->cols, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
@@ -350,14 +430,13 @@ static stz_status write_tensor(exporter *x, etensor *e, stz_err *err)
     stz_qformat fmt;
     if (block_type(e->type))
         gguf_block_format(e->type, &fmt);
-    struct stz_container *ct = e->kind == K_COPY && !e->heads ? stz_qmodel_container(e->m) : NULL;
-    if (!st && ct) { /* the tensor's chunks decoded straight into the output, on all threads */
-        if (!(st = stz_container_tensor_to(ct, e->q->name, &x->of, x->of.pos, x->p->threads, err)))
-            x->of.pos += e->bytes, x->done += e->bytes;
-        if (!st && x->p->progress && x->p->progress(x->p->progress_user, x->done, x->total))
+    int mapped = 0;
+    if (!st && (st = mapped_tensor(x, e, &mapped, err)) == STZ_OK && mapped) {
+        x->done += e->bytes;
+        if (x->p->progress && x->p->progress(x->p->progress_user, x->done, x->total))
             st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     }
-    for (uint64_t row = 0; !st && !ct && row < e->rows; row += batch) {
+    for (uint64_t row = 0; !st && !mapped && row < e->rows; row += batch) {
         size_t nr = e->rows - row < batch ? (size_t)(e->rows - row) : batch;
         st = e->kind == K_RAW || e->kind == K_COPY ? raw_rows(x, e, row, nr, hd, err)
                               : value_rows(x, e, row, nr, hd, &fmt, &err2, &ref2, err);

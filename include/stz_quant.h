@@ -162,6 +162,7 @@ typedef struct {
     const char *method;     /* "absmax", "mse", "svd", or NULL when stored as is */
     uint32_t block_size;    /* INT8/INT4: elements per block */
     stz_dtype scale_dtype;  /* quantized (not svd): how scales are stored (F16, F32, U8) */
+    const char *scales_name;/* quantized (not svd): the stored scales tensor, NULL for a single scale */
 } stz_qtensor;
 
 typedef struct stz_qmodel stz_qmodel;

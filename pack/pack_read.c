@@ -25,6 +25,7 @@ struct stz_container {
     struct dec_buf_ *cache; /* stz_container_data_reader: `threads` buffers; the first holds the last chunk decoded */
     size_t cached;          /* its number; n when none */
     int threads;            /* stz_container_data_reader: decoding threads */
+    int pool_n;             /* buffers in cache */
 };
 
 typedef struct dec_buf_ {
@@ -229,7 +230,7 @@ void stz_container_free(stz_container *c)
     if (c->fd >= 0)
         close(c->fd);
     stz_reader_free(c->hdr);
-    for (int t = 0; c->cache && t < c->threads; t++)
+    for (int t = 0; c->cache && t < c->pool_n; t++)
         dec_buf_free(&c->cache[t]);
     free(c->cache);
     free(c->header_img);
@@ -306,6 +307,8 @@ typedef struct {
     uint64_t out_base;  /* output offset of the first decoded byte */
     uint64_t out_skip;  /* data offset of the first decoded byte */
     uint64_t *hashes;   /* per decoded chunk */
+    stz_chunk_sink sink; /* or each decoded chunk handed to this */
+    void *sink_user;
     stz_pipeline pl;
 } dec_ctx;
 
@@ -350,6 +353,8 @@ static stz_status dec_work(void *vctx, int tid, size_t i, stz_err *err)
     x->hashes[i] = stz_le64(x->tb[tid].rec + 16);
     if (x->mem)
         memcpy(x->mem + (ch->data_offset - x->out_skip), x->tb[tid].raw, ch->raw_size);
+    if (x->sink)
+        return x->sink(x->sink_user, tid, ch->data_offset - x->out_skip, x->tb[tid].raw, ch->raw_size, err);
     return x->out ? stz_outfile_pwrite(x->out, x->tb[tid].raw, ch->raw_size, x->out_base + ch->data_offset - x->out_skip, err)
                   : STZ_OK;
 }
@@ -366,21 +371,23 @@ static stz_status dec_commit(void *vctx, int tid, size_t i, stz_err *err)
  * if given: the whole file, or for a selection the bytes from the first
  * selected chunk on. A full decode also checks the whole-file digest. */
 static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                                  stz_outfile *out, uint64_t at, uint8_t *mem, dec_buf *pool, stz_err *err);
+                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_chunk_sink sink, void *user,
+                                  stz_err *err);
 static stz_status run_decode(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
                              stz_outfile *out, uint8_t *mem, stz_err *err)
 {
-    return run_decode_with(p, c, sel, nsel, out, 0, mem, NULL, err);
+    return run_decode_with(p, c, sel, nsel, out, mem, NULL, NULL, NULL, err);
 }
 
 /* run_decode with the threads' buffers `pool` (p->threads of them, kept by
- * the caller), or buffers of its own when pool is NULL; a selection goes
- * to `out` from offset `at`. */
+ * the caller), or buffers of its own when pool is NULL; each chunk also
+ * handed to `sink` if given (offsets from the first selected chunk). */
 static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                                  stz_outfile *out, uint64_t at, uint8_t *mem, dec_buf *pool, stz_err *err)
+                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_chunk_sink sink, void *user,
+                                  stz_err *err)
 {
     int nt = p->threads < 1 ? 1 : p->threads > 256 ? 256 : p->threads;
-    dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem};
+    dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem, .sink = sink, .sink_user = user};
     stz_status st = STZ_OK;
     x.tb = pool ? pool : calloc((size_t)nt, sizeof *x.tb);
     x.hashes = calloc(nsel + 1, sizeof *x.hashes);
@@ -391,7 +398,7 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     uint64_t total = 0;
     for (size_t i = 0; i < nsel; i++)
         total += c->chunks[sel ? sel[i] : i].raw_size;
-    x.out_base = sel ? at : c->header_len;
+    x.out_base = sel ? 0 : c->header_len;
     x.out_skip = sel && nsel ? c->chunks[sel[0]].data_offset : 0;
     if (!st && out && !sel)
         st = stz_outfile_pwrite(out, c->header_img, c->header_len, 0, err);
@@ -473,6 +480,25 @@ stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const c
     return unpack_to(p, in, name, out, err);
 }
 
+/* The container's own decoding buffers, at least `threads` of them, kept
+ * between calls (fresh chunk buffers would be page-faulted in each time). */
+static stz_status pool_get(stz_container *c, int threads, stz_err *err)
+{
+    if (c->cache && c->pool_n >= threads)
+        return STZ_OK;
+    for (int t = 0; c->cache && t < c->pool_n; t++)
+        dec_buf_free(&c->cache[t]);
+    free(c->cache);
+    c->cached = c->n, c->pool_n = 0;
+    if (!(c->cache = calloc((size_t)threads, sizeof *c->cache)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    c->pool_n = threads;
+    stz_status st = STZ_OK;
+    for (int t = 0; !st && t < threads; t++)
+        st = dec_buf_init(&c->cache[t], c->chunk_size, err);
+    return st;
+}
+
 /* The chunks of tensor ti (each lies inside one tensor), in order. */
 static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
 {
@@ -484,9 +510,13 @@ static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
     return sel;
 }
 
-stz_status stz_container_tensor_to(const stz_container *c, const char *name, stz_outfile *of, uint64_t at, int threads,
-                                   stz_err *err)
+stz_status stz_container_tensor_map(stz_container *c, const char *name, int threads, stz_chunk_sink sink, void *user,
+                                    stz_err *err)
 {
+    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    stz_status st = pool_get(c, threads, err);
+    if (st)
+        return st;
     long ti = stz_reader_find(c->hdr, name);
     if (ti < 0)
         return stz_err_set(err, STZ_E_ARG, "%s: no tensor named '%s'", c->path, name);
@@ -495,7 +525,8 @@ stz_status stz_container_tensor_to(const stz_container *c, const char *name, stz
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     p.threads = threads;
-    stz_status st = run_decode_with(&p, c, sel, nsel, of, at, NULL, NULL, err);
+    st = run_decode_with(&p, c, sel, nsel, NULL, NULL, c->cache, sink, user, err);
+    c->cached = c->n; /* the buffers were used */
     free(sel);
     return st;
 }
@@ -529,6 +560,7 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
 
 /* ---- random access to the original file --------------------------------- */
 
+
 /* n bytes at offset off of the original file: the header from memory, data
  * from the chunks that cover it, each decoded and checked (the last one
  * kept for the next read). */
@@ -551,13 +583,8 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
             hi = mid;
     }
     stz_status st = STZ_OK;
-    if (n && !c->cache) {
-        if (!(c->cache = calloc((size_t)c->threads, sizeof *c->cache)))
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-        for (int t = 0; t < c->threads; t++)
-            if ((st = dec_buf_init(&c->cache[t], c->chunk_size, err)))
-                return st;
-    }
+    if (n && (st = pool_get(c, c->threads, err)))
+        return st;
     for (size_t i = lo; n; i++) {
         const stz_chunk_info *ch = &c->chunks[i];
         if (i >= c->n || ch->data_offset > d)
@@ -573,7 +600,7 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
                 sel[k] = i + k;
             stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
             p.threads = c->threads;
-            st = run_decode_with(&p, c, sel, whole, NULL, 0, o, c->cache, err);
+            st = run_decode_with(&p, c, sel, whole, NULL, o, c->cache, NULL, NULL, err);
             c->cached = c->n; /* the first buffer was used */
             free(sel);
             if (st)
@@ -594,11 +621,7 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
     return STZ_OK;
 }
 
-void stz_container_set_threads(stz_container *c, int threads)
-{
-    if (!c->cache) /* fixed once reading has started */
-        c->threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
-}
+void stz_container_set_threads(stz_container *c, int threads) { c->threads = threads < 1 ? 1 : threads > 64 ? 64 : threads; }
 
 const stz_reader *stz_container_data_reader(stz_container *c)
 {

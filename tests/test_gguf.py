@@ -196,6 +196,21 @@ def test_quantized_repacked_exactly(tmp_path, kind):
 
 
 @need_data
+@pytest.mark.parametrize("chunk", ["65536", "65544"])
+def test_container_same_as_file(tmp_path, chunk):
+    """From an .stz container (read in place, chunks decoded on worker
+    threads straight into the output; 65544-byte chunks split Q4_0 blocks,
+    which takes the row-batch path) the same bytes as from the file."""
+    q = quantized(tmp_path, "q4_0")
+    c = tmp_path / "q.stz"
+    stz("pack", q, "-o", c, "--chunk-size", chunk, "-q")
+    for src, out in ((q, "a.gguf"), (c, "b.gguf")):
+        stz("export", "--gguf", src, "--tokenizer", TOK, "-o", tmp_path / out, "--name", "s", "-q", "-T", "2")
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["a.gguf", "b.gguf", "q.stz", "q4_0.safetensors"]  # no temporary file
+
+
+@need_data
 def test_inexact_quantization_needs_requantize(tmp_path):
     q = tmp_path / "nl.safetensors"
     stz("quantize", "--int4", F32, "-o", q, "-q")  # shipped int4: nl levels, U8 scales
