@@ -381,6 +381,9 @@ static stz_status map_chunk(void *user, int tid, uint64_t off, const uint8_t *ra
     mapper *mp = user;
     if (mp->e->kind == K_COPY)
         return stz_outfile_pwrite(&mp->x->of, raw, n, mp->at + off, err);
+    if (off % mp->cb || n % mp->cb) /* whole blocks in every chunk of a valid container */
+        return stz_err_set(err, STZ_E_FORMAT, "tensor '%s': a chunk of %zu bytes at %llu splits its blocks",
+                           mp->e->q->name, n, (unsigned long long)off);
     uint64_t b0 = off / mp->cb;
     size_t nb = n / mp->cb;
     for (size_t b = 0; b < nb; b++)
@@ -390,11 +393,12 @@ static stz_status map_chunk(void *user, int tid, uint64_t off, const uint8_t *ra
 
 static stz_status mapped_tensor(exporter *x, etensor *e, int *done, stz_err *err)
 {
-    struct stz_container *ct = stz_qmodel_container(e->m);
     size_t cb = e->type == STZ_GGML_Q8_0 ? 32 : 16, bb = cb + 2;
     *done = 0;
-    if (!ct || e->heads || (e->kind != K_COPY && e->kind != K_RAW) ||
-        (e->kind == K_RAW && stz_container_chunk_size(ct) % cb))
+    if (e->heads || (e->kind != K_COPY && e->kind != K_RAW))
+        return STZ_OK;
+    struct stz_container *ct = stz_qmodel_container(e->m);
+    if (!ct || (e->kind == K_RAW && stz_container_chunk_size(ct) % cb))
         return STZ_OK;
     int nt = x->p->threads < 1 ? 1 : x->p->threads;
     mapper mp = {x, e, x->of.pos, NULL, calloc((size_t)nt, sizeof(uint8_t *)), cb, bb};

@@ -288,7 +288,7 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def hf_dir(tmp_path, arch, name="m"):
+def hf_dir(tmp_path, arch, name="m", **extra):
     """stz synth's tiny model as a Hugging Face directory of `arch`."""
     m = tmp_path / name
     m.mkdir()
@@ -296,7 +296,7 @@ def hf_dir(tmp_path, arch, name="m"):
     cfg = json.loads(json.loads(stz("inspect", "--json", m / "model.safetensors").stdout)["metadata"]["config"])
     del cfg["architecture"]
     cfg.update(model_type=arch, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=255,
-               eos_token_id=255)
+               eos_token_id=255, **extra)
     (m / "config.json").write_text(json.dumps(cfg))
     (m / "tokenizer.json").write_text(json.dumps(tiny_tokenizer()))
     return m
@@ -411,20 +411,40 @@ def tiny_tokenizer():
             "added_tokens": [{"id": 255, "content": "<|endoftext|>", "special": True}]}
 
 
+ROPE = {  # Llama 3.1's scaling, with a short original context so that it acts on 64-token sequences
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "linear": {"type": "linear", "factor": 4.0},
+}
+
+
 @need_engine
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_llama_cpp_runs_hugging_face_model(tmp_path, arch):
+@pytest.mark.parametrize("arch,rope", [("qwen2", None), ("llama", None), ("llama", "llama3"), ("llama", "linear")])
+def test_llama_cpp_runs_hugging_face_model(tmp_path, arch, rope):
     """stz synth's tiny model with q/k/v biases as a Hugging Face directory:
     Qwen2 (rotate_half RoPE kept as is) and Llama (q/k rows permuted to
-    llama.cpp's pairs). llama.cpp's logits match stz's forward pass."""
-    m = hf_dir(tmp_path, arch)
+    llama.cpp's pairs; also with Llama 3.1's RoPE scaling, written as the
+    rope_freqs.weight tensor, and linear scaling, written as keys).
+    llama.cpp's logits match stz's forward pass."""
+    m = hf_dir(tmp_path, arch, **({"rope_scaling": ROPE[rope]} if rope else {}))
     out = tmp_path / "t.gguf"
     rep = json.loads(stz("export", "--gguf", m, "-o", out, "--json").stdout)
     assert rep["architecture"] == arch
-    kv, _ = read_gguf(out)
+    kv, t = read_gguf(out)
     assert kv["tokenizer.ggml.model"] == "gpt2" and len(kv["tokenizer.ggml.merges"]) == 5
     assert kv["tokenizer.ggml.pre"] == ("qwen2" if arch == "qwen2" else "llama-bpe")
-    tokens = [255, 7, 200, 33, 90, 12, 250, 251, 3, 99, 180, 64]
+    assert ("rope_freqs.weight" in t) == (rope == "llama3")
+    assert kv.get("llama.rope.scaling.type") == ("linear" if rope == "linear" else None)
+    rng = np.random.default_rng(5)
+    tokens = [255] + rng.integers(0, 255, 63).tolist()
     got, o = run_engine(tmp_path, out, tokens, text=" the hell")
-    assert np.abs(got - stz_logits(m / "model.safetensors", tokens, m / "config.json")).max() < 1e-3
-    assert o["tokenized"] == [252, 220, 250, 254]  # " the" merged whole; " hell" as "Ġ", "he", "ll"
+    mine = stz_logits(m / "model.safetensors", tokens, m / "config.json")
+    assert np.abs(got - mine).max() < 1e-3
+    assert o["tokenized"] == [252, 220, 250, 254]  # " the" merged whole; " hell" as "\u0120", "he", "ll"
+    if rope:  # the scaling matters here: without it the logits move
+        plain = tmp_path / "plain"
+        shutil.copytree(m, plain)
+        cfg = json.loads((plain / "config.json").read_text())
+        del cfg["rope_scaling"]
+        (plain / "config.json").write_text(json.dumps(cfg))
+        assert np.abs(stz_logits(plain / "model.safetensors", tokens, plain / "config.json") - mine).max() > 1e-2
