@@ -18,6 +18,9 @@ static const char synth_help[] =
     "  -o, --output FILE   where to write (required)\n"
     "  --dtype D           bf16 (default), f16 or f32\n"
     "  --seed N            random seed (default 1)\n"
+    "  --sparsity S        a pruned model: S in [0, 1) zeroes that fraction of the\n"
+    "                      smallest values of each linear weight (not embeddings or\n"
+    "                      the head), or 2:4 keeps the 2 largest of every 4\n"
     "  -T, --threads N     worker threads, 0 = all cores (default)\n"
     "  --stats             print the BF16 exponent-byte entropy of the values\n"
     "  --list              list the architectures\n"
@@ -43,10 +46,11 @@ static int list_archs(void)
 
 int cmd_synth(int argc, char **argv)
 {
-    enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON };
+    enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON, O_SPARSITY };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, O_DTYPE},
         {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, 'T'},
+        {"sparsity", required_argument, 0, O_SPARSITY},
         {"stats", no_argument, 0, O_STATS},     {"list", no_argument, 0, O_LIST},
         {"force", no_argument, 0, 'f'},         {"quiet", no_argument, 0, 'q'},
         {"json", no_argument, 0, O_JSON},       {"help", no_argument, 0, 'h'},
@@ -72,6 +76,12 @@ int cmd_synth(int argc, char **argv)
         case 'T':
             if ((p.threads = cli_threads(optarg)) < 0)
                 return cli_usage_error("synth", "-T takes 0..256, not '%s'", optarg);
+            break;
+        case O_SPARSITY:
+            if (!strcmp(optarg, "2:4"))
+                p.two_four = 1;
+            else if (p.sparsity = strtod(optarg, &end), *end || end == optarg || !(p.sparsity >= 0 && p.sparsity < 1))
+                return cli_usage_error("synth", "--sparsity takes a fraction in [0, 1) or 2:4, not '%s'", optarg);
             break;
         case O_STATS: stats = 1; break;
         case O_LIST: return list_archs();

@@ -25,9 +25,16 @@ typedef struct {
     unsigned write_flags;    /* STZ_WRITE_FORCE to replace an existing file */
     stz_progress_fn progress;/* optional, bytes of output */
     void *progress_user;
+    /* Pruned variants, for the linear weights (not embeddings or the head):
+     * sparsity in [0, 1) zeroes that fraction of each matrix's smallest
+     * values (magnitude pruning, relative to its row and column scales);
+     * two_four keeps the 2 largest of every 4 consecutive values (2:4
+     * structured sparsity). At most one of the two. */
+    double sparsity;
+    int two_four;
 } stz_synth_params;
 
-#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL}
+#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL, 0, 0}
 
 typedef struct {
     size_t tensors;

@@ -238,6 +238,8 @@ typedef struct {
     size_t lr;             /* R */
     float noise;           /* scale of the iid part when there is a low-rank part */
     stz_dtype dtype;
+    int prune;         /* 0 none, 1 |z| below `cut`, 2 two of every four */
+    float cut;
     uint64_t first;    /* first element of this batch */
     uint64_t count;
     uint8_t *out;      /* count * elem bytes */
@@ -276,14 +278,27 @@ static void *gen_batch(void *arg)
         uint64_t e0 = c * CHUNK, e1 = e0 + CHUNK;
         if (e1 > j->first + j->count)
             e1 = j->first + j->count;
-        for (uint64_t e = e0; e < e1; e += 2) {
-            uint64_t r = wyrand(&st);
-            float z[2];
-            normal2(r, &z[0], &z[1]);
-            z[0] *= t_scale[(r >> 48) & 0xff];
-            z[1] *= t_scale[r >> 56];
-            for (int k = 0; k < 2 && e + (uint64_t)k < e1; k++) {
-                float v = value_at(j, e + (uint64_t)k, z[k]);
+        for (uint64_t e = e0; e < e1; e += 4) { /* two pairs: the same draws as pair by pair */
+            float z[4];
+            for (int h = 0; h < 2; h++) {
+                uint64_t r = wyrand(&st);
+                normal2(r, &z[2 * h], &z[2 * h + 1]);
+                z[2 * h] *= t_scale[(r >> 48) & 0xff];
+                z[2 * h + 1] *= t_scale[r >> 56];
+            }
+            int zero[4] = {0};
+            if (j->prune == 1)
+                for (int k = 0; k < 4; k++)
+                    zero[k] = fabsf(z[k]) < j->cut;
+            else if (j->prune == 2) /* the two smallest magnitudes of the group */
+                for (int k = 0; k < 4; k++) {
+                    int smaller = 0;
+                    for (int m = 0; m < 4; m++)
+                        smaller += fabsf(z[m]) < fabsf(z[k]) || (fabsf(z[m]) == fabsf(z[k]) && m < k);
+                    zero[k] = smaller < 2;
+                }
+            for (int k = 0; k < 4 && e + (uint64_t)k < e1; k++) {
+                float v = zero[k] ? 0.0f : value_at(j, e + (uint64_t)k, z[k]);
                 uint16_t b = stz_f32_to_bf16(v);
                 j->hist[(b >> 7) & 0xff]++;
                 uint8_t *o = j->out + (e + (uint64_t)k - j->first) * esz;
@@ -300,6 +315,25 @@ static void *gen_batch(void *arg)
         }
     }
     return NULL;
+}
+
+/* The |z| below which a fraction q of the draws lies (from a fixed sample). */
+static float magnitude_quantile(double q)
+{
+    enum { N = 1 << 16 };
+    float *v = malloc(N * sizeof *v);
+    if (!v)
+        return 0;
+    uint64_t st = 777;
+    for (int i = 0; i < N; i += 2) {
+        uint64_t r = wyrand(&st);
+        normal2(r, &v[i], &v[i + 1]);
+        v[i] = fabsf(v[i] * t_scale[(r >> 48) & 0xff]), v[i + 1] = fabsf(v[i + 1] * t_scale[r >> 56]);
+    }
+    qsort(v, N, sizeof *v, cmp_float);
+    float c = v[(size_t)(q * (N - 1))];
+    free(v);
+    return c;
 }
 
 /* Per-row and per-column log-normal magnitudes; ~0.5% of input columns of
@@ -383,7 +417,11 @@ static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synt
         (st = stz_writer_set_meta(w, "stz.synth.seed", seed, err)) ||
         (st = stz_writer_set_meta(w, "config", cfg, err)))
         return st;
-    return STZ_OK;
+    char sp[32];
+    snprintf(sp, sizeof sp, "%g", p->sparsity);
+    if (p->sparsity > 0 || p->two_four)
+        st = stz_writer_set_meta(w, "stz.synth.sparsity", p->two_four ? "2:4" : sp, err);
+    return st;
 }
 
 stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err)
@@ -396,7 +434,10 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
         return stz_err_set(err, STZ_E_ARG, "synth: dtype must be BF16, F16 or F32");
     if (p->threads < 1 || p->threads > 256)
         return stz_err_set(err, STZ_E_ARG, "synth: threads must be 1..256");
+    if (!(p->sparsity >= 0 && p->sparsity < 1) || (p->sparsity > 0 && p->two_four))
+        return stz_err_set(err, STZ_E_ARG, "synth: sparsity must be in [0, 1), and not with 2:4");
     pthread_once(&t_once, t_init);
+    float cut = p->sparsity > 0 ? magnitude_quantile(p->sparsity) : 0;
 
     stz_status st = STZ_OK;
     stz_writer *w = NULL;
@@ -444,6 +485,9 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
                 jobs[k] = (job){.t = t, .seed = tseed, .base = base_scale(t), .row = row, .col = col,
                                 .la = lr ? la : NULL, .lb = lr ? lb : NULL, .lr = lr, .noise = sqrtf(LR_NOISE),
                                 .dtype = p->dtype, .first = first, .count = count, .out = buf,
+                                .prune = t->kind != K_LINEAR || !strcmp(t->name, "lm_head.weight") ? 0
+                                         : p->two_four ? 2 : p->sparsity > 0,
+                                .cut = cut,
                                 .tid = k, .nthreads = p->threads};
                 if (k && pthread_create(&tids[k], NULL, gen_batch, &jobs[k]) != 0) {
                     /* run it here instead */
