@@ -135,6 +135,54 @@ static void test_interrupted_leaves_nothing(void **state)
     tu_rmdir(dir);
 }
 
+/* Pruned variants: the fraction of zeros in linear weights, whole 2:4
+ * groups, embeddings and norms untouched, the other values as in the dense
+ * model; bad settings refused. */
+static void test_sparsity(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *dense = tu_path(dir, "d.safetensors"), *sparse = tu_path(dir, "s.safetensors");
+    stz_synth_params prm = STZ_SYNTH_PARAMS_DEFAULT;
+    prm.arch = "tiny", prm.dtype = STZ_DTYPE_F32;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&prm, dense, NULL, &err), STZ_OK);
+    for (int mode = 0; mode < 2; mode++) {
+        prm.sparsity = mode ? 0 : 0.6, prm.two_four = mode, prm.write_flags = STZ_WRITE_FORCE;
+        assert_int_equal(stz_synth_write(&prm, sparse, NULL, &err), STZ_OK);
+        stz_reader *a, *b;
+        assert_int_equal(stz_reader_open(&a, dense, &err), STZ_OK);
+        assert_int_equal(stz_reader_open(&b, sparse, &err), STZ_OK);
+        assert_string_equal(stz_reader_meta_get(b, "stz.synth.sparsity"), mode ? "2:4" : "0.6");
+        uint64_t zeros = 0, linear = 0;
+        for (size_t i = 0; i < stz_reader_count(a); i++) {
+            const stz_tensor *t = stz_reader_tensor(a, i);
+            size_t n = (size_t)t->numel;
+            float *x = malloc(n * 4), *y = malloc(n * 4);
+            assert_int_equal(stz_reader_read(a, t, 0, x, n * 4, &err), STZ_OK);
+            assert_int_equal(stz_reader_read(b, stz_reader_tensor(b, i), 0, y, n * 4, &err), STZ_OK);
+            int pruned = strstr(t->name, "_proj.weight") != NULL;
+            for (size_t k = 0; k < n; k++) {
+                assert_true(y[k] == 0 ? pruned : y[k] == x[k]); /* kept values unchanged */
+                zeros += pruned && y[k] == 0, linear += pruned;
+            }
+            for (size_t g = 0; mode && pruned && g + 4 <= n; g += 4)
+                assert_int_equal((y[g] == 0) + (y[g + 1] == 0) + (y[g + 2] == 0) + (y[g + 3] == 0), 2);
+            free(x), free(y);
+        }
+        double frac = (double)zeros / (double)linear;
+        if (fabs(frac - (mode ? 0.5 : 0.6)) > 0.01)
+            fail_msg("mode %d: %.4f of the linear weights are zero", mode, frac);
+        stz_reader_free(a), stz_reader_free(b);
+    }
+    prm.sparsity = 1.0, prm.two_four = 0;
+    assert_int_equal(stz_synth_write(&prm, sparse, NULL, &err), STZ_E_ARG);
+    prm.sparsity = 0.5, prm.two_four = 1;
+    assert_int_equal(stz_synth_write(&prm, sparse, NULL, &err), STZ_E_ARG);
+    unlink(dense), unlink(sparse);
+    free(dense), free(sparse);
+    tu_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -142,6 +190,7 @@ int main(void)
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_contents),
         cmocka_unit_test(test_interrupted_leaves_nothing),
+        cmocka_unit_test(test_sparsity),
     };
     return cmocka_run_group_tests_name("synth", tests, NULL, NULL);
 }
