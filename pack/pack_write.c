@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #define BEST_ZSTD_LEVEL 19
+#define SMALL_TENSOR (256u << 10) /* bytes: at most this, the LZ trial always runs */
 #define HEADER_ZSTD_LEVEL 9
 
 typedef struct {
@@ -93,10 +94,13 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
     }
     b->rec_len = off;
     /* Float planes lose the runs and repeats LZ matching finds (pruned
-     * weights, mostly-zero tables, masks): where a sample shows them, or
+     * weights, mostly-zero tables, masks, embeddings with near-identical
+     * rows): where a sample shows them, for every small tensor (the trial
+     * costs next to nothing there, and small models are made of them), or
      * always with --best, also try zstd on the unsplit bytes and keep the
      * smaller record. */
-    if (is_float && (c->p->level == STZ_PACK_BEST || lz_friendly(b->raw, ch->raw_size, stz_xform_width(x)))) {
+    if (is_float && (c->p->level == STZ_PACK_BEST || t->end - t->begin <= SMALL_TENSOR ||
+                     lz_friendly(b->raw, ch->raw_size, stz_xform_width(x)))) {
         uint8_t *trial = b->planes; /* free now: its bound exceeds a chunk */
         stz_codec codec;
         size_t stored;

@@ -208,8 +208,8 @@ static void test_roundtrip_corpus_and_shared(void **state)
             stat(p, &sb);
             uint64_t out = roundtrip(f->dir, p, 2, STZ_PACK_FAST, 1u << 20);
             double ratio = (double)sb.st_size / (double)out;
-            /* issue targets: 1.47x on the BF16 file, 1.18x on F32 */
-            assert_true(ratio >= (i == 0 ? 1.47 : 1.18));
+            /* issue targets: 1.504x on the BF16 file (its small tensors get the LZ trial), 1.18x on F32 */
+            assert_true(ratio >= (i == 0 ? 1.504 : 1.18));
         }
         free(p);
     }
