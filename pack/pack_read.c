@@ -297,7 +297,6 @@ stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_plan
 
 /* ---- decoding ---------------------------------------------------------- */
 
-
 typedef struct {
     const stz_container *c;
     const size_t *sel;  /* chunk numbers to decode, NULL = all */
