@@ -126,6 +126,17 @@ def test_commands(files, tmp_path):
     assert f["positions"] == 30 and f["kl"]["mean"] > 0
 
 
+def test_export_gguf(files, tmp_path):
+    tok = tmp_path / "tok.bin"  # a llama2.c tokenizer of the tiny model's 256 tokens
+    tok.write_bytes(struct.pack("<i", 8) + b"".join(struct.pack("<fi", -i, 3) + b"t%02x" % i for i in range(256)))
+    s = stz.export_gguf(files / "tiny.safetensors", tmp_path / "t.gguf", tokenizer=tok, type="q8_0", name="tiny")
+    assert s["architecture"] == "llama" and s["types"]["q8_0"]["tensors"] > 0
+    assert (tmp_path / "t.gguf").read_bytes()[:4] == b"GGUF"
+    with pytest.raises(stz.StzError) as e:
+        stz.export_gguf(files / "tiny.safetensors", tmp_path / "u.gguf")
+    assert e.value.code == "STZ_E_ARG" and "no tokenizer" in e.value.message
+
+
 def test_errors(tmp_path):
     bad = tmp_path / "bad.stz"
     bad.write_bytes(b"\x89STZ\r\n\x1a\n" + b"\0" * 100)

@@ -367,6 +367,17 @@ def decompress(src, dst=None, dequantize=False, force=False):
     return _run(args + (["-o", os.fspath(dst)] if dst else []) + (["-f"] if force else []))
 
 
+def export_gguf(src, dst, tokenizer=None, type=None, requantize=False, force=False, **options):
+    """stz export --gguf: the model as GGUF for llama.cpp; returns its --json
+    summary. options become --key value (config, name, threads)."""
+    args = ["export", "--gguf", os.fspath(src), "-o", os.fspath(dst)]
+    args += (["--tokenizer", os.fspath(tokenizer)] if tokenizer else []) + (["--type", type] if type else [])
+    args += (["--requantize"] if requantize else []) + (["-f"] if force else [])
+    for k, v in options.items():
+        args += ["--" + k.replace("_", "-"), str(v)]
+    return _run(args)
+
+
 def evaluate(original, candidate, forward=False, **options):
     """stz eval (forward=True: --forward); options become --key value."""
     args = ["eval", os.fspath(original), os.fspath(candidate)] + (["--forward"] if forward else [])
