@@ -118,7 +118,7 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
             return stz_err_set(err, STZ_E_UNSUPPORTED,
                                "%s: tensor '%s' is stored as %s %d-bit%s, block %u, %s scales, which GGUF cannot hold "
                                "exactly (exact: absmax/full/mse, 8/5/4 bits, block 32, F16 scales, rows of whole "
-                               "blocks): use --requantize, or quantize for GGUF (docs/cli/export.md)",
+                               "blocks): use --requantize, or quantize with --policy gguf-q4_0 or gguf-q8_0",
                                x->model, q->name, q->method, q->bits, q->rank ? " factors" : "", q->block_size,
                                q->scale_dtype < STZ_DTYPE_COUNT ? stz_dtype_name(q->scale_dtype) : "F32");
         e->kind = K_REQUANT;

@@ -383,7 +383,7 @@ stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *
             return stz_policy_parse(out, text, strlen(text), label, err);
         }
         return stz_err_set(err, STZ_E_IO, "%s: no such policy file, and not a shipped policy name "
-                           "(int8, int5, int4, int4-small, lossless, gpt-neo-surgical)", path_or_name);
+                           "(int8, int5, int4, int4-small, gguf-q4_0, gguf-q8_0, lossless, gpt-neo-surgical)", path_or_name);
     }
     char *buf;
     size_t len;
