@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char pack_help[] =
     "usage: stz pack IN.safetensors [-o OUT.stz] [options]\n\n"
@@ -26,7 +27,9 @@ static const char unpack_help[] =
     "and the whole-file digest; nothing is written if any check fails. Output\n"
     "defaults to IN without its .stz suffix. With --tensor, writes only that\n"
     "tensor's raw little-endian bytes, decoding only its chunks.\n\n"
-    "  -o, --output FILE     where to write\n"
+    "  -o, --output FILE     where to write; - for standard output\n"
+    "  -c, --stdout          write to standard output (as -o -): in order, each\n"
+    "                        chunk checked before it is written (not to a terminal)\n"
     "  --tensor NAME         extract one tensor's bytes\n"
     "  -T, --threads N       worker threads, 0 = all cores (default)\n"
     "  -f, --force           replace OUT if it exists\n"
@@ -45,6 +48,7 @@ static const char verify_help[] =
 enum { O_BEST = 256, O_CHUNK, O_TENSOR };
 
 static const struct option opts[] = {{"best", no_argument, 0, O_BEST},
+                                     {"stdout", no_argument, 0, 'c'},
                                      {"chunk-size", required_argument, 0, O_CHUNK},
                                      {"tensor", required_argument, 0, O_TENSOR},
                                      CLI_COMMON_LONG,
@@ -66,12 +70,15 @@ static int parse(const char *cmd, const char *help, const char *allowed, int arg
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->chunk = 1 << 20;
-    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT "c", opts, NULL)) != -1) {
         const char *name = c == 'o' ? "output" : c == O_BEST ? "best" : c == O_CHUNK ? "chunk-size"
-                         : c == CLI_OPT_JSON ? "json" : c == O_TENSOR ? "tensor" : c == CLI_OPT_DTYPE ? "dtype" : "";
+                         : c == CLI_OPT_JSON ? "json" : c == O_TENSOR ? "tensor" : c == CLI_OPT_DTYPE ? "dtype"
+                         : c == 'c' ? "stdout" : "";
         if (*name && !strstr(allowed, name))
             return cli_usage_error(cmd, "--%s does not apply here", name);
-        if (c == O_BEST) {
+        if (c == 'c') {
+            o->c.out = "-";
+        } else if (c == O_BEST) {
             o->best = 1;
         } else if (c == O_TENSOR) {
             o->tensor = optarg;
@@ -112,6 +119,9 @@ int cmd_pack(int argc, char **argv)
     if (optind != argc - 1)
         return cli_usage_error("pack", "expected one input file");
     const char *in = argv[optind];
+    if (!strcmp(in, "-") || (o.c.out && !strcmp(o.c.out, "-")))
+        return cli_usage_error("pack", "stz pack reads its input at tensor offsets and writes its index last: "
+                                       "give files, not standard input or output");
     char *out = o.c.out ? strdup(o.c.out) : derive(in, ".stz", 1);
     stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
     p.level = o.best ? STZ_PACK_BEST : STZ_PACK_FAST;
@@ -148,7 +158,7 @@ int cmd_pack(int argc, char **argv)
 int cmd_unpack(int argc, char **argv)
 {
     pack_opts o;
-    int rc = parse("unpack", unpack_help, "output tensor", argc, argv, &o);
+    int rc = parse("unpack", unpack_help, "output tensor stdout", argc, argv, &o);
     if (rc >= 0)
         return rc;
     if (optind != argc - 1)
@@ -157,6 +167,10 @@ int cmd_unpack(int argc, char **argv)
     char *out = o.c.out ? strdup(o.c.out) : o.tensor ? NULL : derive(in, ".stz", 0);
     if (!out)
         return cli_usage_error("unpack", "give -o OUT (cannot derive a name from '%s')", in);
+    if (!strcmp(out, "-") && isatty(STDOUT_FILENO)) {
+        free(out);
+        return cli_usage_error("unpack", "standard output is a terminal: redirect it, or give -o FILE");
+    }
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     p.threads = o.c.threads;
     p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;

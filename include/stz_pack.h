@@ -123,7 +123,10 @@ typedef struct {
 #define STZ_UNPACK_PARAMS_DEFAULT {1, 0, NULL, NULL}
 
 /* Writes the original file to `out`, checking every chunk checksum and the
- * whole-file digest; on any mismatch no output is left (STZ_E_CHECKSUM). */
+ * whole-file digest; on any mismatch no output is left (STZ_E_CHECKSUM).
+ * out "-": standard output, in order, each chunk checked before it is
+ * written (a failure stops the stream; the status says so). The same for
+ * stz_unpack_tensor. */
 stz_status stz_unpack_file(const stz_unpack_params *p, const char *in, const char *out, stz_err *err);
 
 /* Decodes and checks everything, writes nothing. */

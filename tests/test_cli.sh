@@ -88,6 +88,16 @@ expect_rc 1 "unpack corrupt" "$STZ" unpack "$CC/payload_flip.stz" -o "$T/corrupt
 [ -e "$T/corrupt.safetensors" ] && bad "corrupt container produced output" || ok
 expect_rc 1 "unpack a SafeTensors file" "$STZ" unpack "$M" -o "$T/x.safetensors"
 has "$T/err" "not an stz container" "wrong input message"
+# standard output: in order, the same bytes; one tensor; a damaged chunk stops the stream with an error
+expect_rc 0 "unpack -c" "$STZ" unpack "$T/t1.stz" -c -T 2
+same "$T/out" "$M" "unpack -c gives the original bytes"
+expect_rc 0 "unpack -o - --tensor" "$STZ" unpack "$T/t1.stz" -o - --tensor model.norm.weight
+[ "$(wc -c <"$T/out")" -eq 128 ] && ok || bad "tensor to standard output size"
+expect_rc 1 "unpack -c corrupt" "$STZ" unpack "$CC/payload_flip.stz" -c
+has "$T/err" "checksum mismatch" "corrupt stream message"
+expect_rc 2 "pack -c" "$STZ" pack "$M" -c
+expect_rc 2 "pack from standard input" "$STZ" pack - -o "$T/x.stz"
+has "$T/err" "not standard input" "pack says why it does not read pipes"
 
 # Policies, quantization, evaluation.
 expect_rc 0 "plan --int4" "$STZ" plan --int4 "$M"
