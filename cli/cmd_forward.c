@@ -9,7 +9,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

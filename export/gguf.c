@@ -71,23 +71,17 @@ void gb_bytes(gbuf *b, const void *v, size_t n)
     b->n += n;
 }
 
-static void le(uint8_t *o, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        o[i] = (uint8_t)(v >> (8 * i));
-}
-
 void gb_u32(gbuf *b, uint32_t v)
 {
     uint8_t o[4];
-    le(o, v, 4);
+    stz_put_le32(o, v);
     gb_bytes(b, o, 4);
 }
 
 void gb_u64(gbuf *b, uint64_t v)
 {
     uint8_t o[8];
-    le(o, v, 8);
+    stz_put_le64(o, v);
     gb_bytes(b, o, 8);
 }
 
@@ -158,7 +152,7 @@ long gguf_pack_row(int type, const float *v, const float *scales, size_t n, uint
             if (q[j] < lo || q[j] > -lo - 1 || (float)q[j] * s != x[j])
                 return (long)(b * GGML_QK + (size_t)j);
         }
-        le(o, h, 2);
+        stz_put_le16(o, h);
         if (type == STZ_GGML_Q8_0)
             for (int j = 0; j < GGML_QK; j++)
                 o[2 + j] = (uint8_t)(int8_t)q[j];
@@ -171,7 +165,7 @@ long gguf_pack_row(int type, const float *v, const float *scales, size_t n, uint
                 qh |= (a >> 4) << j | (c >> 4) << (j + 16);
             }
             if (type == STZ_GGML_Q5_0)
-                le(o + 2, qh, 4);
+                stz_put_le32(o + 2, qh);
         }
     }
     return -1;

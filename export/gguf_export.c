@@ -421,34 +421,39 @@ static stz_status mapped_tensor(exporter *x, etensor *e, int *done, stz_err *err
     return st;
 }
 
+/* Counts n output bytes done; STZ_E_INTERRUPTED if the progress callback asks. */
+static stz_status advance(exporter *x, uint64_t n, stz_err *err)
+{
+    x->done += n;
+    return x->p->progress && x->p->progress(x->p->progress_user, x->done, x->total)
+               ? stz_err_set(err, STZ_E_INTERRUPTED, "interrupted")
+               : STZ_OK;
+}
+
 static stz_status write_tensor(exporter *x, etensor *e, stz_err *err)
 {
+    int mapped = 0;
+    stz_status st = mapped_tensor(x, e, &mapped, err);
+    if (!st && mapped)
+        st = advance(x, e->bytes, err);
     size_t cols = (size_t)e->cols, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
     size_t hd = e->heads ? (size_t)(e->rows * (e->ndim == 1 ? e->cols : 1) / e->heads) : 1;
     size_t batch = (16u << 20) / (cols * 4) + 1; /* 16 MB of floats */
     if (e->heads && e->ndim == 2)
         batch = (batch + hd - 1) / hd * hd;
     batch = batch < e->rows ? batch : (size_t)e->rows;
-    stz_status st = reserve(x, batch, cols, err);
+    if (!st && !mapped)
+        st = reserve(x, batch, cols, err);
     double err2 = 0, ref2 = 0;
     stz_qformat fmt;
     if (block_type(e->type))
         gguf_block_format(e->type, &fmt);
-    int mapped = 0;
-    if (!st && (st = mapped_tensor(x, e, &mapped, err)) == STZ_OK && mapped) {
-        x->done += e->bytes;
-        if (x->p->progress && x->p->progress(x->p->progress_user, x->done, x->total))
-            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-    }
     for (uint64_t row = 0; !st && !mapped && row < e->rows; row += batch) {
         size_t nr = e->rows - row < batch ? (size_t)(e->rows - row) : batch;
         st = e->kind == K_RAW || e->kind == K_COPY ? raw_rows(x, e, row, nr, hd, err)
-                              : value_rows(x, e, row, nr, hd, &fmt, &err2, &ref2, err);
-        if (!st)
-            st = stz_outfile_write(&x->of, x->out, nr * rb, err);
-        x->done += nr * rb;
-        if (!st && x->p->progress && x->p->progress(x->p->progress_user, x->done, x->total))
-            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+                                                   : value_rows(x, e, row, nr, hd, &fmt, &err2, &ref2, err);
+        if (!st && !(st = stz_outfile_write(&x->of, x->out, nr * rb, err)))
+            st = advance(x, nr * rb, err);
     }
     if (!st && e->kind == K_REQUANT) {
         double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;

@@ -1,22 +1,19 @@
 /* Fuzz target for the GGUF reader (stz inspect FILE.gguf): any byte string
  * is a GGUF file, read through a memfd. Whatever opens must list tensors
  * that lie inside the file and do not overlap, and keys with text. */
+#include "fuzz_memfd.h"
 #include "stz_gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    int fd = memfd_create("stz-fuzz", 0);
-    if (fd < 0 || write(fd, data, size) != (ssize_t)size)
-        abort();
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_memfd(data, size, path);
     stz_err err;
     stz_gguf *g;
     stz_status st = stz_gguf_open(&g, path, &err);

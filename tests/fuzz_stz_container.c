@@ -1,11 +1,11 @@
 /* Fuzz target for the container decoder: any byte string is a container.
  * It is checked with stz_verify_file through a memfd (no disk I/O); whatever
  * verifies must also unpack to exactly its declared size. */
+#include "fuzz_memfd.h"
 #include "stz_pack.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,11 +13,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    int fd = memfd_create("stz-fuzz", 0);
-    if (fd < 0 || write(fd, data, size) != (ssize_t)size)
-        abort();
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_memfd(data, size, path);
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     stz_err err;
     stz_status st = stz_verify_file(&p, path, &err);

@@ -4,40 +4,13 @@ with rope_theta from config.json, untied head), stz synth's tiny model in a
 Hugging Face directory. Run with pytest; STZ names the stz binary."""
 import json
 import os
-import struct
 import subprocess
 
 import numpy as np
 import pytest
+from st_files import load, save
 
 STZ = os.environ.get("STZ", "build/stz")
-
-
-def load(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
-    meta = head.pop("__metadata__", {})
-    out = {}
-    for name, t in head.items():
-        b, e = t["data_offsets"]
-        assert t["dtype"] == "F32"
-        out[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(t["shape"]).astype(np.float64)
-    return out, meta
-
-
-def save(path, tensors, meta):
-    head, off, blobs = {"__metadata__": meta}, 0, []
-    for name, v in tensors.items():
-        b = np.ascontiguousarray(v, dtype="<f4").tobytes()
-        head[name] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
-        off += len(b)
-        blobs.append(b)
-    h = json.dumps(head).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def rmsnorm(x, w, eps):
@@ -95,7 +68,8 @@ def models(tmp_path_factory):
     orig, cand = d / "orig", d / "cand"
     orig.mkdir(), cand.mkdir()
     subprocess.run([STZ, "synth", "tiny", "--dtype", "f32", "-o", str(orig / "model.safetensors"), "-q"], check=True)
-    w, meta = load(orig / "model.safetensors")
+    w, meta = load(orig / "model.safetensors", dtypes=("F32",))
+    w = {n: v.astype(np.float64) for n, v in w.items()}
     cfg = json.loads(meta["config"])
     cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0, rms_norm_eps=1e-6,
                hidden_act="silu", use_sliding_window=False, sliding_window=4)

@@ -12,6 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from st_files import load, save
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STZ = os.environ.get("STZ", "build/stz")
@@ -108,18 +109,8 @@ def dequant(raw, t, n):
     return (q * d).reshape(n)
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
-    head.pop("__metadata__", None)
-    out = {}
-    for name, t in head.items():
-        b, e = t["data_offsets"]
-        assert t["dtype"] == "F32", name
-        out[name] = np.frombuffer(data[b:e], "<f4").reshape(t["shape"])
-    return out
+def load_f32(path):
+    return load(path, dtypes=("F32",))[0]
 
 
 LLAMA2C = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
@@ -144,7 +135,7 @@ def test_stories_f32_values_and_keys(tmp_path):
     rep = json.loads(r.stdout)
     assert rep["architecture"] == "llama" and rep["types"] == {"f32": {"tensors": 47, "bytes": 1040128}}
     kv, t = read_gguf(out)
-    w = read_safetensors(F32)
+    w = load_f32(F32)
     assert len(t) == len(w) == 47 and "output.weight" not in t  # tied head: llama.cpp reuses token_embd
     for name, v in w.items():
         got, typ = t[gguf_name(name)]
@@ -188,7 +179,7 @@ def test_quantized_repacked_exactly(tmp_path, kind):
     _, t = read_gguf(out)
     code = {"q8_0": 8, "q4_0": 2, "q5_0": 6}[kind]
     types = set()
-    for name, v in read_safetensors(plain).items():
+    for name, v in load_f32(plain).items():
         got, typ = t[gguf_name(name)]
         types.add(typ)
         assert np.array_equal(got, v), name  # equal in value, element by element
@@ -236,7 +227,7 @@ def test_float_types(tmp_path, src, typ):
     assert rep["types"][typ]["tensors"] == (31 if block else 47 if typ == "f32" else 36) and rep["f16_fallback"] == (5 if block else 0)
     _, t = read_gguf(out)
     tol = {"q8_0": 0.01, "q5_0": 0.05, "q4_0": 0.12, "f16": 1e-3, "bf16": 5e-3, "f32": 0}[typ]
-    w = read_safetensors(F32)
+    w = load_f32(F32)
     if src == "bf16":  # the BF16 file's values, as F32
         w = {n: ((v.view(np.uint32) + 0x7FFF + ((v.view(np.uint32) >> 16) & 1)) & 0xFFFF0000).view(np.float32)
              for n, v in w.items()}
@@ -275,19 +266,6 @@ def test_bad_input(tmp_path):
     assert r.returncode == 1 and "bad.gguf: tensor info 0 runs past the end of the file" in r.stderr
 
 
-def write_safetensors(path, tensors):
-    head, off, blobs = {}, 0, []
-    for name, v in tensors.items():
-        b = np.ascontiguousarray(v, dtype="<f4").tobytes()
-        head[name] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
-        off += len(b)
-        blobs.append(b)
-    h = json.dumps(head).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
 def hf_dir(tmp_path, arch, name="m", **extra):
     """stz synth's tiny model as a Hugging Face directory of `arch`."""
     m = tmp_path / name
@@ -305,13 +283,13 @@ def hf_dir(tmp_path, arch, name="m", **extra):
 def test_sharded_directory(tmp_path):
     """A sharded directory exports to the same bytes as the single file."""
     one = hf_dir(tmp_path, "qwen2")
-    w = read_safetensors(one / "model.safetensors")
+    w = load_f32(one / "model.safetensors")
     two = tmp_path / "sharded"
     two.mkdir()
     names = list(w)
     shards = {"model-00001-of-00002.safetensors": names[:10], "model-00002-of-00002.safetensors": names[10:]}
     for f, part in shards.items():
-        write_safetensors(two / f, {n: w[n] for n in part})
+        save(two / f, {n: w[n] for n in part})
     (two / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}}))
     for f in ("config.json", "tokenizer.json"):

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from st_files import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -26,18 +27,7 @@ def run(*args):
 
 def raw_load(path):
     """The reference: a plain SafeTensors file with the standard library and numpy."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n))
-        data = f.read()
-    h.pop("__metadata__", None)
-    kinds = {"F32": "<f4", "BF16": "<u2", "F16": "<f2", "I32": "<i4", "U8": "u1", "I8": "i1"}
-    out = {}
-    for k, e in h.items():
-        b, end = e["data_offsets"]
-        a = np.frombuffer(data[b:end], dtype=kinds[e["dtype"]]).reshape(e["shape"])
-        out[k] = (a.astype(np.uint32) << 16).view(np.float32) if e["dtype"] == "BF16" else a
-    return out
+    return load(path)[0]
 
 
 @pytest.fixture(scope="module")
