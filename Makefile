@@ -44,6 +44,8 @@ bench: build
 	sh bench/bench_forward.sh $(BUILD)
 	sh bench/bench_quant_methods.sh $(BUILD)
 	sh bench/bench_python.sh $(BUILD)
+	sh bench/bench_export.sh $(BUILD)
+	sh bench/bench_corpus.sh $(BUILD)
 
 fuzz:
 	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTZ_FUZZ=ON >/dev/null
