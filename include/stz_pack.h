@@ -51,6 +51,14 @@ typedef struct {
 stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
                          stz_err *err);
 
+/* Predicting a container's size (stz tune): the bytes a tensor of `dtype`
+ * holding data[n] takes in a container written with p (its chunk records
+ * and index entries, exactly), and the container's fixed bytes for a
+ * SafeTensors file whose JSON header is header[len]. */
+stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const uint8_t *data, uint64_t n,
+                                 uint64_t *bytes, stz_err *err);
+uint64_t stz_pack_fixed_bytes(const char *header, size_t len);
+
 /* ---- reading containers ---------------------------------------------- */
 
 typedef struct stz_container stz_container;

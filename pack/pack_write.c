@@ -46,6 +46,75 @@ static int lz_friendly(const uint8_t *raw, size_t n, size_t w)
     return samples && hits * 16 >= samples;
 }
 
+/* One chunk's record (without its hash) into rec: the planes of the
+ * dtype's transform, each coded the cheapest way tried, or zstd on the
+ * unsplit bytes where that is smaller. `whole` is the size of the tensor
+ * the chunk belongs to. planes: stz_planes_bound(chunk) bytes of scratch. */
+static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, stz_dtype dtype, uint64_t whole,
+                               const uint8_t *raw, size_t n, uint8_t *pbuf, uint8_t *rec, size_t *rec_len,
+                               stz_err *err)
+{
+    stz_xform x = stz_xform_for_dtype(dtype);
+    unsigned np = stz_xform_planes(x);
+    size_t plane_len = n / stz_xform_width(x);
+    uint8_t *planes[STZ_MAX_PLANES];
+    for (unsigned k = 0; k < np; k++)
+        planes[k] = pbuf + k * plane_len;
+    stz_xform_split(x, raw, n, planes);
+
+    /* Matches find nothing in float weights (zstd -19 saved 55 bytes of
+     * 661 MB on a BF16 model at 60x the time), so float planes get the
+     * Huffman coder alone; integer and byte planes (quantized values,
+     * ids, masks) also try zstd with matches. */
+    int is_float = x == STZ_XFORM_BF16 || x == STZ_XFORM_F16 || x == STZ_XFORM_F32;
+    int zlevel = is_float ? 0 : p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : 1;
+    uint8_t *h = rec;
+    memcpy(h, "STZC", 4);
+    h[4] = (uint8_t)x;
+    h[5] = (uint8_t)np;
+    stz_put_le16(h + 6, 0);
+    stz_put_le32(h + 8, (uint32_t)n);
+    stz_put_le32(h + 12, 0);
+    size_t off = RECORD_HEAD_SIZE + np * PLANE_HEAD_SIZE, cap = stz_record_bound(p->chunk_size);
+    stz_status st;
+    for (unsigned k = 0; k < np; k++) {
+        stz_codec codec;
+        size_t stored;
+        if ((st = stz_plane_encode(enc, zlevel, planes[k], plane_len, rec + off, cap - off, &codec, &stored, err)))
+            return st;
+        uint8_t *ph = h + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
+        ph[0] = (uint8_t)codec;
+        ph[1] = ph[2] = ph[3] = 0;
+        stz_put_le32(ph + 4, (uint32_t)stored);
+        off += stored;
+    }
+    *rec_len = off;
+    /* Float planes lose the runs and repeats LZ matching finds (pruned
+     * weights, mostly-zero tables, masks, embeddings with near-identical
+     * rows): where a sample shows them, for every small tensor (the trial
+     * costs next to nothing there, and small models are made of them), or
+     * always with --best, also try zstd on the unsplit bytes and keep the
+     * smaller record. */
+    if (is_float && (p->level == STZ_PACK_BEST || whole <= SMALL_TENSOR || lz_friendly(raw, n, stz_xform_width(x)))) {
+        uint8_t *trial = pbuf; /* free now: its bound exceeds a chunk */
+        stz_codec codec;
+        size_t stored;
+        int level = p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : LZ_TRIAL_LEVEL;
+        if ((st = stz_plane_encode(enc, level, raw, n, trial, stz_planes_bound(p->chunk_size), &codec, &stored, err)))
+            return st;
+        if (RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored < off) {
+            h[4] = STZ_XFORM_NONE, h[5] = 1;
+            uint8_t *ph = h + RECORD_HEAD_SIZE;
+            ph[0] = (uint8_t)codec;
+            ph[1] = ph[2] = ph[3] = 0;
+            stz_put_le32(ph + 4, (uint32_t)stored);
+            memcpy(h + RECORD_HEAD_SIZE + PLANE_HEAD_SIZE, trial, stored);
+            *rec_len = RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored;
+        }
+    }
+    return STZ_OK;
+}
+
 static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
 {
     pack_ctx *c = (pack_ctx *)vctx;
@@ -55,71 +124,49 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
     stz_status st = stz_reader_read(c->r, t, ch->data_offset - t->begin, b->raw, ch->raw_size, err);
     if (st)
         return st;
-    stz_xform x = stz_xform_for_dtype(t->dtype);
-    unsigned np = stz_xform_planes(x);
-    size_t plane_len = ch->raw_size / stz_xform_width(x);
-    uint8_t *planes[STZ_MAX_PLANES];
-    for (unsigned k = 0; k < np; k++)
-        planes[k] = b->planes + k * plane_len;
-    stz_xform_split(x, b->raw, ch->raw_size, planes);
-
-    /* Matches find nothing in float weights (zstd -19 saved 55 bytes of
-     * 661 MB on a BF16 model at 60x the time), so float planes get the
-     * Huffman coder alone; integer and byte planes (quantized values,
-     * ids, masks) also try zstd with matches. */
-    int is_float = x == STZ_XFORM_BF16 || x == STZ_XFORM_F16 || x == STZ_XFORM_F32;
-    int zlevel = is_float ? 0 : c->p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : 1;
-    uint8_t *h = b->rec;
-    memcpy(h, "STZC", 4);
-    h[4] = (uint8_t)x;
-    h[5] = (uint8_t)np;
-    stz_put_le16(h + 6, 0);
-    stz_put_le32(h + 8, ch->raw_size);
-    stz_put_le32(h + 12, 0);
+    stz_err sub;
+    if ((st = encode_chunk(&b->enc, c->p, t->dtype, t->end - t->begin, b->raw, ch->raw_size, b->planes, b->rec,
+                           &b->rec_len, &sub)))
+        return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, sub.msg);
     c->hashes[i] = XXH3_64bits(b->raw, ch->raw_size);
-    stz_put_le64(h + 16, c->hashes[i]);
-    size_t off = RECORD_HEAD_SIZE + np * PLANE_HEAD_SIZE, cap = stz_record_bound(c->p->chunk_size);
-    for (unsigned k = 0; k < np; k++) {
-        stz_codec codec;
-        size_t stored;
-        stz_err sub;
-        if ((st = stz_plane_encode(&b->enc, zlevel, planes[k], plane_len, b->rec + off, cap - off, &codec, &stored,
-                                   &sub)))
-            return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, sub.msg);
-        uint8_t *ph = h + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
-        ph[0] = (uint8_t)codec;
-        ph[1] = ph[2] = ph[3] = 0;
-        stz_put_le32(ph + 4, (uint32_t)stored);
-        off += stored;
-    }
-    b->rec_len = off;
-    /* Float planes lose the runs and repeats LZ matching finds (pruned
-     * weights, mostly-zero tables, masks, embeddings with near-identical
-     * rows): where a sample shows them, for every small tensor (the trial
-     * costs next to nothing there, and small models are made of them), or
-     * always with --best, also try zstd on the unsplit bytes and keep the
-     * smaller record. */
-    if (is_float && (c->p->level == STZ_PACK_BEST || t->end - t->begin <= SMALL_TENSOR ||
-                     lz_friendly(b->raw, ch->raw_size, stz_xform_width(x)))) {
-        uint8_t *trial = b->planes; /* free now: its bound exceeds a chunk */
-        stz_codec codec;
-        size_t stored;
-        stz_err sub;
-        int level = c->p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : LZ_TRIAL_LEVEL;
-        if ((st = stz_plane_encode(&b->enc, level, b->raw, ch->raw_size, trial, stz_planes_bound(c->p->chunk_size),
-                                   &codec, &stored, &sub)))
-            return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, sub.msg);
-        if (RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored < off) {
-            h[4] = STZ_XFORM_NONE, h[5] = 1;
-            uint8_t *ph = h + RECORD_HEAD_SIZE;
-            ph[0] = (uint8_t)codec;
-            ph[1] = ph[2] = ph[3] = 0;
-            stz_put_le32(ph + 4, (uint32_t)stored);
-            memcpy(h + RECORD_HEAD_SIZE + PLANE_HEAD_SIZE, trial, stored);
-            b->rec_len = RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored;
-        }
-    }
+    stz_put_le64(b->rec + 16, c->hashes[i]);
     return STZ_OK;
+}
+
+uint64_t stz_pack_fixed_bytes(const char *header, size_t len)
+{
+    size_t cap = ZSTD_compressBound(len + 8), zs = 0;
+    uint8_t *z = malloc(cap), *img = malloc(len + 8);
+    if (z && img) { /* as write_head compresses it: the 8-byte length, then the JSON */
+        stz_put_le64(img, len);
+        memcpy(img + 8, header, len);
+        zs = ZSTD_compress(z, cap, img, len + 8, HEADER_ZSTD_LEVEL);
+    }
+    free(z), free(img);
+    zs = ZSTD_isError(zs) || !zs || zs > len + 8 ? len + 8 : zs;
+    return FILE_HEADER_SIZE + zs + INDEX_HEAD_SIZE + TRAILER_SIZE;
+}
+
+stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const uint8_t *data, uint64_t n,
+                                 uint64_t *bytes, stz_err *err)
+{
+    *bytes = 0;
+    size_t cs = p->chunk_size;
+    stz_plane_enc enc;
+    stz_status st = stz_plane_enc_init(&enc, err);
+    if (st)
+        return st;
+    uint8_t *pbuf = malloc(stz_planes_bound(cs)), *rec = malloc(stz_record_bound(cs));
+    if (!pbuf || !rec)
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (uint64_t off = 0; !st && off < n; off += cs) {
+        size_t k = n - off < cs ? (size_t)(n - off) : cs, len;
+        if (!(st = encode_chunk(&enc, p, dtype, n, data + off, k, pbuf, rec, &len, err)))
+            *bytes += len + INDEX_ENTRY_SIZE;
+    }
+    free(pbuf), free(rec);
+    stz_plane_enc_free(&enc);
+    return st;
 }
 
 /* In order: reserve the record's place. */

@@ -14,6 +14,7 @@
 #include "stz_safetensors.h"
 #include "stz_eval.h"
 #include "stz_svd.h"
+#include "quant_tensor.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -121,12 +122,7 @@ static stz_status refuse_quantized(const stz_reader *r, stz_err *err)
 
 static int quant_row(const plan_t *pl, const float *x, uint8_t *q, float *scales, float *mins)
 {
-    if (!pl->legacy)
-        return stz_qf_quantize_row(&pl->fmt, x, pl->cols, q, scales, mins);
-    return pl->bits == 8 ? stz_q8_quantize_ref(x, pl->cols, pl->d.block_size, pl->d.method, pl->d.scale_dtype,
-                                               (int8_t *)q, scales)
-                         : stz_q4_quantize_ref(x, pl->cols, pl->d.block_size, pl->d.method, pl->d.scale_dtype, q,
-                                               scales);
+    return stz_qf_quantize_any(&pl->fmt, pl->legacy, x, pl->cols, q, scales, mins);
 }
 
 /* The stored form of a quantized tensor's values: I8 for the symmetric
@@ -261,13 +257,8 @@ static stz_status write_blockwise(stz_writer *w, const plan_t *pl, const float *
     stz_status st = STZ_OK;
     for (size_t i = 0; !st && i < n; i += BATCH_BYTES / 4) {
         size_t k = n - i < BATCH_BYTES / 4 ? n - i : BATCH_BYTES / 4;
-        if (dt == STZ_DTYPE_U8)
-            for (size_t j = 0; j < k; j++)
-                buf[j] = stz_qf_scale_code(pl->fmt.scale_base, v[i + j]);
-        else
-            st = stz_from_f32(dt, v + i, k, buf, err);
-        if (!st)
-            st = stz_writer_write(w, buf, k * sz, err);
+        stz_qf_store_scales(&pl->fmt, v + i, k, buf);
+        st = stz_writer_write(w, buf, k * sz, err);
     }
     return st;
 }
@@ -316,15 +307,8 @@ static stz_status copy_tensor(stz_writer *w, const stz_reader *r, const stz_tens
 /* The kernel format of x's decision: bits, method, block, scale storage. */
 static void plan_format(plan_t *x)
 {
-    const stz_decision *d = &x->d;
-    x->bits = d->action == STZ_ACTION_SVD ? 8 : stz_action_bits(d->action); /* svd: INT8 factors */
-    memset(&x->fmt, 0, sizeof x->fmt);
-    x->fmt.bits = x->bits, x->fmt.method = d->method == STZ_QMETHOD_NL_FIT ? STZ_QMETHOD_NL : d->method;
-    x->fmt.block = d->block_size, x->fmt.scale_dtype = d->scale_dtype;
-    x->legacy = (x->bits == 8 || x->bits == 4) && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE) &&
-                d->scale_dtype != STZ_DTYPE_U8;
-    if (x->fmt.method == STZ_QMETHOD_NL && x->bits)
-        stz_qf_default_levels(x->bits, x->fmt.levels), stz_qf_prepare(&x->fmt);
+    x->bits = x->d.action == STZ_ACTION_SVD ? 8 : stz_action_bits(x->d.action); /* svd: INT8 factors */
+    x->legacy = stz_qf_of_decision(&x->d, &x->fmt);
 }
 
 /* What the format needs from the whole tensor before any row is
@@ -348,7 +332,7 @@ static stz_status plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t 
     x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
     if (st || !fit)
         return st;
-    size_t cols = x->cols > (1u << 20) ? (size_t)1 << 20 : (size_t)x->cols, nr = x->rows < 256 ? (size_t)x->rows : 256;
+    size_t cols = stz_qf_fit_cols(x->cols), nr = stz_qf_fit_rows(x->rows);
     float *smp = malloc(nr * cols * sizeof *smp + 1);
     if (!smp)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");

@@ -1,0 +1,113 @@
+/* A whole tensor quantized in memory, exactly as stz_quantize_file stores
+ * it (values, scales, minimums), with its squared error: what stz tune
+ * measures each candidate by. */
+#include "quant_tensor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
+{
+    int bits = d->action == STZ_ACTION_SVD ? 8 : stz_action_bits(d->action);
+    memset(f, 0, sizeof *f);
+    f->bits = bits, f->method = d->method == STZ_QMETHOD_NL_FIT ? STZ_QMETHOD_NL : d->method;
+    f->block = d->block_size, f->scale_dtype = d->scale_dtype;
+    if (f->method == STZ_QMETHOD_NL && bits)
+        stz_qf_default_levels(bits, f->levels), stz_qf_prepare(f);
+    return (bits == 8 || bits == 4) && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE) &&
+           d->scale_dtype != STZ_DTYPE_U8;
+}
+
+int stz_qf_quantize_any(const stz_qformat *f, int legacy, const float *x, size_t n, uint8_t *q, float *scales,
+                        float *mins)
+{
+    if (!legacy)
+        return stz_qf_quantize_row(f, x, n, q, scales, mins);
+    return f->bits == 8 ? stz_q8_quantize_ref(x, n, f->block, f->method, f->scale_dtype, (int8_t *)q, scales)
+                        : stz_q4_quantize_ref(x, n, f->block, f->method, f->scale_dtype, q, scales);
+}
+
+void stz_qf_store_scales(const stz_qformat *f, const float *v, size_t n, uint8_t *dst)
+{
+    stz_err ignored; /* F16 and F32 always convert */
+    if (f->scale_dtype == STZ_DTYPE_U8)
+        for (size_t j = 0; j < n; j++)
+            dst[j] = stz_qf_scale_code(f->scale_base, v[j]);
+    else
+        stz_from_f32(f->scale_dtype, v, n, dst, &ignored);
+}
+
+void stz_qmem_free(stz_qmem *q)
+{
+    for (int k = 0; k < 3; k++)
+        free(q->part[k]);
+    memset(q, 0, sizeof *q);
+}
+
+stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t rows, uint64_t cols, stz_qmem *out,
+                               stz_err *err)
+{
+    memset(out, 0, sizeof *out);
+    stz_qformat *f = &out->fmt;
+    if (!stz_action_bits(d->action))
+        return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
+                           stz_action_name(d->action));
+    out->legacy = stz_qf_of_decision(d, f);
+    uint64_t n = rows * cols, nb = stz_q_blocks(cols, d->block_size), ns = rows * nb;
+    float amax = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            return stz_err_set(err, STZ_E_NUMERIC, "element %llu is %s; quantization needs finite values",
+                               (unsigned long long)i, isnan(x[i]) ? "NaN" : "infinite");
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    }
+    f->scale_base = amax > 0 ? amax : 1.0f;
+    if (d->method == STZ_QMETHOD_NL_FIT && rows) { /* the rows stz_quantize_file fits to */
+        size_t nr = stz_qf_fit_rows(rows), fc = stz_qf_fit_cols(cols);
+        float *smp = malloc(nr * fc * sizeof *smp + 1);
+        if (!smp)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        for (size_t k = 0; k < nr; k++)
+            memcpy(smp + k * fc, x + k * (rows / nr) * cols, fc * sizeof *smp);
+        stz_qf_fit_levels(f, smp, nr, fc);
+        free(smp);
+    }
+    int asym = d->method == STZ_QMETHOD_ASYM;
+    size_t rb = stz_qf_row_bytes(f->bits, (size_t)cols), ssz = stz_dtype_bits(d->scale_dtype) / 8;
+    out->dtype[0] = f->bits == 8 && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE ||
+                                     d->method == STZ_QMETHOD_FULL) ? STZ_DTYPE_I8 : STZ_DTYPE_U8;
+    out->dtype[1] = out->dtype[2] = d->scale_dtype;
+    out->len[0] = (size_t)rows * rb;
+    float *sc = malloc(ns * sizeof *sc + 1), *mn = asym ? malloc(ns * sizeof *mn + 1) : NULL,
+          *y = malloc(cols * sizeof *y + 1);
+    out->part[0] = malloc(out->len[0] + 1);
+    stz_status st = STZ_OK;
+    if (!sc || (asym && !mn) || !y || !out->part[0])
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (uint64_t r = 0; !st && r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *s = sc + r * nb, *m = mn ? mn + r * nb : NULL;
+        uint8_t *q = out->part[0] + r * rb;
+        if (stz_qf_quantize_any(f, out->legacy, xr, (size_t)cols, q, s, m)) {
+            st = stz_err_set(err, STZ_E_NUMERIC, "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"");
+            break;
+        }
+        stz_qf_dequantize_row(f, q, s, m, (size_t)cols, y);
+        for (uint64_t i = 0; i < cols; i++) {
+            double e = (double)xr[i] - y[i];
+            out->err2 += e * e, out->norm2 += (double)xr[i] * xr[i];
+        }
+    }
+    for (int k = 1; !st && ns > 1 && k <= (asym ? 2 : 1); k++) { /* one block: its scale is in the metadata */
+        out->len[k] = (size_t)ns * ssz;
+        if (!(out->part[k] = malloc(out->len[k] + 1)))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        else
+            stz_qf_store_scales(f, k == 1 ? sc : mn, (size_t)ns, out->part[k]);
+    }
+    free(sc), free(mn), free(y);
+    if (st)
+        stz_qmem_free(out);
+    return st;
+}
