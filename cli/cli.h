@@ -176,6 +176,24 @@ int cli_model_config(const char *path, const cli_model_set *s, const char *confi
                      char **text, stz_err *err);
 /* STZ_E_FORMAT: no configuration for the model at path. */
 stz_status cli_no_config(const char *path, stz_err *err);
+/* Token sequences (stz eval --forward, stz tune). */
+typedef struct {
+    int32_t *tok; /* nseq x stride */
+    size_t *lens, nseq, stride;
+} cli_seqs;
+typedef struct {
+    const char *path;   /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */
+    double nseq, len;   /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
+    double default_len, seed, temp, top_p;
+} cli_seq_opts;
+/* The sequences o asks for: read (ids checked against m's vocabulary) or
+ * sampled from m. source (64 bytes) says where they came from. */
+stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, cli_seqs *q, char *source,
+                        stz_err *err);
+/* Writes them one per line (-f replaces; else an existing file is refused). */
+stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err *err);
+void cli_seqs_free(cli_seqs *q);
+
 int cmd_export(int argc, char **argv);
 /* GGUF files: detection by magic, and stz inspect's listing (JSON into
  * *json when json is not NULL). */
@@ -194,6 +212,7 @@ int cmd_dequantize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_eval_forward(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
+int cmd_tune(int argc, char **argv);
 int cmd_decompress(int argc, char **argv);
 int cmd_policy(int argc, char **argv);
 

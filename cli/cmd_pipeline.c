@@ -25,6 +25,7 @@ static const char compress_help[] =
     "  -o, --output FILE   where to write\n"
     CLI_POLICY_HELP
     "  --lossless          no quantization: stz pack\n"
+    "  --tune BUDGET       choose the policy for a size or KL budget (see stz tune --help)\n"
     "  --best              pack harder (see stz pack --help)\n"
     "  --no-eval           do not report the cosine figures\n"
     "  -T, --threads N     threads for quantizing, SVD and packing, 0 = all cores (default)\n"
@@ -191,6 +192,9 @@ done:
 
 int cmd_compress(int argc, char **argv)
 {
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--tune"))
+            return cmd_tune(argc, argv); /* stz compress MODEL --tune BUDGET -o OUT.stz */
     popts o;
     int rc = parse("compress", compress_help, argc, argv, &o);
     if (rc >= 0)

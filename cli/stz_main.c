@@ -14,6 +14,7 @@ static const cli_command commands[] = {
     {"quantize", cmd_quantize, "quantize tensors to INT8 / INT4 as a policy says"},
     {"dequantize", cmd_dequantize, "turn a quantized file back into a plain float model"},
     {"eval", cmd_eval, "measure how close a quantized model is to the original"},
+    {"tune", cmd_tune, "choose each tensor's action for a size or KL budget (writes a policy)"},
     {"pack", cmd_pack, "pack a SafeTensors file losslessly into an .stz container"},
     {"unpack", cmd_unpack, "restore the original file (or one tensor) from a container"},
     {"verify", cmd_verify, "check every checksum of containers without writing"},
@@ -29,7 +30,7 @@ static void usage(FILE *f)
     for (size_t i = 0; i < NCMD; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'stz COMMAND --help' describes a command. Exit status: 0 success, 1 error, 2 usage\n"
-               "(stz eval: 3 when a tensor is below --threshold).\n");
+               "(stz eval: 3 when a tensor is below --threshold; stz tune: 3 when the budget cannot be met).\n");
 }
 
 /* First signal: ask the running operation to stop (it cleans up on its

@@ -48,6 +48,8 @@ struct stz_fwd {
     float **keep;        /* sampling: weights kept between steps, per layer x T_PER_LAYER */
     size_t keep_layers;  /* layers kept */
     float *keep_head;    /* sampling: the output head (vocab, dim), when it fits too */
+    const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
+    loc probe_at;
 };
 
 const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m) { return &m->c; }
@@ -198,6 +200,8 @@ static stz_status read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *ds
         stz_status st = stz_qmodel_read_rows(m->files[at.f], at.i, r0 + r, k, d, err);
         if (st)
             return st;
+        if (m->probe && at.f == m->probe_at.f && at.i == m->probe_at.i)
+            m->probe->perturb(m->probe->user, t->name, d, r0 + r, k, (size_t)t->cols);
         for (size_t i = 0; i < k * t->cols; i++)
             if (!isfinite(d[i]))
                 return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s' holds NaN or Inf (row %llu)", m->label,
@@ -366,9 +370,9 @@ static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks,
     }
 }
 
-/* Every row through every layer: X (n, dim) in place. */
-static stz_status run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, stz_fwd_progress progress, void *user,
-                             uint64_t *done, uint64_t total, stz_err *err)
+/* Every row through layers l0..l1-1: X (n, dim) in place. */
+static stz_status run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
+                             stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err)
 {
     const stz_fwd_config *c = &m->c;
     size_t n = b->n, D = c->dim, F = c->hidden, hd = c->head_dim, QD = (size_t)c->n_heads * hd,
@@ -387,7 +391,7 @@ static stz_status run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, 
     for (int k = 0; !st && m->keep_layers < c->n_layers && k < T_PER_LAYER; k++)
         if (m->layer[k].f >= 0 && !(buf[k] = malloc(tensor(m, m->layer[k])->numel * sizeof(float))))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a layer's weights");
-    for (uint32_t l = 0; !st && l < c->n_layers; l++) {
+    for (uint32_t l = l0; !st && l < l1; l++) {
         float *w[T_PER_LAYER];
         if ((st = load_layer(m, l, buf, w, err)))
             break;
@@ -474,12 +478,27 @@ static stz_status head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *e
     return st;
 }
 
-/* Hidden states after every layer for all rows of nseq sequences (lens[s]
- * tokens each, stride apart); X gets sum(lens) rows. */
-static stz_status hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
-                                float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
-                                stz_err *err)
+/* The rows of nseq sequences (lens[s] tokens each, stride apart) laid
+ * out for the layers: position, sequence and token of each row, and one
+ * layer's key/value cache. */
+typedef struct {
+    uint32_t *pos, *seq;
+    int32_t *tok;
+    float *k, *v;
+    size_t nseq;
+    batch b;
+} seq_rows;
+
+static void rows_free(seq_rows *R)
 {
+    free(R->pos), free(R->seq), free(R->tok), free(R->k), free(R->v);
+    memset(R, 0, sizeof *R);
+}
+
+static stz_status rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                            seq_rows *R, stz_err *err)
+{
+    memset(R, 0, sizeof *R);
     size_t n = 0, cap = 0;
     for (size_t s = 0; s < nseq; s++) {
         if (m->c.max_pos && lens[s] > m->c.max_pos)
@@ -492,20 +511,32 @@ static stz_status hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, 
         n += lens[s], cap = lens[s] > cap ? lens[s] : cap;
     }
     size_t KD = (size_t)m->c.n_kv_heads * m->c.head_dim;
-    uint32_t *pos = malloc((n + 1) * sizeof *pos), *seq = malloc((n + 1) * sizeof *seq);
-    int32_t *tok = malloc((n + 1) * sizeof *tok);
-    float *k = malloc((nseq * cap * KD + 1) * sizeof *k), *v = malloc((nseq * cap * KD + 1) * sizeof *v);
-    stz_status st = !pos || !seq || !tok || !k || !v ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
-    for (size_t s = 0, r = 0; !st && s < nseq; s++)
-        for (size_t t = 0; t < lens[s]; t++, r++)
-            pos[r] = (uint32_t)t, seq[r] = (uint32_t)s, tok[r] = tokens[s * stride + t];
-    if (!st)
-        st = embed(m, tok, n, X, err);
-    if (!st) {
-        batch b = {n, pos, seq, cap, k, v, 1};
-        st = run_layers(m, X, &b, nseq, progress, user, done, total, err);
+    R->pos = malloc((n + 1) * sizeof *R->pos), R->seq = malloc((n + 1) * sizeof *R->seq);
+    R->tok = malloc((n + 1) * sizeof *R->tok);
+    R->k = malloc((nseq * cap * KD + 1) * sizeof *R->k), R->v = malloc((nseq * cap * KD + 1) * sizeof *R->v);
+    if (!R->pos || !R->seq || !R->tok || !R->k || !R->v) {
+        rows_free(R);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     }
-    free(pos), free(seq), free(tok), free(k), free(v);
+    for (size_t s = 0, r = 0; s < nseq; s++)
+        for (size_t t = 0; t < lens[s]; t++, r++)
+            R->pos[r] = (uint32_t)t, R->seq[r] = (uint32_t)s, R->tok[r] = tokens[s * stride + t];
+    R->nseq = nseq;
+    R->b = (batch){n, R->pos, R->seq, cap, R->k, R->v, 1};
+    return STZ_OK;
+}
+
+/* Hidden states after every layer for all rows of nseq sequences (lens[s]
+ * tokens each, stride apart); X gets sum(lens) rows. */
+static stz_status hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                                float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
+                                stz_err *err)
+{
+    seq_rows R;
+    stz_status st = rows_make(m, tokens, nseq, stride, lens, &R, err);
+    if (!st && !(st = embed(m, R.tok, R.b.n, X, err)))
+        st = run_layers(m, X, &R.b, nseq, 0, m->c.n_layers, progress, user, done, total, err);
+    rows_free(&R);
     return st;
 }
 
@@ -631,7 +662,7 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
         for (size_t s = 0; s < nseq; s++)
             pos[s] = (uint32_t)p, tok[s] = tokens[s * len + p];
         batch b = {nseq, pos, seq, len, k, v, c->n_layers};
-        if ((st = embed(m, tok, nseq, X, err)) || (st = run_layers(m, X, &b, nseq, progress, user, &done, total, err)) ||
+        if ((st = embed(m, tok, nseq, X, err)) || (st = run_layers(m, X, &b, nseq, 0, c->n_layers, progress, user, &done, total, err)) ||
             (st = head(m, X, nseq, logits, err)))
             break;
         for (size_t s = 0; s < nseq; s++)
@@ -692,13 +723,19 @@ static void fold_slice(row_stats *rs, const float *LA, const float *LB, size_t n
     }
 }
 
+/* Vocabulary entries per slice of the head for n scored rows. */
+static size_t slice_step(size_t n, size_t D, size_t V)
+{
+    size_t step = ((size_t)8 << 20) / (n > D ? n : D);
+    return step < 1 ? 1 : step > V ? V : step;
+}
+
 /* Final norm, then both heads streamed in vocabulary slices (each read
  * once) over the n scored rows XA, XB; stats into rs. */
 static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, size_t n, const int32_t *next,
                              row_stats *rs, stz_err *err)
 {
-    size_t D = ref->c.dim, V = ref->c.vocab, step = ((size_t)8 << 20) / (n > D ? n : D);
-    step = step < 1 ? 1 : step > V ? V : step;
+    size_t D = ref->c.dim, V = ref->c.vocab, step = slice_step(n, D, V);
     float *na = malloc(D * sizeof *na), *nb = malloc(D * sizeof *nb), *W = malloc(step * D * sizeof *W),
           *LA = malloc(n * step * sizeof *LA), *LB = malloc(n * step * sizeof *LB);
     stz_status st = !na || !nb || !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
@@ -728,6 +765,28 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
     }
     free(na), free(nb), free(W), free(LA), free(LB);
     return st;
+}
+
+/* The report over `scored` rows' stats; kl: scratch of scored doubles. */
+static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_report *out)
+{
+    double sum = 0, sum2 = 0, nll_a = 0, nll_b = 0;
+    size_t agree = 0;
+    for (size_t r = 0; r < scored; r++) {
+        const row_stats *x = &rs[r];
+        double lse_a = x->ma + log(x->sa), lse_b = x->mb + log(x->sb), d = x->ta / x->sa - lse_a + lse_b;
+        d = d < 0 ? 0 : d; /* rounding can leave -1e-17 for identical rows */
+        kl[r] = d, sum += d, sum2 += d * d, agree += x->arg_a == x->arg_b;
+        nll_a += lse_a - x->next_a, nll_b += lse_b - x->next_b;
+    }
+    double mean = sum / (double)scored, var = scored > 1 ? (sum2 - sum * mean) / (double)(scored - 1) : 0;
+    qsort(kl, scored, sizeof *kl, cmp_double);
+#define PCT(q) kl[(size_t)((q) * (double)(scored - 1) + 0.5)]
+    *out = (stz_fwd_report){scored, mean, sqrt(var > 0 ? var : 0) / sqrt((double)scored), PCT(0.5), PCT(0.95),
+                            PCT(0.99), kl[scored - 1], (double)agree / (double)scored,
+                            exp(nll_a / (double)scored), exp(nll_b / (double)scored), 0};
+#undef PCT
+    out->ppl_change = out->ppl_cand / out->ppl_ref - 1;
 }
 
 stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
@@ -769,25 +828,144 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
         st = score_rows(ref, cand, XA, XB, scored, next, rs, err);
     if (!st && progress && progress(user, total, total))
         st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-    if (!st) {
-        double sum = 0, sum2 = 0, nll_a = 0, nll_b = 0;
-        size_t agree = 0;
-        for (size_t r = 0; r < scored; r++) {
-            const row_stats *x = &rs[r];
-            double lse_a = x->ma + log(x->sa), lse_b = x->mb + log(x->sb), d = x->ta / x->sa - lse_a + lse_b;
-            d = d < 0 ? 0 : d; /* rounding can leave -1e-17 for identical rows */
-            kl[r] = d, sum += d, sum2 += d * d, agree += x->arg_a == x->arg_b;
-            nll_a += lse_a - x->next_a, nll_b += lse_b - x->next_b;
-        }
-        double mean = sum / (double)scored, var = scored > 1 ? (sum2 - sum * mean) / (double)(scored - 1) : 0;
-        qsort(kl, scored, sizeof *kl, cmp_double);
-#define PCT(q) kl[(size_t)((q) * (double)(scored - 1) + 0.5)]
-        *out = (stz_fwd_report){scored, mean, sqrt(var > 0 ? var : 0) / sqrt((double)scored), PCT(0.5), PCT(0.95),
-                                PCT(0.99), kl[scored - 1], (double)agree / (double)scored,
-                                exp(nll_a / (double)scored), exp(nll_b / (double)scored), 0};
-#undef PCT
-        out->ppl_change = out->ppl_cand / out->ppl_ref - 1;
-    }
+    if (!st)
+        report_from(rs, scored, kl, out);
     free(XA), free(XB), free(next), free(rs), free(kl);
+    return st;
+}
+
+/* ---- sensitivity ----------------------------------------------------------- */
+
+/* Final norm of the n rows X (in place), then the head in vocabulary
+ * slices. fill: each slice's logits are stored at store + v0 * n; else
+ * they are folded against the stored ones (as the original's) into rs. */
+static stz_status head_probe(stz_fwd *m, float *X, size_t n, const int32_t *next, float *store, int fill,
+                             row_stats *rs, stz_err *err)
+{
+    size_t D = m->c.dim, V = m->c.vocab, step = slice_step(n, D, V);
+    float *nw = malloc(D * sizeof *nw), *W = malloc(step * D * sizeof *W), *L = malloc(n * step * sizeof *L);
+    stz_status st = !nw || !W || !L ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    if (!st)
+        st = read_rows(m, m->global[G_NORM], 0, 1, nw, err);
+    for (size_t r = 0; !st && r < n; r++)
+        rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
+    for (size_t v0 = 0; !st && v0 < V; v0 += step) {
+        size_t k = V - v0 < step ? V - v0 : step;
+        float *out = fill ? store + v0 * n : L;
+        if ((st = read_rows(m, m->global[G_HEAD], v0, k, W, err)))
+            break;
+        linear(out, X, W, NULL, n, D, k);
+        for (size_t i = 0; i < n * k; i++)
+            if (!isfinite(out[i])) {
+                st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite%s",
+                                 m->label, i / k + 1, fill ? "" : " once a matrix is perturbed");
+                break;
+            }
+        if (!st && !fill)
+            fold_slice(rs, store + v0 * n, L, n, k, v0, next);
+    }
+    free(nw), free(W), free(L);
+    return st;
+}
+
+stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                             const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err)
+{
+    static const int mats[] = {T_WQ, T_WK, T_WV, T_WO, T_GATE, T_UP, T_DOWN};
+    const stz_fwd_config *c = &m->c;
+    size_t D = c->dim, V = c->vocab, L = c->n_layers;
+    loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
+    int tied = hd.f == emb.f && hd.i == emb.i;
+    seq_rows R;
+    stz_status st = rows_make(m, tokens, nseq, stride, lens, &R, err);
+    if (st)
+        return st;
+    size_t n = R.b.n, scored = 0;
+    size_t *idx = malloc((n + 1) * sizeof *idx);
+    int32_t *next = malloc((n + 1) * sizeof *next);
+    for (size_t s = 0, r = 0; idx && next && s < nseq; s++) /* token t predicts token t + 1 */
+        for (size_t t = 0; t < lens[s]; t++, r++)
+            if (t + 1 < lens[s])
+                idx[scored] = r, next[scored++] = tokens[s * stride + t + 1];
+    float *X = malloc((n * D + 1) * sizeof *X), *P = malloc((n * D + 1) * sizeof *P),
+          *S = malloc((scored * D + 1) * sizeof *S), *store = malloc((scored * V + 1) * sizeof *store);
+    row_stats *rs = calloc(scored + 1, sizeof *rs);
+    double *kl = malloc((scored + 1) * sizeof *kl);
+    if (!idx || !next || !X || !P || !S || !store || !rs || !kl)
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
+    else if (!scored)
+        st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
+    /* progress in layers run, a head counting as one */
+    uint64_t done = 0, total = L + 1;
+    const char *name;
+#define NAME_OF(at) (tensor(m, at)->name)
+    if (!st && probe->select(probe->user, NAME_OF(emb)))
+        total += L + 1;
+    for (size_t l = 0; !st && l < L; l++)
+        for (size_t k = 0; k < sizeof mats / sizeof *mats; k++)
+            total += probe->select(probe->user, NAME_OF(m->layer[l * T_PER_LAYER + mats[k]])) ? L - l + 1 : 0;
+    if (!st && !tied && probe->select(probe->user, NAME_OF(hd)))
+        total++;
+    openblas_set_num_threads(m->threads);
+    /* one run: P from layer l0 (or from the embedding, l0 == L + 1) to the head */
+#define RUN(l0, fill)                                                                                             \
+    do {                                                                                                          \
+        if ((l0) > L && (st = embed(m, R.tok, n, P, err)))                                                        \
+            break;                                                                                                \
+        if ((st = run_layers(m, P, &R.b, nseq, (l0) > L ? 0 : (uint32_t)(l0), (uint32_t)L, progress, user,      \
+                             &done, total, err)))                                                                 \
+            break;                                                                                                \
+        for (size_t i = 0; i < scored; i++)                                                                       \
+            memcpy(S + i * D, P + idx[i] * D, D * sizeof *S);                                                     \
+        memset(rs, 0, scored * sizeof *rs);                                                                       \
+        st = head_probe(m, S, scored, next, store, fill, rs, err);                                               \
+        if (!st && progress && progress(user, ++done, total))                                                     \
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");                                              \
+    } while (0)
+#define RESULT()                                                                                                  \
+    do {                                                                                                          \
+        m->probe = NULL;                                                                                          \
+        if (!st) {                                                                                                \
+            stz_fwd_report rep;                                                                                   \
+            report_from(rs, scored, kl, &rep);                                                                    \
+            probe->result(probe->user, name, rep.kl_mean);                                                        \
+        }                                                                                                         \
+    } while (0)
+    if (!st)
+        RUN(L + 1, 1); /* the reference */
+    if (!st && probe->select(probe->user, name = NAME_OF(emb))) {
+        m->probe = probe, m->probe_at = emb;
+        RUN(L + 1, 0);
+        RESULT();
+    }
+    if (!st)
+        st = embed(m, R.tok, n, X, err);
+    for (size_t l = 0; !st && l < L; l++) {
+        for (size_t k = 0; !st && k < sizeof mats / sizeof *mats; k++) {
+            loc at = m->layer[l * T_PER_LAYER + mats[k]];
+            if (!probe->select(probe->user, name = NAME_OF(at)))
+                continue;
+            memcpy(P, X, n * D * sizeof *P);
+            m->probe = probe, m->probe_at = at;
+            RUN(l, 0);
+            RESULT();
+        }
+        if (!st)
+            st = run_layers(m, X, &R.b, nseq, (uint32_t)l, (uint32_t)l + 1, NULL, NULL, &done, total, err);
+    }
+    if (!st && !tied && probe->select(probe->user, name = NAME_OF(hd))) {
+        for (size_t i = 0; i < scored; i++)
+            memcpy(S + i * D, X + idx[i] * D, D * sizeof *S);
+        memset(rs, 0, scored * sizeof *rs);
+        m->probe = probe, m->probe_at = hd;
+        st = head_probe(m, S, scored, next, store, 0, rs, err);
+        RESULT();
+    }
+#undef RUN
+#undef RESULT
+#undef NAME_OF
+    m->probe = NULL;
+    rows_free(&R);
+    free(idx), free(next), free(X), free(P), free(S), free(store), free(rs), free(kl);
     return st;
 }

@@ -83,6 +83,32 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
                            const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
                            stz_err *err);
 
+/*
+ * Sensitivity of the output to each weight matrix (stz tune): the model is
+ * run once as it is, then once per selected matrix with that matrix alone
+ * perturbed, and each run's next-token distributions are compared with
+ * the first's (mean KL over the scored positions, as stz_fwd_compare).
+ * Matrices: the token embedding, each layer's seven projections, and the
+ * output head when it is not the embedding. A run perturbing layer l
+ * starts from the stored input of layer l, so the cost is about
+ * (layers - l) layers plus the head per matrix; memory holds one layer's
+ * weights, a few copies of the hidden states and the reference logits
+ * (scored positions x vocabulary floats), not the model.
+ */
+typedef struct {
+    /* 1: measure matrix `name` */
+    int (*select)(void *user, const char *name);
+    /* rewrites rows [r0, r0 + n) of matrix `name` (cols floats each), as read from the model, into their
+     * perturbed values */
+    void (*perturb)(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols);
+    /* the result for `name`: mean KL(unperturbed || perturbed), nats per token */
+    void (*result)(void *user, const char *name, double kl);
+    void *user;
+} stz_fwd_probe;
+
+stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                             const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err);
+
 #ifdef __cplusplus
 }
 #endif

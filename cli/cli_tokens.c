@@ -1,0 +1,189 @@
+/* Token sequences for the forward pass: read from a file, sampled from a
+ * model, saved (stz eval --forward, stz tune). */
+#include "cli.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+void cli_seqs_free(cli_seqs *q)
+{
+    free(q->tok);
+    free(q->lens);
+    memset(q, 0, sizeof *q);
+}
+
+/* Counts one more sequence of n ids (read into a flat list meanwhile). */
+static stz_status seqs_count(cli_seqs *q, size_t n, stz_err *err)
+{
+    size_t *lens = realloc(q->lens, (q->nseq + 1) * sizeof *lens);
+    if (!lens)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    q->lens = lens, lens[q->nseq++] = n;
+    q->stride = n > q->stride ? n : q->stride;
+    return STZ_OK;
+}
+
+/* Lays the flat list out one sequence per row of the longest's length. */
+static stz_status seqs_layout(cli_seqs *q, const int32_t *flat, stz_err *err)
+{
+    if (!(q->tok = calloc(q->nseq * q->stride + 1, sizeof *q->tok)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t s = 0; s < q->nseq; flat += q->lens[s++])
+        memcpy(q->tok + s * q->stride, flat, q->lens[s] * sizeof *flat);
+    return STZ_OK;
+}
+
+static stz_status check_seq(const char *path, size_t where, const char *what, size_t n, stz_err *err)
+{
+    if (n < 2)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s %zu: a sequence needs at least 2 tokens, it has %zu", path, what,
+                           where, n);
+    return STZ_OK;
+}
+
+static stz_status id_of(const char *path, size_t where, const char *what, double v, int32_t *id, stz_err *err)
+{
+    if (!(v >= 0 && v < 2147483648.0) || v != floor(v))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s %zu: '%g' is not a token id", path, what, where, v);
+    *id = (int32_t)v;
+    return STZ_OK;
+}
+
+/* --tokens: one sequence per line, or a JSON array of arrays. */
+static stz_status read_tokens(const char *path, cli_seqs *q, stz_err *err)
+{
+    char *text;
+    size_t len;
+    stz_status st = stz_read_text(path, 1u << 30, &text, &len, err);
+    if (st)
+        return st;
+    int32_t *v = malloc((len / 2 + 2) * sizeof *v); /* every id takes 2 characters or more */
+    size_t used = 0;                                   /* ids of the sequences so far, in v */
+    if (!v)
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    const char *p = text;
+    while (!st && isspace((unsigned char)*p))
+        p++;
+    if (!st && *p == '[') {
+        cJSON *root = cJSON_ParseWithLength(text, len), *s;
+        if (!cJSON_IsArray(root))
+            st = stz_err_set(err, STZ_E_JSON, "%s: not valid JSON (an array of arrays of token ids)", path);
+        size_t i = 0;
+        cJSON *arr = st ? NULL : root;
+        cJSON_ArrayForEach(s, arr)
+        {
+            size_t n = 0;
+            cJSON *t;
+            i++;
+            if (!cJSON_IsArray(s)) {
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu is not an array of token ids", path, i);
+                break;
+            }
+            cJSON_ArrayForEach(t, s)
+            {
+                if (!cJSON_IsNumber(t) || (st = id_of(path, i, "sequence", t->valuedouble, &v[used + n++], err))) {
+                    st = st ? st : stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu holds something other than "
+                                                                  "token ids", path, i);
+                    break;
+                }
+            }
+            if (st || (st = check_seq(path, i, "sequence", n, err)) || (st = seqs_count(q, n, err)))
+                break;
+            used += n;
+        }
+        cJSON_Delete(root);
+    } else {
+        size_t line = 0;
+        for (char *s = text; !st && s < text + len; line++) {
+            char *eol = memchr(s, '\n', (size_t)(text + len - s)), *end;
+            eol = eol ? eol : text + len;
+            *eol = 0;
+            size_t n = 0;
+            for (char *c = s; !st;) {
+                while (isspace((unsigned char)*c))
+                    c++;
+                if (!*c)
+                    break;
+                errno = 0;
+                double d = strtod(c, &end);
+                if (end == c || (*end && !isspace((unsigned char)*end))) {
+                    st = stz_err_set(err, STZ_E_FORMAT, "%s: line %zu: '%.20s' is not a token id", path, line + 1, c);
+                    break;
+                }
+                st = id_of(path, line + 1, "line", d, &v[used + n++], err);
+                c = end;
+            }
+            if (!st && n && !(st = check_seq(path, line + 1, "line", n, err)) && !(st = seqs_count(q, n, err)))
+                used += n;
+            s = eol + 1;
+        }
+    }
+    if (!st && !q->nseq)
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: no token sequence in it", path);
+    if (!st)
+        st = seqs_layout(q, v, err);
+    free(v);
+    free(text);
+    return st;
+}
+
+stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err *err)
+{
+    tmpfile_t t;
+    if (cli_tmp_make(&t, path, "tokens"))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
+    FILE *f = fopen(t.path, "w");
+    for (size_t s = 0; f && s < q->nseq; s++)
+        for (size_t i = 0; i < q->lens[s]; i++)
+            fprintf(f, "%d%c", q->tok[s * q->stride + i], i + 1 < q->lens[s] ? ' ' : '\n');
+    stz_status st = STZ_OK;
+    if (!f || ferror(f) | fclose(f))
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
+    else if (force ? rename(t.path, path) : stz_rename_noreplace(t.path, path))
+        st = stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO, "%s: %s", path,
+                         errno == EEXIST ? "appeared meanwhile; not replaced (use -f)" : strerror(errno));
+    cli_tmp_drop(&t);
+    return st;
+}
+
+
+stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, cli_seqs *q, char *source,
+                        stz_err *err)
+{
+    const stz_fwd_config *c = stz_fwd_cfg(m);
+    memset(q, 0, sizeof *q);
+    stz_status st;
+    if (o->path) {
+        if ((st = read_tokens(o->path, q, err)))
+            return st;
+        for (size_t s = 0; s < q->nseq; s++)
+            for (size_t i = 0; i < q->lens[s]; i++)
+                if ((uint32_t)q->tok[s * q->stride + i] >= c->vocab)
+                    return stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu, token %zu: id %d is outside the "
+                                       "vocabulary of %s [0, %u)", o->path, s + 1, i + 1, q->tok[s * q->stride + i],
+                                       label, c->vocab);
+        snprintf(source, 64, "from %.50s", strrchr(o->path, '/') ? strrchr(o->path, '/') + 1 : o->path);
+        return STZ_OK;
+    }
+    size_t dl = (size_t)o->default_len, L = o->len ? (size_t)o->len : c->max_pos && c->max_pos < dl ? c->max_pos : dl,
+           n = (size_t)o->nseq;
+    if (L < 2)
+        return stz_err_set(err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", label, c->max_pos);
+    q->tok = malloc(n * L * sizeof *q->tok), q->lens = malloc(n * sizeof *q->lens), q->nseq = n, q->stride = L;
+    if (!q->tok || !q->lens)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t s = 0; s < n; s++)
+        q->lens[s] = L;
+    cli_progress prog;
+    cli_progress_init(&prog, "sampling", quiet);
+    st = stz_fwd_sample(m, n, L, (uint64_t)o->seed, o->temp, o->top_p, q->tok, cli_progress_cb, &prog, err);
+    cli_progress_end(&prog);
+    snprintf(source, 64, "%zu tokens sampled from the original, seed %.0f", L, o->seed);
+    return st;
+}

@@ -1,0 +1,541 @@
+/* stz tune (and stz compress --tune): choose each tensor's action for a
+ * size or quality budget, verify by compressing and running the model,
+ * correct once. */
+#include "cli.h"
+#include "stz_pack.h"
+#include "stz_policy.h"
+#include "stz_tune.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char tune_help[] =
+    "usage: stz tune MODEL BUDGET [options]\n"
+    "       stz compress MODEL --tune BUDGET [options] -o OUT.stz\n\n"
+    "Chooses for every weight matrix the action (keep, or a bit width, method,\n"
+    "block size and scale storage) that gives the lowest KL divergence of the\n"
+    "model's outputs for a size budget, or the smallest container for a KL\n"
+    "budget. Each candidate is measured on each matrix (its error, and its\n"
+    "bytes after the lossless stage); each matrix's sensitivity with the\n"
+    "forward pass; the budget is solved, then checked by compressing the model\n"
+    "and running it (corrected once if missed). Writes an ordinary policy\n"
+    "(stz compress --policy) and prints a report. Llama-family models only\n"
+    "(those stz eval --forward runs), one SafeTensors file.\n\n"
+    "BUDGET, one of:\n"
+    "  --size BYTES        container at most BYTES (suffixes K, M, G: powers of 1024)\n"
+    "  --ratio R           container at most MODEL's size / R\n"
+    "  --bits-per-weight B container at most B bits per parameter\n"
+    "  --max-kl K          mean KL(original || compressed) at most K nats/token\n\n"
+    "  --candidates LIST   comma-separated: keep and BITS:METHOD:BLOCK:SCALES\n"
+    "                      (default keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,\n"
+    "                      4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8)\n"
+    "  --tokens FILE       sequences to measure on (as stz eval --forward)\n"
+    "  --sequences N       sequences to sample from the model (default 4)\n"
+    "  --seq-len L         tokens per sampled sequence (default 64)\n"
+    "  --seed S            sampling seed (default 1)\n"
+    "  --config FILE       the model's config.json\n"
+    "  --plot FILE.svg     the Pareto curve (size against predicted KL) as SVG\n"
+    "  --no-verify         do not compress and measure the choice\n"
+    "  -o FILE             tune: the policy (default MODEL's name + .tune.json);\n"
+    "                      compress --tune: the container (its policy with --save-policy FILE)\n"
+    "  -T N                threads (default: all cores)\n"
+    "  -f, --force         replace existing outputs\n"
+    "  --json              the report as JSON on standard output\n"
+    "  -q, --quiet         no progress, no report\n"
+    "  -h, --help          this text\n\n"
+    "Exit status: 0 ok, 1 error, 2 usage, 3 the budget cannot be met (the\n"
+    "closest feasible point is reported; nothing is written).\n";
+
+typedef struct {
+    cli_common c;
+    stz_budget kind;
+    double value;           /* bytes or KL, once resolved */
+    const char *budget_opt; /* as given */
+    double size, ratio, bpw, max_kl;
+    const char *candidates, *config, *plot, *save_policy;
+    cli_seq_opts so;
+    int verify, compress;
+} tune_opts;
+
+static int number(const char *opt, const char *arg, double lo, double hi, double *v)
+{
+    char *end;
+    *v = strtod(arg, &end);
+    double mul = 1;
+    if (!strcmp(opt, "--size") && end != arg && *end && !end[1])
+        mul = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 0, end++;
+    *v *= mul;
+    if (*end || !*arg || !mul || !(*v >= lo && *v <= hi))
+        return cli_usage_error("tune", "%s takes a number in [%g, %g], not '%s'", opt, lo, hi, arg);
+    return -1;
+}
+
+static int parse(int argc, char **argv, tune_opts *o)
+{
+    enum { O_SIZE = 256, O_RATIO, O_BPW, O_MAXKL, O_CAND, O_TOKENS, O_SEQS, O_LEN, O_SEED, O_CONFIG, O_PLOT,
+           O_NOVERIFY, O_TUNE, O_SAVEPOL };
+    static const struct option opts[] = {
+        {"size", required_argument, 0, O_SIZE},     {"ratio", required_argument, 0, O_RATIO},
+        {"bits-per-weight", required_argument, 0, O_BPW}, {"max-kl", required_argument, 0, O_MAXKL},
+        {"candidates", required_argument, 0, O_CAND}, {"tokens", required_argument, 0, O_TOKENS},
+        {"sequences", required_argument, 0, O_SEQS}, {"seq-len", required_argument, 0, O_LEN},
+        {"seed", required_argument, 0, O_SEED},     {"config", required_argument, 0, O_CONFIG},
+        {"plot", required_argument, 0, O_PLOT},     {"no-verify", no_argument, 0, O_NOVERIFY},
+        {"tune", no_argument, 0, O_TUNE},           {"save-policy", required_argument, 0, O_SAVEPOL},
+        CLI_COMMON_LONG,                            {0, 0, 0, 0}};
+    memset(o, 0, sizeof *o);
+    cli_common_init(&o->c);
+    o->verify = 1, o->candidates = stz_tune_default_candidates;
+    o->so = (cli_seq_opts){NULL, 4, 0, 64, 1, 1, 0.9};
+    int c, rc, budgets = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+        switch (c) {
+        case O_SIZE: budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--size";
+            if ((rc = number("--size", optarg, 1, 1e18, &o->size)) >= 0) return rc;
+            break;
+        case O_RATIO: budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--ratio";
+            if ((rc = number("--ratio", optarg, 0.01, 1e6, &o->ratio)) >= 0) return rc;
+            break;
+        case O_BPW: budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--bits-per-weight";
+            if ((rc = number("--bits-per-weight", optarg, 0.01, 64, &o->bpw)) >= 0) return rc;
+            break;
+        case O_MAXKL: budgets++, o->kind = STZ_BUDGET_KL, o->budget_opt = "--max-kl";
+            if ((rc = number("--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0) return rc;
+            break;
+        case O_CAND: o->candidates = optarg; break;
+        case O_TOKENS: o->so.path = optarg; break;
+        case O_SEQS: if ((rc = number("--sequences", optarg, 1, 65536, &o->so.nseq)) >= 0) return rc; break;
+        case O_LEN: if ((rc = number("--seq-len", optarg, 2, 1 << 20, &o->so.len)) >= 0) return rc; break;
+        case O_SEED: if ((rc = number("--seed", optarg, 0, 1e15, &o->so.seed)) >= 0) return rc; break;
+        case O_CONFIG: o->config = optarg; break;
+        case O_PLOT: o->plot = optarg; break;
+        case O_NOVERIFY: o->verify = 0; break;
+        case O_TUNE: o->compress = 1; break;
+        case O_SAVEPOL: o->save_policy = optarg; break;
+        default:
+            if ((rc = cli_common_opt("tune", tune_help, c, &o->c)) != -2) {
+                if (rc == -1)
+                    break;
+                return rc;
+            }
+            return cli_usage_error("tune", "unknown option");
+        }
+    }
+    if (optind != argc - 1)
+        return cli_usage_error("tune", "expected one MODEL");
+    if (budgets != 1)
+        return cli_usage_error("tune", "give exactly one budget: --size, --ratio, --bits-per-weight or --max-kl");
+    if (o->so.path && (o->so.nseq != 4 || o->so.len || o->so.seed != 1))
+        return cli_usage_error("tune", "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply");
+    if (o->so.nseq != floor(o->so.nseq) || o->so.len != floor(o->so.len) || o->so.seed != floor(o->so.seed))
+        return cli_usage_error("tune", "--sequences, --seq-len and --seed take whole numbers");
+    if (o->compress && !o->verify)
+        return cli_usage_error("compress", "--tune writes the verified container: --no-verify does not apply");
+    if (!o->compress && o->save_policy)
+        return cli_usage_error("tune", "--save-policy is for stz compress --tune (stz tune writes the policy with -o)");
+    return -1;
+}
+
+/* ---- verifying -------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t bytes;
+    stz_fwd_report fwd;
+} measured;
+
+/* Compresses MODEL with the policy text into container `out` and runs it
+ * against the original on the same sequences. */
+static stz_status verify(const tune_opts *o, const char *model, const char *policy_text, const char *out,
+                         stz_fwd *ref, const stz_fwd_config *cfg, const cli_seqs *q, measured *res, stz_err *err)
+{
+    stz_policy *pol = NULL;
+    tmpfile_t tq = {0};
+    stz_qmodel *cm = NULL;
+    stz_fwd *cand = NULL;
+    cli_progress prog;
+    stz_status st = stz_policy_parse(&pol, policy_text, strlen(policy_text), "tuned policy", err);
+    if (!st && cli_tmp_make(&tq, out, "quant"))
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
+    if (!st) {
+        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+        qp.threads = o->c.threads, qp.write_flags = STZ_WRITE_FORCE;
+        cli_progress_init(&prog, "tune: verify, quantize", o->c.quiet || o->c.json);
+        qp.progress = cli_progress_cb, qp.progress_user = &prog;
+        st = stz_quantize_file(&qp, pol, model, tq.path, NULL, err);
+        cli_progress_end(&prog);
+    }
+    if (!st) {
+        stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+        pp.threads = o->c.threads, pp.write_flags = STZ_WRITE_FORCE;
+        stz_pack_stats ps;
+        cli_progress_init(&prog, "tune: verify, pack", o->c.quiet || o->c.json);
+        pp.progress = cli_progress_cb, pp.progress_user = &prog;
+        st = stz_pack_file(&pp, tq.path, out, &ps, err);
+        cli_progress_end(&prog);
+        res->bytes = ps.out_bytes;
+    }
+    cli_tmp_drop(&tq);
+    if (!st && !(st = stz_qmodel_open(&cm, out, err)) &&
+        !(st = stz_fwd_open(&cand, &cm, 1, cfg, out, o->c.threads, err))) {
+        cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
+        st = stz_fwd_compare(ref, cand, q->tok, q->nseq, q->stride, q->lens, cli_progress_cb, &prog, &res->fwd, err);
+        cli_progress_end(&prog);
+    }
+    stz_fwd_free(cand);
+    stz_qmodel_free(cm);
+    stz_policy_free(pol);
+    return st;
+}
+
+/* ---- reporting -------------------------------------------------------------------- */
+
+/* Up to `want` points of the curve, spread evenly over its bytes. */
+static size_t pick_points(const stz_tune_solution *s, size_t want, size_t *idx)
+{
+    size_t n = 0;
+    if (!s->ncurve)
+        return 0;
+    uint64_t lo = s->curve[0].bytes, hi = s->curve[s->ncurve - 1].bytes;
+    for (size_t i = 0; i < s->ncurve && n < want; i++) {
+        double target = lo + (double)(hi - lo) * (double)n / (double)(want - 1);
+        if ((double)s->curve[i].bytes >= target || i + 1 == s->ncurve)
+            idx[n++] = i;
+    }
+    return n;
+}
+
+static stz_status write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
+                             const measured *m, int force, stz_err *err)
+{
+    tmpfile_t t;
+    if (cli_tmp_make(&t, path, "plot"))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
+    FILE *f = fopen(t.path, "w");
+    double x0 = (double)s->curve[0].bytes, x1 = (double)s->curve[s->ncurve - 1].bytes, y1 = 0;
+    for (size_t i = 0; i < s->ncurve; i++)
+        y1 = s->curve[i].kl > y1 ? s->curve[i].kl : y1;
+    if (m && m->fwd.kl_mean > y1)
+        y1 = m->fwd.kl_mean;
+    x1 = x1 > x0 ? x1 : x0 + 1, y1 = y1 > 0 ? y1 * 1.05 : 1;
+    const double W = 640, H = 400, L = 80, B = 50, R = 20, T = 30;
+#define PX(b) (L + ((double)(b) - x0) / (x1 - x0) * (W - L - R))
+#define PY(k) (H - B - (k) / y1 * (H - B - T))
+    if (f) {
+        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+                   "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+        fprintf(f, "<text x=\"%.0f\" y=\"18\">stz tune: container size against predicted mean KL</text>\n", L);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
+        for (int k = 0; k <= 4; k++) {
+            double bx = x0 + (x1 - x0) * k / 4, ky = y1 * k / 4;
+            fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.3g MB</text>\n", PX(bx), H - B + 18,
+                    bx / 1e6);
+            fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, PY(ky) + 4, ky);
+        }
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">container bytes</text>\n", (L + W - R) / 2,
+                H - 12);
+        fprintf(f, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">mean KL "
+                   "(nats/token)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
+        fputs("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"", f);
+        for (size_t i = 0; i < s->ncurve; i++)
+            fprintf(f, "%.1f,%.1f ", PX(s->curve[i].bytes), PY(s->curve[i].kl));
+        fputs("\"/>\n", f);
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#d62728\"><title>chosen (predicted)</title></circle>\n",
+                PX(choice->bytes), PY(choice->kl));
+        if (m)
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\">"
+                       "<title>chosen (measured)</title></circle>\n", PX(m->bytes), PY(m->fwd.kl_mean));
+        fputs("</svg>\n", f);
+    }
+#undef PX
+#undef PY
+    stz_status st = STZ_OK;
+    if (!f || ferror(f) | fclose(f))
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
+    else if (force ? rename(t.path, path) : stz_rename_noreplace(t.path, path))
+        st = stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO, "%s: %s", path,
+                         errno == EEXIST ? "appeared meanwhile; not replaced (use -f)" : strerror(errno));
+    cli_tmp_drop(&t);
+    return st;
+}
+
+static int report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
+                  const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
+                  double budget_bytes, const char *source)
+{
+    size_t idx[16], np = pick_points(s, 12, idx);
+    const measured *m = m2 ? m2 : m1;
+    char a[32], b[32];
+    if (o->c.json) {
+        cJSON *d = cJSON_CreateObject(), *ts = cJSON_CreateArray(), *cv = cJSON_CreateArray();
+        cJSON_AddStringToObject(d, "model", model);
+        cJSON_AddStringToObject(d, o->compress ? "container" : "policy", out);
+        cJSON_AddStringToObject(d, "budget", o->budget_opt);
+        cJSON_AddNumberToObject(d, o->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", o->value);
+        cJSON_AddStringToObject(d, "tokens", source);
+        cJSON_AddNumberToObject(d, "predicted_bytes", (double)s->pred.bytes);
+        cJSON_AddNumberToObject(d, "predicted_kl", s->pred.kl);
+        if (m) {
+            cJSON_AddNumberToObject(d, "measured_bytes", (double)m->bytes);
+            cJSON_AddNumberToObject(d, "measured_kl", m->fwd.kl_mean);
+            cJSON_AddNumberToObject(d, "measured_top1", m->fwd.top1);
+            cJSON_AddNumberToObject(d, "measured_ppl_change", m->fwd.ppl_change);
+            cJSON_AddBoolToObject(d, "corrected", m2 != NULL);
+        }
+        if (m2) {
+            cJSON_AddNumberToObject(d, "first_predicted_bytes", (double)first->bytes);
+            cJSON_AddNumberToObject(d, "first_predicted_kl", first->kl);
+            cJSON_AddNumberToObject(d, "first_measured_bytes", (double)m1->bytes);
+            cJSON_AddNumberToObject(d, "first_measured_kl", m1->fwd.kl_mean);
+        }
+        for (size_t i = 0; i < T->nt; i++) {
+            const stz_tune_tensor *t = &T->t[i];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "name", t->name);
+            cJSON_AddNumberToObject(e, "params", (double)t->params);
+            cJSON_AddStringToObject(e, "choice", t->tunable ? T->cand[t->choice].name : "keep");
+            cJSON_AddNumberToObject(e, "bytes", (double)t->bytes[t->tunable ? t->choice : 0]);
+            if (t->tunable) {
+                cJSON_AddNumberToObject(e, "rel_error", t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0);
+                cJSON_AddNumberToObject(e, "sensitivity", t->sens);
+                cJSON_AddNumberToObject(e, "predicted_kl", t->sens * t->err2[t->choice]);
+            } else {
+                cJSON_AddStringToObject(e, "kept_because", t->why);
+            }
+            cJSON_AddItemToArray(ts, e);
+        }
+        cJSON_AddItemToObject(d, "tensors", ts);
+        for (size_t i = 0; i < s->ncurve; i++) {
+            cJSON *p = cJSON_CreateObject();
+            cJSON_AddNumberToObject(p, "bytes", (double)s->curve[i].bytes);
+            cJSON_AddNumberToObject(p, "kl", s->curve[i].kl);
+            cJSON_AddItemToArray(cv, p);
+        }
+        cJSON_AddItemToObject(d, "pareto", cv);
+        return cli_print_json(d);
+    }
+    if (o->c.quiet)
+        return CLI_OK;
+    printf("%-48s %-14s %12s %9s %11s %11s\n", "tensor", "choice", "bytes", "rel.err", "KL/err^2", "pred. KL");
+    for (size_t i = 0; i < T->nt; i++) {
+        const stz_tune_tensor *t = &T->t[i];
+        if (t->tunable)
+            printf("%-48s %-14s %12s %9.4f %11.4g %11.3g\n", t->name, T->cand[t->choice].name,
+                   cli_commas(a, t->bytes[t->choice]), t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0,
+                   t->sens, t->sens * t->err2[t->choice]);
+        else
+            printf("%-48s %-14s %12s   (kept: %s)\n", t->name, "keep", cli_commas(a, t->bytes[0]), t->why);
+    }
+    printf("\nPareto curve (predicted; %zu points, %zu shown):\n%14s %12s\n", s->ncurve, np, "bytes", "mean KL");
+    for (size_t i = 0; i < np; i++)
+        printf("%14s %12.4g\n", cli_commas(a, s->curve[idx[i]].bytes), s->curve[idx[i]].kl);
+    printf("\nbudget %s: %s\n", o->budget_opt,
+           o->kind == STZ_BUDGET_KL ? (snprintf(b, sizeof b, "mean KL <= %g", o->value), b)
+                                    : (snprintf(b, sizeof b, "<= %.0f bytes", budget_bytes), b));
+    if (m2)
+        printf("first choice:  predicted %s bytes, KL %.4g; measured %s bytes, KL %.4g: missed, corrected once\n",
+               cli_commas(a, first->bytes), first->kl, cli_commas(b, m1->bytes), m1->fwd.kl_mean);
+    printf("choice:        predicted %s bytes, KL %.4g", cli_commas(a, s->pred.bytes), s->pred.kl);
+    if (m)
+        printf("; measured %s bytes (%+.2f%%), KL %.4g (%+.1f%%), top-1 %.2f%%, perplexity %+.2f%%",
+               cli_commas(b, m->bytes), 100.0 * ((double)m->bytes / (double)s->pred.bytes - 1), m->fwd.kl_mean,
+               s->pred.kl > 0 ? 100.0 * (m->fwd.kl_mean / s->pred.kl - 1) : 0.0, 100 * m->fwd.top1,
+               100 * m->fwd.ppl_change);
+    printf("\n%s: %s\n", o->compress ? "container" : "policy", out);
+    return CLI_OK;
+}
+
+/* ---- the command ------------------------------------------------------------------ */
+
+static int missed(const tune_opts *o, const measured *m)
+{
+    return o->kind == STZ_BUDGET_KL ? m->fwd.kl_mean > o->value : (double)m->bytes > o->value;
+}
+
+static char *default_policy_path(const char *model)
+{
+    size_t n = strlen(model);
+    while (n > 1 && model[n - 1] == '/')
+        n--;
+    if (n > 12 && !strncmp(model + n - 12, ".safetensors", 12))
+        n -= 12;
+    char *p = malloc(n + 16);
+    if (p)
+        snprintf(p, n + 16, "%.*s.tune.json", (int)n, model);
+    return p;
+}
+
+/* Moves `tmp` to `path` (replacing only with force). */
+static stz_status place(const char *tmp, const char *path, int force, stz_err *err)
+{
+    if (force ? rename(tmp, path) : stz_rename_noreplace(tmp, path))
+        return stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO, "%s: %s", path,
+                           errno == EEXIST ? "appeared meanwhile; not replaced (use -f)" : strerror(errno));
+    return STZ_OK;
+}
+
+static stz_status write_text(const char *path, const char *text, int force, stz_err *err)
+{
+    tmpfile_t t;
+    if (cli_tmp_make(&t, path, "policy"))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
+    FILE *f = fopen(t.path, "w");
+    stz_status st = STZ_OK;
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || ferror(f) | fclose(f))
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
+    else
+        st = place(t.path, path, force, err);
+    cli_tmp_drop(&t);
+    return st;
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    tune_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    const char *model = argv[optind];
+    char *out = o.c.out ? strdup(o.c.out) : o.compress ? NULL : default_policy_path(model);
+    if (!out)
+        return cli_usage_error("compress", "--tune needs -o OUT.stz");
+    stz_err err;
+    cli_model_set S = {0};
+    stz_fwd *fwd = NULL;
+    stz_fwd_config cfg;
+    stz_tune T = {0};
+    stz_tune_cand *cand = NULL;
+    size_t ncand = 0;
+    cli_seqs q = {0};
+    stz_tune_solution sol = {0};
+    char from[4096], source[64];
+    char *policy = NULL;
+    tmpfile_t tc = {0};
+    measured m1 = {0}, m2 = {0};
+    int have1 = 0, have2 = 0;
+    stz_tune_point first = {0};
+    struct stat sb;
+    rc = CLI_ERROR;
+    const char *outs[2] = {out, o.compress ? o.save_policy : o.plot};
+    for (int k = 0; k < 2; k++)
+        if (outs[k] && !o.c.force && stat(outs[k], &sb) == 0) {
+            stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", outs[k]);
+            goto fail;
+        }
+    if (stz_tune_parse_candidates(o.candidates, &cand, &ncand, &err) || cli_set_open(&S, model, &err) ||
+        stz_refuse_input_as_output(model, out, &err))
+        goto fail;
+    if (S.n != 1) {
+        stz_err_set(&err, STZ_E_UNSUPPORTED, "%s: a sharded model (%zu files): stz tune takes one SafeTensors file "
+                    "for now", model, S.n);
+        goto fail;
+    }
+    int found = cli_model_config(model, &S, o.config, &cfg, from, NULL, &err);
+    if (found < 0 || (!found && cli_no_config(model, &err)))
+        goto fail;
+    o.c.threads = o.c.threads ? o.c.threads : cli_ncores();
+    if (stz_fwd_open(&fwd, S.m, S.n, &cfg, model, o.c.threads, &err))
+        goto fail;
+    if (cli_seqs_get(&o.so, fwd, model, o.c.quiet || o.c.json, &q, source, &err))
+        goto fail;
+    cli_progress prog;
+    stz_tune_params tp = {o.c.threads, cli_progress_cb, &prog};
+    cli_progress_init(&prog, "tune: measure candidates", o.c.quiet || o.c.json);
+    stz_status st = stz_tune_measure(&T, S.m, S.n, cand, ncand, &tp, &err);
+    cli_progress_end(&prog);
+    if (st)
+        goto fail;
+    cli_progress_init(&prog, "tune: sensitivity", o.c.quiet || o.c.json);
+    st = stz_tune_probe(&T, fwd, q.tok, q.nseq, q.stride, q.lens, &tp, &err);
+    cli_progress_end(&prog);
+    if (st)
+        goto fail;
+    double model_bytes = (double)cli_path_bytes(model);
+    o.value = o.kind == STZ_BUDGET_KL ? o.max_kl
+              : o.size                ? o.size
+              : o.ratio               ? model_bytes / o.ratio
+                                      : o.bpw * (double)T.params / 8;
+    if (stz_tune_solve(&T, o.kind, o.value, 1, &sol, &err))
+        goto fail;
+    if (!sol.met) {
+        char a[32];
+        fprintf(stderr, "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
+                "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n", model, o.budget_opt,
+                o.kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", o.value, cli_commas(a, sol.pred.bytes),
+                sol.pred.kl);
+        rc = 3;
+        goto done;
+    }
+    char desc[512];
+    snprintf(desc, sizeof desc, "stz tune of %.200s for %s %g (candidates %.200s)", model, o.budget_opt,
+             o.kind == STZ_BUDGET_KL ? o.max_kl : o.size ? o.size : o.ratio ? o.ratio : o.bpw, o.candidates);
+    policy = stz_tune_policy(&T, desc);
+    if (!policy) {
+        stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (o.verify) {
+        if (cli_tmp_make(&tc, out, "tune"))
+            goto tmp_fail;
+        if (verify(&o, model, policy, tc.path, fwd, &cfg, &q, &m1, &err))
+            goto fail;
+        have1 = 1;
+        if (missed(&o, &m1)) { /* correct once: scale what was predicted by what was measured */
+            first = sol.pred;
+            double kl_scale = o.kind == STZ_BUDGET_KL && sol.pred.kl > 0 ? m1.fwd.kl_mean / sol.pred.kl : 1;
+            double value = o.kind == STZ_BUDGET_KL ? o.value : o.value * (double)sol.pred.bytes / (double)m1.bytes;
+            stz_tune_solution_free(&sol);
+            if (stz_tune_solve(&T, o.kind, value, kl_scale, &sol, &err))
+                goto fail;
+            free(policy);
+            if (!(policy = stz_tune_policy(&T, desc))) {
+                stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+                goto fail;
+            }
+            if (verify(&o, model, policy, tc.path, fwd, &cfg, &q, &m2, &err))
+                goto fail;
+            have2 = 1;
+        }
+    }
+    const measured *fin = have2 ? &m2 : have1 ? &m1 : NULL;
+    if (o.compress) {
+        if (place(tc.path, out, o.c.force, &err) || (o.save_policy && write_text(o.save_policy, policy, o.c.force, &err)))
+            goto fail;
+    } else if (write_text(out, policy, o.c.force, &err)) {
+        goto fail;
+    }
+    if (o.plot && write_plot(o.plot, &sol, &sol.pred, fin, o.c.force, &err))
+        goto fail;
+    rc = report(&o, model, out, &T, &sol, &first, have1 ? &m1 : NULL, have2 ? &m2 : NULL, o.value, source);
+    if (rc == CLI_OK && fin && missed(&o, fin)) {
+        fprintf(stderr, "stz: budget missed after one correction: measured %s %.6g against %g; the %s is written, "
+                "tighten the budget or add candidates\n", o.kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
+                o.kind == STZ_BUDGET_KL ? fin->fwd.kl_mean : (double)fin->bytes, o.value,
+                o.compress ? "container" : "policy");
+        rc = 3;
+    }
+    goto done;
+tmp_fail:
+    stz_err_set(&err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
+fail:
+    rc = cli_fail(&err);
+done:
+    cli_tmp_drop(&tc);
+    free(policy);
+    stz_tune_solution_free(&sol);
+    stz_tune_free(&T);
+    free(cand);
+    cli_seqs_free(&q);
+    stz_fwd_free(fwd);
+    cli_set_free(&S);
+    free(out);
+    return rc;
+}

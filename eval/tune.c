@@ -1,0 +1,554 @@
+/* stz tune: measure candidates, probe sensitivity, solve the budget (see
+ * stz_tune.h). */
+#include "stz_internal.h"
+#include "stz_safetensors.h"
+#include "stz_tune.h"
+#include "../quant/quant_tensor.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const char stz_tune_default_candidates[] =
+    "keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8";
+
+/* ---- candidates ------------------------------------------------------------- */
+
+static stz_action action_of_bits(int bits)
+{
+    switch (bits) {
+    case 2: return STZ_ACTION_INT2;
+    case 3: return STZ_ACTION_INT3;
+    case 4: return STZ_ACTION_INT4;
+    case 5: return STZ_ACTION_INT5;
+    case 6: return STZ_ACTION_INT6;
+    case 8: return STZ_ACTION_INT8;
+    default: return STZ_ACTION_COUNT;
+    }
+}
+
+static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
+{
+    memset(c, 0, sizeof *c);
+    c->d.rule = -1, c->d.scale_dtype = STZ_DTYPE_F16;
+    if (!strcmp(s, "keep")) {
+        c->d.action = STZ_ACTION_KEEP;
+        snprintf(c->name, sizeof c->name, "keep");
+        return STZ_OK;
+    }
+    int bits, used = 0;
+    unsigned block;
+    char method[16], scales[8];
+    if (sscanf(s, "%d:%15[^:]:%u:%7s%n", &bits, method, &block, scales, &used) != 4 || s[used])
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep or BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8)",
+                           s);
+    if ((c->d.action = action_of_bits(bits)) == STZ_ACTION_COUNT)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': bits must be 2, 3, 4, 5, 6 or 8", s);
+    int m = 0;
+    while (m < STZ_QMETHOD_COUNT && strcmp(method, stz_qmethod_name((stz_qmethod)m)))
+        m++;
+    if (m == STZ_QMETHOD_COUNT)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': method must be absmax, mse, full, asym, nl or nl-fit", s);
+    if (!block || block > 65536)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': block size must be 1..65536", s);
+    if (!strcasecmp(scales, "F16") || !strcasecmp(scales, "F32") || !strcasecmp(scales, "U8"))
+        c->d.scale_dtype = toupper((unsigned char)scales[0]) == 'U' ? STZ_DTYPE_U8
+                           : scales[1] == '1'                      ? STZ_DTYPE_F16
+                                                                   : STZ_DTYPE_F32;
+    else
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': scales must be F16, F32 or U8", s);
+    if (m == STZ_QMETHOD_ASYM && c->d.scale_dtype == STZ_DTYPE_U8)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': asym takes F16 or F32 scales, not U8", s);
+    c->d.method = (stz_qmethod)m, c->d.block_size = block;
+    snprintf(c->name, sizeof c->name, "%d:%s:%u:%s", bits, method, block, stz_dtype_name(c->d.scale_dtype));
+    return STZ_OK;
+}
+
+stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err)
+{
+    *out = NULL, *n = 0;
+    char *copy = strdup(list), *save = NULL;
+    stz_tune_cand *c = calloc(strlen(list) / 2 + 2, sizeof *c); /* every entry takes 2 characters or more */
+    stz_status st = copy && c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    size_t k = 0;
+    for (char *tok = st ? NULL : strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        if ((st = parse_one(tok, &c[k], err)))
+            break;
+        for (size_t j = 0; j < k; j++)
+            if (!strcmp(c[j].name, c[k].name)) {
+                st = stz_err_set(err, STZ_E_ARG, "candidate '%s' is listed twice", c[k].name);
+                break;
+            }
+        if (st)
+            break;
+        k++;
+    }
+    if (!st && !k)
+        st = stz_err_set(err, STZ_E_ARG, "no candidate in '%s'", list);
+    free(copy);
+    if (st) {
+        free(c);
+        return st;
+    }
+    *out = c, *n = k;
+    return STZ_OK;
+}
+
+/* Nominal bits per weight of a candidate (codes and per-block scales). */
+static double nominal_bits(const stz_tune_cand *c)
+{
+    int bits = stz_action_bits(c->d.action);
+    if (!bits)
+        return 16;
+    double side = stz_dtype_bits(c->d.scale_dtype) * (c->d.method == STZ_QMETHOD_ASYM ? 2.0 : 1.0);
+    return bits + side / c->d.block_size;
+}
+
+/* ---- measuring ------------------------------------------------------------------ */
+
+typedef struct {
+    stz_tune *T;
+    stz_tune_tensor *t;
+    const float *x;
+    uint64_t rows, cols;
+    uint64_t keep_bytes;
+    uint64_t *raw; /* per candidate: stored bytes before the lossless stage */
+} measure_job;
+
+static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
+{
+    (void)tid;
+    measure_job *j = ctx;
+    stz_tune *T = j->T;
+    stz_tune_tensor *t = j->t;
+    const stz_decision *d = &T->cand[c].d;
+    if (d->action == STZ_ACTION_KEEP) {
+        t->bytes[c] = j->keep_bytes, t->err2[c] = 0, j->raw[c] = t->params * (stz_dtype_bits(t->dtype) / 8);
+        return STZ_OK;
+    }
+    stz_qmem q;
+    stz_err sub;
+    stz_status st = stz_quantize_tensor(d, j->x, j->rows, j->cols, &q, &sub);
+    if (st == STZ_E_NUMERIC) { /* scales beyond F16: not a choice for this tensor */
+        t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
+        return STZ_OK;
+    }
+    if (st)
+        return stz_err_set(err, st, "tensor '%s', candidate %s: %s", t->name, T->cand[c].name, sub.msg);
+    t->bytes[c] = 0, t->err2[c] = q.err2, j->raw[c] = 0;
+    for (int k = 0; !st && k < 3; k++) {
+        uint64_t b = 0;
+        if (q.part[k] && !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], q.part[k], q.len[k], &b, err)))
+            t->bytes[c] += b, j->raw[c] += q.len[k];
+    }
+    if (c == T->probe)
+        t->probe_fmt = q.fmt, t->probe_legacy = q.legacy;
+    stz_qmem_free(&q);
+    return st;
+}
+
+/* Why a tensor takes no candidate, or NULL. */
+static const char *untunable(const stz_qtensor *q)
+{
+    if (q->ndim < 2)
+        return "fewer than 2 dimensions";
+    if (q->dtype != STZ_DTYPE_BF16 && q->dtype != STZ_DTYPE_F16 && q->dtype != STZ_DTYPE_F32)
+        return "not BF16, F16 or F32";
+    if (!q->numel)
+        return "empty";
+    return NULL;
+}
+
+stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
+                            size_t ncand, const stz_tune_params *p, stz_err *err)
+{
+    memset(T, 0, sizeof *T);
+    T->pack = (stz_pack_params)STZ_PACK_PARAMS_DEFAULT;
+    T->cand = malloc(ncand * sizeof *T->cand);
+    if (!T->cand)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    memcpy(T->cand, cand, ncand * sizeof *cand);
+    T->ncand = ncand;
+    double best = INFINITY;
+    int any = 0;
+    for (size_t c = 0; c < ncand; c++)
+        if (cand[c].d.action != STZ_ACTION_KEEP && fabs(nominal_bits(&cand[c]) - 4.25) < best)
+            best = fabs(nominal_bits(&cand[c]) - 4.25), T->probe = c, any = 1;
+    if (!any)
+        return stz_err_set(err, STZ_E_ARG, "the candidates hold no quantization (only keep): nothing to tune");
+    size_t nt = 0;
+    uint64_t total = 0, done = 0;
+    for (size_t f = 0; f < nfiles; f++) {
+        nt += stz_qmodel_count(files[f]);
+        for (size_t i = 0; i < stz_qmodel_count(files[f]); i++) {
+            const stz_qtensor *q = stz_qmodel_tensor(files[f], i);
+            if (q->bits || q->rank)
+                return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s' is already quantized by stz; tune the "
+                                   "original model", stz_reader_path(stz_qmodel_reader(files[f])), q->name);
+            total += q->stored_bytes;
+        }
+    }
+    if (!(T->t = calloc(nt + 1, sizeof *T->t)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    uint64_t *raw = malloc(ncand * sizeof *raw);
+    stz_status st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t f = 0; !st && f < nfiles; f++) {
+        const stz_reader *r = stz_qmodel_reader(files[f]);
+        for (size_t i = 0; !st && i < stz_qmodel_count(files[f]); i++) {
+            const stz_qtensor *q = stz_qmodel_tensor(files[f], i);
+            const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
+            stz_tune_tensor *t = &T->t[T->nt++];
+            uint64_t size = rt->end - rt->begin;
+            t->dtype = q->dtype, t->params = q->numel, t->why = untunable(q);
+            T->params += q->numel;
+            uint8_t *bytes = malloc(size + 1);
+            float *x = NULL;
+            t->name = strdup(q->name);
+            t->bytes = calloc(ncand, sizeof *t->bytes), t->err2 = calloc(ncand, sizeof *t->err2);
+            if (!bytes || !t->name || !t->bytes || !t->err2) {
+                free(bytes);
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
+                break;
+            }
+            measure_job j = {T, t, NULL, q->rows, q->cols, 0, raw};
+            st = stz_reader_read(r, rt, 0, bytes, size, err);
+            if (!st)
+                st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, &j.keep_bytes, err);
+            free(bytes);
+            t->bytes[0] = j.keep_bytes;
+            if (!st && !t->why && !(x = malloc(q->numel * sizeof *x)))
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s' as F32", q->name);
+            if (!st && x && !(st = stz_qmodel_read_rows(files[f], i, 0, (size_t)q->rows, x, err))) {
+                for (uint64_t e = 0; e < q->numel && !t->why; e++)
+                    t->why = isfinite(x[e]) ? NULL : "holds NaN or Inf";
+                for (uint64_t e = 0; e < q->numel; e++)
+                    t->norm2 += (double)x[e] * x[e];
+            }
+            if (!st && !t->why) {
+                j.x = x;
+                stz_pipeline pl = {.n = ncand, .threads = p->threads < 1 ? 1 : p->threads, .ctx = &j,
+                                   .work = measure_work};
+                st = stz_pipeline_run(&pl, err);
+                t->tunable = 1;
+            }
+            free(x);
+            done += q->stored_bytes;
+            if (!st && p->progress && p->progress(p->progress_user, done, total))
+                st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        }
+    }
+    free(raw);
+    return st;
+}
+
+/* ---- sensitivity ----------------------------------------------------------------- */
+
+static stz_tune_tensor *find_tensor(const stz_tune *T, const char *name)
+{
+    for (size_t i = 0; i < T->nt; i++)
+        if (!strcmp(T->t[i].name, name))
+            return &T->t[i];
+    return NULL;
+}
+
+static int probe_select(void *user, const char *name)
+{
+    const stz_tune *T = user;
+    const stz_tune_tensor *t = find_tensor(T, name);
+    return t && t->tunable && t->err2[T->probe] > 0 && isfinite(t->err2[T->probe]);
+}
+
+/* Each row becomes its quantized and dequantized self under the probe candidate. */
+static void probe_perturb(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
+{
+    (void)r0;
+    const stz_tune_tensor *t = find_tensor(user, name);
+    const stz_qformat *f = &t->probe_fmt;
+    size_t nb = stz_q_blocks(cols, f->block);
+    uint8_t *q = malloc(stz_qf_row_bytes(f->bits, cols) + 8);
+    float *s = malloc(2 * nb * sizeof *s);
+    if (!q || !s) { /* cannot happen in practice; leaving the rows as they are would be measured as KL 0 */
+        abort();
+    }
+    for (size_t r = 0; r < n; r++) {
+        float *x = rows + r * cols;
+        stz_qf_quantize_any(f, t->probe_legacy, x, cols, q, s, s + nb);
+        stz_qf_dequantize_row(f, q, s, s + nb, cols, x);
+    }
+    free(q), free(s);
+}
+
+static void probe_result(void *user, const char *name, double kl)
+{
+    const stz_tune *T = user;
+    stz_tune_tensor *t = find_tensor(T, name);
+    t->kl_probe = kl, t->sens = kl / t->err2[T->probe];
+}
+
+stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+                          const size_t *lens, const stz_tune_params *p, stz_err *err)
+{
+    stz_fwd_probe pr = {probe_select, probe_perturb, probe_result, T};
+    return stz_fwd_probe_run(m, tokens, nseq, stride, lens, &pr, p->progress, p->progress_user, err);
+}
+
+void stz_tune_free(stz_tune *T)
+{
+    for (size_t i = 0; T->t && i < T->nt; i++)
+        free(T->t[i].name), free(T->t[i].bytes), free(T->t[i].err2);
+    free(T->t);
+    free(T->cand);
+    memset(T, 0, sizeof *T);
+}
+
+/* ---- solving --------------------------------------------------------------------- */
+
+/* One step of a tensor's lower convex hull: from candidate `from` to `to`. */
+typedef struct {
+    size_t t, step;
+    int from, to;
+    double slope; /* KL saved per byte */
+    uint64_t db;
+    double dkl;
+} segment;
+
+static int by_slope(const void *a, const void *b)
+{
+    const segment *x = a, *y = b;
+    if (x->slope != y->slope)
+        return x->slope < y->slope ? 1 : -1;
+    if (x->t != y->t)
+        return x->t < y->t ? -1 : 1;
+    return x->step < y->step ? -1 : x->step > y->step;
+}
+
+static double pred_kl(const stz_tune_tensor *t, int c, double scale) { return t->sens * t->err2[c] * scale; }
+
+/* The lower convex hull of a tensor's (bytes, KL) points, from the
+ * fewest bytes to no KL: candidate indices into hull; returns the count. */
+static size_t hull_of(const stz_tune *T, const stz_tune_tensor *t, double scale, int *hull)
+{
+    size_t n = 0;
+    int *ord = malloc(T->ncand * sizeof *ord);
+    if (!ord)
+        return 0;
+    for (size_t c = 0; c < T->ncand; c++)
+        if (t->bytes[c] != UINT64_MAX)
+            ord[n++] = (int)c;
+    for (size_t i = 1; i < n; i++) /* by bytes, then KL; n is small */
+        for (size_t j = i; j > 0; j--) {
+            int a = ord[j - 1], b = ord[j];
+            double ka = pred_kl(t, a, scale), kb = pred_kl(t, b, scale);
+            if (t->bytes[a] > t->bytes[b] || (t->bytes[a] == t->bytes[b] && ka > kb))
+                ord[j - 1] = b, ord[j] = a;
+        }
+    size_t h = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = ord[i];
+        double k = pred_kl(t, c, scale);
+        if (h && k >= pred_kl(t, hull[h - 1], scale))
+            continue; /* more bytes, no less KL */
+        while (h >= 2) { /* drop the last point if it lies above the chord */
+            int a = hull[h - 2], b = hull[h - 1];
+            double s1 = (pred_kl(t, a, scale) - pred_kl(t, b, scale)) / (double)(t->bytes[b] - t->bytes[a]);
+            double s2 = (pred_kl(t, b, scale) - k) / (double)(t->bytes[c] - t->bytes[b]);
+            if (s2 < s1)
+                break;
+            h--;
+        }
+        hull[h++] = c;
+    }
+    free(ord);
+    return h;
+}
+
+/* Builds the header stz quantize would write for the current choice (close
+ * enough: names, dtypes, shapes, offsets, metadata) and returns the
+ * container's fixed bytes for it. */
+static uint64_t fixed_bytes(const stz_tune *T)
+{
+    cJSON *h = cJSON_CreateObject(), *meta = cJSON_CreateObject();
+    cJSON_AddItemToObject(h, "__metadata__", meta);
+    cJSON_AddStringToObject(meta, "stz.quant.version", "1");
+    uint64_t off = 0;
+    char name[600];
+    for (size_t i = 0; i < T->nt; i++) {
+        const stz_tune_tensor *t = &T->t[i];
+        const stz_tune_cand *c = t->tunable ? &T->cand[t->choice] : NULL;
+        int q = c && c->d.action != STZ_ACTION_KEEP;
+        for (int part = 0; part < (q ? (c->d.method == STZ_QMETHOD_ASYM ? 3 : 2) : 1); part++) {
+            cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *of = cJSON_CreateArray();
+            uint64_t len = t->params * (uint64_t)(q ? (unsigned)stz_action_bits(c->d.action) : stz_dtype_bits(t->dtype)) / 8;
+            if (part)
+                len = t->params / c->d.block_size * (stz_dtype_bits(c->d.scale_dtype) / 8);
+            cJSON_AddStringToObject(e, "dtype", q ? (part ? stz_dtype_name(c->d.scale_dtype) : "U8")
+                                                  : stz_dtype_name(t->dtype));
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)len));
+            cJSON_AddItemToObject(e, "shape", sh);
+            cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
+            cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(off += len)));
+            cJSON_AddItemToObject(e, "data_offsets", of);
+            snprintf(name, sizeof name, "%s%s", t->name, part == 1 ? ".scales" : part == 2 ? ".mins" : "");
+            cJSON_AddItemToObject(h, name, e);
+        }
+        if (q) {
+            char val[400];
+            snprintf(val, sizeof val,
+                     "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":[%llu,%llu],"
+                     "\"scales\":\"%s.scales\",\"scale_dtype\":\"%s\",\"scale_base\":0.0123456789,\"packing\":"
+                     "\"bits-high-first\"}",
+                     stz_qmethod_name(c->d.method), stz_action_bits(c->d.action), c->d.block_size,
+                     stz_dtype_name(t->dtype), (unsigned long long)(t->params / 1000), 1000ull, t->name,
+                     stz_dtype_name(c->d.scale_dtype));
+            snprintf(name, sizeof name, "stz.quant.%s", t->name);
+            cJSON_AddStringToObject(meta, name, val);
+        }
+    }
+    char *s = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    uint64_t b = s ? stz_pack_fixed_bytes(s, strlen(s)) : 0;
+    free(s);
+    return b;
+}
+
+uint64_t stz_tune_bytes(const stz_tune *T)
+{
+    uint64_t b = fixed_bytes(T);
+    for (size_t i = 0; i < T->nt; i++)
+        b += T->t[i].bytes[T->t[i].tunable ? T->t[i].choice : 0];
+    return b;
+}
+
+static double total_kl(const stz_tune *T, double scale)
+{
+    double k = 0;
+    for (size_t i = 0; i < T->nt; i++)
+        k += T->t[i].tunable ? pred_kl(&T->t[i], T->t[i].choice, scale) : 0;
+    return k;
+}
+
+void stz_tune_solution_free(stz_tune_solution *s)
+{
+    free(s->curve);
+    memset(s, 0, sizeof *s);
+}
+
+stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_scale, stz_tune_solution *out,
+                          stz_err *err)
+{
+    memset(out, 0, sizeof *out);
+    int *hull = malloc(T->nt * T->ncand * sizeof *hull + 1);
+    size_t *nh = calloc(T->nt + 1, sizeof *nh), nseg = 0;
+    segment *seg = malloc(T->nt * T->ncand * sizeof *seg + 1);
+    if (!hull || !nh || !seg) {
+        free(hull), free(nh), free(seg);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < T->nt; i++) {
+        stz_tune_tensor *t = &T->t[i];
+        if (!t->tunable)
+            continue;
+        int *h = hull + i * T->ncand;
+        nh[i] = hull_of(T, t, kl_scale, h);
+        t->choice = h[0];
+        for (size_t k = 1; k < nh[i]; k++) {
+            double dkl = pred_kl(t, h[k - 1], kl_scale) - pred_kl(t, h[k], kl_scale);
+            uint64_t db = t->bytes[h[k]] - t->bytes[h[k - 1]];
+            seg[nseg++] = (segment){i, k, h[k - 1], h[k], db ? dkl / (double)db : INFINITY, db, dkl};
+        }
+    }
+    qsort(seg, nseg, sizeof *seg, by_slope);
+    /* the path from the fewest bytes: its points are the Pareto curve */
+    uint64_t fixed = fixed_bytes(T), bytes = 0;
+    for (size_t i = 0; i < T->nt; i++)
+        bytes += T->t[i].bytes[T->t[i].tunable ? T->t[i].choice : 0];
+    double kl = total_kl(T, kl_scale);
+    out->curve = malloc((nseg + 1) * sizeof *out->curve);
+    if (!out->curve) {
+        free(hull), free(nh), free(seg);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    out->curve[out->ncurve++] = (stz_tune_point){bytes + fixed, kl};
+    for (size_t s = 0; s < nseg; s++) {
+        bytes += seg[s].db, kl -= seg[s].dkl;
+        out->curve[out->ncurve++] = (stz_tune_point){bytes + fixed, kl > 0 ? kl : 0};
+    }
+    /* walk it again, choosing */
+    bytes = out->curve[0].bytes - fixed, kl = out->curve[0].kl;
+    int *blocked = calloc(T->nt + 1, sizeof *blocked);
+    size_t *at = calloc(T->nt + 1, sizeof *at);
+    stz_status st = blocked && at ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!st && kind == STZ_BUDGET_BYTES) {
+        out->met = bytes + fixed <= value;
+        for (size_t s = 0; out->met && s < nseg; s++) {
+            const segment *g = &seg[s];
+            if (blocked[g->t] || at[g->t] + 1 != g->step)
+                continue;
+            if ((double)(bytes + g->db + fixed) > value) {
+                blocked[g->t] = 1; /* its later steps cost more per KL saved */
+                continue;
+            }
+            bytes += g->db, kl -= g->dkl, at[g->t] = g->step, T->t[g->t].choice = g->to;
+        }
+    } else if (!st) {
+        for (size_t s = 0; kl > value && s < nseg; s++)
+            kl -= seg[s].dkl, T->t[seg[s].t].choice = seg[s].to;
+        out->met = kl <= value * (1 + 1e-12);
+    }
+    free(blocked), free(at), free(hull), free(nh), free(seg);
+    if (!st)
+        out->pred = (stz_tune_point){stz_tune_bytes(T), total_kl(T, kl_scale)};
+    return st;
+}
+
+/* ---- the policy ------------------------------------------------------------------- */
+
+/* fnmatch sees a name literally once * ? [ and \ are escaped. */
+static void escape_pattern(const char *s, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (; *s && k + 3 < cap; s++) {
+        if (strchr("*?[\\", *s))
+            out[k++] = '\\';
+        out[k++] = *s;
+    }
+    out[k] = 0;
+}
+
+char *stz_tune_policy(const stz_tune *T, const char *description)
+{
+    cJSON *p = cJSON_CreateObject(), *rules = cJSON_CreateArray();
+    cJSON_AddStringToObject(p, "description", description);
+    cJSON_AddStringToObject(p, "default", "keep");
+    cJSON_AddItemToObject(p, "rules", rules);
+    char pat[1200], comment[160];
+    for (size_t i = 0; i < T->nt; i++) {
+        const stz_tune_tensor *t = &T->t[i];
+        if (!t->tunable)
+            continue;
+        const stz_tune_cand *c = &T->cand[t->choice];
+        cJSON *r = cJSON_CreateObject();
+        escape_pattern(t->name, pat, sizeof pat);
+        cJSON_AddStringToObject(r, "match", pat);
+        cJSON_AddStringToObject(r, "action", stz_action_name(c->d.action));
+        if (c->d.action != STZ_ACTION_KEEP) {
+            cJSON_AddStringToObject(r, "method", stz_qmethod_name(c->d.method));
+            cJSON_AddNumberToObject(r, "block_size", c->d.block_size);
+            cJSON_AddStringToObject(r, "scale_dtype", stz_dtype_name(c->d.scale_dtype));
+        }
+        snprintf(comment, sizeof comment, "%s: %llu bytes, relative error %.4f, predicted KL %.3g", c->name,
+                 (unsigned long long)t->bytes[t->choice], t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0,
+                 t->sens * t->err2[t->choice]);
+        cJSON_AddStringToObject(r, "comment", comment);
+        cJSON_AddItemToArray(rules, r);
+    }
+    char *s = cJSON_Print(p);
+    cJSON_Delete(p);
+    return s;
+}

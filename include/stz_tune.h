@@ -1,0 +1,122 @@
+/*
+ * stz_tune.h - the smallest model for a quality budget, or the best model
+ * for a size budget (stz tune, docs/cli/tune.md).
+ *
+ * 1. Measure: every candidate action on every weight matrix, quantized in
+ *    memory exactly as stz quantize would store it; its squared error and
+ *    the bytes it takes in a container (the lossless stage's own chunk
+ *    coder run on the stored bytes: exact, not a model).
+ * 2. Sensitivity: the forward pass with each matrix alone perturbed by
+ *    the probe candidate's error (stz_fwd_probe_run); KL per unit of
+ *    squared error. A candidate's predicted KL is sensitivity x its
+ *    squared error; a model's, the sum over its matrices.
+ * 3. Solve: a multiple-choice knapsack over the per-matrix lower convex
+ *    hulls of (bytes, predicted KL), greedy on KL saved per byte; the
+ *    path of the greedy is the Pareto curve.
+ */
+#ifndef STZ_TUNE_H
+#define STZ_TUNE_H
+
+#include "stz.h"
+#include "stz_forward.h"
+#include "stz_pack.h"
+#include "stz_policy.h"
+#include "stz_quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    stz_decision d; /* keep, or int2..int8 with method, block_size, scale_dtype */
+    char name[32];  /* "keep" or BITS:METHOD:BLOCK:SCALES, e.g. "4:nl:32:U8" */
+} stz_tune_cand;
+
+/* The default candidates: keep, 8:absmax:32:F16, 6:nl:32:U8, 5:nl:32:U8,
+ * 4:nl:16:U8, 4:nl:32:U8, 3:nl:32:U8, 2:nl:32:U8. */
+extern const char stz_tune_default_candidates[];
+
+/* Parses a comma-separated list of candidates ("keep" and
+ * BITS:METHOD:BLOCK:SCALES: bits 2-6 or 8, a method of stz_policy.h,
+ * block 1..65536, scales F16, F32 or U8). STZ_E_ARG names the bad one. */
+stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err);
+
+typedef struct {
+    char *name;
+    stz_dtype dtype;
+    uint64_t params;
+    int tunable;        /* a float matrix the forward pass uses: the candidates apply; else kept */
+    const char *why;    /* not tunable: why (static text) */
+    uint64_t *bytes;    /* per candidate: container bytes of the stored tensors (records + index entries);
+                         * not tunable: bytes[0] is the kept tensor's */
+    double *err2;       /* per candidate: squared error */
+    double norm2;       /* squared norm of the original */
+    double kl_probe;    /* measured KL with the probe candidate's error */
+    double sens;        /* KL per unit of squared error */
+    int choice;         /* chosen candidate (tunable), set by stz_tune_solve */
+    stz_qformat probe_fmt; /* the probe candidate's format for this tensor (base, levels) */
+    int probe_legacy;
+} stz_tune_tensor;
+
+typedef struct {
+    stz_tune_cand *cand;
+    size_t ncand;
+    size_t probe;          /* the candidate whose error probes sensitivity */
+    stz_tune_tensor *t;
+    size_t nt;
+    uint64_t params;       /* all tensors' */
+    stz_pack_params pack;  /* how the container is written */
+} stz_tune;
+
+typedef struct {
+    int threads;
+    stz_progress_fn progress; /* measure: tensors' bytes done / total; probe: forward units */
+    void *progress_user;
+} stz_tune_params;
+
+/* Measures every candidate on every tensor of the model's files (plain
+ * SafeTensors, read through stz_qmodel). The probe candidate is the one
+ * nearest 4 bits per weight. STZ_E_UNSUPPORTED for a file already
+ * quantized by stz. */
+stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
+                            size_t ncand, const stz_tune_params *p, stz_err *err);
+/* Sensitivity of each tunable tensor on the given sequences. */
+stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+                          const size_t *lens, const stz_tune_params *p, stz_err *err);
+void stz_tune_free(stz_tune *T);
+
+typedef enum { STZ_BUDGET_BYTES = 0, STZ_BUDGET_KL = 1 } stz_budget;
+
+typedef struct {
+    uint64_t bytes;    /* predicted container bytes */
+    double kl;         /* predicted mean KL */
+} stz_tune_point;
+
+typedef struct {
+    int met;                 /* 0: the budget cannot be met; the choice is the closest feasible point */
+    stz_tune_point pred;     /* of the choice */
+    stz_tune_point *curve;   /* the Pareto path, bytes increasing, KL decreasing */
+    size_t ncurve;
+} stz_tune_solution;
+
+/* Chooses a candidate per tunable tensor: the lowest predicted KL within
+ * `value` container bytes (STZ_BUDGET_BYTES), or the fewest bytes with a
+ * predicted KL at most `value` (STZ_BUDGET_KL). kl_scale multiplies every
+ * predicted KL (1, or measured / predicted to correct a missed budget).
+ * Sets T->t[i].choice; deterministic. */
+stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_scale, stz_tune_solution *out,
+                          stz_err *err);
+void stz_tune_solution_free(stz_tune_solution *s);
+
+/* The predicted container bytes of the current choice (tensors and the
+ * header they need). */
+uint64_t stz_tune_bytes(const stz_tune *T);
+
+/* The current choice as a policy (JSON text, malloc'ed): one explicit rule
+ * per tunable tensor, default keep; `description` is stored with it. */
+char *stz_tune_policy(const stz_tune *T, const char *description);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
