@@ -46,6 +46,7 @@ bench: build
 	sh bench/bench_python.sh $(BUILD)
 	sh bench/bench_export.sh $(BUILD)
 	sh bench/bench_corpus.sh $(BUILD)
+	sh bench/bench_tune.sh $(BUILD)
 
 fuzz:
 	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTZ_FUZZ=ON >/dev/null

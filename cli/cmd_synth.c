@@ -18,6 +18,7 @@ static const char synth_help[] =
     "  -o, --output FILE   where to write (required)\n"
     "  --dtype D           bf16 (default), f16 or f32\n"
     "  --seed N            random seed (default 1)\n"
+    "  --layers N          N decoder layers instead of the architecture's (1..1024)\n"
     "  --sparsity S        a pruned model: S in [0, 1) zeroes that fraction of the\n"
     "                      smallest values of each linear weight (not embeddings or\n"
     "                      the head), or 2:4 keeps the 2 largest of every 4\n"
@@ -46,11 +47,11 @@ static int list_archs(void)
 
 int cmd_synth(int argc, char **argv)
 {
-    enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON, O_SPARSITY };
+    enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON, O_SPARSITY, O_LAYERS };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, O_DTYPE},
         {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, 'T'},
-        {"sparsity", required_argument, 0, O_SPARSITY},
+        {"sparsity", required_argument, 0, O_SPARSITY}, {"layers", required_argument, 0, O_LAYERS},
         {"stats", no_argument, 0, O_STATS},     {"list", no_argument, 0, O_LIST},
         {"force", no_argument, 0, 'f'},         {"quiet", no_argument, 0, 'q'},
         {"json", no_argument, 0, O_JSON},       {"help", no_argument, 0, 'h'},
@@ -82,6 +83,11 @@ int cmd_synth(int argc, char **argv)
                 p.two_four = 1;
             else if (p.sparsity = strtod(optarg, &end), *end || end == optarg || !(p.sparsity >= 0 && p.sparsity < 1))
                 return cli_usage_error("synth", "--sparsity takes a fraction in [0, 1) or 2:4, not '%s'", optarg);
+            break;
+        case O_LAYERS:
+            p.layers = strtoull(optarg, &end, 10);
+            if (!*optarg || *end || p.layers < 1 || p.layers > 1024)
+                return cli_usage_error("synth", "--layers takes 1..1024, not '%s'", optarg);
             break;
         case O_STATS: stats = 1; break;
         case O_LIST: return list_archs();

@@ -444,6 +444,7 @@ int cmd_tune(int argc, char **argv)
     o.c.threads = o.c.threads ? o.c.threads : cli_ncores();
     if (stz_fwd_open(&fwd, S.m, S.n, &cfg, model, o.c.threads, &err))
         goto fail;
+    stz_fwd_set_keep(fwd, 0); /* sampling rereads the weights: memory stays one layer's, whatever the depth */
     if (cli_seqs_get(&o.so, fwd, model, o.c.quiet || o.c.json, &q, source, &err))
         goto fail;
     cli_progress prog;
@@ -491,7 +492,7 @@ int cmd_tune(int argc, char **argv)
         if (missed(&o, &m1)) { /* correct once: scale what was predicted by what was measured */
             first = sol.pred;
             double kl_scale = o.kind == STZ_BUDGET_KL && sol.pred.kl > 0 ? m1.fwd.kl_mean / sol.pred.kl : 1;
-            double value = o.kind == STZ_BUDGET_KL ? o.value : o.value * (double)sol.pred.bytes / (double)m1.bytes;
+            double value = o.kind == STZ_BUDGET_KL ? o.value : o.value - ((double)m1.bytes - (double)sol.pred.bytes);
             stz_tune_solution_free(&sol);
             if (stz_tune_solve(&T, o.kind, value, kl_scale, &sol, &err))
                 goto fail;

@@ -48,6 +48,7 @@ struct stz_fwd {
     float **keep;        /* sampling: weights kept between steps, per layer x T_PER_LAYER */
     size_t keep_layers;  /* layers kept */
     float *keep_head;    /* sampling: the output head (vocab, dim), when it fits too */
+    uint64_t keep_budget; /* sampling: bytes of F32 weights kept between steps */
     const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
     loc probe_at;
 };
@@ -123,7 +124,7 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     }
     memcpy(m->files, files, nfiles * sizeof *files);
-    m->nfiles = nfiles, m->c = *c, m->threads = threads < 1 ? 1 : threads;
+    m->nfiles = nfiles, m->c = *c, m->threads = threads < 1 ? 1 : threads, m->keep_budget = STZ_FWD_KEEP_DEFAULT;
     snprintf(m->label, sizeof m->label, "%s", label);
     loc probe;
     int hf = find(m, global_names[1][G_EMBED], &probe);
@@ -616,8 +617,7 @@ static int32_t pick(const float *l, size_t V, double temperature, double top_p, 
     return c[last].id;
 }
 
-/* Weights kept between sampling steps while they fit in this budget. */
-#define KEEP_BUDGET ((uint64_t)2 << 30)
+void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes) { m->keep_budget = bytes; }
 
 stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
                           int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err)
@@ -636,11 +636,11 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
     for (int k = 0; k < T_PER_LAYER; k++)
         if (m->layer[k].f >= 0)
             per_layer += tensor(m, m->layer[k])->numel * 4;
-    m->keep_layers = per_layer ? (size_t)(KEEP_BUDGET / per_layer) : c->n_layers;
+    m->keep_layers = per_layer ? (size_t)(m->keep_budget / per_layer) : c->n_layers;
     m->keep_layers = m->keep_layers > c->n_layers ? c->n_layers : m->keep_layers;
     m->keep = calloc(m->keep_layers * T_PER_LAYER + 1, sizeof *m->keep);
     uint64_t head_bytes = (uint64_t)c->vocab * c->dim * 4;
-    if (m->keep_layers == c->n_layers && per_layer * c->n_layers + head_bytes <= KEEP_BUDGET &&
+    if (m->keep_layers == c->n_layers && per_layer * c->n_layers + head_bytes <= m->keep_budget &&
         (m->keep_head = malloc(head_bytes)) && read_rows(m, m->global[G_HEAD], 0, c->vocab, m->keep_head, err)) {
         drop_kept(m);
         return err->code;
@@ -836,136 +836,180 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
 
 /* ---- sensitivity ----------------------------------------------------------- */
 
-/* Final norm of the n rows X (in place), then the head in vocabulary
- * slices. fill: each slice's logits are stored at store + v0 * n; else
- * they are folded against the stored ones (as the original's) into rs. */
-static stz_status head_probe(stz_fwd *m, float *X, size_t n, const int32_t *next, float *store, int fill,
-                             row_stats *rs, stz_err *err)
+#define MATS 7 /* the projections of a layer */
+static const int mats[MATS] = {T_WQ, T_WK, T_WV, T_WO, T_GATE, T_UP, T_DOWN};
+
+/* State of stz_fwd_probe_run: the rows once (R) and MATS times over (W, one
+ * copy of every sequence per stream, for the runs that perturb each
+ * matrix of a layer, taken through the later layers together). */
+typedef struct {
+    stz_fwd *m;
+    const stz_fwd_probe *probe;
+    seq_rows R, W;
+    size_t n, scored, *idx; /* rows; scored rows and their index */
+    int32_t *next;
+    float *X, *P, *S, *store; /* layer input; streams; their scored rows; the reference logits */
+    row_stats *rs;
+    double *kl;
+    stz_fwd_progress progress;
+    void *user;
+    uint64_t done, total;
+} probe_state;
+
+/* Final norm of the `ns` streams of scored rows in ps->S, then the head in
+ * vocabulary slices, each slice read once for all streams. fill (one
+ * stream, unperturbed): the logits are stored (scored x vocab); else each
+ * stream's are folded against them (as the original's) into its rows'
+ * stats. */
+static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *err)
 {
-    size_t D = m->c.dim, V = m->c.vocab, step = slice_step(n, D, V);
-    float *nw = malloc(D * sizeof *nw), *W = malloc(step * D * sizeof *W), *L = malloc(n * step * sizeof *L);
-    stz_status st = !nw || !W || !L ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    stz_fwd *m = ps->m;
+    size_t D = m->c.dim, V = m->c.vocab, n = ps->scored, rows = ns * n, step = slice_step(rows, D, V);
+    float *nw = malloc(D * sizeof *nw), *W = malloc(step * D * sizeof *W), *L = malloc(rows * step * sizeof *L),
+          *A = malloc(n * step * sizeof *A);
+    stz_status st = !nw || !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
     if (!st)
         st = read_rows(m, m->global[G_NORM], 0, 1, nw, err);
-    for (size_t r = 0; !st && r < n; r++)
-        rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
+    for (size_t r = 0; !st && r < rows; r++)
+        rmsnorm(ps->S + r * D, ps->S + r * D, nw, D, m->c.norm_eps);
+    memset(ps->rs, 0, rows * sizeof *ps->rs);
     for (size_t v0 = 0; !st && v0 < V; v0 += step) {
         size_t k = V - v0 < step ? V - v0 : step;
-        float *out = fill ? store + v0 * n : L;
         if ((st = read_rows(m, m->global[G_HEAD], v0, k, W, err)))
             break;
-        linear(out, X, W, NULL, n, D, k);
-        for (size_t i = 0; i < n * k; i++)
-            if (!isfinite(out[i])) {
+        linear(L, ps->S, W, NULL, rows, D, k);
+        for (size_t i = 0; i < rows * k; i++)
+            if (!isfinite(L[i])) {
                 st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite%s",
-                                 m->label, i / k + 1, fill ? "" : " once a matrix is perturbed");
+                                 m->label, i / k % n + 1, fill ? "" : " once a matrix is perturbed");
                 break;
             }
-        if (!st && !fill)
-            fold_slice(rs, store + v0 * n, L, n, k, v0, next);
+        for (size_t r = 0; !st && r < n; r++) /* this slice of the stored logits, or into the store */
+            if (fill)
+                memcpy(ps->store + r * V + v0, L + r * k, k * sizeof *L);
+            else
+                memcpy(A + r * k, ps->store + r * V + v0, k * sizeof *A);
+        for (size_t s = 0; !st && !fill && s < ns; s++)
+            fold_slice(ps->rs + s * n, A, L + s * n * k, n, k, v0, ps->next);
     }
-    free(nw), free(W), free(L);
+    free(nw), free(W), free(L), free(A);
+    if (!st && ps->progress && ps->progress(ps->user, ++ps->done, ps->total))
+        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    return st;
+}
+
+/* The `ns` streams in ps->P from layer l0 to the last, then the head; one
+ * result per stream (names[s]), none with fill. */
+static stz_status run_streams(probe_state *ps, size_t ns, uint32_t l0, const char *const *names, int fill,
+                              stz_err *err)
+{
+    stz_fwd *m = ps->m;
+    size_t D = m->c.dim, n = ps->n;
+    batch b = ns == 1 ? ps->R.b : ps->W.b;
+    b.n = ns * n;
+    stz_status st = run_layers(m, ps->P, &b, ns * ps->R.nseq, l0, m->c.n_layers, ps->progress, ps->user, &ps->done,
+                               ps->total, err);
+    for (size_t s = 0; !st && s < ns; s++)
+        for (size_t i = 0; i < ps->scored; i++)
+            memcpy(ps->S + (s * ps->scored + i) * D, ps->P + (s * n + ps->idx[i]) * D, D * sizeof *ps->S);
+    if (!st)
+        st = head_streams(ps, ns, fill, err);
+    for (size_t s = 0; !st && !fill && s < ns; s++) {
+        stz_fwd_report rep;
+        report_from(ps->rs + s * ps->scored, ps->scored, ps->kl, &rep);
+        ps->probe->result(ps->probe->user, names[s], rep.kl_mean);
+    }
     return st;
 }
 
 stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                              const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err)
 {
-    static const int mats[] = {T_WQ, T_WK, T_WV, T_WO, T_GATE, T_UP, T_DOWN};
     const stz_fwd_config *c = &m->c;
     size_t D = c->dim, V = c->vocab, L = c->n_layers;
     loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
     int tied = hd.f == emb.f && hd.i == emb.i;
-    seq_rows R;
-    stz_status st = rows_make(m, tokens, nseq, stride, lens, &R, err);
-    if (st)
-        return st;
-    size_t n = R.b.n, scored = 0;
-    size_t *idx = malloc((n + 1) * sizeof *idx);
-    int32_t *next = malloc((n + 1) * sizeof *next);
-    for (size_t s = 0, r = 0; idx && next && s < nseq; s++) /* token t predicts token t + 1 */
+    probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user};
+    int32_t *wide = malloc((MATS * nseq * stride + 1) * sizeof *wide);
+    size_t *wlens = malloc((MATS * nseq + 1) * sizeof *wlens);
+    stz_status st = wide && wlens ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t k = 0; !st && k < MATS; k++) { /* every sequence once per stream */
+        memcpy(wide + k * nseq * stride, tokens, nseq * stride * sizeof *wide);
+        memcpy(wlens + k * nseq, lens, nseq * sizeof *wlens);
+    }
+    if (!st && !(st = rows_make(m, tokens, nseq, stride, lens, &ps.R, err)))
+        st = rows_make(m, wide, MATS * nseq, stride, wlens, &ps.W, err);
+    free(wide), free(wlens);
+    size_t n = ps.n = ps.R.b.n;
+    ps.idx = malloc((n + 1) * sizeof *ps.idx), ps.next = malloc((n + 1) * sizeof *ps.next);
+    for (size_t s = 0, r = 0; !st && ps.idx && ps.next && s < nseq; s++) /* token t predicts token t + 1 */
         for (size_t t = 0; t < lens[s]; t++, r++)
             if (t + 1 < lens[s])
-                idx[scored] = r, next[scored++] = tokens[s * stride + t + 1];
-    float *X = malloc((n * D + 1) * sizeof *X), *P = malloc((n * D + 1) * sizeof *P),
-          *S = malloc((scored * D + 1) * sizeof *S), *store = malloc((scored * V + 1) * sizeof *store);
-    row_stats *rs = calloc(scored + 1, sizeof *rs);
-    double *kl = malloc((scored + 1) * sizeof *kl);
-    if (!idx || !next || !X || !P || !S || !store || !rs || !kl)
+                ps.idx[ps.scored] = r, ps.next[ps.scored++] = tokens[s * stride + t + 1];
+    size_t sc = ps.scored;
+    ps.X = malloc((n * D + 1) * sizeof *ps.X), ps.P = malloc((MATS * n * D + 1) * sizeof *ps.P);
+    ps.S = malloc((MATS * sc * D + 1) * sizeof *ps.S), ps.store = malloc((sc * V + 1) * sizeof *ps.store);
+    ps.rs = calloc(MATS * sc + 1, sizeof *ps.rs), ps.kl = malloc((sc + 1) * sizeof *ps.kl);
+    if (!st && (!ps.idx || !ps.next || !ps.X || !ps.P || !ps.S || !ps.store || !ps.rs || !ps.kl))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
-    else if (!scored)
+    else if (!st && !sc)
         st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
     /* progress in layers run, a head counting as one */
-    uint64_t done = 0, total = L + 1;
-    const char *name;
-#define NAME_OF(at) (tensor(m, at)->name)
-    if (!st && probe->select(probe->user, NAME_OF(emb)))
-        total += L + 1;
-    for (size_t l = 0; !st && l < L; l++)
-        for (size_t k = 0; k < sizeof mats / sizeof *mats; k++)
-            total += probe->select(probe->user, NAME_OF(m->layer[l * T_PER_LAYER + mats[k]])) ? L - l + 1 : 0;
-    if (!st && !tied && probe->select(probe->user, NAME_OF(hd)))
-        total++;
-    openblas_set_num_threads(m->threads);
-    /* one run: P from layer l0 (or from the embedding, l0 == L + 1) to the head */
-#define RUN(l0, fill)                                                                                             \
-    do {                                                                                                          \
-        if ((l0) > L && (st = embed(m, R.tok, n, P, err)))                                                        \
-            break;                                                                                                \
-        if ((st = run_layers(m, P, &R.b, nseq, (l0) > L ? 0 : (uint32_t)(l0), (uint32_t)L, progress, user,      \
-                             &done, total, err)))                                                                 \
-            break;                                                                                                \
-        for (size_t i = 0; i < scored; i++)                                                                       \
-            memcpy(S + i * D, P + idx[i] * D, D * sizeof *S);                                                     \
-        memset(rs, 0, scored * sizeof *rs);                                                                       \
-        st = head_probe(m, S, scored, next, store, fill, rs, err);                                               \
-        if (!st && progress && progress(user, ++done, total))                                                     \
-            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");                                              \
-    } while (0)
-#define RESULT()                                                                                                  \
-    do {                                                                                                          \
-        m->probe = NULL;                                                                                          \
-        if (!st) {                                                                                                \
-            stz_fwd_report rep;                                                                                   \
-            report_from(rs, scored, kl, &rep);                                                                    \
-            probe->result(probe->user, name, rep.kl_mean);                                                        \
-        }                                                                                                         \
-    } while (0)
-    if (!st)
-        RUN(L + 1, 1); /* the reference */
-    if (!st && probe->select(probe->user, name = NAME_OF(emb))) {
-        m->probe = probe, m->probe_at = emb;
-        RUN(L + 1, 0);
-        RESULT();
-    }
-    if (!st)
-        st = embed(m, R.tok, n, X, err);
+    const char *names[MATS];
+    names[0] = st ? NULL : tensor(m, emb)->name;
+    int want_emb = !st && probe->select(probe->user, names[0]);
+    ps.total = L + 1 + (want_emb ? L + 1 : 0);
     for (size_t l = 0; !st && l < L; l++) {
-        for (size_t k = 0; !st && k < sizeof mats / sizeof *mats; k++) {
+        int any = 0;
+        for (size_t k = 0; k < MATS; k++)
+            if (probe->select(probe->user, tensor(m, m->layer[l * T_PER_LAYER + mats[k]])->name))
+                ps.total += 1, any = 1;
+        ps.total += any ? L - l - 1 + 1 + 1 : 1; /* the later layers and the head once; layer l itself */
+    }
+    if (!st && !tied && probe->select(probe->user, tensor(m, hd)->name))
+        ps.total++;
+    openblas_set_num_threads(m->threads);
+    if (!st && !(st = embed(m, ps.R.tok, n, ps.P, err)))
+        st = run_streams(&ps, 1, 0, NULL, 1, err); /* the reference */
+    if (!st && want_emb) {
+        m->probe = probe, m->probe_at = emb;
+        if (!(st = embed(m, ps.R.tok, n, ps.P, err)))
+            st = run_streams(&ps, 1, 0, names, 0, err);
+        m->probe = NULL;
+    }
+    if (!st)
+        st = embed(m, ps.R.tok, n, ps.X, err);
+    for (size_t l = 0; !st && l < L; l++) {
+        size_t ns = 0; /* layer l once per perturbed matrix, then all of them on together */
+        for (size_t k = 0; !st && k < MATS; k++) {
             loc at = m->layer[l * T_PER_LAYER + mats[k]];
-            if (!probe->select(probe->user, name = NAME_OF(at)))
+            if (!probe->select(probe->user, names[ns] = tensor(m, at)->name))
                 continue;
-            memcpy(P, X, n * D * sizeof *P);
+            float *Pk = ps.P + ns++ * n * D;
+            memcpy(Pk, ps.X, n * D * sizeof *Pk);
             m->probe = probe, m->probe_at = at;
-            RUN(l, 0);
-            RESULT();
+            st = run_layers(m, Pk, &ps.R.b, nseq, (uint32_t)l, (uint32_t)l + 1, progress, user, &ps.done, ps.total,
+                            err);
+            m->probe = NULL;
         }
+        if (!st && ns)
+            st = run_streams(&ps, ns, (uint32_t)l + 1, names, 0, err);
         if (!st)
-            st = run_layers(m, X, &R.b, nseq, (uint32_t)l, (uint32_t)l + 1, NULL, NULL, &done, total, err);
+            st = run_layers(m, ps.X, &ps.R.b, nseq, (uint32_t)l, (uint32_t)l + 1, progress, user, &ps.done, ps.total,
+                            err);
     }
-    if (!st && !tied && probe->select(probe->user, name = NAME_OF(hd))) {
-        for (size_t i = 0; i < scored; i++)
-            memcpy(S + i * D, X + idx[i] * D, D * sizeof *S);
-        memset(rs, 0, scored * sizeof *rs);
+    if (!st && !tied && probe->select(probe->user, names[0] = tensor(m, hd)->name)) {
+        for (size_t i = 0; i < sc; i++)
+            memcpy(ps.S + i * D, ps.X + ps.idx[i] * D, D * sizeof *ps.S);
         m->probe = probe, m->probe_at = hd;
-        st = head_probe(m, S, scored, next, store, 0, rs, err);
-        RESULT();
+        if (!(st = head_streams(&ps, 1, 0, err))) {
+            stz_fwd_report rep;
+            report_from(ps.rs, sc, ps.kl, &rep);
+            probe->result(probe->user, names[0], rep.kl_mean);
+        }
     }
-#undef RUN
-#undef RESULT
-#undef NAME_OF
     m->probe = NULL;
-    rows_free(&R);
-    free(idx), free(next), free(X), free(P), free(S), free(store), free(rs), free(kl);
+    rows_free(&ps.R), rows_free(&ps.W);
+    free(ps.idx), free(ps.next), free(ps.X), free(ps.P), free(ps.S), free(ps.store), free(ps.rs), free(ps.kl);
     return st;
 }

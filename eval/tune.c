@@ -194,7 +194,16 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
             total += q->stored_bytes;
         }
     }
-    if (!(T->t = calloc(nt + 1, sizeof *T->t)))
+    cJSON *meta = cJSON_CreateObject();
+    for (size_t f = 0; f < nfiles; f++) {
+        const stz_reader *r = stz_qmodel_reader(files[f]);
+        for (size_t i = 0; i < stz_reader_meta_count(r); i++)
+            if (strcmp(stz_reader_meta_key(r, i), "format"))
+                cJSON_AddStringToObject(meta, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
+    }
+    T->meta = cJSON_PrintUnformatted(meta);
+    cJSON_Delete(meta);
+    if (!T->meta || !(T->t = calloc(nt + 1, sizeof *T->t)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     uint64_t *raw = malloc(ncand * sizeof *raw);
     stz_status st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
@@ -205,7 +214,7 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
             const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
             stz_tune_tensor *t = &T->t[T->nt++];
             uint64_t size = rt->end - rt->begin;
-            t->dtype = q->dtype, t->params = q->numel, t->why = untunable(q);
+            t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->why = untunable(q);
             T->params += q->numel;
             uint8_t *bytes = malloc(size + 1);
             float *x = NULL;
@@ -304,6 +313,7 @@ void stz_tune_free(stz_tune *T)
         free(T->t[i].name), free(T->t[i].bytes), free(T->t[i].err2);
     free(T->t);
     free(T->cand);
+    free(T->meta);
     memset(T, 0, sizeof *T);
 }
 
@@ -368,47 +378,69 @@ static size_t hull_of(const stz_tune *T, const stz_tune_tensor *t, double scale,
     return h;
 }
 
-/* Builds the header stz quantize would write for the current choice (close
- * enough: names, dtypes, shapes, offsets, metadata) and returns the
- * container's fixed bytes for it. */
+/* Adds tensor `name` (dtype, rows x cols, len bytes at *off) to header h. */
+static void add_entry(cJSON *h, const char *name, stz_dtype dtype, uint64_t rows, uint64_t cols, uint64_t len,
+                      uint64_t *off)
+{
+    cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *of = cJSON_CreateArray();
+    cJSON_AddStringToObject(e, "dtype", stz_dtype_name(dtype));
+    cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)rows));
+    cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)cols));
+    cJSON_AddItemToObject(e, "shape", sh);
+    cJSON_AddItemToArray(of, cJSON_CreateNumber((double)*off));
+    cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(*off += len)));
+    cJSON_AddItemToObject(e, "data_offsets", of);
+    cJSON_AddItemToObject(h, name, e);
+}
+
+/* The header stz quantize writes for the current choice, rebuilt (names,
+ * dtypes, shapes, offsets, metadata with each tensor's description), and
+ * the container's fixed bytes for it. */
 static uint64_t fixed_bytes(const stz_tune *T)
 {
-    cJSON *h = cJSON_CreateObject(), *meta = cJSON_CreateObject();
+    cJSON *h = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *orig = cJSON_Parse(T->meta), *kv;
     cJSON_AddItemToObject(h, "__metadata__", meta);
+    cJSON_AddStringToObject(meta, "format", "pt");
     cJSON_AddStringToObject(meta, "stz.quant.version", "1");
+    cJSON_ArrayForEach(kv, orig)
+        cJSON_AddStringToObject(meta, kv->string, cJSON_GetStringValue(kv));
+    cJSON_Delete(orig);
     uint64_t off = 0;
-    char name[600];
+    char name[600], val[800];
     for (size_t i = 0; i < T->nt; i++) {
         const stz_tune_tensor *t = &T->t[i];
-        const stz_tune_cand *c = t->tunable ? &T->cand[t->choice] : NULL;
-        int q = c && c->d.action != STZ_ACTION_KEEP;
-        for (int part = 0; part < (q ? (c->d.method == STZ_QMETHOD_ASYM ? 3 : 2) : 1); part++) {
-            cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *of = cJSON_CreateArray();
-            uint64_t len = t->params * (uint64_t)(q ? (unsigned)stz_action_bits(c->d.action) : stz_dtype_bits(t->dtype)) / 8;
-            if (part)
-                len = t->params / c->d.block_size * (stz_dtype_bits(c->d.scale_dtype) / 8);
-            cJSON_AddStringToObject(e, "dtype", q ? (part ? stz_dtype_name(c->d.scale_dtype) : "U8")
-                                                  : stz_dtype_name(t->dtype));
-            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)len));
-            cJSON_AddItemToObject(e, "shape", sh);
-            cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
-            cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(off += len)));
-            cJSON_AddItemToObject(e, "data_offsets", of);
-            snprintf(name, sizeof name, "%s%s", t->name, part == 1 ? ".scales" : part == 2 ? ".mins" : "");
-            cJSON_AddItemToObject(h, name, e);
+        const stz_decision *d = t->tunable ? &T->cand[t->choice].d : NULL;
+        uint64_t rows = t->rows ? t->rows : 1, cols = t->params / rows;
+        if (!d || d->action == STZ_ACTION_KEEP) {
+            add_entry(h, t->name, t->dtype, rows, cols, t->params * stz_dtype_bits(t->dtype) / 8, &off);
+            continue;
         }
-        if (q) {
-            char val[400];
-            snprintf(val, sizeof val,
-                     "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":[%llu,%llu],"
-                     "\"scales\":\"%s.scales\",\"scale_dtype\":\"%s\",\"scale_base\":0.0123456789,\"packing\":"
-                     "\"bits-high-first\"}",
-                     stz_qmethod_name(c->d.method), stz_action_bits(c->d.action), c->d.block_size,
-                     stz_dtype_name(t->dtype), (unsigned long long)(t->params / 1000), 1000ull, t->name,
-                     stz_dtype_name(c->d.scale_dtype));
-            snprintf(name, sizeof name, "stz.quant.%s", t->name);
-            cJSON_AddStringToObject(meta, name, val);
+        int bits = stz_action_bits(d->action), sym8 = bits == 8 && d->method <= STZ_QMETHOD_FULL;
+        uint64_t nb = stz_q_blocks(cols, d->block_size), ssz = stz_dtype_bits(d->scale_dtype) / 8;
+        add_entry(h, t->name, sym8 ? STZ_DTYPE_I8 : STZ_DTYPE_U8, rows, stz_qf_row_bytes(bits, cols),
+                  rows * stz_qf_row_bytes(bits, cols), &off);
+        for (int k = 1; k <= (d->method == STZ_QMETHOD_ASYM ? 2 : 1); k++) {
+            snprintf(name, sizeof name, "%s.%s", t->name, k == 1 ? "scales" : "mins");
+            add_entry(h, name, d->scale_dtype, rows, nb, rows * nb * ssz, &off);
         }
+        int n = snprintf(val, sizeof val, "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":"
+                         "[%llu,%llu],\"scales\":\"%s.scales\",\"scale_dtype\":\"%s\"",
+                         d->method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(d->method), bits, d->block_size,
+                         stz_dtype_name(t->dtype), (unsigned long long)rows, (unsigned long long)cols, t->name,
+                         stz_dtype_name(d->scale_dtype));
+        if (d->scale_dtype == STZ_DTYPE_U8 && n > 0 && (size_t)n < sizeof val)
+            n += snprintf(val + n, sizeof val - (size_t)n, ",\"scale_base\":%.17g", t->probe_fmt.scale_base);
+        if (d->method == STZ_QMETHOD_NL_FIT && n > 0 && (size_t)n < sizeof val) /* 2^bits levels, 6 digits or so */
+            for (int k = 0; k < 1 << bits && (size_t)n + 16 < sizeof val; k++)
+                n += snprintf(val + n, sizeof val - (size_t)n, "%s%d", k ? "," : ",\"levels\":[", 1000 * k - 32767);
+        if (n > 0 && (size_t)n < sizeof val)
+            snprintf(val + n, sizeof val - (size_t)n, "%s%s\"}", d->method == STZ_QMETHOD_NL_FIT ? "]" : "",
+                     bits == 8 ? "" : bits == 4 ? ",\"packing\":\"int4-pairs-high-nibble-first"
+                                                : ",\"packing\":\"bits-high-first");
+        if (bits == 8) /* no packing key: close the object */
+            val[strlen(val) - 2] = '}', val[strlen(val) - 1] = 0;
+        snprintf(name, sizeof name, "stz.quant.%s", t->name);
+        cJSON_AddStringToObject(meta, name, val);
     }
     char *s = cJSON_PrintUnformatted(h);
     cJSON_Delete(h);
@@ -482,8 +514,8 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
     /* walk it again, choosing */
     bytes = out->curve[0].bytes - fixed, kl = out->curve[0].kl;
     int *blocked = calloc(T->nt + 1, sizeof *blocked);
-    size_t *at = calloc(T->nt + 1, sizeof *at);
-    stz_status st = blocked && at ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    size_t *at = calloc(T->nt + 1, sizeof *at), *applied = malloc((nseg + 1) * sizeof *applied), napplied = 0;
+    stz_status st = blocked && at && applied ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
     if (!st && kind == STZ_BUDGET_BYTES) {
         out->met = bytes + fixed <= value;
         for (size_t s = 0; out->met && s < nseg; s++) {
@@ -495,13 +527,19 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
                 continue;
             }
             bytes += g->db, kl -= g->dkl, at[g->t] = g->step, T->t[g->t].choice = g->to;
+            applied[napplied++] = s;
+        }
+        /* the header grew with the choice: step back until the whole fits */
+        while (out->met && napplied && (double)stz_tune_bytes(T) > value) {
+            const segment *g = &seg[applied[--napplied]];
+            T->t[g->t].choice = g->from;
         }
     } else if (!st) {
         for (size_t s = 0; kl > value && s < nseg; s++)
             kl -= seg[s].dkl, T->t[seg[s].t].choice = seg[s].to;
         out->met = kl <= value * (1 + 1e-12);
     }
-    free(blocked), free(at), free(hull), free(nh), free(seg);
+    free(blocked), free(at), free(applied), free(hull), free(nh), free(seg);
     if (!st)
         out->pred = (stz_tune_point){stz_tune_bytes(T), total_kl(T, kl_scale)};
     return st;

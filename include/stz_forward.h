@@ -64,6 +64,12 @@ typedef int (*stz_fwd_progress)(void *user, uint64_t done, uint64_t total);
 stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t len, float *logits,
                           stz_err *err);
 
+/* Sampling keeps layers' weights as F32 between steps while they fit in
+ * `bytes` (default STZ_FWD_KEEP_DEFAULT, 2 GiB): faster, but memory grows
+ * with the model up to that; 0 reads every layer at every step. */
+#define STZ_FWD_KEEP_DEFAULT ((uint64_t)2 << 30)
+void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes);
+
 /* Samples nseq sequences of len tokens (BOS first) at `temperature` with
  * nucleus `top_p`, deterministically from `seed`. */
 stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,

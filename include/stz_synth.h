@@ -32,9 +32,10 @@ typedef struct {
      * structured sparsity). At most one of the two. */
     double sparsity;
     int two_four;
+    uint64_t layers;         /* 0: the architecture's; else this many decoder layers (1..1024) */
 } stz_synth_params;
 
-#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL, 0, 0}
+#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL, 0, 0, 0}
 
 typedef struct {
     size_t tensors;

@@ -44,7 +44,7 @@ stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size
 typedef struct {
     char *name;
     stz_dtype dtype;
-    uint64_t params;
+    uint64_t params, rows;
     int tunable;        /* a float matrix the forward pass uses: the candidates apply; else kept */
     const char *why;    /* not tunable: why (static text) */
     uint64_t *bytes;    /* per candidate: container bytes of the stored tensors (records + index entries);
@@ -66,6 +66,7 @@ typedef struct {
     size_t nt;
     uint64_t params;       /* all tensors' */
     stz_pack_params pack;  /* how the container is written */
+    char *meta;            /* the files' __metadata__ as a JSON object (the quantized file keeps it) */
 } stz_tune;
 
 typedef struct {

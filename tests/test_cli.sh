@@ -23,6 +23,11 @@ expect_rc 0 "synth --force" "$STZ" synth tiny -o "$T/tiny.safetensors" --seed 9 
 expect_rc 2 "synth bad dtype" "$STZ" synth tiny -o "$T/x.safetensors" --dtype i8
 expect_rc 1 "synth unknown arch" "$STZ" synth nope -o "$T/x.safetensors"
 has "$T/err" "nope" "unknown arch message"
+expect_rc 0 "synth --layers" "$STZ" synth tiny --layers 5 -o "$T/deep.safetensors" -q
+expect_rc 0 "inspect the deeper model" "$STZ" inspect "$T/deep.safetensors"
+has "$T/out" "model.layers.4.mlp.down_proj.weight" "five layers written"
+hasnt "$T/out" "model.layers.5." "no sixth layer"
+expect_rc 2 "synth --layers 0" "$STZ" synth tiny --layers 0 -o "$T/x.safetensors"
 expect_rc 0 "synth --list" "$STZ" synth --list
 has "$T/out" "qwen2-0.5b" "arch list"
 

@@ -9,6 +9,8 @@
 #include <math.h>
 
 #include "stz_forward.h"
+#include "stz_policy.h"
+#include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "stz_synth.h"
 #include "test_util.h"
@@ -237,6 +239,88 @@ static void test_kl_synth(void **state)
     free(p);
 }
 
+/* stz_fwd_probe_run: each matrix perturbed alone (its rows replaced, as
+ * read, by those of an INT4 copy of the model) gives the KL that comparing
+ * the model with a file where only that matrix is quantized gives; the
+ * matrices of a layer run together as streams, and must not see each
+ * other's perturbation. */
+typedef struct {
+    stz_qmodel *q4;
+    char names[40][96];
+    double kl[40];
+    int n;
+} probe_ctx;
+
+static int probe_all(void *user, const char *name)
+{
+    (void)user, (void)name;
+    return 1;
+}
+
+static void probe_rows(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
+{
+    probe_ctx *c = user;
+    stz_err err;
+    long i = stz_qmodel_find(c->q4, name);
+    assert_true(i >= 0);
+    assert_int_equal(stz_qmodel_tensor(c->q4, (size_t)i)->cols, cols);
+    assert_int_equal(stz_qmodel_read_rows(c->q4, (size_t)i, r0, n, rows, &err), STZ_OK);
+}
+
+static void probe_result(void *user, const char *name, double kl)
+{
+    probe_ctx *c = user;
+    snprintf(c->names[c->n], sizeof c->names[0], "%s", name);
+    c->kl[c->n++] = kl;
+}
+
+static void test_probe_matches_compare(void **state)
+{
+    (void)state;
+    /* a vocabulary large enough for the head to be read in several slices */
+    char *p = tu_path(dir, "small1.safetensors"), *q = tu_path(dir, "q4.safetensors"), *one = tu_path(dir, "one.safetensors");
+    stz_err err;
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    sp.arch = "small", sp.layers = 1, sp.write_flags = STZ_WRITE_FORCE;
+    assert_int_equal(stz_synth_write(&sp, p, NULL, &err), STZ_OK);
+    stz_policy *pol;
+    const char *all = "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2}]}";
+    stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+    qp.write_flags = STZ_WRITE_FORCE;
+    assert_int_equal(stz_policy_parse(&pol, all, strlen(all), "all", &err), STZ_OK);
+    assert_int_equal(stz_quantize_file(&qp, pol, p, q, NULL, &err), STZ_OK);
+    stz_policy_free(pol);
+    model m;
+    assert_int_equal(open_model(&m, p, &err), STZ_OK);
+    enum { NSEQ = 2, LEN = 24 };
+    int32_t tok[NSEQ * LEN];
+    size_t lens[NSEQ] = {LEN, LEN - 5};
+    assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 3, 1.0, 0.9, tok, NULL, NULL, &err), STZ_OK);
+    probe_ctx c = {0};
+    assert_int_equal(stz_qmodel_open(&c.q4, q, &err), STZ_OK);
+    stz_fwd_probe pr = {probe_all, probe_rows, probe_result, &c};
+    assert_int_equal(stz_fwd_probe_run(m.f, tok, NSEQ, LEN, lens, &pr, NULL, NULL, &err), STZ_OK);
+    assert_true(c.n == 1 + 7 || c.n == 1 + 7 + 1); /* embedding, 7 per layer, a separate head */
+    for (int k = 0; k < c.n; k += k == 0 ? 1 : 3) { /* the embedding, q, o, down, the head */
+        char json[400];
+        snprintf(json, sizeof json, "{\"rules\": [{\"match\": \"%s\", \"action\": \"int4\"}]}", c.names[k]);
+        assert_int_equal(stz_policy_parse(&pol, json, strlen(json), "one", &err), STZ_OK);
+        assert_int_equal(stz_quantize_file(&qp, pol, p, one, NULL, &err), STZ_OK);
+        stz_policy_free(pol);
+        model o;
+        stz_fwd_report r;
+        assert_int_equal(open_model(&o, one, &err), STZ_OK);
+        assert_int_equal(stz_fwd_compare(m.f, o.f, tok, NSEQ, LEN, lens, NULL, NULL, &r, &err), STZ_OK);
+        close_model(&o);
+        if (!(r.kl_mean > 0) || fabs(c.kl[k] / r.kl_mean - 1) > 1e-3)
+            fail_msg("%s: probe KL %.6g, compare KL %.6g", c.names[k], c.kl[k], r.kl_mean);
+    }
+    stz_qmodel_free(c.q4);
+    close_model(&m);
+    unlink(p), unlink(q), unlink(one);
+    free(p), free(q), free(one);
+}
+
 static void expect_open_error(const char *path, stz_status code, const char *text)
 {
     model m;
@@ -334,7 +418,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),          cmocka_unit_test(test_stories_reference_logits),
         cmocka_unit_test(test_kl_stories),      cmocka_unit_test(test_kl_synth),
-        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_bad_models),      cmocka_unit_test(test_probe_matches_compare),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmdir(dir);

@@ -491,6 +491,95 @@ static void test_file_roundtrip(void **state)
     tu_rmdir(dir);
 }
 
+/* stz_quantize_tensor gives, in memory, exactly the bytes stz_quantize_file
+ * stores (values, scales, minimums) for every kind of decision; and a
+ * container's size is exactly its fixed bytes plus stz_pack_tensor_bytes
+ * of each tensor (what stz tune predicts sizes with). */
+static void test_tensor_in_memory(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *q = tu_path(dir, "q.safetensors"),
+         *c = tu_path(dir, "q.stz");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
+    static const char *pols[] = {
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int8\", \"min_ndim\": 2}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"mse\", \"block_size\": 48}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"nl\", \"scale_dtype\": \"U8\"}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int3\", \"min_ndim\": 2, \"method\": \"nl-fit\", \"scale_dtype\": \"U8\"}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int5\", \"min_ndim\": 2, \"method\": \"asym\", \"block_size\": 16}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int6\", \"min_ndim\": 2, \"method\": \"full\", \"scale_dtype\": \"F32\"}]}"};
+    for (size_t k = 0; k < sizeof pols / sizeof *pols; k++) {
+        quantize_with(pols[k], m, q, STZ_OK, &err);
+        stz_policy *p = parse_ok(pols[k]);
+        stz_qmodel *mo;
+        stz_reader *rq;
+        assert_int_equal(stz_qmodel_open(&mo, m, &err), STZ_OK);
+        assert_int_equal(stz_reader_open(&rq, q, &err), STZ_OK);
+        const stz_reader *ro = stz_qmodel_reader(mo);
+        int checked = 0;
+        for (size_t i = 0; i < stz_reader_count(ro); i++) {
+            const stz_tensor *t = stz_reader_tensor(ro, i);
+            stz_decision d = stz_policy_decide(p, t);
+            if (d.action == STZ_ACTION_KEEP)
+                continue;
+            const stz_qtensor *qt = stz_qmodel_tensor(mo, (size_t)stz_qmodel_find(mo, t->name));
+            float *x = malloc(t->numel * sizeof *x);
+            assert_int_equal(stz_qmodel_read_rows(mo, (size_t)stz_qmodel_find(mo, t->name), 0, qt->rows, x, &err),
+                             STZ_OK);
+            stz_qmem mem;
+            assert_int_equal(stz_quantize_tensor(&d, x, qt->rows, qt->cols, &mem, &err), STZ_OK);
+            static const char *const suffix[3] = {"", ".scales", ".mins"};
+            for (int part = 0; part < 3; part++) {
+                char name[300];
+                snprintf(name, sizeof name, "%s%s", t->name, suffix[part]);
+                long at = stz_reader_find(rq, name);
+                assert_int_equal(at >= 0, mem.part[part] != NULL);
+                if (at < 0)
+                    continue;
+                const stz_tensor *st = stz_reader_tensor(rq, (size_t)at);
+                assert_int_equal(st->dtype, mem.dtype[part]);
+                assert_int_equal(st->end - st->begin, mem.len[part]);
+                uint8_t *b = malloc(mem.len[part]);
+                assert_int_equal(stz_reader_read(rq, st, 0, b, mem.len[part], &err), STZ_OK);
+                if (memcmp(b, mem.part[part], mem.len[part]))
+                    fail_msg("policy %zu: tensor '%s' differs from the file's", k, name);
+                free(b);
+            }
+            assert_true(mem.err2 > 0 && mem.err2 < mem.norm2);
+            stz_qmem_free(&mem);
+            free(x);
+            checked++;
+        }
+        assert_true(checked > 0);
+        /* the container's size, predicted exactly */
+        stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+        pp.write_flags = STZ_WRITE_FORCE;
+        stz_pack_stats ps;
+        assert_int_equal(stz_pack_file(&pp, q, c, &ps, &err), STZ_OK);
+        size_t hlen;
+        const uint8_t *h = stz_reader_header(rq, &hlen);
+        uint64_t want = stz_pack_fixed_bytes((const char *)h, hlen);
+        for (size_t i = 0; i < stz_reader_count(rq); i++) {
+            const stz_tensor *t = stz_reader_tensor(rq, i);
+            uint8_t *b = malloc(t->end - t->begin + 1);
+            uint64_t bytes;
+            assert_int_equal(stz_reader_read(rq, t, 0, b, t->end - t->begin, &err), STZ_OK);
+            assert_int_equal(stz_pack_tensor_bytes(&pp, t->dtype, b, t->end - t->begin, &bytes, &err), STZ_OK);
+            want += bytes;
+            free(b);
+        }
+        assert_int_equal(ps.out_bytes, want);
+        stz_reader_free(rq);
+        stz_qmodel_free(mo);
+        stz_policy_free(p);
+    }
+    unlink(m), unlink(q), unlink(c);
+    free(m), free(q), free(c);
+    tu_rmdir(dir);
+}
+
 /* An .stz container opened by stz_qmodel_open reads the same rows as the
  * file it holds (chunks of 64 KiB, so reads cross chunks; 1 and 3 decoding
  * threads), and a damaged chunk is an error naming it, not wrong values. */
@@ -703,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_file_roundtrip),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_qmodel_reads_containers),
+        cmocka_unit_test(test_tensor_in_memory),
         cmocka_unit_test(test_shared_f32),
         cmocka_unit_test(test_shared_bf16),
     };

@@ -426,10 +426,15 @@ static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synt
 
 stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err)
 {
-    const arch *a = find_arch(p->arch);
-    if (!a)
+    const arch *found = find_arch(p->arch);
+    if (!found)
         return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')",
                            p->arch ? p->arch : "");
+    if (p->layers > 1024)
+        return stz_err_set(err, STZ_E_ARG, "synth: layers must be 1..1024");
+    arch custom = *found;
+    custom.layers = p->layers ? p->layers : found->layers;
+    const arch *a = &custom;
     if (p->dtype != STZ_DTYPE_BF16 && p->dtype != STZ_DTYPE_F16 && p->dtype != STZ_DTYPE_F32)
         return stz_err_set(err, STZ_E_ARG, "synth: dtype must be BF16, F16 or F32");
     if (p->threads < 1 || p->threads > 256)

@@ -1,0 +1,90 @@
+#!/bin/sh
+# stz tune end to end: budgets met and reproduced, predictions checked
+# against measurements, determinism, infeasible budgets, refusals.
+# Usage: test_tune.sh STZ [SHARED_DATA_DIR]
+set -u
+. "$(dirname "$0")/cli_lib.sh"
+
+num() { # file key: the first number after "key": in a JSON report
+    sed -n "s/.*\"$2\":[[:space:]]*\([-0-9.e+]*\).*/\1/p" "$1" | head -1
+}
+within() { # a b tolerance description: |a / b - 1| <= tolerance
+    if awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a / b - 1; exit !(d <= t && d >= -t) }'; then ok
+    else bad "$4: $1 against $2 (tolerance $3)"; fi
+}
+
+"$STZ" synth tiny -o "$T/m.safetensors" -q
+"$STZ" compress --int4 "$T/m.safetensors" -o "$T/int4.stz" -q
+budget=$(wc -c <"$T/int4.stz")
+
+# A size budget: met, predicted within 2%, the policy reproduces the size.
+expect_rc 0 "tune --size" "$STZ" tune "$T/m.safetensors" --size "$budget" -o "$T/p.json" --json --plot "$T/p.svg" -T 1
+cp "$T/out" "$T/rep.json"
+mb=$(num "$T/rep.json" measured_bytes) pb=$(num "$T/rep.json" predicted_bytes)
+[ "$mb" -le "$budget" ] && ok || bad "measured $mb bytes over the budget $budget"
+within "$pb" "$mb" 0.02 "predicted bytes"
+within "$(num "$T/rep.json" predicted_kl)" "$(num "$T/rep.json" measured_kl)" 0.3 "predicted KL"
+expect_rc 0 "compress with the tuned policy" "$STZ" compress --policy "$T/p.json" "$T/m.safetensors" -o "$T/tuned.stz"
+[ "$(wc -c <"$T/tuned.stz")" = "$mb" ] && ok || bad "the policy gives $(wc -c <"$T/tuned.stz") bytes, tune measured $mb"
+has "$T/p.svg" "<polyline" "the plot draws the curve"
+has "$T/p.json" '"match":	"model.layers.0.self_attn.q_proj.weight"' "one explicit rule per tensor"
+
+# The same inputs give the same policy, for any thread count.
+expect_rc 0 "tune again, 2 threads" "$STZ" tune "$T/m.safetensors" --size "$budget" -o "$T/p2.json" -T 2 -q
+same "$T/p.json" "$T/p2.json" "policy for -T 1 and -T 2"
+
+# The tuned model against the uniform int4 one, at the same size, on the same tokens.
+"$STZ" eval "$T/m.safetensors" "$T/int4.stz" --forward --sequences 4 --seq-len 64 --json -q >"$T/u.json"
+"$STZ" eval "$T/m.safetensors" "$T/tuned.stz" --forward --sequences 4 --seq-len 64 --json -q >"$T/t.json"
+awk -v t="$(num "$T/t.json" mean)" -v u="$(num "$T/u.json" mean)" 'BEGIN { exit !(t < u) }' && ok ||
+    bad "tuned KL $(num "$T/t.json" mean) not below int4's $(num "$T/u.json" mean) at the same size"
+
+# A KL budget: met, smallest container.
+expect_rc 0 "tune --max-kl" "$STZ" tune "$T/m.safetensors" --max-kl 0.01 -o "$T/k.json" --json
+k=$(num "$T/out" measured_kl)
+awk -v k="$k" 'BEGIN { exit !(k <= 0.01) }' && ok || bad "measured KL $k over 0.01"
+
+# compress --tune writes the verified container (and its policy on request).
+expect_rc 0 "compress --tune" "$STZ" compress "$T/m.safetensors" --tune --bits-per-weight 5 -o "$T/c.stz" --save-policy "$T/c.json" -q
+[ -s "$T/c.stz" ] && [ -s "$T/c.json" ] && ok || bad "compress --tune wrote no container or policy"
+awk -v b="$(wc -c <"$T/c.stz")" -v p="$("$STZ" inspect --json "$T/m.safetensors" | num /dev/stdin params)" \
+    'BEGIN { exit !(b * 8 <= 5 * p) }' && ok || bad "compress --tune over 5 bits per weight"
+expect_rc 0 "the tuned container decompresses" "$STZ" decompress "$T/c.stz" -o "$T/c.safetensors" -q
+
+# Budgets that cannot be met: exit 3, the closest point named, nothing written.
+expect_rc 3 "size too small" "$STZ" tune "$T/m.safetensors" --size 1000 -o "$T/no.json"
+has "$T/err" "cannot be met" "says the budget cannot be met"
+has "$T/err" "closest feasible point" "names the closest point"
+[ -e "$T/no.json" ] && bad "an infeasible budget wrote a policy" || ok
+expect_rc 3 "KL 0 without keep" "$STZ" tune "$T/m.safetensors" --max-kl 0 --candidates 4:nl:32:U8,8:absmax:32:F16 -o "$T/no.json"
+[ -e "$T/no.json" ] && bad "an infeasible budget wrote a policy" || ok
+ls -A "$T" | grep -q "^\.no\.json" && bad "temporary files left" || ok
+
+# Refusals.
+sum=$(cksum <"$T/p.json")
+expect_rc 1 "existing output" "$STZ" tune "$T/m.safetensors" --size "$budget" -o "$T/p.json"
+has "$T/err" "exists" "says the output exists"
+[ "$(cksum <"$T/p.json")" = "$sum" ] && ok || bad "existing policy changed"
+expect_rc 2 "no budget" "$STZ" tune "$T/m.safetensors"
+expect_rc 2 "two budgets" "$STZ" tune "$T/m.safetensors" --size 1M --max-kl 1
+expect_rc 1 "bad candidate" "$STZ" tune "$T/m.safetensors" --size 1M --candidates keep,4:foo:32:U8 -o "$T/x.json"
+has "$T/err" "4:foo:32:U8" "names the bad candidate"
+expect_rc 1 "7 bits" "$STZ" tune "$T/m.safetensors" --size 1M --candidates 7:nl:32:U8 -o "$T/x.json"
+"$STZ" quantize --int4 "$T/m.safetensors" -o "$T/q.safetensors" -q
+expect_rc 1 "already quantized" "$STZ" tune "$T/q.safetensors" --size 1M -o "$T/x.json"
+has "$T/err" "already quantized" "says why"
+"$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
+expect_rc 1 "not a Llama-family model" "$STZ" tune "$T/neo.safetensors" --size 1M -o "$T/x.json"
+[ -e "$T/x.json" ] && bad "a refused tune wrote a policy" || ok
+
+if [ -n "$DATA" ] && [ -f "$DATA/stories260K.f32.safetensors" ]; then
+    S=$DATA/stories260K.f32.safetensors
+    "$STZ" compress --int4 "$S" -o "$T/s4.stz" -q
+    sb=$(wc -c <"$T/s4.stz")
+    expect_rc 0 "stories260K at int4's size" "$STZ" tune "$S" --size "$sb" -o "$T/s.json" --json
+    cp "$T/out" "$T/srep.json"
+    within "$(num "$T/srep.json" predicted_bytes)" "$(num "$T/srep.json" measured_bytes)" 0.02 "stories: predicted bytes"
+    within "$(num "$T/srep.json" predicted_kl)" "$(num "$T/srep.json" measured_kl)" 0.3 "stories: predicted KL"
+fi
+
+finish tune
