@@ -41,11 +41,20 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
         return STZ_OK;
     }
     int bits, used = 0;
-    unsigned block;
+    unsigned block, rank;
+    char how[16] = "";
+    if (sscanf(s, "svd:%u%n", &rank, &used) == 1 && (!s[used] || sscanf(s + used, ":%15s", how) == 1)) {
+        if (!rank || (*how && strcmp(how, "randomized")))
+            return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected svd:RANK or svd:RANK:randomized", s);
+        c->d.action = STZ_ACTION_SVD, c->d.svd_rank = rank, c->d.fallback = STZ_ACTION_KEEP;
+        c->d.svd_randomized = *how != 0, c->d.svd_power_iters = 1, c->d.svd_oversample = 10;
+        snprintf(c->name, sizeof c->name, "svd:%u%s", rank, *how ? ":randomized" : "");
+        return STZ_OK;
+    }
     char method[16], scales[8];
     if (sscanf(s, "%d:%15[^:]:%u:%7s%n", &bits, method, &block, scales, &used) != 4 || s[used])
-        return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep or BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8)",
-                           s);
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep, BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8) "
+                           "or svd:RANK", s);
     if ((c->d.action = action_of_bits(bits)) == STZ_ACTION_COUNT)
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': bits must be 2, 3, 4, 5, 6 or 8", s);
     int m = 0;
@@ -100,16 +109,6 @@ stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size
     return STZ_OK;
 }
 
-/* Nominal bits per weight of a candidate (codes and per-block scales). */
-static double nominal_bits(const stz_tune_cand *c)
-{
-    int bits = stz_action_bits(c->d.action);
-    if (!bits)
-        return 16;
-    double side = stz_dtype_bits(c->d.scale_dtype) * (c->d.method == STZ_QMETHOD_ASYM ? 2.0 : 1.0);
-    return bits + side / c->d.block_size;
-}
-
 /* ---- measuring ------------------------------------------------------------------ */
 
 typedef struct {
@@ -134,6 +133,12 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
     }
     stz_qmem q;
     stz_err sub;
+    uint64_t small = j->rows < j->cols ? j->rows : j->cols;
+    if (d->action == STZ_ACTION_SVD && (d->svd_rank >= small || stz_svd_bytes(j->rows, j->cols, d->svd_rank) >=
+                                                                     t->params * (stz_dtype_bits(t->dtype) / 8))) {
+        t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY; /* no smaller than the tensor: stz quantize would keep it */
+        return STZ_OK;
+    }
     stz_status st = stz_quantize_tensor(d, j->x, j->rows, j->cols, &q, &sub);
     if (st == STZ_E_NUMERIC) { /* scales beyond F16: not a choice for this tensor */
         t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
@@ -142,7 +147,7 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
     if (st)
         return stz_err_set(err, st, "tensor '%s', candidate %s: %s", t->name, T->cand[c].name, sub.msg);
     t->bytes[c] = 0, t->err2[c] = q.err2, j->raw[c] = 0;
-    for (int k = 0; !st && k < 3; k++) {
+    for (int k = 0; !st && k < 5; k++) {
         uint64_t b = 0;
         if (q.part[k] && !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], q.part[k], q.len[k], &b, err)))
             t->bytes[c] += b, j->raw[c] += q.len[k];
@@ -170,18 +175,22 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
 {
     memset(T, 0, sizeof *T);
     T->pack = (stz_pack_params)STZ_PACK_PARAMS_DEFAULT;
-    T->cand = malloc(ncand * sizeof *T->cand);
+    /* sensitivity is probed with the shipped int4 format: appended, not offered, when not a candidate */
+    stz_tune_cand probe;
+    stz_status pst = parse_one(STZ_TUNE_PROBE, &probe, err);
+    if (pst)
+        return pst;
+    T->cand = malloc((ncand + 1) * sizeof *T->cand);
     if (!T->cand)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     memcpy(T->cand, cand, ncand * sizeof *cand);
-    T->ncand = ncand;
-    double best = INFINITY;
-    int any = 0;
+    T->ncand = T->noffered = ncand, T->probe = ncand;
     for (size_t c = 0; c < ncand; c++)
-        if (cand[c].d.action != STZ_ACTION_KEEP && fabs(nominal_bits(&cand[c]) - 4.25) < best)
-            best = fabs(nominal_bits(&cand[c]) - 4.25), T->probe = c, any = 1;
-    if (!any)
-        return stz_err_set(err, STZ_E_ARG, "the candidates hold no quantization (only keep): nothing to tune");
+        if (!strcmp(cand[c].name, probe.name))
+            T->probe = c;
+    if (T->probe == ncand)
+        T->cand[T->ncand++] = probe;
+    ncand = T->ncand;
     size_t nt = 0;
     uint64_t total = 0, done = 0;
     for (size_t f = 0; f < nfiles; f++) {
@@ -244,7 +253,10 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
                 stz_pipeline pl = {.n = ncand, .threads = p->threads < 1 ? 1 : p->threads, .ctx = &j,
                                    .work = measure_work};
                 st = stz_pipeline_run(&pl, err);
-                t->tunable = 1;
+                for (size_t c = 0; c < T->noffered && !t->tunable; c++)
+                    t->tunable = t->bytes[c] != UINT64_MAX;
+                if (!t->tunable)
+                    t->bytes[0] = j.keep_bytes, t->why = "no candidate applies";
             }
             free(x);
             done += q->stored_bytes;
@@ -348,7 +360,7 @@ static size_t hull_of(const stz_tune *T, const stz_tune_tensor *t, double scale,
     int *ord = malloc(T->ncand * sizeof *ord);
     if (!ord)
         return 0;
-    for (size_t c = 0; c < T->ncand; c++)
+    for (size_t c = 0; c < T->noffered; c++)
         if (t->bytes[c] != UINT64_MAX)
             ord[n++] = (int)c;
     for (size_t i = 1; i < n; i++) /* by bytes, then KL; n is small */
@@ -406,13 +418,32 @@ static uint64_t fixed_bytes(const stz_tune *T)
         cJSON_AddStringToObject(meta, kv->string, cJSON_GetStringValue(kv));
     cJSON_Delete(orig);
     uint64_t off = 0;
-    char name[600], val[800];
+    char name[600], val[1600];
     for (size_t i = 0; i < T->nt; i++) {
         const stz_tune_tensor *t = &T->t[i];
         const stz_decision *d = t->tunable ? &T->cand[t->choice].d : NULL;
         uint64_t rows = t->rows ? t->rows : 1, cols = t->params / rows;
         if (!d || d->action == STZ_ACTION_KEEP) {
             add_entry(h, t->name, t->dtype, rows, cols, t->params * stz_dtype_bits(t->dtype) / 8, &off);
+            continue;
+        }
+        if (d->action == STZ_ACTION_SVD) {
+            uint64_t r = d->svd_rank;
+            static const char *const sfx[5] = {".U", ".U.scales", ".S", ".Vh", ".Vh.scales"};
+            const uint64_t shp[5][2] = {{rows, r}, {rows, 0}, {r, 0}, {r, cols}, {r, 0}};
+            for (int k = 0; k < 5; k++) {
+                snprintf(name, sizeof name, "%s%s", t->name, sfx[k]);
+                int f32 = k == 1 || k == 4;
+                add_entry(h, name, f32 ? STZ_DTYPE_F32 : STZ_DTYPE_I8, shp[k][0], shp[k][1],
+                          shp[k][0] * (shp[k][1] ? shp[k][1] : 1) * (f32 ? 4 : 1), &off);
+            }
+            snprintf(val, sizeof val, "{\"method\":\"svd\",\"svd_method\":\"exact\",\"bits\":8,\"rank\":%llu,"
+                     "\"dtype\":\"%s\",\"shape\":[%llu,%llu],\"U\":\"%s.U\",\"U_scales\":\"%s.U.scales\",\"S\":"
+                     "\"%s.S\",\"S_scale\":0.0123456789,\"Vh\":\"%s.Vh\",\"Vh_scales\":\"%s.Vh.scales\",\"scale_dtype\":"
+                     "\"F32\",\"rel_error\":0.123456789012345}", (unsigned long long)r, stz_dtype_name(t->dtype),
+                     (unsigned long long)rows, (unsigned long long)cols, t->name, t->name, t->name, t->name, t->name);
+            snprintf(name, sizeof name, "stz.quant.%s", t->name);
+            cJSON_AddStringToObject(meta, name, val);
             continue;
         }
         int bits = stz_action_bits(d->action), sym8 = bits == 8 && d->method <= STZ_QMETHOD_FULL;
@@ -575,7 +606,12 @@ char *stz_tune_policy(const stz_tune *T, const char *description)
         escape_pattern(t->name, pat, sizeof pat);
         cJSON_AddStringToObject(r, "match", pat);
         cJSON_AddStringToObject(r, "action", stz_action_name(c->d.action));
-        if (c->d.action != STZ_ACTION_KEEP) {
+        if (c->d.action == STZ_ACTION_SVD) {
+            cJSON_AddNumberToObject(r, "rank", c->d.svd_rank);
+            if (c->d.svd_randomized)
+                cJSON_AddStringToObject(r, "method", "randomized");
+            cJSON_AddStringToObject(r, "fallback", "keep");
+        } else if (c->d.action != STZ_ACTION_KEEP) {
             cJSON_AddStringToObject(r, "method", stz_qmethod_name(c->d.method));
             cJSON_AddNumberToObject(r, "block_size", c->d.block_size);
             cJSON_AddStringToObject(r, "scale_dtype", stz_dtype_name(c->d.scale_dtype));

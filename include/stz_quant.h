@@ -104,17 +104,20 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d);
 
 /* A tensor quantized in memory: the bytes stz_quantize_file stores for it. */
 typedef struct {
-    uint8_t *part[3];   /* values, scales, minimums (asym), as stored; NULL when absent (a tensor of one
-                         * block keeps its scale in the metadata) */
-    size_t len[3];
-    stz_dtype dtype[3]; /* the stored tensors' dtypes */
+    uint8_t *part[5];   /* values, scales, minimums (asym), as stored; NULL when absent (a tensor of one
+                         * block keeps its scale in the metadata); svd: U, U.scales, S, Vh, Vh.scales */
+    size_t len[5];
+    stz_dtype dtype[5]; /* the stored tensors' dtypes */
+    size_t rank;        /* svd: the factors' rank */
     double err2, norm2; /* squared error of the dequantized values; squared norm of the original */
     stz_qformat fmt;    /* as used: the U8 scales' base, nl-fit's fitted levels */
     int legacy;         /* written by the first kernels */
 } stz_qmem;
 
-/* Quantizes rows x cols floats x (finite) under decision d (int2..int8),
- * as stz_quantize_file would. STZ_E_NUMERIC (NaN/Inf, F16 overflow). */
+/* Quantizes rows x cols floats x (finite) under decision d (int2..int8,
+ * or svd: INT8 factors, whatever their size; no fallback), as
+ * stz_quantize_file would. STZ_E_NUMERIC (NaN/Inf, F16 overflow), svd's
+ * errors (STZ_E_ARG for a rank >= min(rows, cols)). */
 stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t rows, uint64_t cols, stz_qmem *out,
                                stz_err *err);
 void stz_qmem_free(stz_qmem *q);

@@ -7,7 +7,7 @@
  *    the bytes it takes in a container (the lossless stage's own chunk
  *    coder run on the stored bytes: exact, not a model).
  * 2. Sensitivity: the forward pass with each matrix alone perturbed by
- *    the probe candidate's error (stz_fwd_probe_run); KL per unit of
+ *    the probe format's error (stz_fwd_probe_run); KL per unit of
  *    squared error. A candidate's predicted KL is sensitivity x its
  *    squared error; a model's, the sum over its matrices.
  * 3. Solve: a multiple-choice knapsack over the per-matrix lower convex
@@ -59,9 +59,9 @@ typedef struct {
 } stz_tune_tensor;
 
 typedef struct {
-    stz_tune_cand *cand;
-    size_t ncand;
-    size_t probe;          /* the candidate whose error probes sensitivity */
+    stz_tune_cand *cand;   /* the candidates offered, then the probe's format if it is not one of them */
+    size_t ncand, noffered;
+    size_t probe;          /* the candidate whose error probes sensitivity (STZ_TUNE_PROBE) */
     stz_tune_tensor *t;
     size_t nt;
     uint64_t params;       /* all tensors' */
@@ -75,9 +75,13 @@ typedef struct {
     void *progress_user;
 } stz_tune_params;
 
+/* The format whose error probes each matrix's sensitivity: the shipped
+ * int4 policy's. */
+#define STZ_TUNE_PROBE "4:nl:32:U8"
+
 /* Measures every candidate on every tensor of the model's files (plain
- * SafeTensors, read through stz_qmodel). The probe candidate is the one
- * nearest 4 bits per weight. STZ_E_UNSUPPORTED for a file already
+ * SafeTensors, read through stz_qmodel), and the probe format. A tensor
+ * no candidate applies to is kept. STZ_E_UNSUPPORTED for a file already
  * quantized by stz. */
 stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
                             size_t ncand, const stz_tune_params *p, stz_err *err);

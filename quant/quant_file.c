@@ -50,8 +50,6 @@ typedef struct {
 
 static const char *const factor_suffix[5] = {".U", ".U.scales", ".S", ".Vh", ".Vh.scales"};
 
-/* Bytes of INT8 factors at rank r with F32 per-row scales (S: one scale). */
-static uint64_t svd_bytes(uint64_t m, uint64_t n, uint64_t r) { return m * r + r + r * n + 4 * (m + r); }
 
 uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
 {
@@ -61,7 +59,7 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
         uint64_t fbb = stz_quant_bytes(t, &fb), n = t->shape[t->ndim - 1], m = t->numel / n;
         if (!d->svd_rank) /* rank comes from the spectrum: at most the fallback's bytes */
             return fbb;
-        uint64_t sb = svd_bytes(m, n, d->svd_rank);
+        uint64_t sb = stz_svd_bytes(m, n, d->svd_rank);
         return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
     }
     int bits = stz_action_bits(d->action);
@@ -361,26 +359,17 @@ static void use_fallback(plan_t *x, const char *why)
  * as readers will see it. */
 static stz_status svd_quality(const float *W, plan_t *x, stz_err *err)
 {
-    size_t m = (size_t)x->rows, n = (size_t)x->cols, k = x->rank;
-    float *U = malloc(m * k * sizeof *U), *S = malloc(k * sizeof *S), *V = malloc(k * n * sizeof *V);
-    float *Wr = malloc(m * n * sizeof *Wr);
-    stz_status st = U && S && V && Wr ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    if (!st) {
-        for (size_t i = 0; i < m; i++)
-            stz_q8_dequantize_ref(x->Uq + i * k, x->Us + i, k, k, U + i * k);
-        for (size_t i = 0; i < k; i++)
-            stz_q8_dequantize_ref(x->Vq + i * n, x->Vs + i, n, n, V + i * n);
-        stz_q8_dequantize_ref(x->Sq, &x->s_scale, k, k, S);
-        if (stz_svd_reconstruct(U, S, V, m, n, k, Wr))
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    }
+    size_t m = (size_t)x->rows, n = (size_t)x->cols;
+    float *Wr = malloc(m * n * sizeof *Wr + 1);
+    stz_status st = Wr ? stz_svd_q8_rebuild(x->Uq, x->Us, x->Sq, x->s_scale, x->Vq, x->Vs, m, n, x->rank, Wr, err)
+                       : stz_err_set(err, STZ_E_NOMEM, "out of memory");
     if (!st) {
         stz_metrics_acc acc;
         memset(&acc, 0, sizeof acc);
         stz_metrics_add(&acc, W, Wr, m * n);
         x->cosine = stz_metrics_finish(&acc).cosine;
     }
-    free(U), free(S), free(V), free(Wr);
+    free(Wr);
     return st;
 }
 
@@ -393,7 +382,7 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
     stz_decision fb = x->d;
     fb.action = x->d.fallback;
     uint64_t fbytes = stz_quant_bytes(t, &fb);
-    if (x->d.svd_rank && (x->d.svd_rank >= k || svd_bytes(m, n, x->d.svd_rank) >= fbytes)) {
+    if (x->d.svd_rank && (x->d.svd_rank >= k || stz_svd_bytes(m, n, x->d.svd_rank) >= fbytes)) {
         use_fallback(x, "SVD factors at this rank would not be smaller: fallback");
         return STZ_OK;
     }
@@ -423,7 +412,7 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
         st = stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(r), t->name, sub.msg);
     if (st)
         goto done;
-    if (f.rank >= k || svd_bytes(m, n, f.rank) >= fbytes) {
+    if (f.rank >= k || stz_svd_bytes(m, n, f.rank) >= fbytes) {
         use_fallback(x, "SVD factors at the chosen rank would not be smaller: fallback");
         goto done;
     }
@@ -435,12 +424,7 @@ static stz_status svd_prepare(const stz_quant_params *p, const stz_reader *r, co
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors of '%s'", t->name);
         goto done;
     }
-    /* one scale per row of U and of Vh, one for S */
-    for (size_t i = 0; i < m; i++)
-        stz_q8_quantize_ref(f.U + i * rk, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Uq + i * rk, x->Us + i);
-    for (size_t i = 0; i < rk; i++)
-        stz_q8_quantize_ref(f.Vh + i * n, n, n, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Vq + i * n, x->Vs + i);
-    stz_q8_quantize_ref(f.S, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, x->Sq, &x->s_scale);
+    stz_svd_q8(&f, x->Uq, x->Us, x->Sq, &x->s_scale, x->Vq, x->Vs);
     st = svd_quality(W, x, err);
 done:
     stz_svd_result_free(&f);

@@ -2,6 +2,7 @@
  * it (values, scales, minimums), with its squared error: what stz tune
  * measures each candidate by. */
 #include "quant_tensor.h"
+#include "stz_svd.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,9 +39,74 @@ void stz_qf_store_scales(const stz_qformat *f, const float *v, size_t n, uint8_t
         stz_from_f32(f->scale_dtype, v, n, dst, &ignored);
 }
 
+void stz_svd_q8(const stz_svd_result *f, int8_t *Uq, float *Us, int8_t *Sq, float *s_scale, int8_t *Vq, float *Vs)
+{
+    size_t m = f->m, n = f->n, rk = f->rank;
+    for (size_t i = 0; i < m; i++)
+        stz_q8_quantize_ref(f->U + i * rk, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, Uq + i * rk, Us + i);
+    for (size_t i = 0; i < rk; i++)
+        stz_q8_quantize_ref(f->Vh + i * n, n, n, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, Vq + i * n, Vs + i);
+    stz_q8_quantize_ref(f->S, rk, rk, STZ_QMETHOD_ABSMAX, STZ_DTYPE_F32, Sq, s_scale);
+}
+
+stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *Sq, float s_scale, const int8_t *Vq,
+                              const float *Vs, size_t m, size_t n, size_t k, float *W, stz_err *err)
+{
+    float *U = malloc(m * k * sizeof *U + 1), *S = malloc(k * sizeof *S + 1), *V = malloc(k * n * sizeof *V + 1);
+    stz_status st = U && S && V ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!st) {
+        for (size_t i = 0; i < m; i++)
+            stz_q8_dequantize_ref(Uq + i * k, Us + i, k, k, U + i * k);
+        for (size_t i = 0; i < k; i++)
+            stz_q8_dequantize_ref(Vq + i * n, Vs + i, n, n, V + i * n);
+        stz_q8_dequantize_ref(Sq, &s_scale, k, k, S);
+        if (stz_svd_reconstruct(U, S, V, m, n, k, W))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    free(U), free(S), free(V);
+    return st;
+}
+
+/* svd: INT8 factors at the decision's rank (U, U.scales, S, Vh, Vh.scales). */
+static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, size_t n, stz_qmem *out, stz_err *err)
+{
+    stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
+    sp.method = d->svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
+    sp.rank = d->svd_rank, sp.energy = d->svd_energy, sp.max_error = d->svd_max_error;
+    sp.power_iters = d->svd_power_iters ? (int)d->svd_power_iters : 1;
+    sp.oversample = d->svd_oversample ? d->svd_oversample : 10;
+    stz_svd_result f = {0};
+    stz_status st = stz_svd_factor(x, m, n, &sp, &f, err);
+    if (st)
+        return st;
+    size_t rk = f.rank;
+    static const stz_dtype dt[5] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8, STZ_DTYPE_F32};
+    const size_t len[5] = {m * rk, 4 * m, rk, rk * n, 4 * rk};
+    float *Us = malloc(m * sizeof *Us), *Vs = malloc(rk * sizeof *Vs), *W = malloc(m * n * sizeof *W), s_scale;
+    for (int k = 0; k < 5; k++)
+        out->part[k] = malloc(len[k] + 1), out->len[k] = len[k], out->dtype[k] = dt[k];
+    if (!Us || !Vs || !W || !out->part[0] || !out->part[1] || !out->part[2] || !out->part[3] || !out->part[4])
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!st) {
+        stz_svd_q8(&f, (int8_t *)out->part[0], Us, (int8_t *)out->part[2], &s_scale, (int8_t *)out->part[3], Vs);
+        stz_from_f32(STZ_DTYPE_F32, Us, m, out->part[1], err);
+        stz_from_f32(STZ_DTYPE_F32, Vs, rk, out->part[4], err);
+        st = stz_svd_q8_rebuild((int8_t *)out->part[0], Us, (int8_t *)out->part[2], s_scale, (int8_t *)out->part[3],
+                                Vs, m, n, rk, W, err);
+    }
+    for (size_t i = 0; !st && i < m * n; i++) {
+        double e = (double)x[i] - W[i];
+        out->err2 += e * e, out->norm2 += (double)x[i] * x[i];
+    }
+    out->rank = rk;
+    stz_svd_result_free(&f);
+    free(Us), free(Vs), free(W);
+    return st;
+}
+
 void stz_qmem_free(stz_qmem *q)
 {
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 5; k++)
         free(q->part[k]);
     memset(q, 0, sizeof *q);
 }
@@ -50,6 +116,12 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
 {
     memset(out, 0, sizeof *out);
     stz_qformat *f = &out->fmt;
+    if (d->action == STZ_ACTION_SVD) {
+        stz_status st = svd_tensor(d, x, (size_t)rows, (size_t)cols, out, err);
+        if (st)
+            stz_qmem_free(out);
+        return st;
+    }
     if (!stz_action_bits(d->action))
         return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
                            stz_action_name(d->action));

@@ -4,6 +4,7 @@
 #define STZ_QUANT_TENSOR_H
 
 #include "stz_quant.h"
+#include "stz_svd.h"
 
 /* The kernel format of a quantizing decision (int2..int8; svd: its INT8
  * factors): bits, method, block, scale storage, nl's fixed codebook.
@@ -24,5 +25,15 @@ void stz_qf_store_scales(const stz_qformat *f, const float *v, size_t n, uint8_t
  * row k * (rows / nr). */
 static inline size_t stz_qf_fit_rows(uint64_t rows) { return rows < 256 ? (size_t)rows : 256; }
 static inline size_t stz_qf_fit_cols(uint64_t cols) { return cols > (1u << 20) ? (size_t)1 << 20 : (size_t)cols; }
+
+/* A factorisation's INT8 factors as stz_quantize_file stores them: one F32
+ * scale per row of U (m x r) and of Vh (r x n), one for S. */
+void stz_svd_q8(const stz_svd_result *f, int8_t *Uq, float *Us, int8_t *Sq, float *s_scale, int8_t *Vq,
+                float *Vs);
+/* W (m x n) rebuilt from INT8 factors of rank r, as readers see it. */
+stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *Sq, float s_scale, const int8_t *Vq,
+                              const float *Vs, size_t m, size_t n, size_t r, float *W, stz_err *err);
+/* Bytes of INT8 factors at rank r with F32 per-row scales (S: one scale). */
+static inline uint64_t stz_svd_bytes(uint64_t m, uint64_t n, uint64_t r) { return m * r + r + r * n + 4 * (m + r); }
 
 #endif

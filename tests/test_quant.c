@@ -509,7 +509,8 @@ static void test_tensor_in_memory(void **state)
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"nl\", \"scale_dtype\": \"U8\"}]}",
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int3\", \"min_ndim\": 2, \"method\": \"nl-fit\", \"scale_dtype\": \"U8\"}]}",
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int5\", \"min_ndim\": 2, \"method\": \"asym\", \"block_size\": 16}]}",
-        "{\"rules\": [{\"match\": \"*\", \"action\": \"int6\", \"min_ndim\": 2, \"method\": \"full\", \"scale_dtype\": \"F32\"}]}"};
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int6\", \"min_ndim\": 2, \"method\": \"full\", \"scale_dtype\": \"F32\"}]}",
+        "{\"rules\": [{\"match\": \"*proj.weight\", \"action\": \"svd\", \"rank\": 8, \"fallback\": \"keep\"}]}"};
     for (size_t k = 0; k < sizeof pols / sizeof *pols; k++) {
         quantize_with(pols[k], m, q, STZ_OK, &err);
         stz_policy *p = parse_ok(pols[k]);
@@ -530,10 +531,11 @@ static void test_tensor_in_memory(void **state)
                              STZ_OK);
             stz_qmem mem;
             assert_int_equal(stz_quantize_tensor(&d, x, qt->rows, qt->cols, &mem, &err), STZ_OK);
-            static const char *const suffix[3] = {"", ".scales", ".mins"};
-            for (int part = 0; part < 3; part++) {
+            static const char *const suffix[2][5] = {{"", ".scales", ".mins", ".none", ".none"},
+                                                     {".U", ".U.scales", ".S", ".Vh", ".Vh.scales"}};
+            for (int part = 0; part < 5; part++) {
                 char name[300];
-                snprintf(name, sizeof name, "%s%s", t->name, suffix[part]);
+                snprintf(name, sizeof name, "%s%s", t->name, suffix[d.action == STZ_ACTION_SVD][part]);
                 long at = stz_reader_find(rq, name);
                 assert_int_equal(at >= 0, mem.part[part] != NULL);
                 if (at < 0)

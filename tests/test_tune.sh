@@ -51,6 +51,13 @@ awk -v b="$(wc -c <"$T/c.stz")" -v p="$("$STZ" inspect --json "$T/m.safetensors"
     'BEGIN { exit !(b * 8 <= 5 * p) }' && ok || bad "compress --tune over 5 bits per weight"
 expect_rc 0 "the tuned container decompresses" "$STZ" decompress "$T/c.stz" -o "$T/c.safetensors" -q
 
+# SVD factors as candidates: chosen when they are all there is, and exact.
+expect_rc 0 "svd candidates" "$STZ" tune "$T/m.safetensors" --max-kl 100 --candidates svd:4,svd:8 -o "$T/svd.json" --json -q
+has "$T/svd.json" '"action":	"svd"' "svd chosen"
+has "$T/svd.json" '"fallback":	"keep"' "never a different fallback than the one measured"
+within "$(num "$T/out" predicted_bytes)" "$(num "$T/out" measured_bytes)" 0.02 "svd: predicted bytes"
+expect_rc 1 "svd rank 0" "$STZ" tune "$T/m.safetensors" --size 1M --candidates svd:0 -o "$T/x.json"
+
 # Budgets that cannot be met: exit 3, the closest point named, nothing written.
 expect_rc 3 "size too small" "$STZ" tune "$T/m.safetensors" --size 1000 -o "$T/no.json"
 has "$T/err" "cannot be met" "says the budget cannot be met"
