@@ -21,10 +21,10 @@ mkdir -p "$WORK"
 cd "$WORK"
 fails=0
 get() { # json-file key
-    $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"
+    $PY -c "import json,sys; v = json.load(open(sys.argv[1]))[sys.argv[2]]; print(v if isinstance(v, int) else '%.4g' % v)" "$1" "$2"
 }
 kl_of() { # json report of stz eval --forward
-    $PY -c "import json,sys; print(json.load(open(sys.argv[1]))['kl']['mean'])" "$1"
+    $PY -c "import json,sys; print('%.4g' % json.load(open(sys.argv[1]))['kl']['mean'])" "$1"
 }
 verdict() { # condition-in-awk description
     if awk "BEGIN { exit !($1) }"; then echo "- PASS: $2"; else echo "- FAIL: $2"; fails=$((fails + 1)); fi
