@@ -151,6 +151,16 @@ typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, 
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
                    int rewrite_index, cli_shard_fn convert, void *user);
 
+/* Removes a directory and everything below it. */
+void cli_remove_tree(const char *dir);
+struct stz_policy;
+/* stz compress IN -o OUT with a loaded policy, as the command does (IN a
+ * file or a sharded directory; a file OUT is replaced, a directory OUT
+ * must not exist);
+ * *bytes: OUT's bytes (every file of a directory). */
+stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol, int threads, int quiet,
+                               uint64_t *bytes, stz_err *err);
+
 /* Set by the first SIGINT/SIGTERM/SIGHUP: long operations stop through
  * their progress callback and clean up on their normal error path. */
 extern volatile int cli_interrupted;

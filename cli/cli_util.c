@@ -179,6 +179,9 @@ int cli_tmp_make(tmpfile_t *t, const char *out, const char *what)
         t->path = NULL;
         return -1;
     }
+    mode_t mask = umask(0); /* mkstemp makes it 0600; renamed into place, it is an ordinary file */
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
     close(fd);
     t->handle = stz_tmp_track(t->path);
     return 0;

@@ -190,6 +190,26 @@ done:
     return s;
 }
 
+stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, int threads, int quiet,
+                               uint64_t *bytes, stz_err *err)
+{
+    popts o;
+    memset(&o, 0, sizeof o);
+    cli_common_init(&o.c);
+    o.c.threads = threads, o.c.quiet = quiet, o.c.force = 1; /* a file OUT is replaced: the caller's temporary */
+    compress_ctx c = {.o = &o, .pol = pol};
+    c.qs.min_cosine = 1;
+    stz_status st = STZ_OK;
+    if (cli_is_sharded_dir(in)) {
+        if (cli_shards_run(in, out, "", ".stz", 1, compress_one, &c) != CLI_OK)
+            st = stz_err_set(err, STZ_E_IO, "%s: compressing the shards failed (above)", in);
+    } else {
+        st = compress_one(&c, in, out, NULL, 0, err);
+    }
+    *bytes = st ? 0 : cli_path_bytes(out);
+    return st;
+}
+
 int cmd_compress(int argc, char **argv)
 {
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)

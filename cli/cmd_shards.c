@@ -240,7 +240,7 @@ static stz_status copy_file(const char *from, const char *to, stz_err *err)
     return st;
 }
 
-static void remove_tree(const char *dir)
+void cli_remove_tree(const char *dir)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -250,7 +250,7 @@ static void remove_tree(const char *dir)
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || pjoin(p, sizeof p, dir, e->d_name))
             continue;
         if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            remove_tree(p);
+            cli_remove_tree(p);
         else
             unlink(p);
     }
@@ -413,7 +413,7 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
         st = stz_err_set(&err, errno == EEXIST || errno == ENOTEMPTY ? STZ_E_EXISTS : STZ_E_IO,
                          "%s: cannot rename the finished directory into place: %s", out, strerror(errno));
     if (st)
-        remove_tree(tmpdir);
+        cli_remove_tree(tmpdir);
     stz_tmp_untrack(track);
     for (size_t i = 0; skip && i < m.n; i++)
         free(skip[i]);

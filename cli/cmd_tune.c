@@ -27,7 +27,7 @@ static const char tune_help[] =
     "forward pass; the budget is solved, then checked by compressing the model\n"
     "and running it (corrected once if missed). Writes an ordinary policy\n"
     "(stz compress --policy) and prints a report. Llama-family models only\n"
-    "(those stz eval --forward runs), one SafeTensors file.\n\n"
+    "(those stz eval --forward runs), a file or a directory (sharded or not).\n\n"
     "BUDGET, one of:\n"
     "  --size BYTES        container at most BYTES (suffixes K, M, G: powers of 1024)\n"
     "  --ratio R           container at most MODEL's size / R\n"
@@ -151,46 +151,27 @@ typedef struct {
     stz_fwd_report fwd;
 } measured;
 
-/* Compresses MODEL with the policy text into container `out` and runs it
- * against the original on the same sequences. */
+/* Compresses MODEL (a file or a sharded directory) with the policy text
+ * into `out` and runs it against the original on the same sequences. */
 static stz_status verify(const tune_opts *o, const char *model, const char *policy_text, const char *out,
                          stz_fwd *ref, const stz_fwd_config *cfg, const cli_seqs *q, measured *res, stz_err *err)
 {
     stz_policy *pol = NULL;
-    tmpfile_t tq = {0};
-    stz_qmodel *cm = NULL;
+    cli_model_set C = {0};
     stz_fwd *cand = NULL;
     cli_progress prog;
     stz_status st = stz_policy_parse(&pol, policy_text, strlen(policy_text), "tuned policy", err);
-    if (!st && cli_tmp_make(&tq, out, "quant"))
-        st = stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
-    if (!st) {
-        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
-        qp.threads = o->c.threads, qp.write_flags = STZ_WRITE_FORCE;
-        cli_progress_init(&prog, "tune: verify, quantize", o->c.quiet || o->c.json);
-        qp.progress = cli_progress_cb, qp.progress_user = &prog;
-        st = stz_quantize_file(&qp, pol, model, tq.path, NULL, err);
-        cli_progress_end(&prog);
-    }
-    if (!st) {
-        stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
-        pp.threads = o->c.threads, pp.write_flags = STZ_WRITE_FORCE;
-        stz_pack_stats ps;
-        cli_progress_init(&prog, "tune: verify, pack", o->c.quiet || o->c.json);
-        pp.progress = cli_progress_cb, pp.progress_user = &prog;
-        st = stz_pack_file(&pp, tq.path, out, &ps, err);
-        cli_progress_end(&prog);
-        res->bytes = ps.out_bytes;
-    }
-    cli_tmp_drop(&tq);
-    if (!st && !(st = stz_qmodel_open(&cm, out, err)) &&
-        !(st = stz_fwd_open(&cand, &cm, 1, cfg, out, o->c.threads, err))) {
+    if (!st && cli_is_sharded_dir(model))
+        cli_remove_tree(out); /* the first round's */
+    if (!st)
+        st = cli_compress_policy(model, out, pol, o->c.threads, o->c.quiet || o->c.json, &res->bytes, err);
+    if (!st && !(st = cli_set_open(&C, out, err)) && !(st = stz_fwd_open(&cand, C.m, C.n, cfg, out, o->c.threads, err))) {
         cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
         st = stz_fwd_compare(ref, cand, q->tok, q->nseq, q->stride, q->lens, cli_progress_cb, &prog, &res->fwd, err);
         cli_progress_end(&prog);
     }
     stz_fwd_free(cand);
-    stz_qmodel_free(cm);
+    cli_set_free(&C);
     stz_policy_free(pol);
     return st;
 }
@@ -267,6 +248,11 @@ static stz_status write_plot(const char *path, const stz_tune_solution *s, const
     return st;
 }
 
+static int missed(const tune_opts *o, const measured *m)
+{
+    return o->kind == STZ_BUDGET_KL ? m->fwd.kl_mean > o->value : (double)m->bytes > o->value;
+}
+
 static int report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
                   const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
                   double budget_bytes, const char *source)
@@ -281,6 +267,7 @@ static int report(const tune_opts *o, const char *model, const char *out, const 
         cJSON_AddStringToObject(d, "budget", o->budget_opt);
         cJSON_AddNumberToObject(d, o->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", o->value);
         cJSON_AddStringToObject(d, "tokens", source);
+        cJSON_AddBoolToObject(d, "met", !(m && missed(o, m)));
         cJSON_AddNumberToObject(d, "predicted_bytes", (double)s->pred.bytes);
         cJSON_AddNumberToObject(d, "predicted_kl", s->pred.kl);
         if (m) {
@@ -355,11 +342,6 @@ static int report(const tune_opts *o, const char *model, const char *out, const 
 
 /* ---- the command ------------------------------------------------------------------ */
 
-static int missed(const tune_opts *o, const measured *m)
-{
-    return o->kind == STZ_BUDGET_KL ? m->fwd.kl_mean > o->value : (double)m->bytes > o->value;
-}
-
 static char *default_policy_path(const char *model)
 {
     size_t n = strlen(model);
@@ -403,7 +385,7 @@ int cmd_tune(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    const char *model = argv[optind];
+    const char *model = argv[optind], *in = model;
     char *out = o.c.out ? strdup(o.c.out) : o.compress ? NULL : default_policy_path(model);
     if (!out)
         return cli_usage_error("compress", "--tune needs -o OUT.stz");
@@ -420,7 +402,7 @@ int cmd_tune(int argc, char **argv)
     char *policy = NULL;
     tmpfile_t tc = {0};
     measured m1 = {0}, m2 = {0};
-    int have1 = 0, have2 = 0;
+    int have1 = 0, have2 = 0, sharded = 0;
     stz_tune_point first = {0};
     struct stat sb;
     rc = CLI_ERROR;
@@ -433,11 +415,9 @@ int cmd_tune(int argc, char **argv)
     if (stz_tune_parse_candidates(o.candidates, &cand, &ncand, &err) || cli_set_open(&S, model, &err) ||
         stz_refuse_input_as_output(model, out, &err))
         goto fail;
-    if (S.n != 1) {
-        stz_err_set(&err, STZ_E_UNSUPPORTED, "%s: a sharded model (%zu files): stz tune takes one SafeTensors file "
-                    "for now", model, S.n);
-        goto fail;
-    }
+    sharded = cli_is_sharded_dir(model);
+    if (!sharded && S.n == 1) /* a repository directory holding model.safetensors: that file */
+        in = stz_reader_path(stz_qmodel_reader(S.m[0]));
     int found = cli_model_config(model, &S, o.config, &cfg, from, NULL, &err);
     if (found < 0 || (!found && cli_no_config(model, &err)))
         goto fail;
@@ -460,6 +440,11 @@ int cmd_tune(int argc, char **argv)
     if (st)
         goto fail;
     double model_bytes = (double)cli_path_bytes(model);
+    if (sharded) { /* the index and the other files of the directory come along */
+        T.extra_bytes = (uint64_t)model_bytes;
+        for (size_t f = 0; f < S.n; f++)
+            T.extra_bytes -= stz_reader_file_size(stz_qmodel_reader(S.m[f]));
+    }
     o.value = o.kind == STZ_BUDGET_KL ? o.max_kl
               : o.size                ? o.size
               : o.ratio               ? model_bytes / o.ratio
@@ -468,6 +453,16 @@ int cmd_tune(int argc, char **argv)
         goto fail;
     if (!sol.met) {
         char a[32];
+        if (o.c.json) {
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddStringToObject(d, "model", model);
+            cJSON_AddStringToObject(d, "budget", o.budget_opt);
+            cJSON_AddNumberToObject(d, o.kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", o.value);
+            cJSON_AddBoolToObject(d, "met", 0);
+            cJSON_AddNumberToObject(d, "closest_bytes", (double)sol.pred.bytes);
+            cJSON_AddNumberToObject(d, "closest_kl", sol.pred.kl);
+            cli_print_json(d);
+        }
         fprintf(stderr, "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
                 "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n", model, o.budget_opt,
                 o.kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", o.value, cli_commas(a, sol.pred.bytes),
@@ -486,7 +481,9 @@ int cmd_tune(int argc, char **argv)
     if (o.verify) {
         if (cli_tmp_make(&tc, out, "tune"))
             goto tmp_fail;
-        if (verify(&o, model, policy, tc.path, fwd, &cfg, &q, &m1, &err))
+        if (sharded) /* a name for the directory */
+            unlink(tc.path);
+        if (verify(&o, in, policy, tc.path, fwd, &cfg, &q, &m1, &err))
             goto fail;
         have1 = 1;
         if (missed(&o, &m1)) { /* correct once: scale what was predicted by what was measured */
@@ -501,7 +498,7 @@ int cmd_tune(int argc, char **argv)
                 stz_err_set(&err, STZ_E_NOMEM, "out of memory");
                 goto fail;
             }
-            if (verify(&o, model, policy, tc.path, fwd, &cfg, &q, &m2, &err))
+            if (verify(&o, in, policy, tc.path, fwd, &cfg, &q, &m2, &err))
                 goto fail;
             have2 = 1;
         }
@@ -529,6 +526,8 @@ tmp_fail:
 fail:
     rc = cli_fail(&err);
 done:
+    if (tc.path && sharded)
+        cli_remove_tree(tc.path);
     cli_tmp_drop(&tc);
     free(policy);
     stz_tune_solution_free(&sol);

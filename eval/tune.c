@@ -203,17 +203,19 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
             total += q->stored_bytes;
         }
     }
-    cJSON *meta = cJSON_CreateObject();
-    for (size_t f = 0; f < nfiles; f++) {
+    if (!(T->meta = calloc(nfiles + 1, sizeof *T->meta)) || !(T->t = calloc(nt + 1, sizeof *T->t)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t f = 0; f < nfiles; f++, T->nfiles++) {
         const stz_reader *r = stz_qmodel_reader(files[f]);
+        cJSON *meta = cJSON_CreateObject();
         for (size_t i = 0; i < stz_reader_meta_count(r); i++)
             if (strcmp(stz_reader_meta_key(r, i), "format"))
                 cJSON_AddStringToObject(meta, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
+        T->meta[f] = cJSON_PrintUnformatted(meta);
+        cJSON_Delete(meta);
+        if (!T->meta[f])
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     }
-    T->meta = cJSON_PrintUnformatted(meta);
-    cJSON_Delete(meta);
-    if (!T->meta || !(T->t = calloc(nt + 1, sizeof *T->t)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     uint64_t *raw = malloc(ncand * sizeof *raw);
     stz_status st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
     for (size_t f = 0; !st && f < nfiles; f++) {
@@ -223,7 +225,7 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
             const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
             stz_tune_tensor *t = &T->t[T->nt++];
             uint64_t size = rt->end - rt->begin;
-            t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->why = untunable(q);
+            t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
             T->params += q->numel;
             uint8_t *bytes = malloc(size + 1);
             float *x = NULL;
@@ -325,6 +327,8 @@ void stz_tune_free(stz_tune *T)
         free(T->t[i].name), free(T->t[i].bytes), free(T->t[i].err2);
     free(T->t);
     free(T->cand);
+    for (size_t f = 0; T->meta && f < T->nfiles; f++)
+        free(T->meta[f]);
     free(T->meta);
     memset(T, 0, sizeof *T);
 }
@@ -405,12 +409,12 @@ static void add_entry(cJSON *h, const char *name, stz_dtype dtype, uint64_t rows
     cJSON_AddItemToObject(h, name, e);
 }
 
-/* The header stz quantize writes for the current choice, rebuilt (names,
- * dtypes, shapes, offsets, metadata with each tensor's description), and
- * the container's fixed bytes for it. */
-static uint64_t fixed_bytes(const stz_tune *T)
+/* The header stz quantize writes for file f under the current choice,
+ * rebuilt (names, dtypes, shapes, offsets, metadata with each tensor's
+ * description), and the container's fixed bytes for it. */
+static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
 {
-    cJSON *h = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *orig = cJSON_Parse(T->meta), *kv;
+    cJSON *h = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *orig = cJSON_Parse(T->meta[f]), *kv;
     cJSON_AddItemToObject(h, "__metadata__", meta);
     cJSON_AddStringToObject(meta, "format", "pt");
     cJSON_AddStringToObject(meta, "stz.quant.version", "1");
@@ -422,6 +426,8 @@ static uint64_t fixed_bytes(const stz_tune *T)
     for (size_t i = 0; i < T->nt; i++) {
         const stz_tune_tensor *t = &T->t[i];
         const stz_decision *d = t->tunable ? &T->cand[t->choice].d : NULL;
+        if (t->file != f)
+            continue;
         uint64_t rows = t->rows ? t->rows : 1, cols = t->params / rows;
         if (!d || d->action == STZ_ACTION_KEEP) {
             add_entry(h, t->name, t->dtype, rows, cols, t->params * stz_dtype_bits(t->dtype) / 8, &off);
@@ -477,6 +483,14 @@ static uint64_t fixed_bytes(const stz_tune *T)
     cJSON_Delete(h);
     uint64_t b = s ? stz_pack_fixed_bytes(s, strlen(s)) : 0;
     free(s);
+    return b;
+}
+
+static uint64_t fixed_bytes(const stz_tune *T)
+{
+    uint64_t b = T->extra_bytes;
+    for (size_t f = 0; f < T->nfiles; f++)
+        b += file_fixed_bytes(T, f);
     return b;
 }
 

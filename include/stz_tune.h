@@ -45,6 +45,7 @@ typedef struct {
     char *name;
     stz_dtype dtype;
     uint64_t params, rows;
+    size_t file;        /* which of the model's files holds it */
     int tunable;        /* a float matrix the forward pass uses: the candidates apply; else kept */
     const char *why;    /* not tunable: why (static text) */
     uint64_t *bytes;    /* per candidate: container bytes of the stored tensors (records + index entries);
@@ -66,7 +67,10 @@ typedef struct {
     size_t nt;
     uint64_t params;       /* all tensors' */
     stz_pack_params pack;  /* how the container is written */
-    char *meta;            /* the files' __metadata__ as a JSON object (the quantized file keeps it) */
+    uint64_t extra_bytes;  /* bytes besides the containers (a sharded directory's index and other files);
+                            * the caller sets it */
+    char **meta;           /* per file, its __metadata__ as a JSON object (the quantized file keeps it) */
+    size_t nfiles;
 } stz_tune;
 
 typedef struct {
@@ -114,7 +118,7 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
 void stz_tune_solution_free(stz_tune_solution *s);
 
 /* The predicted container bytes of the current choice (tensors and the
- * header they need). */
+ * headers they need: one container per file). */
 uint64_t stz_tune_bytes(const stz_tune *T);
 
 /* The current choice as a policy (JSON text, malloc'ed): one explicit rule

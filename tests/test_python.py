@@ -116,6 +116,14 @@ def test_commands(files, tmp_path):
     assert f["positions"] == 30 and f["kl"]["mean"] > 0
 
 
+def test_tune(files, tmp_path):
+    r = stz.tune(files / "tiny.safetensors", tmp_path / "p.json", size=100000, sequences=2, seq_len=16)
+    assert r["met"] and r["measured_bytes"] <= 100000 and (tmp_path / "p.json").exists()
+    assert {t["name"] for t in r["tensors"]} >= {"lm_head.weight"}
+    no = stz.tune(files / "tiny.safetensors", tmp_path / "no.json", size=1000)
+    assert not no["met"] and no["closest_bytes"] > 1000 and not (tmp_path / "no.json").exists()
+
+
 def test_export_gguf(files, tmp_path):
     tok = tmp_path / "tok.bin"  # a llama2.c tokenizer of the tiny model's 256 tokens
     tok.write_bytes(struct.pack("<i", 8) + b"".join(struct.pack("<fi", -i, 3) + b"t%02x" % i for i in range(256)))

@@ -27,6 +27,7 @@ within "$(num "$T/rep.json" predicted_kl)" "$(num "$T/rep.json" measured_kl)" 0.
 expect_rc 0 "compress with the tuned policy" "$STZ" compress --policy "$T/p.json" "$T/m.safetensors" -o "$T/tuned.stz"
 [ "$(wc -c <"$T/tuned.stz")" = "$mb" ] && ok || bad "the policy gives $(wc -c <"$T/tuned.stz") bytes, tune measured $mb"
 has "$T/p.svg" "<polyline" "the plot draws the curve"
+[ "$(stat -c %a "$T/p.json")" = "$(printf '%o' $((0666 & ~$(umask))))" ] && ok || bad "policy mode $(stat -c %a "$T/p.json") ignores the umask"
 has "$T/p.json" '"match":	"model.layers.0.self_attn.q_proj.weight"' "one explicit rule per tensor"
 
 # The same inputs give the same policy, for any thread count.
@@ -57,6 +58,41 @@ has "$T/svd.json" '"action":	"svd"' "svd chosen"
 has "$T/svd.json" '"fallback":	"keep"' "never a different fallback than the one measured"
 within "$(num "$T/out" predicted_bytes)" "$(num "$T/out" measured_bytes)" 0.02 "svd: predicted bytes"
 expect_rc 1 "svd rank 0" "$STZ" tune "$T/m.safetensors" --size 1M --candidates svd:0 -o "$T/x.json"
+
+# A sharded model directory: tuned, verified and compressed as a directory.
+if command -v python3 >/dev/null; then
+    mkdir "$T/shd"
+    python3 - "$T/m.safetensors" "$T/shd" <<'P'
+import json, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+b = open(src, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+meta = h.pop("__metadata__")
+names = list(h)
+wm = {}
+for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+    f = "model-%05d-of-00002.safetensors" % (k + 1)
+    hh, data, off = {}, b"", 0
+    for name in part:
+        a, z = h[name]["data_offsets"]
+        hh[name] = dict(h[name], data_offsets=[off, off + z - a])
+        data += b[8 + n + a: 8 + n + z]
+        off += z - a
+        wm[name] = f
+    hj = json.dumps(hh).encode()
+    open(out + "/" + f, "wb").write(struct.pack("<Q", len(hj)) + hj + data)
+json.dump({"metadata": {"total_size": len(b)}, "weight_map": wm}, open(out + "/model.safetensors.index.json", "w"))
+open(out + "/config.json", "w").write(meta["config"])
+P
+    expect_rc 0 "tune a sharded directory" "$STZ" tune "$T/shd" --size "$budget" -o "$T/shd.json" --json -q
+    within "$(num "$T/out" predicted_bytes)" "$(num "$T/out" measured_bytes)" 0.02 "sharded: predicted bytes"
+    expect_rc 0 "compress --tune a sharded directory" "$STZ" compress "$T/shd" --tune --size "$budget" -o "$T/shd.stz" -q
+    [ -f "$T/shd.stz/model-00002-of-00002.safetensors.stz" ] && [ -f "$T/shd.stz/config.json" ] && ok ||
+        bad "compress --tune wrote no sharded directory"
+    [ "$(du -b -s "$T/shd.stz" | cut -f1)" -le "$((budget + 4096))" ] && ok || bad "sharded output over the budget"
+    ls -A "$T" | grep -q "tune-" && bad "verification left $(ls -A "$T" | grep tune-)" || ok
+fi
 
 # Budgets that cannot be met: exit 3, the closest point named, nothing written.
 expect_rc 3 "size too small" "$STZ" tune "$T/m.safetensors" --size 1000 -o "$T/no.json"

@@ -378,6 +378,17 @@ def export_gguf(src, dst, tokenizer=None, type=None, requantize=False, force=Fal
     return _run(args)
 
 
+def tune(model, dst=None, force=False, **options):
+    """stz tune: a policy for a budget, given as size=, ratio=, bits_per_weight=
+    or max_kl=; other options become --key value (candidates, sequences,
+    seq_len, tokens, plot, ...). Returns the --json report; "met" is False
+    (and nothing is written) when the budget cannot be met."""
+    args = ["tune", os.fspath(model)] + (["-o", os.fspath(dst)] if dst else []) + (["-f"] if force else [])
+    for k, v in options.items():
+        args += ["--" + k.replace("_", "-"), os.fspath(v) if isinstance(v, os.PathLike) else str(v)]
+    return _run(args)
+
+
 def evaluate(original, candidate, forward=False, **options):
     """stz eval (forward=True: --forward); options become --key value."""
     args = ["eval", os.fspath(original), os.fspath(candidate)] + (["--forward"] if forward else [])
