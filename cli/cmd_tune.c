@@ -505,7 +505,7 @@ int cmd_tune(int argc, char **argv)
     }
     const measured *fin = have2 ? &m2 : have1 ? &m1 : NULL;
     if (o.compress) {
-        if (place(tc.path, out, o.c.force, &err) || (o.save_policy && write_text(o.save_policy, policy, o.c.force, &err)))
+        if (place(tc.path, out, o.c.force && !sharded, &err) || /* directories are never replaced */ (o.save_policy && write_text(o.save_policy, policy, o.c.force, &err)))
             goto fail;
     } else if (write_text(out, policy, o.c.force, &err)) {
         goto fail;
