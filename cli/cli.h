@@ -44,6 +44,10 @@ enum { CLI_OPT_JSON = 1000, CLI_OPT_DTYPE };
         {"json", no_argument, 0, CLI_OPT_JSON}, {"dtype", required_argument, 0, CLI_OPT_DTYPE}
 
 void cli_common_init(cli_common *o);
+/* -o - (or -c): standard output carries the data, so it is refused on a
+ * terminal and with --json, and the summary is off (c->quiet). -1 to go
+ * on, else an exit status. */
+int cli_stdout_ok(const char *cmd, cli_common *c);
 /* Handles option c if it is a shared one: returns -1 when handled, an exit
  * status to return (help printed, or a usage error), or -2 if c is not a
  * shared option. */
@@ -121,6 +125,9 @@ typedef struct {
     int handle;
 } tmpfile_t;
 int cli_tmp_make(tmpfile_t *t, const char *out, const char *what);
+/* Where intermediate files of `out` go: next to it, or in $TMPDIR (/tmp)
+ * when out is "-" (standard output). Returns buf. */
+const char *cli_tmp_base(const char *out, char *buf, size_t cap);
 void cli_tmp_drop(tmpfile_t *t);
 /* Replaces the temporary path `tmp` in err's message by `shown` (the file
  * the user named), so that errors name the input. */

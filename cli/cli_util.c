@@ -340,3 +340,24 @@ stz_status cli_no_config(const char *path, stz_err *err)
     return stz_err_set(err, STZ_E_FORMAT, "%s: no model configuration (no config.json beside it, no "
                                           "__metadata__[\"config\"]): give one with --config FILE", path);
 }
+
+int cli_stdout_ok(const char *cmd, cli_common *c)
+{
+    if (!c->out || strcmp(c->out, "-"))
+        return -1;
+    if (isatty(STDOUT_FILENO))
+        return cli_usage_error(cmd, "standard output is a terminal: redirect it, or give -o FILE");
+    if (c->json)
+        return cli_usage_error(cmd, "--json prints to standard output, which -o - takes: not both");
+    c->quiet = 1; /* the data, not a summary */
+    return -1;
+}
+
+const char *cli_tmp_base(const char *out, char *buf, size_t cap)
+{
+    if (strcmp(out, "-"))
+        return snprintf(buf, cap, "%s", out), buf;
+    const char *t = getenv("TMPDIR");
+    snprintf(buf, cap, "%s/stz", t && *t ? t : "/tmp");
+    return buf;
+}

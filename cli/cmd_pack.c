@@ -12,7 +12,10 @@ static const char pack_help[] =
     "usage: stz pack IN.safetensors [-o OUT.stz] [options]\n\n"
     "Packs a SafeTensors file losslessly: 'stz unpack' gives back the same bytes.\n"
     "Output defaults to IN.stz.\n\n"
-    "  -o, --output FILE     where to write\n"
+    "  -o, --output FILE     where to write; - for standard output\n"
+    "  -c, --stdout          write to standard output (as -o -): the records in\n"
+    "                        order, the index last (not to a terminal; the summary\n"
+    "                        goes to standard error)\n"
     "  --best                slower, smaller (also tries zstd -19 on every plane)\n"
     "  -T, --threads N       worker threads, 0 = all cores (default); same output for any N\n"
     "  --chunk-size BYTES    raw bytes per chunk (default 1048576; 65536..67108864)\n"
@@ -113,15 +116,20 @@ static char *derive(const char *in, const char *suffix, int add)
 int cmd_pack(int argc, char **argv)
 {
     pack_opts o;
-    int rc = parse("pack", pack_help, "output best chunk-size json", argc, argv, &o);
+    int rc = parse("pack", pack_help, "output best chunk-size json stdout", argc, argv, &o);
     if (rc >= 0)
         return rc;
     if (optind != argc - 1)
         return cli_usage_error("pack", "expected one input file");
     const char *in = argv[optind];
-    if (!strcmp(in, "-") || (o.c.out && !strcmp(o.c.out, "-")))
-        return cli_usage_error("pack", "stz pack reads its input at tensor offsets and writes its index last: "
-                                       "give files, not standard input or output");
+    if (!strcmp(in, "-"))
+        return cli_usage_error("pack", "stz pack reads its input at tensor offsets: give a file, not standard "
+                                       "input (its output may be standard output: -c)");
+    int to_stdout = o.c.out && !strcmp(o.c.out, "-");
+    if (to_stdout && isatty(STDOUT_FILENO))
+        return cli_usage_error("pack", "standard output is a terminal: redirect it, or give -o FILE");
+    if (to_stdout && o.c.json)
+        return cli_usage_error("pack", "--json prints to standard output, which -c takes: not both");
     char *out = o.c.out ? strdup(o.c.out) : derive(in, ".stz", 1);
     stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
     p.level = o.best ? STZ_PACK_BEST : STZ_PACK_FAST;
@@ -148,8 +156,9 @@ int cmd_pack(int argc, char **argv)
                (unsigned long long)st.chunks, secs);
     } else if (!o.c.quiet) {
         char a[32], b[32], r[32];
-        printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n", in, out, cli_commas(a, st.in_bytes),
-               cli_commas(b, st.out_bytes), ratio, secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
+        fprintf(to_stdout ? stderr : stdout, "%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n", in,
+                to_stdout ? "standard output" : out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio,
+                secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
     }
     free(out);
     return CLI_OK;

@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -22,7 +23,9 @@ static const char compress_help[] =
     "--lossless and to BASE.POLICY.safetensors.stz otherwise (m.safetensors ->\n"
     "m.int4.safetensors.stz), so that lossy and lossless outputs never collide.\n"
     "IN may be a directory of shards (model.safetensors.index.json).\n\n"
-    "  -o, --output FILE   where to write\n"
+    "  -o, --output FILE   where to write; - for standard output\n"
+    "  -c, --stdout        write the container to standard output (as -o -; not to\n"
+    "                      a terminal; a lossy one's quantized model waits in $TMPDIR)\n"
     CLI_POLICY_HELP
     "  --lossless          no quantization: stz pack\n"
     "  --tune BUDGET       choose the policy for a size or KL budget (see stz tune --help)\n"
@@ -40,7 +43,10 @@ static const char decompress_help[] =
     "original model byte for byte). With --dequantize, writes a plain float\n"
     "model any SafeTensors reader loads. OUT defaults to IN without .stz.\n"
     "Prints a one-line summary (--json: as JSON).\n\n"
-    "  -o, --output FILE   where to write\n"
+    "  -o, --output FILE   where to write; - for standard output\n"
+    "  -c, --stdout        write to standard output (as -o -): in order, each chunk\n"
+    "                      checked first (not to a terminal; with --dequantize the\n"
+    "                      unpacked model waits in $TMPDIR)\n"
     "  --dequantize        dequantize quantized tensors (and rebuild SVD ones)\n"
     "  --dtype D           with --dequantize: dtype of those tensors\n"
     "  -T, --threads N     threads, 0 = all cores (default)\n"
@@ -51,6 +57,7 @@ static const char decompress_help[] =
 
 enum { O_LOSSLESS = 256, O_BEST, O_NOEVAL, O_DEQ };
 static const struct option opts[] = {{"lossless", no_argument, 0, O_LOSSLESS},
+                                     {"stdout", no_argument, 0, 'c'},
                                      {"best", no_argument, 0, O_BEST},
                                      {"no-eval", no_argument, 0, O_NOEVAL},
                                      {"dequantize", no_argument, 0, O_DEQ},
@@ -69,8 +76,9 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, popts
     int c, r;
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
-    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT "c", opts, NULL)) != -1) {
         switch (c) {
+        case 'c': o->c.out = "-"; break;
         case O_LOSSLESS: o->lossless = 1; break;
         case O_BEST: o->best = 1; break;
         case O_NOEVAL: o->noeval = 1; break;
@@ -84,7 +92,9 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, popts
     }
     if (optind != argc - 1)
         return cli_usage_error(cmd, "expected one input file");
-    return -1;
+    if (o->c.out && !strcmp(o->c.out, "-") && cli_is_sharded_dir(argv[optind]))
+        return cli_usage_error(cmd, "a sharded model is a directory of files: give -o DIR, not standard output");
+    return cli_stdout_ok(cmd, &o->c);
 }
 
 /* The name of the policy for default output names: a shipped name, or a
@@ -136,11 +146,12 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     cli_progress prog;
     char label[64];
     /* before the long work; pack would only see the temporary file */
-    if ((s = stz_refuse_input_as_output(in, out, err)))
+    if (strcmp(out, "-") && (s = stz_refuse_input_as_output(in, out, err)))
         return s;
     if (!o->lossless) {
-        if (cli_tmp_make(&tq, out, "quant"))
-            return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
+        char base[PATH_MAX];
+        if (cli_tmp_make(&tq, cli_tmp_base(out, base, sizeof base), "quant"))
+            return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", base);
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
         qp.threads = o->c.threads;
         qp.write_flags = STZ_WRITE_FORCE; /* over our own empty temporary file */
@@ -176,7 +187,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     if (s)
         goto done;
     struct stat sb;
-    c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0; /* a file: -c takes none of the sharded path */
     c->out_bytes += ps.out_bytes;
     c->files++;
     if (tq.path && mapped) { /* the index lists the quantized names */
@@ -236,7 +247,7 @@ int cmd_compress(int argc, char **argv)
     }
     if (sharded) {
         rc = cli_shards_run(in, out, "", ".stz", !o.lossless, compress_one, &c);
-    } else if (stat(out, &sb) == 0 && !o.c.force) { /* refuse before the long work */
+    } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) { /* refuse before the long work */
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
@@ -301,7 +312,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     const popts *o = (const popts *)user;
     stz_status s;
     tmpfile_t tu = {0};
-    if ((s = stz_refuse_input_as_output(in, out, err))) /* --dequantize only ever sees a temporary file */
+    if (strcmp(out, "-") && (s = stz_refuse_input_as_output(in, out, err))) /* --dequantize: a temporary file */
         return s;
     stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
     up.threads = o->c.threads;
@@ -315,8 +326,9 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
         cli_progress_end(&prog);
         return s;
     }
-    if (cli_tmp_make(&tu, out, "unpacked"))
-        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
+    char base[PATH_MAX];
+    if (cli_tmp_make(&tu, cli_tmp_base(out, base, sizeof base), "unpacked"))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", base);
     up.write_flags = STZ_WRITE_FORCE;
     s = stz_unpack_file(&up, in, tu.path, err);
     cli_progress_end(&prog);
@@ -354,13 +366,13 @@ int cmd_decompress(int argc, char **argv)
     int sharded = cli_is_sharded_dir(in);
     if (sharded) {
         rc = cli_shards_run(in, out, ".stz", "", o.deq, decompress_one, &o);
-    } else if (stat(out, &sb) == 0 && !o.c.force) {
+    } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) {
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
         rc = decompress_one(&o, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
     }
-    if (rc == CLI_OK)
+    if (rc == CLI_OK && strcmp(out, "-")) /* standard output carries the data, not a summary */
         cli_print_summary(&o.c, in, out, o.deq ? "dequantized" : "as packed", sharded, cli_now() - t0);
     free(out);
     return rc;

@@ -229,6 +229,8 @@ int cmd_quantize(int argc, char **argv)
         return cli_usage_error("quantize", "give --policy P, --int8, --int4 or --set");
     if (!o.c.out)
         return cli_usage_error("quantize", "missing -o OUT");
+    if ((rc = cli_stdout_ok("quantize", &o.c)) >= 0)
+        return rc;
     stz_err err;
     stz_policy *pol;
     if (cli_policy_load(&o.po, &pol, &err))
@@ -285,6 +287,8 @@ int cmd_dequantize(int argc, char **argv)
         return rc;
     if (!o.c.out)
         return cli_usage_error("dequantize", "missing -o OUT");
+    if ((rc = cli_stdout_ok("dequantize", &o.c)) >= 0)
+        return rc;
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
     p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
     cli_progress prog;

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The output in messages. */
+#define WNAME(w) ((w)->out.path ? (w)->out.path : "standard output")
+
 typedef struct {
     char *name;
     stz_dtype dtype;
@@ -85,7 +88,7 @@ static stz_status check_text(const stz_writer *w, const char *what, const char *
 {
     size_t n = strlen(s);
     if (stz_utf8_check((const uint8_t *)s, n) != n)
-        return stz_err_set(err, STZ_E_ARG, "%s: %s '%s' is not valid UTF-8", w->out.path, what, s);
+        return stz_err_set(err, STZ_E_ARG, "%s: %s '%s' is not valid UTF-8", WNAME(w), what, s);
     return STZ_OK;
 }
 
@@ -95,7 +98,11 @@ stz_status stz_writer_open(stz_writer **out, const char *path, unsigned flags, s
     stz_writer *w = calloc(1, sizeof *w);
     if (!w)
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
-    stz_status st = stz_outfile_open(&w->out, path, flags & STZ_WRITE_FORCE, err);
+    stz_status st = STZ_OK;
+    if (!strcmp(path, "-")) /* standard output: written in order (the header first) */
+        stz_outfile_stdout(&w->out);
+    else
+        st = stz_outfile_open(&w->out, path, flags & STZ_WRITE_FORCE, err);
     if (st == STZ_OK)
         st = stz_writer_set_meta(w, "format", "pt", err);
     if (st != STZ_OK) {
@@ -125,12 +132,12 @@ stz_status stz_writer_set_meta(stz_writer *w, const char *key, const char *value
 {
     stz_status st;
     if (w->started)
-        return stz_err_set(err, STZ_E_ARG, "%s: metadata set after data was written", w->out.path);
+        return stz_err_set(err, STZ_E_ARG, "%s: metadata set after data was written", WNAME(w));
     if ((st = check_text(w, "metadata key", key, err)) || (st = check_text(w, "metadata value", value, err)))
         return st;
     char *v = strdup(value);
     if (!v)
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", w->out.path);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", WNAME(w));
     for (size_t i = 0; i < w->nmeta; i++)
         if (strcmp(w->meta[2 * i], key) == 0) {
             free(w->meta[2 * i + 1]);
@@ -142,7 +149,7 @@ stz_status stz_writer_set_meta(stz_writer *w, const char *key, const char *value
     if (!k || !grow((void **)&w->meta, &cap2, 2 * w->nmeta + 2, sizeof *w->meta)) {
         free(k);
         free(v);
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", w->out.path);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", WNAME(w));
     }
     w->cap_meta = cap2 / 2;
     w->meta[2 * w->nmeta] = k;
@@ -192,7 +199,7 @@ static int hash_reserve(stz_writer *w, size_t n)
 stz_status stz_writer_add(stz_writer *w, const char *name, stz_dtype dtype, int ndim, const uint64_t *shape,
                           stz_err *err)
 {
-    const char *P = w->out.path;
+    const char *P = WNAME(w);
     stz_status st;
     if (w->started)
         return stz_err_set(err, STZ_E_ARG, "%s: tensor '%s' declared after data was written", P, name);
@@ -280,9 +287,9 @@ static stz_status write_header(stz_writer *w, stz_err *err)
         sb_str(&b, " ");
     stz_status st = STZ_OK;
     if (b.oom)
-        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the header", w->out.path);
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the header", WNAME(w));
     else if (b.len > STZ_ST_MAX_HEADER)
-        st = stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header would be %zu bytes, over the %u-byte limit", w->out.path,
+        st = stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header would be %zu bytes, over the %u-byte limit", WNAME(w),
                          b.len, STZ_ST_MAX_HEADER);
     if (st == STZ_OK) {
         uint8_t len8[8];
@@ -301,7 +308,7 @@ stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *
     if (!w->started && (st = write_header(w, err)))
         return st;
     if (n > w->total - w->written)
-        return stz_err_set(err, STZ_E_BOUNDS, "%s: %zu bytes written past the %llu declared", w->out.path, n,
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: %zu bytes written past the %llu declared", WNAME(w), n,
                            (unsigned long long)w->total);
     if ((st = stz_outfile_write(&w->out, data, n, err)))
         return st;
@@ -317,7 +324,7 @@ stz_status stz_writer_finish(stz_writer *w, stz_err *err)
     if (!w->started && (st = write_header(w, err)))
         return st;
     if (w->written != w->total)
-        return stz_err_set(err, STZ_E_BOUNDS, "%s: only %llu of %llu declared data bytes were written", w->out.path,
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: only %llu of %llu declared data bytes were written", WNAME(w),
                            (unsigned long long)w->written, (unsigned long long)w->total);
     return stz_outfile_commit(&w->out, err);
 }

@@ -91,6 +91,9 @@ typedef struct stz_outfile {
 /* Creates a temporary file next to `path`. STZ_E_EXISTS if path exists and
  * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */
 stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_err *err);
+/* An outfile that is standard output (no path): bytes go in order only,
+ * commit and abort leave it open. */
+void stz_outfile_stdout(stz_outfile *of);
 /* Appends at of->pos and advances it. */
 stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err);
 /* Writes at an absolute offset (threads may write disjoint ranges at once);

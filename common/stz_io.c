@@ -200,7 +200,7 @@ stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *
         *fd = -1;
         return stz_err_set(err, STZ_E_IO, "%s: not a regular file (%s)", path,
                            S_ISDIR(st.st_mode)    ? "a directory"
-                           : S_ISFIFO(st.st_mode) ? "a FIFO"
+                           : S_ISFIFO(st.st_mode) ? "a FIFO: stz reads its inputs at offsets, give a file"
                            : S_ISSOCK(st.st_mode) ? "a socket"
                            : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
                                                                         : "a special file");
@@ -314,8 +314,32 @@ stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_er
     return STZ_OK;
 }
 
+void stz_outfile_stdout(stz_outfile *of)
+{
+    memset(of, 0, sizeof *of);
+    of->fd = STDOUT_FILENO, of->slot = -1;
+}
+
+/* Standard output takes bytes in order only. */
+static stz_status stream_write(stz_outfile *of, const uint8_t *b, size_t n, stz_err *err)
+{
+    while (n) {
+        ssize_t k = write(of->fd, b, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return stz_err_set(err, STZ_E_IO, "writing to standard output: %s", k < 0 ? strerror(errno) : "no progress");
+        b += k, n -= (size_t)k, of->pos += (uint64_t)k;
+    }
+    return STZ_OK;
+}
+
 stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64_t off, stz_err *err)
 {
+    if (!of->path) /* standard output: only where the bytes so far end */
+        return off == of->pos ? stream_write(of, buf, n, err)
+                              : stz_err_set(err, STZ_E_UNSUPPORTED, "standard output: cannot write at offset %llu, "
+                                            "%llu bytes written", (unsigned long long)off, (unsigned long long)of->pos);
     int e = stz_pwrite_full(of->fd, buf, n, off);
     if (e)
         return stz_err_set(err, STZ_E_IO, "%s: write failed at offset %llu: %s", of->path, (unsigned long long)off,
@@ -325,6 +349,8 @@ stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64
 
 stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err)
 {
+    if (!of->path)
+        return stream_write(of, buf, n, err);
     stz_status st = stz_outfile_pwrite(of, buf, n, of->pos, err);
     if (st == STZ_OK)
         of->pos += n;
@@ -333,6 +359,10 @@ stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err
 
 stz_status stz_outfile_commit(stz_outfile *of, stz_err *err)
 {
+    if (!of->path) { /* standard output: nothing to rename */
+        of->fd = -1;
+        return STZ_OK;
+    }
     mode_t mask = umask(0);
     umask(mask);
     if (fchmod(of->fd, 0666 & ~mask) != 0 || close(of->fd) != 0) {
@@ -356,7 +386,7 @@ stz_status stz_outfile_commit(stz_outfile *of, stz_err *err)
 
 void stz_outfile_abort(stz_outfile *of)
 {
-    if (of->fd >= 0)
+    if (of->fd >= 0 && of->path) /* standard output stays open */
         close(of->fd);
     of->fd = -1;
     if (of->tmp_path)

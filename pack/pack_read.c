@@ -359,27 +359,12 @@ static stz_status dec_work(void *vctx, int tid, size_t i, stz_err *err)
                                    : STZ_OK;
 }
 
-/* A stream (an outfile without a path: standard output) takes bytes in
- * order only. */
-static stz_status stream_write(stz_outfile *of, const uint8_t *b, size_t n, stz_err *err)
-{
-    while (n) {
-        ssize_t k = write(of->fd, b, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return stz_err_set(err, STZ_E_IO, "writing to standard output: %s", k < 0 ? strerror(errno) : "no progress");
-        b += k, n -= (size_t)k;
-    }
-    return STZ_OK;
-}
-
 static stz_status dec_commit(void *vctx, int tid, size_t i, stz_err *err)
 {
     dec_ctx *x = (dec_ctx *)vctx;
     uint32_t n = x->c->chunks[x->sel ? x->sel[i] : i].raw_size;
     x->pl.done += n;
-    return x->out && !x->out->path ? stream_write(x->out, x->tb[tid].raw, n, err) : STZ_OK; /* in order */
+    return x->out && !x->out->path ? stz_outfile_write(x->out, x->tb[tid].raw, n, err) : STZ_OK; /* in order */
 }
 
 /* Decodes the selected chunks (all if sel == NULL), writing them to `out`
@@ -417,7 +402,7 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     x.out_skip = sel && nsel ? c->chunks[sel[0]].data_offset : 0;
     if (!st && out && !sel)
         st = out->path ? stz_outfile_pwrite(out, c->header_img, c->header_len, 0, err)
-                       : stream_write(out, c->header_img, c->header_len, err);
+                       : stz_outfile_write(out, c->header_img, c->header_len, err);
     if (!st) {
         x.pl = (stz_pipeline){.n = nsel, .threads = nt, .ctx = &x, .work = dec_work, .commit = dec_commit,
                               .progress = p->progress, .progress_user = p->progress_user, .total = total};
@@ -462,7 +447,7 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
     }
     int stream = out && !strcmp(out, "-");
     if (stream) { /* standard output: written in order, each chunk checked first */
-        of.fd = STDOUT_FILENO;
+        stz_outfile_stdout(&of);
         st = run_decode(p, c, sel, nsel, &of, NULL, err);
         of.fd = -1;
         goto cleanup;

@@ -172,21 +172,21 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, cons
 /* In order: reserve the record's place. */
 static stz_status pack_commit(void *vctx, int tid, size_t i, stz_err *err)
 {
-    (void)err;
     pack_ctx *c = (pack_ctx *)vctx;
     stz_chunk_info *ch = &c->chunks[i];
     ch->file_offset = c->pos;
     ch->record_size = (uint32_t)c->tb[tid].rec_len;
     c->pos += ch->record_size;
     c->pl.done += ch->raw_size;
-    return STZ_OK;
+    return c->out.path ? STZ_OK : stz_outfile_write(&c->out, c->tb[tid].rec, ch->record_size, err); /* in order */
 }
 
 /* Any order, in parallel: write the record where it was placed. */
 static stz_status pack_post(void *vctx, int tid, size_t i, stz_err *err)
 {
-    pack_ctx *c = (pack_ctx *)vctx;
-    return stz_outfile_pwrite(&c->out, c->tb[tid].rec, c->tb[tid].rec_len, c->chunks[i].file_offset, err);
+    pack_ctx *c = (pack_ctx *)vctx; /* standard output was written in order by pack_commit */
+    return c->out.path ? stz_outfile_pwrite(&c->out, c->tb[tid].rec, c->tb[tid].rec_len, c->chunks[i].file_offset, err)
+                       : STZ_OK;
 }
 
 /* File header + the original SafeTensors header, zstd-compressed. */
@@ -293,7 +293,8 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
     stz_status st;
     if ((st = stz_reader_open(&c.r, in, err)))
         return st;
-    if ((st = stz_refuse_input_as_output(in, out, err))) {
+    int to_stdout = !strcmp(out, "-");
+    if (!to_stdout && (st = stz_refuse_input_as_output(in, out, err))) {
         stz_reader_free(c.r);
         return st;
     }
@@ -314,7 +315,10 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
         if ((st = stz_plane_enc_init(&b->enc, err)))
             goto cleanup;
     }
-    if ((st = plan_chunks(&c, err)) || (st = stz_outfile_open(&c.out, out, p->write_flags & STZ_WRITE_FORCE, err)) ||
+    if (to_stdout)
+        stz_outfile_stdout(&c.out);
+    if ((st = plan_chunks(&c, err)) ||
+        (!to_stdout && (st = stz_outfile_open(&c.out, out, p->write_flags & STZ_WRITE_FORCE, err))) ||
         (st = write_head(&c, err)))
         goto cleanup;
     uint64_t data_total = stz_reader_file_size(c.r) - stz_reader_data_offset(c.r);

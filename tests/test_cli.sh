@@ -100,9 +100,30 @@ expect_rc 0 "unpack -o - --tensor" "$STZ" unpack "$T/t1.stz" -o - --tensor model
 [ "$(wc -c <"$T/out")" -eq 128 ] && ok || bad "tensor to standard output size"
 expect_rc 1 "unpack -c corrupt" "$STZ" unpack "$CC/payload_flip.stz" -c
 has "$T/err" "checksum mismatch" "corrupt stream message"
-expect_rc 2 "pack -c" "$STZ" pack "$M" -c
+expect_rc 0 "pack -c" "$STZ" pack "$M" -c -T 2
+same "$T/out" "$T/t1.stz" "pack -c writes the same container as to a file"
+has "$T/err" "standard output" "pack -c's summary goes to standard error"
+expect_rc 2 "pack -c --json" "$STZ" pack "$M" -c --json
 expect_rc 2 "pack from standard input" "$STZ" pack - -o "$T/x.stz"
 has "$T/err" "not standard input" "pack says why it does not read pipes"
+[ -e "./-" ] && bad "a file named - was written" || ok
+# compress, decompress, quantize, dequantize to standard output: the bytes they write to files
+"$STZ" compress --int4 "$M" -o "$T/so4.stz" -q
+"$STZ" quantize --int4 "$M" -o "$T/so4.safetensors" -q
+"$STZ" dequantize "$T/so4.safetensors" -o "$T/sod4.safetensors" -q
+expect_rc 0 "compress -c" "$STZ" compress --int4 "$M" -c
+same "$T/out" "$T/so4.stz" "compress -c"
+expect_rc 0 "compress --lossless -o -" "$STZ" compress --lossless "$M" -o -
+same "$T/out" "$T/t1.stz" "compress --lossless -o -"
+expect_rc 0 "decompress -c" "$STZ" decompress "$T/so4.stz" -c
+same "$T/out" "$T/so4.safetensors" "decompress -c"
+expect_rc 0 "decompress --dequantize -c" "$STZ" decompress "$T/so4.stz" --dequantize -c
+same "$T/out" "$T/sod4.safetensors" "decompress --dequantize -c"
+expect_rc 0 "quantize -o -" "$STZ" quantize --int4 "$M" -o -
+same "$T/out" "$T/so4.safetensors" "quantize -o -"
+expect_rc 0 "dequantize -o -" "$STZ" dequantize "$T/so4.safetensors" -o -
+same "$T/out" "$T/sod4.safetensors" "dequantize -o -"
+expect_rc 2 "compress -c --json" "$STZ" compress --int4 "$M" -c --json
 
 # Policies, quantization, evaluation.
 expect_rc 0 "plan --int4" "$STZ" plan --int4 "$M"
