@@ -25,11 +25,14 @@ static const char pack_help[] =
     "  -h, --help            this text\n";
 
 static const char unpack_help[] =
-    "usage: stz unpack IN.stz [-o OUT.safetensors] [--tensor NAME] [options]\n\n"
+    "usage: stz unpack IN.stz [-o OUT.safetensors] [--tensor NAME] [options]\n"
+    "       stz unpack - (-o OUT.safetensors | -c) [options]\n\n"
     "Restores the original file byte for byte, checking every chunk checksum\n"
     "and the whole-file digest; nothing is written if any check fails. Output\n"
     "defaults to IN without its .stz suffix. With --tensor, writes only that\n"
-    "tensor's raw little-endian bytes, decoding only its chunks.\n\n"
+    "tensor's raw little-endian bytes, decoding only its chunks. IN - reads the\n"
+    "container from standard input, in order, on one thread: each record is\n"
+    "checked as it comes, then the index and the digest.\n\n"
     "  -o, --output FILE     where to write; - for standard output\n"
     "  -c, --stdout          write to standard output (as -o -): in order, each\n"
     "                        chunk checked before it is written (not to a terminal)\n"
@@ -42,7 +45,8 @@ static const char unpack_help[] =
 static const char verify_help[] =
     "usage: stz verify [options] FILE.stz...\n\n"
     "Decodes every chunk and checks every checksum and the whole-file digest\n"
-    "without writing anything. Exit status 0 if all files are intact, 1 if not.\n\n"
+    "without writing anything. Exit status 0 if all files are intact, 1 if not.\n"
+    "- reads a container from standard input.\n\n"
     "  -T, --threads N       worker threads, 0 = all cores (default)\n"
     "  -q, --quiet           no progress, no per-file line\n"
     "  --json                print results as JSON\n"
@@ -173,7 +177,11 @@ int cmd_unpack(int argc, char **argv)
     if (optind != argc - 1)
         return cli_usage_error("unpack", "expected one input file");
     const char *in = argv[optind];
-    char *out = o.c.out ? strdup(o.c.out) : o.tensor ? NULL : derive(in, ".stz", 0);
+    int from_stdin = !strcmp(in, "-");
+    if (from_stdin && (o.tensor || isatty(STDIN_FILENO)))
+        return cli_usage_error("unpack", o.tensor ? "--tensor reads a container at offsets: give a file, not standard "
+                                                    "input" : "standard input is a terminal: pipe a container into it");
+    char *out = o.c.out ? strdup(o.c.out) : o.tensor || from_stdin ? NULL : derive(in, ".stz", 0);
     if (!out)
         return cli_usage_error("unpack", "give -o OUT (cannot derive a name from '%s')", in);
     if (!strcmp(out, "-") && isatty(STDOUT_FILENO)) {
@@ -188,7 +196,9 @@ int cmd_unpack(int argc, char **argv)
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_err err;
-    stz_status s = o.tensor ? stz_unpack_tensor(&p, in, o.tensor, out, &err) : stz_unpack_file(&p, in, out, &err);
+    stz_status s = from_stdin ? stz_unpack_stream(&p, STDIN_FILENO, "standard input", out, &err)
+                   : o.tensor ? stz_unpack_tensor(&p, in, o.tensor, out, &err)
+                              : stz_unpack_file(&p, in, out, &err);
     cli_progress_end(&prog);
     free(out);
     return s ? cli_fail(&err) : CLI_OK;
@@ -202,7 +212,8 @@ static int verify_one(const pack_opts *o, stz_unpack_params *p, const char *path
     p->progress = cli_progress_cb;
     p->progress_user = &prog;
     stz_err err;
-    stz_status s = stz_verify_file(p, path, &err);
+    stz_status s = strcmp(path, "-") ? stz_verify_file(p, path, &err)
+                                     : stz_unpack_stream(p, STDIN_FILENO, "standard input", NULL, &err);
     cli_progress_end(&prog);
     if (arr) {
         cJSON *e = cJSON_CreateObject();
@@ -237,6 +248,10 @@ int cmd_verify(int argc, char **argv)
         char **files;
         size_t n;
         stz_err err;
+        if (!strcmp(argv[a], "-")) { /* a container piped in */
+            bad |= verify_one(&o, &p, "-", arr);
+            continue;
+        }
         if (cli_model_files(argv[a], &files, &n, &err)) {
             bad = 1;
             cli_fail(&err);

@@ -42,6 +42,7 @@ static const char decompress_help[] =
     "Gives back exactly the file that was packed (for a lossless container, the\n"
     "original model byte for byte). With --dequantize, writes a plain float\n"
     "model any SafeTensors reader loads. OUT defaults to IN without .stz.\n"
+    "IN - reads the container from standard input (give -o or -c).\n"
     "Prints a one-line summary (--json: as JSON).\n\n"
     "  -o, --output FILE   where to write; - for standard output\n"
     "  -c, --stdout        write to standard output (as -o -): in order, each chunk\n"
@@ -230,6 +231,9 @@ int cmd_compress(int argc, char **argv)
     int rc = parse("compress", compress_help, argc, argv, &o);
     if (rc >= 0)
         return rc;
+    if (!strcmp(argv[optind], "-"))
+        return cli_usage_error("compress", "stz compress reads the model at tensor offsets: give a file, not standard "
+                                           "input (its output may be standard output: -c)");
     if (cli_policy_given(&o.po) == o.lossless)
         return cli_usage_error("compress", o.lossless ? "--lossless takes no policy options"
                                                       : "give one of --policy P, --int8, --int4, --set, --lossless");
@@ -305,6 +309,13 @@ int cmd_compress(int argc, char **argv)
     return rc;
 }
 
+/* A container file, or one piped into standard input ("-"). */
+static stz_status unpack_any(const stz_unpack_params *p, const char *in, const char *out, stz_err *err)
+{
+    return strcmp(in, "-") ? stz_unpack_file(p, in, out, err)
+                           : stz_unpack_stream(p, STDIN_FILENO, "standard input", out, err);
+}
+
 /* What decompress does to one file. */
 static stz_status decompress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, stz_err *err)
 {
@@ -322,7 +333,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     up.progress = cli_progress_cb;
     up.progress_user = &prog;
     if (!o->deq) {
-        s = stz_unpack_file(&up, in, out, err);
+        s = unpack_any(&up, in, out, err);
         cli_progress_end(&prog);
         return s;
     }
@@ -330,7 +341,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     if (cli_tmp_make(&tu, cli_tmp_base(out, base, sizeof base), "unpacked"))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", base);
     up.write_flags = STZ_WRITE_FORCE;
-    s = stz_unpack_file(&up, in, tu.path, err);
+    s = unpack_any(&up, in, tu.path, err);
     cli_progress_end(&prog);
     if (!s) {
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
@@ -356,6 +367,8 @@ int cmd_decompress(int argc, char **argv)
     if (o.c.dtype != STZ_DTYPE_COUNT && !o.deq)
         return cli_usage_error("decompress", "--dtype needs --dequantize");
     const char *in = argv[optind];
+    if (!strcmp(in, "-") && isatty(STDIN_FILENO))
+        return cli_usage_error("decompress", "standard input is a terminal: pipe a container into it");
     size_t n = strlen(in);
     char *out = o.c.out ? strdup(o.c.out) : n > 4 && !strcmp(in + n - 4, ".stz") ? strndup(in, n - 4) : NULL;
     if (!out)

@@ -139,6 +139,12 @@ stz_status stz_unpack_file(const stz_unpack_params *p, const char *in, const cha
 
 /* Decodes and checks everything, writes nothing. */
 stz_status stz_verify_file(const stz_unpack_params *p, const char *in, stz_err *err);
+/* Unpacks a container read in order from fd (a pipe: standard input),
+ * `label` naming it in messages, into out ("-": standard output; NULL:
+ * verify only): every record checked as it comes, then the index, the
+ * trailer and the whole-file digest, and nothing after the end. One
+ * thread. A file output appears only when everything checked. */
+stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err);
 
 /* Writes the raw bytes of tensor `name` (little-endian, as in the original
  * file) to `out`, decoding only its chunks. STZ_E_ARG if no such tensor. */

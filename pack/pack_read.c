@@ -26,6 +26,12 @@ struct stz_container {
     size_t cached;          /* its number; n when none */
     int threads;            /* stz_container_data_reader: decoding threads */
     int pool_n;             /* buffers in cache */
+    /* read from a pipe (stz_unpack_stream): bytes come in order; the index
+     * and trailer are held in `tail` once the records are read */
+    int stream;
+    uint64_t spos;          /* bytes read so far */
+    uint8_t *tail;
+    uint64_t tail_off;
 };
 
 typedef struct dec_buf_ {
@@ -48,8 +54,38 @@ static void dec_buf_free(dec_buf *b)
     ZSTD_freeDCtx(b->d);
 }
 
+/* From a pipe: skips forward to off, then reads n bytes; or from the held tail. */
+static stz_status sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
+{
+    if (c->tail && off >= c->tail_off && off - c->tail_off <= c->size - c->tail_off &&
+        n <= c->size - off) {
+        memcpy(dst, c->tail + (off - c->tail_off), n);
+        return STZ_OK;
+    }
+    if (off < c->spos)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s at offset %llu lies behind what was read (%llu)", c->path, what,
+                           (unsigned long long)off, (unsigned long long)c->spos);
+    uint8_t skip[4096];
+    while (c->spos < off || n) {
+        uint8_t *to = c->spos < off ? skip : dst;
+        size_t want = c->spos < off ? (size_t)(off - c->spos < sizeof skip ? off - c->spos : sizeof skip) : n;
+        ssize_t k = read(c->fd, to, want);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return stz_err_set(err, k ? STZ_E_IO : STZ_E_TRUNCATED, "%s: cannot read %s: %s", c->path, what,
+                               k ? strerror(errno) : "the stream ended early");
+        c->spos += (uint64_t)k;
+        if (to == dst)
+            dst = (uint8_t *)dst + k, n -= (size_t)k;
+    }
+    return STZ_OK;
+}
+
 static stz_status cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
 {
+    if (c->stream) /* one reader, in order */
+        return sread((stz_container *)c, off, dst, n, what, err);
     if (off > c->size || n > c->size - off)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: %s at offset %llu (%zu bytes) is past the end of the file", c->path,
                            what, (unsigned long long)off, n);
@@ -235,6 +271,7 @@ void stz_container_free(stz_container *c)
     free(c->cache);
     free(c->header_img);
     free(c->chunks);
+    free(c->tail);
     free(c->path);
     free(c);
 }
@@ -311,14 +348,15 @@ typedef struct {
     stz_pipeline pl;
 } dec_ctx;
 
-/* Decodes chunk i into b->raw and checks it against its record's hash. */
-static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
+/* Decodes chunk i, its record in b->rec, into b->raw and checks it against
+ * its record's hash. */
+static stz_status decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
 {
     const stz_chunk_info *ch = &c->chunks[i];
     const char *name = stz_reader_tensor(c->hdr, ch->tensor)->name;
     stz_chunk_planes pl;
-    stz_status st = cread(c, ch->file_offset, b->rec, ch->record_size, "chunk record", err);
-    if (st || (st = parse_record(c, i, b->rec, &pl, err)))
+    stz_status st = parse_record(c, i, b->rec, &pl, err);
+    if (st)
         return st;
     const uint8_t *src = b->rec + RECORD_HEAD_SIZE + pl.nplanes * PLANE_HEAD_SIZE, *planes[STZ_MAX_PLANES];
     for (int k = 0; k < pl.nplanes; k++) {
@@ -338,6 +376,13 @@ static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz
                            c->path, i, name, (unsigned long long)ch->data_offset,
                            (unsigned long long)(ch->data_offset + ch->raw_size));
     return STZ_OK;
+}
+
+/* Reads and decodes chunk i into b->raw, checked. */
+static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
+{
+    stz_status st = cread(c, c->chunks[i].file_offset, b->rec, c->chunks[i].record_size, "chunk record", err);
+    return st ? st : decode_record(c, i, b, err);
 }
 
 /* Decode and write in parallel: every chunk's output offset is known. */
@@ -637,4 +682,124 @@ const stz_reader *stz_container_data_reader(stz_container *c)
     c->threads = c->threads < 1 ? 1 : c->threads;
     stz_reader_set_source(c->hdr, read_range, c);
     return c->hdr;
+}
+
+/* ---- from a pipe ---------------------------------------------------------- */
+
+/* Reads chunk i's record as it comes (its head says how long it is) and
+ * decodes it into b->raw, checked; c->chunks[i] has its place. */
+static stz_status stream_record(stz_container *c, size_t i, dec_buf *b, stz_err *err)
+{
+    stz_chunk_info *ch = &c->chunks[i];
+    size_t hl = RECORD_HEAD_SIZE;
+    stz_status st = sread(c, c->spos, b->rec, hl, "chunk record", err);
+    if (st)
+        return st;
+    unsigned np = b->rec[5];
+    if (np > STZ_MAX_PLANES)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: %u planes", c->path, i, np);
+    if ((st = sread(c, c->spos, b->rec + hl, np * PLANE_HEAD_SIZE, "chunk record", err)))
+        return st;
+    uint64_t total = hl + np * PLANE_HEAD_SIZE;
+    for (unsigned k = 0; k < np; k++)
+        total += stz_le32(b->rec + hl + k * PLANE_HEAD_SIZE + 4);
+    if (total > stz_record_bound(c->chunk_size))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: a record of %llu bytes", c->path, i,
+                           (unsigned long long)total);
+    ch->record_size = (uint32_t)total;
+    hl += np * PLANE_HEAD_SIZE;
+    st = sread(c, c->spos, b->rec + hl, (size_t)total - hl, "chunk record", err);
+    return st ? st : decode_record(c, i, b, err);
+}
+
+stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err)
+{
+    stz_container *c = calloc(1, sizeof *c);
+    if (!c || !(c->path = strdup(label))) {
+        free(c);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    c->fd = fd, c->stream = 1, c->size = UINT64_MAX;
+    stz_outfile of = STZ_OUTFILE_INIT;
+    dec_buf b = {0};
+    stz_chunk_info *seen = NULL;
+    uint64_t *hashes = NULL, head_end = 0, done = 0;
+    size_t n = 0, cap = 0;
+    stz_status st = read_head(c, &head_end, err);
+    if (!st)
+        st = dec_buf_init(&b, c->chunk_size, err);
+    if (!st && out) {
+        if (!strcmp(out, "-"))
+            stz_outfile_stdout(&of);
+        else if (!(st = stz_outfile_open(&of, out, p->write_flags & STZ_WRITE_FORCE, err)))
+            st = stz_check_space(&of, c->orig_size, "unpacking standard input", err);
+        if (!st)
+            st = stz_outfile_write(&of, c->header_img, c->header_len, err);
+    }
+    /* the chunks follow from the header: every tensor cut at the chunk size, in data order; the list
+     * grows as records come, so a header declaring a huge model costs nothing until its bytes do */
+    for (size_t t = 0; !st && t < stz_reader_count(c->hdr); t++) {
+        const stz_tensor *x = stz_reader_tensor(c->hdr, t);
+        for (uint64_t off = x->begin; !st && off < x->end; off += c->chunk_size, n++) {
+            if (n == cap) {
+                stz_chunk_info *g = realloc(seen, (cap = cap ? 2 * cap : 64) * sizeof *g);
+                uint64_t *h = realloc(hashes, cap * sizeof *h);
+                seen = g ? g : seen, hashes = h ? h : hashes;
+                if (!g || !h) {
+                    st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
+                    break;
+                }
+            }
+            seen[n] = (stz_chunk_info){.tensor = (uint32_t)t, .data_offset = off, .file_offset = c->spos,
+                                       .raw_size = (uint32_t)(x->end - off < c->chunk_size ? x->end - off
+                                                                                            : c->chunk_size)};
+            c->chunks = seen, c->n = n + 1;
+            if ((st = stream_record(c, n, &b, err)) ||
+                (out && (st = stz_outfile_write(&of, b.raw, seen[n].raw_size, err))))
+                break;
+            hashes[n] = stz_le64(b.rec + 16);
+            done += seen[n].raw_size;
+            if (p->progress && p->progress(p->progress_user, done, c->orig_size - c->header_len))
+                st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        }
+    }
+    /* then the index and the trailer, checked as in a file, and against what came */
+    if (!st) {
+        size_t tl = INDEX_HEAD_SIZE + n * INDEX_ENTRY_SIZE + TRAILER_SIZE;
+        uint8_t *tail = malloc(tl);
+        c->tail_off = c->spos;
+        if (!tail)
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        else if ((st = sread(c, c->spos, tail, tl, "index and trailer", err)))
+            free(tail);
+        else {
+            c->tail = tail, c->size = c->tail_off + tl; /* cread serves the index and trailer from here */
+            c->chunks = NULL; /* read_index rebuilds them from the index */
+            st = read_index(c, head_end, err);
+            for (size_t i = 0; !st && i < n; i++) {
+                const stz_chunk_info *a = &c->chunks[i], *z = &seen[i];
+                if (a->file_offset != z->file_offset || a->record_size != z->record_size ||
+                    a->data_offset != z->data_offset || a->raw_size != z->raw_size || a->tensor != z->tensor)
+                    st = stz_err_set(err, STZ_E_FORMAT, "%s: index entry %zu does not match the record that came",
+                                     label, i);
+            }
+            free(c->chunks);
+        }
+    }
+    c->chunks = seen;
+    uint8_t extra;
+    if (!st && read(fd, &extra, 1) > 0)
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: bytes after the container's end", label);
+    if (!st && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), hashes, n) != c->whole_hash)
+        st = stz_err_set(err, STZ_E_CHECKSUM, "%s: whole-file checksum mismatch", label);
+    if (!st && out)
+        st = stz_outfile_commit(&of, err);
+    if (!of.path)
+        of.fd = -1; /* standard output stays open */
+    stz_outfile_abort(&of);
+    dec_buf_free(&b);
+    free(hashes);
+    c->fd = -1; /* the caller's */
+    stz_container_free(c);
+    return st;
 }

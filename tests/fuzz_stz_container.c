@@ -1,6 +1,8 @@
 /* Fuzz target for the container decoder: any byte string is a container.
  * It is checked with stz_verify_file through a memfd (no disk I/O); whatever
- * verifies must also unpack to exactly its declared size. */
+ * verifies must also unpack to exactly its declared size; and the decoder
+ * of piped containers (stz_unpack_stream, reading the memfd in order) must
+ * agree with the file decoder on every input. */
 #include "fuzz_memfd.h"
 #include "stz_pack.h"
 
@@ -36,6 +38,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (st == STZ_OK) {
         abort();
     }
+    lseek(fd, 0, SEEK_SET);
+    stz_status ss = stz_unpack_stream(&p, fd, "stream", NULL, &err);
+    if ((ss == STZ_OK) != (st == STZ_OK) || (ss != STZ_OK && (err.code != ss || !err.msg[0])))
+        abort(); /* the same bytes are a good container both ways, or neither */
     close(fd);
     return 0;
 }

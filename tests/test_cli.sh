@@ -124,6 +124,20 @@ same "$T/out" "$T/so4.safetensors" "quantize -o -"
 expect_rc 0 "dequantize -o -" "$STZ" dequantize "$T/so4.safetensors" -o -
 same "$T/out" "$T/sod4.safetensors" "dequantize -o -"
 expect_rc 2 "compress -c --json" "$STZ" compress --int4 "$M" -c --json
+# containers piped in: unpack, decompress and verify read standard input in order
+"$STZ" pack "$M" -c -q | "$STZ" unpack - -o "$T/piped.safetensors" && same "$T/piped.safetensors" "$M" "pack -c | unpack -"
+"$STZ" compress --int4 "$M" -c | "$STZ" decompress - --dequantize -c >"$T/piped.deq" && same "$T/piped.deq" "$T/sod4.safetensors" "compress -c | decompress - --dequantize -c"
+expect_rc 0 "verify -" sh -c "\"$STZ\" verify - <\"$T/t1.stz\""
+expect_rc 1 "unpack - truncated" sh -c "head -c 3000 \"$T/t1.stz\" | \"$STZ\" unpack - -o \"$T/trunc.safetensors\""
+has "$T/err" "ended early" "a truncated stream says so"
+[ -e "$T/trunc.safetensors" ] && bad "a truncated stream left an output file" || ok
+expect_rc 1 "unpack - with bytes after the end" sh -c "(cat \"$T/t1.stz\"; echo x) | \"$STZ\" unpack - -c >/dev/null"
+has "$T/err" "after the container's end" "trailing bytes named"
+expect_rc 1 "unpack - corrupt" sh -c "\"$STZ\" unpack - -c <\"$CC/payload_flip.stz\" >/dev/null"
+has "$T/err" "checksum mismatch" "a damaged record in a stream"
+expect_rc 2 "unpack - --tensor" sh -c "\"$STZ\" unpack - --tensor model.norm.weight -c <\"$T/t1.stz\""
+expect_rc 2 "unpack - without an output" sh -c "\"$STZ\" unpack - <\"$T/t1.stz\""
+expect_rc 2 "compress from standard input" sh -c "\"$STZ\" compress --int4 - -o \"$T/x.stz\" <\"$M\""
 
 # Policies, quantization, evaluation.
 expect_rc 0 "plan --int4" "$STZ" plan --int4 "$M"
