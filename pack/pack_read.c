@@ -149,7 +149,8 @@ static stz_status read_head(stz_container *c, uint64_t *head_end, stz_err *err)
     if (hlen < 8 || hlen > 8 + (uint64_t)STZ_ST_MAX_HEADER || hlen > c->orig_size)
         return stz_err_set(err, STZ_E_FORMAT, "%s: original header length %llu out of range", P,
                            (unsigned long long)hlen);
-    if (stored > c->size - FILE_HEADER_SIZE - TRAILER_SIZE || (codec == HEADER_CODEC_RAW && stored != hlen) ||
+    /* stz pack stores the header compressed only when that is smaller: never more than hlen bytes */
+    if (stored > c->size - FILE_HEADER_SIZE - TRAILER_SIZE || stored > hlen || (codec == HEADER_CODEC_RAW && stored != hlen) ||
         (codec != HEADER_CODEC_RAW && codec != HEADER_CODEC_ZSTD))
         return stz_err_set(err, STZ_E_FORMAT, "%s: header section (codec %u, %llu bytes) is invalid", P, codec,
                            (unsigned long long)stored);
