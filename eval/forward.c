@@ -201,8 +201,9 @@ static stz_status read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *ds
         stz_status st = stz_qmodel_read_rows(m->files[at.f], at.i, r0 + r, k, d, err);
         if (st)
             return st;
-        if (m->probe && at.f == m->probe_at.f && at.i == m->probe_at.i)
-            m->probe->perturb(m->probe->user, t->name, d, r0 + r, k, (size_t)t->cols);
+        if (m->probe && at.f == m->probe_at.f && at.i == m->probe_at.i &&
+            m->probe->perturb(m->probe->user, t->name, d, r0 + r, k, (size_t)t->cols))
+            return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory perturbing '%s'", m->label, t->name);
         for (size_t i = 0; i < k * t->cols; i++)
             if (!isfinite(d[i]))
                 return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s' holds NaN or Inf (row %llu)", m->label,

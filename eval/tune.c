@@ -288,7 +288,7 @@ static int probe_select(void *user, const char *name)
 }
 
 /* Each row becomes its quantized and dequantized self under the probe candidate. */
-static void probe_perturb(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
+static int probe_perturb(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
 {
     (void)r0;
     const stz_tune_tensor *t = find_tensor(user, name);
@@ -296,8 +296,9 @@ static void probe_perturb(void *user, const char *name, float *rows, uint64_t r0
     size_t nb = stz_q_blocks(cols, f->block);
     uint8_t *q = malloc(stz_qf_row_bytes(f->bits, cols) + 8);
     float *s = malloc(2 * nb * sizeof *s);
-    if (!q || !s) { /* cannot happen in practice; leaving the rows as they are would be measured as KL 0 */
-        abort();
+    if (!q || !s) {
+        free(q), free(s);
+        return -1;
     }
     for (size_t r = 0; r < n; r++) {
         float *x = rows + r * cols;
@@ -305,6 +306,7 @@ static void probe_perturb(void *user, const char *name, float *rows, uint64_t r0
         stz_qf_dequantize_row(f, q, s, s + nb, cols, x);
     }
     free(q), free(s);
+    return 0;
 }
 
 static void probe_result(void *user, const char *name, double kl)

@@ -105,8 +105,8 @@ typedef struct {
     /* 1: measure matrix `name` */
     int (*select)(void *user, const char *name);
     /* rewrites rows [r0, r0 + n) of matrix `name` (cols floats each), as read from the model, into their
-     * perturbed values */
-    void (*perturb)(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols);
+     * perturbed values; non-zero: it could not (out of memory), and the run stops with STZ_E_NOMEM */
+    int (*perturb)(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols);
     /* the result for `name`: mean KL(unperturbed || perturbed), nats per token */
     void (*result)(void *user, const char *name, double kl);
     void *user;

@@ -257,7 +257,7 @@ static int probe_all(void *user, const char *name)
     return 1;
 }
 
-static void probe_rows(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
+static int probe_rows(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
 {
     probe_ctx *c = user;
     stz_err err;
@@ -265,6 +265,7 @@ static void probe_rows(void *user, const char *name, float *rows, uint64_t r0, s
     assert_true(i >= 0);
     assert_int_equal(stz_qmodel_tensor(c->q4, (size_t)i)->cols, cols);
     assert_int_equal(stz_qmodel_read_rows(c->q4, (size_t)i, r0, n, rows, &err), STZ_OK);
+    return 0;
 }
 
 static void probe_result(void *user, const char *name, double kl)
