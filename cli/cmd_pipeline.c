@@ -188,7 +188,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     if (s)
         goto done;
     struct stat sb;
-    c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0; /* a file: -c takes none of the sharded path */
+    c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     c->out_bytes += ps.out_bytes;
     c->files++;
     if (tq.path && mapped) { /* the index lists the quantized names */
