@@ -4,6 +4,7 @@
 #define STZ_QUANT_TENSOR_H
 
 #include "stz_quant.h"
+#include "stz_safetensors.h"
 #include "stz_svd.h"
 
 /* The kernel format of a quantizing decision (int2..int8; svd: its INT8
@@ -36,4 +37,24 @@ stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *S
 /* Bytes of INT8 factors at rank r with F32 per-row scales (S: one scale). */
 static inline uint64_t stz_svd_bytes(uint64_t m, uint64_t n, uint64_t r) { return m * r + r + r * n + 4 * (m + r); }
 
+/* ---- the quantized SafeTensors layout (docs/FORMAT.md), shared by the
+ * writer (quant_file.c) and the readers (quant_read.c) ---- */
+#define STZ_QUANT_META_PREFIX "stz.quant."
+#define STZ_QUANT_VERSION "1"
+#define STZ_QUANT_INT4_PACKING "int4-pairs-high-nibble-first"
+#define STZ_QUANT_MSB_PACKING "bits-high-first"
+#define STZ_QUANT_BATCH_BYTES (4u << 20) /* input bytes converted at a time */
+
+/* The stored form of a quantized tensor's values: I8 for the symmetric
+ * uniform 8-bit methods, else U8 bit strings. */
+static inline stz_dtype stz_quant_values_dtype(int bits, stz_qmethod m)
+{
+    return bits == 8 && (m == STZ_QMETHOD_ABSMAX || m == STZ_QMETHOD_MSE || m == STZ_QMETHOD_FULL) ? STZ_DTYPE_I8
+                                                                                                  : STZ_DTYPE_U8;
+}
+
+struct stz_writer;
+/* Copies tensor t's bytes from r to w; buf: STZ_QUANT_BATCH_BYTES. */
+stz_status stz_quant_copy_tensor(struct stz_writer *w, const stz_reader *r, const stz_tensor *t, uint8_t *buf,
+                                 stz_err *err);
 #endif
