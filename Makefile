@@ -47,6 +47,7 @@ bench: build
 	sh bench/bench_export.sh $(BUILD)
 	sh bench/bench_corpus.sh $(BUILD)
 	sh bench/bench_tune.sh $(BUILD)
+	sh bench/bench_shards.sh $(BUILD)
 
 fuzz:
 	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTZ_FUZZ=ON >/dev/null

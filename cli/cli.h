@@ -150,13 +150,16 @@ void cli_model_files_free(char **files, size_t n);
  * file whose tensor names the rewritten index must list instead of out's;
  * it is removed after use. */
 typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, char *mapped, size_t cap,
-                                   stz_err *err);
+                                   int threads, int quiet, stz_err *err);
 /* Runs convert on every shard of directory `in` (file SHARD+in_suffix) into
  * a new directory `out` (file SHARD+out_suffix), writes the index
  * (rewritten for the new tensor names and sizes if rewrite_index, else
- * copied byte for byte), copies the other files. Returns a CLI exit status. */
+ * copied byte for byte), copies the other files. Up to `threads` shards are
+ * converted at once, each given threads / that many threads (convert must
+ * then be safe to run concurrently) and quiet when more than one runs.
+ * Returns a CLI exit status. */
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
-                   int rewrite_index, cli_shard_fn convert, void *user);
+                   int rewrite_index, int threads, int quiet, cli_shard_fn convert, void *user);
 
 /* Removes a directory and everything below it. */
 void cli_remove_tree(const char *dir);

@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -135,12 +136,15 @@ typedef struct {
     stz_quant_stats qs;   /* summed over files: counts, min cosine, weighted numerator */
     double wsum, wtot;
     int files;
+    pthread_mutex_t lock; /* the sums, when shards run at once */
 } compress_ctx;
 
-static stz_status compress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, stz_err *err)
+static stz_status compress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, int threads,
+                               int quiet, stz_err *err)
 {
     compress_ctx *c = (compress_ctx *)user;
     const popts *o = c->o;
+    const char *shard = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
     stz_status s = STZ_OK;
     tmpfile_t tq = {0};
     const char *to_pack = in;
@@ -154,10 +158,10 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
         if (cli_tmp_make(&tq, cli_tmp_base(out, base, sizeof base), "quant"))
             return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", base);
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
-        qp.threads = o->c.threads;
+        qp.threads = threads;
         qp.write_flags = STZ_WRITE_FORCE; /* over our own empty temporary file */
-        snprintf(label, sizeof label, "compress %d: quantize", c->files + 1);
-        cli_progress_init(&prog, label, o->c.quiet);
+        snprintf(label, sizeof label, "compress %.40s: quantize", shard);
+        cli_progress_init(&prog, label, quiet);
         qp.progress = cli_progress_cb;
         qp.progress_user = &prog;
         stz_quant_stats qs;
@@ -165,6 +169,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
         cli_progress_end(&prog);
         if (s)
             goto done;
+        pthread_mutex_lock(&c->lock); /* shards may run at once */
         c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
         c->qs.params += qs.params, c->qs.params_quantized += qs.params_quantized;
         c->wsum += qs.weighted_cosine * (double)qs.params, c->wtot += (double)qs.params;
@@ -172,14 +177,15 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
             c->qs.min_cosine = qs.min_cosine;
             memcpy(c->qs.worst, qs.worst, sizeof qs.worst);
         }
+        pthread_mutex_unlock(&c->lock);
         to_pack = tq.path;
     }
     stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
-    pp.threads = o->c.threads;
+    pp.threads = threads;
     pp.level = o->best ? STZ_PACK_BEST : STZ_PACK_FAST;
     pp.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
-    snprintf(label, sizeof label, "compress %d: pack", c->files + 1);
-    cli_progress_init(&prog, label, o->c.quiet);
+    snprintf(label, sizeof label, "compress %.40s: pack", shard);
+    cli_progress_init(&prog, label, quiet);
     pp.progress = cli_progress_cb;
     pp.progress_user = &prog;
     stz_pack_stats ps;
@@ -188,9 +194,11 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     if (s)
         goto done;
     struct stat sb;
+    pthread_mutex_lock(&c->lock);
     c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     c->out_bytes += ps.out_bytes;
     c->files++;
+    pthread_mutex_unlock(&c->lock);
     if (tq.path && mapped) { /* the index lists the quantized names */
         snprintf(mapped, cap, "%s", tq.path);
         stz_tmp_untrack(tq.handle); /* the caller removes it */
@@ -211,13 +219,15 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
     o.c.threads = threads, o.c.quiet = quiet, o.c.force = 1; /* a file OUT is replaced: the caller's temporary */
     compress_ctx c = {.o = &o, .pol = pol};
     c.qs.min_cosine = 1;
+    pthread_mutex_init(&c.lock, NULL);
     stz_status st = STZ_OK;
     if (cli_is_sharded_dir(in)) {
-        if (cli_shards_run(in, out, "", ".stz", 1, compress_one, &c) != CLI_OK)
+        if (cli_shards_run(in, out, "", ".stz", 1, threads, quiet, compress_one, &c) != CLI_OK)
             st = stz_err_set(err, STZ_E_IO, "%s: compressing the shards failed (above)", in);
     } else {
-        st = compress_one(&c, in, out, NULL, 0, err);
+        st = compress_one(&c, in, out, NULL, 0, threads, quiet, err);
     }
+    pthread_mutex_destroy(&c.lock);
     *bytes = st ? 0 : cli_path_bytes(out);
     return st;
 }
@@ -242,6 +252,7 @@ int cmd_compress(int argc, char **argv)
     stz_err err;
     compress_ctx c = {.o = &o};
     c.qs.min_cosine = 1;
+    pthread_mutex_init(&c.lock, NULL);
     double t0 = cli_now();
     struct stat sb;
     int sharded = cli_is_sharded_dir(in);
@@ -250,12 +261,12 @@ int cmd_compress(int argc, char **argv)
         return cli_fail(&err);
     }
     if (sharded) {
-        rc = cli_shards_run(in, out, "", ".stz", !o.lossless, compress_one, &c);
+        rc = cli_shards_run(in, out, "", ".stz", !o.lossless, o.c.threads, o.c.quiet, compress_one, &c);
     } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) { /* refuse before the long work */
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
-        rc = compress_one(&c, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
+        rc = compress_one(&c, in, out, NULL, 0, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
     }
     if (rc == CLI_OK && c.pol && !o.c.quiet) {
         stz_reader *names = NULL;
@@ -266,6 +277,7 @@ int cmd_compress(int argc, char **argv)
         stz_reader_free(names);
     }
     stz_policy_free(c.pol);
+    pthread_mutex_destroy(&c.lock);
     if (rc != CLI_OK) {
         free(out);
         return rc;
@@ -317,7 +329,8 @@ static stz_status unpack_any(const stz_unpack_params *p, const char *in, const c
 }
 
 /* What decompress does to one file. */
-static stz_status decompress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, stz_err *err)
+static stz_status decompress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, int threads,
+                                 int quiet, stz_err *err)
 {
     (void)mapped, (void)cap;
     const popts *o = (const popts *)user;
@@ -326,10 +339,10 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     if (strcmp(out, "-") && (s = stz_refuse_input_as_output(in, out, err))) /* --dequantize: a temporary file */
         return s;
     stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
-    up.threads = o->c.threads;
+    up.threads = threads;
     up.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
     cli_progress prog;
-    cli_progress_init(&prog, o->deq ? "decompress: unpack" : "decompress", o->c.quiet);
+    cli_progress_init(&prog, o->deq ? "decompress: unpack" : "decompress", quiet);
     up.progress = cli_progress_cb;
     up.progress_user = &prog;
     if (!o->deq) {
@@ -346,7 +359,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, ch
     if (!s) {
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
         qp.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
-        cli_progress_init(&prog, "decompress: dequantize", o->c.quiet);
+        cli_progress_init(&prog, "decompress: dequantize", quiet);
         qp.progress = cli_progress_cb;
         qp.progress_user = &prog;
         s = stz_dequantize_file(&qp, tu.path, out, o->c.dtype, err);
@@ -378,12 +391,12 @@ int cmd_decompress(int argc, char **argv)
     double t0 = cli_now();
     int sharded = cli_is_sharded_dir(in);
     if (sharded) {
-        rc = cli_shards_run(in, out, ".stz", "", o.deq, decompress_one, &o);
+        rc = cli_shards_run(in, out, ".stz", "", o.deq, o.c.threads, o.c.quiet, decompress_one, &o);
     } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) {
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
-        rc = decompress_one(&o, in, out, NULL, 0, &err) ? cli_fail(&err) : CLI_OK;
+        rc = decompress_one(&o, in, out, NULL, 0, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
     }
     if (rc == CLI_OK && strcmp(out, "-")) /* standard output carries the data, not a summary */
         cli_print_summary(&o.c, in, out, o.deq ? "dequantized" : "as packed", sharded, cli_now() - t0);

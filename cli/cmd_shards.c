@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -306,20 +307,111 @@ static stz_status copy_tree(const char *root, const char *from, const char *to, 
     return st;
 }
 
-/* Adds every tensor of `file` (a SafeTensors file) to wm, pointing at
- * `shard`, and its data bytes to *total. */
-static stz_status map_shard(cJSON *wm, const char *file, const char *shard, double *total, stz_err *err)
+/* The tensor names of `file` (a SafeTensors file) and its data bytes. */
+typedef struct {
+    char **names;
+    size_t n;
+    double bytes;
+} shard_names;
+
+static void names_free(shard_names *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->names[i]);
+    free(s->names);
+    memset(s, 0, sizeof *s);
+}
+
+static stz_status names_of(const char *file, shard_names *s, stz_err *err)
 {
     stz_reader *r;
     stz_status st = stz_reader_open(&r, file, err);
     if (st)
         return st;
-    for (size_t i = 0; i < stz_reader_count(r); i++) {
+    s->names = calloc(stz_reader_count(r) + 1, sizeof *s->names);
+    for (size_t i = 0; s->names && i < stz_reader_count(r); i++, s->n++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
-        cJSON_AddStringToObject(wm, t->name, shard);
-        *total += (double)(t->end - t->begin);
+        if (!(s->names[i] = strdup(t->name)))
+            break;
+        s->bytes += (double)(t->end - t->begin);
     }
+    if (!s->names || s->n < stz_reader_count(r))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
     stz_reader_free(r);
+    return st;
+}
+
+/* Shards converted by `workers` threads at once, each taking the next. */
+typedef struct {
+    const model_dir *m;
+    const char *in, *tmpdir, *in_suffix, *out_suffix;
+    int rewrite_index, threads, quiet;
+    cli_shard_fn convert;
+    void *user;
+    pthread_mutex_t lock;
+    size_t next;
+    int failed;
+    stz_err err;          /* the first failure's */
+    shard_names *names;   /* per shard */
+} shard_work;
+
+static void *shard_worker(void *arg)
+{
+    shard_work *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        size_t i = w->failed ? w->m->n : w->next++;
+        pthread_mutex_unlock(&w->lock);
+        if (i >= w->m->n)
+            return NULL;
+        char src[1024], dst[1024], p[PATH_MAX], q[PATH_MAX], mapped[PATH_MAX] = "";
+        stz_err err;
+        stz_status st = STZ_OK;
+        if (snprintf(src, sizeof src, "%s%s", w->m->shards[i], w->in_suffix) >= (int)sizeof src ||
+            snprintf(dst, sizeof dst, "%s%s", w->m->shards[i], w->out_suffix) >= (int)sizeof dst ||
+            pjoin(p, sizeof p, w->in, src) || pjoin(q, sizeof q, w->tmpdir, dst))
+            st = stz_err_set(&err, STZ_E_ARG, "%s: shard name or path too long", w->m->shards[i]);
+        if (!st)
+            st = w->convert(w->user, p, q, mapped, sizeof mapped, w->threads, w->quiet, &err);
+        if (!st && w->rewrite_index) /* the new index's names: of the mapped file, or of the output */
+            st = names_of(mapped[0] ? mapped : q, &w->names[i], &err);
+        if (mapped[0] && strcmp(mapped, q))
+            unlink(mapped);
+        if (st) {
+            pthread_mutex_lock(&w->lock);
+            if (!w->failed)
+                w->failed = 1, w->err = err;
+            pthread_mutex_unlock(&w->lock);
+        }
+    }
+}
+
+/* Converts every shard on min(threads, shards) workers of threads / workers
+ * threads each (each shard's bytes do not depend on it). */
+static stz_status convert_shards(shard_work *w, int threads, stz_err *err)
+{
+    size_t nw = (size_t)(threads < 1 ? 1 : threads);
+    nw = nw < w->m->n ? nw : w->m->n ? w->m->n : 1;
+    w->threads = threads / (int)nw > 1 ? threads / (int)nw : 1;
+    w->quiet = w->quiet || nw > 1; /* progress lines of several shards would overwrite each other */
+    pthread_t *tid = calloc(nw, sizeof *tid);
+    if (!tid || !(w->names = calloc(w->m->n + 1, sizeof *w->names))) {
+        free(tid);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&w->lock, NULL);
+    size_t started = 0;
+    for (; started < nw; started++)
+        if (pthread_create(&tid[started], NULL, shard_worker, w))
+            break;
+    if (!started)
+        shard_worker(w);
+    for (size_t k = 0; k < started; k++)
+        pthread_join(tid[k], NULL);
+    pthread_mutex_destroy(&w->lock);
+    free(tid);
+    if (w->failed)
+        return *err = w->err, err->code;
     return STZ_OK;
 }
 
@@ -333,12 +425,13 @@ static stz_status write_text(const char *path, const char *text, stz_err *err)
 
 /*
  * For every shard SHARD of the index: convert(in/SHARD+in_suffix ->
- * tmp/SHARD+out_suffix), then (rewrite_index) map the tensors of `mapped`
- * (or of the output) to SHARD in the new index. Everything else is copied.
+ * tmp/SHARD+out_suffix), several shards at once when there are threads for
+ * it, then (rewrite_index) map the tensors of `mapped` (or of the output)
+ * to SHARD in the new index, in shard order. Everything else is copied.
  * The directory appears at `out` only when everything succeeded.
  */
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
-                   int rewrite_index, cli_shard_fn convert, void *user)
+                   int rewrite_index, int threads, int quiet, cli_shard_fn convert, void *user)
 {
     stz_err err;
     model_dir m;
@@ -375,22 +468,23 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
     char **skip = calloc(m.n + 2, sizeof *skip);
     if (!skip)
         st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
-    for (size_t i = 0; !st && i < m.n; i++) {
-        char src[1024], dst[1024];
-        if (snprintf(src, sizeof src, "%s%s", m.shards[i], in_suffix) >= (int)sizeof src ||
-            snprintf(dst, sizeof dst, "%s%s", m.shards[i], out_suffix) >= (int)sizeof dst || pjoin(p, sizeof p, in, src) ||
-            pjoin(q, sizeof q, tmpdir, dst) || !(skip[i] = strdup(src))) {
-            st = stz_err_set(&err, STZ_E_ARG, "%s: shard name or path too long", m.shards[i]);
-            break;
-        }
-        char mapped[PATH_MAX] = "";
-        if ((st = convert(user, p, q, mapped, sizeof mapped, &err)))
-            break;
-        if (rewrite_index)
-            st = map_shard(wm, mapped[0] ? mapped : q, m.shards[i], &total, &err);
-        if (mapped[0] && strcmp(mapped, q))
-            unlink(mapped);
+    for (size_t i = 0; !st && i < m.n; i++)
+        if (!(skip[i] = malloc(strlen(m.shards[i]) + strlen(in_suffix) + 1)))
+            st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+        else
+            sprintf(skip[i], "%s%s", m.shards[i], in_suffix);
+    shard_work w = {.m = &m, .in = in, .tmpdir = tmpdir, .in_suffix = in_suffix, .out_suffix = out_suffix,
+                    .rewrite_index = rewrite_index, .quiet = quiet, .convert = convert, .user = user};
+    if (!st)
+        st = convert_shards(&w, threads, &err);
+    for (size_t i = 0; !st && rewrite_index && i < m.n; i++) { /* in shard order: the same index for any -T */
+        for (size_t k = 0; k < w.names[i].n; k++)
+            cJSON_AddStringToObject(wm, w.names[i].names[k], m.shards[i]);
+        total += w.names[i].bytes;
     }
+    for (size_t i = 0; w.names && i < m.n; i++)
+        names_free(&w.names[i]);
+    free(w.names);
     if (skip)
         skip[m.n] = INDEX_NAME;
     cJSON *meta = cJSON_GetObjectItemCaseSensitive(m.index, "metadata");

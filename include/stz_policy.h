@@ -81,7 +81,8 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
 stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *err);
 void stz_policy_free(stz_policy *p);
 
-/* Decides for one tensor. Also counts matches per rule (for warnings). */
+/* Decides for one tensor. Also counts matches per rule (for warnings);
+ * safe to call from several threads. */
 stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t);
 
 size_t stz_policy_rule_count(const stz_policy *p);

@@ -412,7 +412,7 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
     int include_1d = 0;
     for (size_t i = 0; i < p->n; i++)
         if (rule_matches(&p->rules[i], t)) {
-            p->rules[i].hits++;
+            __atomic_fetch_add(&p->rules[i].hits, 1, __ATOMIC_RELAXED); /* shards may be decided at once */
             d = p->rules[i].d;
             include_1d = p->rules[i].include_1d;
             break;
@@ -434,4 +434,7 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
 
 size_t stz_policy_rule_count(const stz_policy *p) { return p->n; }
 const char *stz_policy_rule_pattern(const stz_policy *p, size_t i) { return i < p->n ? p->rules[i].pattern : NULL; }
-uint64_t stz_policy_rule_hits(const stz_policy *p, size_t i) { return i < p->n ? p->rules[i].hits : 0; }
+uint64_t stz_policy_rule_hits(const stz_policy *p, size_t i)
+{
+    return i < p->n ? __atomic_load_n(&p->rules[i].hits, __ATOMIC_RELAXED) : 0;
+}

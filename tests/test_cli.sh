@@ -239,6 +239,20 @@ expect_rc 0 "decompress sharded --dequantize" "$STZ" decompress "$T/sh4.stz" --d
 has "$T/sh4p/model.safetensors.index.json" '"model.layers.0.mlp.up_proj.weight":[[:space:]]*"model-00001-of-00002.safetensors"' "index back to original names"
 grep -q "scales" "$T/sh4p/model.safetensors.index.json" && bad "dequantized index still lists scales" || ok
 expect_rc 0 "eval a dequantized shard" "$STZ" eval "$T/sh/model-00001-of-00002.safetensors" "$T/sh4p/model-00001-of-00002.safetensors" -q
+# shards in parallel: the same directory for any -T (shards at once, threads inside them)
+expect_rc 0 "compress sharded int4, -T 1" "$STZ" compress --int4 "$T/sh" -o "$T/sh4t1.stz" -T 1 -q
+expect_rc 0 "compress sharded int4, -T 3" "$STZ" compress --int4 "$T/sh" -o "$T/sh4t3.stz" -T 3 -q
+diff -r "$T/sh4t1.stz" "$T/sh4.stz" >/dev/null && diff -r "$T/sh4t3.stz" "$T/sh4.stz" >/dev/null && ok ||
+    bad "sharded output depends on -T"
+expect_rc 0 "decompress sharded, -T 1" "$STZ" decompress "$T/sh4t3.stz" -o "$T/sh4t1d" -T 1 -q
+expect_rc 0 "decompress sharded, -T 2" "$STZ" decompress "$T/sh4t3.stz" -o "$T/sh4t2d" -T 2 -q
+diff -r "$T/sh4t1d" "$T/sh4t2d" >/dev/null && ok || bad "sharded decompress depends on -T"
+# one bad shard among shards converted at once: an error naming it, no directory, nothing left behind
+cp -r "$T/sh" "$T/shbad"
+head -c 1000 "$T/sh/model-00002-of-00002.safetensors" >"$T/shbad/model-00002-of-00002.safetensors"
+expect_rc 1 "a truncated shard, -T 2" "$STZ" compress --int4 "$T/shbad" -o "$T/shbad.stz" -T 2
+has "$T/err" "model-00002-of-00002.safetensors" "the bad shard is named"
+[ -e "$T/shbad.stz" ] && bad "a failed sharded compress left its output" || ok
 ls -A "$T" | grep -q "tmp-" && bad "temporary directory left: $(ls -A "$T" | grep tmp-)" || ok
 
 # Interrupted compress: whether SIGINT lands before it finishes or not,
