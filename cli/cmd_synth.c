@@ -4,9 +4,13 @@
 #include "stz_synth.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char synth_help[] =
     "usage: stz synth ARCH -o FILE [options]\n"
@@ -19,6 +23,8 @@ static const char synth_help[] =
     "  --dtype D           bf16 (default), f16 or f32\n"
     "  --seed N            random seed (default 1)\n"
     "  --layers N          N decoder layers instead of the architecture's (1..1024)\n"
+    "  --shards N          a Hugging Face directory FILE of N shards (whole tensors,\n"
+    "                      cut by bytes), model.safetensors.index.json and config.json\n"
     "  --sparsity S        a pruned model: S in [0, 1) zeroes that fraction of the\n"
     "                      smallest values of each linear weight (not embeddings or\n"
     "                      the head), or 2:4 keeps the 2 largest of every 4\n"
@@ -45,13 +51,91 @@ static int list_archs(void)
     return CLI_OK;
 }
 
+/* A Hugging Face directory: nshards files model-0000K-of-0000N.safetensors,
+ * model.safetensors.index.json and config.json, built under a temporary
+ * name and renamed into place at the end. *st sums the shards. */
+static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t nshards, stz_synth_stats *st,
+                               stz_err *err)
+{
+    struct stat sb;
+    if (lstat(dir, &sb) == 0)
+        return stz_err_set(err, STZ_E_EXISTS, "%s: output exists; remove it first (directories are never replaced, "
+                           "even with --force)", dir);
+    char tmp[PATH_MAX], f[PATH_MAX + 64];
+    const char *slash = strrchr(dir, '/');
+    if (snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - dir) + 1 : 0, dir,
+                 slash ? slash + 1 : dir) >= (int)sizeof tmp || !mkdtemp(tmp))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
+    mode_t mask = umask(0);
+    umask(mask);
+    chmod(tmp, 0777 & ~mask);
+    int track = stz_tmp_track(tmp);
+    memset(st, 0, sizeof *st);
+    cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
+          *wm = cJSON_AddObjectToObject(index, "weight_map");
+    char *config = NULL;
+    double total = 0;
+    stz_status s = STZ_OK;
+    for (uint32_t k = 0; !s && k < nshards; k++) {
+        char name[64];
+        stz_synth_stats one;
+        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", k + 1, nshards);
+        snprintf(f, sizeof f, "%s/%s", tmp, name);
+        p->shard = k, p->nshards = nshards;
+        if ((s = stz_synth_write(p, f, &one, err)))
+            break;
+        st->tensors += one.tensors, st->params += one.params, st->bytes += one.bytes;
+        for (int b = 0; b < 256; b++)
+            st->exp_hist[b] += one.exp_hist[b];
+        stz_reader *r;
+        if ((s = stz_reader_open(&r, f, err)))
+            break;
+        for (size_t i = 0; i < stz_reader_count(r); i++) {
+            const stz_tensor *t = stz_reader_tensor(r, i);
+            cJSON_AddStringToObject(wm, t->name, name);
+            total += (double)(t->end - t->begin);
+        }
+        if (!config && stz_reader_meta_get(r, "config"))
+            config = strdup(stz_reader_meta_get(r, "config"));
+        stz_reader_free(r);
+    }
+    for (int b = 0; b < 256; b++)
+        if (st->exp_hist[b]) {
+            double q = (double)st->exp_hist[b] / (double)st->params;
+            st->exp_entropy_bits -= q * log2(q);
+        }
+    cJSON_AddNumberToObject(meta, "total_size", total);
+    char *text = cJSON_Print(index);
+    const char *files[2] = {"model.safetensors.index.json", "config.json"}, *body[2] = {text, config};
+    for (int k = 0; !s && k < 2; k++) {
+        snprintf(f, sizeof f, "%s/%s", tmp, files[k]);
+        FILE *o = fopen(f, "wx");
+        if (!body[k] || !o || fputs(body[k], o) < 0 || fputc('\n', o) < 0 || fclose(o)) {
+            s = stz_err_set(err, STZ_E_IO, "%s: cannot write %s", dir, files[k]);
+            o = NULL;
+        }
+    }
+    free(text), free(config);
+    cJSON_Delete(index);
+    if (!s && stz_rename_noreplace(tmp, dir))
+        s = stz_err_set(err, STZ_E_EXISTS, "%s: cannot rename the finished directory into place: %s", dir,
+                        strerror(errno));
+    if (s)
+        cli_remove_tree(tmp);
+    stz_tmp_untrack(track);
+    if (!s)
+        st->bytes = cli_path_bytes(dir);
+    return s;
+}
+
 int cmd_synth(int argc, char **argv)
 {
-    enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON, O_SPARSITY, O_LAYERS };
+    enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON, O_SPARSITY, O_LAYERS, O_SHARDS };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, O_DTYPE},
         {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, 'T'},
         {"sparsity", required_argument, 0, O_SPARSITY}, {"layers", required_argument, 0, O_LAYERS},
+        {"shards", required_argument, 0, O_SHARDS},
         {"stats", no_argument, 0, O_STATS},     {"list", no_argument, 0, O_LIST},
         {"force", no_argument, 0, 'f'},         {"quiet", no_argument, 0, 'q'},
         {"json", no_argument, 0, O_JSON},       {"help", no_argument, 0, 'h'},
@@ -59,6 +143,7 @@ int cmd_synth(int argc, char **argv)
     stz_synth_params p = STZ_SYNTH_PARAMS_DEFAULT;
     const char *out = NULL;
     int stats = 0, quiet = 0, json = 0, c;
+    uint32_t nshards = 0;
     p.threads = cli_ncores();
     while ((c = getopt_long(argc, argv, "o:T:fqh", opts, NULL)) != -1) {
         char *end;
@@ -89,6 +174,11 @@ int cmd_synth(int argc, char **argv)
             if (!*optarg || *end || p.layers < 1 || p.layers > 1024)
                 return cli_usage_error("synth", "--layers takes 1..1024, not '%s'", optarg);
             break;
+        case O_SHARDS:
+            nshards = (uint32_t)strtoul(optarg, &end, 10);
+            if (!*optarg || *end || nshards < 1 || nshards > 99999)
+                return cli_usage_error("synth", "--shards takes 1..99999, not '%s'", optarg);
+            break;
         case O_STATS: stats = 1; break;
         case O_LIST: return list_archs();
         case 'f': p.write_flags |= STZ_WRITE_FORCE; break;
@@ -109,7 +199,7 @@ int cmd_synth(int argc, char **argv)
     p.progress_user = &prog;
     stz_synth_stats st;
     stz_err err;
-    stz_status s = stz_synth_write(&p, out, &st, &err);
+    stz_status s = nshards ? write_shards(&p, out, nshards, &st, &err) : stz_synth_write(&p, out, &st, &err);
     cli_progress_end(&prog);
     if (s)
         return cli_fail(&err);

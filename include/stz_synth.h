@@ -33,9 +33,12 @@ typedef struct {
     double sparsity;
     int two_four;
     uint64_t layers;         /* 0: the architecture's; else this many decoder layers (1..1024) */
+    /* nshards > 0: write only shard `shard` (0-based) of nshards: a run of whole tensors, the model cut
+     * by bytes; every tensor's values are the unsharded model's */
+    uint32_t shard, nshards;
 } stz_synth_params;
 
-#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL, 0, 0, 0}
+#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL, 0, 0, 0, 0, 0}
 
 typedef struct {
     size_t tensors;

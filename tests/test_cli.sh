@@ -28,6 +28,14 @@ expect_rc 0 "inspect the deeper model" "$STZ" inspect "$T/deep.safetensors"
 has "$T/out" "model.layers.4.mlp.down_proj.weight" "five layers written"
 hasnt "$T/out" "model.layers.5." "no sixth layer"
 expect_rc 2 "synth --layers 0" "$STZ" synth tiny --layers 0 -o "$T/x.safetensors"
+expect_rc 0 "synth --shards" "$STZ" synth tiny --shards 3 -o "$T/shards" -q
+[ -f "$T/shards/model-00003-of-00003.safetensors" ] && [ -f "$T/shards/config.json" ] &&
+    [ -f "$T/shards/model.safetensors.index.json" ] && ok || bad "synth --shards layout"
+"$STZ" synth tiny -o "$T/one.safetensors" -q
+expect_rc 0 "the shards hold the single file's values" "$STZ" eval "$T/one.safetensors" "$T/shards" -q --threshold 0.999999
+has "$T/out" "27 tensors compared" "every tensor of the sharded model"
+expect_rc 1 "synth --shards over a directory" "$STZ" synth tiny --shards 2 -o "$T/shards" -f
+ls -A "$T" | grep -q "shards.tmp" && bad "synth --shards left a temporary directory" || ok
 expect_rc 0 "synth --list" "$STZ" synth --list
 has "$T/out" "qwen2-0.5b" "arch list"
 

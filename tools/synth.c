@@ -26,6 +26,8 @@ static const arch archs[] = {
      FAM_HF_LLAMA, 896, 4864, 24, 14, 2, 151936, 0, 1, 1},
     {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings",
      FAM_HF_LLAMA, 2048, 8192, 16, 32, 8, 128256, 0, 0, 1},
+    {"llama-3.1-8b", "Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, separate lm_head",
+     FAM_HF_LLAMA, 4096, 14336, 32, 32, 8, 128256, 0, 0, 0},
     {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head",
      FAM_HF_LLAMA, 2048, 5632, 22, 32, 4, 32000, 0, 0, 0},
     {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied",
@@ -51,6 +53,7 @@ typedef struct {
     int ndim;
     uint64_t shape[2];
     enum kind kind;
+    int skip; /* not in the shard being written */
 } spec;
 
 typedef struct {
@@ -469,15 +472,26 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
         st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
         goto cleanup;
     }
+    if (p->nshards && p->shard >= p->nshards) {
+        st = stz_err_set(err, STZ_E_ARG, "synth: shard %u of %u", p->shard, p->nshards);
+        goto cleanup;
+    }
     if ((st = stz_writer_open(&w, path, p->write_flags, err)) || (st = write_config_meta(w, a, p, err)))
         goto cleanup;
-    for (size_t i = 0; i < s.n; i++)
-        if ((st = stz_writer_add(w, s.v[i].name, p->dtype, s.v[i].ndim, s.v[i].shape, err)))
+    uint64_t total = 0, done = 0;
+    size_t written = 0;
+    for (size_t i = 0, before = 0; i < s.n; i++) { /* a shard: the tensors starting in its share of the bytes */
+        uint64_t b = spec_numel(&s.v[i]) * esz;
+        size_t k = p->nshards ? (size_t)((double)before * p->nshards / (double)(params * esz)) : 0;
+        s.v[i].skip = p->nshards && k != p->shard;
+        before += b, total += s.v[i].skip ? 0 : b, written += !s.v[i].skip;
+        if (!s.v[i].skip && (st = stz_writer_add(w, s.v[i].name, p->dtype, s.v[i].ndim, s.v[i].shape, err)))
             goto cleanup;
-
-    uint64_t total = params * esz, done = 0;
+    }
     for (size_t i = 0; i < s.n; i++) {
         const spec *t = &s.v[i];
+        if (t->skip)
+            continue;
         uint64_t tseed = mix(p->seed, i + 1), n = spec_numel(t);
         size_t lr = 0;
         if (t->ndim == 2)
@@ -520,8 +534,8 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
         goto cleanup;
     if (stats) {
         memset(stats, 0, sizeof *stats);
-        stats->tensors = s.n;
-        stats->params = params;
+        stats->tensors = written;
+        stats->params = params = total / esz;
         struct stat sb;
         stats->bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
         double h = 0;
