@@ -139,75 +139,57 @@ typedef struct {
     pthread_mutex_t lock; /* the sums, when shards run at once */
 } compress_ctx;
 
+/* One file: quantized straight into the container (one pass, no
+ * intermediate file), or packed as it is with --lossless. */
 static stz_status compress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, int threads,
                                int quiet, stz_err *err)
 {
     compress_ctx *c = (compress_ctx *)user;
     const popts *o = c->o;
     const char *shard = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
+    (void)mapped, (void)cap; /* the container holds the quantized names */
     stz_status s = STZ_OK;
-    tmpfile_t tq = {0};
-    const char *to_pack = in;
     cli_progress prog;
     char label[64];
-    /* before the long work; pack would only see the temporary file */
-    if (strcmp(out, "-") && (s = stz_refuse_input_as_output(in, out, err)))
-        return s;
-    if (!o->lossless) {
-        char base[PATH_MAX];
-        if (cli_tmp_make(&tq, cli_tmp_base(out, base, sizeof base), "quant"))
-            return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", base);
-        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
-        qp.threads = threads;
-        qp.write_flags = STZ_WRITE_FORCE; /* over our own empty temporary file */
-        snprintf(label, sizeof label, "compress %.40s: quantize", shard);
-        cli_progress_init(&prog, label, quiet);
-        qp.progress = cli_progress_cb;
-        qp.progress_user = &prog;
-        stz_quant_stats qs;
-        s = stz_quantize_file(&qp, c->pol, in, tq.path, &qs, err);
-        cli_progress_end(&prog);
-        if (s)
-            goto done;
-        pthread_mutex_lock(&c->lock); /* shards may run at once */
-        c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
-        c->qs.params += qs.params, c->qs.params_quantized += qs.params_quantized;
-        c->wsum += qs.weighted_cosine * (double)qs.params, c->wtot += (double)qs.params;
-        if (qs.quantized && qs.min_cosine < c->qs.min_cosine) {
-            c->qs.min_cosine = qs.min_cosine;
-            memcpy(c->qs.worst, qs.worst, sizeof qs.worst);
-        }
-        pthread_mutex_unlock(&c->lock);
-        to_pack = tq.path;
-    }
     stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
     pp.threads = threads;
     pp.level = o->best ? STZ_PACK_BEST : STZ_PACK_FAST;
     pp.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
-    snprintf(label, sizeof label, "compress %.40s: pack", shard);
+    snprintf(label, sizeof label, "compress %.40s", shard);
     cli_progress_init(&prog, label, quiet);
-    pp.progress = cli_progress_cb;
-    pp.progress_user = &prog;
     stz_pack_stats ps;
-    s = stz_pack_file(&pp, to_pack, out, &ps, err);
+    if (o->lossless) {
+        pp.progress = cli_progress_cb;
+        pp.progress_user = &prog;
+        s = stz_pack_file(&pp, in, out, &ps, err);
+    } else {
+        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+        qp.threads = threads;
+        qp.progress = cli_progress_cb;
+        qp.progress_user = &prog;
+        stz_quant_stats qs;
+        if (!(s = stz_compress_file(&qp, &pp, c->pol, in, out, &qs, &ps, err))) {
+            pthread_mutex_lock(&c->lock); /* shards may run at once */
+            c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
+            c->qs.params += qs.params, c->qs.params_quantized += qs.params_quantized;
+            c->wsum += qs.weighted_cosine * (double)qs.params, c->wtot += (double)qs.params;
+            if (qs.quantized && qs.min_cosine < c->qs.min_cosine) {
+                c->qs.min_cosine = qs.min_cosine;
+                memcpy(c->qs.worst, qs.worst, sizeof qs.worst);
+            }
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
     cli_progress_end(&prog);
     if (s)
-        goto done;
+        return s;
     struct stat sb;
     pthread_mutex_lock(&c->lock);
     c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     c->out_bytes += ps.out_bytes;
     c->files++;
     pthread_mutex_unlock(&c->lock);
-    if (tq.path && mapped) { /* the index lists the quantized names */
-        snprintf(mapped, cap, "%s", tq.path);
-        stz_tmp_untrack(tq.handle); /* the caller removes it */
-        free(tq.path);
-        tq.path = NULL;
-    }
-done:
-    cli_tmp_drop(&tq);
-    return s;
+    return STZ_OK;
 }
 
 stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, int threads, int quiet,

@@ -322,12 +322,15 @@ static void names_free(shard_names *s)
     memset(s, 0, sizeof *s);
 }
 
+/* The tensors of a SafeTensors file or of the one a container holds. */
 static stz_status names_of(const char *file, shard_names *s, stz_err *err)
 {
-    stz_reader *r;
-    stz_status st = stz_reader_open(&r, file, err);
+    stz_reader *own = NULL;
+    stz_container *c = NULL;
+    stz_status st = stz_is_container(file) ? stz_container_open(&c, file, err) : stz_reader_open(&own, file, err);
     if (st)
         return st;
+    const stz_reader *r = c ? stz_container_header(c) : own;
     s->names = calloc(stz_reader_count(r) + 1, sizeof *s->names);
     for (size_t i = 0; s->names && i < stz_reader_count(r); i++, s->n++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
@@ -337,7 +340,8 @@ static stz_status names_of(const char *file, shard_names *s, stz_err *err)
     }
     if (!s->names || s->n < stz_reader_count(r))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    stz_reader_free(r);
+    stz_reader_free(own);
+    stz_container_free(c);
     return st;
 }
 

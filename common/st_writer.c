@@ -7,7 +7,7 @@
 #include <string.h>
 
 /* The output in messages. */
-#define WNAME(w) ((w)->out.path ? (w)->out.path : "standard output")
+#define WNAME(w) ((w)->sink ? (w)->sink_name : (w)->out.path ? (w)->out.path : "standard output")
 
 typedef struct {
     char *name;
@@ -19,6 +19,8 @@ typedef struct {
 
 struct stz_writer {
     stz_outfile out;
+    const stz_wsink *sink; /* NULL: bytes go to out */
+    char *sink_name;
     char **meta; /* key, value pairs; meta[0] is "format" */
     size_t nmeta, cap_meta;
     wtensor *t;
@@ -105,6 +107,25 @@ stz_status stz_writer_open(stz_writer **out, const char *path, unsigned flags, s
         st = stz_outfile_open(&w->out, path, flags & STZ_WRITE_FORCE, err);
     if (st == STZ_OK)
         st = stz_writer_set_meta(w, "format", "pt", err);
+    if (st != STZ_OK) {
+        stz_writer_free(w);
+        return st;
+    }
+    *out = w;
+    return STZ_OK;
+}
+
+stz_status stz_writer_open_sink(stz_writer **out, const char *name, const stz_wsink *sink, stz_err *err)
+{
+    *out = NULL;
+    stz_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->sink_name = strdup(name))) {
+        free(w);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", name);
+    }
+    w->out = (stz_outfile)STZ_OUTFILE_INIT;
+    w->sink = sink;
+    stz_status st = stz_writer_set_meta(w, "format", "pt", err);
     if (st != STZ_OK) {
         stz_writer_free(w);
         return st;
@@ -291,12 +312,25 @@ static stz_status write_header(stz_writer *w, stz_err *err)
     else if (b.len > STZ_ST_MAX_HEADER)
         st = stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header would be %zu bytes, over the %u-byte limit", WNAME(w),
                          b.len, STZ_ST_MAX_HEADER);
+    uint8_t *img = st == STZ_OK ? malloc(8 + b.len) : NULL; /* the length, then the JSON */
+    if (st == STZ_OK && !img)
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the header", WNAME(w));
     if (st == STZ_OK) {
-        uint8_t len8[8];
-        stz_put_le64(len8, b.len);
-        if (!(st = stz_outfile_write(&w->out, len8, 8, err)))
-            st = stz_outfile_write(&w->out, b.p, b.len, err);
+        stz_put_le64(img, b.len);
+        memcpy(img + 8, b.p, b.len);
+        if (w->sink) {
+            stz_span *sp = malloc((w->nt + 1) * sizeof *sp);
+            uint64_t at = 0;
+            for (size_t i = 0; sp && i < w->nt; at += w->t[i++].nbytes)
+                sp[i] = (stz_span){w->t[i].dtype, at, at + w->t[i].nbytes};
+            st = sp ? w->sink->begin(w->sink->user, img, 8 + b.len, sp, w->nt, err)
+                    : stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", WNAME(w));
+            free(sp);
+        } else {
+            st = stz_outfile_write(&w->out, img, 8 + b.len, err);
+        }
     }
+    free(img);
     free(b.p);
     w->started = 1;
     return st;
@@ -310,7 +344,7 @@ stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *
     if (n > w->total - w->written)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: %zu bytes written past the %llu declared", WNAME(w), n,
                            (unsigned long long)w->total);
-    if ((st = stz_outfile_write(&w->out, data, n, err)))
+    if ((st = w->sink ? w->sink->write(w->sink->user, data, n, err) : stz_outfile_write(&w->out, data, n, err)))
         return st;
     w->written += n;
     return STZ_OK;
@@ -326,7 +360,7 @@ stz_status stz_writer_finish(stz_writer *w, stz_err *err)
     if (w->written != w->total)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: only %llu of %llu declared data bytes were written", WNAME(w),
                            (unsigned long long)w->written, (unsigned long long)w->total);
-    return stz_outfile_commit(&w->out, err);
+    return w->sink ? w->sink->finish(w->sink->user, err) : stz_outfile_commit(&w->out, err);
 }
 
 void stz_writer_free(stz_writer *w)
@@ -343,5 +377,6 @@ void stz_writer_free(stz_writer *w)
     free(w->meta);
     free(w->t);
     free(w->hash);
+    free(w->sink_name);
     free(w);
 }

@@ -109,6 +109,43 @@ stz_status stz_check_space(const stz_outfile *of, uint64_t need, const char *wha
 /* Removes the temporary file if still there; safe after commit and twice. */
 void stz_outfile_abort(stz_outfile *of);
 
+/* ---- a SafeTensors writer's bytes handed elsewhere -------------------- */
+
+/* A tensor's dtype and bytes in the data section of the file being written. */
+typedef struct {
+    stz_dtype dtype;
+    uint64_t begin, end;
+} stz_span;
+
+/* Where an stz_writer opened with stz_writer_open_sink sends the file:
+ * begin() gets the whole header (its 8-byte length, then the JSON) and
+ * the tensors in data order, write() the data section in order, finish()
+ * runs at stz_writer_finish. The sink's owner cleans up after a failure. */
+typedef struct {
+    void *user;
+    stz_status (*begin)(void *user, const uint8_t *head, size_t len, const stz_span *t, size_t nt, stz_err *err);
+    stz_status (*write)(void *user, const void *data, size_t n, stz_err *err);
+    stz_status (*finish)(void *user, stz_err *err);
+} stz_wsink;
+
+struct stz_writer;
+/* A writer whose bytes go to `sink` (name: for messages). */
+stz_status stz_writer_open_sink(struct stz_writer **out, const char *name, const stz_wsink *sink, stz_err *err);
+
+/* The container encoder as a writer's sink: the SafeTensors file the writer
+ * produces goes into the container `out` ("-": standard output) chunk by
+ * chunk, encoded on p->threads threads in the background, exactly as
+ * stz_pack_file would pack that file, in bounded memory (a few chunks per
+ * thread). stz_pack_sink_free without a finish leaves no output. */
+typedef struct stz_pack_sink stz_pack_sink;
+struct stz_pack_params;
+struct stz_pack_stats;
+stz_status stz_pack_sink_open(stz_pack_sink **out, const struct stz_pack_params *p, const char *path, stz_err *err);
+const stz_wsink *stz_pack_sink_wsink(stz_pack_sink *s);
+/* After the writer finished: the container's and the packed file's sizes. */
+void stz_pack_sink_stats(const stz_pack_sink *s, struct stz_pack_stats *stats);
+void stz_pack_sink_free(stz_pack_sink *s);
+
 /* Decodes and checks the chunks of a container's tensor `name` on `threads`
  * threads, handing each to sink (from worker thread `tid`, any order) with
  * its offset in the tensor's bytes. Chunks never span two tensors. Uses the

@@ -30,7 +30,7 @@ extern "C" {
 
 typedef enum { STZ_PACK_FAST = 1, STZ_PACK_BEST = 2 } stz_pack_level;
 
-typedef struct {
+typedef struct stz_pack_params {
     stz_pack_level level;    /* FAST (default) or BEST (slower, smaller) */
     int threads;             /* >= 1 */
     uint32_t chunk_size;     /* raw bytes per chunk, multiple of 8 in [MIN, MAX] */
@@ -41,7 +41,7 @@ typedef struct {
 
 #define STZ_PACK_PARAMS_DEFAULT {STZ_PACK_FAST, 1, 1u << 20, 0, NULL, NULL}
 
-typedef struct {
+typedef struct stz_pack_stats {
     uint64_t in_bytes, out_bytes;
     uint64_t chunks;
 } stz_pack_stats;

@@ -21,6 +21,7 @@
 #define STZ_QUANT_H
 
 #include "stz.h"
+#include "stz_pack.h"
 #include "stz_policy.h"
 
 #ifdef __cplusplus
@@ -158,6 +159,18 @@ typedef struct {
  */
 stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
                              stz_quant_stats *stats, stz_err *err);
+
+/*
+ * Quantizes `in` following the policy straight into the container `out`
+ * ("-": standard output): one pass, no intermediate file, memory bounded
+ * by a few chunks per thread. The container is byte for byte the one
+ * stz_pack_file(pp) makes of the file stz_quantize_file(qp) writes, and
+ * unpacks to that file. qp->write_flags are ignored (pp's apply);
+ * qstats->out_bytes is the quantized file's size, pstats the container's.
+ */
+stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy,
+                             const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
+                             stz_err *err);
 
 /*
  * Writes a plain model: every tensor under its original name and shape,

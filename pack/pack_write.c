@@ -1,6 +1,7 @@
 /* stz_pack_file: SafeTensors -> container. */
 #include "pack_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -17,7 +18,9 @@ typedef struct {
 
 typedef struct {
     const stz_pack_params *p;
-    stz_reader *r;
+    stz_reader *r;        /* the file packed, or NULL: its bytes come through the ring (a writer's sink) */
+    const char *label;    /* the input (or, for a sink, the output) in messages */
+    stz_span *spans;      /* its tensors in data order */
     stz_outfile out;
     stz_chunk_info *chunks;
     size_t n;
@@ -26,6 +29,17 @@ typedef struct {
     uint64_t header_hash;
     uint64_t *hashes;      /* per chunk, for the whole-file digest */
     stz_pipeline pl;
+    /* sink: chunk i is delivered into ring[i % nring] once next_use[i % nring] == i */
+    uint8_t **ring;
+    size_t nring, *next_use;
+    size_t filled, fill;   /* chunks delivered; bytes of the next one so far */
+    int stop, done, running;
+    stz_status pl_status;
+    stz_err pl_err;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    uint64_t orig_size;    /* of the file packed */
 } pack_ctx;
 
 /* zstd level of the trial on unsplit float bytes (plain zstd -3's). */
@@ -115,20 +129,49 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, stz
     return STZ_OK;
 }
 
+/* Sink: waits until chunk i has arrived, and returns its bytes. */
+static const uint8_t *ring_take(pack_ctx *c, size_t i)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->filled <= i && !c->stop)
+        pthread_cond_wait(&c->cv, &c->lock);
+    int ok = c->filled > i;
+    pthread_mutex_unlock(&c->lock);
+    return ok ? c->ring[i % c->nring] : NULL;
+}
+
+/* Sink: chunk i's slot takes chunk i + nring next. */
+static void ring_release(pack_ctx *c, size_t i)
+{
+    pthread_mutex_lock(&c->lock);
+    c->next_use[i % c->nring] = i + c->nring;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->lock);
+}
+
 static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
 {
     pack_ctx *c = (pack_ctx *)vctx;
     thread_buf *b = &c->tb[tid];
     const stz_chunk_info *ch = &c->chunks[i];
-    const stz_tensor *t = stz_reader_tensor(c->r, ch->tensor);
-    stz_status st = stz_reader_read(c->r, t, ch->data_offset - t->begin, b->raw, ch->raw_size, err);
-    if (st)
-        return st;
+    const stz_span *t = &c->spans[ch->tensor];
+    const uint8_t *raw = b->raw;
+    stz_status st;
+    if (c->r) {
+        const stz_tensor *rt = stz_reader_tensor(c->r, ch->tensor);
+        if ((st = stz_reader_read(c->r, rt, ch->data_offset - rt->begin, b->raw, ch->raw_size, err)))
+            return st;
+    } else if (!(raw = ring_take(c, i))) {
+        return stz_err_set(err, STZ_E_INTERRUPTED, "%s: stopped", c->label);
+    }
     stz_err sub;
-    if ((st = encode_chunk(&b->enc, c->p, t->dtype, t->end - t->begin, b->raw, ch->raw_size, b->planes, b->rec,
-                           &b->rec_len, &sub)))
-        return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(c->r), t->name, sub.msg);
-    c->hashes[i] = XXH3_64bits(b->raw, ch->raw_size);
+    st = encode_chunk(&b->enc, c->p, t->dtype, t->end - t->begin, raw, ch->raw_size, b->planes, b->rec, &b->rec_len,
+                      &sub);
+    c->hashes[i] = XXH3_64bits(raw, ch->raw_size);
+    if (!c->r)
+        ring_release(c, i);
+    if (st)
+        return stz_err_set(err, st, "%s: tensor %u of the file: %s", c->label, ch->tensor, sub.msg);
     stz_put_le64(b->rec + 16, c->hashes[i]);
     return STZ_OK;
 }
@@ -189,38 +232,31 @@ static stz_status pack_post(void *vctx, int tid, size_t i, stz_err *err)
                        : STZ_OK;
 }
 
-/* File header + the original SafeTensors header, zstd-compressed. */
-static stz_status write_head(pack_ctx *c, stz_err *err)
+/* File header + the original SafeTensors header img[orig] (its 8-byte
+ * length, then the JSON), zstd-compressed. */
+static stz_status write_head(pack_ctx *c, const uint8_t *img, size_t orig, stz_err *err)
 {
-    size_t hlen;
-    stz_reader_header(c->r, &hlen);
-    size_t orig = 8 + hlen, cap = ZSTD_compressBound(orig);
-    uint8_t *img = malloc(orig), *z = malloc(cap), fh[FILE_HEADER_SIZE] = {0};
-    stz_status st = STZ_OK;
-    if (!img || !z) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu-byte header", orig);
-        goto cleanup;
-    }
-    if ((st = stz_reader_pread(c->r, 0, img, orig, err)))
-        goto cleanup;
+    size_t cap = ZSTD_compressBound(orig);
+    uint8_t *z = malloc(cap), fh[FILE_HEADER_SIZE] = {0};
+    if (!z)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu-byte header", orig);
     size_t zs = ZSTD_compress(z, cap, img, orig, HEADER_ZSTD_LEVEL);
     int zipped = !ZSTD_isError(zs) && zs < orig;
     memcpy(fh, STZ_MAGIC, 8);
     stz_put_le16(fh + 8, STZ_PACK_FORMAT_VERSION);
     stz_put_le16(fh + 10, 0);
     stz_put_le32(fh + 12, c->p->chunk_size);
-    stz_put_le64(fh + 16, stz_reader_file_size(c->r));
+    stz_put_le64(fh + 16, c->orig_size);
     stz_put_le64(fh + 24, orig);
     stz_put_le64(fh + 32, zipped ? zs : orig);
     fh[40] = zipped ? HEADER_CODEC_ZSTD : HEADER_CODEC_RAW;
     c->header_hash = XXH3_64bits(img, orig);
     stz_put_le64(fh + 48, c->header_hash);
     stz_put_le64(fh + 56, XXH3_64bits(fh, 56));
-    if (!(st = stz_outfile_write(&c->out, fh, sizeof fh, err)))
+    stz_status st = stz_outfile_write(&c->out, fh, sizeof fh, err);
+    if (!st)
         st = stz_outfile_write(&c->out, zipped ? z : img, zipped ? zs : orig, err);
     c->pos = FILE_HEADER_SIZE + (zipped ? zs : orig);
-cleanup:
-    free(img);
     free(z);
     return st;
 }
@@ -257,31 +293,32 @@ static stz_status write_index(pack_ctx *c, stz_err *err)
 }
 
 /* Chunks never straddle tensors, so every chunk has one dtype. */
-static stz_status plan_chunks(pack_ctx *c, stz_err *err)
+static stz_status plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
 {
     uint32_t cs = c->p->chunk_size;
     size_t n = 0;
-    for (size_t i = 0; i < stz_reader_count(c->r); i++) {
-        const stz_tensor *t = stz_reader_tensor(c->r, i);
-        n += (size_t)((t->end - t->begin + cs - 1) / cs);
-    }
+    for (size_t i = 0; i < nt; i++)
+        n += (size_t)((c->spans[i].end - c->spans[i].begin + cs - 1) / cs);
     c->chunks = calloc(n + 1, sizeof *c->chunks);
     c->hashes = calloc(n + 1, sizeof *c->hashes);
     if (!c->chunks || !c->hashes)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu chunks", n);
-    for (size_t i = 0; i < stz_reader_count(c->r); i++) {
-        const stz_tensor *t = stz_reader_tensor(c->r, i);
+    for (size_t i = 0; i < nt; i++) {
+        const stz_span *t = &c->spans[i];
         for (uint64_t off = t->begin; off < t->end; off += cs)
             c->chunks[c->n++] = (stz_chunk_info){.tensor = (uint32_t)i,
                                                  .data_offset = off,
                                                  .raw_size = (uint32_t)(t->end - off < cs ? t->end - off : cs)};
     }
+    c->pl = (stz_pipeline){.n = c->n, .threads = c->p->threads, .ctx = c, .work = pack_work, .commit = pack_commit,
+                           .post = pack_post};
     return STZ_OK;
 }
 
-stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
-                         stz_err *err)
+/* Checks the parameters, opens the output, makes the thread buffers. */
+static stz_status pack_open(pack_ctx *c, const stz_pack_params *p, const char *out, stz_err *err)
 {
+    *c = (pack_ctx){.p = p, .out = STZ_OUTFILE_INIT};
     if (p->threads < 1 || p->threads > 256)
         return stz_err_set(err, STZ_E_ARG, "pack: threads must be 1..256");
     if (p->chunk_size < STZ_PACK_MIN_CHUNK || p->chunk_size > STZ_PACK_MAX_CHUNK || p->chunk_size % 8)
@@ -289,59 +326,243 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
                            STZ_PACK_MIN_CHUNK, STZ_PACK_MAX_CHUNK);
     if (p->level != STZ_PACK_FAST && p->level != STZ_PACK_BEST)
         return stz_err_set(err, STZ_E_ARG, "pack: unknown level %d", (int)p->level);
-    pack_ctx c = {.p = p, .out = STZ_OUTFILE_INIT};
-    stz_status st;
-    if ((st = stz_reader_open(&c.r, in, err)))
-        return st;
-    int to_stdout = !strcmp(out, "-");
-    if (!to_stdout && (st = stz_refuse_input_as_output(in, out, err))) {
-        stz_reader_free(c.r);
-        return st;
-    }
-    c.tb = calloc((size_t)p->threads, sizeof *c.tb);
-    if (!c.tb) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-        goto cleanup;
-    }
+    if (!(c->tb = calloc((size_t)p->threads, sizeof *c->tb)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     for (int t = 0; t < p->threads; t++) {
-        thread_buf *b = &c.tb[t];
+        thread_buf *b = &c->tb[t];
         b->raw = malloc(p->chunk_size);
         b->planes = malloc(stz_planes_bound(p->chunk_size));
         b->rec = malloc(stz_record_bound(p->chunk_size));
-        if (!b->raw || !b->planes || !b->rec) {
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for thread buffers");
-            goto cleanup;
-        }
-        if ((st = stz_plane_enc_init(&b->enc, err)))
-            goto cleanup;
+        if (!b->raw || !b->planes || !b->rec)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for thread buffers");
+        stz_status st = stz_plane_enc_init(&b->enc, err);
+        if (st)
+            return st;
     }
-    if (to_stdout)
-        stz_outfile_stdout(&c.out);
-    if ((st = plan_chunks(&c, err)) ||
-        (!to_stdout && (st = stz_outfile_open(&c.out, out, p->write_flags & STZ_WRITE_FORCE, err))) ||
-        (st = write_head(&c, err)))
-        goto cleanup;
-    uint64_t data_total = stz_reader_file_size(c.r) - stz_reader_data_offset(c.r);
-    c.pl = (stz_pipeline){.n = c.n, .threads = p->threads, .ctx = &c, .work = pack_work, .commit = pack_commit, .post = pack_post,
-                          .progress = p->progress, .progress_user = p->progress_user, .total = data_total};
-    if ((st = stz_pipeline_run(&c.pl, err)) || (st = write_index(&c, err)) || (st = stz_outfile_commit(&c.out, err)))
-        goto cleanup;
-    if (stats) {
-        stats->in_bytes = stz_reader_file_size(c.r);
-        stats->out_bytes = c.pos + INDEX_HEAD_SIZE + c.n * INDEX_ENTRY_SIZE + TRAILER_SIZE;
-        stats->chunks = c.n;
+    if (strcmp(out, "-"))
+        return stz_outfile_open(&c->out, out, p->write_flags & STZ_WRITE_FORCE, err);
+    stz_outfile_stdout(&c->out);
+    return STZ_OK;
+}
+
+/* The index and trailer after the records, then the output renamed into place. */
+static stz_status pack_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err)
+{
+    stz_status st = write_index(c, err);
+    if (!st)
+        st = stz_outfile_commit(&c->out, err);
+    if (!st && stats) {
+        stats->in_bytes = c->orig_size;
+        stats->out_bytes = c->pos + INDEX_HEAD_SIZE + c->n * INDEX_ENTRY_SIZE + TRAILER_SIZE;
+        stats->chunks = c->n;
     }
-cleanup:
-    stz_outfile_abort(&c.out);
-    for (int t = 0; c.tb && t < p->threads; t++) {
-        free(c.tb[t].raw);
-        free(c.tb[t].planes);
-        free(c.tb[t].rec);
-        stz_plane_enc_free(&c.tb[t].enc);
-    }
-    free(c.tb);
-    free(c.chunks);
-    free(c.hashes);
-    stz_reader_free(c.r);
     return st;
+}
+
+static void pack_close(pack_ctx *c)
+{
+    stz_outfile_abort(&c->out);
+    for (int t = 0; c->tb && t < c->p->threads; t++) {
+        free(c->tb[t].raw);
+        free(c->tb[t].planes);
+        free(c->tb[t].rec);
+        stz_plane_enc_free(&c->tb[t].enc);
+    }
+    free(c->tb);
+    free(c->chunks);
+    free(c->hashes);
+    free(c->spans);
+    for (size_t k = 0; c->ring && k < c->nring; k++)
+        free(c->ring[k]);
+    free(c->ring);
+    free(c->next_use);
+}
+
+stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
+                         stz_err *err)
+{
+    pack_ctx c;
+    stz_reader *r = NULL;
+    uint8_t *img = NULL;
+    stz_status st;
+    if ((st = stz_reader_open(&r, in, err)))
+        return st;
+    if (strcmp(out, "-") && (st = stz_refuse_input_as_output(in, out, err))) {
+        stz_reader_free(r);
+        return st;
+    }
+    if ((st = pack_open(&c, p, out, err)))
+        goto cleanup;
+    c.r = r, c.label = in;
+    size_t nt = stz_reader_count(r), hlen;
+    stz_reader_header(r, &hlen);
+    c.orig_size = stz_reader_file_size(r);
+    if (!(c.spans = malloc((nt + 1) * sizeof *c.spans)) || !(img = malloc(8 + hlen))) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        c.spans[i] = (stz_span){t->dtype, t->begin, t->end};
+    }
+    if ((st = plan_chunks(&c, nt, err)) || (st = stz_reader_pread(r, 0, img, 8 + hlen, err)) ||
+        (st = write_head(&c, img, 8 + hlen, err)))
+        goto cleanup;
+    c.pl.progress = p->progress, c.pl.progress_user = p->progress_user;
+    c.pl.total = c.orig_size - stz_reader_data_offset(r);
+    if (!(st = stz_pipeline_run(&c.pl, err)))
+        st = pack_finish(&c, stats, err);
+cleanup:
+    pack_close(&c);
+    free(img);
+    stz_reader_free(r);
+    return st;
+}
+
+/* ---- the container encoder as a SafeTensors writer's sink ------------- */
+
+struct stz_pack_sink {
+    pack_ctx c;
+    stz_pack_params p;
+    stz_wsink ws;
+    char *path;
+    stz_pack_stats stats;
+};
+
+static void *sink_thread(void *v)
+{
+    pack_ctx *c = (pack_ctx *)v;
+    stz_status st = stz_pipeline_run(&c->pl, &c->pl_err);
+    pthread_mutex_lock(&c->lock);
+    c->pl_status = st, c->done = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+static stz_status sink_begin(void *user, const uint8_t *head, size_t len, const stz_span *t, size_t nt, stz_err *err)
+{
+    pack_ctx *c = &((stz_pack_sink *)user)->c;
+    uint64_t data = 0;
+    for (size_t i = 0; i < nt; i++)
+        data += t[i].end - t[i].begin;
+    c->orig_size = len + data;
+    if (!(c->spans = malloc((nt + 1) * sizeof *c->spans)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    memcpy(c->spans, t, nt * sizeof *t);
+    stz_status st = plan_chunks(c, nt, err);
+    if (st || (st = write_head(c, head, len, err)))
+        return st;
+    c->nring = 2 * (size_t)c->p->threads + 2; /* the producer runs ahead of every encoding thread */
+    c->ring = calloc(c->nring, sizeof *c->ring);
+    c->next_use = calloc(c->nring, sizeof *c->next_use);
+    for (size_t k = 0; c->ring && c->next_use && k < c->nring; k++)
+        if ((c->ring[k] = malloc(c->p->chunk_size)))
+            c->next_use[k] = k;
+        else
+            break;
+    if (!c->ring || !c->next_use || !c->ring[c->nring - 1])
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk buffers");
+    if (pthread_create(&c->thread, NULL, sink_thread, c))
+        return stz_err_set(err, STZ_E_NOMEM, "%s: cannot start the encoding thread", c->label);
+    c->running = 1;
+    return STZ_OK;
+}
+
+/* The encoder's failure, or (status OK) its early end. */
+static stz_status sink_failed(pack_ctx *c, stz_err *err)
+{
+    if (c->pl_status) {
+        *err = c->pl_err;
+        return c->pl_status;
+    }
+    return stz_err_set(err, STZ_E_BOUNDS, "%s: more bytes than the header declares", c->label);
+}
+
+static stz_status sink_write(void *user, const void *data, size_t n, stz_err *err)
+{
+    pack_ctx *c = &((stz_pack_sink *)user)->c;
+    const uint8_t *d = (const uint8_t *)data;
+    while (n) {
+        pthread_mutex_lock(&c->lock);
+        size_t j = c->filled;
+        while (j < c->n && c->next_use[j % c->nring] != j && !c->done)
+            pthread_cond_wait(&c->cv, &c->lock);
+        int ok = j < c->n && c->next_use[j % c->nring] == j && !c->done;
+        pthread_mutex_unlock(&c->lock);
+        if (!ok)
+            return sink_failed(c, err);
+        size_t room = c->chunks[j].raw_size - c->fill, k = n < room ? n : room;
+        memcpy(c->ring[j % c->nring] + c->fill, d, k);
+        d += k, n -= k, c->fill += k;
+        if (c->fill == c->chunks[j].raw_size) {
+            pthread_mutex_lock(&c->lock);
+            c->filled++, c->fill = 0;
+            pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
+    return STZ_OK;
+}
+
+static void sink_join(pack_ctx *c)
+{
+    if (!c->running)
+        return;
+    pthread_join(c->thread, NULL);
+    c->running = 0;
+}
+
+static stz_status sink_finish(void *user, stz_err *err)
+{
+    stz_pack_sink *s = (stz_pack_sink *)user;
+    pack_ctx *c = &s->c;
+    sink_join(c);
+    if (c->pl_status || c->filled != c->n)
+        return c->pl_status ? sink_failed(c, err)
+                            : stz_err_set(err, STZ_E_BOUNDS, "%s: %zu of %zu chunks written", c->label, c->filled, c->n);
+    return pack_finish(c, &s->stats, err);
+}
+
+stz_status stz_pack_sink_open(stz_pack_sink **out, const stz_pack_params *p, const char *path, stz_err *err)
+{
+    *out = NULL;
+    stz_pack_sink *s = calloc(1, sizeof *s);
+    if (!s || !(s->path = strdup(path))) {
+        free(s);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    s->p = *p;
+    s->p.progress = NULL; /* the producer reports progress */
+    stz_status st = pack_open(&s->c, &s->p, path, err);
+    s->c.label = strcmp(path, "-") ? s->path : "standard output";
+    pthread_mutex_init(&s->c.lock, NULL);
+    pthread_cond_init(&s->c.cv, NULL);
+    s->ws = (stz_wsink){.user = s, .begin = sink_begin, .write = sink_write, .finish = sink_finish};
+    if (st) {
+        stz_pack_sink_free(s);
+        return st;
+    }
+    *out = s;
+    return STZ_OK;
+}
+
+const stz_wsink *stz_pack_sink_wsink(stz_pack_sink *s) { return &s->ws; }
+
+void stz_pack_sink_stats(const stz_pack_sink *s, stz_pack_stats *stats) { *stats = s->stats; }
+
+void stz_pack_sink_free(stz_pack_sink *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->c.lock);
+    s->c.stop = 1; /* encoding threads waiting for a chunk give up */
+    pthread_cond_broadcast(&s->c.cv);
+    pthread_mutex_unlock(&s->c.lock);
+    sink_join(&s->c);
+    pack_close(&s->c);
+    pthread_mutex_destroy(&s->c.lock);
+    pthread_cond_destroy(&s->c.cv);
+    free(s->path);
+    free(s);
 }

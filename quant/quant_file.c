@@ -257,7 +257,13 @@ static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_
                                   int threads, stz_err *err)
 {
     size_t esz = stz_dtype_bits(t->dtype) / 8;
-    uint64_t per = STZ_QUANT_BATCH_BYTES / esz / pl->cols;
+    /* batches of at most STZ_QUANT_BATCH_BYTES, and a tensor in at least 16
+     * when batches stay over 64 KB, so that threads share even the small
+     * matrices (the same for any thread count: the figures merge alike) */
+    uint64_t per = STZ_QUANT_BATCH_BYTES / esz / pl->cols, split = (pl->rows + 15) / 16,
+             least = (64u << 10) / esz / pl->cols;
+    split = split > least ? split : least;
+    per = split < per ? split : per;
     if (per == 0)
         per = 1; /* one row larger than a batch: the caller sized buffers for it */
     size_t nsc = (size_t)(pl->rows * pl->nblocks);
@@ -298,24 +304,47 @@ static void plan_format(plan_t *x)
     x->legacy = stz_qf_of_decision(&x->d, &x->fmt);
 }
 
+/* The largest magnitude of a tensor, batch by batch on the slots' threads. */
+typedef struct {
+    const stz_reader *r;
+    const stz_tensor *t;
+    qslot *slot;
+    size_t per; /* elements per batch */
+    float *amax; /* per thread */
+} amax_job;
+
+static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
+{
+    amax_job *j = ctx;
+    size_t esz = stz_dtype_bits(j->t->dtype) / 8, e = i * j->per;
+    size_t n = j->t->numel - e < j->per ? (size_t)(j->t->numel - e) : j->per;
+    float *f = j->slot[tid].f, m = j->amax[tid];
+    stz_status st = stz_reader_read(j->r, j->t, e * esz, j->slot[tid].in, n * esz, err);
+    if (!st && !(st = stz_to_f32(j->t->dtype, j->slot[tid].in, n, f, err)))
+        for (size_t k = 0; k < n; k++)
+            m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* NaN is reported by the main pass */
+    j->amax[tid] = m;
+    return st;
+}
+
 /* What the format needs from the whole tensor before any row is
  * quantized: U8 scales, its largest magnitude (the base); nl-fit, a
  * codebook fitted to up to 256 rows spread over it. */
-static stz_status plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, uint8_t *buf, float *f,
+static stz_status plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
                                stz_err *err)
 {
     int fit = x->d.method == STZ_QMETHOD_NL_FIT;
     if (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit))
         return STZ_OK;
     size_t esz = stz_dtype_bits(t->dtype) / 8, per = STZ_QUANT_BATCH_BYTES / esz;
-    float amax = 0;
-    stz_status st = STZ_OK;
-    for (uint64_t e = 0; !st && e < t->numel; e += per) {
-        size_t n = t->numel - e < per ? (size_t)(t->numel - e) : per;
-        if (!(st = stz_reader_read(r, t, e * esz, buf, n * esz, err)) && !(st = stz_to_f32(t->dtype, buf, n, f, err)))
-            for (size_t i = 0; i < n; i++)
-                amax = fabsf(f[i]) > amax ? fabsf(f[i]) : amax; /* NaN is reported by the main pass */
-    }
+    uint8_t *buf = slot[0].in;
+    float amaxes[256] = {0}, amax = 0;
+    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes};
+    stz_pipeline pl = {.n = (size_t)((t->numel + per - 1) / per), .threads = threads < 256 ? threads : 256,
+                       .ctx = &j, .work = amax_work};
+    stz_status st = stz_pipeline_run(&pl, err);
+    for (int k = 0; k < pl.threads; k++)
+        amax = amaxes[k] > amax ? amaxes[k] : amax;
     x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
     if (st || !fit)
         return st;
@@ -509,11 +538,13 @@ static void plan_free(plan_t *x)
         free(x->fname[j]);
 }
 
-stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
-                             stz_quant_stats *stats, stz_err *err)
+/* stz_quantize_file, or with pp the container of its output (stz_compress_file). */
+static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp, stz_policy *policy, const char *in,
+                           const char *out, stz_quant_stats *stats, stz_pack_stats *pstats, stz_err *err)
 {
     stz_reader *r = NULL;
     stz_writer *w = NULL;
+    stz_pack_sink *sink = NULL;
     plan_t *pl = NULL;
     qslot *slot = NULL;
     int nslots = 0;
@@ -583,7 +614,7 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
                 continue;
             }
         }
-        if ((st = plan_prepare(r, t, x, buf, f, err)))
+        if ((st = plan_prepare(r, t, x, slot, nslots, err)))
             goto cleanup;
         if (x->rows * x->nblocks == 1) {
             size_t esz = stz_dtype_bits(t->dtype) / 8;
@@ -609,8 +640,11 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
             }
         }
     }
-    if ((st = stz_writer_open(&w, out, p->write_flags, err)) ||
-        (st = stz_writer_set_meta(w, "stz.quant.version", STZ_QUANT_VERSION, err)))
+    if (pp ? (st = stz_pack_sink_open(&sink, pp, out, err)) ||
+                 (st = stz_writer_open_sink(&w, out, stz_pack_sink_wsink(sink), err))
+           : (st = stz_writer_open(&w, out, p->write_flags, err)))
+        goto cleanup;
+    if ((st = stz_writer_set_meta(w, "stz.quant.version", STZ_QUANT_VERSION, err)))
         goto cleanup;
     for (size_t i = 0; i < stz_reader_meta_count(r); i++) /* original metadata first */
         if (strcmp(stz_reader_meta_key(r, i), "format") &&
@@ -659,6 +693,11 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
     }
     if ((st = stz_writer_finish(w, err)))
         goto cleanup;
+    stz_pack_stats ps = {0};
+    if (sink)
+        stz_pack_sink_stats(sink, &ps);
+    if (pstats)
+        *pstats = ps;
     if (stats) {
         memset(stats, 0, sizeof *stats);
         stats->in_bytes = stz_reader_file_size(r);
@@ -681,10 +720,11 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
         }
         stats->weighted_cosine = wtot ? wsum / wtot : 1;
         struct stat sb;
-        stats->out_bytes = stat(out, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+        stats->out_bytes = sink ? ps.in_bytes : stat(out, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     }
 cleanup:
     stz_writer_free(w);
+    stz_pack_sink_free(sink);
     for (size_t i = 0; pl && i < nt; i++)
         plan_free(&pl[i]);
     free(pl);
@@ -695,3 +735,16 @@ cleanup:
     return st;
 }
 
+
+stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
+                             stz_quant_stats *stats, stz_err *err)
+{
+    return quantize(p, NULL, policy, in, out, stats, NULL, err);
+}
+
+stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy,
+                             const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
+                             stz_err *err)
+{
+    return quantize(qp, pp, policy, in, out, qstats, pstats, err);
+}

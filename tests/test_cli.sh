@@ -132,6 +132,11 @@ same "$T/out" "$T/so4.safetensors" "quantize -o -"
 expect_rc 0 "dequantize -o -" "$STZ" dequantize "$T/so4.safetensors" -o -
 same "$T/out" "$T/sod4.safetensors" "dequantize -o -"
 expect_rc 2 "compress -c --json" "$STZ" compress --int4 "$M" -c --json
+# compress is one pass: no intermediate file anywhere (none in $TMPDIR, none beside the output), and its
+# container is the one pack makes of quantize's file
+"$STZ" pack "$T/so4.safetensors" -o "$T/so4p.stz" -q && same "$T/so4p.stz" "$T/so4.stz" "compress = pack(quantize)"
+expect_rc 0 "compress -c with no usable TMPDIR" env TMPDIR=/nonexistent "$STZ" compress --int4 "$M" -c -T 2
+same "$T/out" "$T/so4.stz" "compress -c in one pass"
 # containers piped in: unpack, decompress and verify read standard input in order
 "$STZ" pack "$M" -c -q | "$STZ" unpack - -o "$T/piped.safetensors" && same "$T/piped.safetensors" "$M" "pack -c | unpack -"
 "$STZ" compress --int4 "$M" -c | "$STZ" decompress - --dequantize -c >"$T/piped.deq" && same "$T/piped.deq" "$T/sod4.safetensors" "compress -c | decompress - --dequantize -c"

@@ -22,19 +22,28 @@ cat >"$T/prog.c" <<'C'
 #include <stdio.h>
 #include "stz.h"
 #include "stz_safetensors.h"
+#include "stz_quant.h"
 #include "stz_synth.h"
 
 int main(int argc, char **argv)
 {
     stz_synth_params p = STZ_SYNTH_PARAMS_DEFAULT;
+    stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    stz_pack_stats ps;
     stz_err err;
     stz_reader *r;
-    if (argc < 2 || stz_synth_write(&p, argv[1], NULL, &err) || stz_reader_open(&r, argv[1], &err)) {
+    stz_policy *pol;
+    char out[4096];
+    snprintf(out, sizeof out, "%s.stz", argc > 1 ? argv[1] : "");
+    if (argc < 2 || stz_synth_write(&p, argv[1], NULL, &err) || stz_reader_open(&r, argv[1], &err) ||
+        stz_policy_load(&pol, "int4", &err) || stz_compress_file(&qp, &pp, pol, argv[1], out, NULL, &ps, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
-    printf("%zu tensors\n", stz_reader_count(r));
+    printf("%zu tensors\n%llu bytes packed\n", stz_reader_count(r), (unsigned long long)ps.out_bytes);
     stz_reader_free(r);
+    stz_policy_free(pol);
     return 0;
 }
 C
@@ -43,6 +52,9 @@ export PKG_CONFIG_PATH=$PCDIR
 if cc "$T/prog.c" -o "$T/prog" $(pkg-config --cflags --libs stz) 2>"$T/cc.log"; then ok; else bad "cc with pkg-config --libs stz"; cat "$T/cc.log"; fi
 expect_rc 0 "run against the installed libstz.so" env LD_LIBRARY_PATH="$(dirname "$LIB")" "$T/prog" "$T/m.safetensors"
 has "$T/out" "^27 tensors$" "the program works"
+"$P/bin/stz" compress --int4 "$T/m.safetensors" -o "$T/cli.stz" -q
+[ "$(wc -c <"$T/cli.stz") bytes packed" = "$(tail -1 "$T/out")" ] && ok || bad "stz_compress_file's container differs from stz compress's"
+cmp -s "$T/cli.stz" "$T/m.safetensors.stz" && ok || bad "stz_compress_file = stz compress"
 # static: the private dependencies come from pkg-config --static
 if cc "$T/prog.c" -o "$T/prog.static" $(pkg-config --cflags stz) "$(dirname "$LIB")/libstz.a" \
     $(pkg-config --static --libs-only-L --libs-only-l stz | sed 's/-lstz//') 2>"$T/cc.log"; then ok; else bad "static link"; cat "$T/cc.log"; fi

@@ -745,6 +745,74 @@ static void test_threads_same_bytes(void **state)
     tu_rmdir(dir);
 }
 
+/* stz_compress_file streams the quantized file into the container: the
+ * same bytes as packing the file stz_quantize_file writes, for any thread
+ * count and chunk size (small chunks wrap the encoder's ring many times);
+ * a failure after the container was begun leaves nothing. */
+static void test_compress_streams(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *q = tu_path(dir, "q.safetensors"),
+         *a = tu_path(dir, "a.stz"), *b = tu_path(dir, "b.stz");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    sp.dtype = STZ_DTYPE_F32;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
+    stz_policy *p = parse_ok("{\"rules\": [{\"match\": \"*embed*\", \"action\": \"int8\"},"
+                             "{\"match\": \"*q_proj*\", \"action\": \"svd\", \"rank\": 8},"
+                             "{\"match\": \"*mlp*\", \"action\": \"int4\", \"method\": \"nl\", \"scale_dtype\": \"U8\"},"
+                             "{\"match\": \"*k_proj*\", \"action\": \"int3\", \"method\": \"asym\"},"
+                             "{\"match\": \"*\", \"action\": \"keep\"}]}");
+    uint32_t chunks[2] = {STZ_PACK_MIN_CHUNK, 1u << 20};
+    for (int k = 0; k < 2; k++)
+        for (int t = 1; t <= 3; t++) {
+            stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+            qp.write_flags = STZ_WRITE_FORCE, qp.threads = t;
+            stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+            pp.write_flags = STZ_WRITE_FORCE, pp.threads = t, pp.chunk_size = chunks[k];
+            stz_quant_stats qa, qb;
+            stz_pack_stats pa, pb;
+            assert_int_equal(stz_quantize_file(&qp, p, m, q, &qa, &err), STZ_OK);
+            assert_int_equal(stz_pack_file(&pp, q, a, &pa, &err), STZ_OK);
+            if (stz_compress_file(&qp, &pp, p, m, b, &qb, &pb, &err))
+                fail_msg("%s", err.msg);
+            assert_true(tu_hash_file(a) == tu_hash_file(b));
+            assert_true(pa.chunks > (k ? 4u : 40u) && pa.chunks == pb.chunks && pa.out_bytes == pb.out_bytes);
+            assert_true(pa.in_bytes == pb.in_bytes && qa.out_bytes == pb.in_bytes && qb.out_bytes == qa.out_bytes);
+            assert_true(qa.min_cosine == qb.min_cosine && qa.quantized == qb.quantized && qa.quantized > 4);
+        }
+    assert_int_equal(tu_count_entries(dir), 4); /* m, q, a, b: nothing else left */
+    /* a NaN met after the header and the first chunks went out: an error, no output */
+    stz_reader *r;
+    assert_int_equal(stz_reader_open(&r, m, &err), STZ_OK);
+    const stz_tensor *last = stz_reader_tensor(r, stz_reader_count(r) - 1);
+    uint64_t at = last->end - 4 + stz_reader_data_offset(r);
+    stz_reader_free(r);
+    size_t n;
+    uint8_t *bytes = tu_read(m, &n);
+    float nan = NAN;
+    memcpy(bytes + at, &nan, 4);
+    tu_write(m, bytes, n);
+    free(bytes);
+    unlink(b);
+    stz_policy_free(p);
+    p = parse_ok("{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"include_1d\": true}]}");
+    for (int t = 1; t <= 2; t++) {
+        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+        qp.threads = t;
+        stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+        pp.threads = t, pp.chunk_size = STZ_PACK_MIN_CHUNK;
+        assert_int_equal(stz_compress_file(&qp, &pp, p, m, b, NULL, NULL, &err), STZ_E_NUMERIC);
+        assert_non_null(strstr(err.msg, "is NaN"));
+        assert_false(tu_exists(b));
+        assert_int_equal(tu_count_entries(dir), 3);
+    }
+    stz_policy_free(p);
+    unlink(m), unlink(q), unlink(a);
+    free(m), free(q), free(a), free(b);
+    tu_rmdir(dir);
+}
+
 static void check_shared(const char *file, double min8, double min4, double mean4)
 {
     char *p = tu_path(STZ_SHARED_DATA_DIR, file);
@@ -795,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_qmodel_reads_containers),
         cmocka_unit_test(test_tensor_in_memory),
+        cmocka_unit_test(test_compress_streams),
         cmocka_unit_test(test_shared_f32),
         cmocka_unit_test(test_shared_bf16),
     };
