@@ -157,9 +157,29 @@ typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, 
  * copied byte for byte), copies the other files. Up to `threads` shards are
  * converted at once, each given threads / that many threads (convert must
  * then be safe to run concurrently) and quiet when more than one runs.
- * Returns a CLI exit status. */
+ * Under MPI every rank runs it: each converts its own whole shards
+ * (cli_mpi_owner) into the directory rank 0 made, rank 0 writes the index
+ * and the rest; a failure on any rank fails all, reported by rank 0.
+ * Returns a CLI exit status (other ranks print nothing). */
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
                    int rewrite_index, int threads, int quiet, cli_shard_fn convert, void *user);
+
+/* ---- MPI: ranks sharing a directory's shards (cli_mpi.c) ---------------- */
+
+/* MPI_Init when a launcher (mpirun) started the process and stz was built
+ * with MPI; returns the number of ranks (1 otherwise). */
+int cli_mpi_start(int *argc, char ***argv);
+void cli_mpi_end(void);
+int cli_mpi_rank(void);
+int cli_mpi_size(void);
+void cli_mpi_bcast(void *buf, size_t n, int root);
+void cli_mpi_sum(double *v, int n); /* in place, over every rank */
+int cli_mpi_min_rank(double v);     /* the rank holding the smallest v */
+/* 1 if any rank failed; err becomes the lowest failing rank's error. */
+int cli_mpi_failed(int failed, stz_err *err);
+/* The rank converting shard i of n: largest first, each to the least
+ * loaded rank, so the same on every rank. */
+int cli_mpi_owner(const double *sizes, size_t n, size_t i);
 
 /* Removes a directory and everything below it. */
 void cli_remove_tree(const char *dir);

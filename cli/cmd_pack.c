@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char pack_help[] =
@@ -242,7 +243,10 @@ int cmd_verify(int argc, char **argv)
         return cli_usage_error("verify", "expected at least one file");
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     p.threads = o.c.threads;
-    int bad = 0;
+    int bad = 0, ranks = cli_mpi_size();
+    for (int a = optind; ranks > 1 && a < argc; a++)
+        if (o.c.json || !strcmp(argv[a], "-"))
+            return cli_mpi_rank() ? CLI_USAGE : cli_usage_error("verify", "under mpirun: files or directories, no --json");
     cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
     for (int a = optind; a < argc; a++) {
         char **files;
@@ -254,13 +258,23 @@ int cmd_verify(int argc, char **argv)
         }
         if (cli_model_files(argv[a], &files, &n, &err)) {
             bad = 1;
-            cli_fail(&err);
+            if (!cli_mpi_rank())
+                cli_fail(&err);
             continue;
         }
+        double *sizes = calloc(n + 1, sizeof *sizes); /* under MPI each rank checks its share of the bytes */
+        struct stat sb;
+        for (size_t f = 0; sizes && f < n; f++)
+            sizes[f] = stat(files[f], &sb) == 0 ? (double)sb.st_size : 0;
         for (size_t f = 0; f < n; f++)
-            bad |= verify_one(&o, &p, files[f], arr);
+            if (ranks < 2 || (sizes ? cli_mpi_owner(sizes, n, f) : (int)(f % (size_t)ranks)) == cli_mpi_rank())
+                bad |= verify_one(&o, &p, files[f], arr);
+        free(sizes);
         cli_model_files_free(files, n);
     }
+    double failed = bad; /* any rank's failure fails the job */
+    cli_mpi_sum(&failed, 1);
+    bad = failed > 0;
     int rc2 = arr ? cli_print_json(arr) : CLI_OK;
     return bad ? CLI_ERROR : rc2;
 }

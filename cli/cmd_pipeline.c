@@ -192,6 +192,21 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     return STZ_OK;
 }
 
+/* Under MPI: every rank's sums, the lowest cosine and its tensor. */
+static void mpi_gather(compress_ctx *c)
+{
+    double v[8] = {(double)c->in_bytes, (double)c->out_bytes, (double)c->files, (double)c->qs.tensors,
+                   (double)c->qs.quantized, (double)c->qs.params, (double)c->qs.params_quantized, c->wsum};
+    cli_mpi_sum(v, 8);
+    cli_mpi_sum(&c->wtot, 1);
+    c->in_bytes = (uint64_t)v[0], c->out_bytes = (uint64_t)v[1], c->files = (int)v[2];
+    c->qs.tensors = (size_t)v[3], c->qs.quantized = (size_t)v[4], c->qs.params = (uint64_t)v[5];
+    c->qs.params_quantized = (uint64_t)v[6], c->wsum = v[7];
+    int who = cli_mpi_min_rank(c->qs.min_cosine);
+    cli_mpi_bcast(&c->qs.min_cosine, sizeof c->qs.min_cosine, who);
+    cli_mpi_bcast(c->qs.worst, sizeof c->qs.worst, who);
+}
+
 stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, int threads, int quiet,
                                uint64_t *bytes, stz_err *err)
 {
@@ -242,15 +257,20 @@ int cmd_compress(int argc, char **argv)
         free(out);
         return cli_fail(&err);
     }
-    if (sharded) {
+    int mpi = cli_mpi_size() > 1;
+    if (mpi && !sharded) {
+        rc = cli_mpi_rank() ? CLI_USAGE : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
+    } else if (sharded) {
         rc = cli_shards_run(in, out, "", ".stz", !o.lossless, o.c.threads, o.c.quiet, compress_one, &c);
+        if (mpi && rc == CLI_OK)
+            mpi_gather(&c);
     } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) { /* refuse before the long work */
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
         rc = compress_one(&c, in, out, NULL, 0, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
     }
-    if (rc == CLI_OK && c.pol && !o.c.quiet) {
+    if (rc == CLI_OK && c.pol && !o.c.quiet && !mpi) { /* (under MPI each rank saw only its shards) */
         stz_reader *names = NULL;
         stz_err ignored;
         if (!sharded)
@@ -260,7 +280,7 @@ int cmd_compress(int argc, char **argv)
     }
     stz_policy_free(c.pol);
     pthread_mutex_destroy(&c.lock);
-    if (rc != CLI_OK) {
+    if (rc != CLI_OK || cli_mpi_rank()) { /* rank 0 reports for all */
         free(out);
         return rc;
     }
@@ -372,7 +392,10 @@ int cmd_decompress(int argc, char **argv)
     struct stat sb;
     double t0 = cli_now();
     int sharded = cli_is_sharded_dir(in);
-    if (sharded) {
+    if (cli_mpi_size() > 1 && !sharded) {
+        rc = cli_mpi_rank() ? CLI_USAGE
+                            : cli_usage_error("decompress", "under mpirun IN must be a compressed sharded directory");
+    } else if (sharded) {
         rc = cli_shards_run(in, out, ".stz", "", o.deq, o.c.threads, o.c.quiet, decompress_one, &o);
     } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) {
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
@@ -380,7 +403,7 @@ int cmd_decompress(int argc, char **argv)
     } else {
         rc = decompress_one(&o, in, out, NULL, 0, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
     }
-    if (rc == CLI_OK && strcmp(out, "-")) /* standard output carries the data, not a summary */
+    if (rc == CLI_OK && strcmp(out, "-") && !cli_mpi_rank()) /* stdout carries the data, not a summary */
         cli_print_summary(&o.c, in, out, o.deq ? "dequantized" : "as packed", sharded, cli_now() - t0);
     free(out);
     return rc;

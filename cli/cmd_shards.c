@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -357,7 +358,40 @@ typedef struct {
     int failed;
     stz_err err;          /* the first failure's */
     shard_names *names;   /* per shard */
+    const size_t *order;  /* the shards, largest first */
+    int claim;            /* several processes share the shards (MPI) */
 } shard_work;
+
+#define FAILED_MARK ".stz-failed"
+
+/* Under MPI, whoever first creates tmpdir/.stz-claim-SHARD converts it: the
+ * ranks take the shards largest first as they become free, on any shared
+ * file system (O_EXCL); once a rank failed (tmpdir/.stz-failed) no more
+ * are taken. 1: ours; 0: another's (or none: a rank failed); -1: cannot
+ * tell (err set). */
+static int claim_shard(const shard_work *w, size_t i, stz_err *err)
+{
+    char p[PATH_MAX], name[64];
+    snprintf(name, sizeof name, ".stz-claim-%zu", i);
+    if (pjoin(p, sizeof p, w->tmpdir, FAILED_MARK) == 0 && access(p, F_OK) == 0)
+        return 0;
+    if (pjoin(p, sizeof p, w->tmpdir, name))
+        return stz_err_set(err, STZ_E_ARG, "%s: path too long", w->tmpdir), -1;
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0)
+        return close(fd), 1;
+    if (errno == EEXIST)
+        return 0;
+    return stz_err_set(err, STZ_E_IO, "%s: cannot claim shard %s: %s", p, w->m->shards[i], strerror(errno)), -1;
+}
+
+static void unclaim_all(const shard_work *w)
+{
+    char p[PATH_MAX], name[64];
+    for (size_t i = 0; i < w->m->n; i++)
+        if (snprintf(name, sizeof name, ".stz-claim-%zu", i) > 0 && !pjoin(p, sizeof p, w->tmpdir, name))
+            unlink(p);
+}
 
 static void *shard_worker(void *arg)
 {
@@ -368,12 +402,18 @@ static void *shard_worker(void *arg)
         pthread_mutex_unlock(&w->lock);
         if (i >= w->m->n)
             return NULL;
+        i = w->order[i];
         char src[1024], dst[1024], p[PATH_MAX], q[PATH_MAX], mapped[PATH_MAX] = "";
         stz_err err;
         stz_status st = STZ_OK;
-        if (snprintf(src, sizeof src, "%s%s", w->m->shards[i], w->in_suffix) >= (int)sizeof src ||
+        int mine = w->claim ? claim_shard(w, i, &err) : 1;
+        if (mine == 0)
+            continue;
+        if (mine < 0)
+            st = err.code;
+        if (!st && (snprintf(src, sizeof src, "%s%s", w->m->shards[i], w->in_suffix) >= (int)sizeof src ||
             snprintf(dst, sizeof dst, "%s%s", w->m->shards[i], w->out_suffix) >= (int)sizeof dst ||
-            pjoin(p, sizeof p, w->in, src) || pjoin(q, sizeof q, w->tmpdir, dst))
+            pjoin(p, sizeof p, w->in, src) || pjoin(q, sizeof q, w->tmpdir, dst)))
             st = stz_err_set(&err, STZ_E_ARG, "%s: shard name or path too long", w->m->shards[i]);
         if (!st)
             st = w->convert(w->user, p, q, mapped, sizeof mapped, w->threads, w->quiet, &err);
@@ -386,6 +426,8 @@ static void *shard_worker(void *arg)
             if (!w->failed)
                 w->failed = 1, w->err = err;
             pthread_mutex_unlock(&w->lock);
+            if (w->claim && pjoin(p, sizeof p, w->tmpdir, FAILED_MARK) == 0) /* the other ranks stop taking shards */
+                close(open(p, O_WRONLY | O_CREAT, 0600));
         }
     }
 }
@@ -449,19 +491,23 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
     stz_status st = model_dir_load(&m, in, &err);
     if (!st)
         st = model_dir_check(&m, in_suffix, &err);
+    int root = cli_mpi_rank() == 0, track = -1;
     const char *slash = strrchr(out, '/');
     int tl = snprintf(tmpdir, sizeof tmpdir, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - out) + 1 : 0, out,
                       slash ? slash + 1 : out);
-    if (!st && (tl < 0 || (size_t)tl >= sizeof tmpdir || !mkdtemp(tmpdir)))
+    if (!st && root && (tl < 0 || (size_t)tl >= sizeof tmpdir || !mkdtemp(tmpdir)))
         st = stz_err_set(&err, STZ_E_IO, "%s: cannot create a temporary directory: %s", out, strerror(errno));
-    if (st) {
+    cli_mpi_bcast(tmpdir, sizeof tmpdir, 0); /* every rank writes into rank 0's directory */
+    if (cli_mpi_failed(st != STZ_OK, &err)) {
         model_dir_free(&m);
-        return cli_fail(&err);
+        return root ? cli_fail(&err) : CLI_ERROR;
     }
-    mode_t mask = umask(0);
-    umask(mask);
-    chmod(tmpdir, 0777 & ~mask); /* mkdtemp makes it 0700; the result is an ordinary directory */
-    int track = stz_tmp_track(tmpdir); /* removes the directory itself if empty on a signal */
+    if (root) {
+        mode_t mask = umask(0);
+        umask(mask);
+        chmod(tmpdir, 0777 & ~mask); /* mkdtemp makes it 0700; the result is an ordinary directory */
+        track = stz_tmp_track(tmpdir); /* removes the directory itself if empty on a signal */
+    }
     cJSON *wm = cJSON_GetObjectItemCaseSensitive(m.index, "weight_map");
     if (rewrite_index) { /* rebuilt from the converted shards' own tensors */
         wm = cJSON_CreateObject();
@@ -477,11 +523,36 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
             st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
         else
             sprintf(skip[i], "%s%s", m.shards[i], in_suffix);
+    int mpi = cli_mpi_size() > 1;
+    size_t *order = calloc(m.n + 1, sizeof *order);
+    double *sizes = calloc(m.n + 1, sizeof *sizes);
+    if (!order || !sizes)
+        st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < m.n; i++) /* largest first: the last shard to start is a small one */
+        sizes[i] = pjoin(p, sizeof p, in, skip[i]) == 0 && stat(p, &sb) == 0 ? (double)sb.st_size : 0;
+    for (size_t i = 0; !st && i < m.n; i++) {
+        size_t k = i;
+        for (; k > 0 && sizes[order[k - 1]] < sizes[i]; k--)
+            order[k] = order[k - 1];
+        order[k] = i;
+    }
     shard_work w = {.m = &m, .in = in, .tmpdir = tmpdir, .in_suffix = in_suffix, .out_suffix = out_suffix,
-                    .rewrite_index = rewrite_index, .quiet = quiet, .convert = convert, .user = user};
+                    .rewrite_index = rewrite_index && !mpi, .quiet = quiet || (mpi && !root), .convert = convert,
+                    .user = user, .order = order, .claim = mpi};
     if (!st)
         st = convert_shards(&w, threads, &err);
-    for (size_t i = 0; !st && rewrite_index && i < m.n; i++) { /* in shard order: the same index for any -T */
+    if (cli_mpi_failed(st != STZ_OK, &err)) /* all ranks done writing: rank 0 finishes or removes */
+        st = err.code ? err.code : STZ_E_IO;
+    if (root && mpi)
+        unclaim_all(&w);
+    for (size_t i = 0; !st && root && mpi && rewrite_index && i < m.n; i++) { /* the shards of every rank */
+        char dst[1024];
+        snprintf(dst, sizeof dst, "%s%s", m.shards[i], out_suffix);
+        if (pjoin(q, sizeof q, tmpdir, dst) || (st = names_of(q, &w.names[i], &err)))
+            st = st ? st : stz_err_set(&err, STZ_E_ARG, "%s: path too long", dst);
+    }
+    free(order), free(sizes);
+    for (size_t i = 0; !st && root && rewrite_index && i < m.n; i++) { /* in shard order: the same index for any -T */
         for (size_t k = 0; k < w.names[i].n; k++)
             cJSON_AddStringToObject(wm, w.names[i].names[k], m.shards[i]);
         total += w.names[i].bytes;
@@ -492,6 +563,8 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
     if (skip)
         skip[m.n] = INDEX_NAME;
     cJSON *meta = cJSON_GetObjectItemCaseSensitive(m.index, "metadata");
+    if (!root) /* rank 0 writes the rest */
+        goto done;
     if (!st && rewrite_index && cJSON_IsObject(meta)) {
         cJSON_DeleteItemFromObjectCaseSensitive(meta, "total_size");
         cJSON_AddNumberToObject(meta, "total_size", total);
@@ -513,11 +586,14 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
     if (st)
         cli_remove_tree(tmpdir);
     stz_tmp_untrack(track);
+done:
     for (size_t i = 0; skip && i < m.n; i++)
         free(skip[i]);
     free(skip);
     model_dir_free(&m);
-    return st ? cli_fail(&err) : CLI_OK;
+    if (cli_mpi_failed(st != STZ_OK, &err)) /* rank 0's last steps, or a failure all ranks saw */
+        return root ? cli_fail(&err) : CLI_ERROR;
+    return CLI_OK;
 }
 
 /* ---- the files a model path stands for ---------------------------------- */

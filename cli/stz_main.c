@@ -65,8 +65,20 @@ int main(int argc, char **argv)
         return CLI_OK;
     }
     for (size_t i = 0; i < NCMD; i++)
-        if (!strcmp(argv[1], commands[i].name))
-            return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            /* under mpirun: the commands that share a directory's shards */
+            if (cli_mpi_start(&argc, &argv) > 1 && strcmp(argv[1], "compress") && strcmp(argv[1], "decompress") &&
+                strcmp(argv[1], "verify")) {
+                if (cli_mpi_rank() == 0)
+                    cli_usage_error(argv[1], "under mpirun only compress, decompress and verify run (of sharded "
+                                             "model directories)");
+                cli_mpi_end();
+                return CLI_USAGE;
+            }
+            int rc = commands[i].run(argc - 1, argv + 1);
+            cli_mpi_end();
+            return rc;
+        }
     fprintf(stderr, "stz: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return CLI_USAGE;

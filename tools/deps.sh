@@ -16,6 +16,18 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
+# Optional: OpenMPI, for `mpirun -n N stz compress DIR` (the MPI build is
+# made when mpicc is found; its test skips without). Never fails the install.
+opt=""
+for p in openmpi-bin libopenmpi-dev; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || opt="$opt $p"
+done
+if [ -n "$opt" ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $opt >/dev/null; } ||
+        echo "note: OpenMPI not installed: stz is built without MPI and its test skips"
+fi
 # Optional: llama.cpp's prebuilt CPU build from npm, to run exported GGUF
 # files in the tests (they skip without it). Never fails the install.
 NODE_DIR=${STZ_NODE_DIR:-$HOME/.cache/stz/node}

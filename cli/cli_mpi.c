@@ -1,0 +1,110 @@
+/* Several processes (MPI ranks) sharing the shards of a model directory:
+ * `mpirun -n N stz compress DIR -o OUT`. Built with MPI when CMake finds it
+ * (STZ_HAVE_MPI); MPI starts only when a launcher started the process, so
+ * a plain `stz` run never touches it. Without MPI: one process. */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef STZ_HAVE_MPI
+#include <mpi.h>
+
+static int g_on, g_rank, g_size = 1;
+
+int cli_mpi_start(int *argc, char ***argv)
+{
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_SIZE"))
+        return 1;
+    if (MPI_Init(argc, argv) != MPI_SUCCESS)
+        return 1;
+    g_on = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    return g_size;
+}
+
+void cli_mpi_end(void)
+{
+    if (g_on)
+        MPI_Finalize();
+    g_on = 0;
+}
+
+int cli_mpi_rank(void) { return g_rank; }
+int cli_mpi_size(void) { return g_size; }
+
+void cli_mpi_bcast(void *buf, size_t n, int root)
+{
+    if (g_size > 1)
+        MPI_Bcast(buf, (int)n, MPI_BYTE, root, MPI_COMM_WORLD);
+}
+
+void cli_mpi_sum(double *v, int n)
+{
+    if (g_size > 1)
+        MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+}
+
+int cli_mpi_min_rank(double v)
+{
+    struct {
+        double v;
+        int rank;
+    } in = {v, g_rank}, out = in;
+    if (g_size > 1)
+        MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MINLOC, MPI_COMM_WORLD);
+    return out.rank;
+}
+
+int cli_mpi_failed(int failed, stz_err *err)
+{
+    if (g_size < 2)
+        return failed;
+    int first = failed ? g_rank : g_size, who;
+    MPI_Allreduce(&first, &who, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (who == g_size)
+        return 0;
+    MPI_Bcast(err, (int)sizeof *err, MPI_BYTE, who, MPI_COMM_WORLD);
+    return 1;
+}
+#else
+int cli_mpi_start(int *argc, char ***argv) { return (void)argc, (void)argv, 1; }
+void cli_mpi_end(void) {}
+int cli_mpi_rank(void) { return 0; }
+int cli_mpi_size(void) { return 1; }
+void cli_mpi_bcast(void *buf, size_t n, int root) { (void)buf, (void)n, (void)root; }
+void cli_mpi_sum(double *v, int n) { (void)v, (void)n; }
+int cli_mpi_min_rank(double v) { return (void)v, 0; }
+int cli_mpi_failed(int failed, stz_err *err) { return (void)err, failed; }
+#endif
+
+int cli_mpi_owner(const double *sizes, size_t n, size_t i)
+{
+    /* largest first, each to the least loaded rank (ties: the lowest) */
+    int ranks = cli_mpi_size();
+    double *load = calloc((size_t)ranks, sizeof *load);
+    size_t *order = malloc((n + 1) * sizeof *order);
+    int owner = 0;
+    if (!load || !order) {
+        free(load), free(order);
+        return (int)(i % (size_t)ranks);
+    }
+    for (size_t k = 0; k < n; k++)
+        order[k] = k;
+    for (size_t a = 1; a < n; a++) /* insertion sort, stable: shards are few */
+        for (size_t b = a; b > 0 && sizes[order[b]] > sizes[order[b - 1]]; b--) {
+            size_t t = order[b];
+            order[b] = order[b - 1], order[b - 1] = t;
+        }
+    for (size_t k = 0; k < n; k++) {
+        int best = 0;
+        for (int r = 1; r < ranks; r++)
+            best = load[r] < load[best] ? r : best;
+        load[best] += sizes[order[k]];
+        if (order[k] == i)
+            owner = best;
+    }
+    free(load), free(order);
+    return owner;
+}
