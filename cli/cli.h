@@ -157,8 +157,8 @@ typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, 
  * copied byte for byte), copies the other files. Up to `threads` shards are
  * converted at once, each given threads / that many threads (convert must
  * then be safe to run concurrently) and quiet when more than one runs.
- * Under MPI every rank runs it: each converts its own whole shards
- * (cli_mpi_owner) into the directory rank 0 made, rank 0 writes the index
+ * Under MPI every rank runs it: each claims whole shards, largest first,
+ * and converts them into the directory rank 0 made, rank 0 writes the index
  * and the rest; a failure on any rank fails all, reported by rank 0.
  * Returns a CLI exit status (other ranks print nothing). */
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
@@ -177,8 +177,8 @@ void cli_mpi_sum(double *v, int n); /* in place, over every rank */
 int cli_mpi_min_rank(double v);     /* the rank holding the smallest v */
 /* 1 if any rank failed; err becomes the lowest failing rank's error. */
 int cli_mpi_failed(int failed, stz_err *err);
-/* The rank converting shard i of n: largest first, each to the least
- * loaded rank, so the same on every rank. */
+/* The rank that takes file i of n (of the given sizes) when the shares are
+ * fixed in advance: largest first, each to the least loaded rank. */
 int cli_mpi_owner(const double *sizes, size_t n, size_t i);
 
 /* Removes a directory and everything below it. */
