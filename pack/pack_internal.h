@@ -64,4 +64,47 @@ uint64_t stz_pack_digest(uint64_t header_hash, const uint64_t *chunk_hashes, siz
 /* Order-0 entropy of n bytes in bits per byte. */
 double stz_entropy8(const uint8_t *src, size_t n, uint64_t hist[256]);
 
+/* ---- reading containers: shared by pack_container.c (opening, checking),
+ * pack_read.c (decoding, unpacking, tensors, random access) and
+ * pack_stream.c (from a pipe) ---- */
+
+struct stz_container {
+    char *path;
+    int fd;
+    uint64_t size;
+    uint32_t chunk_size;
+    uint64_t orig_size;
+    uint64_t whole_hash;
+    uint8_t *header_img; /* original 8 + N header bytes */
+    size_t header_len;
+    stz_reader *hdr;
+    stz_chunk_info *chunks;
+    size_t n;
+    struct dec_buf_ *cache; /* stz_container_data_reader: `threads` buffers; the first holds the last chunk decoded */
+    size_t cached;          /* its number; n when none */
+    int threads;            /* stz_container_data_reader: decoding threads */
+    int pool_n;             /* buffers in cache */
+    /* read from a pipe (stz_unpack_stream): bytes come in order; the index
+     * and trailer are held in `tail` once the records are read */
+    int stream;
+    uint64_t spos;          /* bytes read so far */
+    uint8_t *tail;
+    uint64_t tail_off;
+};
+
+typedef struct dec_buf_ {
+    uint8_t *rec, *planes, *raw;
+    ZSTD_DCtx *d;
+} dec_buf;
+
+stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err);
+void stz_ct_dec_buf_free(dec_buf *b);
+stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
+stz_status stz_ct_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
+stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err);
+stz_status stz_ct_read_index(stz_container *c, uint64_t head_end, stz_err *err);
+stz_status stz_ct_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
+                               stz_err *err);
+stz_status stz_ct_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err);
+
 #endif

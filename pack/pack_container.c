@@ -1,0 +1,306 @@
+/* Opening containers: the file header, the original SafeTensors header, the
+ * index and trailer, all checked; chunk records' plane tables. */
+#include "pack_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err)
+{
+    b->rec = malloc(stz_record_bound(chunk_size));
+    b->planes = malloc(stz_planes_bound(chunk_size));
+    b->raw = malloc(chunk_size);
+    b->d = ZSTD_createDCtx();
+    return b->rec && b->planes && b->raw && b->d ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for chunk buffers");
+}
+
+void stz_ct_dec_buf_free(dec_buf *b)
+{
+    free(b->rec), free(b->planes), free(b->raw);
+    ZSTD_freeDCtx(b->d);
+}
+
+/* From a pipe: skips forward to off, then reads n bytes; or from the held tail. */
+stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
+{
+    if (c->tail && off >= c->tail_off && off - c->tail_off <= c->size - c->tail_off &&
+        n <= c->size - off) {
+        memcpy(dst, c->tail + (off - c->tail_off), n);
+        return STZ_OK;
+    }
+    if (off < c->spos)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s at offset %llu lies behind what was read (%llu)", c->path, what,
+                           (unsigned long long)off, (unsigned long long)c->spos);
+    uint8_t skip[4096];
+    while (c->spos < off || n) {
+        uint8_t *to = c->spos < off ? skip : dst;
+        size_t want = c->spos < off ? (size_t)(off - c->spos < sizeof skip ? off - c->spos : sizeof skip) : n;
+        ssize_t k = read(c->fd, to, want);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return stz_err_set(err, k ? STZ_E_IO : STZ_E_TRUNCATED, "%s: cannot read %s: %s", c->path, what,
+                               k ? strerror(errno) : "the stream ended early");
+        c->spos += (uint64_t)k;
+        if (to == dst)
+            dst = (uint8_t *)dst + k, n -= (size_t)k;
+    }
+    return STZ_OK;
+}
+
+stz_status stz_ct_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
+{
+    if (c->stream) /* one reader, in order */
+        return stz_ct_sread((stz_container *)c, off, dst, n, what, err);
+    if (off > c->size || n > c->size - off)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: %s at offset %llu (%zu bytes) is past the end of the file", c->path,
+                           what, (unsigned long long)off, n);
+    int e = stz_pread_full(c->fd, dst, n, off);
+    if (e)
+        return stz_err_set(err, e < 0 ? STZ_E_TRUNCATED : STZ_E_IO, "%s: cannot read %s: %s", c->path, what,
+                           e < 0 ? "file shrank" : strerror(e));
+    return STZ_OK;
+}
+
+int stz_is_container(const char *path)
+{
+    int fd;
+    uint64_t size;
+    uint8_t m[8];
+    stz_err ignored;
+    int yes = stz_open_regular(path, &fd, &size, &ignored) == STZ_OK && stz_pread_full(fd, m, 8, 0) == 0 &&
+              memcmp(m, STZ_MAGIC, 8) == 0;
+    if (fd >= 0)
+        close(fd);
+    return yes;
+}
+
+/* 1 if n bytes at p are all zero: reserved fields must be, so that a later
+ * version can give them a meaning that older readers refuse. */
+static int zeros(const uint8_t *p, size_t n)
+{
+    while (n && !*p)
+        p++, n--;
+    return n == 0;
+}
+
+#define BAD(code, ...) do { st = stz_err_set(err, code, __VA_ARGS__); goto cleanup; } while (0)
+
+stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
+{
+    uint8_t fh[FILE_HEADER_SIZE];
+    uint8_t *z = NULL;
+    stz_status st;
+    const char *P = c->path;
+    if (c->size < FILE_HEADER_SIZE + TRAILER_SIZE)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: %llu bytes is too short for a container", P,
+                           (unsigned long long)c->size);
+    if ((st = stz_ct_cread(c, 0, fh, sizeof fh, "file header", err)))
+        return st;
+    if (memcmp(fh, STZ_MAGIC, 8) != 0)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: not an stz container (bad magic)", P);
+    if (stz_le64(fh + 56) != XXH3_64bits(fh, 56))
+        return stz_err_set(err, STZ_E_CHECKSUM, "%s: file header checksum mismatch", P);
+    if (stz_le16(fh + 8) != STZ_PACK_FORMAT_VERSION)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: container format version %u (this stz reads %u)", P,
+                           stz_le16(fh + 8), STZ_PACK_FORMAT_VERSION);
+    if (!zeros(fh + 10, 2) || !zeros(fh + 41, 7))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: reserved bytes of the file header are not zero", P);
+    c->chunk_size = stz_le32(fh + 12);
+    c->orig_size = stz_le64(fh + 16);
+    uint64_t hlen = stz_le64(fh + 24), stored = stz_le64(fh + 32);
+    unsigned codec = fh[40];
+    if (c->chunk_size < STZ_PACK_MIN_CHUNK || c->chunk_size > STZ_PACK_MAX_CHUNK || c->chunk_size % 8)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk size %u out of range", P, c->chunk_size);
+    if (hlen < 8 || hlen > 8 + (uint64_t)STZ_ST_MAX_HEADER || hlen > c->orig_size)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: original header length %llu out of range", P,
+                           (unsigned long long)hlen);
+    /* stz pack stores the header compressed only when that is smaller: never more than hlen bytes */
+    if (stored > c->size - FILE_HEADER_SIZE - TRAILER_SIZE || stored > hlen || (codec == HEADER_CODEC_RAW && stored != hlen) ||
+        (codec != HEADER_CODEC_RAW && codec != HEADER_CODEC_ZSTD))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: header section (codec %u, %llu bytes) is invalid", P, codec,
+                           (unsigned long long)stored);
+    c->header_len = (size_t)hlen;
+    c->header_img = malloc(c->header_len);
+    z = malloc((size_t)stored + 1);
+    if (!c->header_img || !z)
+        BAD(STZ_E_NOMEM, "%s: out of memory for the header", P);
+    if ((st = stz_ct_cread(c, FILE_HEADER_SIZE, z, (size_t)stored, "header section", err)))
+        goto cleanup;
+    if (codec == HEADER_CODEC_RAW) {
+        memcpy(c->header_img, z, c->header_len);
+    } else {
+        ZSTD_DCtx *d = ZSTD_createDCtx();
+        stz_err sub;
+        st = d ? stz_plane_decode(d, STZ_CODEC_ZSTD, z, (size_t)stored, c->header_img, c->header_len, &sub)
+               : stz_err_set(&sub, STZ_E_NOMEM, "out of memory");
+        ZSTD_freeDCtx(d);
+        if (st)
+            BAD(st, "%s: header section: %s", P, sub.msg);
+    }
+    if (XXH3_64bits(c->header_img, c->header_len) != stz_le64(fh + 48))
+        BAD(STZ_E_CHECKSUM, "%s: original header checksum mismatch", P);
+    if ((st = stz_reader_open_header(&c->hdr, c->header_img, c->header_len, c->orig_size, P, err)))
+        goto cleanup;
+    *head_end = FILE_HEADER_SIZE + stored;
+cleanup:
+    free(z);
+    return st;
+}
+
+stz_status stz_ct_read_index(stz_container *c, uint64_t head_end, stz_err *err)
+{
+    uint8_t tr[TRAILER_SIZE], *ix = NULL;
+    const char *P = c->path;
+    stz_status st;
+    if ((st = stz_ct_cread(c, c->size - TRAILER_SIZE, tr, TRAILER_SIZE, "trailer", err)))
+        return st;
+    if (memcmp(tr + 32, STZ_END_MAGIC, 8) != 0)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: no end marker: the file is truncated or not a container", P);
+    uint64_t ioff = stz_le64(tr), isize = stz_le64(tr + 8);
+    c->whole_hash = stz_le64(tr + 24);
+    if (ioff < head_end || isize < INDEX_HEAD_SIZE || ioff + isize != c->size - TRAILER_SIZE ||
+        (isize - INDEX_HEAD_SIZE) % INDEX_ENTRY_SIZE)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: index at %llu (%llu bytes) does not fit the file", P,
+                           (unsigned long long)ioff, (unsigned long long)isize);
+    ix = malloc((size_t)isize);
+    if (!ix)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the index", P);
+    if ((st = stz_ct_cread(c, ioff, ix, (size_t)isize, "index", err)))
+        goto cleanup;
+    if (XXH3_64bits(ix, (size_t)isize) != stz_le64(tr + 16))
+        BAD(STZ_E_CHECKSUM, "%s: index checksum mismatch", P);
+    c->n = (size_t)((isize - INDEX_HEAD_SIZE) / INDEX_ENTRY_SIZE);
+    if (memcmp(ix, "STZI", 4) != 0 || !zeros(ix + 4, 4) || stz_le64(ix + 8) != c->n)
+        BAD(STZ_E_FORMAT, "%s: index header is invalid", P);
+    c->chunks = calloc(c->n + 1, sizeof *c->chunks);
+    if (!c->chunks)
+        BAD(STZ_E_NOMEM, "%s: out of memory for %zu chunks", P, c->n);
+    /* Chunks must tile the data section and the record area exactly, in
+     * order, each inside its own tensor. */
+    uint64_t data = stz_reader_data_offset(c->hdr), expect_data = 0, expect_file = head_end;
+    uint64_t rec_max = stz_record_bound(c->chunk_size);
+    size_t nt = stz_reader_count(c->hdr);
+    for (size_t i = 0; i < c->n; i++) {
+        const uint8_t *e = ix + INDEX_HEAD_SIZE + i * INDEX_ENTRY_SIZE;
+        stz_chunk_info *ch = &c->chunks[i];
+        ch->data_offset = stz_le64(e);
+        ch->file_offset = stz_le64(e + 8);
+        ch->record_size = stz_le32(e + 16);
+        ch->raw_size = stz_le32(e + 20);
+        ch->tensor = stz_le32(e + 24);
+        const stz_tensor *t = ch->tensor < nt ? stz_reader_tensor(c->hdr, ch->tensor) : NULL;
+        if (ch->data_offset != expect_data || ch->file_offset != expect_file || !ch->raw_size ||
+            ch->raw_size > c->chunk_size || ch->record_size < RECORD_HEAD_SIZE || ch->record_size > rec_max || !t ||
+            ch->data_offset < t->begin || ch->data_offset + ch->raw_size > t->end || !zeros(e + 28, 4))
+            BAD(STZ_E_FORMAT, "%s: index entry %zu is inconsistent (data offset %llu, record at %llu)", P, i,
+                (unsigned long long)ch->data_offset, (unsigned long long)ch->file_offset);
+        expect_data += ch->raw_size;
+        expect_file += ch->record_size;
+    }
+    if (expect_data != c->orig_size - data || expect_file != ioff)
+        BAD(STZ_E_FORMAT, "%s: chunks cover %llu of %llu data bytes", P, (unsigned long long)expect_data,
+            (unsigned long long)(c->orig_size - data));
+cleanup:
+    free(ix);
+    return st;
+}
+
+stz_status stz_container_open(stz_container **out, const char *path, stz_err *err)
+{
+    *out = NULL;
+    stz_container *c = calloc(1, sizeof *c);
+    if (!c || !(c->path = strdup(path))) {
+        free(c);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
+    }
+    uint64_t head_end = 0;
+    stz_status st = stz_open_regular(path, &c->fd, &c->size, err);
+    if (!st && !(st = stz_ct_read_head(c, &head_end, err)))
+        st = stz_ct_read_index(c, head_end, err);
+    if (st) {
+        stz_container_free(c);
+        return st;
+    }
+    *out = c;
+    return STZ_OK;
+}
+
+void stz_container_free(stz_container *c)
+{
+    if (!c)
+        return;
+    if (c->fd >= 0)
+        close(c->fd);
+    stz_reader_free(c->hdr);
+    for (int t = 0; c->cache && t < c->pool_n; t++)
+        stz_ct_dec_buf_free(&c->cache[t]);
+    free(c->cache);
+    free(c->header_img);
+    free(c->chunks);
+    free(c->tail);
+    free(c->path);
+    free(c);
+}
+
+const stz_reader *stz_container_header(const stz_container *c) { return c->hdr; }
+uint64_t stz_container_file_size(const stz_container *c) { return c->size; }
+uint64_t stz_container_original_size(const stz_container *c) { return c->orig_size; }
+uint32_t stz_container_chunk_size(const stz_container *c) { return c->chunk_size; }
+size_t stz_container_chunk_count(const stz_container *c) { return c->n; }
+const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i) { return i < c->n ? &c->chunks[i] : NULL; }
+
+/* Parses and checks a record head already in rec (record_size bytes). */
+stz_status stz_ct_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
+                               stz_err *err)
+{
+    const stz_chunk_info *ch = &c->chunks[i];
+    const char *name = stz_reader_tensor(c->hdr, ch->tensor)->name;
+    if (memcmp(rec, "STZC", 4) != 0)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): bad record magic", c->path, i, name);
+    pl->xform = (stz_xform)rec[4];
+    pl->nplanes = rec[5];
+    unsigned w = stz_xform_width(pl->xform);
+    if (!w || (unsigned)pl->nplanes != stz_xform_planes(pl->xform) || stz_le32(rec + 8) != ch->raw_size ||
+        ch->raw_size % w || !zeros(rec + 6, 2) || !zeros(rec + 12, 4))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): invalid transform or size", c->path, i,
+                           name);
+    uint64_t total = RECORD_HEAD_SIZE + (uint64_t)pl->nplanes * PLANE_HEAD_SIZE;
+    for (int k = 0; k < pl->nplanes; k++) {
+        const uint8_t *ph = rec + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
+        pl->codec[k] = (stz_codec)ph[0];
+        pl->stored[k] = stz_le32(ph + 4);
+        pl->raw[k] = ch->raw_size / w;
+        total += pl->stored[k];
+        if (pl->codec[k] >= STZ_CODEC_COUNT || !zeros(ph + 1, 3))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): unknown codec %u or reserved bytes set",
+                               c->path, i, name, ph[0]);
+    }
+    if (total != ch->record_size)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): planes hold %llu bytes, record %u",
+                           c->path, i, name, (unsigned long long)total, ch->record_size);
+    return STZ_OK;
+}
+
+stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_planes *out, stz_err *err)
+{
+    if (i >= c->n)
+        return stz_err_set(err, STZ_E_ARG, "chunk %zu out of range", i);
+    uint8_t head[RECORD_HEAD_SIZE + STZ_MAX_PLANES * PLANE_HEAD_SIZE];
+    const stz_chunk_info *ch = &c->chunks[i];
+    size_t n = ch->record_size < sizeof head ? ch->record_size : sizeof head;
+    stz_status st = stz_ct_cread(c, ch->file_offset, head, n, "chunk record", err);
+    if (st)
+        return st;
+    /* parse_record compares sizes against the whole record; only the head
+     * is needed, so check it against a copy of the entry. */
+    if (n < RECORD_HEAD_SIZE + (size_t)head[5] * PLANE_HEAD_SIZE || head[5] > STZ_MAX_PLANES)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: record head too short", c->path, i);
+    return stz_ct_parse_record(c, i, head, out, err);
+}

@@ -1,0 +1,130 @@
+/* Reading a container from a pipe, in order (stz_unpack_stream). */
+#include "pack_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+/* ---- from a pipe ---------------------------------------------------------- */
+
+/* Reads chunk i's record as it comes (its head says how long it is) and
+ * decodes it into b->raw, checked; c->chunks[i] has its place. */
+static stz_status stream_record(stz_container *c, size_t i, dec_buf *b, stz_err *err)
+{
+    stz_chunk_info *ch = &c->chunks[i];
+    size_t hl = RECORD_HEAD_SIZE;
+    stz_status st = stz_ct_sread(c, c->spos, b->rec, hl, "chunk record", err);
+    if (st)
+        return st;
+    unsigned np = b->rec[5];
+    if (np > STZ_MAX_PLANES)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: %u planes", c->path, i, np);
+    if ((st = stz_ct_sread(c, c->spos, b->rec + hl, np * PLANE_HEAD_SIZE, "chunk record", err)))
+        return st;
+    uint64_t total = hl + np * PLANE_HEAD_SIZE;
+    for (unsigned k = 0; k < np; k++)
+        total += stz_le32(b->rec + hl + k * PLANE_HEAD_SIZE + 4);
+    if (total > stz_record_bound(c->chunk_size))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: a record of %llu bytes", c->path, i,
+                           (unsigned long long)total);
+    ch->record_size = (uint32_t)total;
+    hl += np * PLANE_HEAD_SIZE;
+    st = stz_ct_sread(c, c->spos, b->rec + hl, (size_t)total - hl, "chunk record", err);
+    return st ? st : stz_ct_decode_record(c, i, b, err);
+}
+
+stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err)
+{
+    stz_container *c = calloc(1, sizeof *c);
+    if (!c || !(c->path = strdup(label))) {
+        free(c);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    }
+    c->fd = fd, c->stream = 1, c->size = UINT64_MAX;
+    stz_outfile of = STZ_OUTFILE_INIT;
+    dec_buf b = {0};
+    stz_chunk_info *seen = NULL;
+    uint64_t *hashes = NULL, head_end = 0, done = 0;
+    size_t n = 0, cap = 0;
+    stz_status st = stz_ct_read_head(c, &head_end, err);
+    if (!st)
+        st = stz_ct_dec_buf_init(&b, c->chunk_size, err);
+    if (!st && out) {
+        if (!strcmp(out, "-"))
+            stz_outfile_stdout(&of);
+        else if (!(st = stz_outfile_open(&of, out, p->write_flags & STZ_WRITE_FORCE, err)))
+            st = stz_check_space(&of, c->orig_size, "unpacking standard input", err);
+        if (!st)
+            st = stz_outfile_write(&of, c->header_img, c->header_len, err);
+    }
+    /* the chunks follow from the header: every tensor cut at the chunk size, in data order; the list
+     * grows as records come, so a header declaring a huge model costs nothing until its bytes do */
+    for (size_t t = 0; !st && t < stz_reader_count(c->hdr); t++) {
+        const stz_tensor *x = stz_reader_tensor(c->hdr, t);
+        for (uint64_t off = x->begin; !st && off < x->end; off += c->chunk_size, n++) {
+            if (n == cap) {
+                stz_chunk_info *g = realloc(seen, (cap = cap ? 2 * cap : 64) * sizeof *g);
+                uint64_t *h = realloc(hashes, cap * sizeof *h);
+                seen = g ? g : seen, hashes = h ? h : hashes;
+                if (!g || !h) {
+                    st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
+                    break;
+                }
+            }
+            seen[n] = (stz_chunk_info){.tensor = (uint32_t)t, .data_offset = off, .file_offset = c->spos,
+                                       .raw_size = (uint32_t)(x->end - off < c->chunk_size ? x->end - off
+                                                                                            : c->chunk_size)};
+            c->chunks = seen, c->n = n + 1;
+            if ((st = stream_record(c, n, &b, err)) ||
+                (out && (st = stz_outfile_write(&of, b.raw, seen[n].raw_size, err))))
+                break;
+            hashes[n] = stz_le64(b.rec + 16);
+            done += seen[n].raw_size;
+            if (p->progress && p->progress(p->progress_user, done, c->orig_size - c->header_len))
+                st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        }
+    }
+    /* then the index and the trailer, checked as in a file, and against what came */
+    if (!st) {
+        size_t tl = INDEX_HEAD_SIZE + n * INDEX_ENTRY_SIZE + TRAILER_SIZE;
+        uint8_t *tail = malloc(tl);
+        c->tail_off = c->spos;
+        if (!tail)
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        else if ((st = stz_ct_sread(c, c->spos, tail, tl, "index and trailer", err)))
+            free(tail);
+        else {
+            c->tail = tail, c->size = c->tail_off + tl; /* cread serves the index and trailer from here */
+            c->chunks = NULL; /* read_index rebuilds them from the index */
+            st = stz_ct_read_index(c, head_end, err);
+            for (size_t i = 0; !st && i < n; i++) {
+                const stz_chunk_info *a = &c->chunks[i], *z = &seen[i];
+                if (a->file_offset != z->file_offset || a->record_size != z->record_size ||
+                    a->data_offset != z->data_offset || a->raw_size != z->raw_size || a->tensor != z->tensor)
+                    st = stz_err_set(err, STZ_E_FORMAT, "%s: index entry %zu does not match the record that came",
+                                     label, i);
+            }
+            free(c->chunks);
+        }
+    }
+    c->chunks = seen;
+    uint8_t extra;
+    if (!st && read(fd, &extra, 1) > 0)
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: bytes after the container's end", label);
+    if (!st && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), hashes, n) != c->whole_hash)
+        st = stz_err_set(err, STZ_E_CHECKSUM, "%s: whole-file checksum mismatch", label);
+    if (!st && out)
+        st = stz_outfile_commit(&of, err);
+    if (!of.path)
+        of.fd = -1; /* standard output stays open */
+    stz_outfile_abort(&of);
+    stz_ct_dec_buf_free(&b);
+    free(hashes);
+    c->fd = -1; /* the caller's */
+    stz_container_free(c);
+    return st;
+}
