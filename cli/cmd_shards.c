@@ -326,12 +326,12 @@ static void names_free(shard_names *s)
 /* The tensors of a SafeTensors file or of the one a container holds. */
 static stz_status names_of(const char *file, shard_names *s, stz_err *err)
 {
-    stz_reader *own = NULL;
-    stz_container *c = NULL;
-    stz_status st = stz_is_container(file) ? stz_container_open(&c, file, err) : stz_reader_open(&own, file, err);
+    stz_reader *own;
+    stz_container *c;
+    const stz_reader *r;
+    stz_status st = open_names(file, &own, &c, &r, err);
     if (st)
         return st;
-    const stz_reader *r = c ? stz_container_header(c) : own;
     s->names = calloc(stz_reader_count(r) + 1, sizeof *s->names);
     for (size_t i = 0; s->names && i < stz_reader_count(r); i++, s->n++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
