@@ -132,7 +132,8 @@ static void *shard_worker(void *arg)
             if (!w->failed)
                 w->failed = 1, w->err = err;
             pthread_mutex_unlock(&w->lock);
-            if (w->claim && cli_pjoin(p, sizeof p, w->tmpdir, FAILED_MARK) == 0) /* the other ranks stop taking shards */
+            /* the other ranks stop taking shards */
+            if (w->claim && cli_pjoin(p, sizeof p, w->tmpdir, FAILED_MARK) == 0)
                 close(open(p, O_WRONLY | O_CREAT, 0600));
         }
     }
