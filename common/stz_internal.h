@@ -155,8 +155,6 @@ struct stz_container;
 stz_status stz_container_tensor_map(struct stz_container *c, const char *name, int threads, stz_chunk_sink sink,
                                     void *user, stz_err *err);
 
-#endif /* STZ_INTERNAL_H */
-
 /* ---- ordered parallel pipeline --------------------------------------- */
 
 /*
@@ -183,3 +181,5 @@ typedef struct stz_pipeline {
 } stz_pipeline;
 
 stz_status stz_pipeline_run(stz_pipeline *p, stz_err *err);
+
+#endif /* STZ_INTERNAL_H */

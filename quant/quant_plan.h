@@ -1,0 +1,38 @@
+/* The quantizing writer's per-tensor plan, shared by quant_file.c (block
+ * quantization, the file) and quant_svd_file.c (SVD factors). Not installed. */
+#ifndef STZ_QUANT_PLAN_H
+#define STZ_QUANT_PLAN_H
+
+#include "stz_internal.h"
+#include "stz_quant.h"
+#include "stz_safetensors.h"
+#include "quant_tensor.h"
+
+typedef struct {
+    stz_decision d;
+    int bits;            /* 0 kept, 8, 4 */
+    uint64_t rows, cols; /* cols = last dimension (whole tensor for 1-D) */
+    uint64_t nblocks;    /* per row */
+    char *scales_name;   /* NULL: single scale, in metadata */
+    char *mins_name;     /* asym: NAME.mins (NULL: single block) */
+    float scalar, scalar_min; /* the single scale (and minimum) */
+    stz_qformat fmt;     /* bits, method, block, scales (and base, levels) */
+    int legacy;          /* 8 or 4 bits, absmax or mse, F16/F32 scales: the first kernels, byte for byte */
+    /* svd: INT8 factors, made before the header is written */
+    int svd;
+    size_t rank;
+    double rel_error;          /* of the factorisation, before quantization */
+    int8_t *Uq, *Sq, *Vq;      /* m x r, r, r x n */
+    float *Us, *Vs, s_scale;   /* per-row scales of U and Vh; S's one scale */
+    char *fname[5];            /* NAME.U, .U.scales, .S, .Vh, .Vh.scales */
+    double cosine;             /* of the dequantized tensor, measured while quantizing */
+} plan_t;
+
+size_t stz_qw_first_nonfinite(const float *x, size_t n);
+void stz_qw_plan_format(plan_t *x);
+stz_status stz_qw_svd_prepare(const stz_quant_params *p, const stz_reader *r, const stz_tensor *t, plan_t *x,
+                              stz_err *err);
+stz_status stz_qw_declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *x, stz_err *err);
+stz_status stz_qw_write_svd(stz_writer *w, const plan_t *x, uint8_t *buf, stz_err *err);
+
+#endif /* STZ_QUANT_PLAN_H */
