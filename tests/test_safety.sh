@@ -233,6 +233,13 @@ if mount -t tmpfs -o size=1m tmpfs "$T/small" 2>/dev/null; then
     expect_rc 1 "4 MiB into 1 MiB" "$STZ" unpack "$T/zeros.stz" -o "$T/small/z.safetensors"
     has "$T/err" "not enough free space: unpacking .*zeros.stz needs 41943[0-9]* bytes" "names both and the need"
     [ -z "$(ls -A "$T/small")" ] && ok || bad "nothing left on the small disk"
+    # streaming compress runs out of space part way (the container's size is not known ahead): an error, nothing left
+    python3 -c "import struct,sys,random; random.seed(1); t=b'{\"w\":{\"dtype\":\"F32\",\"shape\":[2048,1024],\"data_offsets\":[0,8388608]}}'; sys.stdout.buffer.write(struct.pack('<Q',len(t))+t+struct.pack('<2097152f',*[random.gauss(0,1) for _ in range(2097152)]))" >"$T/noise.safetensors"
+    for t in 1 2; do
+        expect_rc 1 "compress into a full disk, -T $t" "$STZ" compress --int8 "$T/noise.safetensors" -o "$T/small/n.stz" -T $t
+        has "$T/err" "No space left" "says the disk is full"
+        [ -z "$(ls -A "$T/small")" ] && ok || bad "compress left something on the full disk"
+    done
     umount "$T/small"
 else
     echo "skip: cannot mount a small tmpfs (not root); tests/test_safetensors covers stz_check_space"
