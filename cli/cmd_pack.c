@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 static const char pack_help[] =
-    "usage: stz pack IN.safetensors [-o OUT.stz] [options]\n\n"
+    "usage: stz pack IN.safetensors [-o OUT.stz] [options]\n"
+    "       stz pack - (-o OUT.stz | -c) [options]\n\n"
     "Packs a SafeTensors file losslessly: 'stz unpack' gives back the same bytes.\n"
-    "Output defaults to IN.stz.\n\n"
+    "Output defaults to IN.stz. IN - reads the file from standard input, in\n"
+    "order (the header first, checked as it arrives): the same container.\n\n"
     "  -o, --output FILE     where to write; - for standard output\n"
     "  -c, --stdout          write to standard output (as -o -): the records in\n"
     "                        order, the index last (not to a terminal; the summary\n"
@@ -127,9 +129,11 @@ int cmd_pack(int argc, char **argv)
     if (optind != argc - 1)
         return cli_usage_error("pack", "expected one input file");
     const char *in = argv[optind];
-    if (!strcmp(in, "-"))
-        return cli_usage_error("pack", "stz pack reads its input at tensor offsets: give a file, not standard "
-                                       "input (its output may be standard output: -c)");
+    int from_stdin = !strcmp(in, "-");
+    if (from_stdin && isatty(STDIN_FILENO))
+        return cli_usage_error("pack", "standard input is a terminal: pipe a SafeTensors file into it");
+    if (from_stdin && !o.c.out)
+        return cli_usage_error("pack", "give -o FILE or -c for what is read from standard input");
     int to_stdout = o.c.out && !strcmp(o.c.out, "-");
     if (to_stdout && isatty(STDOUT_FILENO))
         return cli_usage_error("pack", "standard output is a terminal: redirect it, or give -o FILE");
@@ -147,7 +151,8 @@ int cmd_pack(int argc, char **argv)
     p.progress_user = &prog;
     stz_pack_stats st;
     stz_err err;
-    stz_status s = stz_pack_file(&p, in, out, &st, &err);
+    stz_status s = from_stdin ? stz_pack_stream(&p, STDIN_FILENO, "standard input", out, &st, &err)
+                              : stz_pack_file(&p, in, out, &st, &err);
     cli_progress_end(&prog);
     if (s) {
         free(out);
@@ -157,11 +162,12 @@ int cmd_pack(int argc, char **argv)
     if (o.c.json) {
         printf("{\"input\": \"%s\", \"output\": \"%s\", \"in_bytes\": %llu, \"out_bytes\": %llu, \"ratio\": %.4f, "
                "\"chunks\": %llu, \"seconds\": %.3f}\n",
-               in, out, (unsigned long long)st.in_bytes, (unsigned long long)st.out_bytes, ratio,
-               (unsigned long long)st.chunks, secs);
+               from_stdin ? "standard input" : in, out, (unsigned long long)st.in_bytes,
+               (unsigned long long)st.out_bytes, ratio, (unsigned long long)st.chunks, secs);
     } else if (!o.c.quiet) {
         char a[32], b[32], r[32];
-        fprintf(to_stdout ? stderr : stdout, "%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n", in,
+        fprintf(to_stdout ? stderr : stdout, "%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n",
+                from_stdin ? "standard input" : in,
                 to_stdout ? "standard output" : out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio,
                 secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
     }

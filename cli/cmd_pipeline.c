@@ -158,16 +158,17 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     snprintf(label, sizeof label, "compress %.40s", shard);
     cli_progress_init(&prog, label, quiet);
     stz_pack_stats ps;
+    stz_quant_stats qs = {0};
     if (o->lossless) {
         pp.progress = cli_progress_cb;
         pp.progress_user = &prog;
-        s = stz_pack_file(&pp, in, out, &ps, err);
+        s = strcmp(in, "-") ? stz_pack_file(&pp, in, out, &ps, err)
+                            : stz_pack_stream(&pp, STDIN_FILENO, "standard input", out, &ps, err);
     } else {
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
         qp.threads = threads;
         qp.progress = cli_progress_cb;
         qp.progress_user = &prog;
-        stz_quant_stats qs;
         if (!(s = stz_compress_file(&qp, &pp, c->pol, in, out, &qs, &ps, err))) {
             pthread_mutex_lock(&c->lock); /* shards may run at once */
             c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
@@ -183,9 +184,8 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
     cli_progress_end(&prog);
     if (s)
         return s;
-    struct stat sb;
     pthread_mutex_lock(&c->lock);
-    c->in_bytes += stat(in, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    c->in_bytes += o->lossless ? ps.in_bytes : qs.in_bytes; /* the model's bytes, not the quantized file's */
     c->out_bytes += ps.out_bytes;
     c->files++;
     pthread_mutex_unlock(&c->lock);
@@ -238,9 +238,11 @@ int cmd_compress(int argc, char **argv)
     int rc = parse("compress", compress_help, argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (!strcmp(argv[optind], "-"))
-        return cli_usage_error("compress", "stz compress reads the model at tensor offsets: give a file, not standard "
-                                           "input (its output may be standard output: -c)");
+    if (!strcmp(argv[optind], "-") && (!o.lossless || !o.c.out || isatty(STDIN_FILENO)))
+        return cli_usage_error("compress", !o.lossless ? "quantizing reads each tensor twice (its scales' range "
+                                                         "first): give a file; --lossless packs standard input"
+                                           : !o.c.out ? "give -o FILE or -c for what is read from standard input"
+                                                      : "standard input is a terminal: pipe a SafeTensors file into it");
     if (cli_policy_given(&o.po) == o.lossless)
         return cli_usage_error("compress", o.lossless ? "--lossless takes no policy options"
                                                       : "give one of --policy P, --int8, --int4, --set, --lossless");
@@ -310,9 +312,9 @@ int cmd_compress(int argc, char **argv)
         rc = cli_print_json(d);
     } else if (!o.c.quiet) {
         char a[32], b[32];
-        printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", in, out, cli_commas(a, c.in_bytes),
-               cli_commas(b, c.out_bytes), ratio, secs, o.lossless ? "lossless, bit-exact" : o.po.policy ? o.po.policy : "custom",
-               sharded ? ", sharded" : "");
+        printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", strcmp(in, "-") ? in : "standard input", out,
+               cli_commas(a, c.in_bytes), cli_commas(b, c.out_bytes), ratio, secs,
+               o.lossless ? "lossless, bit-exact" : o.po.policy ? o.po.policy : "custom", sharded ? ", sharded" : "");
         if (!o.lossless)
             printf("%zu of %zu tensors quantized (%.1f%% of parameters)\n", c.qs.quantized, c.qs.tensors,
                    c.qs.params ? 100.0 * (double)c.qs.params_quantized / (double)c.qs.params : 0);

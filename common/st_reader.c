@@ -19,6 +19,7 @@ struct stz_reader {
     const uint8_t *mem;     /* memory image, not owned */
     uint64_t mem_size;      /* bytes available at mem (<= file_size) */
     uint64_t file_size;
+    int size_from_header;   /* stz_reader_open_header(file_size 0): the size the tensors need */
     uint8_t *header;        /* N header bytes (+1 NUL, not counted) */
     uint64_t header_len;
     stz_tensor *tensors;    /* file order */
@@ -340,6 +341,13 @@ static stz_status parse_header(stz_reader *r, stz_err *err)
         }
         expect = t->end;
     }
+    if (r->size_from_header) {
+        if (expect > UINT64_MAX - 8 - r->header_len) {
+            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensors need more bytes than a file can hold", P);
+            goto cleanup;
+        }
+        r->file_size = 8 + r->header_len + expect;
+    }
     uint64_t data_len = r->file_size - 8 - r->header_len;
     if (expect > data_len) {
         st = stz_err_set(err, STZ_E_TRUNCATED, "%s: tensors need %llu data bytes but the file holds %llu", P,
@@ -452,7 +460,7 @@ stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size
                                   const char *label, stz_err *err)
 {
     *out = NULL;
-    if (size > file_size)
+    if (file_size && size > file_size)
         return stz_err_set(err, STZ_E_FORMAT, "%s: header image of %zu bytes is larger than the file (%llu)",
                            label ? label : "(memory)", size, (unsigned long long)file_size);
     stz_reader *r = reader_new(label);
@@ -460,7 +468,8 @@ stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     r->mem = buf;
     r->mem_size = size;
-    r->file_size = file_size;
+    r->file_size = file_size ? file_size : UINT64_MAX;
+    r->size_from_header = !file_size;
     stz_status s = reader_init(r, err);
     if (s == STZ_OK && stz_reader_data_offset(r) != size)
         s = stz_err_set(err, STZ_E_FORMAT, "%s: header image is %zu bytes but declares %llu", r->path, size,

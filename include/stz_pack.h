@@ -51,6 +51,15 @@ typedef struct stz_pack_stats {
 stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
                          stz_err *err);
 
+/* Packs a SafeTensors file read in order from fd (a pipe: standard input),
+ * `label` naming it in messages, into `out` ("-": standard output): the
+ * same container stz_pack_file makes of that file. The header is checked
+ * when it arrives; input that ends early (STZ_E_TRUNCATED) or goes on past
+ * the last tensor (STZ_E_FORMAT) fails and leaves no output. Memory: the
+ * header and a few chunks per thread. */
+stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
+                           stz_pack_stats *stats, stz_err *err);
+
 /* Predicting a container's size (stz tune): the bytes a tensor of `dtype`
  * holding data[n] takes in a container written with p (its chunk records
  * and index entries, exactly), and the container's fixed bytes for a

@@ -67,6 +67,8 @@ stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size,
  * as if it began a file of `file_size` bytes. The data is not available:
  * reading tensor bytes gives STZ_E_BOUNDS. Used for containers that keep the
  * original header apart from the data. `buf` must outlive the reader.
+ * file_size 0: the file is as long as its tensors need (a stream whose
+ * header came first); stz_reader_file_size then gives that length.
  */
 stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size,
                                   const char *label, stz_err *err);

@@ -1,8 +1,10 @@
 /* stz_pack_file: SafeTensors -> container. */
 #include "pack_internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -565,4 +567,81 @@ void stz_pack_sink_free(stz_pack_sink *s)
     pthread_cond_destroy(&s->c.cv);
     free(s->path);
     free(s);
+}
+
+/* ---- packing a stream ----------------------------------------------------- */
+
+/* Up to n bytes from fd: fewer only at its end. */
+static stz_status read_some(int fd, const char *label, uint8_t *dst, size_t n, size_t *got, stz_err *err)
+{
+    *got = 0;
+    while (*got < n) {
+        ssize_t k = read(fd, dst + *got, n - *got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return stz_err_set(err, STZ_E_IO, "%s: read failed: %s", label, strerror(errno));
+        if (k == 0)
+            break;
+        *got += (size_t)k;
+    }
+    return STZ_OK;
+}
+
+stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
+                           stz_pack_stats *stats, stz_err *err)
+{
+    uint8_t len8[8] = {0}, *img = NULL, *buf = NULL;
+    stz_reader *r = NULL;
+    stz_pack_sink *s = NULL;
+    stz_span *spans = NULL;
+    size_t got = 0;
+    stz_status st = stz_pack_sink_open(&s, p, out, err); /* checks p first */
+    if (!st)
+        st = read_some(fd, label, len8, 8, &got, err);
+    uint64_t hlen = stz_le64(len8);
+    if (!st && got < 8)
+        st = stz_err_set(err, STZ_E_TRUNCATED, "%s: ended after %zu bytes, before the header's length", label, got);
+    else if (!st && hlen > STZ_ST_MAX_HEADER)
+        st = stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header length %llu exceeds the limit of %u bytes (not "
+                         "SafeTensors?)", label, (unsigned long long)hlen, STZ_ST_MAX_HEADER);
+    if (!st && !(img = malloc(8 + hlen)))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a %llu-byte header", (unsigned long long)hlen);
+    if (!st) {
+        memcpy(img, len8, 8);
+        if (!(st = read_some(fd, label, img + 8, hlen, &got, err)) && got < hlen)
+            st = stz_err_set(err, STZ_E_TRUNCATED, "%s: ended inside the header (%zu of %llu bytes)", label, got,
+                             (unsigned long long)hlen);
+    }
+    if (!st)
+        st = stz_reader_open_header(&r, img, 8 + hlen, 0, label, err);
+    size_t nt = r ? stz_reader_count(r) : 0;
+    if (!st && (!(spans = malloc((nt + 1) * sizeof *spans)) || !(buf = malloc(p->chunk_size))))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        spans[i] = (stz_span){t->dtype, t->begin, t->end};
+    }
+    if (!st)
+        st = s->ws.begin(s, img, 8 + hlen, spans, nt, err);
+    uint64_t total = r ? stz_reader_file_size(r) - 8 - hlen : 0, done = 0;
+    while (!st && done < total) { /* the data, in order, to the encoder */
+        size_t want = total - done < p->chunk_size ? (size_t)(total - done) : p->chunk_size;
+        if (!(st = read_some(fd, label, buf, want, &got, err)) && got < want)
+            st = stz_err_set(err, STZ_E_TRUNCATED, "%s: ended after %llu of the %llu data bytes its header declares",
+                             label, (unsigned long long)(done + got), (unsigned long long)total);
+        if (!st)
+            st = s->ws.write(s, buf, want, err);
+        done += want;
+        if (!st && p->progress && p->progress(p->progress_user, done, total))
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", label);
+    }
+    if (!st && !(st = read_some(fd, label, len8, 1, &got, err)) && got)
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: bytes after the last tensor's data (not one SafeTensors file)", label);
+    if (!st && !(st = s->ws.finish(s, err)) && stats)
+        stz_pack_sink_stats(s, stats);
+    stz_pack_sink_free(s);
+    stz_reader_free(r);
+    free(spans), free(buf), free(img);
+    return st;
 }

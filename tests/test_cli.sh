@@ -112,8 +112,22 @@ expect_rc 0 "pack -c" "$STZ" pack "$M" -c -T 2
 same "$T/out" "$T/t1.stz" "pack -c writes the same container as to a file"
 has "$T/err" "standard output" "pack -c's summary goes to standard error"
 expect_rc 2 "pack -c --json" "$STZ" pack "$M" -c --json
-expect_rc 2 "pack from standard input" "$STZ" pack - -o "$T/x.stz"
-has "$T/err" "not standard input" "pack says why it does not read pipes"
+# a SafeTensors file piped in: the same container; truncated, trailing or no input fails and leaves nothing
+expect_rc 0 "pack - -o" sh -c "\"$STZ\" pack - -o \"$T/piped.stz\" -T 2 <\"$M\""
+same "$T/piped.stz" "$T/t1.stz" "pack - gives the container pack FILE gives"
+has "$T/out" "standard input ->" "the summary names standard input"
+expect_rc 0 "pack - -c" sh -c "\"$STZ\" pack - -c -q <\"$M\""
+same "$T/out" "$T/t1.stz" "pack - -c"
+expect_rc 0 "compress --lossless - -o" sh -c "\"$STZ\" compress --lossless - -o \"$T/piped2.stz\" <\"$M\""
+same "$T/piped2.stz" "$T/t1.stz" "compress --lossless - gives pack's container"
+expect_rc 1 "pack - truncated" sh -c "head -c 20000 \"$M\" | \"$STZ\" pack - -o \"$T/x.stz\""
+has "$T/err" "ended after .* data bytes its header declares" "a truncated input says so"
+expect_rc 1 "pack - with bytes after the data" sh -c "(cat \"$M\"; echo x) | \"$STZ\" pack - -o \"$T/x.stz\""
+has "$T/err" "bytes after the last tensor" "trailing bytes named"
+expect_rc 1 "pack - of nothing" "$STZ" pack - -o "$T/x.stz"
+has "$T/err" "before the header's length" "empty input named"
+[ -e "$T/x.stz" ] && bad "a failed pack - left its output" || ok
+expect_rc 2 "pack - without an output" sh -c "\"$STZ\" pack - <\"$M\""
 [ -e "./-" ] && bad "a file named - was written" || ok
 # compress, decompress, quantize, dequantize to standard output: the bytes they write to files
 "$STZ" compress --int4 "$M" -o "$T/so4.stz" -q
@@ -150,7 +164,8 @@ expect_rc 1 "unpack - corrupt" sh -c "\"$STZ\" unpack - -c <\"$CC/payload_flip.s
 has "$T/err" "checksum mismatch" "a damaged record in a stream"
 expect_rc 2 "unpack - --tensor" sh -c "\"$STZ\" unpack - --tensor model.norm.weight -c <\"$T/t1.stz\""
 expect_rc 2 "unpack - without an output" sh -c "\"$STZ\" unpack - <\"$T/t1.stz\""
-expect_rc 2 "compress from standard input" sh -c "\"$STZ\" compress --int4 - -o \"$T/x.stz\" <\"$M\""
+expect_rc 2 "compress --int4 from standard input" sh -c "\"$STZ\" compress --int4 - -o \"$T/x.stz\" <\"$M\""
+has "$T/err" "lossless packs standard input" "compress says why quantizing needs a file"
 
 # Policies, quantization, evaluation.
 expect_rc 0 "plan --int4" "$STZ" plan --int4 "$M"
