@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,8 +134,9 @@ typedef struct {
     const popts *o;
     stz_policy *pol;
     uint64_t in_bytes, out_bytes;
-    stz_quant_stats qs;   /* summed over files: counts, min cosine, weighted numerator */
-    double wsum, wtot;
+    stz_quant_stats qs;   /* summed over files: counts, min cosine */
+    int64_t wfix;         /* sum of cosine x parameters in 1/65536: integers add up the same in any order */
+    double wtot;
     int files;
     pthread_mutex_t lock; /* the sums, when shards run at once */
 } compress_ctx;
@@ -173,7 +175,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
             pthread_mutex_lock(&c->lock); /* shards may run at once */
             c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
             c->qs.params += qs.params, c->qs.params_quantized += qs.params_quantized;
-            c->wsum += qs.weighted_cosine * (double)qs.params, c->wtot += (double)qs.params;
+            c->wfix += llround(ldexp(qs.weighted_cosine * (double)qs.params, 16)), c->wtot += (double)qs.params;
             if (qs.quantized && qs.min_cosine < c->qs.min_cosine) {
                 c->qs.min_cosine = qs.min_cosine;
                 memcpy(c->qs.worst, qs.worst, sizeof qs.worst);
@@ -195,13 +197,14 @@ static stz_status compress_one(void *user, const char *in, const char *out, char
 /* Under MPI: every rank's sums, the lowest cosine and its tensor. */
 static void mpi_gather(compress_ctx *c)
 {
-    double v[8] = {(double)c->in_bytes, (double)c->out_bytes, (double)c->files, (double)c->qs.tensors,
-                   (double)c->qs.quantized, (double)c->qs.params, (double)c->qs.params_quantized, c->wsum};
-    cli_mpi_sum(v, 8);
+    double v[9] = {(double)c->in_bytes, (double)c->out_bytes, (double)c->files, (double)c->qs.tensors,
+                   (double)c->qs.quantized, (double)c->qs.params, (double)c->qs.params_quantized,
+                   (double)(c->wfix >> 32), (double)(c->wfix & 0xffffffff)}; /* exact in doubles */
+    cli_mpi_sum(v, 9);
     cli_mpi_sum(&c->wtot, 1);
     c->in_bytes = (uint64_t)v[0], c->out_bytes = (uint64_t)v[1], c->files = (int)v[2];
     c->qs.tensors = (size_t)v[3], c->qs.quantized = (size_t)v[4], c->qs.params = (uint64_t)v[5];
-    c->qs.params_quantized = (uint64_t)v[6], c->wsum = v[7];
+    c->qs.params_quantized = (uint64_t)v[6], c->wfix = (int64_t)v[7] * ((int64_t)1 << 32) + (int64_t)v[8];
     int who = cli_mpi_min_rank(c->qs.min_cosine);
     cli_mpi_bcast(&c->qs.min_cosine, sizeof c->qs.min_cosine, who);
     cli_mpi_bcast(c->qs.worst, sizeof c->qs.worst, who);
@@ -287,7 +290,7 @@ int cmd_compress(int argc, char **argv)
         return rc;
     }
     double secs = cli_now() - t0, ratio = c.out_bytes ? (double)c.in_bytes / (double)c.out_bytes : 0;
-    double wmean = c.wtot ? c.wsum / c.wtot : 1;
+    double wmean = c.wtot ? ldexp((double)c.wfix, -16) / c.wtot : 1;
     int show_eval = !o.lossless && !o.noeval;
     if (o.c.json) {
         cJSON *d = cJSON_CreateObject();

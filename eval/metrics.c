@@ -8,7 +8,8 @@
 /* Eight independent float lanes over pieces of 256 elements (each lane
  * sums 32 products: float is exact enough there, and the loop vectorises
  * without -ffast-math), folded into the double accumulators per piece. */
-void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b, size_t n)
+__attribute__((target_clones("avx2", "default"))) void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b,
+                                                                        size_t n)
 {
     enum { L = 8, PIECE = 256 };
     for (size_t i0 = 0; i0 < n; i0 += PIECE) {

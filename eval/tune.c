@@ -554,9 +554,9 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     }
     out->curve[out->ncurve++] = (stz_tune_point){bytes + fixed, kl};
-    for (size_t s = 0; s < nseg; s++) {
+    for (size_t s = 0; s < nseg; s++) { /* what is left below the sums' rounding is 0 */
         bytes += seg[s].db, kl -= seg[s].dkl;
-        out->curve[out->ncurve++] = (stz_tune_point){bytes + fixed, kl > 0 ? kl : 0};
+        out->curve[out->ncurve++] = (stz_tune_point){bytes + fixed, kl > 1e-12 * out->curve[0].kl ? kl : 0};
     }
     /* walk it again, choosing */
     bytes = out->curve[0].bytes - fixed, kl = out->curve[0].kl;

@@ -68,8 +68,11 @@ typedef struct {
     stz_dtype scale_dtype; /* F16, F32 or U8 (not U8 with asym) */
     float scale_base;      /* U8: the scale of code 120 (the tensor's largest |value|) */
     float levels[64];      /* nl: 2^bits levels, sorted, largest magnitude 1 */
-    uint8_t lut[1024];     /* nl: filled by stz_qf_prepare from levels */
-    float lutv[1024];
+    /* nl, from levels by stz_qf_prepare: the midpoints between levels (+inf
+     * past the last), and past 16 levels a table of first codes */
+    float mid[64];
+    uint8_t lut[1024];
+    int lut_exact;
 } stz_qformat;
 
 /* Call after setting levels (nl), before quantizing. */

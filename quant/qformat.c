@@ -17,7 +17,10 @@ static const float frac8[8] = {1.0f, 1.09050773f, 1.18920712f, 1.29683955f, 1.41
 float stz_qf_scale_value(float base, uint8_t c)
 {
     int m = c & 0x7f;
-    float v = m ? ldexpf(base * frac8[m & 7], (m >> 3) - 15) : 0.0f;
+    uint32_t p2 = (uint32_t)(127 + (m >> 3) - 15) << 23; /* 2^((m >> 3) - 15): ldexpf, without the call */
+    float two, v;
+    memcpy(&two, &p2, sizeof two);
+    v = m ? base * frac8[m & 7] * two : 0.0f;
     return c & 0x80 ? -v : v;
 }
 
@@ -31,10 +34,18 @@ static uint8_t scale_code(float base, float s)
     if (s == 0 || !(base > 0))
         return 0;
     int e;
-    float m = 2 * frexpf(fabsf(s) / base, &e); /* |s| / base = m * 2^(e - 1), m in [1, 2) */
+    float r = fabsf(s) / base, m;
+    uint32_t u;
+    memcpy(&u, &r, sizeof u);
+    if (u >> 23 && u >> 23 < 255) { /* normal: frexpf from the bits */
+        e = (int)(u >> 23) - 126, u = (u & 0x7fffff) | 127u << 23;
+        memcpy(&m, &u, sizeof m);
+    } else {
+        m = 2 * frexpf(r, &e);
+    } /* |s| / base = m * 2^(e - 1), m in [1, 2) */
     int k = 0;
-    while (k < 8 && m >= half8[k])
-        k++;
+    for (int j = 0; j < 8; j++) /* no branches: k is not predictable */
+        k += m >= half8[j];
     int c = 120 + 8 * (e - 1) + k;
     c = c < 1 ? 1 : c > 127 ? 127 : c;
     return (uint8_t)(c | (s < 0 ? 0x80 : 0));
@@ -83,21 +94,13 @@ static void uniform_range(const stz_qformat *f, int *lo, int *hi)
 /* Round half away from zero; a form the compiler vectorises. */
 static inline float rndf(float v) { return (float)(int)(v + (v < 0 ? -0.5f : 0.5f)); }
 
-/* nl: nearest level through a table over t in [-LUT_RANGE, LUT_RANGE]
- * (levels lie in [-1, 1]; a searched scale can put values a little past). */
+/* nl: the code of t = x / s is the number of midpoints between
+ * neighbouring levels below t (so the nearest level, the upper one on a
+ * tie): a branch-free binary search over the midpoints (f->mid, +inf past
+ * the last). Past 16 levels, when no bin of a table over t holds two
+ * midpoints, the table's count below the bin and one comparison. */
 #define LUT_BINS 1024
 #define LUT_RANGE 1.25f
-
-void stz_qf_prepare(stz_qformat *f)
-{
-    int k = 1 << f->bits;
-    for (int i = 0, j = 0; f->method == STZ_QMETHOD_NL && i < LUT_BINS; i++) { /* levels are sorted */
-        float t = -LUT_RANGE + (2 * LUT_RANGE) * ((float)i + 0.5f) / LUT_BINS;
-        while (j + 1 < k && fabsf(f->levels[j + 1] - t) < fabsf(f->levels[j] - t))
-            j++;
-        f->lut[i] = (uint8_t)j, f->lutv[i] = f->levels[j];
-    }
-}
 
 static inline int nl_bin(float t)
 {
@@ -105,7 +108,31 @@ static inline int nl_bin(float t)
     return (int)(u < 0 ? 0 : u > LUT_BINS - 1 ? LUT_BINS - 1 : u);
 }
 
-static inline int nl_code(const stz_qformat *f, float t) { return f->lut[nl_bin(t)]; }
+void stz_qf_prepare(stz_qformat *f)
+{
+    int k = 1 << f->bits, j = 0;
+    for (int i = 0; f->method == STZ_QMETHOD_NL && i < 64; i++)
+        f->mid[i] = i + 1 < k ? (f->levels[i] + f->levels[i + 1]) * 0.5f : INFINITY;
+    f->lut_exact = f->method == STZ_QMETHOD_NL && k > 16;
+    for (int i = 0; f->lut_exact && i < LUT_BINS; i++) { /* bin() is monotone: t > every mid of a lower bin */
+        f->lut[i] = (uint8_t)j;
+        while (j + 1 < k && nl_bin(f->mid[j]) == i)
+            j++;
+        f->lut_exact = j - f->lut[i] <= 1;
+    }
+}
+
+static inline int nl_code(const stz_qformat *f, float t)
+{
+    int q = 0;
+    if (f->lut_exact) {
+        q = f->lut[nl_bin(t)];
+        return q + (t > f->mid[q]);
+    }
+    for (int step = 1 << (f->bits - 1); step; step >>= 1)
+        q += t > f->mid[q + step - 1] ? step : 0;
+    return q;
+}
 
 /* Code of t = x / s: the value (uniform) or the level's index (nl). */
 static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
@@ -115,31 +142,50 @@ static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
 
 /* Squared error of x[n] coded at scale s, and the sums for the
  * least-squares scale of that assignment (sxl = sum x l, sll = sum l^2).
- * Eight lanes so that the loops vectorise; a block is short enough for
- * float sums. */
+ * Eight lanes (GCC's vector extensions: AVX2 where the machine has it, the
+ * same arithmetic in the same order without), then the rest one by one in
+ * lane 0; a block is short enough for float sums. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint8_t v32b __attribute__((vector_size(32)));
+
 __attribute__((target_clones("avx2", "default"))) static double assign(const stz_qformat *f, int lo, int hi,
                                                                         const float *x, size_t n, float s,
                                                                         double *sxl, double *sll, uint8_t *codes)
 {
-    float inv = s != 0 ? 1.0f / s : 0.0f, e[8] = {0}, a[8] = {0}, b[8] = {0}, flo = (float)lo, fhi = (float)hi;
+    float inv = s != 0 ? 1.0f / s : 0.0f, flo = (float)lo, fhi = (float)hi;
+    v8f e = {0}, a = {0}, b = {0}, m0, m1, l0, l1;
     size_t i = 0;
-    if (f->method != STZ_QMETHOD_NL && !codes)
+    if (f->method == STZ_QMETHOD_NL && f->bits <= 4) { /* nl_code, eight at a time */
+        memcpy(&m0, f->mid, sizeof m0), memcpy(&m1, f->mid + 8, sizeof m1);
+        memcpy(&l0, f->levels, sizeof l0), memcpy(&l1, f->levels + 8, sizeof l1);
+        for (; i + 8 <= n; i += 8) {
+            v8f xv, t, l, d;
+            memcpy(&xv, x + i, sizeof xv);
+            t = xv * inv;
+            v8i q = (t > f->mid[7]) & 8;
+            q += (t > __builtin_shuffle(m0, m1, q + 3)) & 4;
+            q += (t > __builtin_shuffle(m0, m1, q + 1)) & 2;
+            q += (t > __builtin_shuffle(m0, m1, q)) & 1;
+            l = __builtin_shuffle(l0, l1, q), d = xv - l * s;
+            e += d * d, a += xv * l, b += l * l;
+            if (codes) { /* the low byte of each lane */
+                v32b c = __builtin_shuffle((v32b)q, (v32b){0, 4, 8, 12, 16, 20, 24, 28});
+                memcpy(codes + i, &c, 8);
+            }
+        }
+    } else if (f->method != STZ_QMETHOD_NL && !codes) {
+        float ue[8] = {0}, ua[8] = {0}, ub[8] = {0};
         for (; i + 8 <= n; i += 8)
             for (int j = 0; j < 8; j++) {
                 float l = rndf(x[i + j] * inv);
                 l = l < flo ? flo : l > fhi ? fhi : l;
                 float d = x[i + j] - l * s;
-                e[j] += d * d, a[j] += x[i + j] * l, b[j] += l * l;
+                ue[j] += d * d, ua[j] += x[i + j] * l, ub[j] += l * l;
             }
-    else if (f->method == STZ_QMETHOD_NL) /* four lanes: eight spill to the stack */
-        for (; i + 4 <= n; i += 4)
-            for (int j = 0; j < 4; j++) {
-                int bin = nl_bin(x[i + j] * inv), q = f->lut[bin];
-                float l = f->lutv[bin], d = x[i + j] - l * s; /* the level itself: one load less */
-                e[j] += d * d, a[j] += x[i + j] * l, b[j] += l * l;
-                if (codes)
-                    codes[i + j] = (uint8_t)q;
-            }
+        for (int j = 0; j < 8; j++)
+            e[j] = ue[j], a[j] = ua[j], b[j] = ub[j];
+    }
     for (; i < n; i++) {
         int q = code_of(f, lo, hi, x[i] * inv);
         float l = f->method == STZ_QMETHOD_NL ? f->levels[q] : (float)q, d = x[i] - l * s;
@@ -147,8 +193,10 @@ __attribute__((target_clones("avx2", "default"))) static double assign(const stz
         if (codes)
             codes[i] = (uint8_t)q;
     }
-    for (int j = 1; j < 8; j++)
-        e[0] += e[j], a[0] += a[j], b[0] += b[j];
+    for (int w = 4; w; w /= 2) { /* lane j plus lane j ^ w: a tree */
+        v8i h = (v8i){0, 1, 2, 3, 4, 5, 6, 7} ^ w;
+        e += __builtin_shuffle(e, h), a += __builtin_shuffle(a, h), b += __builtin_shuffle(b, h);
+    }
     if (sxl)
         *sxl = a[0], *sll = b[0];
     return e[0];
@@ -318,19 +366,22 @@ void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *
                            float *y)
 {
     int bits = f->bits, sh = 32 - bits, have = 0;
+    float tab[256]; /* each code's value before the scale */
+    for (int v = 0; v < 1 << bits; v++)
+        tab[v] = f->method == STZ_QMETHOD_NL     ? f->levels[v]
+                 : f->method == STZ_QMETHOD_ASYM ? (float)v
+                                                 : (float)((int32_t)((uint32_t)v << sh) >> sh);
     uint64_t acc = 0;
     for (size_t b = 0, i0 = 0; i0 < n; b++, i0 += f->block) {
-        size_t end = n - i0 < f->block ? n : i0 + f->block;
+        size_t i = i0, end = n - i0 < f->block ? n : i0 + f->block;
         float s = scales[b], m = f->method == STZ_QMETHOD_ASYM ? mins[b] : 0.0f;
-        for (size_t i = i0; i < end; i++) {
+        for (; bits == 4 && !have && i + 2 <= end; i += 2, q++) /* whole bytes, two codes each */
+            y[i] = tab[*q >> 4] * s + m, y[i + 1] = tab[*q & 15] * s + m;
+        for (; i < end; i++) {
             if (have < bits)
                 acc = acc << 8 | *q++, have += 8;
             have -= bits;
-            unsigned v = (unsigned)(acc >> have) & ((1u << bits) - 1);
-            float l = f->method == STZ_QMETHOD_NL     ? f->levels[v]
-                      : f->method == STZ_QMETHOD_ASYM ? (float)v
-                                                      : (float)((int32_t)(v << sh) >> sh);
-            y[i] = l * s + m;
+            y[i] = tab[(acc >> have) & ((1u << bits) - 1)] * s + m;
         }
     }
 }

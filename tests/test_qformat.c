@@ -161,6 +161,45 @@ static void test_search_beats_absmax(void **state)
     free(x);
 }
 
+/* nl codes the nearest level (the binary search up to 16 levels, eight
+ * at a time and one by one; the table and its correction past 16), with
+ * repeated levels too, at every row length around the eight-lane steps. */
+static void test_nl_nearest(void **state)
+{
+    (void)state;
+    enum { N = 203 };
+    float x[N], s[N], y[N];
+    uint8_t q[N];
+    for (int bits = 2; bits <= 6; bits++)
+        for (int rep = 0; rep < 3; rep++) {
+            stz_qformat f;
+            format(&f, bits, STZ_QMETHOD_NL, 32, STZ_DTYPE_F32, 0);
+            int k = 1 << bits;
+            if (rep == 1) /* a fitted codebook can repeat a level */
+                f.levels[k / 2] = f.levels[k / 2 + 1], f.levels[1] = f.levels[0], stz_qf_prepare(&f);
+            if (rep == 2) /* or crowd them: no table past 16 levels */
+                f.levels[2] = f.levels[1] + 1e-5f, f.levels[3] = f.levels[1] + 2e-5f, stz_qf_prepare(&f);
+            assert_int_equal(f.lut_exact, k > 16 && rep < 2);
+            for (size_t i = 0; i < N; i++) /* some on a midpoint of the levels */
+                x[i] = i % 5 == 1 ? (f.levels[i % k] + f.levels[(i + 1) % k]) * 0.5f : frand();
+            for (size_t n = 1; n <= N; n += n < 40 ? 1 : 27) {
+                assert_int_equal(stz_qf_quantize_row(&f, x, n, q, s, NULL), 0);
+                for (size_t i = 0; i < n; i++) {
+                    float sc = s[i / 32];
+                    unsigned c = slow_code(q, i, bits);
+                    double got = fabs(x[i] - f.levels[c] * sc), best = INFINITY;
+                    for (int j = 0; j < k; j++)
+                        best = fmin(best, fabs(x[i] - f.levels[j] * sc));
+                    if (got > best + 1e-6 * (fabs(x[i]) + fabs(sc)))
+                        fail_msg("%d bits, n %zu, value %zu: code %u error %g, nearest %g", bits, n, i, c, got, best);
+                }
+                stz_qf_dequantize_row(&f, q, s, NULL, n, y);
+                for (size_t i = 0; i < n; i++)
+                    assert_true(y[i] == f.levels[slow_code(q, i, bits)] * s[i / 32]);
+            }
+        }
+}
+
 /* Values that are codes times a storable scale come back exactly; all-zero,
  * constant and single-outlier blocks behave. */
 static void test_exact_and_hard_blocks(void **state)
@@ -354,7 +393,7 @@ int main(void)
     dir = tu_tmpdir();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_format_odd_lengths), cmocka_unit_test(test_search_beats_absmax),
-        cmocka_unit_test(test_exact_and_hard_blocks),   cmocka_unit_test(test_u8_scales),
+        cmocka_unit_test(test_exact_and_hard_blocks),   cmocka_unit_test(test_u8_scales), cmocka_unit_test(test_nl_nearest),
         cmocka_unit_test(test_files),                   cmocka_unit_test(test_old_files),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
