@@ -160,13 +160,14 @@ stz_status stz_container_tensor_map(struct stz_container *c, const char *name, i
 /*
  * Runs work(i) for i in [0, n) on `threads` threads (the caller's thread is
  * one of them), then commit(i) strictly in order 0, 1, 2, ... with the
- * commits serialised, then post(i) (optional) outside the lock, in any
- * order. Keep commit() short (reserve an output offset, count progress) and
- * do slow in-order work such as writing in post(). Work items are handed out
- * in order, so at most `threads` items are in flight: memory stays bounded
- * by the per-thread buffers. The first error stops the run and is returned.
- * progress (optional) is called from the caller's thread with `done`, which
- * commit() may advance (it runs under the pipeline's lock).
+ * commits serialised (but outside the pipeline's lock: the other threads
+ * take and work on items meanwhile, so a commit may wait, for room in a
+ * sink say), then post(i) (optional) in any order. Work that needs no order,
+ * such as writing at a reserved offset, belongs in post(). Work items are
+ * handed out in order, so at most `threads` items are in flight: memory
+ * stays bounded by the per-thread buffers. The first error stops the run
+ * and is returned. progress (optional) is called from the caller's thread
+ * with `done`, which only commit() may advance.
  */
 typedef struct stz_pipeline {
     size_t n;

@@ -52,16 +52,24 @@ static void *worker(void *arg)
             fail(s, st, &e);
         while (s->status == STZ_OK && s->committed != i)
             pthread_cond_wait(&s->turn, &s->lock);
-        int committed = 0;
-        if (s->status == STZ_OK) {
+        int turn = s->status == STZ_OK, committed = 0;
+        pthread_mutex_unlock(&s->lock);
+        /* Our turn: no other commit runs until `committed` moves on, while
+         * the other workers take and work on items (a commit may wait, for
+         * room in a writer's buffers say). */
+        uint64_t done = 0, total = 0;
+        if (turn) {
             st = p->commit ? p->commit(p->ctx, a->tid, i, &e) : STZ_OK;
+            done = p->done, total = p->total; /* only commits change them */
+        }
+        pthread_mutex_lock(&s->lock);
+        if (turn) {
             if (st != STZ_OK)
                 fail(s, st, &e);
             committed = st == STZ_OK;
             s->committed++;
             pthread_cond_broadcast(&s->turn);
         }
-        uint64_t done = p->done, total = p->total;
         pthread_mutex_unlock(&s->lock);
 
         if (committed && p->post && (st = p->post(p->ctx, a->tid, i, &e)) != STZ_OK) {

@@ -99,6 +99,11 @@ static size_t huf_encode(stz_plane_enc *e, const uint8_t *src, size_t n, uint8_t
         size_t len = n - b * ZSTD_BLOCKSIZE_MAX < ZSTD_BLOCKSIZE_MAX ? n - b * ZSTD_BLOCKSIZE_MAX : ZSTD_BLOCKSIZE_MAX;
         e->seqs[b] = (ZSTD_Sequence){.offset = 0, .litLength = (unsigned)len, .matchLength = 0, .rep = 0};
     }
+    /* zstd stores a block's literals raw unless Huffman saves 1/64 of them
+     * (1/256 from strategy btultra2 on); small planes, 4-bit codes say, often
+     * save 2-3% after their table: let them, at a cost too small to see.
+     * Large planes keep level 1's rule, which costs less CPU. */
+    ZSTD_CCtx_setParameter(e->huf, ZSTD_c_strategy, nb == 1 ? ZSTD_btultra2 : 0);
     return ZSTD_compressSequences(e->huf, dst, cap, e->seqs, nb, src, n);
 }
 

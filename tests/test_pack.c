@@ -6,8 +6,10 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "pack_internal.h"
 #include "stz_internal.h"
 #include "stz_pack.h"
+#include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "test_util.h"
 
@@ -307,6 +309,39 @@ static void test_sparse_never_worse_than_zstd(void **state)
     free(raw), free(z), free(in);
 }
 
+/* A small tensor of 4-bit nl codes (the levels are used about equally:
+ * 3.9 bits of entropy per code) saves well under zstd's 1/64 rule for
+ * Huffman-coded literals at level 1, and is Huffman-coded all the same. */
+static void test_small_plane_huffman(void **state)
+{
+    (void)state;
+    enum { N = 11008 }; /* 5504 bytes, like a 172 x 64 matrix */
+    static float x[N], sc[N / 32];
+    static uint8_t q[N / 2], dst[2 * N], back[N / 2];
+    rng_state = 42; /* the same values whatever ran before */
+    for (size_t i = 0; i < N; i++) /* between a normal and a Laplace, as trained weights are */
+        x[i] = (float)(i % 8 ? (double)(rnd() % 1000) + (double)(rnd() % 1000) + (double)(rnd() % 1000) - 1498.5
+                             : 300 * log(((double)(rnd() % 1000000) + 0.5) / 1e6) * (rnd() % 2 ? 1 : -1));
+    stz_qformat f = {.bits = 4, .method = STZ_QMETHOD_NL, .block = 32, .scale_dtype = STZ_DTYPE_F32};
+    stz_qf_default_levels(4, f.levels);
+    stz_qf_prepare(&f);
+    assert_int_equal(stz_qf_quantize_row(&f, x, N, q, sc, NULL), 0);
+    stz_plane_enc e;
+    stz_err err;
+    stz_codec codec;
+    size_t stored;
+    assert_int_equal(stz_plane_enc_init(&e, &err), STZ_OK);
+    assert_int_equal(stz_plane_encode(&e, 0, q, sizeof q, dst, sizeof dst, &codec, &stored, &err), STZ_OK);
+    stz_plane_enc_free(&e);
+    printf("4-bit nl codes: %zu -> %zu bytes\n", sizeof q, stored);
+    assert_int_equal(codec, STZ_CODEC_HUF);
+    assert_true(stored < sizeof q && stored > sizeof q - sizeof q / 64);
+    ZSTD_DCtx *d = ZSTD_createDCtx();
+    assert_int_equal(stz_plane_decode(d, codec, dst, stored, back, sizeof back, &err), STZ_OK);
+    assert_memory_equal(q, back, sizeof q);
+    ZSTD_freeDCtx(d);
+}
+
 static void test_extract_tensor(void **state)
 {
     fixture *f = *state;
@@ -452,6 +487,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_extract_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corruption_rejected, setup, teardown),
         cmocka_unit_test(test_container_corpus),
+        cmocka_unit_test(test_small_plane_huffman),
         cmocka_unit_test_setup_teardown(test_sparse_never_worse_than_zstd, setup, teardown),
     };
     return cmocka_run_group_tests_name("pack", tests, NULL, NULL);
