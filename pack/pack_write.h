@@ -1,0 +1,54 @@
+/* The container writer's state, shared by the file packer (pack_write.c)
+ * and the writer's sink and stream packer built on it (pack_sink.c). Not
+ * installed. */
+#ifndef STZ_PACK_WRITE_H
+#define STZ_PACK_WRITE_H
+
+#include "pack_internal.h"
+
+#include <pthread.h>
+
+typedef struct {
+    uint8_t *raw, *planes, *rec;
+    size_t rec_len;
+    stz_plane_enc enc;
+} thread_buf;
+
+typedef struct {
+    const stz_pack_params *p;
+    stz_reader *r;        /* the file packed, or NULL: its bytes come through the ring (a writer's sink) */
+    const char *label;    /* the input (or, for a sink, the output) in messages */
+    stz_span *spans;      /* its tensors in data order */
+    stz_outfile out;
+    stz_chunk_info *chunks;
+    size_t n;
+    thread_buf *tb;
+    uint64_t pos;          /* next free offset in the output */
+    uint64_t header_hash;
+    uint64_t *hashes;      /* per chunk, for the whole-file digest */
+    stz_pipeline pl;
+    /* sink: chunk i is delivered into ring[i % nring] once next_use[i % nring] == i */
+    uint8_t **ring;
+    size_t nring, *next_use;
+    size_t filled, fill;   /* chunks delivered; bytes of the next one so far */
+    int stop, done, running;
+    stz_status pl_status;
+    stz_err pl_err;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    uint64_t orig_size;    /* of the file packed */
+} pack_ctx;
+
+/* Checks the parameters, opens the output, makes the thread buffers. */
+stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, stz_err *err);
+/* Chunks never straddle tensors, so every chunk has one dtype. */
+stz_status stz_pw_plan_chunks(pack_ctx *c, size_t nt, stz_err *err);
+/* File header + the original SafeTensors header img[orig] (its 8-byte
+ * length, then the JSON), zstd-compressed. */
+stz_status stz_pw_write_head(pack_ctx *c, const uint8_t *img, size_t orig, stz_err *err);
+/* The index and trailer after the records, then the output renamed into place. */
+stz_status stz_pw_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err);
+void stz_pw_close(pack_ctx *c);
+
+#endif /* STZ_PACK_WRITE_H */
