@@ -149,7 +149,11 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v32b __attribute__((vector_size(32)));
 
-__attribute__((target_clones("avx2", "default"))) static double assign(const stz_qformat *f, int lo, int hi,
+#ifndef STZ_QF_CLONES /* tests/test_qformat.c builds this file once more without them */
+#define STZ_QF_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+
+STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi,
                                                                         const float *x, size_t n, float s,
                                                                         double *sxl, double *sll, uint8_t *codes)
 {

@@ -16,6 +16,27 @@
 
 #include <math.h>
 
+/* The quantizers once more, in this file, for the baseline instruction set
+ * only (no AVX2 clone), to check that both give the same bits. */
+#define STZ_QF_CLONES
+#define stz_qf_scale_value plain_qf_scale_value
+#define stz_qf_scale_code plain_qf_scale_code
+#define stz_qf_prepare plain_qf_prepare
+#define stz_qf_row_bytes plain_qf_row_bytes
+#define stz_qf_quantize_row plain_qf_quantize_row
+#define stz_qf_dequantize_row plain_qf_dequantize_row
+#define stz_qf_default_levels plain_qf_default_levels
+#define stz_qf_fit_levels plain_qf_fit_levels
+#include "../quant/qformat.c"
+#undef stz_qf_scale_value
+#undef stz_qf_scale_code
+#undef stz_qf_prepare
+#undef stz_qf_row_bytes
+#undef stz_qf_quantize_row
+#undef stz_qf_dequantize_row
+#undef stz_qf_default_levels
+#undef stz_qf_fit_levels
+
 static uint64_t seed = 11;
 static float frand(void) /* roughly normal */
 {
@@ -198,6 +219,46 @@ static void test_nl_nearest(void **state)
                     assert_true(y[i] == f.levels[slow_code(q, i, bits)] * s[i / 32]);
             }
         }
+}
+
+/* The library's quantizers (the AVX2 clone where this machine has AVX2)
+ * give the same codes, scales, minimums and fitted levels as the same code
+ * built for the baseline instruction set. */
+static void test_same_bits_without_avx2(void **state)
+{
+    (void)state;
+    enum { N = 1031 };
+    static float x[N], s1[N], s2[N], m1[N], m2[N];
+    static uint8_t q1[N], q2[N];
+    static const uint32_t blocks[] = {7, 32, 300};
+    for (size_t i = 0; i < N; i++)
+        x[i] = frand() * (i % 89 == 3 ? 6.0f : 1.0f);
+    for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+        for (size_t mi = 0; mi < sizeof methods / sizeof *methods; mi++)
+            for (size_t si = 0; si < 3; si++)
+                for (size_t bi = 0; bi < 3; bi++) {
+                    if (!valid(widths[wi], methods[mi], scale_dtypes[si]))
+                        continue;
+                    stz_qformat f, g;
+                    format(&f, widths[wi], methods[mi], blocks[bi], scale_dtypes[si], 4.0f);
+                    if (methods[mi] == STZ_QMETHOD_NL) { /* fitted levels alike, then used alike */
+                        stz_qf_fit_levels(&f, x, 1, N);
+                        g = f;
+                        plain_qf_fit_levels(&g, x, 1, N);
+                        assert_memory_equal(f.levels, g.levels, sizeof f.levels);
+                    }
+                    g = f;
+                    plain_qf_prepare(&g);
+                    for (size_t n = 1; n <= N; n += n < 20 ? 1 : 101) {
+                        size_t nb = (n + blocks[bi] - 1) / blocks[bi];
+                        memset(m1, 0, sizeof m1), memset(m2, 0, sizeof m2);
+                        assert_int_equal(stz_qf_quantize_row(&f, x, n, q1, s1, m1), 0);
+                        assert_int_equal(plain_qf_quantize_row(&g, x, n, q2, s2, m2), 0);
+                        assert_memory_equal(q1, q2, stz_qf_row_bytes(f.bits, n));
+                        assert_memory_equal(s1, s2, nb * sizeof *s1);
+                        assert_memory_equal(m1, m2, nb * sizeof *m1);
+                    }
+                }
 }
 
 /* Values that are codes times a storable scale come back exactly; all-zero,
@@ -394,6 +455,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_format_odd_lengths), cmocka_unit_test(test_search_beats_absmax),
         cmocka_unit_test(test_exact_and_hard_blocks),   cmocka_unit_test(test_u8_scales), cmocka_unit_test(test_nl_nearest),
+        cmocka_unit_test(test_same_bits_without_avx2),
         cmocka_unit_test(test_files),                   cmocka_unit_test(test_old_files),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
