@@ -26,9 +26,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-
-
-
 uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
 {
     if (d->action == STZ_ACTION_SVD) {
@@ -101,8 +98,6 @@ static int quant_row(const plan_t *pl, const float *x, uint8_t *q, float *scales
     return stz_qf_quantize_any(&pl->fmt, pl->legacy, x, pl->cols, q, scales, mins);
 }
 
-
-
 static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl, stz_err *err)
 {
     cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
@@ -145,14 +140,6 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl,
     free(s);
     return st;
 }
-
-/* Buffers of one quantizing thread, and the row batch it holds. */
-typedef struct {
-    uint8_t *in, *q; /* raw input; quantized rows */
-    float *f, *y;    /* input as F32; one row dequantized */
-    size_t rows;     /* rows in the batch held */
-    stz_metrics_acc acc;
-} qslot;
 
 /* One tensor quantized by the ordered pipeline: batches of rows are read,
  * quantized and measured in parallel, written and their metrics merged in
@@ -278,81 +265,6 @@ stz_status stz_quant_copy_tensor(stz_writer *w, const stz_reader *r, const stz_t
     return STZ_OK;
 }
 
-/* The kernel format of x's decision: bits, method, block, scale storage. */
-void stz_qw_plan_format(plan_t *x)
-{
-    x->bits = x->d.action == STZ_ACTION_SVD ? 8 : stz_action_bits(x->d.action); /* svd: INT8 factors */
-    x->legacy = stz_qf_of_decision(&x->d, &x->fmt);
-}
-
-/* The largest magnitude of a tensor, batch by batch on the slots' threads. */
-typedef struct {
-    const stz_reader *r;
-    const stz_tensor *t;
-    qslot *slot;
-    size_t per; /* elements per batch */
-    float *amax; /* per thread */
-} amax_job;
-
-static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
-{
-    amax_job *j = ctx;
-    size_t esz = stz_dtype_bits(j->t->dtype) / 8, e = i * j->per;
-    size_t n = j->t->numel - e < j->per ? (size_t)(j->t->numel - e) : j->per;
-    float *f = j->slot[tid].f, m = j->amax[tid];
-    stz_status st = stz_reader_read(j->r, j->t, e * esz, j->slot[tid].in, n * esz, err);
-    if (!st && !(st = stz_to_f32(j->t->dtype, j->slot[tid].in, n, f, err)))
-        for (size_t k = 0; k < n; k++)
-            m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* NaN is reported by the main pass */
-    j->amax[tid] = m;
-    return st;
-}
-
-/* What the format needs from the whole tensor before any row is
- * quantized: U8 scales, its largest magnitude (the base); nl-fit, a
- * codebook fitted to up to 256 rows spread over it. */
-static stz_status plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
-                               stz_err *err)
-{
-    int fit = x->d.method == STZ_QMETHOD_NL_FIT;
-    if (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit))
-        return STZ_OK;
-    size_t esz = stz_dtype_bits(t->dtype) / 8, per = STZ_QUANT_BATCH_BYTES / esz;
-    uint8_t *buf = slot[0].in;
-    float amaxes[256] = {0}, amax = 0;
-    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes};
-    stz_pipeline pl = {.n = (size_t)((t->numel + per - 1) / per), .threads = threads < 256 ? threads : 256,
-                       .ctx = &j, .work = amax_work};
-    stz_status st = stz_pipeline_run(&pl, err);
-    for (int k = 0; k < pl.threads; k++)
-        amax = amaxes[k] > amax ? amaxes[k] : amax;
-    x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
-    if (st || !fit)
-        return st;
-    size_t cols = stz_qf_fit_cols(x->cols), nr = stz_qf_fit_rows(x->rows);
-    float *smp = malloc(nr * cols * sizeof *smp + 1);
-    if (!smp)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    for (size_t k = 0; !st && k < nr; k++) {
-        uint64_t row = k * (x->rows / nr);
-        if (!(st = stz_reader_read(r, t, row * x->cols * esz, buf, cols * esz, err)))
-            st = stz_to_f32(t->dtype, buf, cols, smp + k * cols, err);
-    }
-    if (!st && stz_qw_first_nonfinite(smp, nr * cols) == nr * cols)
-        stz_qf_fit_levels(&x->fmt, smp, nr, cols);
-    free(smp);
-    return st;
-}
-
-static void plan_free(plan_t *x)
-{
-    free(x->scales_name);
-    free(x->mins_name);
-    free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);
-    for (int j = 0; j < 5; j++)
-        free(x->fname[j]);
-}
-
 /* stz_quantize_file, or with pp the container of its output (stz_compress_file). */
 static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp, stz_policy *policy, const char *in,
                            const char *out, stz_quant_stats *stats, stz_pack_stats *pstats, stz_err *err)
@@ -429,7 +341,7 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
                 continue;
             }
         }
-        if ((st = plan_prepare(r, t, x, slot, nslots, err)))
+        if ((st = stz_qw_plan_prepare(r, t, x, slot, nslots, err)))
             goto cleanup;
         if (x->rows * x->nblocks == 1) {
             size_t esz = stz_dtype_bits(t->dtype) / 8;
@@ -541,7 +453,7 @@ cleanup:
     stz_writer_free(w);
     stz_pack_sink_free(sink);
     for (size_t i = 0; pl && i < nt; i++)
-        plan_free(&pl[i]);
+        stz_qw_plan_free(&pl[i]);
     free(pl);
     for (int k = 0; slot && k < nslots; k++)
         free(slot[k].in), free(slot[k].f), free(slot[k].q), free(slot[k].y);
@@ -549,7 +461,6 @@ cleanup:
     stz_reader_free(r);
     return st;
 }
-
 
 stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
                              stz_quant_stats *stats, stz_err *err)

@@ -1,5 +1,6 @@
-/* The quantizing writer's per-tensor plan, shared by quant_file.c (block
- * quantization, the file) and quant_svd_file.c (SVD factors). Not installed. */
+/* The quantizing writer's per-tensor plan (made in quant_plan.c), shared by
+ * quant_file.c (block quantization, the file) and quant_svd_file.c (SVD
+ * factors). Not installed. */
 #ifndef STZ_QUANT_PLAN_H
 #define STZ_QUANT_PLAN_H
 
@@ -7,6 +8,7 @@
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "quant_tensor.h"
+#include "stz_eval.h"
 
 typedef struct {
     stz_decision d;
@@ -28,8 +30,24 @@ typedef struct {
     double cosine;             /* of the dequantized tensor, measured while quantizing */
 } plan_t;
 
+/* Buffers of one quantizing thread, and the row batch it holds. */
+typedef struct {
+    uint8_t *in, *q; /* raw input; quantized rows */
+    float *f, *y;    /* input as F32; one row dequantized */
+    size_t rows;     /* rows in the batch held */
+    stz_metrics_acc acc;
+} qslot;
+
 size_t stz_qw_first_nonfinite(const float *x, size_t n);
+/* The kernel format of x's decision: bits, method, block, scale storage. */
 void stz_qw_plan_format(plan_t *x);
+/* What the format needs from the whole tensor before any row is
+ * quantized: U8 scales, its largest magnitude (the base); nl-fit, a
+ * codebook fitted to up to 256 rows spread over it. Reads with the slots'
+ * buffers on `threads` threads. */
+stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
+                               stz_err *err);
+void stz_qw_plan_free(plan_t *x);
 stz_status stz_qw_svd_prepare(const stz_quant_params *p, const stz_reader *r, const stz_tensor *t, plan_t *x,
                               stz_err *err);
 stz_status stz_qw_declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *x, stz_err *err);

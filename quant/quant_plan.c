@@ -1,0 +1,78 @@
+/* The quantizing writer's per-tensor plan: the kernel format of a
+ * decision, and what it needs from the whole tensor before any row is
+ * quantized (quant_plan.h). */
+#include "quant_plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+void stz_qw_plan_format(plan_t *x)
+{
+    x->bits = x->d.action == STZ_ACTION_SVD ? 8 : stz_action_bits(x->d.action); /* svd: INT8 factors */
+    x->legacy = stz_qf_of_decision(&x->d, &x->fmt);
+}
+
+/* The largest magnitude of a tensor, batch by batch on the slots' threads. */
+typedef struct {
+    const stz_reader *r;
+    const stz_tensor *t;
+    qslot *slot;
+    size_t per; /* elements per batch */
+    float *amax; /* per thread */
+} amax_job;
+
+static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
+{
+    amax_job *j = ctx;
+    size_t esz = stz_dtype_bits(j->t->dtype) / 8, e = i * j->per;
+    size_t n = j->t->numel - e < j->per ? (size_t)(j->t->numel - e) : j->per;
+    float *f = j->slot[tid].f, m = j->amax[tid];
+    stz_status st = stz_reader_read(j->r, j->t, e * esz, j->slot[tid].in, n * esz, err);
+    if (!st && !(st = stz_to_f32(j->t->dtype, j->slot[tid].in, n, f, err)))
+        for (size_t k = 0; k < n; k++)
+            m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* NaN is reported by the main pass */
+    j->amax[tid] = m;
+    return st;
+}
+
+stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
+                               stz_err *err)
+{
+    int fit = x->d.method == STZ_QMETHOD_NL_FIT;
+    if (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit))
+        return STZ_OK;
+    size_t esz = stz_dtype_bits(t->dtype) / 8, per = STZ_QUANT_BATCH_BYTES / esz;
+    uint8_t *buf = slot[0].in;
+    float amaxes[256] = {0}, amax = 0;
+    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes};
+    stz_pipeline pl = {.n = (size_t)((t->numel + per - 1) / per), .threads = threads < 256 ? threads : 256,
+                       .ctx = &j, .work = amax_work};
+    stz_status st = stz_pipeline_run(&pl, err);
+    for (int k = 0; k < pl.threads; k++)
+        amax = amaxes[k] > amax ? amaxes[k] : amax;
+    x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
+    if (st || !fit)
+        return st;
+    size_t cols = stz_qf_fit_cols(x->cols), nr = stz_qf_fit_rows(x->rows);
+    float *smp = malloc(nr * cols * sizeof *smp + 1);
+    if (!smp)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t k = 0; !st && k < nr; k++) {
+        uint64_t row = k * (x->rows / nr);
+        if (!(st = stz_reader_read(r, t, row * x->cols * esz, buf, cols * esz, err)))
+            st = stz_to_f32(t->dtype, buf, cols, smp + k * cols, err);
+    }
+    if (!st && stz_qw_first_nonfinite(smp, nr * cols) == nr * cols)
+        stz_qf_fit_levels(&x->fmt, smp, nr, cols);
+    free(smp);
+    return st;
+}
+
+void stz_qw_plan_free(plan_t *x)
+{
+    free(x->scales_name);
+    free(x->mins_name);
+    free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);
+    for (int j = 0; j < 5; j++)
+        free(x->fname[j]);
+}
