@@ -11,6 +11,7 @@ if ! command -v mpirun >/dev/null || ! ldd "$STZ" 2>/dev/null | grep -q libmpi; 
     exit 77
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_orte_tmpdir_base="$T" # its own session directory: another mpirun at the same time cannot collide
 MPI="mpirun -n 2"
 "$STZ" synth tiny --layers 6 --shards 3 -o "$T/m" -q
 for mode in --int4 --lossless; do
