@@ -21,16 +21,34 @@ typedef struct {
     float *amax; /* per thread */
 } amax_job;
 
+/* BF16 and F16: the largest magnitude straight from the bits (their order
+ * is the values' order, infinity's pattern the largest but NaN's), then
+ * converted: the same float as converting every value first. */
+static float amax16(const uint8_t *b, size_t n, uint16_t inf)
+{
+    uint16_t m = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint16_t u = (uint16_t)(stz_le16(b + 2 * k) & 0x7fff);
+        m = u <= inf && u > m ? u : m;
+    }
+    return inf == 0x7f80 ? stz_bf16_to_f32(m) : stz_f16_to_f32(m);
+}
+
 static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
 {
     amax_job *j = ctx;
-    size_t esz = stz_dtype_bits(j->t->dtype) / 8, e = i * j->per;
+    stz_dtype dt = j->t->dtype;
+    size_t esz = stz_dtype_bits(dt) / 8, e = i * j->per;
     size_t n = j->t->numel - e < j->per ? (size_t)(j->t->numel - e) : j->per;
-    float *f = j->slot[tid].f, m = j->amax[tid];
+    float *f = j->slot[tid].f, m = j->amax[tid], v;
     stz_status st = stz_reader_read(j->r, j->t, e * esz, j->slot[tid].in, n * esz, err);
-    if (!st && !(st = stz_to_f32(j->t->dtype, j->slot[tid].in, n, f, err)))
+    if (!st && (dt == STZ_DTYPE_BF16 || dt == STZ_DTYPE_F16)) {
+        v = amax16(j->slot[tid].in, n, dt == STZ_DTYPE_BF16 ? 0x7f80 : 0x7c00);
+        m = v > m ? v : m;
+    } else if (!st && !(st = stz_to_f32(dt, j->slot[tid].in, n, f, err))) {
         for (size_t k = 0; k < n; k++)
             m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* NaN is reported by the main pass */
+    }
     j->amax[tid] = m;
     return st;
 }

@@ -680,6 +680,60 @@ static void test_file_errors(void **state)
     tu_rmdir(dir);
 }
 
+/* BF16 and F16 tensors quantize to the same codes and U8 scales as their
+ * exact F32 copies: the U8 base (the largest magnitude) found on the 16-bit
+ * patterns is the float found after converting. Values span subnormals,
+ * -0 and the largest magnitudes, the extreme negative in one tensor. */
+static void test_u8_base_any_dtype(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m16 = tu_path(dir, "m16.safetensors"), *m32 = tu_path(dir, "m32.safetensors"),
+         *q16 = tu_path(dir, "q16.safetensors"), *q32 = tu_path(dir, "q32.safetensors");
+    enum { R = 8, C = 96 };
+    uint64_t shape[2] = {R, C};
+    stz_err err;
+    for (int bf = 0; bf < 2; bf++) {
+        stz_dtype dt = bf ? STZ_DTYPE_BF16 : STZ_DTYPE_F16;
+        uint16_t h[R * C];
+        float f[R * C];
+        for (size_t i = 0; i < R * C; i++) {
+            float v = frand() * (i % 7 == 0 ? 1e-6f : 1.0f); /* some subnormal in F16 */
+            v = i == 5 ? -0.0f : i == 700 ? (bf ? -3e30f : -60000.0f) : v;
+            h[i] = bf ? stz_f32_to_bf16(v) : stz_f32_to_f16(v);
+            f[i] = bf ? stz_bf16_to_f32(h[i]) : stz_f16_to_f32(h[i]);
+        }
+        for (int k = 0; k < 2; k++) {
+            stz_writer *w;
+            assert_int_equal(stz_writer_open(&w, k ? m32 : m16, STZ_WRITE_FORCE, &err), STZ_OK);
+            assert_int_equal(stz_writer_add(w, "w", k ? STZ_DTYPE_F32 : dt, 2, shape, &err), STZ_OK);
+            assert_int_equal(stz_writer_write(w, k ? (void *)f : (void *)h, k ? sizeof f : sizeof h, &err), STZ_OK);
+            assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+            stz_writer_free(w);
+        }
+        const char *pol = "{\"rules\": [{\"match\": \"w\", \"action\": \"int4\", \"method\": \"nl\", "
+                          "\"scale_dtype\": \"U8\", \"block_size\": 32}]}";
+        quantize_with(pol, m16, q16, STZ_OK, &err);
+        quantize_with(pol, m32, q32, STZ_OK, &err);
+        stz_reader *a, *b;
+        assert_int_equal(stz_reader_open(&a, q16, &err), STZ_OK);
+        assert_int_equal(stz_reader_open(&b, q32, &err), STZ_OK);
+        assert_int_equal(stz_reader_count(a), stz_reader_count(b));
+        for (size_t i = 0; i < stz_reader_count(a); i++) { /* codes, then scales */
+            const stz_tensor *ta = stz_reader_tensor(a, i), *tb = stz_reader_tensor(b, i);
+            size_t n = (size_t)(ta->end - ta->begin);
+            assert_int_equal(n, tb->end - tb->begin);
+            uint8_t *x = malloc(n), *y = malloc(n);
+            assert_int_equal(stz_reader_read(a, ta, 0, x, n, &err), STZ_OK);
+            assert_int_equal(stz_reader_read(b, tb, 0, y, n, &err), STZ_OK);
+            assert_memory_equal(x, y, n);
+            free(x), free(y);
+        }
+        stz_reader_free(a), stz_reader_free(b);
+    }
+    free(m16), free(m32), free(q16), free(q32);
+    tu_rmdir(dir);
+}
+
 /* Row batches are quantized on several threads: the output bytes and the
  * measured quality must not depend on how many, and an error in a later
  * batch must name its element and leave no output. */
@@ -860,7 +914,7 @@ int main(void)
         cmocka_unit_test(test_policy_randomized_keys),
         cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_file_roundtrip),
-        cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_file_errors), cmocka_unit_test(test_u8_base_any_dtype),
         cmocka_unit_test(test_qmodel_reads_containers),
         cmocka_unit_test(test_tensor_in_memory),
         cmocka_unit_test(test_compress_streams),
