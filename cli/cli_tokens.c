@@ -142,14 +142,7 @@ stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err
     for (size_t s = 0; f && s < q->nseq; s++)
         for (size_t i = 0; i < q->lens[s]; i++)
             fprintf(f, "%d%c", q->tok[s * q->stride + i], i + 1 < q->lens[s] ? ' ' : '\n');
-    stz_status st = STZ_OK;
-    if (!f || ferror(f) | fclose(f))
-        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
-    else if (force ? rename(t.path, path) : stz_rename_noreplace(t.path, path))
-        st = stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO, "%s: %s", path,
-                         errno == EEXIST ? "appeared meanwhile; not replaced (use -f)" : strerror(errno));
-    cli_tmp_drop(&t);
-    return st;
+    return cli_tmp_finish(&t, f, path, force, err);
 }
 
 

@@ -7,6 +7,7 @@
 #include <libgen.h>
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <ftw.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -195,6 +196,25 @@ void cli_tmp_drop(tmpfile_t *t)
     stz_tmp_untrack(t->handle);
     free(t->path);
     t->path = NULL;
+}
+
+stz_status cli_tmp_place(const char *tmp, const char *path, int force, stz_err *err)
+{
+    if (force ? rename(tmp, path) : stz_rename_noreplace(tmp, path))
+        return stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO, "%s: %s", path,
+                           errno == EEXIST ? "appeared meanwhile; not replaced (use -f)" : strerror(errno));
+    return STZ_OK;
+}
+
+stz_status cli_tmp_finish(tmpfile_t *t, FILE *f, const char *path, int force, stz_err *err)
+{
+    stz_status st = STZ_OK;
+    if (!f || ferror(f) | fclose(f))
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
+    else
+        st = cli_tmp_place(t->path, path, force, err);
+    cli_tmp_drop(t);
+    return st;
 }
 
 void cli_err_path(stz_err *err, const char *tmp, const char *shown)
