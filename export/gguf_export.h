@@ -1,0 +1,48 @@
+/* The GGUF exporter's state, shared by gguf_export.c (choosing each
+ * tensor's type, the header) and gguf_data.c (writing the tensors' data).
+ * Not installed. */
+#ifndef STZ_GGUF_EXPORT_H
+#define STZ_GGUF_EXPORT_H
+
+#include "gguf_internal.h"
+#include "stz_internal.h"
+
+/* how a tensor is written: from float values (K_FLOAT), its bytes as
+ * stored when GGUF takes its dtype (K_COPY), stz's codes
+ * checked value by value (K_REPACK) or copied as stored (K_RAW), stz's
+ * values requantized (K_REQUANT), or computed (K_ROPE: rope_freqs) */
+enum { K_FLOAT, K_COPY, K_REPACK, K_RAW, K_REQUANT, K_ROPE };
+
+typedef struct {
+    char name[64];
+    stz_qmodel *m;
+    size_t i;
+    const stz_qtensor *q;
+    uint32_t ndim;
+    uint64_t ne[2], rows, cols;
+    int type, kind;
+    uint32_t heads; /* rows to reorder in this many heads (0: none) */
+    uint64_t offset, bytes;
+} etensor;
+
+typedef struct {
+    const stz_gguf_params *p;
+    const stz_fwd_config *c;
+    const char *model;
+    etensor *t;
+    size_t n;
+    stz_outfile of;
+    uint64_t done, total;
+    stz_gguf_stats *stats;
+    /* row-batch buffers */
+    float *f, *g, *sc, *sg;
+    uint8_t *q, *out;
+    size_t cap_rows, cap_cols;
+} exporter;
+
+static inline int block_type(int type) { return type == STZ_GGML_Q8_0 || type == STZ_GGML_Q5_0 || type == STZ_GGML_Q4_0; }
+
+/* Writes tensor e's data (then padding to the alignment) at the output's end. */
+stz_status stz_gg_write_tensor(exporter *x, etensor *e, stz_err *err);
+
+#endif /* STZ_GGUF_EXPORT_H */
