@@ -1,166 +1,14 @@
 /* Synthetic models with real architectures' names and shapes and values
  * shaped like trained weights. See stz_synth.h. */
-#include "stz_internal.h"
+#include "synth_internal.h"
 #include "stz_safetensors.h"
-#include "stz_synth.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <sys/stat.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum family { FAM_HF_LLAMA, FAM_GPT_NEO };
-
-typedef struct {
-    const char *name, *desc;
-    enum family fam;
-    uint64_t hidden, inter, layers, heads, kv_heads, vocab, positions;
-    int qkv_bias, tied;
-} arch;
-
-static const arch archs[] = {
-    {"qwen2-0.5b", "Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, q/k/v biases, tied embeddings",
-     FAM_HF_LLAMA, 896, 4864, 24, 14, 2, 151936, 0, 1, 1},
-    {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings",
-     FAM_HF_LLAMA, 2048, 8192, 16, 32, 8, 128256, 0, 0, 1},
-    {"llama-3.1-8b", "Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, separate lm_head",
-     FAM_HF_LLAMA, 4096, 14336, 32, 32, 8, 128256, 0, 0, 0},
-    {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head",
-     FAM_HF_LLAMA, 2048, 5632, 22, 32, 4, 32000, 0, 0, 0},
-    {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied",
-     FAM_GPT_NEO, 2048, 8192, 24, 16, 16, 50257, 2048, 0, 1},
-    {"small", "small Llama-style model for quick runs: 8 layers, hidden 512, 8/4 heads, vocab 32000",
-     FAM_HF_LLAMA, 512, 1408, 8, 8, 4, 32000, 0, 0, 1},
-    {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head",
-     FAM_HF_LLAMA, 64, 172, 2, 4, 2, 256, 0, 1, 0},
-    {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64",
-     FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0, 1},
-};
-#define NARCH (sizeof archs / sizeof archs[0])
-
-const char *stz_synth_arch_name(size_t i) { return i < NARCH ? archs[i].name : NULL; }
-const char *stz_synth_arch_desc(size_t i) { return i < NARCH ? archs[i].desc : NULL; }
-
-/* ---- tensor list ----------------------------------------------------- */
-
-enum kind { K_LINEAR, K_EMBED, K_NORM, K_BIAS };
-
-typedef struct {
-    char name[96];
-    int ndim;
-    uint64_t shape[2];
-    enum kind kind;
-    int skip; /* not in the shard being written */
-} spec;
-
-typedef struct {
-    spec *v;
-    size_t n, cap;
-    int oom;
-} specs;
-
-static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt, ...)
-{
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 64;
-        spec *v = realloc(s->v, cap * sizeof *v);
-        if (!v) {
-            s->oom = 1;
-            return;
-        }
-        s->v = v, s->cap = cap;
-    }
-    spec *t = &s->v[s->n++];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t->name, sizeof t->name, fmt, ap);
-    va_end(ap);
-    t->kind = k;
-    t->ndim = d1 ? 2 : 1;
-    t->shape[0] = d0, t->shape[1] = d1;
-}
-
-static void build_specs(const arch *a, specs *s)
-{
-    uint64_t H = a->hidden, I = a->inter, V = a->vocab, KV = H / a->heads * a->kv_heads;
-    if (a->fam == FAM_HF_LLAMA) {
-        add(s, K_EMBED, V, H, "model.embed_tokens.weight");
-        for (uint64_t l = 0; l < a->layers; l++) {
-            const char *p = "model.layers";
-            add(s, K_NORM, H, 0, "%s.%llu.input_layernorm.weight", p, (unsigned long long)l);
-            const char *qkv[3] = {"q", "k", "v"};
-            for (int j = 0; j < 3; j++) {
-                uint64_t out = j ? KV : H;
-                add(s, K_LINEAR, out, H, "%s.%llu.self_attn.%s_proj.weight", p, (unsigned long long)l, qkv[j]);
-                if (a->qkv_bias)
-                    add(s, K_BIAS, out, 0, "%s.%llu.self_attn.%s_proj.bias", p, (unsigned long long)l, qkv[j]);
-            }
-            add(s, K_LINEAR, H, H, "%s.%llu.self_attn.o_proj.weight", p, (unsigned long long)l);
-            add(s, K_NORM, H, 0, "%s.%llu.post_attention_layernorm.weight", p, (unsigned long long)l);
-            add(s, K_LINEAR, I, H, "%s.%llu.mlp.gate_proj.weight", p, (unsigned long long)l);
-            add(s, K_LINEAR, I, H, "%s.%llu.mlp.up_proj.weight", p, (unsigned long long)l);
-            add(s, K_LINEAR, H, I, "%s.%llu.mlp.down_proj.weight", p, (unsigned long long)l);
-        }
-        add(s, K_NORM, H, 0, "model.norm.weight");
-        if (!a->tied)
-            add(s, K_LINEAR, V, H, "lm_head.weight");
-    } else {
-        add(s, K_EMBED, V, H, "transformer.wte.weight");
-        add(s, K_EMBED, a->positions, H, "transformer.wpe.weight");
-        for (uint64_t l = 0; l < a->layers; l++) {
-            unsigned long long L = (unsigned long long)l;
-            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_1.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_1.bias", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.k_proj.weight", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.v_proj.weight", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.q_proj.weight", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.out_proj.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.attention.out_proj.bias", L);
-            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_2.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_2.bias", L);
-            add(s, K_LINEAR, I, H, "transformer.h.%llu.mlp.c_fc.weight", L);
-            add(s, K_BIAS, I, 0, "transformer.h.%llu.mlp.c_fc.bias", L);
-            add(s, K_LINEAR, H, I, "transformer.h.%llu.mlp.c_proj.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.mlp.c_proj.bias", L);
-        }
-        add(s, K_NORM, H, 0, "transformer.ln_f.weight");
-        add(s, K_BIAS, H, 0, "transformer.ln_f.bias");
-    }
-}
-
-static const arch *find_arch(const char *name)
-{
-    for (size_t i = 0; i < NARCH; i++)
-        if (name && strcmp(archs[i].name, name) == 0)
-            return &archs[i];
-    return NULL;
-}
-
-static uint64_t spec_numel(const spec *t) { return t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1); }
-
-stz_status stz_synth_arch_size(const char *name, size_t *tensors, uint64_t *params, stz_err *err)
-{
-    const arch *a = find_arch(name);
-    if (!a)
-        return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')", name ? name : "");
-    specs s = {0};
-    build_specs(a, &s);
-    if (s.oom) {
-        free(s.v);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    }
-    *tensors = s.n;
-    *params = 0;
-    for (size_t i = 0; i < s.n; i++)
-        *params += spec_numel(&s.v[i]);
-    free(s.v);
-    return STZ_OK;
-}
 
 /* ---- random numbers -------------------------------------------------- */
 
@@ -429,7 +277,7 @@ static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synt
 
 stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err)
 {
-    const arch *found = find_arch(p->arch);
+    const arch *found = stz_sy_find_arch(p->arch);
     if (!found)
         return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')",
                            p->arch ? p->arch : "");
@@ -457,9 +305,9 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
     size_t esz = stz_dtype_bits(p->dtype) / 8;
     uint64_t hist[256] = {0}, params = 0, maxdim = 0;
 
-    build_specs(a, &s);
+    stz_sy_build_specs(a, &s);
     for (size_t i = 0; i < s.n; i++) {
-        params += spec_numel(&s.v[i]);
+        params += stz_sy_spec_numel(&s.v[i]);
         for (int d = 0; d < s.v[i].ndim; d++)
             maxdim = s.v[i].shape[d] > maxdim ? s.v[i].shape[d] : maxdim;
     }
@@ -481,7 +329,7 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
     uint64_t total = 0, done = 0;
     size_t written = 0;
     for (size_t i = 0, before = 0; i < s.n; i++) { /* a shard: the tensors starting in its share of the bytes */
-        uint64_t b = spec_numel(&s.v[i]) * esz;
+        uint64_t b = stz_sy_spec_numel(&s.v[i]) * esz;
         size_t k = p->nshards ? (size_t)((double)before * p->nshards / (double)(params * esz)) : 0;
         s.v[i].skip = p->nshards && k != p->shard;
         before += b, total += s.v[i].skip ? 0 : b, written += !s.v[i].skip;
@@ -492,7 +340,7 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
         const spec *t = &s.v[i];
         if (t->skip)
             continue;
-        uint64_t tseed = mix(p->seed, i + 1), n = spec_numel(t);
+        uint64_t tseed = mix(p->seed, i + 1), n = stz_sy_spec_numel(t);
         size_t lr = 0;
         if (t->ndim == 2)
             make_factors(t, tseed, row, col);
