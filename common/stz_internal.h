@@ -65,6 +65,9 @@ uint16_t stz_f32_to_f16(float f);
  * errno; pread returns -1 at end of file before n bytes. */
 int stz_pread_full(int fd, void *buf, size_t n, uint64_t off);
 int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+/* read() until n bytes or the end of the stream (*got tells how many),
+ * retrying on EINTR. Returns 0 or errno. */
+int stz_read_some(int fd, void *buf, size_t n, size_t *got);
 
 /* Strict UTF-8 check; returns the offset of the first bad byte, or n. */
 size_t stz_utf8_check(const uint8_t *s, size_t n);

@@ -34,6 +34,22 @@ int stz_pread_full(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+int stz_read_some(int fd, void *buf, size_t n, size_t *got)
+{
+    *got = 0;
+    while (*got < n) {
+        ssize_t k = read(fd, (uint8_t *)buf + *got, n - *got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return errno;
+        if (k == 0)
+            break;
+        *got += (size_t)k;
+    }
+    return 0;
+}
+
 /* Strict UTF-8 (no overlongs, no surrogates, max U+10FFFF). Returns offset
  * of the first bad byte or `n` if all is well. */
 size_t stz_utf8_check(const uint8_t *s, size_t n)

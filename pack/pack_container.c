@@ -2,7 +2,6 @@
  * index and trailer, all checked; chunk records' plane tables. */
 #include "pack_internal.h"
 
-#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,16 +39,14 @@ stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, con
     uint8_t skip[4096];
     while (c->spos < off || n) {
         uint8_t *to = c->spos < off ? skip : dst;
-        size_t want = c->spos < off ? (size_t)(off - c->spos < sizeof skip ? off - c->spos : sizeof skip) : n;
-        ssize_t k = read(c->fd, to, want);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return stz_err_set(err, k ? STZ_E_IO : STZ_E_TRUNCATED, "%s: cannot read %s: %s", c->path, what,
-                               k ? strerror(errno) : "the stream ended early");
-        c->spos += (uint64_t)k;
+        size_t want = c->spos < off ? (size_t)(off - c->spos < sizeof skip ? off - c->spos : sizeof skip) : n, got;
+        int e = stz_read_some(c->fd, to, want, &got);
+        if (e || got < want)
+            return stz_err_set(err, e ? STZ_E_IO : STZ_E_TRUNCATED, "%s: cannot read %s: %s", c->path, what,
+                               e ? strerror(e) : "the stream ended early");
+        c->spos += (uint64_t)got;
         if (to == dst)
-            dst = (uint8_t *)dst + k, n -= (size_t)k;
+            dst = (uint8_t *)dst + got, n -= got;
     }
     return STZ_OK;
 }

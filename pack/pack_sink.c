@@ -2,10 +2,8 @@
  * quantized tensors into it), and packing a stream (standard input). */
 #include "pack_write.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ---- the container encoder as a SafeTensors writer's sink ------------- */
 
@@ -160,18 +158,8 @@ void stz_pack_sink_free(stz_pack_sink *s)
 /* Up to n bytes from fd: fewer only at its end. */
 static stz_status read_some(int fd, const char *label, uint8_t *dst, size_t n, size_t *got, stz_err *err)
 {
-    *got = 0;
-    while (*got < n) {
-        ssize_t k = read(fd, dst + *got, n - *got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return stz_err_set(err, STZ_E_IO, "%s: read failed: %s", label, strerror(errno));
-        if (k == 0)
-            break;
-        *got += (size_t)k;
-    }
-    return STZ_OK;
+    int e = stz_read_some(fd, dst, n, got);
+    return e ? stz_err_set(err, STZ_E_IO, "%s: read failed: %s", label, strerror(e)) : STZ_OK;
 }
 
 stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
@@ -201,15 +189,10 @@ stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, 
     }
     if (!st)
         st = stz_reader_open_header(&r, img, 8 + hlen, 0, label, err);
-    size_t nt = r ? stz_reader_count(r) : 0;
-    if (!st && (!(spans = malloc((nt + 1) * sizeof *spans)) || !(buf = malloc(p->chunk_size))))
+    if (!st && (!(spans = stz_pw_spans(r)) || !(buf = malloc(p->chunk_size))))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
-    for (size_t i = 0; !st && i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        spans[i] = (stz_span){t->dtype, t->begin, t->end};
-    }
     if (!st)
-        st = s->ws.begin(s, img, 8 + hlen, spans, nt, err);
+        st = s->ws.begin(s, img, 8 + hlen, spans, stz_reader_count(r), err);
     uint64_t total = r ? stz_reader_file_size(r) - 8 - hlen : 0, done = 0;
     while (!st && done < total) { /* the data, in order, to the encoder */
         size_t want = total - done < p->chunk_size ? (size_t)(total - done) : p->chunk_size;

@@ -341,6 +341,17 @@ void stz_pw_close(pack_ctx *c)
     free(c->next_use);
 }
 
+stz_span *stz_pw_spans(const stz_reader *r)
+{
+    size_t nt = stz_reader_count(r);
+    stz_span *sp = malloc((nt + 1) * sizeof *sp);
+    for (size_t i = 0; sp && i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        sp[i] = (stz_span){t->dtype, t->begin, t->end};
+    }
+    return sp;
+}
+
 stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
                          stz_err *err)
 {
@@ -360,13 +371,9 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
     size_t nt = stz_reader_count(r), hlen;
     stz_reader_header(r, &hlen);
     c.orig_size = stz_reader_file_size(r);
-    if (!(c.spans = malloc((nt + 1) * sizeof *c.spans)) || !(img = malloc(8 + hlen))) {
+    if (!(c.spans = stz_pw_spans(r)) || !(img = malloc(8 + hlen))) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
         goto cleanup;
-    }
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        c.spans[i] = (stz_span){t->dtype, t->begin, t->end};
     }
     if ((st = stz_pw_plan_chunks(&c, nt, err)) || (st = stz_reader_pread(r, 0, img, 8 + hlen, err)) ||
         (st = stz_pw_write_head(&c, img, 8 + hlen, err)))

@@ -50,5 +50,7 @@ stz_status stz_pw_write_head(pack_ctx *c, const uint8_t *img, size_t orig, stz_e
 /* The index and trailer after the records, then the output renamed into place. */
 stz_status stz_pw_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err);
 void stz_pw_close(pack_ctx *c);
+/* The tensors of r as spans (malloc'd; NULL out of memory). */
+stz_span *stz_pw_spans(const stz_reader *r);
 
 #endif /* STZ_PACK_WRITE_H */
