@@ -182,9 +182,12 @@ void cli_mpi_sum(double *v, int n); /* in place, over every rank */
 int cli_mpi_min_rank(double v);     /* the rank holding the smallest v */
 /* 1 if any rank failed; err becomes the lowest failing rank's error. */
 int cli_mpi_failed(int failed, stz_err *err);
-/* The rank that takes file i of n (of the given sizes) when the shares are
- * fixed in advance: largest first, each to the least loaded rank. */
-int cli_mpi_owner(const double *sizes, size_t n, size_t i);
+/* The rank that takes each of the n files when the shares are fixed in
+ * advance: largest first, each to the least loaded rank. malloc'd, one per
+ * file; NULL out of memory. */
+int *cli_mpi_share(char *const *files, size_t n);
+/* Indices 0..n-1 by size, largest first (equal sizes in index order). */
+void cli_largest_first(const double *sizes, size_t n, size_t *order);
 
 /* Removes a directory and everything below it. */
 void cli_remove_tree(const char *dir);

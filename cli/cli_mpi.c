@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #ifdef STZ_HAVE_MPI
 #include <mpi.h>
@@ -79,32 +80,26 @@ int cli_mpi_min_rank(double v) { return (void)v, 0; }
 int cli_mpi_failed(int failed, stz_err *err) { return (void)err, failed; }
 #endif
 
-int cli_mpi_owner(const double *sizes, size_t n, size_t i)
+int *cli_mpi_share(char *const *files, size_t n)
 {
-    /* largest first, each to the least loaded rank (ties: the lowest) */
-    int ranks = cli_mpi_size();
-    double *load = calloc((size_t)ranks, sizeof *load);
-    size_t *order = malloc((n + 1) * sizeof *order);
-    int owner = 0;
-    if (!load || !order) {
-        free(load), free(order);
-        return (int)(i % (size_t)ranks);
-    }
-    for (size_t k = 0; k < n; k++)
-        order[k] = k;
-    for (size_t a = 1; a < n; a++) /* insertion sort, stable: shards are few */
-        for (size_t b = a; b > 0 && sizes[order[b]] > sizes[order[b - 1]]; b--) {
-            size_t t = order[b];
-            order[b] = order[b - 1], order[b - 1] = t;
+    int ranks = cli_mpi_size(), *owner = calloc(n + 1, sizeof *owner);
+    double *sizes = calloc(n + 1, sizeof *sizes), *load = calloc((size_t)ranks, sizeof *load);
+    size_t *order = calloc(n + 1, sizeof *order);
+    struct stat sb;
+    if (owner && sizes && load && order) {
+        for (size_t f = 0; f < n; f++)
+            sizes[f] = stat(files[f], &sb) == 0 ? (double)sb.st_size : 0;
+        cli_largest_first(sizes, n, order);
+        for (size_t k = 0; k < n; k++) { /* to the least loaded rank (ties: the lowest) */
+            int best = 0;
+            for (int r = 1; r < ranks; r++)
+                best = load[r] < load[best] ? r : best;
+            load[best] += sizes[order[k]];
+            owner[order[k]] = best;
         }
-    for (size_t k = 0; k < n; k++) {
-        int best = 0;
-        for (int r = 1; r < ranks; r++)
-            best = load[r] < load[best] ? r : best;
-        load[best] += sizes[order[k]];
-        if (order[k] == i)
-            owner = best;
+    } else {
+        free(owner), owner = NULL;
     }
-    free(load), free(order);
+    free(sizes), free(load), free(order);
     return owner;
 }

@@ -198,6 +198,16 @@ void cli_tmp_drop(tmpfile_t *t)
     t->path = NULL;
 }
 
+void cli_largest_first(const double *sizes, size_t n, size_t *order)
+{
+    for (size_t i = 0; i < n; i++) { /* insertion, stable: files are few */
+        size_t k = i;
+        for (; k > 0 && sizes[order[k - 1]] < sizes[i]; k--)
+            order[k] = order[k - 1];
+        order[k] = i;
+    }
+}
+
 stz_status cli_tmp_place(const char *tmp, const char *path, int force, stz_err *err)
 {
     if (force ? rename(tmp, path) : stz_rename_noreplace(tmp, path))

@@ -6,7 +6,6 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static const char pack_help[] =
@@ -268,14 +267,11 @@ int cmd_verify(int argc, char **argv)
                 cli_fail(&err);
             continue;
         }
-        double *sizes = calloc(n + 1, sizeof *sizes); /* under MPI each rank checks its share of the bytes */
-        struct stat sb;
-        for (size_t f = 0; sizes && f < n; f++)
-            sizes[f] = stat(files[f], &sb) == 0 ? (double)sb.st_size : 0;
+        int *owner = ranks > 1 ? cli_mpi_share(files, n) : NULL; /* under MPI each rank checks its share */
         for (size_t f = 0; f < n; f++)
-            if (ranks < 2 || (sizes ? cli_mpi_owner(sizes, n, f) : (int)(f % (size_t)ranks)) == cli_mpi_rank())
+            if (ranks < 2 || (owner ? owner[f] : (int)(f % (size_t)ranks)) == cli_mpi_rank())
                 bad |= verify_one(&o, &p, files[f], arr);
-        free(sizes);
+        free(owner);
         cli_model_files_free(files, n);
     }
     double failed = bad; /* any rank's failure fails the job */

@@ -237,12 +237,8 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
         st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < m.n; i++) /* largest first: the last shard to start is a small one */
         sizes[i] = cli_pjoin(p, sizeof p, in, skip[i]) == 0 && stat(p, &sb) == 0 ? (double)sb.st_size : 0;
-    for (size_t i = 0; !st && i < m.n; i++) {
-        size_t k = i;
-        for (; k > 0 && sizes[order[k - 1]] < sizes[i]; k--)
-            order[k] = order[k - 1];
-        order[k] = i;
-    }
+    if (!st)
+        cli_largest_first(sizes, m.n, order);
     shard_work w = {.m = &m, .in = in, .tmpdir = tmpdir, .in_suffix = in_suffix, .out_suffix = out_suffix,
                     .rewrite_index = rewrite_index && !mpi, .quiet = quiet || (mpi && !root), .convert = convert,
                     .user = user, .order = order, .claim = mpi};
