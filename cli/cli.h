@@ -151,11 +151,8 @@ int cli_is_sharded_dir(const char *path);
  * index; a single-file repository's model.safetensors(.stz). */
 stz_status cli_model_files(const char *path, char ***files, size_t *n, stz_err *err);
 void cli_model_files_free(char **files, size_t n);
-/* Converts one file: in -> out. `mapped` (cap bytes) may name a SafeTensors
- * file whose tensor names the rewritten index must list instead of out's;
- * it is removed after use. */
-typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, char *mapped, size_t cap,
-                                   int threads, int quiet, stz_err *err);
+/* Converts one file: in -> out. */
+typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err);
 /* Runs convert on every shard of directory `in` (file SHARD+in_suffix) into
  * a new directory `out` (file SHARD+out_suffix), writes the index
  * (rewritten for the new tensor names and sizes if rewrite_index, else

@@ -143,13 +143,11 @@ typedef struct {
 
 /* One file: quantized straight into the container (one pass, no
  * intermediate file), or packed as it is with --lossless. */
-static stz_status compress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, int threads,
-                               int quiet, stz_err *err)
+static stz_status compress_one(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err)
 {
     compress_ctx *c = (compress_ctx *)user;
     const popts *o = c->o;
     const char *shard = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
-    (void)mapped, (void)cap; /* the container holds the quantized names */
     stz_status s = STZ_OK;
     cli_progress prog;
     char label[64];
@@ -225,7 +223,7 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
         if (cli_shards_run(in, out, "", ".stz", 1, threads, quiet, compress_one, &c) != CLI_OK)
             st = stz_err_set(err, STZ_E_IO, "%s: compressing the shards failed (above)", in);
     } else {
-        st = compress_one(&c, in, out, NULL, 0, threads, quiet, err);
+        st = compress_one(&c, in, out, threads, quiet, err);
     }
     pthread_mutex_destroy(&c.lock);
     *bytes = st ? 0 : cli_path_bytes(out);
@@ -273,7 +271,7 @@ int cmd_compress(int argc, char **argv)
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
-        rc = compress_one(&c, in, out, NULL, 0, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
+        rc = compress_one(&c, in, out, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
     }
     if (rc == CLI_OK && c.pol && !o.c.quiet && !mpi) { /* (under MPI each rank saw only its shards) */
         stz_reader *names = NULL;
@@ -336,10 +334,8 @@ static stz_status unpack_any(const stz_unpack_params *p, const char *in, const c
 }
 
 /* What decompress does to one file. */
-static stz_status decompress_one(void *user, const char *in, const char *out, char *mapped, size_t cap, int threads,
-                                 int quiet, stz_err *err)
+static stz_status decompress_one(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err)
 {
-    (void)mapped, (void)cap;
     const popts *o = (const popts *)user;
     stz_status s;
     tmpfile_t tu = {0};
@@ -406,7 +402,7 @@ int cmd_decompress(int argc, char **argv)
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
         rc = cli_fail(&err);
     } else {
-        rc = decompress_one(&o, in, out, NULL, 0, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
+        rc = decompress_one(&o, in, out, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
     }
     if (rc == CLI_OK && strcmp(out, "-") && !cli_mpi_rank()) /* stdout carries the data, not a summary */
         cli_print_summary(&o.c, in, out, o.deq ? "dequantized" : "as packed", sharded, cli_now() - t0);

@@ -109,7 +109,7 @@ static void *shard_worker(void *arg)
         if (i >= w->m->n)
             return NULL;
         i = w->order[i];
-        char src[1024], dst[1024], p[PATH_MAX], q[PATH_MAX], mapped[PATH_MAX] = "";
+        char src[1024], dst[1024], p[PATH_MAX], q[PATH_MAX];
         stz_err err;
         stz_status st = STZ_OK;
         int mine = w->claim ? claim_shard(w, i, &err) : 1;
@@ -122,11 +122,9 @@ static void *shard_worker(void *arg)
             cli_pjoin(p, sizeof p, w->in, src) || cli_pjoin(q, sizeof q, w->tmpdir, dst)))
             st = stz_err_set(&err, STZ_E_ARG, "%s: shard name or path too long", w->m->shards[i]);
         if (!st)
-            st = w->convert(w->user, p, q, mapped, sizeof mapped, w->threads, w->quiet, &err);
-        if (!st && w->rewrite_index) /* the new index's names: of the mapped file, or of the output */
-            st = names_of(mapped[0] ? mapped : q, &w->names[i], &err);
-        if (mapped[0] && strcmp(mapped, q))
-            unlink(mapped);
+            st = w->convert(w->user, p, q, w->threads, w->quiet, &err);
+        if (!st && w->rewrite_index) /* the new index's names: the output's */
+            st = names_of(q, &w->names[i], &err);
         if (st) {
             pthread_mutex_lock(&w->lock);
             if (!w->failed)
@@ -179,8 +177,8 @@ static stz_status write_text(const char *path, const char *text, stz_err *err)
 /*
  * For every shard SHARD of the index: convert(in/SHARD+in_suffix ->
  * tmp/SHARD+out_suffix), several shards at once when there are threads for
- * it, then (rewrite_index) map the tensors of `mapped` (or of the output)
- * to SHARD in the new index, in shard order. Everything else is copied.
+ * it, then (rewrite_index) map the tensors of the output to SHARD in the
+ * new index, in shard order. Everything else is copied.
  * The directory appears at `out` only when everything succeeded.
  */
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
