@@ -11,16 +11,13 @@
 # The lossless round trip is checked shard by shard with cmp.
 # Usage: bench/bench_8b.sh [BUILD_DIR] [WORK_DIR]   (WORK needs ~45 GB free)
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/tmp/stz-bench-8b}
 STZ=$(cd "$(dirname "$BUILD/stz")" && pwd)/stz
 mkdir -p "$WORK"
 cd "$WORK"
 rm -rf m c.* d.* q.safetensors q.stz
-fails=0
-check() {
-    if awk "BEGIN { exit !($2) }"; then echo "- PASS: $1"; else echo "- FAIL: $1"; fails=$((fails + 1)); fi
-}
 used() { df --output=used -B1 . | tail -1; }
 # run NAME OUTPUT CMD...: prints a table row, sets S RSS EXTRA CPU (user + system seconds)
 run() {

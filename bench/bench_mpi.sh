@@ -6,6 +6,7 @@
 # ranks that do nothing (a refused command), and the speed-ups without it.
 # Usage: bench/bench_mpi.sh [BUILD_DIR] [WORK_DIR] [RUNS]
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench-mpi}
 RUNS=${3:-3}
@@ -17,10 +18,6 @@ cd "$WORK"
 rm -rf m o1 o2 d1 d2
 "$STZ" synth qwen2-0.5b --layers 96 --shards 16 -o m -q
 N=$(du -sb m | cut -f1)
-fails=0
-check() {
-    if awk "BEGIN { exit !($2) }"; then echo "- PASS: $1"; else echo "- FAIL: $1"; fails=$((fails + 1)); fi
-}
 best() { # OUTDIR CMD...: fastest of RUNS, OUTDIR removed before each
     d=$1
     shift

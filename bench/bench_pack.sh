@@ -11,6 +11,7 @@
 # from one minute to the next); it needs about 5 GB.
 # Needs: zstd, xz, bzip2, /usr/bin/time (tools/deps.sh installs them).
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench}
 RUNS=${3:-5}
@@ -18,7 +19,6 @@ STZ=$BUILD/stz
 DATA=$(dirname "$0")/../../shared/data
 SLICE=$((32 * 1024 * 1024))
 mkdir -p "$WORK"
-fails=0
 
 # best_of OUT CMD...: runs CMD RUNS times; prints "seconds peak_rss_kb" of
 # the fastest run. OUT is deleted before each run: replacing a large file
@@ -43,10 +43,6 @@ size() { stat -c %s "$1"; }
 # MB/s, or "<10 ms" when the run was too short for /usr/bin/time to measure
 mbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s < 0.02) printf "(<20 ms)"; else printf "%.0f", b / s / 1e6 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
-check() { # description condition-as-awk-expression
-    if awk "BEGIN { exit !($2) }"; then echo "- PASS: $1"; else echo "- FAIL: $1"; fails=$((fails + 1)); fi
-}
-
 row() { # name orig packed ctime dtime crss drss
     printf "| %s | %s | %s | %s | %s |\n" "$1" "$(ratio "$2" "$3")" "$(mbps "$2" "$4")" "$(mbps "$2" "$5")" \
         "$(awk -v k="$6" -v l="$7" 'BEGIN { printf "%.0f / %.0f", k / 1024, l / 1024 }')"

@@ -6,6 +6,7 @@
 # pipeline issue's targets. Best of RUNS runs.
 # Usage: bench/bench_pipeline.sh [BUILD_DIR] [WORK_DIR] [RUNS]
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench}
 RUNS=${3:-3}
@@ -14,10 +15,6 @@ mkdir -p "$WORK"
 M=$WORK/qwen2-0.5b.bf16.safetensors
 "$STZ" synth qwen2-0.5b -o "$M" -q -f
 N=$(stat -c %s "$M")
-fails=0
-check() {
-    if awk "BEGIN { exit !($2) }"; then echo "- PASS: $1"; else echo "- FAIL: $1"; fails=$((fails + 1)); fi
-}
 best_of() { # OUT CMD...: "seconds peak_kb" of the fastest run; OUT deleted before each
     out=$1
     shift

@@ -6,6 +6,7 @@
 #
 # Usage: bench/bench_quant.sh [BUILD_DIR] [WORK_DIR] [RUNS]
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench}
 RUNS=${3:-3}
@@ -14,10 +15,6 @@ mkdir -p "$WORK"
 M=$WORK/qwen2-0.5b.bf16.safetensors
 "$STZ" synth qwen2-0.5b -o "$M" -q -f
 N=$(stat -c %s "$M")
-fails=0
-check() {
-    if awk "BEGIN { exit !($2) }"; then echo "- PASS: $1"; else echo "- FAIL: $1"; fails=$((fails + 1)); fi
-}
 sed 's/"action": "int4", "block_size": 128/"action": "int4", "block_size": 128, "method": "mse"/' \
     "$(dirname "$0")/../policies/int4.json" >"$WORK/int4-mse.json"
 

@@ -7,6 +7,7 @@
 # --int8 and --lossless (which was already one pass) for reference.
 # Usage: bench/bench_stream.sh [BUILD_DIR] [WORK_DIR] [RUNS]
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench-stream}
 RUNS=${3:-3}
@@ -15,10 +16,6 @@ mkdir -p "$WORK"
 cd "$WORK"
 "$STZ" synth qwen2-0.5b -o m.safetensors -q -f
 N=$(stat -c %s m.safetensors)
-fails=0
-check() {
-    if awk "BEGIN { exit !($2) }"; then echo "- PASS: $1"; else echo "- FAIL: $1"; fails=$((fails + 1)); fi
-}
 best() { # "seconds peak_kb" of the fastest of RUNS runs of sh -c "$1"
     b=""
     for i in $(seq "$RUNS"); do
