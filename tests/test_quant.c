@@ -413,6 +413,19 @@ static void eval_files(const char *a, const char *b, double *min_cos, double *wm
     stz_qmodel_free(mb);
 }
 
+/* Tensors ta of a and tb of b hold the same bytes. */
+static void assert_same_bytes(const stz_reader *a, const stz_tensor *ta, const stz_reader *b, const stz_tensor *tb)
+{
+    stz_err err;
+    size_t n = (size_t)(ta->end - ta->begin);
+    assert_int_equal(n, tb->end - tb->begin);
+    uint8_t *x = malloc(n + 1), *y = malloc(n + 1);
+    assert_int_equal(stz_reader_read(a, ta, 0, x, n, &err), STZ_OK);
+    assert_int_equal(stz_reader_read(b, tb, 0, y, n, &err), STZ_OK);
+    assert_memory_equal(x, y, n);
+    free(x), free(y);
+}
+
 static void quantize_with(const char *policy_json, const char *in, const char *out, stz_status want, stz_err *err)
 {
     stz_policy *p = parse_ok(policy_json);
@@ -464,12 +477,7 @@ static void test_file_roundtrip(void **state)
                 quantized++;
                 continue;
             }
-            size_t n = (size_t)(a->end - a->begin);
-            uint8_t *x = malloc(n + 1), *y = malloc(n + 1);
-            assert_int_equal(stz_reader_read(ro, a, 0, x, n, &err), STZ_OK);
-            assert_int_equal(stz_reader_read(rd, b, 0, y, n, &err), STZ_OK);
-            assert_memory_equal(x, y, n);
-            free(x), free(y);
+            assert_same_bytes(ro, a, rd, b);
         }
         assert_true(quantized > 0);
         if (k == 3) { /* biases of 32 or 64 elements: one block each, scale in the metadata */
@@ -718,16 +726,8 @@ static void test_u8_base_any_dtype(void **state)
         assert_int_equal(stz_reader_open(&a, q16, &err), STZ_OK);
         assert_int_equal(stz_reader_open(&b, q32, &err), STZ_OK);
         assert_int_equal(stz_reader_count(a), stz_reader_count(b));
-        for (size_t i = 0; i < stz_reader_count(a); i++) { /* codes, then scales */
-            const stz_tensor *ta = stz_reader_tensor(a, i), *tb = stz_reader_tensor(b, i);
-            size_t n = (size_t)(ta->end - ta->begin);
-            assert_int_equal(n, tb->end - tb->begin);
-            uint8_t *x = malloc(n), *y = malloc(n);
-            assert_int_equal(stz_reader_read(a, ta, 0, x, n, &err), STZ_OK);
-            assert_int_equal(stz_reader_read(b, tb, 0, y, n, &err), STZ_OK);
-            assert_memory_equal(x, y, n);
-            free(x), free(y);
-        }
+        for (size_t i = 0; i < stz_reader_count(a); i++) /* codes, then scales */
+            assert_same_bytes(a, stz_reader_tensor(a, i), b, stz_reader_tensor(b, i));
         stz_reader_free(a), stz_reader_free(b);
     }
     free(m16), free(m32), free(q16), free(q32);
