@@ -6,6 +6,7 @@
  * Usage: quant_methods MODEL [--cols-multiple K] [--layers A,B] [CONFIG...]
  * CONFIG is bits:method:block:scale_dtype, e.g. 4:nl:32:U8; default: a set. */
 #include "stz_quant.h"
+#include "../quant/quant_tensor.h"
 #include "stz_safetensors.h"
 
 #include <stdio.h>
@@ -99,7 +100,7 @@ int main(int argc, char **argv)
                 amax = fabsf(w[i]) > amax ? fabsf(w[i]) : amax;
             f.scale_base = amax;
             if (fit) /* as stz quantize does: up to 256 rows spread over the tensor */
-                stz_qf_fit_levels(&f, w, rows > 256 ? 256 : rows, cols);
+                stz_qf_fit_tensor(&f, w, rows, cols, &err);
             else if (f.method == STZ_QMETHOD_NL)
                 stz_qf_default_levels(f.bits, f.levels), stz_qf_prepare(&f);
             size_t rb = stz_qf_row_bytes(f.bits, cols);

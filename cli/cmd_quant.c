@@ -171,7 +171,7 @@ int cmd_plan(int argc, char **argv)
                 cJSON_AddStringToObject(e, "fallback", stz_action_name(d.fallback));
             } else if (d.action != STZ_ACTION_KEEP) {
                 cJSON_AddNumberToObject(e, "block_size", d.block_size);
-                cJSON_AddStringToObject(e, "method", d.method == STZ_QMETHOD_MSE ? "mse" : "absmax");
+                cJSON_AddStringToObject(e, "method", stz_qmethod_name(d.method));
                 cJSON_AddStringToObject(e, "scale_dtype", stz_dtype_name(d.scale_dtype));
             }
             if (d.reason)

@@ -5,6 +5,7 @@
 #include "stz_pack.h"
 #include "stz_safetensors.h"
 #include "stz_tune.h"
+#include "../quant/quant_tensor.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -131,9 +132,9 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
             cJSON_AddStringToObject(meta, name, val);
             continue;
         }
-        int bits = stz_action_bits(d->action), sym8 = bits == 8 && d->method <= STZ_QMETHOD_FULL;
+        int bits = stz_action_bits(d->action);
         uint64_t nb = stz_q_blocks(cols, d->block_size), ssz = stz_dtype_bits(d->scale_dtype) / 8;
-        add_entry(h, t->name, sym8 ? STZ_DTYPE_I8 : STZ_DTYPE_U8, rows, stz_qf_row_bytes(bits, cols),
+        add_entry(h, t->name, stz_quant_values_dtype(bits, d->method), rows, stz_qf_row_bytes(bits, cols),
                   rows * stz_qf_row_bytes(bits, cols), &off);
         for (int k = 1; k <= (d->method == STZ_QMETHOD_ASYM ? 2 : 1); k++) {
             snprintf(name, sizeof name, "%s.%s", t->name, k == 1 ? "scales" : "mins");

@@ -29,6 +29,20 @@ int stz_qf_quantize_any(const stz_qformat *f, int legacy, const float *x, size_t
                         : stz_q4_quantize_ref(x, n, f->block, f->method, f->scale_dtype, q, scales);
 }
 
+stz_status stz_qf_fit_tensor(stz_qformat *f, const float *x, uint64_t rows, uint64_t cols, stz_err *err)
+{
+    size_t nr = stz_qf_fit_rows(rows), fc = stz_qf_fit_cols(cols);
+    float *smp = malloc(nr * fc * sizeof *smp + 1);
+    if (!smp)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < nr; k++)
+        memcpy(smp + k * fc, x + k * (rows / nr) * cols, fc * sizeof *smp);
+    if (nr)
+        stz_qf_fit_levels(f, smp, nr, fc);
+    free(smp);
+    return STZ_OK;
+}
+
 void stz_qf_store_scales(const stz_qformat *f, const float *v, size_t n, uint8_t *dst)
 {
     stz_err ignored; /* F16 and F32 always convert */
@@ -135,20 +149,12 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
         amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
     }
     f->scale_base = amax > 0 ? amax : 1.0f;
-    if (d->method == STZ_QMETHOD_NL_FIT && rows) { /* the rows stz_quantize_file fits to */
-        size_t nr = stz_qf_fit_rows(rows), fc = stz_qf_fit_cols(cols);
-        float *smp = malloc(nr * fc * sizeof *smp + 1);
-        if (!smp)
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-        for (size_t k = 0; k < nr; k++)
-            memcpy(smp + k * fc, x + k * (rows / nr) * cols, fc * sizeof *smp);
-        stz_qf_fit_levels(f, smp, nr, fc);
-        free(smp);
-    }
+    stz_status fst = d->method == STZ_QMETHOD_NL_FIT ? stz_qf_fit_tensor(f, x, rows, cols, err) : STZ_OK;
+    if (fst)
+        return fst;
     int asym = d->method == STZ_QMETHOD_ASYM;
     size_t rb = stz_qf_row_bytes(f->bits, (size_t)cols), ssz = stz_dtype_bits(d->scale_dtype) / 8;
-    out->dtype[0] = f->bits == 8 && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE ||
-                                     d->method == STZ_QMETHOD_FULL) ? STZ_DTYPE_I8 : STZ_DTYPE_U8;
+    out->dtype[0] = stz_quant_values_dtype(f->bits, f->method);
     out->dtype[1] = out->dtype[2] = d->scale_dtype;
     out->len[0] = (size_t)rows * rb;
     float *sc = malloc(ns * sizeof *sc + 1), *mn = asym ? malloc(ns * sizeof *mn + 1) : NULL,

@@ -27,6 +27,11 @@ void stz_qf_store_scales(const stz_qformat *f, const float *v, size_t n, uint8_t
 static inline size_t stz_qf_fit_rows(uint64_t rows) { return rows < 256 ? (size_t)rows : 256; }
 static inline size_t stz_qf_fit_cols(uint64_t cols) { return cols > (1u << 20) ? (size_t)1 << 20 : (size_t)cols; }
 
+/* nl-fit: fits f's codebook to those rows of a whole rows x cols tensor in
+ * memory, as stz_quantize_file does (f has the decision's format and scale
+ * base). STZ_E_NOMEM. */
+stz_status stz_qf_fit_tensor(stz_qformat *f, const float *x, uint64_t rows, uint64_t cols, stz_err *err);
+
 /* A factorisation's INT8 factors as stz_quantize_file stores them: one F32
  * scale per row of U (m x r) and of Vh (r x n), one for S. */
 void stz_svd_q8(const stz_svd_result *f, int8_t *Uq, float *Us, int8_t *Sq, float *s_scale, int8_t *Vq,
