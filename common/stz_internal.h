@@ -114,10 +114,12 @@ void stz_outfile_abort(stz_outfile *of);
 
 /* ---- a SafeTensors writer's bytes handed elsewhere -------------------- */
 
-/* A tensor's dtype and bytes in the data section of the file being written. */
+/* A tensor's dtype and bytes in the data section of the file being written,
+ * and its name (owned by the writer or reader the span comes from). */
 typedef struct {
     stz_dtype dtype;
     uint64_t begin, end;
+    const char *name;
 } stz_span;
 
 /* Where an stz_writer opened with stz_writer_open_sink sends the file:

@@ -120,7 +120,7 @@ stz_status stz_pack_sink_open(stz_pack_sink **out, const stz_pack_params *p, con
     }
     s->p = *p;
     s->p.progress = NULL; /* the producer reports progress */
-    stz_status st = stz_pw_open(&s->c, &s->p, path, err);
+    stz_status st = stz_pw_open(&s->c, &s->p, path, 0, err);
     s->c.label = strcmp(path, "-") ? s->path : "standard output";
     pthread_mutex_init(&s->c.lock, NULL);
     pthread_cond_init(&s->c.cv, NULL);

@@ -139,7 +139,7 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
     if (!c->r)
         ring_release(c, i);
     if (st)
-        return stz_err_set(err, st, "%s: tensor %u of the file: %s", c->label, ch->tensor, sub.msg);
+        return stz_err_set(err, st, "%s: tensor '%s': %s", c->label, t->name, sub.msg);
     stz_put_le64(b->rec + 16, c->hashes[i]);
     return STZ_OK;
 }
@@ -280,7 +280,7 @@ stz_status stz_pw_plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
     return STZ_OK;
 }
 
-stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, stz_err *err)
+stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, int reads, stz_err *err)
 {
     *c = (pack_ctx){.p = p, .out = STZ_OUTFILE_INIT};
     if (p->threads < 1 || p->threads > 256)
@@ -294,10 +294,10 @@ stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, s
         return stz_err_set(err, STZ_E_NOMEM, "out of memory");
     for (int t = 0; t < p->threads; t++) {
         thread_buf *b = &c->tb[t];
-        b->raw = malloc(p->chunk_size);
+        b->raw = reads ? malloc(p->chunk_size) : NULL;
         b->planes = malloc(stz_planes_bound(p->chunk_size));
         b->rec = malloc(stz_record_bound(p->chunk_size));
-        if (!b->raw || !b->planes || !b->rec)
+        if ((reads && !b->raw) || !b->planes || !b->rec)
             return stz_err_set(err, STZ_E_NOMEM, "out of memory for thread buffers");
         stz_status st = stz_plane_enc_init(&b->enc, err);
         if (st)
@@ -347,7 +347,7 @@ stz_span *stz_pw_spans(const stz_reader *r)
     stz_span *sp = malloc((nt + 1) * sizeof *sp);
     for (size_t i = 0; sp && i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
-        sp[i] = (stz_span){t->dtype, t->begin, t->end};
+        sp[i] = (stz_span){t->dtype, t->begin, t->end, t->name};
     }
     return sp;
 }
@@ -365,7 +365,7 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
         stz_reader_free(r);
         return st;
     }
-    if ((st = stz_pw_open(&c, p, out, err)))
+    if ((st = stz_pw_open(&c, p, out, 1, err)))
         goto cleanup;
     c.r = r, c.label = in;
     size_t nt = stz_reader_count(r), hlen;

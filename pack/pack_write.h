@@ -40,8 +40,10 @@ typedef struct {
     uint64_t orig_size;    /* of the file packed */
 } pack_ctx;
 
-/* Checks the parameters, opens the output, makes the thread buffers. */
-stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, stz_err *err);
+/* Checks the parameters, opens the output, makes the thread buffers (with
+ * `reads`, one for the raw chunk each: the packer reads its input; a sink's
+ * chunks arrive in its ring). */
+stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, int reads, stz_err *err);
 /* Chunks never straddle tensors, so every chunk has one dtype. */
 stz_status stz_pw_plan_chunks(pack_ctx *c, size_t nt, stz_err *err);
 /* File header + the original SafeTensors header img[orig] (its 8-byte
