@@ -61,25 +61,6 @@ size_t stz_qw_first_nonfinite(const float *x, size_t n)
     return i;
 }
 
-/* Finds the first NaN/Inf; returns its element index or -1. Reads the
- * tensor in batches. */
-static stz_status find_nonfinite(const stz_reader *r, const stz_tensor *t, uint8_t *buf, float *f, int64_t *at,
-                                 stz_err *err)
-{
-    size_t esz = stz_dtype_bits(t->dtype) / 8, per = STZ_QUANT_BATCH_BYTES / esz;
-    *at = -1;
-    for (uint64_t e = 0; e < t->numel && *at < 0; e += per) {
-        size_t n = t->numel - e < per ? (size_t)(t->numel - e) : per;
-        stz_status st = stz_reader_read(r, t, e * esz, buf, n * esz, err);
-        if (st || (st = stz_to_f32(t->dtype, buf, n, f, err)))
-            return st;
-        size_t k = stz_qw_first_nonfinite(f, n);
-        if (k < n)
-            *at = (int64_t)(e + k);
-    }
-    return STZ_OK;
-}
-
 /* A file stz already quantized holds INT8/INT4 codes and scales tensors:
  * quantizing those again would give a file that no longer reads back. */
 static stz_status refuse_quantized(const stz_reader *r, stz_err *err)
@@ -332,17 +313,10 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
             goto cleanup;
         if (!x->bits || x->svd)
             continue;
-        if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
-            int64_t at;
-            if ((st = find_nonfinite(r, t, buf, f, &at, err)))
-                goto cleanup;
-            if (at >= 0) {
-                x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
-                continue;
-            }
-        }
         if ((st = stz_qw_plan_prepare(r, t, x, slot, nslots, err)))
             goto cleanup;
+        if (!x->bits)
+            continue; /* NaN/Inf, and the policy keeps such tensors */
         if (x->rows * x->nblocks == 1) {
             size_t esz = stz_dtype_bits(t->dtype) / 8;
             if ((st = stz_reader_read(r, t, 0, buf, t->numel * esz, err)) ||

@@ -12,25 +12,28 @@ void stz_qw_plan_format(plan_t *x)
     x->legacy = stz_qf_of_decision(&x->d, &x->fmt);
 }
 
-/* The largest magnitude of a tensor, batch by batch on the slots' threads. */
+/* The largest magnitude of a tensor, and whether it holds NaN or Inf,
+ * batch by batch on the slots' threads. */
 typedef struct {
     const stz_reader *r;
     const stz_tensor *t;
     qslot *slot;
     size_t per; /* elements per batch */
     float *amax; /* per thread */
+    int *bad;    /* per thread: a NaN or Inf seen */
 } amax_job;
 
 /* BF16 and F16: the largest magnitude straight from the bits (their order
  * is the values' order, infinity's pattern the largest but NaN's), then
  * converted: the same float as converting every value first. */
-static float amax16(const uint8_t *b, size_t n, uint16_t inf)
+static float amax16(const uint8_t *b, size_t n, uint16_t inf, int *bad)
 {
-    uint16_t m = 0;
+    uint16_t m = 0, top = 0;
     for (size_t k = 0; k < n; k++) {
         uint16_t u = (uint16_t)(stz_le16(b + 2 * k) & 0x7fff);
-        m = u <= inf && u > m ? u : m;
+        m = u <= inf && u > m ? u : m, top = u > top ? u : top;
     }
+    *bad |= top >= inf;
     return inf == 0x7f80 ? stz_bf16_to_f32(m) : stz_f16_to_f32(m);
 }
 
@@ -43,11 +46,12 @@ static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
     float *f = j->slot[tid].f, m = j->amax[tid], v;
     stz_status st = stz_reader_read(j->r, j->t, e * esz, j->slot[tid].in, n * esz, err);
     if (!st && (dt == STZ_DTYPE_BF16 || dt == STZ_DTYPE_F16)) {
-        v = amax16(j->slot[tid].in, n, dt == STZ_DTYPE_BF16 ? 0x7f80 : 0x7c00);
+        v = amax16(j->slot[tid].in, n, dt == STZ_DTYPE_BF16 ? 0x7f80 : 0x7c00, &j->bad[tid]);
         m = v > m ? v : m;
     } else if (!st && !(st = stz_to_f32(dt, j->slot[tid].in, n, f, err))) {
         for (size_t k = 0; k < n; k++)
-            m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* NaN is reported by the main pass */
+            m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* not NaN: fabsf(NaN) > m is false */
+        j->bad[tid] |= stz_qw_first_nonfinite(f, n) < n;
     }
     j->amax[tid] = m;
     return st;
@@ -56,19 +60,24 @@ static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
 stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
                                stz_err *err)
 {
-    int fit = x->d.method == STZ_QMETHOD_NL_FIT;
-    if (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit))
+    int fit = x->d.method == STZ_QMETHOD_NL_FIT, keep = x->d.nonfinite == STZ_NONFINITE_KEEP, bad = 0;
+    if (!keep && (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit)))
         return STZ_OK;
     size_t esz = stz_dtype_bits(t->dtype) / 8, per = STZ_QUANT_BATCH_BYTES / esz;
     uint8_t *buf = slot[0].in;
     float amaxes[256] = {0}, amax = 0;
-    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes};
+    int bads[256] = {0};
+    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes, .bad = bads};
     stz_pipeline pl = {.n = (size_t)((t->numel + per - 1) / per), .threads = threads < 256 ? threads : 256,
                        .ctx = &j, .work = amax_work};
     stz_status st = stz_pipeline_run(&pl, err);
     for (int k = 0; k < pl.threads; k++)
-        amax = amaxes[k] > amax ? amaxes[k] : amax;
+        amax = amaxes[k] > amax ? amaxes[k] : amax, bad |= bads[k];
     x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
+    if (!st && keep && bad) { /* the policy keeps such a tensor as it is */
+        x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+        return st;
+    }
     if (st || !fit)
         return st;
     size_t cols = stz_qf_fit_cols(x->cols), nr = stz_qf_fit_rows(x->rows);

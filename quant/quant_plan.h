@@ -43,7 +43,9 @@ size_t stz_qw_first_nonfinite(const float *x, size_t n);
 void stz_qw_plan_format(plan_t *x);
 /* What the format needs from the whole tensor before any row is
  * quantized: U8 scales, its largest magnitude (the base); nl-fit, a
- * codebook fitted to up to 256 rows spread over it. Reads with the slots'
+ * codebook fitted to up to 256 rows spread over it. With "nonfinite":
+ * "keep", the same pass looks for NaN/Inf, and a tensor holding any
+ * becomes kept (x->bits 0). Reads with the slots'
  * buffers on `threads` threads. */
 stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
                                stz_err *err);

@@ -688,6 +688,64 @@ static void test_file_errors(void **state)
     tu_rmdir(dir);
 }
 
+/* "nonfinite": "keep": a BF16, F16 or F32 tensor holding NaN or Inf is
+ * kept byte for byte (the one pass that also finds the U8 base sees it),
+ * a clean one beside them is quantized; with U8 and with F16 scales. */
+static void test_nonfinite_keep(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *q = tu_path(dir, "q.safetensors");
+    enum { N = 128 };
+    static const stz_dtype dt[4] = {STZ_DTYPE_BF16, STZ_DTYPE_F16, STZ_DTYPE_F32, STZ_DTYPE_BF16};
+    static const char *const names[4] = {"a", "b", "c", "d"};
+    uint8_t bytes[4][4 * N];
+    uint64_t shape[2] = {2, N / 2};
+    stz_writer *w;
+    stz_err err;
+    for (int k = 0; k < 4; k++) {
+        float v[N];
+        for (int i = 0; i < N; i++)
+            v[i] = (float)((i * 37 + k) % 19) - 9.0f;
+        v[N - 3] = k == 0 ? INFINITY : k == 1 ? NAN : k == 2 ? -INFINITY : v[N - 3];
+        assert_int_equal(stz_from_f32(dt[k], v, N, bytes[k], &err), STZ_OK);
+    }
+    assert_int_equal(stz_writer_open(&w, m, 0, &err), STZ_OK);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(stz_writer_add(w, names[k], dt[k], 2, shape, &err), STZ_OK);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(stz_writer_write(w, bytes[k], N * stz_dtype_bits(dt[k]) / 8, &err), STZ_OK);
+    assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_writer_free(w);
+    static const char *const pols[2] = {
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"method\": \"nl\", \"block_size\": 32, "
+        "\"scale_dtype\": \"U8\", \"nonfinite\": \"keep\"}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int8\", \"block_size\": 32, \"nonfinite\": \"keep\"}]}"};
+    for (int p = 0; p < 2; p++) {
+        quantize_with(pols[p], m, q, STZ_OK, &err);
+        stz_reader *r;
+        assert_int_equal(stz_reader_open(&r, q, &err), STZ_OK);
+        for (int k = 0; k < 4; k++) {
+            const stz_tensor *t = stz_reader_tensor(r, (size_t)stz_reader_find(r, names[k]));
+            uint8_t back[4 * N];
+            if (k == 3) { /* quantized: codes and scales */
+                assert_int_not_equal(t->dtype, dt[k]);
+                assert_true(stz_reader_find(r, "d.scales") >= 0);
+                continue;
+            }
+            assert_int_equal(t->dtype, dt[k]);
+            assert_int_equal(stz_reader_read(r, t, 0, back, t->end - t->begin, &err), STZ_OK);
+            assert_memory_equal(back, bytes[k], N * stz_dtype_bits(dt[k]) / 8);
+            char sc[16];
+            snprintf(sc, sizeof sc, "%s.scales", names[k]);
+            assert_true(stz_reader_find(r, sc) < 0);
+        }
+        stz_reader_free(r);
+        unlink(q);
+    }
+    unlink(m), free(m), free(q);
+    tu_rmdir(dir);
+}
+
 /* BF16 and F16 tensors quantize to the same codes and U8 scales as their
  * exact F32 copies: the U8 base (the largest magnitude) found on the 16-bit
  * patterns is the float found after converting. Values span subnormals,
@@ -914,7 +972,8 @@ int main(void)
         cmocka_unit_test(test_policy_randomized_keys),
         cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_file_roundtrip),
-        cmocka_unit_test(test_file_errors), cmocka_unit_test(test_u8_base_any_dtype),
+        cmocka_unit_test(test_file_errors), cmocka_unit_test(test_nonfinite_keep),
+        cmocka_unit_test(test_u8_base_any_dtype),
         cmocka_unit_test(test_qmodel_reads_containers),
         cmocka_unit_test(test_tensor_in_memory),
         cmocka_unit_test(test_compress_streams),
