@@ -133,9 +133,16 @@ typedef struct {
     unsigned write_flags;     /* STZ_WRITE_FORCE */
     stz_progress_fn progress; /* input bytes */
     void *progress_user;
+    /* SVD factors are computed before the header is written (their ranks
+     * and scales are in it); up to this many bytes of them are held until
+     * written, the others computed again then (and checked to be the same
+     * bits), so memory does not grow with the number of SVD tensors.
+     * 0: STZ_SVD_HOLD_DEFAULT. */
+    uint64_t svd_hold_bytes;
 } stz_quant_params;
 
-#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL}
+#define STZ_SVD_HOLD_DEFAULT (256u << 20)
+#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0}
 
 typedef struct {
     uint64_t in_bytes, out_bytes;

@@ -304,13 +304,14 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
         }
     }
     buf = slot[0].in, f = slot[0].f, q = slot[0].q;
-    /* Before the header is written: tensors the policy keeps when they hold
-     * NaN/Inf, single-block scales (stored in __metadata__), names. */
+    /* Before the header is written: SVD factors (ranks, fallbacks), tensors
+     * the policy keeps when they hold NaN/Inf, single-block scales (stored
+     * in __metadata__), names. */
+    if ((st = stz_qw_svd_plan(p, r, pl, nt, err)))
+        goto cleanup;
     for (size_t i = 0; i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
         plan_t *x = &pl[i];
-        if (x->svd && (st = stz_qw_svd_prepare(p, r, t, x, err)))
-            goto cleanup;
         if (!x->bits || x->svd)
             continue;
         if ((st = stz_qw_plan_prepare(r, t, x, slot, nslots, err)))
@@ -381,7 +382,7 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
     uint64_t done = 0, total = stz_reader_file_size(r);
     for (size_t i = 0; i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
-        st = pl[i].svd    ? stz_qw_write_svd(w, &pl[i], buf, err)
+        st = pl[i].svd    ? stz_qw_write_svd(r, t, w, &pl[i], buf, err)
              : pl[i].bits ? write_quantized(w, r, t, &pl[i], slot, nslots, err)
                           : stz_quant_copy_tensor(w, r, t, buf, err);
         if (st)

@@ -25,7 +25,8 @@ typedef struct {
     size_t rank;
     double rel_error;          /* of the factorisation, before quantization */
     int8_t *Uq, *Sq, *Vq;      /* m x r, r, r x n */
-    float *Us, *Vs, s_scale;   /* per-row scales of U and Vh; S's one scale */
+    float *Us, *Vs, s_scale;   /* per-row scales of U and Vh; S's one scale (NULL when not held) */
+    uint64_t factors_hash;     /* XXH3 of the INT8 factors and scales, to check a second factorisation */
     char *fname[5];            /* NAME.U, .U.scales, .S, .Vh, .Vh.scales */
     double cosine;             /* of the dequantized tensor, measured while quantizing */
 } plan_t;
@@ -50,9 +51,15 @@ void stz_qw_plan_format(plan_t *x);
 stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
                                stz_err *err);
 void stz_qw_plan_free(plan_t *x);
-stz_status stz_qw_svd_prepare(const stz_quant_params *p, const stz_reader *r, const stz_tensor *t, plan_t *x,
-                              stz_err *err);
+/* Factors every SVD decision of the file (pl[0..nt)) on up to p->threads
+ * threads, one tensor each with one OpenBLAS thread (the same bits for any
+ * -T), within STZ_SVD_WORK_BYTES; picks ranks or fallbacks, and holds the
+ * INT8 factors up to p->svd_hold_bytes. */
+#define STZ_SVD_WORK_BYTES (1ull << 30)
+stz_status stz_qw_svd_plan(const stz_quant_params *p, const stz_reader *r, plan_t *pl, size_t nt, stz_err *err);
 stz_status stz_qw_declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *x, stz_err *err);
-stz_status stz_qw_write_svd(stz_writer *w, const plan_t *x, uint8_t *buf, stz_err *err);
+/* Writes x's factors: held, or factored again (checked to be the same). */
+stz_status stz_qw_write_svd(const stz_reader *r, const stz_tensor *t, stz_writer *w, plan_t *x, uint8_t *buf,
+                            stz_err *err);
 
 #endif /* STZ_QUANT_PLAN_H */

@@ -1,12 +1,16 @@
 /* SVD decisions in the quantizing writer: each matrix factored (and its
  * rank chosen, or the rule's fallback taken) before the header is written,
- * its INT8 factors declared, then written. */
+ * its INT8 factors declared, then written: held from planning while they
+ * fit the caller's budget, else factored again when written (the same
+ * bits, checked by a hash). */
 #include "quant_plan.h"
 #include "stz_eval.h"
 #include "stz_svd.h"
 
+#include <cblas.h>
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <xxhash.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,12 +45,73 @@ static stz_status svd_quality(const float *W, plan_t *x, stz_err *err)
     return st;
 }
 
+/* Reads tensor t as F32 into *W (m x n, malloc'd) and factors it as x's
+ * rule says into f. A NaN/Inf is an error, or (*bad set, st OK) for the
+ * caller to keep the tensor. */
+static stz_status factor(const stz_reader *r, const stz_tensor *t, const plan_t *x,
+                         float **W, stz_svd_result *f, int *bad, stz_err *err)
+{
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, esz = stz_dtype_bits(t->dtype) / 8;
+    uint8_t *raw = malloc(m * n * esz + 1);
+    *W = malloc(m * n * sizeof **W + 1), *bad = 0;
+    stz_status st = raw && *W ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s' (%zu x %zu)", t->name, m, n);
+    if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)))
+        st = stz_to_f32(t->dtype, raw, m * n, *W, err);
+    free(raw);
+    size_t at = st ? m * n : stz_qw_first_nonfinite(*W, m * n);
+    if (at < m * n) {
+        if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
+            *bad = 1;
+            return STZ_OK;
+        }
+        return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': element %zu is %s; SVD needs finite values",
+                           stz_reader_path(r), t->name, at, isnan((*W)[at]) ? "NaN" : "infinite");
+    }
+    if (st)
+        return st;
+    stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
+    sp.method = x->d.svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
+    sp.rank = x->d.svd_rank, sp.energy = x->d.svd_energy, sp.max_error = x->d.svd_max_error;
+    sp.power_iters = (int)x->d.svd_power_iters, sp.oversample = x->d.svd_oversample;
+    sp.threads = 1; /* OpenBLAS's results depend on its thread count: one, for the same bytes at any -T */
+    stz_err sub;
+    if ((st = stz_svd_factor(*W, m, n, &sp, f, &sub)))
+        st = stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(r), t->name, sub.msg);
+    return st;
+}
+
+/* x's INT8 factors of f (rank x->rank), and their hash. */
+static stz_status quantize_factors(const stz_tensor *t, plan_t *x, const stz_svd_result *f, stz_err *err)
+{
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, rk = x->rank;
+    x->Uq = malloc(m * rk), x->Us = malloc(m * sizeof(float)), x->Sq = malloc(rk);
+    x->Vq = malloc(rk * n), x->Vs = malloc(rk * sizeof(float));
+    if (!x->Uq || !x->Us || !x->Sq || !x->Vq || !x->Vs)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors of '%s'", t->name);
+    stz_svd_q8(f, x->Uq, x->Us, x->Sq, &x->s_scale, x->Vq, x->Vs);
+    XXH3_state_t *h = XXH3_createState();
+    if (!h)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, x->Uq, m * rk), XXH3_64bits_update(h, x->Us, m * sizeof(float));
+    XXH3_64bits_update(h, x->Sq, rk), XXH3_64bits_update(h, &x->s_scale, sizeof x->s_scale);
+    XXH3_64bits_update(h, x->Vq, rk * n), XXH3_64bits_update(h, x->Vs, rk * sizeof(float));
+    x->factors_hash = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    return STZ_OK;
+}
+
+static void free_factors(plan_t *x)
+{
+    free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);
+    x->Uq = x->Sq = x->Vq = NULL, x->Us = x->Vs = NULL;
+}
+
 /* Factors a tensor, picks the rank, and either quantizes the factors or
  * falls back when they would not be smaller than the fallback action. */
-stz_status stz_qw_svd_prepare(const stz_quant_params *p, const stz_reader *r, const stz_tensor *t, plan_t *x,
-                              stz_err *err)
+static stz_status svd_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, stz_err *err)
 {
-    size_t m = (size_t)x->rows, n = (size_t)x->cols, k = m < n ? m : n, esz = stz_dtype_bits(t->dtype) / 8;
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, k = m < n ? m : n;
     stz_decision fb = x->d;
     fb.action = x->d.fallback;
     uint64_t fbytes = stz_quant_bytes(t, &fb);
@@ -54,47 +119,19 @@ stz_status stz_qw_svd_prepare(const stz_quant_params *p, const stz_reader *r, co
         use_fallback(x, "SVD factors at this rank would not be smaller: fallback");
         return STZ_OK;
     }
-    uint8_t *raw = malloc(m * n * esz + 1);
-    float *W = malloc(m * n * sizeof *W + 1);
+    float *W = NULL;
     stz_svd_result f = {0};
-    stz_status st = raw && W ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s' (%zu x %zu)", t->name, m, n);
-    if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)))
-        st = stz_to_f32(t->dtype, raw, m * n, W, err);
-    free(raw);
-    size_t bad = st ? m * n : stz_qw_first_nonfinite(W, m * n);
-    if (bad < m * n) {
-        if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
-            x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
-            goto done;
-        }
-        st = stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': element %zu is %s; SVD needs finite values",
-                         stz_reader_path(r), t->name, bad, isnan(W[bad]) ? "NaN" : "infinite");
-    }
-    stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
-    sp.method = x->d.svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
-    sp.rank = x->d.svd_rank, sp.energy = x->d.svd_energy, sp.max_error = x->d.svd_max_error;
-    sp.power_iters = (int)x->d.svd_power_iters, sp.oversample = x->d.svd_oversample;
-    sp.threads = p->threads;
-    stz_err sub;
-    if (!st && (st = stz_svd_factor(W, m, n, &sp, &f, &sub)))
-        st = stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(r), t->name, sub.msg);
-    if (st)
-        goto done;
-    if (f.rank >= k || stz_svd_bytes(m, n, f.rank) >= fbytes) {
+    int bad;
+    stz_status st = factor(r, t, x, &W, &f, &bad, err);
+    if (!st && bad)
+        x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+    else if (!st && (f.rank >= k || stz_svd_bytes(m, n, f.rank) >= fbytes))
         use_fallback(x, "SVD factors at the chosen rank would not be smaller: fallback");
-        goto done;
+    else if (!st) {
+        x->rank = f.rank, x->rel_error = f.rel_error;
+        if (!(st = quantize_factors(t, x, &f, err)))
+            st = svd_quality(W, x, err);
     }
-    size_t rk = f.rank;
-    x->rank = rk, x->rel_error = f.rel_error;
-    x->Uq = malloc(m * rk), x->Us = malloc(m * sizeof(float)), x->Sq = malloc(rk);
-    x->Vq = malloc(rk * n), x->Vs = malloc(rk * sizeof(float));
-    if (!x->Uq || !x->Us || !x->Sq || !x->Vq || !x->Vs) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors of '%s'", t->name);
-        goto done;
-    }
-    stz_svd_q8(&f, x->Uq, x->Us, x->Sq, &x->s_scale, x->Vq, x->Vs);
-    st = svd_quality(W, x, err);
-done:
     stz_svd_result_free(&f);
     free(W);
     if (st || !x->svd)
@@ -109,6 +146,68 @@ done:
                                "already exists in the file", stz_reader_path(r), t->name, x->fname[j]);
     }
     return STZ_OK;
+}
+
+/* The SVD decisions of a file, a tensor per thread. */
+typedef struct {
+    const stz_reader *r;
+    plan_t *pl;
+    size_t *idx;     /* the tensors with SVD decisions */
+    uint64_t held, budget;
+} svd_job;
+
+static stz_status svd_work(void *ctx, int tid, size_t i, stz_err *err)
+{
+    svd_job *j = ctx;
+    (void)tid;
+    return svd_prepare(j->r, stz_reader_tensor(j->r, j->idx[i]), &j->pl[j->idx[i]], err);
+}
+
+/* In the work's order (largest first, a fixed order): the factors that
+ * fit the budget are held, the others made again when written
+ * (stz_qw_write_svd). */
+static stz_status svd_commit(void *ctx, int tid, size_t i, stz_err *err)
+{
+    svd_job *j = ctx;
+    plan_t *x = &j->pl[j->idx[i]];
+    uint64_t bytes = stz_svd_bytes(x->rows, x->cols, x->rank);
+    (void)tid, (void)err;
+    if (x->svd && j->held + bytes <= j->budget)
+        j->held += bytes;
+    else if (x->svd)
+        free_factors(x);
+    return STZ_OK;
+}
+
+stz_status stz_qw_svd_plan(const stz_quant_params *p, const stz_reader *r, plan_t *pl, size_t nt, stz_err *err)
+{
+    svd_job j = {.r = r, .pl = pl, .budget = p->svd_hold_bytes ? p->svd_hold_bytes : STZ_SVD_HOLD_DEFAULT};
+    size_t n = 0;
+    uint64_t largest = 0;
+    for (size_t i = 0; i < nt; i++)
+        if (pl[i].svd)
+            n++, largest = pl[i].rows * pl[i].cols > largest ? pl[i].rows * pl[i].cols : largest;
+    if (!n)
+        return STZ_OK;
+    if (!(j.idx = malloc(n * sizeof *j.idx)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    for (size_t i = 0, k = 0; i < nt; i++)
+        if (pl[i].svd)
+            j.idx[k++] = i;
+    for (size_t a = 1; a < n; a++) /* largest first (stable), so that the large ones run side by side */
+        for (size_t b = a; b > 0 && pl[j.idx[b]].rows * pl[j.idx[b]].cols > pl[j.idx[b - 1]].rows * pl[j.idx[b - 1]].cols; b--) {
+            size_t tmp = j.idx[b];
+            j.idx[b] = j.idx[b - 1], j.idx[b - 1] = tmp;
+        }
+    /* a factorisation holds about 6 copies of its matrix (F32): as many at
+     * once as -T allows within STZ_SVD_WORK_BYTES, at least one */
+    uint64_t fit = STZ_SVD_WORK_BYTES / (24 * largest + 1);
+    int threads = fit < (uint64_t)p->threads ? (int)(fit ? fit : 1) : p->threads;
+    openblas_set_num_threads(1); /* before the threads start: each factorisation sets it again */
+    stz_pipeline run = {.n = n, .threads = threads, .ctx = &j, .work = svd_work, .commit = svd_commit};
+    stz_status st = stz_pipeline_run(&run, err);
+    free(j.idx);
+    return st;
 }
 
 stz_status stz_qw_declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *x, stz_err *err)
@@ -164,10 +263,27 @@ static stz_status write_f32(stz_writer *w, const float *v, size_t n, uint8_t *bu
     return STZ_OK;
 }
 
-stz_status stz_qw_write_svd(stz_writer *w, const plan_t *x, uint8_t *buf, stz_err *err)
+stz_status stz_qw_write_svd(const stz_reader *r, const stz_tensor *t, stz_writer *w, plan_t *x, uint8_t *buf,
+                            stz_err *err)
 {
     size_t m = (size_t)x->rows, n = (size_t)x->cols, rk = x->rank;
-    stz_status st = stz_writer_write(w, x->Uq, m * rk, err);
+    stz_status st = STZ_OK;
+    if (!x->Uq) { /* not held: the same factorisation again (one OpenBLAS thread: the same bits) */
+        float *W = NULL;
+        stz_svd_result f = {0};
+        uint64_t planned = x->factors_hash;
+        int bad;
+        if (!(st = factor(r, t, x, &W, &f, &bad, err)) && (bad || f.rank != rk))
+            st = stz_err_set(err, STZ_E_CHECKSUM, "%s: tensor '%s': factored again, it %s", stz_reader_path(r),
+                             t->name, bad ? "holds NaN/Inf (the file changed?)" : "has another rank");
+        if (!st && !(st = quantize_factors(t, x, &f, err)) && x->factors_hash != planned)
+            st = stz_err_set(err, STZ_E_CHECKSUM, "%s: tensor '%s': factored again, it gave other bits (the file "
+                             "changed, or BLAS is not reproducible here)", stz_reader_path(r), t->name);
+        stz_svd_result_free(&f);
+        free(W);
+    }
+    if (!st)
+        st = stz_writer_write(w, x->Uq, m * rk, err);
     if (!st)
         st = write_f32(w, x->Us, m, buf, err);
     if (!st)
@@ -176,5 +292,6 @@ stz_status stz_qw_write_svd(stz_writer *w, const plan_t *x, uint8_t *buf, stz_er
         st = stz_writer_write(w, x->Vq, rk * n, err);
     if (!st)
         st = write_f32(w, x->Vs, rk, buf, err);
+    free_factors(x); /* written: no longer needed */
     return st;
 }

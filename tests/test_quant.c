@@ -857,6 +857,43 @@ static void test_threads_same_bytes(void **state)
     tu_rmdir(dir);
 }
 
+/* SVD factors past the hold budget are factored again when written: the
+ * same file, byte for byte, as holding them all (exact and randomized, a
+ * fixed rank and ranks from the energy and the error), in a file and in a
+ * container; and for any -T (OpenBLAS's results depend on its thread
+ * count: a factorisation runs on one). */
+static void test_svd_not_held(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *a = tu_path(dir, "a.safetensors"),
+         *b = tu_path(dir, "b.safetensors"), *ca = tu_path(dir, "a.stz"), *cb = tu_path(dir, "b.stz");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
+    stz_policy *p = parse_ok("{\"rules\": [{\"match\": \"*q_proj*\", \"action\": \"svd\", \"rank\": 8},"
+                             "{\"match\": \"*o_proj*\", \"action\": \"svd\", \"energy\": 0.5, \"method\": \"randomized\"},"
+                             "{\"match\": \"*up_proj*\", \"action\": \"svd\", \"max_error\": 0.6},"
+                             "{\"match\": \"*\", \"action\": \"keep\"}]}");
+    stz_quant_params qa = STZ_QUANT_PARAMS_DEFAULT, qb = STZ_QUANT_PARAMS_DEFAULT;
+    qa.write_flags = qb.write_flags = STZ_WRITE_FORCE;
+    qb.svd_hold_bytes = 1, qb.threads = 3; /* nothing held, and more threads: the same bytes */
+    stz_quant_stats sa, sb;
+    assert_int_equal(stz_quantize_file(&qa, p, m, a, &sa, &err), STZ_OK);
+    if (stz_quantize_file(&qb, p, m, b, &sb, &err))
+        fail_msg("%s", err.msg);
+    assert_true(tu_hash_file(a) == tu_hash_file(b));
+    assert_true(sa.quantized >= 4 && sa.quantized == sb.quantized && sa.min_cosine == sb.min_cosine);
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    pp.write_flags = STZ_WRITE_FORCE;
+    assert_int_equal(stz_compress_file(&qa, &pp, p, m, ca, NULL, NULL, &err), STZ_OK);
+    assert_int_equal(stz_compress_file(&qb, &pp, p, m, cb, NULL, NULL, &err), STZ_OK);
+    assert_true(tu_hash_file(ca) == tu_hash_file(cb));
+    stz_policy_free(p);
+    unlink(m), unlink(a), unlink(b), unlink(ca), unlink(cb);
+    free(m), free(a), free(b), free(ca), free(cb);
+    tu_rmdir(dir);
+}
+
 /* stz_compress_file streams the quantized file into the container: the
  * same bytes as packing the file stz_quantize_file writes, for any thread
  * count and chunk size (small chunks wrap the encoder's ring many times);
@@ -972,7 +1009,7 @@ int main(void)
         cmocka_unit_test(test_policy_randomized_keys),
         cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_file_roundtrip),
-        cmocka_unit_test(test_file_errors), cmocka_unit_test(test_nonfinite_keep),
+        cmocka_unit_test(test_file_errors), cmocka_unit_test(test_nonfinite_keep), cmocka_unit_test(test_svd_not_held),
         cmocka_unit_test(test_u8_base_any_dtype),
         cmocka_unit_test(test_qmodel_reads_containers),
         cmocka_unit_test(test_tensor_in_memory),
