@@ -45,8 +45,10 @@ stz_xform stz_xform_for_dtype(stz_dtype d)
  */
 /* Each layout has its own function so that the plane pointers are
  * restrict-qualified locals: otherwise byte stores might alias the pointer
- * array and the loops would not vectorise. */
-static void split_bf16(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sm)
+ * array and the loops would not vectorise. Each has an AVX2 clone where the
+ * machine has it (byte moves: the same bytes either way). */
+#define PLANE_CLONES __attribute__((target_clones("avx2", "default")))
+PLANE_CLONES static void split_bf16(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sm)
 {
     for (size_t i = 0; i < m; i++) {
         uint16_t v = stz_le16(src + 2 * i);
@@ -55,7 +57,7 @@ static void split_bf16(const uint8_t *restrict src, size_t m, uint8_t *restrict 
     }
 }
 
-static void merge_bf16(const uint8_t *restrict e, const uint8_t *restrict sm, size_t m, uint8_t *restrict dst)
+PLANE_CLONES static void merge_bf16(const uint8_t *restrict e, const uint8_t *restrict sm, size_t m, uint8_t *restrict dst)
 {
     for (size_t i = 0; i < m; i++) {
         unsigned x = e[i], y = sm[i];
@@ -63,7 +65,7 @@ static void merge_bf16(const uint8_t *restrict e, const uint8_t *restrict sm, si
     }
 }
 
-static void split_f16(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sh,
+PLANE_CLONES static void split_f16(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sh,
                       uint8_t *restrict lo)
 {
     for (size_t i = 0; i < m; i++) {
@@ -74,7 +76,7 @@ static void split_f16(const uint8_t *restrict src, size_t m, uint8_t *restrict e
     }
 }
 
-static void merge_f16(const uint8_t *restrict e, const uint8_t *restrict sh, const uint8_t *restrict lo, size_t m,
+PLANE_CLONES static void merge_f16(const uint8_t *restrict e, const uint8_t *restrict sh, const uint8_t *restrict lo, size_t m,
                       uint8_t *restrict dst)
 {
     for (size_t i = 0; i < m; i++) {
@@ -83,7 +85,7 @@ static void merge_f16(const uint8_t *restrict e, const uint8_t *restrict sh, con
     }
 }
 
-static void split_f32(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sm,
+PLANE_CLONES static void split_f32(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sm,
                       uint8_t *restrict b1, uint8_t *restrict b0)
 {
     for (size_t i = 0; i < m; i++) {
@@ -95,7 +97,7 @@ static void split_f32(const uint8_t *restrict src, size_t m, uint8_t *restrict e
     }
 }
 
-static void merge_f32(const uint8_t *restrict e, const uint8_t *restrict sm, const uint8_t *restrict b1,
+PLANE_CLONES static void merge_f32(const uint8_t *restrict e, const uint8_t *restrict sm, const uint8_t *restrict b1,
                       const uint8_t *restrict b0, size_t m, uint8_t *restrict dst)
 {
     for (size_t i = 0; i < m; i++) {
