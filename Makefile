@@ -38,6 +38,7 @@ asan:
 
 bench: build
 	sh bench/bench_pack.sh $(BUILD)
+	sh bench/bench_unpack.sh $(BUILD)
 	sh bench/bench_quant.sh $(BUILD)
 	sh bench/bench_svd.sh $(BUILD)
 	sh bench/bench_pipeline.sh $(BUILD)
