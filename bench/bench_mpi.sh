@@ -18,17 +18,7 @@ cd "$WORK"
 rm -rf m o1 o2 d1 d2
 "$STZ" synth qwen2-0.5b --layers 96 --shards 16 -o m -q
 N=$(du -sb m | cut -f1)
-best() { # OUTDIR CMD...: fastest of RUNS, OUTDIR removed before each
-    d=$1
-    shift
-    b=999999
-    for i in $(seq "$RUNS"); do
-        rm -rf "$d"
-        /usr/bin/time -f "%e" -o time "$@" >/dev/null
-        b=$(awk "BEGIN { t = $(cat time); print (t < $b ? t : $b) }")
-    done
-    echo "$b"
-}
+best() { best_time "$RUNS" "$@"; } # OUTDIR CMD...
 echo "## MPI ranks"
 echo
 echo "$(date -u +%Y-%m-%d), qwen2-0.5b-shaped BF16 synthetic, 96 layers, 16 shards ($N bytes) in $WORK, best of $RUNS runs, -T 1 per process."
@@ -60,5 +50,5 @@ done
 echo
 check "mpirun -n 2 compress --int4 >= 1.7x one process, one thread (${c_int4}x)" "$c_int4 >= 1.7"
 check "mpirun -n 2 compress --lossless >= 1.7x one process, one thread (${c_lossless}x)" "$c_lossless >= 1.7"
-rm -rf m time t.safetensors t.stz
+rm -rf m t.safetensors t.stz
 exit $((fails > 0))

@@ -4,6 +4,7 @@
 # with -T 1 and -T 2, best of 3; the outputs must be identical for both.
 # Usage: bench/bench_shards.sh [BUILD_DIR] [WORK_DIR]
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench-shards}
 STZ=$(cd "$(dirname "$BUILD/stz")" && pwd)/stz
@@ -34,17 +35,7 @@ for s in range(k):
 json.dump({"metadata": {"total_size": len(b)}, "weight_map": wm}, open(out + "/model.safetensors.index.json", "w"))
 open(out + "/config.json", "w").write(meta["config"])
 P
-best() { # best wall time of 3 runs of a command that writes directory $1
-    d=$1; shift
-    b=999999
-    for i in 1 2 3; do
-        rm -rf "$d"
-        /usr/bin/time -f "%e" -o t.txt "$@" >/dev/null
-        s=$(cat t.txt)
-        if awk "BEGIN { exit !($s < $b) }"; then b=$s; fi
-    done
-    echo "$b"
-}
+best() { best_time 3 "$@"; } # OUTDIR CMD...
 echo "## Shards in parallel ($(nproc) cores, 4 shards of stz synth small, $(du -sb sh | cut -f1) bytes)"
 echo
 echo "| run | -T 1 (s) | -T 2 (s) | speed-up | outputs identical |"

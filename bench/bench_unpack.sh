@@ -17,15 +17,7 @@ cd "$WORK"
 "$STZ" synth qwen2-0.5b -o m.safetensors -q -f
 "$STZ" pack m.safetensors -o m.stz -q -f
 N=$(stat -c %s m.safetensors)
-best() { # CMD...: the fastest of RUNS, out.safetensors deleted before each
-    b=999999
-    for i in $(seq "$RUNS"); do
-        rm -f out.safetensors
-        /usr/bin/time -f "%e" -o time "$@" >/dev/null
-        b=$(awk "BEGIN { t = $(cat time); print (t < $b ? t : $b) }")
-    done
-    echo "$b"
-}
+best() { best_time "$RUNS" out.safetensors "$@"; } # CMD...: out.safetensors removed before each run
 cp_s=$(best cp m.safetensors out.safetensors)
 u1=$(best "$STZ" unpack -q -T 1 m.stz -o out.safetensors)
 u2=$(best "$STZ" unpack -q -T 2 m.stz -o out.safetensors)
@@ -46,5 +38,5 @@ done
 echo
 check "unpack -T 1 at $(awk -v c="$cp_s" -v t="$u1" 'BEGIN { printf "%.0f", 100 * c / t }')% of cp's speed (target >= 75%)" "$cp_s / $u1 >= 0.75"
 check "unpack -T 2 at $(awk -v c="$cp_s" -v t="$u2" 'BEGIN { printf "%.2f", c / t / 0.75 }')x 75% of cp's speed (target >= 1.8x)" "$cp_s / $u2 >= 1.8 * 0.75"
-rm -f m.safetensors m.stz out.safetensors time
+rm -f m.safetensors m.stz out.safetensors
 rmdir "$WORK" 2>/dev/null || true
