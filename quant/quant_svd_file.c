@@ -69,11 +69,7 @@ static stz_status factor(const stz_reader *r, const stz_tensor *t, const plan_t 
     }
     if (st)
         return st;
-    stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
-    sp.method = x->d.svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
-    sp.rank = x->d.svd_rank, sp.energy = x->d.svd_energy, sp.max_error = x->d.svd_max_error;
-    sp.power_iters = (int)x->d.svd_power_iters, sp.oversample = x->d.svd_oversample;
-    sp.threads = 1; /* OpenBLAS's results depend on its thread count: one, for the same bytes at any -T */
+    stz_svd_params sp = stz_svd_params_of(&x->d); /* one OpenBLAS thread: the same bytes at any -T */
     stz_err sub;
     if ((st = stz_svd_factor(*W, m, n, &sp, f, &sub)))
         st = stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(r), t->name, sub.msg);

@@ -82,13 +82,18 @@ stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *S
 }
 
 /* svd: INT8 factors at the decision's rank (U, U.scales, S, Vh, Vh.scales). */
-static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, size_t n, stz_qmem *out, stz_err *err)
+stz_svd_params stz_svd_params_of(const stz_decision *d)
 {
-    stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT;
+    stz_svd_params sp = STZ_SVD_PARAMS_DEFAULT; /* one OpenBLAS thread */
     sp.method = d->svd_randomized ? STZ_SVD_RANDOMIZED : STZ_SVD_EXACT;
     sp.rank = d->svd_rank, sp.energy = d->svd_energy, sp.max_error = d->svd_max_error;
-    sp.power_iters = d->svd_power_iters ? (int)d->svd_power_iters : 1;
-    sp.oversample = d->svd_oversample ? d->svd_oversample : 10;
+    sp.power_iters = (int)d->svd_power_iters, sp.oversample = d->svd_oversample;
+    return sp;
+}
+
+static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, size_t n, stz_qmem *out, stz_err *err)
+{
+    stz_svd_params sp = stz_svd_params_of(d);
     stz_svd_result f = {0};
     stz_status st = stz_svd_factor(x, m, n, &sp, &f, err);
     if (st)

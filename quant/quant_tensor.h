@@ -32,6 +32,10 @@ static inline size_t stz_qf_fit_cols(uint64_t cols) { return cols > (1u << 20) ?
  * base). STZ_E_NOMEM. */
 stz_status stz_qf_fit_tensor(stz_qformat *f, const float *x, uint64_t rows, uint64_t cols, stz_err *err);
 
+/* The factorisation an svd decision asks for, on one OpenBLAS thread
+ * (OpenBLAS's results depend on its thread count). */
+stz_svd_params stz_svd_params_of(const stz_decision *d);
+
 /* A factorisation's INT8 factors as stz_quantize_file stores them: one F32
  * scale per row of U (m x r) and of Vh (r x n), one for S. */
 void stz_svd_q8(const stz_svd_result *f, int8_t *Uq, float *Us, int8_t *Sq, float *s_scale, int8_t *Vq,

@@ -518,7 +518,9 @@ static void test_tensor_in_memory(void **state)
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int3\", \"min_ndim\": 2, \"method\": \"nl-fit\", \"scale_dtype\": \"U8\"}]}",
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int5\", \"min_ndim\": 2, \"method\": \"asym\", \"block_size\": 16}]}",
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int6\", \"min_ndim\": 2, \"method\": \"full\", \"scale_dtype\": \"F32\"}]}",
-        "{\"rules\": [{\"match\": \"*proj.weight\", \"action\": \"svd\", \"rank\": 8, \"fallback\": \"keep\"}]}"};
+        "{\"rules\": [{\"match\": \"*proj.weight\", \"action\": \"svd\", \"rank\": 8, \"fallback\": \"keep\"}]}",
+        "{\"rules\": [{\"match\": \"*proj.weight\", \"action\": \"svd\", \"rank\": 8, \"method\": \"randomized\", "
+        "\"power_iters\": 0, \"oversample\": 0, \"fallback\": \"keep\"}]}"};
     for (size_t k = 0; k < sizeof pols / sizeof *pols; k++) {
         quantize_with(pols[k], m, q, STZ_OK, &err);
         stz_policy *p = parse_ok(pols[k]);
