@@ -153,9 +153,8 @@ typedef uint8_t v32b __attribute__((vector_size(32)));
 #define STZ_QF_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
 
-STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi,
-                                                                        const float *x, size_t n, float s,
-                                                                        double *sxl, double *sll, uint8_t *codes)
+STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi, const float *x, size_t n, float s,
+                                   double *sxl, double *sll, uint8_t *codes)
 {
     float inv = s != 0 ? 1.0f / s : 0.0f, flo = (float)lo, fhi = (float)hi;
     v8f e = {0}, a = {0}, b = {0}, m0, m1, l0, l1;
