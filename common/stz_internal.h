@@ -7,6 +7,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Function clones for newer x86-64 instruction sets, the best one chosen
+ * when the program loads (GCC on x86-64; other compilers and machines build
+ * the baseline only). Clones must compute the same bits as the baseline. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define STZ_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
+#else
+#define STZ_CLONES(...)
+#endif
+
 /* Little-endian loads and stores: never cast pointers into file data. */
 static inline uint16_t stz_le16(const void *p)
 {

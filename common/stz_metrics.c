@@ -1,13 +1,14 @@
 /* Error figures between a reference and a candidate: the accumulators
  * (stz_eval.h), used by the quantizers as they write and by stz eval. */
 #include "stz_eval.h"
+#include "stz_internal.h"
 
 #include <math.h>
 
 /* Eight independent float lanes over pieces of 256 elements (each lane
  * sums 32 products: float is exact enough there, and the loop vectorises
  * without -ffast-math), folded into the double accumulators per piece. */
-__attribute__((target_clones("avx2", "default"))) void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b,
+STZ_CLONES("avx2", "default") void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b,
                                                                         size_t n)
 {
     enum { L = 8, PIECE = 256 };

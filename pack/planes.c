@@ -48,7 +48,7 @@ stz_xform stz_xform_for_dtype(stz_dtype d)
  * array and the loops would not vectorise. Each has an AVX2 clone where the
  * machine has it (byte moves: the same bytes either way). */
 #ifndef PLANE_CLONES /* tests/test_pack.c builds this file once more without them */
-#define PLANE_CLONES __attribute__((target_clones("avx2", "default")))
+#define PLANE_CLONES STZ_CLONES("avx2", "default")
 #endif
 PLANE_CLONES static void split_bf16(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sm)
 {

@@ -14,7 +14,7 @@
 static const float frac8[8] = {1.0f, 1.09050773f, 1.18920712f, 1.29683955f, 1.41421356f, 1.54221083f, 1.68179283f,
                                1.83400809f};
 
-float stz_qf_scale_value(float base, uint8_t c)
+static inline float scale_value(float base, uint8_t c)
 {
     int m = c & 0x7f;
     uint32_t p2 = (uint32_t)(127 + (m >> 3) - 15) << 23; /* 2^((m >> 3) - 15): ldexpf, without the call */
@@ -23,6 +23,8 @@ float stz_qf_scale_value(float base, uint8_t c)
     v = m ? base * frac8[m & 7] * two : 0.0f;
     return c & 0x80 ? -v : v;
 }
+
+float stz_qf_scale_value(float base, uint8_t c) { return scale_value(base, c); }
 
 /* 2^((k + 0.5) / 8), k = 0..7: the rounding points between codes. */
 static const float half8[8] = {1.04427378f, 1.13878863f, 1.24185781f, 1.35425555f, 1.47682615f, 1.61049033f,
@@ -62,7 +64,7 @@ static float store_scale(const stz_qformat *f, float s)
         float r = stz_f16_to_f32(stz_f32_to_f16(s));
         return isinf(r) ? NAN : r;
     }
-    return stz_qf_scale_value(f->scale_base, scale_code(f->scale_base, s));
+    return scale_value(f->scale_base, scale_code(f->scale_base, s));
 }
 
 /* The nearest stored scale at or above |s| in magnitude, same sign. */
@@ -77,7 +79,7 @@ static float store_scale_up(const stz_qformat *f, float s)
         return isinf(r) ? NAN : r;
     }
     uint8_t c = scale_code(f->scale_base, s);
-    return stz_qf_scale_value(f->scale_base, (c & 0x7f) < 127 ? (uint8_t)(c + 1) : c);
+    return scale_value(f->scale_base, (c & 0x7f) < 127 ? (uint8_t)(c + 1) : c);
 }
 
 /* ---- codes ------------------------------------------------------------------ */
@@ -149,8 +151,31 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v32b __attribute__((vector_size(32)));
 
+#ifdef __clang__ /* no variable shuffles (the fuzzing build): lane by lane, the same values */
+#define pick2(a, b, q)                                                                                                 \
+    ({                                                                                                                 \
+        v8f a_ = (a), b_ = (b), r_;                                                                                    \
+        v8i q_ = (q);                                                                                                  \
+        for (int j_ = 0; j_ < 8; j_++)                                                                                 \
+            r_[j_] = q_[j_] & 8 ? b_[q_[j_] & 7] : a_[q_[j_] & 7];                                                     \
+        r_;                                                                                                            \
+    })
+#define pick1(a, q) pick2(a, a, q)
+#define low_bytes(q, out)                                                                                              \
+    for (int j_ = 0; j_ < 8; j_++)                                                                                     \
+    (out)[j_] = (uint8_t)(q)[j_]
+#else
+#define pick2(a, b, q) __builtin_shuffle(a, b, q)
+#define pick1(a, q) __builtin_shuffle(a, q)
+#define low_bytes(q, out) /* the low byte of each lane */                                                              \
+    do {                                                                                                               \
+        v32b c_ = __builtin_shuffle((v32b)(q), (v32b){0, 4, 8, 12, 16, 20, 24, 28});                                   \
+        memcpy(out, &c_, 8);                                                                                           \
+    } while (0)
+#endif
+
 #ifndef STZ_QF_CLONES /* tests/test_qformat.c builds this file once more without them */
-#define STZ_QF_CLONES __attribute__((target_clones("avx2", "default")))
+#define STZ_QF_CLONES STZ_CLONES("arch=x86-64-v4", "avx2", "default")
 #endif
 
 STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi, const float *x, size_t n, float s,
@@ -167,15 +192,13 @@ STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi, const f
             memcpy(&xv, x + i, sizeof xv);
             t = xv * inv;
             v8i q = (t > f->mid[7]) & 8;
-            q += (t > __builtin_shuffle(m0, m1, q + 3)) & 4;
-            q += (t > __builtin_shuffle(m0, m1, q + 1)) & 2;
-            q += (t > __builtin_shuffle(m0, m1, q)) & 1;
-            l = __builtin_shuffle(l0, l1, q), d = xv - l * s;
+            q += (t > pick2(m0, m1, q + 3)) & 4;
+            q += (t > pick2(m0, m1, q + 1)) & 2;
+            q += (t > pick2(m0, m1, q)) & 1;
+            l = pick2(l0, l1, q), d = xv - l * s;
             e += d * d, a += xv * l, b += l * l;
-            if (codes) { /* the low byte of each lane */
-                v32b c = __builtin_shuffle((v32b)q, (v32b){0, 4, 8, 12, 16, 20, 24, 28});
-                memcpy(codes + i, &c, 8);
-            }
+            if (codes)
+                low_bytes(q, codes + i);
         }
     } else if (f->method != STZ_QMETHOD_NL && !codes) {
         float ue[8] = {0}, ua[8] = {0}, ub[8] = {0};
@@ -198,7 +221,7 @@ STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi, const f
     }
     for (int w = 4; w; w /= 2) { /* lane j plus lane j ^ w: a tree */
         v8i h = (v8i){0, 1, 2, 3, 4, 5, 6, 7} ^ w;
-        e += __builtin_shuffle(e, h), a += __builtin_shuffle(a, h), b += __builtin_shuffle(b, h);
+        e += pick1(e, h), a += pick1(a, h), b += pick1(b, h);
     }
     if (sxl)
         *sxl = a[0], *sll = b[0];
@@ -244,14 +267,16 @@ static float block_sym(const stz_qformat *f, const float *x, size_t n, uint8_t *
         if (err < best)
             best = err, cand = sll > 0 ? (float)(sxl / sll) : vmax / ends[e];
     }
-    float sl = store_scale(f, cand), sh;
-    if (isnan(sl))
-        return NAN;
+    float sl, sh;
     if (u8) { /* the codes either side of cand */
         uint8_t cc = scale_code(f->scale_base, cand), sg = cc & 0x80, m = cc & 0x7f;
+        sl = scale_value(f->scale_base, cc);
         if (fabsf(sl) > fabsf(cand) && m > 1)
-            m--;
-        sl = stz_qf_scale_value(f->scale_base, sg | m), sh = stz_qf_scale_value(f->scale_base, sg | (m < 127 ? m + 1 : m));
+            sh = sl, sl = scale_value(f->scale_base, sg | --m);
+        else
+            sh = scale_value(f->scale_base, sg | (m < 127 ? m + 1 : m));
+    } else if (isnan(sl = store_scale(f, cand))) {
+        return NAN;
     } else {
         sh = fabsf(sl) < fabsf(cand) ? store_scale_up(f, cand) : sl;
     }

@@ -17,25 +17,14 @@
 #include <math.h>
 
 /* The quantizers once more, in this file, for the baseline instruction set
- * only (no AVX2 clone), to check that both give the same bits. */
+ * only (no clones), and in qformat_avx2.c for AVX2, to check that all give
+ * the same bits. */
 #define STZ_QF_CLONES
-#define stz_qf_scale_value plain_qf_scale_value
-#define stz_qf_scale_code plain_qf_scale_code
-#define stz_qf_prepare plain_qf_prepare
-#define stz_qf_row_bytes plain_qf_row_bytes
-#define stz_qf_quantize_row plain_qf_quantize_row
-#define stz_qf_dequantize_row plain_qf_dequantize_row
-#define stz_qf_default_levels plain_qf_default_levels
-#define stz_qf_fit_levels plain_qf_fit_levels
-#include "../quant/qformat.c"
-#undef stz_qf_scale_value
-#undef stz_qf_scale_code
-#undef stz_qf_prepare
-#undef stz_qf_row_bytes
-#undef stz_qf_quantize_row
-#undef stz_qf_dequantize_row
-#undef stz_qf_default_levels
-#undef stz_qf_fit_levels
+#define QF_COPY(name) plain_qf_##name
+#include "qformat_copy.h"
+
+int avx2_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
+void avx2_qf_prepare(stz_qformat *f);
 
 static uint64_t seed = 11;
 static float frand(void) /* roughly normal */
@@ -221,15 +210,16 @@ static void test_nl_nearest(void **state)
         }
 }
 
-/* The library's quantizers (the AVX2 clone where this machine has AVX2)
- * give the same codes, scales, minimums and fitted levels as the same code
- * built for the baseline instruction set. */
+/* The library's quantizers (the AVX-512 or AVX2 clone where this machine
+ * has them) give the same codes, scales, minimums and fitted levels as the
+ * same code built for the baseline instruction set, and for AVX2 alone. */
 static void test_same_bits_without_avx2(void **state)
 {
     (void)state;
     enum { N = 1031 };
     static float x[N], s1[N], s2[N], m1[N], m2[N];
     static uint8_t q1[N], q2[N];
+    int avx2 = __builtin_cpu_supports("avx2");
     static const uint32_t blocks[] = {7, 32, 300};
     for (size_t i = 0; i < N; i++)
         x[i] = frand() * (i % 89 == 3 ? 6.0f : 1.0f);
@@ -254,6 +244,13 @@ static void test_same_bits_without_avx2(void **state)
                         memset(m1, 0, sizeof m1), memset(m2, 0, sizeof m2);
                         assert_int_equal(stz_qf_quantize_row(&f, x, n, q1, s1, m1), 0);
                         assert_int_equal(plain_qf_quantize_row(&g, x, n, q2, s2, m2), 0);
+                        assert_memory_equal(q1, q2, stz_qf_row_bytes(f.bits, n));
+                        assert_memory_equal(s1, s2, nb * sizeof *s1);
+                        assert_memory_equal(m1, m2, nb * sizeof *m1);
+                        if (!avx2)
+                            continue;
+                        memset(m2, 0, sizeof m2), avx2_qf_prepare(&g);
+                        assert_int_equal(avx2_qf_quantize_row(&g, x, n, q2, s2, m2), 0);
                         assert_memory_equal(q1, q2, stz_qf_row_bytes(f.bits, n));
                         assert_memory_equal(s1, s2, nb * sizeof *s1);
                         assert_memory_equal(m1, m2, nb * sizeof *m1);
