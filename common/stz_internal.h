@@ -11,8 +11,10 @@
  * when the program loads (GCC on x86-64; other compilers and machines build
  * the baseline only). Clones must compute the same bits as the baseline. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define STZ_X86_CLONES 1
 #define STZ_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
 #else
+#define STZ_X86_CLONES 0
 #define STZ_CLONES(...)
 #endif
 

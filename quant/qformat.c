@@ -162,8 +162,10 @@ typedef uint8_t v32b __attribute__((vector_size(32)));
     })
 #define pick1(a, q) pick2(a, a, q)
 #define low_bytes(q, out)                                                                                              \
-    for (int j_ = 0; j_ < 8; j_++)                                                                                     \
-    (out)[j_] = (uint8_t)(q)[j_]
+    do {                                                                                                               \
+        for (int j_ = 0; j_ < 8; j_++)                                                                                 \
+            (out)[j_] = (uint8_t)(q)[j_];                                                                              \
+    } while (0)
 #else
 #define pick2(a, b, q) __builtin_shuffle(a, b, q)
 #define pick1(a, q) __builtin_shuffle(a, q)
