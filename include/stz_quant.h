@@ -201,11 +201,11 @@ typedef struct {
     int ndim;
     const uint64_t *shape;  /* original shape */
     uint64_t numel, rows, cols;
-    int bits;               /* 0: stored as is; 8 / 4: quantized */
+    int bits;               /* 0: stored as is; 2..8: quantized */
     uint64_t rank;          /* SVD factors (INT8, bits 8): their rank; else 0 */
     uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
-    const char *method;     /* "absmax", "mse", "svd", or NULL when stored as is */
-    uint32_t block_size;    /* INT8/INT4: elements per block */
+    const char *method;     /* "absmax", "full", "mse", "asym", "nl", "svd"; NULL when stored as is */
+    uint32_t block_size;    /* quantized (not svd): elements per block */
     stz_dtype scale_dtype;  /* quantized (not svd): how scales are stored (F16, F32, U8) */
     const char *scales_name;/* quantized (not svd): the stored scales tensor, NULL for a single scale */
 } stz_qtensor;

@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             numel *= t->shape[d];
         if (numel != t->numel || t->rows * t->cols != t->numel || stz_qmodel_find(m, t->name) != (long)i)
             abort();
-        if (t->bits && (!t->method || (t->bits != 8 && t->bits != 4)))
+        if (t->bits && (!t->method || t->bits < 2 || t->bits > 8))
             abort();
         if (!t->numel || t->cols > (1u << 16))
             continue;
