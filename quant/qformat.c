@@ -149,6 +149,7 @@ static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
  * lane 0; a block is short enough for float sums. */
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint8_t v32b __attribute__((vector_size(32)));
 
 #ifdef __clang__ /* no variable shuffles (the fuzzing build): lane by lane, the same values */
@@ -392,8 +393,8 @@ int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t 
     return 0;
 }
 
-void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins, size_t n,
-                           float *y)
+STZ_QF_CLONES void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales,
+                                         const float *mins, size_t n, float *y)
 {
     int bits = f->bits, sh = 32 - bits, have = 0;
     float tab[256]; /* each code's value before the scale */
@@ -401,10 +402,18 @@ void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *
         tab[v] = f->method == STZ_QMETHOD_NL     ? f->levels[v]
                  : f->method == STZ_QMETHOD_ASYM ? (float)v
                                                  : (float)((int32_t)((uint32_t)v << sh) >> sh);
+    v8f t0, t1;
+    memcpy(&t0, tab, sizeof t0), memcpy(&t1, tab + 8, sizeof t1);
     uint64_t acc = 0;
     for (size_t b = 0, i0 = 0; i0 < n; b++, i0 += f->block) {
         size_t i = i0, end = n - i0 < f->block ? n : i0 + f->block;
         float s = scales[b], m = f->method == STZ_QMETHOD_ASYM ? mins[b] : 0.0f;
+        for (; bits == 4 && !have && i + 8 <= end; i += 8, q += 4) { /* four whole bytes, eight codes */
+            uint32_t w = stz_le32(q);
+            v8i c = (v8i)((((v8u){0} + w) >> (v8u){4, 0, 12, 8, 20, 16, 28, 24}) & 15);
+            v8f v = pick2(t0, t1, c) * s + m;
+            memcpy(y + i, &v, sizeof v);
+        }
         for (; bits == 4 && !have && i + 2 <= end; i += 2, q++) /* whole bytes, two codes each */
             y[i] = tab[*q >> 4] * s + m, y[i + 1] = tab[*q & 15] * s + m;
         for (; i < end; i++) {

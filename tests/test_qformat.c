@@ -25,6 +25,8 @@
 
 int avx2_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
 void avx2_qf_prepare(stz_qformat *f);
+void avx2_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins, size_t n,
+                            float *y);
 
 static uint64_t seed = 11;
 static float frand(void) /* roughly normal */
@@ -211,13 +213,14 @@ static void test_nl_nearest(void **state)
 }
 
 /* The library's quantizers (the AVX-512 or AVX2 clone where this machine
- * has them) give the same codes, scales, minimums and fitted levels as the
- * same code built for the baseline instruction set, and for AVX2 alone. */
+ * has them) give the same codes, scales, minimums, fitted levels and
+ * dequantized values as the same code built for the baseline instruction
+ * set, and for AVX2 alone. */
 static void test_same_bits_without_avx2(void **state)
 {
     (void)state;
     enum { N = 1031 };
-    static float x[N], s1[N], s2[N], m1[N], m2[N];
+    static float x[N], s1[N], s2[N], m1[N], m2[N], y1[N], y2[N];
     static uint8_t q1[N], q2[N];
 #if STZ_X86_CLONES
     int avx2 = __builtin_cpu_supports("avx2");
@@ -249,6 +252,9 @@ static void test_same_bits_without_avx2(void **state)
                         assert_memory_equal(q1, q2, stz_qf_row_bytes(f.bits, n));
                         assert_memory_equal(s1, s2, nb * sizeof *s1);
                         assert_memory_equal(m1, m2, nb * sizeof *m1);
+                        stz_qf_dequantize_row(&f, q1, s1, m1, n, y1);
+                        plain_qf_dequantize_row(&g, q1, s1, m1, n, y2);
+                        assert_memory_equal(y1, y2, n * sizeof *y1);
 #if STZ_X86_CLONES
                         if (!avx2)
                             continue;
@@ -257,6 +263,8 @@ static void test_same_bits_without_avx2(void **state)
                         assert_memory_equal(q1, q2, stz_qf_row_bytes(f.bits, n));
                         assert_memory_equal(s1, s2, nb * sizeof *s1);
                         assert_memory_equal(m1, m2, nb * sizeof *m1);
+                        avx2_qf_dequantize_row(&g, q1, s1, m1, n, y2);
+                        assert_memory_equal(y1, y2, n * sizeof *y1);
 #endif
                     }
                 }
