@@ -350,6 +350,23 @@ stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *
     return STZ_OK;
 }
 
+stz_status stz_writer_refer(stz_writer *w, const stz_reader *r, const stz_tensor *t, int *taken, stz_err *err)
+{
+    stz_status st;
+    uint64_t n = t->end - t->begin;
+    *taken = 0;
+    if (!w->sink || !w->sink->refer)
+        return STZ_OK;
+    if (!w->started && (st = write_header(w, err)))
+        return st;
+    if (n > w->total - w->written)
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: %llu bytes written past the %llu declared", WNAME(w),
+                           (unsigned long long)n, (unsigned long long)w->total);
+    if (!(st = w->sink->refer(w->sink->user, r, t, taken, err)) && *taken)
+        w->written += n;
+    return st;
+}
+
 uint64_t stz_writer_remaining(const stz_writer *w) { return w->total - w->written; }
 
 stz_status stz_writer_finish(stz_writer *w, stz_err *err)

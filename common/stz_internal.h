@@ -136,17 +136,28 @@ typedef struct {
 /* Where an stz_writer opened with stz_writer_open_sink sends the file:
  * begin() gets the whole header (its 8-byte length, then the JSON) and
  * the tensors in data order, write() the data section in order, finish()
- * runs at stz_writer_finish. The sink's owner cleans up after a failure. */
+ * runs at stz_writer_finish. refer() (optional) takes a whole tensor's data
+ * by reference, *taken = 1: the next bytes are those of tensor t of r, and
+ * the sink reads them itself (r outlives the sink). The sink's owner cleans
+ * up after a failure. */
+struct stz_reader;
+struct stz_tensor;
 typedef struct {
     void *user;
     stz_status (*begin)(void *user, const uint8_t *head, size_t len, const stz_span *t, size_t nt, stz_err *err);
     stz_status (*write)(void *user, const void *data, size_t n, stz_err *err);
+    stz_status (*refer)(void *user, const struct stz_reader *r, const struct stz_tensor *t, int *taken, stz_err *err);
     stz_status (*finish)(void *user, stz_err *err);
 } stz_wsink;
 
 struct stz_writer;
 /* A writer whose bytes go to `sink` (name: for messages). */
 stz_status stz_writer_open_sink(struct stz_writer **out, const char *name, const stz_wsink *sink, stz_err *err);
+/* The next data bytes are tensor t of r, as they are: a sink that reads
+ * them itself takes them by reference (*taken = 1); else *taken = 0 and
+ * the caller writes them. */
+stz_status stz_writer_refer(struct stz_writer *w, const struct stz_reader *r, const struct stz_tensor *t, int *taken,
+                            stz_err *err);
 
 /* The container encoder as a writer's sink: the SafeTensors file the writer
  * produces goes into the container `out` ("-": standard output) chunk by

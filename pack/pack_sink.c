@@ -7,6 +7,8 @@
 
 /* ---- the container encoder as a SafeTensors writer's sink ------------- */
 
+#define RING_AHEAD ((size_t)32 << 20)
+
 struct stz_pack_sink {
     pack_ctx c;
     stz_pack_params p;
@@ -39,15 +41,21 @@ static stz_status sink_begin(void *user, const uint8_t *head, size_t len, const 
     stz_status st = stz_pw_plan_chunks(c, nt, err);
     if (st || (st = stz_pw_write_head(c, head, len, err)))
         return st;
-    c->nring = 2 * (size_t)c->p->threads + 2; /* the producer runs ahead of every encoding thread */
+    /* the producer runs ahead of every encoding thread, and goes on while they
+     * read a tensor taken by reference (up to RING_AHEAD bytes, 32 chunks, more) */
+    size_t ahead = RING_AHEAD / c->p->chunk_size;
+    c->nring = 2 * (size_t)c->p->threads + 2 + (ahead < 32 ? ahead : 32);
     c->ring = calloc(c->nring, sizeof *c->ring);
     c->next_use = calloc(c->nring, sizeof *c->next_use);
+    c->seq_of = calloc(c->n + 1, sizeof *c->seq_of);
+    c->src_r = calloc(c->n + 1, sizeof *c->src_r);
+    c->src_t = calloc(c->n + 1, sizeof *c->src_t);
     for (size_t k = 0; c->ring && c->next_use && k < c->nring; k++)
         if ((c->ring[k] = malloc(c->p->chunk_size)))
             c->next_use[k] = k;
         else
             break;
-    if (!c->ring || !c->next_use || !c->ring[c->nring - 1])
+    if (!c->ring || !c->next_use || !c->ring[c->nring - 1] || !c->seq_of || !c->src_r || !c->src_t)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk buffers");
     if (pthread_create(&c->thread, NULL, sink_thread, c))
         return stz_err_set(err, STZ_E_NOMEM, "%s: cannot start the encoding thread", c->label);
@@ -71,23 +79,49 @@ static stz_status sink_write(void *user, const void *data, size_t n, stz_err *er
     const uint8_t *d = (const uint8_t *)data;
     while (n) {
         pthread_mutex_lock(&c->lock);
-        size_t j = c->filled;
-        while (j < c->n && c->next_use[j % c->nring] != j && !c->done)
+        size_t j = c->filled, k = c->seq, slot = k % c->nring;
+        while (j < c->n && c->next_use[slot] != k && !c->done)
             pthread_cond_wait(&c->cv, &c->lock);
-        int ok = j < c->n && c->next_use[j % c->nring] == j && !c->done;
+        int ok = j < c->n && c->next_use[slot] == k && !c->done;
         pthread_mutex_unlock(&c->lock);
         if (!ok)
             return sink_failed(c, err);
-        size_t room = c->chunks[j].raw_size - c->fill, k = n < room ? n : room;
-        memcpy(c->ring[j % c->nring] + c->fill, d, k);
-        d += k, n -= k, c->fill += k;
+        size_t room = c->chunks[j].raw_size - c->fill, m = n < room ? n : room;
+        memcpy(c->ring[slot] + c->fill, d, m);
+        d += m, n -= m, c->fill += m;
         if (c->fill == c->chunks[j].raw_size) {
             pthread_mutex_lock(&c->lock);
-            c->filled++, c->fill = 0;
+            c->seq_of[j] = k, c->seq++, c->filled++, c->fill = 0;
             pthread_cond_broadcast(&c->cv);
             pthread_mutex_unlock(&c->lock);
         }
     }
+    return STZ_OK;
+}
+
+/* A whole tensor's chunks, read by the encoding threads from r: the
+ * producer goes on at once. Only at a chunk boundary where the tensor's
+ * chunks begin (always so between tensors: chunks never span two). */
+static stz_status sink_refer(void *user, const stz_reader *r, const stz_tensor *t, int *taken, stz_err *err)
+{
+    pack_ctx *c = &((stz_pack_sink *)user)->c;
+    size_t j = c->filled, k = j;
+    uint64_t len = t->end - t->begin, got = 0;
+    (void)err;
+    *taken = 0;
+    if (!len || c->fill || j >= c->n || c->chunks[j].data_offset != c->spans[c->chunks[j].tensor].begin)
+        return STZ_OK;
+    for (; k < c->n && c->chunks[k].tensor == c->chunks[j].tensor; k++)
+        got += c->chunks[k].raw_size;
+    if (got != len || c->spans[c->chunks[j].tensor].end - c->spans[c->chunks[j].tensor].begin != len)
+        return STZ_OK;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = j; i < k; i++)
+        c->src_r[i] = r, c->src_t[i] = t;
+    c->filled = k;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->lock);
+    *taken = 1;
     return STZ_OK;
 }
 
@@ -124,7 +158,7 @@ stz_status stz_pack_sink_open(stz_pack_sink **out, const stz_pack_params *p, con
     s->c.label = strcmp(path, "-") ? s->path : "standard output";
     pthread_mutex_init(&s->c.lock, NULL);
     pthread_cond_init(&s->c.cv, NULL);
-    s->ws = (stz_wsink){.user = s, .begin = sink_begin, .write = sink_write, .finish = sink_finish};
+    s->ws = (stz_wsink){.user = s, .begin = sink_begin, .write = sink_write, .refer = sink_refer, .finish = sink_finish};
     if (st) {
         stz_pack_sink_free(s);
         return st;

@@ -97,22 +97,27 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, stz
     return STZ_OK;
 }
 
-/* Sink: waits until chunk i has arrived, and returns its bytes. */
-static const uint8_t *ring_take(pack_ctx *c, size_t i)
+/* Sink: waits until chunk i has arrived; 0 if stopped. Its bytes are in
+ * the ring (*raw), or (*r set) in tensor *t of *r. */
+static int ring_take(pack_ctx *c, size_t i, const uint8_t **raw, const stz_reader **r, const stz_tensor **t)
 {
     pthread_mutex_lock(&c->lock);
     while (c->filled <= i && !c->stop)
         pthread_cond_wait(&c->cv, &c->lock);
     int ok = c->filled > i;
     pthread_mutex_unlock(&c->lock);
-    return ok ? c->ring[i % c->nring] : NULL;
+    if (ok && c->src_t[i])
+        *r = c->src_r[i], *t = c->src_t[i];
+    else if (ok)
+        *raw = c->ring[c->seq_of[i] % c->nring];
+    return ok;
 }
 
-/* Sink: chunk i's slot takes chunk i + nring next. */
+/* Sink: ring chunk i's slot takes the ring chunk nring later next. */
 static void ring_release(pack_ctx *c, size_t i)
 {
     pthread_mutex_lock(&c->lock);
-    c->next_use[i % c->nring] = i + c->nring;
+    c->next_use[c->seq_of[i] % c->nring] = c->seq_of[i] + c->nring;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->lock);
 }
@@ -123,20 +128,24 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
     thread_buf *b = &c->tb[tid];
     const stz_chunk_info *ch = &c->chunks[i];
     const stz_span *t = &c->spans[ch->tensor];
-    const uint8_t *raw = b->raw;
+    const stz_reader *r = c->r;
+    const stz_tensor *rt = r ? stz_reader_tensor(r, ch->tensor) : NULL;
+    const uint8_t *raw = NULL;
     stz_status st;
-    if (c->r) {
-        const stz_tensor *rt = stz_reader_tensor(c->r, ch->tensor);
-        if ((st = stz_reader_read(c->r, rt, ch->data_offset - rt->begin, b->raw, ch->raw_size, err)))
-            return st;
-    } else if (!(raw = ring_take(c, i))) {
+    if (!r && !ring_take(c, i, &raw, &r, &rt))
         return stz_err_set(err, STZ_E_INTERRUPTED, "%s: stopped", c->label);
+    if (r) { /* the file packed, or a tensor a sink took by reference */
+        if (!b->raw && !(b->raw = malloc(c->p->chunk_size)))
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        if ((st = stz_reader_read(r, rt, ch->data_offset - t->begin, b->raw, ch->raw_size, err)))
+            return st;
+        raw = b->raw;
     }
     stz_err sub;
     st = encode_chunk(&b->enc, c->p, t->dtype, t->end - t->begin, raw, ch->raw_size, b->planes, b->rec, &b->rec_len,
                       &sub);
     c->hashes[i] = XXH3_64bits(raw, ch->raw_size);
-    if (!c->r)
+    if (raw != b->raw)
         ring_release(c, i);
     if (st)
         return stz_err_set(err, st, "%s: tensor '%s': %s", c->label, t->name, sub.msg);
@@ -338,7 +347,7 @@ void stz_pw_close(pack_ctx *c)
     for (size_t k = 0; c->ring && k < c->nring; k++)
         free(c->ring[k]);
     free(c->ring);
-    free(c->next_use);
+    free(c->next_use), free(c->seq_of), free(c->src_r), free(c->src_t);
 }
 
 stz_span *stz_pw_spans(const stz_reader *r)

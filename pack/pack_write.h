@@ -27,9 +27,14 @@ typedef struct {
     uint64_t header_hash;
     uint64_t *hashes;      /* per chunk, for the whole-file digest */
     stz_pipeline pl;
-    /* sink: chunk i is delivered into ring[i % nring] once next_use[i % nring] == i */
+    /* sink: chunks arrive in order. The k-th chunk written through the ring
+     * (seq_of[i] = k) goes into ring[k % nring] once next_use[k % nring] == k;
+     * a tensor taken by reference sets its chunks' src_r/src_t, and the
+     * encoding threads read those chunks themselves. */
     uint8_t **ring;
-    size_t nring, *next_use;
+    size_t nring, *next_use, *seq_of, seq;
+    const stz_reader **src_r;
+    const stz_tensor **src_t;
     size_t filled, fill;   /* chunks delivered; bytes of the next one so far */
     int stop, done, running;
     stz_status pl_status;

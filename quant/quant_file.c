@@ -245,13 +245,14 @@ static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_
 
 stz_status stz_quant_copy_tensor(stz_writer *w, const stz_reader *r, const stz_tensor *t, uint8_t *buf, stz_err *err)
 {
-    for (uint64_t off = 0; off < t->end - t->begin; off += STZ_QUANT_BATCH_BYTES) {
+    int taken;
+    stz_status st = stz_writer_refer(w, r, t, &taken, err); /* the container encoder reads it itself */
+    for (uint64_t off = 0; !st && !taken && off < t->end - t->begin; off += STZ_QUANT_BATCH_BYTES) {
         size_t n = t->end - t->begin - off < STZ_QUANT_BATCH_BYTES ? (size_t)(t->end - t->begin - off) : STZ_QUANT_BATCH_BYTES;
-        stz_status st = stz_reader_read(r, t, off, buf, n, err);
-        if (st || (st = stz_writer_write(w, buf, n, err)))
-            return st;
+        if (!(st = stz_reader_read(r, t, off, buf, n, err)))
+            st = stz_writer_write(w, buf, n, err);
     }
-    return STZ_OK;
+    return st;
 }
 
 /* stz_quantize_file, or with pp the container of its output (stz_compress_file). */
