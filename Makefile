@@ -1,10 +1,11 @@
 # Convenience wrapper over CMake. `make demo` and `make test` are the
-# README's commands; `make asan` runs the tests under ASan+UBSan.
+# README's commands; `make asan` runs the tests under ASan+UBSan, `make tsan`
+# the threaded C tests under TSan.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 EXAMPLE = $(BUILD)/example/qwen2-0.5b.safetensors
 
-.PHONY: all build demo test asan fuzz bench install clean
+.PHONY: all build demo test asan tsan fuzz bench install clean
 
 all: build
 
@@ -36,6 +37,12 @@ asan:
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	ctest --test-dir $(BUILD)-asan --output-on-failure -j $(JOBS)
 
+# ThreadSanitizer over the C tests that run threads (not in CI: slow).
+tsan:
+	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DSTZ_TSAN=ON >/dev/null
+	cmake --build $(BUILD)-tsan -j $(JOBS)
+	ctest --test-dir $(BUILD)-tsan --output-on-failure -j $(JOBS) -R '^test_(quant|pack|svd|qformat)$$'
+
 bench: build
 	sh bench/bench_pack.sh $(BUILD)
 	sh bench/bench_unpack.sh $(BUILD)
@@ -55,4 +62,4 @@ fuzz:
 	cmake --build $(BUILD)-fuzz -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz

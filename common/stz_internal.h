@@ -9,8 +9,9 @@
 
 /* Function clones for newer x86-64 instruction sets, the best one chosen
  * when the program loads (GCC on x86-64; other compilers and machines build
- * the baseline only). Clones must compute the same bits as the baseline. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+ * the baseline only, and so does -DSTZ_NO_CLONES: ThreadSanitizer crashes
+ * in the clones' resolvers). Clones must compute the same bits. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(STZ_NO_CLONES)
 #define STZ_X86_CLONES 1
 #define STZ_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
 #else
