@@ -28,6 +28,14 @@ if [ -n "$opt" ]; then
     { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $opt >/dev/null; } ||
         echo "note: OpenMPI not installed: stz is built without MPI and its test skips"
 fi
+# Optional: clang, for `make fuzz` (the libFuzzer targets; CI builds them so
+# that the code keeps compiling with a second compiler). Never fails the install.
+if ! command -v clang >/dev/null; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang >/dev/null; } ||
+        echo "note: clang not installed: the fuzzing build is skipped"
+fi
 # Optional: llama.cpp's prebuilt CPU build from npm, to run exported GGUF
 # files in the tests (they skip without it). Never fails the install.
 NODE_DIR=${STZ_NODE_DIR:-$HOME/.cache/stz/node}
