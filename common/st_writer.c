@@ -336,15 +336,23 @@ static stz_status write_header(stz_writer *w, stz_err *err)
     return st;
 }
 
-stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *err)
+/* Before n more data bytes: the header out, and room for them. */
+static stz_status before_data(stz_writer *w, uint64_t n, stz_err *err)
 {
     stz_status st;
     if (!w->started && (st = write_header(w, err)))
         return st;
     if (n > w->total - w->written)
-        return stz_err_set(err, STZ_E_BOUNDS, "%s: %zu bytes written past the %llu declared", WNAME(w), n,
-                           (unsigned long long)w->total);
-    if ((st = w->sink ? w->sink->write(w->sink->user, data, n, err) : stz_outfile_write(&w->out, data, n, err)))
+        return stz_err_set(err, STZ_E_BOUNDS, "%s: %llu bytes written past the %llu declared", WNAME(w),
+                           (unsigned long long)n, (unsigned long long)w->total);
+    return STZ_OK;
+}
+
+stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *err)
+{
+    stz_status st;
+    if ((st = before_data(w, n, err)) ||
+        (st = w->sink ? w->sink->write(w->sink->user, data, n, err) : stz_outfile_write(&w->out, data, n, err)))
         return st;
     w->written += n;
     return STZ_OK;
@@ -353,17 +361,12 @@ stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *
 stz_status stz_writer_refer(stz_writer *w, const stz_reader *r, const stz_tensor *t, int *taken, stz_err *err)
 {
     stz_status st;
-    uint64_t n = t->end - t->begin;
     *taken = 0;
     if (!w->sink || !w->sink->refer)
         return STZ_OK;
-    if (!w->started && (st = write_header(w, err)))
-        return st;
-    if (n > w->total - w->written)
-        return stz_err_set(err, STZ_E_BOUNDS, "%s: %llu bytes written past the %llu declared", WNAME(w),
-                           (unsigned long long)n, (unsigned long long)w->total);
-    if (!(st = w->sink->refer(w->sink->user, r, t, taken, err)) && *taken)
-        w->written += n;
+    if (!(st = before_data(w, t->end - t->begin, err)) && !(st = w->sink->refer(w->sink->user, r, t, taken, err)) &&
+        *taken)
+        w->written += t->end - t->begin;
     return st;
 }
 

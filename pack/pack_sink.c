@@ -109,11 +109,14 @@ static stz_status sink_refer(void *user, const stz_reader *r, const stz_tensor *
     uint64_t len = t->end - t->begin, got = 0;
     (void)err;
     *taken = 0;
-    if (!len || c->fill || j >= c->n || c->chunks[j].data_offset != c->spans[c->chunks[j].tensor].begin)
+    if (!len || c->fill || j >= c->n)
+        return STZ_OK;
+    const stz_span *sp = &c->spans[c->chunks[j].tensor];
+    if (c->chunks[j].data_offset != sp->begin || sp->end - sp->begin != len)
         return STZ_OK;
     for (; k < c->n && c->chunks[k].tensor == c->chunks[j].tensor; k++)
         got += c->chunks[k].raw_size;
-    if (got != len || c->spans[c->chunks[j].tensor].end - c->spans[c->chunks[j].tensor].begin != len)
+    if (got != len)
         return STZ_OK;
     pthread_mutex_lock(&c->lock);
     for (size_t i = j; i < k; i++)

@@ -144,9 +144,9 @@ static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
 
 /* Squared error of x[n] coded at scale s, and the sums for the
  * least-squares scale of that assignment (sxl = sum x l, sll = sum l^2).
- * Eight lanes (GCC's vector extensions: AVX2 where the machine has it, the
- * same arithmetic in the same order without), then the rest one by one in
- * lane 0; a block is short enough for float sums. */
+ * Eight lanes (GCC's vector extensions: AVX-512 or AVX2 where the machine
+ * has it, the same arithmetic in the same order without), then the rest one
+ * by one in lane 0; a block is short enough for float sums. */
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));

@@ -21,7 +21,8 @@ typedef struct {
     qslot *slot;
     size_t per; /* elements per batch */
     float *amax; /* per thread */
-    int *bad;    /* per thread: a NaN or Inf seen */
+    int *bad;    /* per thread: a NaN or Inf seen (F32 and F64: looked for only if want_bad) */
+    int want_bad;
 } amax_job;
 
 /* BF16 and F16: the largest magnitude straight from the bits (their order
@@ -66,10 +67,15 @@ static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
     } else if (!st && !(st = stz_to_f32(dt, j->slot[tid].in, n, f, err))) {
         for (size_t k = 0; k < n; k++)
             m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* not NaN: fabsf(NaN) > m is false */
-        j->bad[tid] |= stz_qw_first_nonfinite(f, n) < n;
+        j->bad[tid] |= j->want_bad && stz_qw_first_nonfinite(f, n) < n;
     }
     j->amax[tid] = m;
     return st;
+}
+
+void stz_qw_plan_keep_nonfinite(plan_t *x)
+{
+    x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
 }
 
 stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
@@ -82,7 +88,7 @@ stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t 
     uint8_t *buf = slot[0].in;
     float amaxes[256] = {0}, amax = 0;
     int bads[256] = {0};
-    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes, .bad = bads};
+    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes, .bad = bads, .want_bad = keep};
     stz_pipeline pl = {.n = (size_t)((t->numel + per - 1) / per), .threads = threads < 256 ? threads : 256,
                        .ctx = &j, .work = amax_work};
     stz_status st = stz_pipeline_run(&pl, err);
@@ -90,7 +96,7 @@ stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t 
         amax = amaxes[k] > amax ? amaxes[k] : amax, bad |= bads[k];
     x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
     if (!st && keep && bad) { /* the policy keeps such a tensor as it is */
-        x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+        stz_qw_plan_keep_nonfinite(x);
         return st;
     }
     if (st || !fit)

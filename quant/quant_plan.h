@@ -50,6 +50,8 @@ void stz_qw_plan_format(plan_t *x);
  * buffers on `threads` threads. */
 stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t *x, qslot *slot, int threads,
                                stz_err *err);
+/* A tensor whose rule keeps it when it holds NaN/Inf, and which does. */
+void stz_qw_plan_keep_nonfinite(plan_t *x);
 void stz_qw_plan_free(plan_t *x);
 /* Factors every SVD decision of the file (pl[0..nt)) on up to p->threads
  * threads, one tensor each with one OpenBLAS thread (the same bits for any

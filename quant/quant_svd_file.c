@@ -120,7 +120,7 @@ static stz_status svd_prepare(const stz_reader *r, const stz_tensor *t, plan_t *
     int bad;
     stz_status st = factor(r, t, x, &W, &f, &bad, err);
     if (!st && bad)
-        x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+        stz_qw_plan_keep_nonfinite(x);
     else if (!st && (f.rank >= k || stz_svd_bytes(m, n, f.rank) >= fbytes))
         use_fallback(x, "SVD factors at the chosen rank would not be smaller: fallback");
     else if (!st) {
