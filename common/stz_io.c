@@ -418,10 +418,14 @@ void stz_outfile_abort(stz_outfile *of)
 
 static int cmp_str_ptr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* Both walk objects only: an array's elements have no key (NULL), so they
+ * would reach strcmp. Callers check cJSON_IsObject to refuse the rest. */
 const char *stz_json_duplicate_key(const cJSON *obj)
 {
     size_t n = 0, k = 0;
-    for (const cJSON *e = obj ? obj->child : NULL; e; e = e->next)
+    if (!cJSON_IsObject(obj))
+        return NULL;
+    for (const cJSON *e = obj->child; e; e = e->next)
         n++;
     if (n < 2)
         return NULL;
@@ -446,7 +450,7 @@ const char *stz_json_duplicate_key(const cJSON *obj)
 
 const char *stz_json_unknown_key(const cJSON *obj, const char *const *allowed)
 {
-    for (const cJSON *e = obj ? obj->child : NULL; e; e = e->next) {
+    for (const cJSON *e = cJSON_IsObject(obj) ? obj->child : NULL; e; e = e->next) {
         size_t i = 0;
         while (allowed[i] && strcmp(allowed[i], e->string))
             i++;

@@ -52,6 +52,11 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     int m = -1;
     memset(qi, 0, sizeof *qi);
     qi->t = t;
+    if (!cJSON_IsObject(o)) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s%s is not a JSON object", P, t->name,
+                         STZ_QUANT_META_PREFIX, t->name);
+        goto done;
+    }
     if (unknown || dup) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': %s%s has %s key '%s'", P, t->name, STZ_QUANT_META_PREFIX,
                          t->name, unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);

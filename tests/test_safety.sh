@@ -157,6 +157,27 @@ python3 "$(dirname "$0")/edit_meta.py" "$T/svd.safetensors" "$T/svd4.safetensors
 expect_rc 1 "svd entry with bits 4" "$STZ" dequantize "$T/svd4.safetensors" -o "$T/x.safetensors"
 has "$T/err" "svd factors with 'bits' other than 8" "svd bits"
 [ -e "$T/x.safetensors" ] && bad "output written for refused metadata" || ok
+# An entry that is valid JSON but not an object (array, string, number):
+# refused by name on every command that reads quantized files, no
+# temporary file left (a JSON array once reached strcmp with a NULL key).
+for v in '[1,2]' '"int4"' '7' '{"method":"absmax","bits":[4]}'; do
+    python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/arr.safetensors" "stz.quant.$W" "$v"
+    "$STZ" compress --lossless "$T/arr.safetensors" -o "$T/arr.stz" -q -f
+    mkdir -p "$T/arrout"
+    for cmd in "inspect" "dequantize -o $T/arrout/x.safetensors" "eval $M" "export --gguf -o $T/arrout/x.gguf"; do
+        # shellcheck disable=SC2086
+        set -- $cmd
+        c=$1; shift
+        if [ "$c" = eval ]; then
+            expect_rc 1 "$c on entry $v" "$STZ" eval "$M" "$T/arr.safetensors"
+        else
+            expect_rc 1 "$c on entry $v" "$STZ" "$c" "$T/arr.safetensors" "$@"
+        fi
+        has "$T/err" "tensor '$W'" "$c names the tensor ($v)"
+    done
+    expect_rc 1 "decompress --dequantize on entry $v" "$STZ" decompress "$T/arr.stz" --dequantize -o "$T/arrout/y.safetensors"
+    [ -z "$(ls -A "$T/arrout")" ] && ok || { bad "output or temporary file left for entry $v"; ls -A "$T/arrout"; }
+done
 
 # 7. Gates that compared nothing, or not everything, fail.
 "$STZ" synth gpt-neo-tiny -o "$T/other.safetensors" -q --seed 3
