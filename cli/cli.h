@@ -129,8 +129,6 @@ int cli_tmp_make(tmpfile_t *t, const char *out, const char *what);
  * when out is "-" (standard output). Returns buf. */
 const char *cli_tmp_base(const char *out, char *buf, size_t cap);
 void cli_tmp_drop(tmpfile_t *t);
-/* Moves `tmp` to `path`, replacing an existing file only with force. */
-stz_status cli_tmp_place(const char *tmp, const char *path, int force, stz_err *err);
 /* Closes f, written to t's file, and moves that to `path` (errors name
  * path); t is dropped either way. */
 stz_status cli_tmp_finish(tmpfile_t *t, FILE *f, const char *path, int force, stz_err *err);

@@ -208,21 +208,13 @@ void cli_largest_first(const double *sizes, size_t n, size_t *order)
     }
 }
 
-stz_status cli_tmp_place(const char *tmp, const char *path, int force, stz_err *err)
-{
-    if (force ? rename(tmp, path) : stz_rename_noreplace(tmp, path))
-        return stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO, "%s: %s", path,
-                           errno == EEXIST ? "appeared meanwhile; not replaced (use -f)" : strerror(errno));
-    return STZ_OK;
-}
-
 stz_status cli_tmp_finish(tmpfile_t *t, FILE *f, const char *path, int force, stz_err *err)
 {
     stz_status st = STZ_OK;
     if (!f || ferror(f) | fclose(f))
         st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
     else
-        st = cli_tmp_place(t->path, path, force, err);
+        st = stz_output_place(t->path, path, force, err);
     cli_tmp_drop(t);
     return st;
 }

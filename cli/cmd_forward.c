@@ -143,8 +143,8 @@ int cmd_eval_forward(int argc, char **argv)
         return cli_usage_error("eval", "--sequences, --seq-len and --seed take whole numbers");
     const char *pa = argv[optind], *pb = argv[optind + 1];
     stz_err err;
-    if (save && !force && access(save, F_OK) == 0)
-        return stz_err_set(&err, STZ_E_EXISTS, "%s: exists (use -f to replace it)", save), cli_fail(&err);
+    if (save && stz_output_check(save, force, &err))
+        return cli_fail(&err);
     if (save && (stz_refuse_input_as_output(pa, save, &err) || stz_refuse_input_as_output(pb, save, &err)))
         return cli_fail(&err);
     cli_model_set A = {0}, B = {0};

@@ -254,7 +254,6 @@ int cmd_compress(int argc, char **argv)
     c.qs.min_cosine = 1;
     pthread_mutex_init(&c.lock, NULL);
     double t0 = cli_now();
-    struct stat sb;
     int sharded = cli_is_sharded_dir(in);
     if (!o.lossless && cli_policy_load(&o.po, &c.pol, &err)) {
         free(out);
@@ -267,8 +266,7 @@ int cmd_compress(int argc, char **argv)
         rc = cli_shards_run(in, out, "", ".stz", !o.lossless, o.c.threads, o.c.quiet, compress_one, &c);
         if (mpi && rc == CLI_OK)
             mpi_gather(&c);
-    } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) { /* refuse before the long work */
-        stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
+    } else if (strcmp(out, "-") && stz_output_check(out, o.c.force, &err)) { /* refuse before the long work */
         rc = cli_fail(&err);
     } else {
         rc = compress_one(&c, in, out, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
@@ -390,7 +388,6 @@ int cmd_decompress(int argc, char **argv)
     if (!out)
         return cli_usage_error("decompress", "give -o OUT (cannot derive a name from '%s')", in);
     stz_err err;
-    struct stat sb;
     double t0 = cli_now();
     int sharded = cli_is_sharded_dir(in);
     if (cli_mpi_size() > 1 && !sharded) {
@@ -398,8 +395,7 @@ int cmd_decompress(int argc, char **argv)
                             : cli_usage_error("decompress", "under mpirun IN must be a compressed sharded directory");
     } else if (sharded) {
         rc = cli_shards_run(in, out, ".stz", "", o.deq, o.c.threads, o.c.quiet, decompress_one, &o);
-    } else if (strcmp(out, "-") && stat(out, &sb) == 0 && !o.c.force) {
-        stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", out);
+    } else if (strcmp(out, "-") && stz_output_check(out, o.c.force, &err)) {
         rc = cli_fail(&err);
     } else {
         rc = decompress_one(&o, in, out, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;

@@ -212,14 +212,11 @@ int cmd_tune(int argc, char **argv)
     measured m1 = {0}, m2 = {0};
     int have1 = 0, have2 = 0, sharded = 0;
     stz_tune_point first = {0};
-    struct stat sb;
     rc = CLI_ERROR;
     const char *outs[2] = {out, o.compress ? o.save_policy : o.plot};
     for (int k = 0; k < 2; k++)
-        if (outs[k] && !o.c.force && stat(outs[k], &sb) == 0) {
-            stz_err_set(&err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", outs[k]);
+        if (outs[k] && stz_output_check(outs[k], o.c.force, &err))
             goto fail;
-        }
     if (stz_tune_parse_candidates(o.candidates, &cand, &ncand, &err) || cli_set_open(&S, model, &err) ||
         stz_refuse_input_as_output(model, out, &err))
         goto fail;
@@ -313,7 +310,7 @@ int cmd_tune(int argc, char **argv)
     }
     const measured *fin = have2 ? &m2 : have1 ? &m1 : NULL;
     if (o.compress) {
-        if (cli_tmp_place(tc.path, out, o.c.force && !sharded, &err) || /* directories are never replaced */ (o.save_policy && write_text(o.save_policy, policy, o.c.force, &err)))
+        if (stz_output_place(tc.path, out, o.c.force && !sharded, &err) || /* directories are never replaced */ (o.save_policy && write_text(o.save_policy, policy, o.c.force, &err)))
             goto fail;
     } else if (write_text(out, policy, o.c.force, &err)) {
         goto fail;

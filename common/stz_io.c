@@ -198,6 +198,45 @@ stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *
     return STZ_OK;
 }
 
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m)                 ? "a directory"
+           : S_ISFIFO(m)              ? "a FIFO"
+           : S_ISSOCK(m)              ? "a socket"
+           : S_ISCHR(m) || S_ISBLK(m) ? "a device"
+                                      : "a special file";
+}
+
+stz_status stz_output_check(const char *path, int force, stz_err *err)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return STZ_OK;
+    if (!S_ISREG(st.st_mode)) /* with or without --force: never a device, a FIFO, a directory */
+        return stz_err_set(err, STZ_E_EXISTS, "%s: output is %s: stz replaces only regular files%s", path,
+                           file_kind(st.st_mode), S_ISDIR(st.st_mode) ? "" : " (standard output is -o - or -c)");
+    if (!force)
+        return stz_err_set(err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", path);
+    return STZ_OK;
+}
+
+stz_status stz_output_place(const char *tmp, const char *path, int force, stz_err *err)
+{
+    struct stat st;
+    /* checked again here: what is at `path` may have changed while we worked */
+    if (force && lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+        return stz_err_set(err, STZ_E_EXISTS, "%s: output became %s while stz was writing; left as it is", path,
+                           file_kind(st.st_mode));
+    if ((force ? rename(tmp, path) : stz_rename_noreplace(tmp, path)) != 0)
+        return stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO,
+                           errno == EEXIST ? "%s: output appeared while stz was writing; left as it is (use --force "
+                                             "to replace it)"
+                                           : "%s: cannot rename temporary output into place: %s",
+                           path, strerror(errno));
+    return STZ_OK;
+}
+
 stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err)
 {
     struct stat st;
@@ -214,12 +253,8 @@ stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *
     if (!S_ISREG(st.st_mode)) {
         close(*fd);
         *fd = -1;
-        return stz_err_set(err, STZ_E_IO, "%s: not a regular file (%s)", path,
-                           S_ISDIR(st.st_mode)    ? "a directory"
-                           : S_ISFIFO(st.st_mode) ? "a FIFO: stz reads its inputs at offsets, give a file"
-                           : S_ISSOCK(st.st_mode) ? "a socket"
-                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                                                                        : "a special file");
+        return stz_err_set(err, STZ_E_IO, "%s: not a regular file (%s%s)", path, file_kind(st.st_mode),
+                           S_ISFIFO(st.st_mode) ? ": stz reads its inputs at offsets, give a file" : "");
     }
     int fl = fcntl(*fd, F_GETFL);
     if (fl >= 0)
@@ -298,15 +333,11 @@ stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_er
     memset(of, 0, sizeof *of);
     of->fd = -1;
     of->slot = -1;
-    struct stat st;
     if (!path || !*path)
         return stz_err_set(err, STZ_E_ARG, "no output path given");
-    if (stat(path, &st) == 0) {
-        if (!force)
-            return stz_err_set(err, STZ_E_EXISTS, "%s: output exists (use --force to replace it)", path);
-        if (S_ISDIR(st.st_mode))
-            return stz_err_set(err, STZ_E_EXISTS, "%s: output is a directory", path);
-    }
+    stz_status st = stz_output_check(path, force, err);
+    if (st)
+        return st;
     size_t len = strlen(path);
     const char *slash = strrchr(path, '/');
     size_t dirlen = slash ? (size_t)(slash - path) + 1 : 0;
@@ -386,13 +417,9 @@ stz_status stz_outfile_commit(stz_outfile *of, stz_err *err)
         return stz_err_set(err, STZ_E_IO, "%s: cannot finish output: %s", of->path, strerror(errno));
     }
     of->fd = -1;
-    /* without --force, never replace a file that appeared while we worked */
-    if ((of->force ? rename(of->tmp_path, of->path) : stz_rename_noreplace(of->tmp_path, of->path)) != 0)
-        return stz_err_set(err, errno == EEXIST ? STZ_E_EXISTS : STZ_E_IO,
-                           errno == EEXIST ? "%s: output appeared while stz was writing; left as it is (use --force "
-                                             "to replace it)"
-                                           : "%s: cannot rename temporary output into place: %s",
-                           of->path, strerror(errno));
+    stz_status st = stz_output_place(of->tmp_path, of->path, of->force, err);
+    if (st)
+        return st;
     tmp_unregister(of->slot);
     of->slot = -1;
     free(of->tmp_path);

@@ -154,6 +154,16 @@ const char *stz_json_unknown_key(const struct cJSON *obj, const char *const *all
  * NUL-terminated buffer; refuses FIFOs and devices and files over `limit`. */
 stz_status stz_read_text(const char *path, size_t limit, char **text, size_t *len, stz_err *err);
 
+/* May an output be written at `path`? STZ_OK when nothing is there, or a
+ * regular file and `force`; STZ_E_EXISTS otherwise, naming what is there
+ * (devices, FIFOs, sockets and directories are never replaced, even with
+ * force). */
+stz_status stz_output_check(const char *path, int force, stz_err *err);
+/* Renames a finished temporary file `tmp` to `path`. Without force it never
+ * replaces a file that appeared meanwhile; with force it replaces only a
+ * regular file (or a symbolic link). STZ_E_EXISTS or STZ_E_IO, naming path. */
+stz_status stz_output_place(const char *tmp, const char *path, int force, stz_err *err);
+
 /* rename() that never replaces an existing `to` (EEXIST); 0 or -1/errno. */
 int stz_rename_noreplace(const char *from, const char *to);
 

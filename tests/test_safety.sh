@@ -235,6 +235,29 @@ expect_rc 1 "a FIFO as policy" timeout 10 "$STZ" plan --policy "$T/fifo.safetens
 expect_rc 1 "a device as input" timeout 10 "$STZ" inspect /dev/zero
 has "$T/err" "a device" "names the device"
 
+# 9b. -o with -f replaces only a regular file: a device, FIFO, socket or
+# directory at the output path is refused by name and left as it is.
+mkdir -p "$T/sp"
+mkfifo "$T/sp/fifo"
+python3 -c 'import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$T/sp/sock"
+mkdir "$T/sp/dir"
+special_out() { # name description
+    before=$(ls -ld "$T/sp/$1" | cut -c1)
+    for cmd in "pack $M" "unpack $T/sp.stz" "compress --int4 $M" "compress --lossless $M" "decompress $T/sp.stz" \
+        "quantize --int8 $M" "dequantize $T/q.safetensors" "synth tiny"; do
+        # shellcheck disable=SC2086
+        expect_rc 1 "$cmd -o $1 -f" timeout 20 "$STZ" $cmd -o "$T/sp/$1" -f
+        has "$T/err" "output is $2" "$cmd names $2"
+    done
+    [ "$(ls -ld "$T/sp/$1" | cut -c1)" = "$before" ] && ok || bad "$1 replaced"
+}
+"$STZ" pack "$M" -o "$T/sp.stz" -q
+special_out fifo "a FIFO"
+special_out sock "a socket"
+special_out dir "a directory"
+if mknod "$T/sp/cdev" c 1 3 2>/dev/null; then special_out cdev "a device"; else echo "skip: mknod not permitted: no device case"; fi
+ls -A "$T/sp" | grep -q "tmp-" && bad "temporary file left beside special files" || ok
+
 # 10. Millions of empty tensors are refused before they are parsed.
 python3 - "$T/many.safetensors" <<'PY'
 import struct, sys
