@@ -330,6 +330,14 @@ printf '{"rules": [{"match": "re:((((((((((((((a)+)+)+)+)+)+)+)+)+)+)+)+)+)+", "
 expect_rc 1 "exponential regular expression" sh -c "$MEMCAP exec \"$STZ\" policy show \"$T/re.json\""
 has "$T/err" "regular expression too costly to compile" "says why"
 expect_rc 1 "stacked quantifiers" "$STZ" policy show "$(dirname "$0")/corpus/policy/regex-exponential.json"
+# Counted repetition multiplies: "(.*){1,640}z" once passed the check and
+# took glibc's regcomp 29 s and 1.4 GB (cubic in the empty-matching copies).
+printf '{"rules": [{"match": "*.norm.weight", "action": "keep"}, {"match": "re:(.*){1,640}z", "action": "int8"}]}' >"$T/re2.json"
+expect_rc 1 "counted repetition of .*" timeout 5 "$STZ" policy show "$T/re2.json"
+has "$T/err" "rule 1 ('re:(.\*){1,640}z')" "names the rule"
+has "$T/err" "regular expression too costly to compile" "says why"
+printf '{"rules": [{"match": "re:(.*){1,90}z|model\\\\.layers\\\\.(1[0-9]|2[0-3])\\\\..*", "action": "int8"}]}' >"$T/re3.json"
+expect_rc 0 "a regular expression within the bounds" timeout 5 "$STZ" policy show "$T/re3.json"
 "$STZ" pack -q "$M" -o "$T/r.stz"
 python3 - "$T/r.stz" <<'PY'
 import struct, sys
