@@ -194,9 +194,6 @@ struct stz_policy;
 stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol, int threads, int quiet,
                                uint64_t *bytes, stz_err *err);
 
-/* Set by the first SIGINT/SIGTERM/SIGHUP: long operations stop through
- * their progress callback and clean up on their normal error path. */
-extern volatile int cli_interrupted;
 
 struct stz_qmodel;
 /* How a listed tensor is stored: "svd", "int2".."int8", or `kept`. */

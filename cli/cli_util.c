@@ -117,12 +117,10 @@ void cli_progress_init(cli_progress *p, const char *label, int quiet)
     p->last = 0;
 }
 
-volatile int cli_interrupted;
-
 int cli_progress_cb(void *user, uint64_t done, uint64_t total)
 {
     cli_progress *p = (cli_progress *)user;
-    if (cli_interrupted)
+    if (stz_interrupt_pending())
         return 1; /* stop: the operation removes its outputs and returns */
     if (!p || !p->enabled)
         return 0;

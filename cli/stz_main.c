@@ -38,8 +38,8 @@ static void usage(FILE *f)
  * files now and die of the same signal. */
 static void on_signal(int sig)
 {
-    if (!cli_interrupted) {
-        cli_interrupted = 1;
+    if (!stz_interrupt_pending()) {
+        stz_interrupt_request();
         return;
     }
     stz_tmp_cleanup_all();

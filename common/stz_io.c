@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 int stz_pread_full(int fd, void *buf, size_t n, uint64_t off)
@@ -34,10 +36,35 @@ int stz_pread_full(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+static volatile sig_atomic_t interrupt_flag;
+
+void stz_interrupt_request(void) { interrupt_flag = 1; }
+int stz_interrupt_pending(void) { return interrupt_flag; }
+
+/* Waits until fd is ready for `events` (at once for a regular file),
+ * looking at the interruption flag every 0.2 s: 0, EINTR when interrupted,
+ * or poll's errno. */
+static int wait_ready(int fd, short events)
+{
+    struct pollfd p = {.fd = fd, .events = events};
+    for (;;) {
+        if (interrupt_flag)
+            return EINTR;
+        int k = poll(&p, 1, 200);
+        if (k > 0)
+            return 0; /* ready, closed or failed: the read or write says which */
+        if (k < 0 && errno != EINTR)
+            return errno;
+    }
+}
+
 int stz_read_some(int fd, void *buf, size_t n, size_t *got)
 {
     *got = 0;
     while (*got < n) {
+        int e = wait_ready(fd, POLLIN);
+        if (e)
+            return e;
         ssize_t k = read(fd, (uint8_t *)buf + *got, n - *got);
         if (k < 0 && errno == EINTR)
             continue;
@@ -182,13 +209,58 @@ static void tmp_unregister(int slot)
 int stz_tmp_track(char *path) { return tmp_register(path); }
 void stz_tmp_untrack(int handle) { tmp_unregister(handle); }
 
+/* Empties the directory open at fd, in a signal handler: raw getdents64
+ * into a stack buffer and unlinkat, no allocation; passes over it until a
+ * pass removes nothing (removing entries moves the others). */
+static void clear_dir_raw(int fd, int depth)
+{
+    struct dirent64_raw {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[];
+    };
+    for (int removed = 1; removed;) {
+        char buf[4096];
+        long n;
+        removed = 0;
+        lseek(fd, 0, SEEK_SET);
+        while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0)
+            for (long off = 0; off < n;) {
+                const struct dirent64_raw *d = (const void *)(buf + off);
+                off += d->reclen;
+                if (!strcmp(d->name, ".") || !strcmp(d->name, ".."))
+                    continue;
+                if (unlinkat(fd, d->name, 0) == 0) {
+                    removed = 1;
+                    continue;
+                }
+                int sub = depth < 16 ? openat(fd, d->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+                if (sub >= 0) {
+                    clear_dir_raw(sub, depth + 1);
+                    close(sub);
+                    removed |= unlinkat(fd, d->name, AT_REMOVEDIR) == 0;
+                }
+            }
+    }
+}
+
 void stz_tmp_cleanup_all(void)
 {
+    int saved = errno;
     for (int i = 0; i < TMP_SLOTS; i++) {
         char *p = tmp_slots[i];
-        if (p)
-            unlink(p);
+        if (!p || unlink(p) == 0 || errno != EISDIR)
+            continue;
+        int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) { /* a temporary directory: finished shards, copied files */
+            clear_dir_raw(fd, 0);
+            close(fd);
+        }
+        rmdir(p);
     }
+    errno = saved;
 }
 
 stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *err)
@@ -371,6 +443,10 @@ void stz_outfile_stdout(stz_outfile *of)
 static stz_status stream_write(stz_outfile *of, const uint8_t *b, size_t n, stz_err *err)
 {
     while (n) {
+        int e = wait_ready(of->fd, POLLOUT);
+        if (e)
+            return stz_err_set(err, e == EINTR ? STZ_E_INTERRUPTED : STZ_E_IO, "writing to standard output: %s",
+                               e == EINTR ? "interrupted" : strerror(e));
         ssize_t k = write(of->fd, b, n);
         if (k < 0 && errno == EINTR)
             continue;

@@ -121,10 +121,20 @@ typedef int (*stz_progress_fn)(void *user, uint64_t done, uint64_t total);
 /*
  * Every output is written under a temporary name in its destination
  * directory and renamed at the end. stz_tmp_cleanup_all() removes the
- * temporary files still open in this process; it only calls unlink(), so a
- * SIGINT/SIGTERM handler may call it before exiting.
+ * temporary files and directories still open in this process; it is
+ * async-signal-safe (system calls only, no allocation), so a SIGINT/SIGTERM
+ * handler may call it before exiting.
  */
 void stz_tmp_cleanup_all(void);
+
+/* Interruption, for a SIGINT/SIGTERM handler (async-signal-safe): after
+ * stz_interrupt_request(), every read from a pipe or terminal and every
+ * write to standard output that stz is blocked in, or starts, gives up
+ * within 0.2 s with STZ_E_INTERRUPTED; a caller's progress callback can ask
+ * stz_interrupt_pending() to stop the rest. The flag is process-wide and
+ * stays set. */
+void stz_interrupt_request(void);
+int stz_interrupt_pending(void);
 
 /* Adds a path of the caller's (an intermediate file) to what
  * stz_tmp_cleanup_all() removes; returns a handle for stz_tmp_untrack, or

@@ -2,6 +2,7 @@
  * index and trailer, all checked; chunk records' plane tables. */
 #include "pack_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,8 +43,9 @@ stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, con
         size_t want = c->spos < off ? (size_t)(off - c->spos < sizeof skip ? off - c->spos : sizeof skip) : n, got;
         int e = stz_read_some(c->fd, to, want, &got);
         if (e || got < want)
-            return stz_err_set(err, e ? STZ_E_IO : STZ_E_TRUNCATED, "%s: cannot read %s: %s", c->path, what,
-                               e ? strerror(e) : "the stream ended early");
+            return stz_err_set(err, e == EINTR ? STZ_E_INTERRUPTED : e ? STZ_E_IO : STZ_E_TRUNCATED,
+                               "%s: cannot read %s: %s", c->path, what,
+                               e == EINTR ? "interrupted" : e ? strerror(e) : "the stream ended early");
         c->spos += (uint64_t)got;
         if (to == dst)
             dst = (uint8_t *)dst + got, n -= got;

@@ -2,6 +2,7 @@
  * quantized tensors into it), and packing a stream (standard input). */
 #include "pack_write.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,7 +197,9 @@ void stz_pack_sink_free(stz_pack_sink *s)
 static stz_status read_some(int fd, const char *label, uint8_t *dst, size_t n, size_t *got, stz_err *err)
 {
     int e = stz_read_some(fd, dst, n, got);
-    return e ? stz_err_set(err, STZ_E_IO, "%s: read failed: %s", label, strerror(e)) : STZ_OK;
+    return e ? stz_err_set(err, e == EINTR ? STZ_E_INTERRUPTED : STZ_E_IO, "%s: read failed: %s", label,
+                           e == EINTR ? "interrupted" : strerror(e))
+             : STZ_OK;
 }
 
 stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,

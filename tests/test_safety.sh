@@ -432,4 +432,47 @@ expect_rc 0 "decompress, default name" "$STZ" decompress "$T/n.int4.safetensors.
 [ -f "$T/n.int4.safetensors" ] && ok || bad "decompressed default name"
 has "$T/out" "n.int4.safetensors.stz -> .*n.int4.safetensors: .* bytes in" "one-line summary"
 
+# 20. Signals act within a second even while stz waits on an empty pipe
+# (the reads poll the interruption flag); no output is left.
+wait_gone() { # pid: 0 if it ends within 1 s
+    i=0
+    while kill -0 "$1" 2>/dev/null && [ $i -lt 10 ]; do i=$((i + 1)); sleep 0.1; done
+    ! kill -0 "$1" 2>/dev/null
+}
+for sig in INT TERM; do
+    for cmd in "pack - -c" "unpack - -c" "pack - -o $T/blk.stz" "decompress - -o $T/blk.safetensors"; do
+        # shellcheck disable=SC2086
+        sleep 30 | "$STZ" $cmd >/dev/null 2>"$T/blk.err" &
+        pid=$!
+        sleep 0.3
+        kill -$sig $pid
+        if wait_gone $pid; then ok; else bad "$cmd blocked on a pipe ignored SIG$sig for 1 s"; kill -9 $pid; fi
+        wait $pid; rc=$?
+        [ "$rc" -ne 0 ] && ok || bad "$cmd exited 0 after SIG$sig"
+        has "$T/blk.err" "interrupted" "$cmd says it was interrupted"
+        pkill -f "sleep 30" 2>/dev/null
+    done
+done
+ls -A "$T" | grep "blk" | grep -qv "^blk.err$" && bad "output left by an interrupted pipe: $(ls -A "$T" | grep blk)" || ok
+
+# 21. Two signals in a row during a sharded compress: the temporary
+# directory goes too, finished shards and copied files with it.
+"$STZ" synth small -o "$T/sig2" --shards 4 -q
+mkdir "$T/sig2out"
+for delay in 0.02 0.05 0.1 0.15 0.2; do
+    "$STZ" compress --int4 "$T/sig2" -o "$T/sig2out/c" -q -T 2 2>/dev/null &
+    pid=$!
+    sleep $delay
+    # stopped, two different signals are both pending, so the second is
+    # handled at once after the first, before any cleanup of the first's
+    kill -STOP $pid 2>/dev/null
+    kill -INT $pid 2>/dev/null
+    kill -TERM $pid 2>/dev/null
+    kill -CONT $pid 2>/dev/null
+    wait $pid
+    left=$(ls -A "$T/sig2out" | grep -v '^c$')
+    [ -z "$left" ] && ok || bad "two SIGINTs after ${delay} s left $left"
+    rm -rf "$T/sig2out/c"
+done
+
 finish safety
