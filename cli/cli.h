@@ -19,6 +19,12 @@ typedef struct {
 } cli_command;
 
 /* Prints "stz: error: MSG [CODE]" to stderr and returns CLI_ERROR. */
+/* Writes s with control characters (C0, DEL, C1) and bytes that are not
+ * UTF-8 escaped as \n, \t, \xNN, as ls and git do: text from a file never
+ * reaches the terminal as an escape sequence. */
+void cli_put_escaped(FILE *f, const char *s);
+/* "  key = value" on standard output, both escaped: a metadata line. */
+void cli_print_meta(const char *key, const char *value);
 int cli_fail(const stz_err *err);
 /* Prints "stz CMD: MSG" + hint to stderr and returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -17,10 +17,44 @@
 #include <time.h>
 #include <unistd.h>
 
+void cli_put_escaped(FILE *f, const char *s)
+{
+    const unsigned char *c = (const unsigned char *)s;
+    while (*c) {
+        size_t n = stz_utf8_check(c, strlen((const char *)c)), k;
+        for (k = 0; k < n; k++) { /* valid UTF-8 up to c[n] */
+            int c1 = c[k] == 0xc2 && c[k + 1] >= 0x80 && c[k + 1] <= 0x9f; /* U+0080..U+009F */
+            if (c[k] < 0x20 || c[k] == 0x7f || c1) {
+                static const char named[] = "abtnvfr"; /* \a .. \r */
+                if (c[k] >= 7 && c[k] <= 13)
+                    fprintf(f, "\\%c", named[c[k] - 7]);
+                else
+                    fprintf(f, "\\x%02x", c[k + c1]);
+                k += (size_t)c1;
+            } else {
+                fputc(c[k], f);
+            }
+        }
+        c += n;
+        if (*c) /* a byte that is not UTF-8 */
+            fprintf(f, "\\x%02x", *c++);
+    }
+}
+
+void cli_print_meta(const char *key, const char *value)
+{
+    fputs("  ", stdout);
+    cli_put_escaped(stdout, key);
+    fputs(" = ", stdout);
+    cli_put_escaped(stdout, value);
+    fputc('\n', stdout);
+}
+
 int cli_fail(const stz_err *err)
 {
-    fprintf(stderr, "stz: error: %s [%s]\n", err->msg[0] ? err->msg : stz_status_str(err->code),
-            stz_status_name(err->code));
+    fputs("stz: error: ", stderr);
+    cli_put_escaped(stderr, err->msg[0] ? err->msg : stz_status_str(err->code));
+    fprintf(stderr, " [%s]\n", stz_status_name(err->code));
     return CLI_ERROR;
 }
 

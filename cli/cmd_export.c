@@ -237,7 +237,7 @@ int cli_inspect_gguf(const char *path, cJSON **json)
         if (kv)
             cJSON_AddStringToObject(kv, stz_gguf_kv_key(g, i), stz_gguf_kv_text(g, i));
         else
-            printf("  %s = %s\n", stz_gguf_kv_key(g, i), stz_gguf_kv_text(g, i));
+            cli_print_meta(stz_gguf_kv_key(g, i), stz_gguf_kv_text(g, i));
     if (doc)
         cJSON_AddNumberToObject(doc, "tensor_bytes", (double)total), *json = doc;
     stz_gguf_free(g);

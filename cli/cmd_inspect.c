@@ -206,7 +206,7 @@ static void print_table(const stz_reader *r)
                    (unsigned long long)by[d].tensors, cli_commas(a, by[d].params), cli_commas(b, by[d].bytes));
     printf("\nmetadata:%s\n", stz_reader_meta_count(r) ? "" : " (none)");
     for (size_t i = 0; i < stz_reader_meta_count(r); i++)
-        printf("  %s = %s\n", stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
+        cli_print_meta(stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
 }
 
 /* Per-tensor and per-(dtype, plane) sums over a container's chunks. */
@@ -355,7 +355,7 @@ static int inspect_container(const char *path, cJSON **json)
     }
     printf("\nmetadata:%s\n", stz_reader_meta_count(h) ? "" : " (none)");
     for (size_t i = 0; i < stz_reader_meta_count(h); i++)
-        printf("  %s = %s\n", stz_reader_meta_key(h, i), stz_reader_meta_value(h, i));
+        cli_print_meta(stz_reader_meta_key(h, i), stz_reader_meta_value(h, i));
     if (has_quant_meta(h) && quant_view(h, NULL, &err))
         rc = cli_fail(&err);
 cleanup:

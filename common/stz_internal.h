@@ -81,8 +81,6 @@ int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
  * retrying on EINTR. Returns 0 or errno. */
 int stz_read_some(int fd, void *buf, size_t n, size_t *got);
 
-/* Strict UTF-8 check; returns the offset of the first bad byte, or n. */
-size_t stz_utf8_check(const uint8_t *s, size_t n);
 
 /* A reader's bytes from elsewhere (a container decoding them on demand):
  * reads of n bytes at offset off of the original file. */

@@ -523,6 +523,15 @@ static int cmp_str_ptr(const void *a, const void *b) { return strcmp(*(char *con
 
 /* Both walk objects only: an array's elements have no key (NULL), so they
  * would reach strcmp. Callers check cJSON_IsObject to refuse the rest. */
+const char *stz_first_duplicate(const char **names, size_t n)
+{
+    qsort(names, n, sizeof *names, cmp_str_ptr);
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(names[i], names[i - 1]))
+            return names[i];
+    return NULL;
+}
+
 const char *stz_json_duplicate_key(const cJSON *obj)
 {
     size_t n = 0, k = 0;
@@ -536,17 +545,13 @@ const char *stz_json_duplicate_key(const cJSON *obj)
     if (!keys) /* fall back to the quadratic scan rather than skip the check */
         for (const cJSON *a = obj->child; a; a = a->next)
             for (const cJSON *b = a->next; b; b = b->next)
-                if (a->string && b->string && !strcmp(a->string, b->string))
+                if (!strcmp(a->string, b->string))
                     return a->string;
     if (!keys)
         return NULL;
     for (const cJSON *e = obj->child; e; e = e->next)
-        keys[k++] = e->string ? e->string : "";
-    qsort(keys, n, sizeof *keys, cmp_str_ptr);
-    const char *dup = NULL;
-    for (size_t i = 1; i < n && !dup; i++)
-        if (!strcmp(keys[i], keys[i - 1]))
-            dup = keys[i];
+        keys[k++] = e->string;
+    const char *dup = stz_first_duplicate(keys, n);
     free(keys);
     return dup;
 }

@@ -12,12 +12,27 @@
 
 /* ---- types --------------------------------------------------------------- */
 
+/* Every ggml type a GGUF file may hold (ggml.h's numbering; block layouts in
+ * ggml-common.h): elements and bytes per block, and whether export writes
+ * it. 31-33 and 36-38 were withdrawn from GGUF files. */
 static const struct {
     int type;
     const char *name;
-    uint32_t block, bytes; /* elements and bytes per block */
-} types[] = {{STZ_GGML_F32, "f32", 1, 4},     {STZ_GGML_F16, "f16", 1, 2},    {STZ_GGML_BF16, "bf16", 1, 2},
-             {STZ_GGML_Q8_0, "q8_0", 32, 34}, {STZ_GGML_Q5_0, "q5_0", 32, 22}, {STZ_GGML_Q4_0, "q4_0", 32, 18}};
+    uint32_t block, bytes;
+    int writes;
+} types[] = {
+    {STZ_GGML_F32, "f32", 1, 4, 1},  {STZ_GGML_F16, "f16", 1, 2, 1},      {STZ_GGML_Q4_0, "q4_0", 32, 18, 1},
+    {3, "q4_1", 32, 20, 0},          {STZ_GGML_Q5_0, "q5_0", 32, 22, 1},  {7, "q5_1", 32, 24, 0},
+    {STZ_GGML_Q8_0, "q8_0", 32, 34, 1}, {9, "q8_1", 32, 36, 0},           {10, "q2_k", 256, 84, 0},
+    {11, "q3_k", 256, 110, 0},       {12, "q4_k", 256, 144, 0},           {13, "q5_k", 256, 176, 0},
+    {14, "q6_k", 256, 210, 0},       {15, "q8_k", 256, 292, 0},           {16, "iq2_xxs", 256, 66, 0},
+    {17, "iq2_xs", 256, 74, 0},      {18, "iq3_xxs", 256, 98, 0},         {19, "iq1_s", 256, 50, 0},
+    {20, "iq4_nl", 32, 18, 0},       {21, "iq3_s", 256, 110, 0},          {22, "iq2_s", 256, 82, 0},
+    {23, "iq4_xs", 256, 136, 0},     {24, "i8", 1, 1, 0},                 {25, "i16", 1, 2, 0},
+    {26, "i32", 1, 4, 0},            {27, "i64", 1, 8, 0},                {28, "f64", 1, 8, 0},
+    {29, "iq1_m", 256, 56, 0},       {STZ_GGML_BF16, "bf16", 1, 2, 1},    {34, "tq1_0", 256, 54, 0},
+    {35, "tq2_0", 256, 66, 0},       {39, "mxfp4", 32, 17, 0},
+};
 #define NTYPES (sizeof types / sizeof types[0])
 
 static int type_index(int type)
@@ -39,7 +54,7 @@ int stz_ggml_type_parse(const char *s)
     if (!strcmp(s, "auto"))
         return STZ_GGML_AUTO;
     for (size_t i = 0; i < NTYPES; i++)
-        if (!strcmp(types[i].name, s))
+        if (types[i].writes && !strcmp(types[i].name, s))
             return types[i].type;
     return -2;
 }
@@ -203,8 +218,9 @@ static uint64_t rd(cur *c, int n)
     return v;
 }
 
-/* A string, copied (NULL when it does not fit the file). */
-static char *rd_str(cur *c)
+/* A string, copied and NUL-terminated (NULL when it does not fit the
+ * file); *len its length, which counts any NUL inside. */
+static char *rd_str_len(cur *c, size_t *len)
 {
     uint64_t n = rd(c, 8);
     if (c->bad || n > c->n - c->at)
@@ -215,7 +231,34 @@ static char *rd_str(cur *c)
     memcpy(s, c->p + c->at, n);
     s[n] = 0;
     c->at += n;
+    *len = (size_t)n;
     return s;
+}
+
+static char *rd_str(cur *c)
+{
+    size_t len;
+    return rd_str_len(c, &len);
+}
+
+/* A name (key or tensor name) must be text: no NUL, no control character. */
+static int bad_name(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return 1;
+    return 0;
+}
+
+/* A string value as display text: quoted, NUL bytes as \x00 (other control
+ * characters are the printer's to escape), cut after 200 bytes. */
+static void string_text(const char *s, size_t len, char *o, size_t cap)
+{
+    size_t k = 0;
+    o[k++] = '"';
+    for (size_t i = 0; i < len && i < 200 && k + 6 < cap; i++)
+        k += s[i] ? (size_t)(o[k] = s[i], 1) : (size_t)snprintf(o + k, cap - k, "\\x00");
+    snprintf(o + k, cap - k, "\"");
 }
 
 static const int vsize[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
@@ -224,8 +267,9 @@ static const int vsize[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 static void scalar_text(cur *c, uint32_t t, char *o, size_t cap)
 {
     if (t == GV_STR) {
-        char *s = rd_str(c);
-        snprintf(o, cap, "\"%.200s\"", s ? s : "");
+        size_t len = 0;
+        char *s = rd_str_len(c, &len);
+        string_text(s ? s : "", len, o, cap);
         free(s);
         return;
     }
@@ -296,9 +340,33 @@ static int by_offset(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+/* llama.cpp refuses a file whose keys or tensor names repeat: so does stz
+ * (a lookup would see one of them). */
+static stz_status no_duplicates(const stz_gguf *g, const char *path, stz_err *err)
+{
+    size_t n = g->nkv > g->nt ? g->nkv : g->nt;
+    const char **names = malloc((n + 1) * sizeof *names), *dup = NULL;
+    if (!names)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory checking %zu names", path, n);
+    for (size_t i = 0; i < g->nkv; i++)
+        names[i] = g->kv[i].key;
+    if ((dup = stz_first_duplicate(names, g->nkv))) {
+        stz_status st = stz_err_set(err, STZ_E_DUPLICATE, "%s: key '%s' appears twice", path, dup);
+        free(names);
+        return st;
+    }
+    for (size_t i = 0; i < g->nt; i++)
+        names[i] = g->t[i].name;
+    dup = stz_first_duplicate(names, g->nt);
+    stz_status st = dup ? stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s' appears twice", path, dup) : STZ_OK;
+    free(names);
+    return st;
+}
+
 /* Checks the header in `c` (the whole file) into g. */
 static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, stz_err *err)
 {
+    stz_status st;
     if (rd(c, 4) != 0x46554747u) /* "GGUF" */
         return stz_err_set(err, STZ_E_FORMAT, "%s: not a GGUF file (no GGUF magic)", path);
     g->version = (uint32_t)rd(c, 4);
@@ -316,11 +384,14 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     g->kv_cap = nkv, g->t_cap = nt;
     for (; g->nkv < nkv; g->nkv++) {
         gkv *e = &g->kv[g->nkv];
-        size_t at = c->at;
-        if (!(e->key = rd_str(c)) || !(e->text = value_text(c)))
+        size_t at = c->at, klen = 0;
+        if (!(e->key = rd_str_len(c, &klen)) || !(e->text = value_text(c)))
             return stz_err_set(err, c->bad == 2 ? STZ_E_NOMEM : STZ_E_FORMAT,
                                "%s: key/value pair %zu (at byte %zu) runs past the end of the file or has an "
                                "unknown type", path, g->nkv, at);
+        if (bad_name(e->key, klen))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: key/value pair %zu (at byte %zu): the key has a NUL or "
+                               "control character", path, g->nkv, at);
         if (!strcmp(e->key, "general.alignment")) {
             align = strtoull(e->text, NULL, 10);
             if (!align || (align & (align - 1)) || align > 65536)
@@ -329,8 +400,12 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     }
     for (; g->nt < nt; g->nt++) {
         stz_gguf_tensor *t = &g->t[g->nt];
-        if (!(g->names[g->nt] = rd_str(c)))
+        size_t nlen = 0;
+        if (!(g->names[g->nt] = rd_str_len(c, &nlen)))
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info %zu runs past the end of the file", path, g->nt);
+        if (bad_name(g->names[g->nt], nlen))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info %zu: the name has a NUL or control character",
+                               path, g->nt);
         t->name = g->names[g->nt];
         t->ndim = (uint32_t)rd(c, 4);
         if (c->bad || t->ndim < 1 || t->ndim > 4)
@@ -348,13 +423,18 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
         int ti = type_index(t->type);
         if (c->bad)
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info '%s' runs past the end of the file", path, t->name);
-        if (ti >= 0 && t->ne[0] % types[ti].block)
+        if (ti < 0) /* its size is unknown, so nothing after it can be checked */
+            return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown ggml type %u", path, t->name,
+                               (unsigned)t->type);
+        if (t->ne[0] % types[ti].block)
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': rows of %llu are not whole %s blocks", path,
                                t->name, (unsigned long long)t->ne[0], types[ti].name);
-        t->bytes = ti >= 0 ? numel / types[ti].block * types[ti].bytes : 0;
-        if (ti >= 0 && numel / types[ti].block > UINT64_MAX / types[ti].bytes)
+        t->bytes = numel / types[ti].block * types[ti].bytes;
+        if (numel / types[ti].block > UINT64_MAX / types[ti].bytes)
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': size overflows", path, t->name);
     }
+    if ((st = no_duplicates(g, path, err)))
+        return st;
     uint64_t data = (c->at + align - 1) / align * align;
     if (data > fsize)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its header", path);
@@ -375,8 +455,8 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     qsort(order, nt, sizeof *order, by_offset);
     for (size_t i = 1; i < nt; i++)
         if (order[i - 1]->offset + order[i - 1]->bytes > order[i]->offset) {
-            stz_status st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensors '%s' and '%s' overlap", path,
-                                        order[i - 1]->name, order[i]->name);
+            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensors '%s' and '%s' overlap", path, order[i - 1]->name,
+                             order[i]->name);
             free(order);
             return st;
         }

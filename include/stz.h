@@ -152,6 +152,9 @@ stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *
  * or device is refused without blocking. */
 stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err);
 
+/* Sorts names[0..n) and returns the first name that appears twice, or NULL. */
+const char *stz_first_duplicate(const char **names, size_t n);
+
 /* JSON objects parsed by cJSON, which keeps every duplicate key (and
  * lookups return the first): the first key that appears twice in `obj`, or
  * NULL. */
@@ -173,6 +176,10 @@ stz_status stz_output_check(const char *path, int force, stz_err *err);
  * replaces a file that appeared meanwhile; with force it replaces only a
  * regular file (or a symbolic link). STZ_E_EXISTS or STZ_E_IO, naming path. */
 stz_status stz_output_place(const char *tmp, const char *path, int force, stz_err *err);
+
+/* Strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): the
+ * offset of the first byte of s[0..n) that is not valid UTF-8, or n. */
+size_t stz_utf8_check(const uint8_t *s, size_t n);
 
 /* rename() that never replaces an existing `to` (EEXIST); 0 or -1/errno. */
 int stz_rename_noreplace(const char *from, const char *to);

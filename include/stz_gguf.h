@@ -23,7 +23,8 @@
 extern "C" {
 #endif
 
-/* ggml tensor types stz writes (values are ggml's). */
+/* ggml tensor types stz writes (values are ggml's; the reader knows all of
+ * llama.cpp's, by number). */
 typedef enum {
     STZ_GGML_F32 = 0,
     STZ_GGML_F16 = 1,
@@ -34,8 +35,9 @@ typedef enum {
     STZ_GGML_AUTO = -1 /* export: keep each float tensor's own dtype */
 } stz_ggml_type;
 
-/* "f32", "q4_0", ... (NULL for a type stz does not write), and back
- * (-2 if unknown; "auto" is STZ_GGML_AUTO). */
+/* "f32", "q4_k", ... for every ggml type a GGUF file may hold (NULL for an
+ * unknown number), and back for the types export writes (-2 for any other;
+ * "auto" is STZ_GGML_AUTO). */
 const char *stz_ggml_type_name(int type);
 int stz_ggml_type_parse(const char *s);
 /* Bytes of a row of n elements of `type` (n a multiple of its block). */
@@ -58,7 +60,7 @@ typedef struct {
 
 /* What an export wrote, per GGUF type. */
 typedef struct {
-    uint64_t tensors[31], bytes[31]; /* by ggml type */
+    uint64_t tensors[31], bytes[31]; /* by ggml type (those export writes are < 31) */
     size_t repacked;     /* quantized tensors copied exactly */
     size_t requantized;  /* quantized tensors requantized (requantize) */
     double requant_max_err; /* largest relative error ||q - w|| / ||w|| of those */

@@ -6,6 +6,7 @@ names the stz binary, FWD_LOGITS the test helper giving stz's own logits,
 STZ_SHARED_DATA the reference data (cases that need it skip without it)."""
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -264,6 +265,48 @@ def test_bad_input(tmp_path):
     g.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", 1 << 40) + bytes(64))
     r = stz("inspect", g, ok=False)
     assert r.returncode == 1 and "bad.gguf: tensor info 0 runs past the end of the file" in r.stderr
+
+
+def gguf_bytes(kvs, tensors):
+    """A GGUF v3 image: kvs [(key bytes, value str bytes)], tensors [(name bytes, type, ne0, ne1, nbytes)]."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for k, v in kvs:
+        out += struct.pack("<Q", len(k)) + k + struct.pack("<IQ", 8, len(v)) + v
+    off = 0
+    for name, typ, ne0, ne1, nbytes in tensors:
+        out += struct.pack("<Q", len(name)) + name + struct.pack("<IQQIQ", 2, ne0, ne1, typ, off)
+        off += (nbytes + 31) // 32 * 32
+    out += bytes(-len(out) % 32)
+    return out + bytes(off)
+
+
+def test_hostile_gguf(tmp_path):
+    """Duplicate keys or names, NUL and control characters in names, unknown
+    types: refused by name; string values reach the terminal escaped; every
+    llama.cpp type is listed with its size."""
+    g = tmp_path / "h.gguf"
+    ok_t = [(b"a.weight", 0, 32, 2, 256)]
+    cases = [
+        ([(b"k", b"1"), (b"k", b"2")], ok_t, "key 'k' appears twice"),
+        ([(b"k\0x", b"1")], ok_t, "the key has a NUL or control character"),
+        ([(b"k\x1b[31m", b"1")], ok_t, "the key has a NUL or control character"),
+        ([], ok_t + [(b"a.weight", 0, 32, 2, 256)], "tensor 'a.weight' appears twice"),
+        ([], [(b"a\x1b]0;x\x07", 0, 32, 2, 256)], "tensor info 0: the name has a NUL or control character"),
+        ([], [(b"a.weight", 99, 32, 2, 256)], "tensor 'a.weight': unknown ggml type 99"),
+        ([], [(b"a.weight", 12, 32, 2, 288)], "rows of 32 are not whole q4_k blocks"),
+    ]
+    for kvs, ts, msg in cases:
+        g.write_bytes(gguf_bytes(kvs, ts))
+        r = stz("inspect", g, ok=False)
+        assert r.returncode == 1 and msg in r.stderr, (msg, r.stderr)
+        assert "\x1b" not in r.stderr and "\x07" not in r.stderr
+    g.write_bytes(gguf_bytes([(b"general.name", b"\x1b]0;pwned\x07red\x1b[31m\0tail")],
+                             [(b"blk.0.ffn_down.weight", 12, 256, 3, 3 * 144), (b"b", 14, 512, 1, 2 * 210)]))
+    r = stz("inspect", g)
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert '"\\x1b]0;pwned\\ared\\x1b[31m\\x00tail"' in r.stdout, r.stdout
+    assert re.search(r"blk.0.ffn_down.weight +q4_k +\[256, 3\] +432", r.stdout), r.stdout
+    assert re.search(r"\nb +q6_k +\[512, 1\] +420", r.stdout), r.stdout
 
 
 def hf_dir(tmp_path, arch, name="m", **extra):

@@ -432,6 +432,17 @@ expect_rc 0 "decompress, default name" "$STZ" decompress "$T/n.int4.safetensors.
 [ -f "$T/n.int4.safetensors" ] && ok || bad "decompressed default name"
 has "$T/out" "n.int4.safetensors.stz -> .*n.int4.safetensors: .* bytes in" "one-line summary"
 
+# 19b. Text from a file reaches the terminal escaped: metadata keys and
+# values in inspect, and error messages that quote a file's text.
+python3 "$(dirname "$0")/edit_meta.py" "$M" "$T/esc.safetensors" "$(printf 'k\033]0;x\007')" "$(printf 'v\033[31mred\tz\302\233')"
+expect_rc 0 "inspect with escapes in metadata" "$STZ" inspect "$T/esc.safetensors"
+if od -An -tx1 -v "$T/out" | tr -s ' \n' ' ' | grep -q ' 1b \| 07 \| c2 9b '; then bad "inspect printed a control character raw"; else ok; fi
+has "$T/out" 'k\\x1b]0;x\\a = v\\x1b\[31mred\\tz\\x9b' "escaped as \\xNN"
+printf '{"rules": [{"match": "*", "action": "int8", "x\033[2J": 1}]}' >"$T/escp.json"
+expect_rc 1 "policy with an escape in a key" "$STZ" policy show "$T/escp.json"
+if od -An -tx1 -v "$T/err" | tr -s ' \n' ' ' | grep -q ' 1b '; then bad "error message printed a control character raw"; else ok; fi
+has "$T/err" 'x\\x1b\[2J' "error escaped"
+
 # 20. Signals act within a second even while stz waits on an empty pipe
 # (the reads poll the interruption flag); no output is left.
 wait_gone() { # pid: 0 if it ends within 1 s
