@@ -225,6 +225,10 @@ int cmd_policy(int argc, char **argv)
         }
         return CLI_OK;
     }
+    if (argc == 4 && !strcmp(argv[3], "--json")) /* a policy is JSON already: accepted, as documented */
+        argc--;
+    else if (argc == 4 && !strcmp(argv[2], "--json"))
+        argv[2] = argv[3], argc--;
     if (argc != 3 || strcmp(argv[1], "show"))
         return cli_usage_error("policy", "expected 'list' or 'show NAME'");
     cli_policy_opts po = {.policy = argv[2]};

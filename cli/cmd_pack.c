@@ -42,6 +42,7 @@ static const char unpack_help[] =
     "  -T, --threads N       worker threads, 0 = all cores (default)\n"
     "  -f, --force           replace OUT if it exists\n"
     "  -q, --quiet           no progress\n"
+    "  --json                print a summary as JSON (files only)\n"
     "  -h, --help            this text\n";
 
 static const char verify_help[] =
@@ -158,11 +159,17 @@ int cmd_pack(int argc, char **argv)
         return cli_fail(&err);
     }
     double secs = cli_now() - prog.start, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;
-    if (o.c.json) {
-        printf("{\"input\": \"%s\", \"output\": \"%s\", \"in_bytes\": %llu, \"out_bytes\": %llu, \"ratio\": %.4f, "
-               "\"chunks\": %llu, \"seconds\": %.3f}\n",
-               from_stdin ? "standard input" : in, out, (unsigned long long)st.in_bytes,
-               (unsigned long long)st.out_bytes, ratio, (unsigned long long)st.chunks, secs);
+    if (o.c.json) { /* the keys of cli_print_summary, and the chunk count */
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "input", from_stdin ? "standard input" : in);
+        cJSON_AddStringToObject(d, "output", out);
+        cJSON_AddNumberToObject(d, "in_bytes", (double)st.in_bytes);
+        cJSON_AddNumberToObject(d, "out_bytes", (double)st.out_bytes);
+        cJSON_AddNumberToObject(d, "ratio", ratio);
+        cJSON_AddNumberToObject(d, "chunks", (double)st.chunks);
+        cJSON_AddNumberToObject(d, "seconds", secs);
+        free(out);
+        return cli_print_json(d);
     } else if (!o.c.quiet) {
         char a[32], b[32], r[32];
         fprintf(to_stdout ? stderr : stdout, "%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n",
@@ -177,7 +184,7 @@ int cmd_pack(int argc, char **argv)
 int cmd_unpack(int argc, char **argv)
 {
     pack_opts o;
-    int rc = parse("unpack", unpack_help, "output tensor stdout", argc, argv, &o);
+    int rc = parse("unpack", unpack_help, "output tensor stdout json", argc, argv, &o);
     if (rc >= 0)
         return rc;
     if (optind != argc - 1)
@@ -194,6 +201,10 @@ int cmd_unpack(int argc, char **argv)
         free(out);
         return cli_usage_error("unpack", "standard output is a terminal: redirect it, or give -o FILE");
     }
+    if (o.c.json && (from_stdin || !strcmp(out, "-"))) {
+        free(out);
+        return cli_usage_error("unpack", "--json reports on files: not with standard input or output");
+    }
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     p.threads = o.c.threads;
     p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
@@ -206,8 +217,15 @@ int cmd_unpack(int argc, char **argv)
                    : o.tensor ? stz_unpack_tensor(&p, in, o.tensor, out, &err)
                               : stz_unpack_file(&p, in, out, &err);
     cli_progress_end(&prog);
+    if (s) {
+        free(out);
+        return cli_fail(&err);
+    }
+    /* without --json unpack prints nothing on success, as before */
+    rc = o.c.json ? cli_print_summary(&o.c, in, out, o.tensor ? "tensor" : "lossless", 0, cli_now() - prog.start)
+                  : CLI_OK;
     free(out);
-    return s ? cli_fail(&err) : CLI_OK;
+    return rc;
 }
 
 /* Verifies one container; 1 if it is bad. */

@@ -443,6 +443,15 @@ expect_rc 1 "policy with an escape in a key" "$STZ" policy show "$T/escp.json"
 if od -An -tx1 -v "$T/err" | tr -s ' \n' ' ' | grep -q ' 1b '; then bad "error message printed a control character raw"; else ok; fi
 has "$T/err" 'x\\x1b\[2J' "error escaped"
 
+# 19c. --json wherever a command prints results, with the summary's keys.
+expect_rc 0 "policy show --json" "$STZ" policy show int4 --json
+has "$T/out" '"rules"' "policy show --json prints the policy"
+expect_rc 0 "unpack --json" "$STZ" unpack "$T/sp.stz" -o "$T/uj.safetensors" --json
+for k in input output in_bytes out_bytes ratio seconds; do has "$T/out" "\"$k\"" "unpack --json has $k"; done
+expect_rc 2 "unpack --json to standard output" "$STZ" unpack "$T/sp.stz" -c --json
+expect_rc 0 "pack --json" "$STZ" pack "$M" -o "$T/pj \"q\".stz" --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["output"].endswith("pj \"q\".stz"), d' "$T/out" && ok || bad "pack --json is not JSON for a name with a quote"
+
 # 20. Signals act within a second even while stz waits on an empty pipe
 # (the reads poll the interruption flag); no output is left.
 wait_gone() { # pid: 0 if it ends within 1 s
