@@ -5,6 +5,7 @@
 #include "stz_svd.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,20 @@ static int parse_levels(const cJSON *lv, stz_qformat *f)
             return -1;
     }
     return 0;
+}
+
+/* t has the original shape of qi with the last dimension `last` (a 0-D
+ * original is stored 1-D): the layout the writer gives values and scales,
+ * so that transposed or flattened tensors are refused. */
+static int same_layout(const stz_tensor *t, const qinfo *qi, uint64_t last)
+{
+    int nd = qi->ndim ? qi->ndim : 1;
+    if (t->ndim != nd || t->shape[nd - 1] != last)
+        return 0;
+    for (int d = 0; d < nd - 1; d++)
+        if (t->shape[d] != qi->shape[d])
+            return 0;
+    return 1;
 }
 
 /* Parses and checks __metadata__["stz.quant.NAME"] against the file. */
@@ -85,7 +100,9 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
         !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) ||
         !cJSON_IsString(sdt) || stz_dtype_parse(sdt->valuestring, &qi->scale_dtype) ||
         (qi->scale_dtype != STZ_DTYPE_F16 && qi->scale_dtype != STZ_DTYPE_F32 && qi->scale_dtype != STZ_DTYPE_U8) ||
-        (qi->scale_dtype == STZ_DTYPE_U8) != cJSON_IsNumber(base) || (cJSON_IsNumber(base) && !(base->valuedouble > 0)) ||
+        (qi->scale_dtype == STZ_DTYPE_U8) != cJSON_IsNumber(base) ||
+        (cJSON_IsNumber(base) && !(base->valuedouble > 0 && base->valuedouble <= FLT_MAX)) || /* a float tensor's max */
+        (scn && scv) || (mnn && mnv) || /* one place for the scales: a tensor, or one number */
         (m == STZ_QMETHOD_ASYM) != (cJSON_IsString(mnn) || cJSON_IsNumber(mnv)) ||
         (m == STZ_QMETHOD_ASYM && (qi->scale_dtype == STZ_DTYPE_U8 || cJSON_IsString(scn) != cJSON_IsString(mnn))) ||
         (lv && m != STZ_QMETHOD_NL)) {
@@ -115,8 +132,10 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     qi->cols = qi->ndim >= 2 ? qi->shape[qi->ndim - 1] : qi->numel;
     qi->rows = qi->cols ? qi->numel / qi->cols : 0;
     qi->nblocks = stz_q_blocks(qi->cols, qi->block);
-    /* the values tensor must be what the metadata says it is */
-    if (t->dtype != stz_quant_values_dtype(nb, (stz_qmethod)m) || t->end - t->begin != qi->rows * stz_qf_row_bytes(nb, qi->cols) || !qi->numel) {
+    /* the values tensor must be what the metadata says it is, shape included:
+     * the original's with the last dimension in bytes (the writer's layout) */
+    if (t->dtype != stz_quant_values_dtype(nb, (stz_qmethod)m) || !qi->numel ||
+        !same_layout(t, qi, stz_qf_row_bytes(nb, qi->cols))) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s values do not match the recorded shape", P, t->name,
                          stz_dtype_name(t->dtype));
         goto done;
@@ -128,7 +147,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
             continue;
         long si = stz_reader_find(r, names[k]->valuestring);
         *found[k] = si >= 0 ? stz_reader_tensor(r, (size_t)si) : NULL;
-        if (!*found[k] || (*found[k])->dtype != qi->scale_dtype || (*found[k])->numel != qi->rows * qi->nblocks) {
+        if (!*found[k] || (*found[k])->dtype != qi->scale_dtype || !same_layout(*found[k], qi, qi->nblocks)) {
             st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s tensor '%s' is missing or has the wrong "
                              "dtype or size", P, t->name, k ? "minimums" : "scales", names[k]->valuestring);
             goto done;
@@ -242,6 +261,10 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
     if (unknown || dup)
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': svd entry has %s key '%s'", P, name,
                            unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(o, "svd_method");
+    if (sm && !(cJSON_IsString(sm) && (!strcmp(sm->valuestring, "exact") || !strcmp(sm->valuestring, "randomized"))))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': unknown svd_method (this stz writes \"exact\" and "
+                           "\"randomized\")", P, name);
     if (!cJSON_IsNumber(bits) || bits->valuedouble != 8 || !cJSON_IsString(sdt) || strcmp(sdt->valuestring, "F32"))
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': svd factors with 'bits' other than 8 or "
                            "'scale_dtype' other than F32 (this stz reads INT8 factors with F32 scales)", P, name);
@@ -268,9 +291,14 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
     qi->s_scale = (float)ss->valuedouble;
     qi->t = f[0], qi->Us = f[1], qi->S = f[2], qi->Vh = f[3], qi->Vs = f[4];
     uint64_t m = qi->rows, n = qi->cols, k = qi->rank;
-    if (f[0]->dtype != STZ_DTYPE_I8 || f[0]->numel != m * k || f[1]->dtype != STZ_DTYPE_F32 || f[1]->numel != m ||
-        f[2]->dtype != STZ_DTYPE_I8 || f[2]->numel != k || f[3]->dtype != STZ_DTYPE_I8 || f[3]->numel != k * n ||
-        f[4]->dtype != STZ_DTYPE_F32 || f[4]->numel != k || k >= (m < n ? m : n))
+    /* U (m, k), U_scales (m,), S (k,), Vh (k, n), Vh_scales (k,): shapes, not only element counts */
+    const uint64_t shp[5][2] = {{m, k}, {m, 0}, {k, 0}, {k, n}, {k, 0}};
+    const stz_dtype dts[5] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8, STZ_DTYPE_F32};
+    int bad = k >= (m < n ? m : n);
+    for (int j = 0; j < 5; j++)
+        bad |= f[j]->dtype != dts[j] || f[j]->ndim != (shp[j][1] ? 2 : 1) || f[j]->shape[0] != shp[j][0] ||
+               (shp[j][1] && f[j]->shape[1] != shp[j][1]);
+    if (bad)
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': svd factors do not match rank %llu of %llu x %llu", P,
                            name, (unsigned long long)k, (unsigned long long)m, (unsigned long long)n);
     return STZ_OK;

@@ -3,11 +3,17 @@
 
 edit_meta.py IN OUT KEY VALUE        sets KEY to VALUE ("-" removes it)
 edit_meta.py IN OUT KEY FIELD=VALUE  sets FIELD of the JSON object stored in KEY
-(numbers in VALUE become JSON numbers). Standard library only."""
+(numbers in VALUE become JSON numbers)
+edit_meta.py --get IN KEY            prints KEY's value. Standard library only."""
 import json
 import struct
 import sys
 
+if sys.argv[1] == "--get":
+    with open(sys.argv[2], "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        print(json.loads(f.read(n))["__metadata__"][sys.argv[3]])
+    sys.exit(0)
 src, dst, key, value = sys.argv[1:5]
 with open(src, "rb") as f:
     n = struct.unpack("<Q", f.read(8))[0]

@@ -130,6 +130,19 @@ has "$T/err" "key 'model.norm.weight' appears twice" "duplicate key"
 [ -e "$T/bad.stz" ] && bad "output written for a bad directory" || ok
 
 # 6. Quantized metadata that this stz does not understand is refused.
+reshape() { # in out tensor shape-json: a copy with one tensor's shape replaced
+    python3 - "$@" <<'PY'
+import json, struct, sys
+src, dst, name, shape = sys.argv[1:5]
+b = open(src, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h[name]["shape"] = json.loads(shape)
+t = json.dumps(h, separators=(",", ":")).encode()
+t += b" " * (-len(t) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(t)) + t + b[8 + n:])
+PY
+}
 python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/v2.safetensors" stz.quant.version 2
 expect_rc 1 "unknown quant version" "$STZ" dequantize "$T/v2.safetensors" -o "$T/x.safetensors"
 has "$T/err" "format version '2'" "version named"
@@ -156,7 +169,32 @@ python3 "$(dirname "$0")/edit_meta.py" "$T/svd.safetensors" "$T/svd4.safetensors
     stz.quant.transformer.h.0.mlp.c_fc.weight bits=4
 expect_rc 1 "svd entry with bits 4" "$STZ" dequantize "$T/svd4.safetensors" -o "$T/x.safetensors"
 has "$T/err" "svd factors with 'bits' other than 8" "svd bits"
+python3 "$(dirname "$0")/edit_meta.py" "$T/svd.safetensors" "$T/svdm.safetensors" \
+    stz.quant.transformer.h.0.mlp.c_fc.weight svd_method=lanczos
+expect_rc 1 "unknown svd_method" "$STZ" dequantize "$T/svdm.safetensors" -o "$T/x.safetensors"
+has "$T/err" "unknown svd_method" "svd method named"
+VH=transformer.h.0.mlp.c_fc.weight.Vh
+VHS=$(python3 -c 'import json,struct,sys; b=open(sys.argv[1],"rb").read(); n=struct.unpack("<Q",b[:8])[0]; s=json.loads(b[8:8+n])[sys.argv[2]]["shape"]; print(json.dumps(s[::-1]))' "$T/svd.safetensors" "$VH")
+reshape "$T/svd.safetensors" "$T/svdt.safetensors" "$VH" "$VHS"
+expect_rc 1 "transposed Vh" "$STZ" dequantize "$T/svdt.safetensors" -o "$T/x.safetensors"
+has "$T/err" "svd factors do not match rank" "svd shapes"
 [ -e "$T/x.safetensors" ] && bad "output written for refused metadata" || ok
+# Values, scales and SVD factors must have the writer's shapes, not only its
+# element counts; one place for the scales; svd_method and scale_base known.
+"$STZ" quantize --int8 "$M" -o "$T/q8.safetensors" -q
+reshape "$T/q8.safetensors" "$T/tr.safetensors" "$W" '[64, 172]'
+expect_rc 1 "transposed codes" "$STZ" dequantize "$T/tr.safetensors" -o "$T/x.safetensors"
+has "$T/err" "values do not match the recorded shape" "names the shape"
+reshape "$T/q8.safetensors" "$T/tr.safetensors" "$W.scales" '[172]'
+expect_rc 1 "flattened scales" "$STZ" dequantize "$T/tr.safetensors" -o "$T/x.safetensors"
+has "$T/err" "scales tensor '$W.scales' is missing or has the wrong dtype or size" "names the scales"
+python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/sb.safetensors" "stz.quant.$W" scale=3
+expect_rc 1 "both scale and scales" "$STZ" dequantize "$T/sb.safetensors" -o "$T/x.safetensors"
+has "$T/err" "invalid stz.quant.$W entry" "names the entry"
+python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/sb.safetensors" "stz.quant.$W" \
+    "$(python3 "$(dirname "$0")/edit_meta.py" --get "$T/q.safetensors" "stz.quant.$W" | sed 's/"scale_base":[0-9.e+-]*/"scale_base":1e308/')"
+expect_rc 1 "scale_base past float" "$STZ" dequantize "$T/sb.safetensors" -o "$T/x.safetensors"
+has "$T/err" "invalid stz.quant.$W entry" "names the entry"
 # An entry that is valid JSON but not an object (array, string, number):
 # refused by name on every command that reads quantized files, no
 # temporary file left (a JSON array once reached strcmp with a NULL key).
@@ -462,7 +500,7 @@ wait_gone() { # pid: 0 if it ends within 1 s
 for sig in INT TERM; do
     for cmd in "pack - -c" "unpack - -c" "pack - -o $T/blk.stz" "decompress - -o $T/blk.safetensors"; do
         # shellcheck disable=SC2086
-        sleep 30 | "$STZ" $cmd >/dev/null 2>"$T/blk.err" &
+        sh -c 'echo $$ >"$1"; exec sleep 30' sh "$T/blk.writer" | "$STZ" $cmd >/dev/null 2>"$T/blk.err" &
         pid=$!
         sleep 0.3
         kill -$sig $pid
@@ -470,10 +508,10 @@ for sig in INT TERM; do
         wait $pid; rc=$?
         [ "$rc" -ne 0 ] && ok || bad "$cmd exited 0 after SIG$sig"
         has "$T/blk.err" "interrupted" "$cmd says it was interrupted"
-        pkill -f "sleep 30" 2>/dev/null
+        kill "$(cat "$T/blk.writer")" 2>/dev/null
     done
 done
-ls -A "$T" | grep "blk" | grep -qv "^blk.err$" && bad "output left by an interrupted pipe: $(ls -A "$T" | grep blk)" || ok
+ls -A "$T" | grep "blk" | grep -qv "^blk.err$\|^blk.writer$" && bad "output left by an interrupted pipe: $(ls -A "$T" | grep blk)" || ok
 
 # 21. Two signals in a row during a sharded compress: the temporary
 # directory goes too, finished shards and copied files with it.
