@@ -322,7 +322,7 @@ expect_rc 0 "forward: the saved tokens give the same figures" "$STZ" eval "$T/fw
 tail -3 "$T/out" >"$T/a"; tail -3 "$T/sampled.out" >"$T/b"
 same "$T/a" "$T/b" "same KL, top-1 and perplexity from the .stz and the saved tokens"
 expect_rc 1 "forward: --save-tokens never replaces without -f" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --save-tokens "$T/tok.txt"
-has "$T/err" "tok.txt: exists" "names the file"
+has "$T/err" "tok.txt: output exists" "names the file"
 expect_rc 3 "forward: --max-kl exceeded" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/tok.txt" --max-kl 0.000001
 has "$T/err" "check failed: mean KL" "says the gate failed"
 expect_rc 0 "forward: --max-kl met" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/tok.txt" --max-kl 10
