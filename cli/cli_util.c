@@ -19,9 +19,9 @@
 
 void cli_put_escaped(FILE *f, const char *s)
 {
-    const unsigned char *c = (const unsigned char *)s;
+    const unsigned char *c = (const unsigned char *)s, *end = c + strlen(s);
     while (*c) {
-        size_t n = stz_utf8_check(c, strlen((const char *)c)), k;
+        size_t n = stz_utf8_check(c, (size_t)(end - c)), k;
         for (k = 0; k < n; k++) { /* valid UTF-8 up to c[n] */
             int c1 = c[k] == 0xc2 && c[k + 1] >= 0x80 && c[k + 1] <= 0x9f; /* U+0080..U+009F */
             if (c[k] < 0x20 || c[k] == 0x7f || c1) {
