@@ -505,10 +505,10 @@ for sig in INT TERM; do
         sleep 0.3
         kill -$sig $pid
         if wait_gone $pid; then ok; else bad "$cmd blocked on a pipe ignored SIG$sig for 1 s"; kill -9 $pid; fi
+        kill "$(cat "$T/blk.writer")" 2>/dev/null # wait waits for the whole pipeline
         wait $pid; rc=$?
         [ "$rc" -ne 0 ] && ok || bad "$cmd exited 0 after SIG$sig"
         has "$T/blk.err" "interrupted" "$cmd says it was interrupted"
-        kill "$(cat "$T/blk.writer")" 2>/dev/null
     done
 done
 ls -A "$T" | grep "blk" | grep -qv "^blk.err$\|^blk.writer$" && bad "output left by an interrupted pipe: $(ls -A "$T" | grep blk)" || ok
