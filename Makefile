@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 EXAMPLE = $(BUILD)/example/qwen2-0.5b.safetensors
 
-.PHONY: all build demo test asan tsan fuzz bench install clean
+.PHONY: all build demo python test asan tsan fuzz bench install clean
 
 all: build
 
@@ -23,6 +23,15 @@ demo: build
 	$(BUILD)/stz decompress $(EXAMPLE).stz -o $(EXAMPLE).back -f
 	cmp $(EXAMPLE) $(EXAMPLE).back && echo "lossless round trip: identical bytes"
 	@rm -f $(EXAMPLE).back
+
+# The Python package in a venv over Debian's numpy, installed offline; its
+# wheel carries this build's libstz.so.0. Then: .venv/bin/python -c 'import stz'
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
+VENV ?= .venv
+python: build
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	STZ_LIBRARY=$(BUILD)/libstz.so.0 $(VENV)/bin/pip install --no-index -q --force-reinstall --no-deps ./python
+	$(VENV)/bin/python -c "import stz; print('stz for Python:', stz.__file__)"
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -62,4 +71,4 @@ fuzz:
 	cmake --build $(BUILD)-fuzz -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz $(VENV)

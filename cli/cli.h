@@ -18,13 +18,13 @@ typedef struct {
     const char *summary;
 } cli_command;
 
-/* Prints "stz: error: MSG [CODE]" to stderr and returns CLI_ERROR. */
 /* Writes s with control characters (C0, DEL, C1) and bytes that are not
  * UTF-8 escaped as \n, \t, \xNN, as ls and git do: text from a file never
  * reaches the terminal as an escape sequence. */
 void cli_put_escaped(FILE *f, const char *s);
 /* "  key = value" on standard output, both escaped: a metadata line. */
 void cli_print_meta(const char *key, const char *value);
+/* Prints "stz: error: MSG [CODE]" to stderr and returns CLI_ERROR. */
 int cli_fail(const stz_err *err);
 /* Prints "stz CMD: MSG" + hint to stderr and returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -32,6 +32,23 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 struct cJSON;
 /* Prints a JSON document to stdout and frees it; CLI_ERROR if out of memory. */
 int cli_print_json(struct cJSON *doc);
+
+/* The commands, by name (NULL if none); cli_usage prints the list. */
+const cli_command *cli_command_find(const char *name);
+void cli_usage(FILE *f);
+/* Runs a command (argv[0] its name), keeping argv for cli_bad_option. */
+int cli_run(const cli_command *cmd, int argc, char **argv);
+/* The usage error for getopt's '?': names the argument it stopped at. */
+int cli_bad_option(const char *cmd);
+
+/* While set (stz_command), cli_print_json keeps the document in json (the
+ * last one printed, malloc'ed) and cli_fail / cli_usage_error keep the
+ * first error in err, instead of printing them. */
+typedef struct {
+    char *json;
+    stz_err err;
+} cli_capture;
+void cli_capture_set(cli_capture *c);
 
 /* Flags shared by the commands, parsed by cli_common_opt. */
 typedef struct {

@@ -50,8 +50,19 @@ void cli_print_meta(const char *key, const char *value)
     fputc('\n', stdout);
 }
 
+/* stz_command's capture: the JSON document and the first error are kept
+ * for the caller instead of printed (NULL: the program, which prints). */
+static cli_capture *capture;
+
+void cli_capture_set(cli_capture *c) { capture = c; }
+
 int cli_fail(const stz_err *err)
 {
+    if (capture) {
+        if (!capture->err.code)
+            capture->err = *err;
+        return CLI_ERROR;
+    }
     fputs("stz: error: ", stderr);
     cli_put_escaped(stderr, err->msg[0] ? err->msg : stz_status_str(err->code));
     fprintf(stderr, " [%s]\n", stz_status_name(err->code));
@@ -62,9 +73,17 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "stz %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\nTry 'stz %s --help'.\n", cmd);
+    if (capture) {
+        if (!capture->err.code) {
+            int n = snprintf(capture->err.msg, sizeof capture->err.msg, "stz %s: ", cmd);
+            vsnprintf(capture->err.msg + n, sizeof capture->err.msg - (size_t)n, fmt, ap);
+            capture->err.code = STZ_E_ARG;
+        }
+    } else {
+        fprintf(stderr, "stz %s: ", cmd);
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\nTry 'stz %s --help'.\n", cmd);
+    }
     va_end(ap);
     return CLI_USAGE;
 }
@@ -77,6 +96,11 @@ int cli_print_json(cJSON *doc)
         stz_err e;
         stz_err_set(&e, STZ_E_NOMEM, "out of memory printing JSON");
         return cli_fail(&e);
+    }
+    if (capture) {
+        free(capture->json);
+        capture->json = s;
+        return CLI_OK;
     }
     puts(s);
     free(s);
@@ -107,7 +131,7 @@ int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o)
             return cli_usage_error(cmd, "--dtype must be bf16, f16 or f32, not '%s'", optarg);
         return -1;
     case 'h': return fputs(help, stdout), CLI_OK;
-    case '?': return cli_usage_error(cmd, "unknown option");
+    case '?': return cli_bad_option(cmd);
     default: return -2;
     }
 }

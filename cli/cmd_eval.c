@@ -74,7 +74,7 @@ int cmd_eval(int argc, char **argv)
         case O_CSV: csv = 1; break;
         case 'q': quiet = 1; break;
         case 'h': return fputs(eval_help, stdout), CLI_OK;
-        default: return cli_usage_error("eval", "unknown option");
+        default: return cli_bad_option("eval");
         }
     }
     if (optind != argc - 2)

@@ -114,7 +114,7 @@ int cmd_export(int argc, char **argv)
         case O_TOKENIZER: p.tokenizer = optarg; break;
         case O_CONFIG: config = optarg; break;
         case O_NAME: p.name = optarg; break;
-        default: return cli_usage_error("export", "unknown option");
+        default: return cli_bad_option("export");
         }
     }
     if (!gguf)

@@ -132,7 +132,7 @@ int cmd_eval_forward(int argc, char **argv)
         case 'f': force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': return fputs(forward_help, stdout), CLI_OK;
-        default: return cli_usage_error("eval", "unknown option");
+        default: return cli_bad_option("eval");
         }
     }
     if (optind != argc - 2)

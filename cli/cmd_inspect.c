@@ -399,7 +399,7 @@ int cmd_inspect(int argc, char **argv)
         else if (c == 'h')
             return fputs(inspect_help, stdout), CLI_OK;
         else
-            return cli_usage_error("inspect", "unknown option");
+            return cli_bad_option("inspect");
     }
     if (optind != argc - 1)
         return cli_usage_error("inspect", "expected one FILE or DIR");

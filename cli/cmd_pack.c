@@ -99,7 +99,7 @@ static int parse(const char *cmd, const char *help, const char *allowed, int arg
                 return cli_usage_error(cmd, "--chunk-size takes a multiple of 8 in [%u, %u]", STZ_PACK_MIN_CHUNK,
                                        STZ_PACK_MAX_CHUNK);
         } else if ((r = cli_common_opt(cmd, help, c, &o->c)) != -1) {
-            return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
+            return r == -2 ? cli_bad_option(cmd) : r;
         }
     }
     return -1;

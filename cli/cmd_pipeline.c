@@ -90,7 +90,7 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, popts
             if ((r = strcmp(cmd, "compress") ? -2 : cli_policy_opt(cmd, c, &o->po)) == -2)
                 r = cli_common_opt(cmd, help, c, &o->c);
             if (r != -1)
-                return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
+                return r == -2 ? cli_bad_option(cmd) : r;
         }
     }
     if (optind != argc - 1)

@@ -64,7 +64,7 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, qopts
         if ((r = strcmp(cmd, "dequantize") ? cli_policy_opt(cmd, c, &o->po) : -2) == -2)
             r = cli_common_opt(cmd, help, c, &o->c);
         if (r != -1)
-            return r == -2 ? cli_usage_error(cmd, "unknown option") : r;
+            return r == -2 ? cli_bad_option(cmd) : r;
     }
     if (optind != argc - 1)
         return cli_usage_error(cmd, "expected one input file");

@@ -185,7 +185,7 @@ int cmd_synth(int argc, char **argv)
         case 'q': quiet = 1; break;
         case O_JSON: json = 1; break;
         case 'h': return fputs(synth_help, stdout), CLI_OK;
-        default: return cli_usage_error("synth", "unknown option");
+        default: return cli_bad_option("synth");
         }
     }
     if (optind != argc - 1)

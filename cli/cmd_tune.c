@@ -115,7 +115,7 @@ static int parse(int argc, char **argv, tune_opts *o)
                     break;
                 return rc;
             }
-            return cli_usage_error("tune", "unknown option");
+            return cli_bad_option("tune");
         }
     }
     if (optind != argc - 1)

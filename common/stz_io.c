@@ -40,6 +40,7 @@ static volatile sig_atomic_t interrupt_flag;
 
 void stz_interrupt_request(void) { interrupt_flag = 1; }
 int stz_interrupt_pending(void) { return interrupt_flag; }
+void stz_interrupt_clear(void) { interrupt_flag = 0; }
 
 /* Waits until fd is ready for `events` (at once for a regular file),
  * looking at the interruption flag every 0.2 s: 0, EINTR when interrupted,

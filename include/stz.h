@@ -132,9 +132,27 @@ void stz_tmp_cleanup_all(void);
  * write to standard output that stz is blocked in, or starts, gives up
  * within 0.2 s with STZ_E_INTERRUPTED; a caller's progress callback can ask
  * stz_interrupt_pending() to stop the rest. The flag is process-wide and
- * stays set. */
+ * stays set until stz_interrupt_clear() (for a caller that goes on after
+ * an interrupted operation, as stz_command does). */
 void stz_interrupt_request(void);
 int stz_interrupt_pending(void);
+void stz_interrupt_clear(void);
+
+/*
+ * Runs a stz command in this process, as the program would run `stz ARGS`
+ * (argv[0] is the command's name: "compress", "eval", ...), for bindings
+ * (python/stz). What the program would print with --json is returned in
+ * *json (malloc'ed, free it with stz_command_free; NULL if the command
+ * printed none), an error in *err (code and message, not printed; usage
+ * errors are STZ_E_ARG). Returns the program's exit status (docs/CLI.md):
+ * 0, 1 (error), 2 (usage), 3 (a gate failed; *json says which). Progress
+ * is not shown; pass --json (and -q) to get results. One command at a time
+ * per process (a second concurrent call gets STZ_E_ARG); the interruption
+ * flag is cleared before it starts. In the shared library (libstz.so)
+ * only: it is the program's command layer.
+ */
+int stz_command(int argc, const char *const *argv, char **json, stz_err *err);
+void stz_command_free(char *json);
 
 /* Adds a path of the caller's (an intermediate file) to what
  * stz_tmp_cleanup_all() removes; returns a handle for stz_tmp_untrack, or

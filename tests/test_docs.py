@@ -127,7 +127,7 @@ def run_python(where, code, cwd, env):
     py = counted_python(where)
     if not py:
         return
-    env = dict(env, PYTHONPATH=os.path.join(ROOT, "python"), STZ=STZ,
+    env = dict(env, PYTHONPATH=os.path.join(ROOT, "python"), STZ=STZ, PYTHONDONTWRITEBYTECODE="1",
                STZ_LIBRARY=os.path.join(os.path.dirname(STZ), "libstz.so"))
     p = subprocess.run([py, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
     if p.returncode or set(p.stdout.split()) - {"True"}:

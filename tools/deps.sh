@@ -4,7 +4,7 @@
 set -e
 PKGS="build-essential cmake pkg-config libzstd-dev libcjson-dev libxxhash-dev
 libopenblas-dev liblapacke-dev libcmocka-dev zstd xz-utils bzip2 time
-python3 python3-numpy python3-pytest python3-pip python3-setuptools"
+python3 python3-numpy python3-pytest python3-pip python3-venv"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -1,0 +1,101 @@
+/* The command table, and stz_command: the program's commands run in-process
+ * for bindings (include/stz.h). */
+#include "cli.h"
+
+#include <getopt.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const cli_command commands[] = {
+    {"compress", cmd_compress, "policy -> quantize / SVD -> pack, in one command (or --lossless)"},
+    {"decompress", cmd_decompress, "back from a container (--dequantize: a plain float model)"},
+    {"inspect", cmd_inspect, "list the tensors, dtypes, sizes and metadata of a file"},
+    {"policy", cmd_policy, "list the shipped policies, or print one"},
+    {"plan", cmd_plan, "show what a policy would do to each tensor"},
+    {"quantize", cmd_quantize, "quantize tensors to INT8 / INT4 as a policy says"},
+    {"dequantize", cmd_dequantize, "turn a quantized file back into a plain float model"},
+    {"eval", cmd_eval, "measure how close a quantized model is to the original"},
+    {"tune", cmd_tune, "choose each tensor's action for a size or KL budget (writes a policy)"},
+    {"pack", cmd_pack, "pack a SafeTensors file losslessly into an .stz container"},
+    {"unpack", cmd_unpack, "restore the original file (or one tensor) from a container"},
+    {"verify", cmd_verify, "check every checksum of containers without writing"},
+    {"export", cmd_export, "write a model as GGUF for llama.cpp (--gguf)"},
+    {"synth", cmd_synth, "generate a realistic stand-in model of a real architecture"},
+};
+#define NCMD (sizeof commands / sizeof commands[0])
+
+const cli_command *cli_command_find(const char *name)
+{
+    for (size_t i = 0; i < NCMD; i++)
+        if (!strcmp(name, commands[i].name))
+            return &commands[i];
+    return NULL;
+}
+
+void cli_usage(FILE *f)
+{
+    fprintf(f, "stz %s - make neural-network model files small\n\n"
+               "usage: stz COMMAND [OPTIONS] ...\n\ncommands:\n", STZ_VERSION_STRING);
+    for (size_t i = 0; i < NCMD; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'stz COMMAND --help' describes a command. Exit status: 0 success, 1 error, 2 usage\n"
+               "(stz eval: 3 when a tensor is below --threshold; stz tune: 3 when the budget cannot be met).\n");
+}
+
+static char **running_argv; /* the running command's arguments */
+
+int cli_run(const cli_command *cmd, int argc, char **argv)
+{
+    running_argv = argv;
+    opterr = 0; /* cli_bad_option says it, once */
+    int rc = cmd->run(argc, argv);
+    running_argv = NULL;
+    return rc;
+}
+
+int cli_bad_option(const char *cmd)
+{
+    const char *a = running_argv && optind > 0 ? running_argv[optind - 1] : "?";
+    return cli_usage_error(cmd, "unknown option, or an option without its value: '%s'", a);
+}
+
+#define STZ_API __attribute__((visibility("default")))
+
+STZ_API int stz_command(int argc, const char *const *argv, char **json, stz_err *err)
+{
+    static atomic_flag busy = ATOMIC_FLAG_INIT;
+    *json = NULL;
+    stz_err_clear(err);
+    const cli_command *cmd = argc >= 1 && argv[0] ? cli_command_find(argv[0]) : NULL;
+    if (!cmd)
+        return stz_err_set(err, STZ_E_ARG, "unknown command '%s'", argc >= 1 && argv[0] ? argv[0] : ""), CLI_USAGE;
+    if (atomic_flag_test_and_set(&busy))
+        return stz_err_set(err, STZ_E_ARG, "stz_command: another command is running in this process"), CLI_USAGE;
+    /* the commands' getopt permutes its argv: a copy of the pointers */
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (!args) {
+        atomic_flag_clear(&busy);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for %d arguments", argc), CLI_ERROR;
+    }
+    memcpy(args, argv, (size_t)argc * sizeof *args);
+    cli_capture cap = {0};
+    cli_capture_set(&cap);
+    stz_interrupt_clear();
+    optind = 0; /* glibc: getopt starts again from scratch */
+    int rc = cli_run(cmd, argc, args);
+    cli_capture_set(NULL);
+    free(args);
+    if (rc == CLI_ERROR || rc == CLI_USAGE) {
+        *err = cap.err;
+        if (!err->code)
+            stz_err_set(err, rc == CLI_USAGE ? STZ_E_ARG : STZ_E_IO, "stz %s failed (exit status %d)", argv[0], rc);
+        free(cap.json);
+    } else {
+        *json = cap.json;
+    }
+    atomic_flag_clear(&busy);
+    return rc;
+}
+
+STZ_API void stz_command_free(char *json) { free(json); }

@@ -1,0 +1,132 @@
+"""libstz through ctypes: finding it, its structures, and its errors.
+
+Everything the package does goes through the C library: reading (the
+validating SafeTensors reader, the container decoder and the dequantizer),
+writing (the SafeTensors writer) and the commands (stz_command). Nothing of
+the file formats is implemented twice.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from typing import Any, Callable, Optional
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class StzError(Exception):
+    """An error from stz: `code` is its stable status name (e.g. STZ_E_FORMAT),
+    `message` its text (naming the file and the tensor)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__("%s [%s]" % (message, code))
+        self.code, self.message = code, message
+
+
+class Err(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 1024)]
+
+
+_U64P = ctypes.POINTER(ctypes.c_uint64)
+
+
+class Tensor(ctypes.Structure):  # stz_tensor (stz_safetensors.h)
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int), ("shape", _U64P),
+                ("numel", ctypes.c_uint64), ("begin", ctypes.c_uint64), ("end", ctypes.c_uint64)]
+
+
+class QTensor(ctypes.Structure):  # stz_qtensor (stz_quant.h)
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int), ("shape", _U64P),
+                ("numel", ctypes.c_uint64), ("rows", ctypes.c_uint64), ("cols", ctypes.c_uint64),
+                ("bits", ctypes.c_int), ("rank", ctypes.c_uint64), ("stored_bytes", ctypes.c_uint64),
+                ("method", ctypes.c_char_p), ("block_size", ctypes.c_uint32), ("scale_dtype", ctypes.c_int),
+                ("scales_name", ctypes.c_char_p)]
+
+
+def _candidates() -> list:
+    """Where libstz is looked for, in order: $STZ_LIBRARY; the copy installed
+    with this package; the build tree beside the sources (running from a
+    checkout); the system's (make install)."""
+    return [os.environ.get("STZ_LIBRARY"), os.path.join(_HERE, "libstz.so.0"),
+            os.path.join(_HERE, "..", "..", "build", "libstz.so.0"), ctypes.util.find_library("stz")]
+
+
+# argument and result types of every function used: (name, restype, argtypes)
+_P, _S, _E = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(Err)
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_SIGNATURES = [
+    ("stz_status_name", ctypes.c_char_p, [ctypes.c_int]),
+    ("stz_dtype_name", ctypes.c_char_p, [ctypes.c_int]),
+    ("stz_dtype_parse", ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]),
+    ("stz_qmodel_open", ctypes.c_int, [_PP, ctypes.c_char_p, _E]),
+    ("stz_qmodel_free", None, [_P]),
+    ("stz_qmodel_set_threads", None, [_P, ctypes.c_int]),
+    ("stz_qmodel_count", _S, [_P]),
+    ("stz_qmodel_tensor", ctypes.POINTER(QTensor), [_P, _S]),
+    ("stz_qmodel_reader", _P, [_P]),
+    ("stz_qmodel_read_rows", ctypes.c_int, [_P, _S, ctypes.c_uint64, _S, _P, _E]),
+    ("stz_qmodel_open_reader", ctypes.c_int, [_PP, _P, _E]),
+    ("stz_is_container", ctypes.c_int, [ctypes.c_char_p]),
+    ("stz_container_open", ctypes.c_int, [_PP, ctypes.c_char_p, _E]),
+    ("stz_container_free", None, [_P]),
+    ("stz_container_header", _P, [_P]),
+    ("stz_container_original_size", ctypes.c_uint64, [_P]),
+    ("stz_container_read_tensor", ctypes.c_int, [_P, ctypes.c_char_p, _P, _S, ctypes.c_int, _E]),
+    ("stz_reader_header", _P, [_P, ctypes.POINTER(_S)]),
+    ("stz_reader_open_mem", ctypes.c_int, [_PP, _P, _S, ctypes.c_char_p, _E]),
+    ("stz_reader_free", None, [_P]),
+    ("stz_reader_count", _S, [_P]),
+    ("stz_reader_tensor", ctypes.POINTER(Tensor), [_P, _S]),
+    ("stz_reader_find", ctypes.c_long, [_P, ctypes.c_char_p]),
+    ("stz_reader_meta_count", _S, [_P]),
+    ("stz_reader_meta_key", ctypes.c_char_p, [_P, _S]),
+    ("stz_reader_meta_value", ctypes.c_char_p, [_P, _S]),
+    ("stz_reader_read", ctypes.c_int, [_P, ctypes.POINTER(Tensor), ctypes.c_uint64, _P, _S, _E]),
+    ("stz_writer_open", ctypes.c_int, [_PP, ctypes.c_char_p, ctypes.c_uint, _E]),
+    ("stz_writer_set_meta", ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, _E]),
+    ("stz_writer_add", ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int, ctypes.c_int, _U64P, _E]),
+    ("stz_writer_write", ctypes.c_int, [_P, _P, _S, _E]),
+    ("stz_writer_finish", ctypes.c_int, [_P, _E]),
+    ("stz_writer_free", None, [_P]),
+    ("stz_command", ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), _PP, _E]),
+    ("stz_command_free", None, [_P]),
+    ("stz_interrupt_request", None, []),
+]
+
+_lib: Optional[ctypes.CDLL] = None
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library, its functions typed (loaded once)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path in [p for p in _candidates() if p]:
+        try:
+            loaded = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            tried.append(str(e))
+    else:
+        raise StzError("STZ_E_IO", "libstz not found (build it with make, install it with make install, or set "
+                                   "STZ_LIBRARY to libstz.so.0); tried: %s" % "; ".join(tried or ["nothing"]))
+    for name, res, args in _SIGNATURES:
+        f = getattr(loaded, name)
+        f.restype, f.argtypes = res, args
+    _lib = loaded
+    return loaded
+
+
+def call(fn: Callable[..., int], *args: Any) -> None:
+    """Calls fn(*args, &err) and raises StzError if it fails."""
+    err = Err()
+    status = fn(*args, ctypes.byref(err))
+    if status:
+        raise StzError(lib().stz_status_name(status).decode(), err.msg.decode(errors="replace"))
+
+
+def text(b: Optional[bytes]) -> str:
+    """A C string of stz's (UTF-8, checked by the reader) as str."""
+    return b.decode("utf-8", errors="surrogateescape") if b is not None else ""

@@ -1,0 +1,333 @@
+"""The Python package (python/stz): loading plain, quantized and packed
+files equals what the stz program writes; safe_open on a container decodes
+only the tensor asked for; save_file writes what the reference reader
+reads; every bad input is a StzError with the code the C reader gives;
+loading is linear in the tensor count; the commands run in-process; pip
+installs it offline into a venv whose package finds its own libstz.
+
+STZ names the stz program (the tests' independent maker of files);
+STZ_LIBRARY the libstz.so.0 under test (default: the build tree's)."""
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests")]
+STZ = os.path.abspath(os.environ.get("STZ", os.path.join(ROOT, "build", "stz")))
+os.environ.setdefault("STZ_LIBRARY", os.path.join(os.path.dirname(STZ), "libstz.so.0"))
+CORPUS = os.path.join(ROOT, "tests", "corpus")
+import stz  # noqa: E402
+from st_files import load  # noqa: E402
+
+
+def run(*args):
+    subprocess.run([STZ] + [str(a) for a in args], check=True, capture_output=True)
+
+
+def raw_load(path):
+    """The reference: a plain SafeTensors file with the standard library and numpy."""
+    return load(path)[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("py")
+    m = d / "tiny.safetensors"
+    run("synth", "tiny", "-o", m, "-q")
+    run("quantize", "--int4", m, "-o", d / "q.safetensors", "-q")
+    run("dequantize", d / "q.safetensors", "--dtype", "f32", "-o", d / "q.f32.safetensors", "-q")
+    run("compress", "--lossless", m, "-o", d / "m.stz", "-q")
+    run("compress", "--int4", m, "-o", d / "q.stz", "-q")
+    return d
+
+
+def test_plain_file_equals_reference(files):
+    got, want = stz.load_file(files / "tiny.safetensors"), raw_load(files / "tiny.safetensors")
+    assert set(got) == set(want) and len(got) == 27
+    for k in want:
+        assert got[k].dtype == np.float32 and np.array_equal(got[k], want[k]), k
+
+
+def test_quantized_file_equals_stz_dequantize(files):
+    got, want = stz.load_file(files / "q.safetensors"), raw_load(files / "q.f32.safetensors")
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].shape == want[k].shape and np.array_equal(got[k], want[k]), k
+    raw = stz.load_file(files / "q.safetensors", dequantize=False)
+    assert any(k.endswith(".scales") for k in raw) and raw["model.layers.0.mlp.up_proj.weight"].dtype == np.uint8
+
+
+def test_containers(files):
+    lossless, plain = stz.load_file(files / "m.stz"), stz.load_file(files / "tiny.safetensors")
+    assert all(np.array_equal(lossless[k], plain[k]) for k in plain)
+    packed, want = stz.load_file(files / "q.stz"), raw_load(files / "q.f32.safetensors")
+    assert all(np.array_equal(packed[k], want[k]) for k in want)
+    with stz.safe_open(files / "q.stz") as f:
+        assert f.metadata()["stz.synth.arch"] == "tiny"
+        w = f.get_tensor("model.layers.1.mlp.down_proj.weight")
+        assert w.shape == (64, 172)
+
+
+def test_container_reads_one_tensor(tmp_path):
+    """A tensor from a 100 MB container takes time for its own chunks, not the file's."""
+    import time
+    big = tmp_path / "big.safetensors"
+    rng = np.random.default_rng(0)
+    stz.save_file({"a": rng.standard_normal((64, 64)).astype(np.float32),
+                   "b": rng.standard_normal((6400, 4000)).astype(np.float32)}, big)
+    run("pack", big, "-o", tmp_path / "big.stz", "-q")
+    with stz.safe_open(tmp_path / "big.stz") as f:
+        t0 = time.perf_counter()
+        a = f.get_tensor("a")
+        small = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        b = f.get_tensor("b")
+        whole = time.perf_counter() - t0
+    assert a.shape == (64, 64) and b.shape == (6400, 4000)
+    assert small < whole / 10, (small, whole)
+
+
+def test_save_file_round_trip(tmp_path):
+    t = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "i": np.array([1, -2, 3], dtype=np.int32),
+         "h": np.ones((2, 2), dtype=np.float16)}
+    p = tmp_path / "s.safetensors"
+    stz.save_file(t, p, metadata={"k": "v"})
+    back = raw_load(p)
+    assert all(np.array_equal(back[k], t[k]) for k in t)
+    run("inspect", p)  # stz accepts what it wrote
+    with stz.safe_open(p) as f:
+        assert f.metadata() == {"format": "pt", "k": "v"}  # as torch writes; "format" given replaces it
+
+
+def test_load_dir(files, tmp_path):
+    d = tmp_path / "repo"
+    d.mkdir()
+    os.link(files / "tiny.safetensors", d / "model.safetensors")
+    assert len(stz.load_dir(d)) == 27
+
+
+def test_commands(files, tmp_path):
+    s = stz.compress(files / "tiny.safetensors", tmp_path / "c.stz", policy="int8")
+    assert s["output"].endswith("c.stz") and s["ratio"] > 1
+    e = stz.evaluate(files / "tiny.safetensors", tmp_path / "c.stz")
+    assert e["passed"] and e["min_cosine"] > 0.999
+    f = stz.evaluate(files / "tiny.safetensors", files / "q.safetensors", forward=True, sequences=2, seq_len=16)
+    assert f["positions"] == 30 and f["kl"]["mean"] > 0
+
+
+def test_tune(files, tmp_path):
+    r = stz.tune(files / "tiny.safetensors", tmp_path / "p.json", size=100000, sequences=2, seq_len=16)
+    assert r["met"] and r["measured_bytes"] <= 100000 and (tmp_path / "p.json").exists()
+    assert {t["name"] for t in r["tensors"]} >= {"lm_head.weight"}
+    no = stz.tune(files / "tiny.safetensors", tmp_path / "no.json", size=1000)
+    assert not no["met"] and no["closest_bytes"] > 1000 and not (tmp_path / "no.json").exists()
+
+
+def test_export_gguf(files, tmp_path):
+    tok = tmp_path / "tok.bin"  # a llama2.c tokenizer of the tiny model's 256 tokens
+    tok.write_bytes(struct.pack("<i", 8) + b"".join(struct.pack("<fi", -i, 3) + b"t%02x" % i for i in range(256)))
+    s = stz.export_gguf(files / "tiny.safetensors", tmp_path / "t.gguf", tokenizer=tok, type="q8_0", name="tiny")
+    assert s["architecture"] == "llama" and s["types"]["q8_0"]["tensors"] > 0
+    assert (tmp_path / "t.gguf").read_bytes()[:4] == b"GGUF"
+    with pytest.raises(stz.StzError) as e:
+        stz.export_gguf(files / "tiny.safetensors", tmp_path / "u.gguf")
+    assert e.value.code == "STZ_E_ARG" and "no tokenizer" in e.value.message
+
+
+def test_errors(tmp_path):
+    bad = tmp_path / "bad.stz"
+    bad.write_bytes(b"\x89STZ\r\n\x1a\n" + b"\0" * 100)
+    with pytest.raises(stz.StzError) as e:
+        stz.load_file(bad)
+    assert e.value.code.startswith("STZ_E_")
+    with pytest.raises(stz.StzError) as e:
+        stz.compress(tmp_path / "missing.safetensors")
+    assert e.value.code == "STZ_E_IO" and "missing.safetensors" in e.value.message
+    with pytest.raises(stz.StzError) as e:
+        stz.command("eval", tmp_path / "missing.safetensors", tmp_path / "b.safetensors", bogus=1)
+    assert e.value.code == "STZ_E_ARG" and "--bogus" in e.value.message
+    with pytest.raises(stz.StzError) as e:
+        stz.compress(tmp_path / "missing.safetensors", "-")
+    assert e.value.code == "STZ_E_ARG"
+
+
+def test_torch(files):
+    torch = pytest.importorskip("torch")
+    t = stz.load_file(files / "tiny.safetensors", framework="pt", dequantize=False)
+    assert t["model.norm.weight"].dtype == torch.bfloat16
+
+
+def _tree(path):
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
+
+
+def test_install_in_venv(tmp_path):
+    """The README's way: a venv over Debian's packages, pip offline (no
+    index, build isolation on: the backend needs nothing); the installed
+    package finds the libstz it carries with no library path set, and the
+    install writes nothing into the source tree."""
+    before = _tree(os.path.join(ROOT, "python"))
+    venv = tmp_path / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True,
+                          text=True)
+    if made.returncode or not (venv / "bin" / "pip").exists():
+        pytest.skip("no venv with pip (apt-get install python3-venv): " + made.stderr.strip()[-200:])
+    env = {k: v for k, v in os.environ.items() if k not in ("STZ_LIBRARY", "PYTHONPATH", "LD_LIBRARY_PATH")}
+    env["STZ_LIBRARY"] = os.environ["STZ_LIBRARY"]  # the library under test goes into the wheel
+    p = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-index", "-q", os.path.join(ROOT, "python")],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    del env["STZ_LIBRARY"]
+    check = ("import stz, sys; f = stz.load_file(sys.argv[1]); "
+             "print(stz.__file__, len(f), stz.command('inspect', sys.argv[1])['tensor_count'])")
+    model = str(tmp_path / "m.safetensors")
+    run("synth", "tiny", "-o", model, "-q")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", check, model], capture_output=True, text=True,
+                         env=env, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    where, n, m = out.stdout.split()
+    assert where.startswith(str(venv)) and n == m == "27", out.stdout
+    assert (venv / "lib").glob("python3*/site-packages/stz/libstz.so.0")
+    assert _tree(os.path.join(ROOT, "python")) == before
+
+
+def test_st_corpus_same_codes_as_c():
+    """Every file of the SafeTensors corpus: the C reader's expected status
+    (MANIFEST), as a StzError or a load."""
+    d = os.path.join(CORPUS, "safetensors")
+    rows = [l.split() for l in open(os.path.join(d, "MANIFEST")) if l.strip() and not l.startswith("#")]
+    assert len(rows) > 40
+    for name, want in rows:
+        try:
+            stz.load_file(os.path.join(d, name), dequantize=False)
+            got = "STZ_OK"
+        except stz.StzError as e:
+            got = e.code
+        assert got == want, name
+
+
+def test_container_corpus_same_codes_as_c():
+    d = os.path.join(CORPUS, "stz")
+    rows = [l.split() for l in open(os.path.join(d, "MANIFEST")) if l.strip() and not l.startswith("#")]
+    assert len(rows) > 20
+    for name, want in rows:
+        try:
+            stz.load_file(os.path.join(d, name))
+            got = "STZ_OK"
+        except stz.StzError as e:
+            got = e.code
+        assert (got == "STZ_OK") == (want == "STZ_OK"), (name, got, want)
+
+
+def test_quant_corpus_equals_dequantize(tmp_path):
+    """Quantized files (good and lying): the values stz dequantize writes, or
+    a StzError where it refuses; never another exception."""
+    d = os.path.join(CORPUS, "quant")
+    names = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    refused = 0
+    for name in names:
+        out = tmp_path / name
+        p = subprocess.run([STZ, "dequantize", os.path.join(d, name), "--dtype", "f32", "-o", str(out), "-q"],
+                           capture_output=True, text=True)
+        if p.returncode:
+            with pytest.raises(stz.StzError):
+                stz.load_file(os.path.join(d, name))
+            refused += 1
+            continue
+        got, want = stz.load_file(os.path.join(d, name)), load(out, ("F32", "I32", "U8", "I8"))[0]
+        assert set(got) == set(want), name
+        assert all(np.array_equal(got[k], want[k]) for k in want), name
+    assert refused >= 4 and len(names) - refused >= 10
+
+
+def test_hostile_files(tmp_path):
+    """What used to escape as MemoryError, TypeError, KeyError, IndexError."""
+    cases = {"text": b"# a README, not a model\n" * 40, "short": b"\x10\x00", "empty": b"",
+             "cut": struct.pack("<Q", 64) + b'{"a":', "neg": None, "dup": None, "overlap": None}
+    head = lambda h: struct.pack("<Q", len(h)) + h  # noqa: E731
+    cases["neg"] = head(b'{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}') + b"\0" * 4
+    cases["dup"] = head(b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                        b'"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}') + b"\0" * 8
+    cases["overlap"] = head(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                            b'"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}') + b"\0" * 12
+    for name, data in cases.items():
+        f = tmp_path / (name + ".safetensors")
+        f.write_bytes(data)
+        with pytest.raises(stz.StzError) as e:
+            stz.load_file(f)
+        assert str(f) in e.value.message, (name, e.value.message)
+    with stz.safe_open(os.path.join(CORPUS, "quant", "int4.safetensors")) as f:
+        with pytest.raises(stz.StzError):
+            f.get_tensor("no such tensor")
+    with pytest.raises(stz.StzError):
+        stz.load_file(os.path.join(CORPUS, "quant", "int4.safetensors"), framework="tf")
+
+
+def _many(path, n):
+    """A file of n one-element F32 tensors, its header written directly."""
+    h = json.dumps({"t%06d" % i: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+                    for i in range(n)}, separators=(",", ":")).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + np.arange(n, dtype=np.float32).tobytes())
+
+
+def test_load_time_linear_in_tensor_count(tmp_path):
+    """Opening and loading 10x the tensors costs ~10x, not ~100x (the old
+    package took over 60 s for 100k)."""
+    cost = []
+    for n in (20000, 200000):
+        _many(tmp_path / ("m%d.safetensors" % n), n)
+        t0 = time.perf_counter()
+        d = stz.load_file(tmp_path / ("m%d.safetensors" % n))
+        cost.append(time.perf_counter() - t0)
+        assert len(d) == n and d["t%06d" % (n - 1)][0] == n - 1
+    assert cost[1] / cost[0] < 30, cost
+
+
+def test_ctrl_c_interrupts_a_command(tmp_path):
+    """SIGINT while a long command runs in-process: KeyboardInterrupt within
+    seconds (stz_interrupt_request), and the next command runs normally."""
+    model = tmp_path / "small.safetensors"
+    run("synth", "small", "-o", model, "-q")
+    code = ("import stz, sys, time\ntry:\n    stz.evaluate(sys.argv[1], sys.argv[1], forward=True, sequences=64,"
+            " seq_len=256, threads=1)\n    print('finished')\nexcept KeyboardInterrupt:\n    t = time.time()\n"
+            "    print('interrupted', stz.command('inspect', sys.argv[1])['tensor_count'])\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = subprocess.Popen([sys.executable, "-c", code, str(model)], stdout=subprocess.PIPE, text=True, env=env)
+    time.sleep(2)
+    assert p.poll() is None, "the command ended before the signal"
+    t0 = time.perf_counter()
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    assert out.split() == ["interrupted", "74"] and time.perf_counter() - t0 < 10, out
+
+
+def test_bf16_raw(files):
+    raw = stz.load_file(files / "tiny.safetensors", bf16_raw=True)
+    wide = stz.load_file(files / "tiny.safetensors")
+    w = raw["model.norm.weight"]
+    assert w.dtype == np.uint16 and np.array_equal((w.astype(np.uint32) << 16).view(np.float32), wide["model.norm.weight"])
+
+
+def test_load_dir_sharded(tmp_path):
+    """A sharded directory: the index's shards, plain and packed alike."""
+    d = tmp_path / "sharded"
+    d.mkdir()
+    a, b = np.ones((4, 8), np.float32), np.arange(6, dtype=np.float32)
+    stz.save_file({"a": a}, d / "model-00001-of-00002.safetensors")
+    stz.save_file({"b": b}, d / "model-00002-of-00002.safetensors")
+    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                            "b": "model-00002-of-00002.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    got = stz.load_dir(d)
+    assert np.array_equal(got["a"], a) and np.array_equal(got["b"], b)
+    run("pack", d / "model-00002-of-00002.safetensors", "-o", d / "model-00002-of-00002.safetensors.stz")
+    os.unlink(d / "model-00002-of-00002.safetensors")
+    assert np.array_equal(stz.load_dir(d)["b"], b)
