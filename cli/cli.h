@@ -226,6 +226,8 @@ typedef struct {
     struct stz_qmodel **m;
     size_t n;
 } cli_model_set;
+/* Opens a file or every shard of a model directory; on failure nothing is
+ * left open (no cli_set_free needed). */
 stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err);
 void cli_set_free(cli_model_set *s);
 /* The tensor `name` in any file of the set: file *f, index *i; 0 if none. */

@@ -312,6 +312,8 @@ stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
         if (stz_qmodel_open(&s->m[i], files[i], err))
             st = err->code;
     cli_model_files_free(files, n);
+    if (st) /* nothing left for the caller to free */
+        cli_set_free(s), memset(s, 0, sizeof *s);
     return st;
 }
 

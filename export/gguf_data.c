@@ -137,6 +137,12 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
                 *err2 += ((double)y[j] - w[j]) * ((double)y[j] - w[j]), *ref2 += (double)w[j] * w[j];
             memcpy(w, y, cols * 4);
         }
+        for (size_t j = 0; e->type == STZ_GGML_F16 && j < cols; j++)
+            if (isfinite(w[j]) && isinf(stz_f16_to_f32(stz_f32_to_f16(w[j]))))
+                return stz_err_set(err, STZ_E_NUMERIC,
+                                   "%s: tensor '%s': row %llu, element %zu is %.9g, past F16's largest value 65504 "
+                                   "(export with --type f32 or bf16)",
+                                   x->model, e->q->name, (unsigned long long)(row + k), j, w[j]);
         long at = gguf_pack_row(e->type, w, s + k * nb, cols, x->out + k * rb);
         if (at >= 0)
             return stz_err_set(err, STZ_E_FORMAT,

@@ -185,6 +185,24 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
 #undef KEY
 }
 
+/* llama.cpp's qwen2 loader requires the q, k and v biases of every layer. */
+static stz_status qwen2_biases(const exporter *x, stz_err *err)
+{
+    static const char *const need[] = {"attn_q", "attn_k", "attn_v"};
+    for (uint32_t l = 0; l < x->c->n_layers; l++)
+        for (size_t k = 0; k < 3; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%u.%s.bias", l, need[k]);
+            size_t i = 0;
+            while (i < x->n && strcmp(x->t[i].name, name))
+                i++;
+            if (i == x->n)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: a Qwen2 model without the %s bias of layer %u (%s): "
+                                                      "llama.cpp cannot load it", x->model, k == 0 ? "q" : k == 1 ? "k" : "v", l, name);
+        }
+    return STZ_OK;
+}
+
 stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
                            const stz_fwd_config *c, const char *config_json, const char *model_path,
                            const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err)
@@ -202,7 +220,8 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     int hf = 0;
     for (size_t f = 0; f < nfiles; f++)
         hf |= stz_qmodel_find(files[f], roles[0].src[1]) >= 0;
-    if ((st = plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err)))
+    if ((st = plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err)) ||
+        (!strcmp(arch, "qwen2") && (st = qwen2_biases(&x, err))))
         goto done;
     if (p->tokenizer)
         snprintf(tok, sizeof tok, "%s", p->tokenizer);

@@ -138,6 +138,51 @@ static char *merge_text(const cJSON *m)
     return s;
 }
 
+/* model.vocab's tokens sorted, for lookups in O(log n) (cJSON's are linear). */
+typedef struct {
+    const cJSON **e;
+    size_t n;
+} vocab_index;
+
+static int by_token(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+static int index_build(vocab_index *ix, const cJSON *vmap)
+{
+    ix->n = 0;
+    for (const cJSON *e = vmap->child; e; e = e->next)
+        ix->n++;
+    if (!(ix->e = malloc((ix->n + 1) * sizeof *ix->e)))
+        return -1;
+    size_t k = 0;
+    for (const cJSON *e = vmap->child; e; e = e->next)
+        ix->e[k++] = e;
+    qsort(ix->e, ix->n, sizeof *ix->e, by_token);
+    return 0;
+}
+
+/* The vocabulary entry of token s (its id in ->valuedouble), or NULL. */
+static const cJSON *index_find(const vocab_index *ix, const char *s)
+{
+    cJSON key = {.string = (char *)s};
+    const cJSON *k = &key, **hit = bsearch(&k, ix->e, ix->n, sizeof *ix->e, by_token);
+    return hit ? *hit : NULL;
+}
+
+/* A merge "a b": two tokens of the vocabulary joined by one space. */
+static int merge_of_tokens(const vocab_index *ix, char *m)
+{
+    char *sp = strchr(m, ' ');
+    if (!sp || sp == m || !sp[1] || strchr(sp + 1, ' '))
+        return 0;
+    *sp = 0;
+    int ok = index_find(ix, m) && index_find(ix, sp + 1);
+    *sp = ' ';
+    return ok;
+}
+
 static int config_id(const cJSON *cfg, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
@@ -162,6 +207,7 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(doc, "added_tokens");
     int spm = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
     vocab v = {0};
+    vocab_index ix = {0};
     char **mtext = NULL;
     int nm = cJSON_GetArraySize(merges);
     if (!doc || !cJSON_IsObject(vmap) || !cJSON_IsArray(merges)) {
@@ -173,8 +219,22 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
                          cJSON_IsString(type) ? type->valuestring : "?");
         goto done;
     }
-    if ((st = vocab_alloc(&v, n_vocab, err)) || !(mtext = calloc((size_t)nm + 1, sizeof *mtext)))
+    if (!vmap->child) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: model.vocab holds no token", path);
         goto done;
+    }
+    if ((st = vocab_alloc(&v, n_vocab, err)))
+        goto done;
+    if (!(mtext = calloc((size_t)nm + 1, sizeof *mtext)) || index_build(&ix, vmap)) {
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %d merges", path, nm);
+        goto done;
+    }
+    for (size_t k = 1; k < ix.n; k++)
+        if (!strcmp(ix.e[k - 1]->string, ix.e[k]->string)) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' appears twice in model.vocab", path,
+                             ix.e[k]->string);
+            goto done;
+        }
     const cJSON *lists[2] = {vmap, added};
     for (int l = 0; l < 2; l++)
         for (const cJSON *e = lists[l] ? lists[l]->child : NULL; e; e = e->next) {
@@ -191,6 +251,15 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
             if (id >= n_vocab) {
                 st = stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' has id %u, past the model's vocabulary of %u",
                                  path, s, id, n_vocab);
+                goto done;
+            }
+            if (stz_utf8_check((const uint8_t *)s, strlen(s)) != strlen(s)) {
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: token %u is not valid UTF-8", path, id);
+                goto done;
+            }
+            if (v.text[id] && (!l || strcmp(v.text[id], s))) { /* added_tokens may repeat a token as it is */
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: id %u is given to '%.80s' and to '%.80s'", path, id,
+                                 v.text[id], s);
                 goto done;
             }
             free(v.text[id]);
@@ -213,8 +282,9 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
         }
     int i = 0;
     for (const cJSON *m = merges->child; m; m = m->next, i++)
-        if (!(mtext[i] = merge_text(m))) {
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: merge %d is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+        if (!(mtext[i] = merge_text(m)) || !merge_of_tokens(&ix, mtext[i])) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: merge %d is not two tokens of model.vocab, as \"a b\" or "
+                                                "[\"a\", \"b\"]", path, i);
             goto done;
         }
     if (spm) {
@@ -231,12 +301,12 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
             if (strlen(mtext[r]) >= sizeof joined)
                 continue;
             memcpy(joined, mtext[r], a), strcpy(joined + a, sp + 1);
-            const cJSON *idv = cJSON_GetObjectItemCaseSensitive(vmap, joined);
+            const cJSON *idv = index_find(&ix, joined);
             if (cJSON_IsNumber(idv) && (uint32_t)idv->valuedouble < n_vocab)
                 v.score[(uint32_t)idv->valuedouble] = (float)-r;
         }
         const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-        const cJSON *uid = cJSON_IsString(unk) ? cJSON_GetObjectItemCaseSensitive(vmap, unk->valuestring) : NULL;
+        const cJSON *uid = cJSON_IsString(unk) ? index_find(&ix, unk->valuestring) : NULL;
         if (cJSON_IsNumber(uid)) {
             v.type[(uint32_t)uid->valuedouble] = TT_UNKNOWN;
             kv_u32(kv, "tokenizer.ggml.unknown_token_id", (uint32_t)uid->valuedouble);
@@ -252,15 +322,22 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
             gb_str(kv, mtext[k], strlen(mtext[k]));
     }
     int bos = config_id(cfg, "bos_token_id"), eos = config_id(cfg, "eos_token_id");
-    if (bos >= 0 && (uint32_t)bos < n_vocab)
+    if ((bos >= 0 && (uint32_t)bos >= n_vocab) || (eos >= 0 && (uint32_t)eos >= n_vocab)) {
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: the configuration's %s %d is past the vocabulary of %u tokens", path,
+                         bos >= 0 && (uint32_t)bos >= n_vocab ? "bos_token_id" : "eos_token_id",
+                         bos >= 0 && (uint32_t)bos >= n_vocab ? bos : eos, n_vocab);
+        goto done;
+    }
+    if (bos >= 0)
         kv_u32(kv, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
-    if (eos >= 0 && (uint32_t)eos < n_vocab)
+    if (eos >= 0)
         kv_u32(kv, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
     kv_bool(kv, "tokenizer.ggml.add_bos_token", spm || (strcmp(arch, "qwen2") && bos >= 0));
 done:
     for (int k = 0; mtext && k < nm; k++)
         free(mtext[k]);
     free(mtext);
+    free(ix.e);
     vocab_free(&v);
     cJSON_Delete(doc);
     cJSON_Delete(cfg);

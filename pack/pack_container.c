@@ -20,6 +20,14 @@ stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err)
     return b->rec && b->planes && b->raw && b->d ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for chunk buffers");
 }
 
+int stz_ct_threads(const stz_container *c, int threads)
+{
+    size_t per = stz_record_bound(c->max_raw) + stz_planes_bound(c->max_raw) + c->max_raw;
+    size_t cap = STZ_DECODE_MEMORY / per;
+    threads = threads < 1 ? 1 : threads > 256 ? 256 : threads;
+    return (size_t)threads <= cap ? threads : cap ? (int)cap : 1;
+}
+
 void stz_ct_dec_buf_free(dec_buf *b)
 {
     free(b->rec), free(b->planes), free(b->raw);
@@ -184,8 +192,8 @@ stz_status stz_ct_read_index(stz_container *c, uint64_t head_end, stz_err *err)
     /* Chunks must tile the data section and the record area exactly, in
      * order, each inside its own tensor. */
     uint64_t data = stz_reader_data_offset(c->hdr), expect_data = 0, expect_file = head_end;
-    uint64_t rec_max = stz_record_bound(c->chunk_size);
     size_t nt = stz_reader_count(c->hdr);
+    c->max_raw = 64;
     for (size_t i = 0; i < c->n; i++) {
         const uint8_t *e = ix + INDEX_HEAD_SIZE + i * INDEX_ENTRY_SIZE;
         stz_chunk_info *ch = &c->chunks[i];
@@ -196,12 +204,17 @@ stz_status stz_ct_read_index(stz_container *c, uint64_t head_end, stz_err *err)
         ch->tensor = stz_le32(e + 24);
         const stz_tensor *t = ch->tensor < nt ? stz_reader_tensor(c->hdr, ch->tensor) : NULL;
         if (ch->data_offset != expect_data || ch->file_offset != expect_file || !ch->raw_size ||
-            ch->raw_size > c->chunk_size || ch->record_size < RECORD_HEAD_SIZE || ch->record_size > rec_max || !t ||
-            ch->data_offset < t->begin || ch->data_offset + ch->raw_size > t->end || !zeros(e + 28, 4))
+            ch->raw_size > c->chunk_size || ch->record_size < RECORD_HEAD_SIZE ||
+            ch->record_size > stz_record_bound(ch->raw_size) || !t ||
+            ch->data_offset < t->begin || ch->data_offset + ch->raw_size > t->end || !zeros(e + 28, 4) ||
+            /* the writer's cut, which reading from a pipe relies on: chunk_size steps from each tensor's start */
+            (ch->data_offset - t->begin) % c->chunk_size ||
+            ch->raw_size != (t->end - ch->data_offset < c->chunk_size ? t->end - ch->data_offset : c->chunk_size))
             BAD(STZ_E_FORMAT, "%s: index entry %zu is inconsistent (data offset %llu, record at %llu)", P, i,
                 (unsigned long long)ch->data_offset, (unsigned long long)ch->file_offset);
         expect_data += ch->raw_size;
         expect_file += ch->record_size;
+        c->max_raw = ch->raw_size > c->max_raw ? ch->raw_size : c->max_raw;
     }
     if (expect_data != c->orig_size - data || expect_file != ioff)
         BAD(STZ_E_FORMAT, "%s: chunks cover %llu of %llu data bytes", P, (unsigned long long)expect_data,

@@ -73,6 +73,7 @@ struct stz_container {
     int fd;
     uint64_t size;
     uint32_t chunk_size;
+    uint32_t max_raw;       /* the largest chunk the index holds: decoding buffers' size */
     uint64_t orig_size;
     uint64_t whole_hash;
     uint8_t *header_img; /* original 8 + N header bytes */
@@ -98,6 +99,14 @@ typedef struct dec_buf_ {
 } dec_buf;
 
 stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err);
+
+/* Decoding buffers of all threads together stay under this, whatever the
+ * container declares: a few hundred kB of zeros can declare 64 MiB chunks,
+ * and each decoding thread holds ~3.5 chunks. */
+#define STZ_DECODE_MEMORY (512u << 20)
+/* Threads to decode c's chunks with: `threads` in [1, 256], fewer where
+ * their buffers would pass STZ_DECODE_MEMORY. */
+int stz_ct_threads(const stz_container *c, int threads);
 void stz_ct_dec_buf_free(dec_buf *b);
 stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
 stz_status stz_ct_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);

@@ -109,7 +109,8 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
                                   stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_chunk_sink sink, void *user,
                                   stz_err *err)
 {
-    int nt = p->threads < 1 ? 1 : p->threads > 256 ? 256 : p->threads;
+    int nt = stz_ct_threads(c, p->threads);
+    nt = nsel && (size_t)nt > nsel ? (int)nsel : nt;
     dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem, .sink = sink, .sink_user = user};
     stz_status st = STZ_OK;
     x.tb = pool ? pool : calloc((size_t)nt, sizeof *x.tb);
@@ -117,7 +118,7 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     if (!x.tb || !x.hashes)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
     for (int t = 0; !st && !pool && t < nt; t++)
-        st = stz_ct_dec_buf_init(&x.tb[t], c->chunk_size, err);
+        st = stz_ct_dec_buf_init(&x.tb[t], c->max_raw, err);
     uint64_t total = 0;
     for (size_t i = 0; i < nsel; i++)
         total += c->chunks[sel ? sel[i] : i].raw_size;
@@ -226,7 +227,7 @@ static stz_status pool_get(stz_container *c, int threads, stz_err *err)
     c->pool_n = threads;
     stz_status st = STZ_OK;
     for (int t = 0; !st && t < threads; t++)
-        st = stz_ct_dec_buf_init(&c->cache[t], c->chunk_size, err);
+        st = stz_ct_dec_buf_init(&c->cache[t], c->max_raw, err);
     return st;
 }
 
@@ -244,7 +245,7 @@ static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
 stz_status stz_container_tensor_map(stz_container *c, const char *name, int threads, stz_chunk_sink sink, void *user,
                                     stz_err *err)
 {
-    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    threads = stz_ct_threads(c, threads > 64 ? 64 : threads);
     stz_status st = pool_get(c, threads, err);
     if (st)
         return st;
@@ -352,7 +353,7 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
     return STZ_OK;
 }
 
-void stz_container_set_threads(stz_container *c, int threads) { c->threads = threads < 1 ? 1 : threads > 64 ? 64 : threads; }
+void stz_container_set_threads(stz_container *c, int threads) { c->threads = stz_ct_threads(c, threads > 64 ? 64 : threads); }
 
 const stz_reader *stz_container_data_reader(stz_container *c)
 {

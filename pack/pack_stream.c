@@ -28,7 +28,7 @@ static stz_status stream_record(stz_container *c, size_t i, dec_buf *b, stz_err 
     uint64_t total = hl + np * PLANE_HEAD_SIZE;
     for (unsigned k = 0; k < np; k++)
         total += stz_le32(b->rec + hl + k * PLANE_HEAD_SIZE + 4);
-    if (total > stz_record_bound(c->chunk_size))
+    if (total > stz_record_bound(ch->raw_size))
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: a record of %llu bytes", c->path, i,
                            (unsigned long long)total);
     ch->record_size = (uint32_t)total;

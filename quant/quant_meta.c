@@ -47,6 +47,13 @@ static int same_layout(const stz_tensor *t, const qinfo *qi, uint64_t last)
     return 1;
 }
 
+/* The original dtypes of quantized tensors: those stz quantizes and
+ * dequantizes back to (stz_from_f32). */
+static int float_origin(stz_dtype d)
+{
+    return d == STZ_DTYPE_BF16 || d == STZ_DTYPE_F16 || d == STZ_DTYPE_F32 || d == STZ_DTYPE_F64;
+}
+
 /* Parses and checks __metadata__["stz.quant.NAME"] against the file. */
 static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const char *json, qinfo *qi, stz_err *err)
 {
@@ -97,6 +104,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || bits->valuedouble != nb || nb < 2 || nb > 8 || nb == 7 ||
         ((m == STZ_QMETHOD_NL) && nb > 6) || !cJSON_IsNumber(blk) || blk->valuedouble < 1 ||
         blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) ||
+        !float_origin(qi->dtype) ||
         !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) ||
         !cJSON_IsString(sdt) || stz_dtype_parse(sdt->valuestring, &qi->scale_dtype) ||
         (qi->scale_dtype != STZ_DTYPE_F16 && qi->scale_dtype != STZ_DTYPE_F32 && qi->scale_dtype != STZ_DTYPE_U8) ||
@@ -276,6 +284,7 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': svd factor '%s' is missing", P, name, keys[j]);
     }
     if (!cJSON_IsNumber(rk) || rk->valuedouble < 1 || !cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) ||
+        !float_origin(qi->dtype) ||
         !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) < 2 || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !cJSON_IsNumber(ss))
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid svd entry", P, name);
     qi->numel = 1;

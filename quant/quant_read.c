@@ -282,7 +282,10 @@ stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, si
     if (!e->bits) {
         size_t esz = stz_dtype_bits(t->dtype) / 8;
         stz_status st = stz_reader_read(m->r, t, row * e->cols * esz, m->scratch, n * esz, err);
-        return st ? st : stz_to_f32(t->dtype, m->scratch, n, dst, err);
+        stz_err sub;
+        if (!st && (st = stz_to_f32(t->dtype, m->scratch, n, dst, &sub)))
+            stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(m->r), e->name, sub.msg);
+        return st;
     }
     /* raw values, then scale bytes, then scale floats in the scratch */
     qinfo *q = &m->qi[m->idx[i]];

@@ -432,6 +432,52 @@ def tiny_tokenizer():
             "added_tokens": [{"id": 255, "content": "<|endoftext|>", "special": True}]}
 
 
+def test_bad_tokenizer_and_model(tmp_path):
+    """What llama.cpp would load wrongly or not at all is refused by name:
+    tokenizer.json with two tokens on one id, a token twice, no token, a
+    merge of non-tokens, a token not UTF-8, a BOS/EOS past the vocabulary;
+    a Qwen2 model without a q bias; F16 output of a value past F16's range."""
+    m = hf_dir(tmp_path, "llama")
+    out = tmp_path / "o.gguf"
+
+    def refused(tok_text, *want, model=m, extra=()):
+        (model / "tokenizer.json").write_bytes(tok_text if isinstance(tok_text, bytes) else tok_text.encode())
+        r = stz("export", "--gguf", model, "-o", out, *extra, ok=False)
+        assert r.returncode == 1 and all(w in r.stderr for w in want), r.stderr
+        assert not out.exists()
+
+    good = tiny_tokenizer()
+    t = json.loads(json.dumps(good))
+    t["model"]["vocab"]["zz"] = 3
+    refused(json.dumps(t), "id 3 is given to")
+    text = json.dumps(good).replace('"vocab": {', '"vocab": {"he": 250, ', 1)
+    refused(text, "'he'")
+    refused(json.dumps({"model": {"type": "BPE", "vocab": {}, "merges": []}}), "model.vocab holds no token")
+    for merge in ("h e x", "he zz", "he", " he"):
+        t = json.loads(json.dumps(good))
+        t["model"]["merges"].append(merge)
+        refused(json.dumps(t), "merge 5 is not two tokens")
+    refused(json.dumps(good).replace('"ll"', '"l\\u00ff"').encode().replace(b"\\u00ff", b"\xff"), "not valid UTF-8")
+    cfg = json.loads((m / "config.json").read_text())
+    (m / "config.json").write_text(json.dumps(dict(cfg, eos_token_id=256)))
+    refused(json.dumps(good), "eos_token_id 256 is past the vocabulary of 256 tokens")
+    (m / "config.json").write_text(json.dumps(cfg))
+    w, meta = load(m / "model.safetensors")
+    big = dict(w)
+    big["model.layers.0.mlp.up_proj.weight"] = w["model.layers.0.mlp.up_proj.weight"].copy()
+    big["model.layers.0.mlp.up_proj.weight"][3, 5] = 1e5
+    save(m / "model.safetensors", big, meta)
+    refused(json.dumps(good), "'model.layers.0.mlp.up_proj.weight': row 3, element 5 is 100000",
+            "past F16's largest value 65504", extra=("--type", "f16"))
+    assert stz("export", "--gguf", m, "-o", out, "--type", "f32").returncode == 0
+    out.unlink()
+    q = hf_dir(tmp_path, "qwen2", name="q")
+    w, meta = load(q / "model.safetensors")
+    del w["model.layers.1.self_attn.q_proj.bias"]
+    save(q / "model.safetensors", w, meta)
+    refused(json.dumps(good), "without the q bias of layer 1", model=q)
+
+
 ROPE = {  # Llama 3.1's scaling, with a short original context so that it acts on 64-token sequences
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16},

@@ -159,6 +159,12 @@ has "$T/err" "unknown quantization method 'nf4'" "method named"
 python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/uk.safetensors" "stz.quant.$W" zero_point=3
 expect_rc 1 "unknown key" "$STZ" dequantize "$T/uk.safetensors" -o "$T/x.safetensors"
 has "$T/err" "unknown key 'zero_point'" "key named"
+# an original dtype stz does not quantize: refused by name when opened (was
+# "cannot convert F32 to I8", naming neither file nor tensor, at the write)
+python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/dt.safetensors" "stz.quant.$W" dtype=I8
+expect_rc 1 "integer original dtype" "$STZ" dequantize "$T/dt.safetensors" -o "$T/x.safetensors"
+has "$T/err" "dt.safetensors: tensor '$W': invalid" "file and tensor named"
+hasnt "$T/err" "cannot convert" "not the conversion's bare message"
 # found by fuzz_quant_meta: an SVD entry under the name of a stored tensor
 python3 "$(dirname "$0")/edit_meta.py" "$T/q.safetensors" "$T/sn.safetensors" "stz.quant.model.norm.weight" '{"method":"svd"}'
 expect_rc 1 "SVD entry named like a stored tensor" "$STZ" dequantize "$T/sn.safetensors" -o "$T/x.safetensors"
@@ -531,6 +537,47 @@ for delay in 0.02 0.05 0.1 0.15 0.2; do
     left=$(ls -A "$T/sig2out" | grep -v '^c$')
     [ -z "$left" ] && ok || bad "two SIGINTs after ${delay} s left $left"
     rm -rf "$T/sig2out/c"
+done
+
+# 22. A model directory whose second shard is broken: every command that
+# opens a set of shards fails with status 1 and frees what it opened (under
+# make asan a leak would end with LeakSanitizer's status 23 instead).
+"$STZ" synth tiny -o "$T/lk" --shards 2 -q
+: >"$T/lk/model-00002-of-00002.safetensors"
+expect_rc 1 "eval, candidate shard broken" "$STZ" eval "$M" "$T/lk" -q
+expect_rc 1 "eval, original shard broken" "$STZ" eval "$T/lk" "$M" -q
+expect_rc 1 "eval --forward, shard broken" "$STZ" eval --forward "$M" "$T/lk" --sequences 1 --seq-len 4 -q
+expect_rc 1 "export, shard broken" "$STZ" export --gguf "$T/lk" -o "$T/lk.gguf" -q
+expect_rc 1 "tune, shard broken" "$STZ" tune "$T/lk" --size 10000 -o "$T/lk.json" -q
+[ ! -e "$T/lk.gguf" ] && [ ! -e "$T/lk.json" ] && ok || bad "output left by a failed shard set"
+
+# 23. What a container declares cannot make decoding's memory grow: 512 MiB
+# of zeros in 64 MiB chunks packs to a few kB; verify -T 64 once held two
+# 64 MiB buffers per chunk at once (1 GiB here, 8.4 GB for 4 GiB), now its
+# buffers stay under 512 MiB in all (a measure of resident memory, not time).
+if [ -x /usr/bin/time ]; then
+    printf '{"z":{"dtype":"U8","shape":[536870912],"data_offsets":[0,536870912]}}' >"$T/zh"
+    python3 -c 'import struct,sys; sys.stdout.buffer.write(struct.pack("<Q", 80))' >"$T/zeros.safetensors"
+    printf '%-80s' "$(cat "$T/zh")" >>"$T/zeros.safetensors"
+    truncate -s $((8 + 80 + 536870912)) "$T/zeros.safetensors"
+    "$STZ" pack "$T/zeros.safetensors" -o "$T/zeros.stz" --chunk-size 67108864 -q -T 2
+    rm -f "$T/zeros.safetensors"
+    [ "$(stat -c %s "$T/zeros.stz")" -lt 100000 ] && ok || bad "512 MiB of zeros packed to $(stat -c %s "$T/zeros.stz") bytes"
+    /usr/bin/time -f %M -o "$T/rss" "$STZ" verify "$T/zeros.stz" -T 64 -q && ok || bad "verify of the zeros container"
+    rss=$(tail -1 "$T/rss")
+    [ "$rss" -lt 700000 ] && ok || bad "verify -T 64 of 64 MiB chunks peaked at $rss kB"
+    rm -f "$T/zeros.stz"
+else
+    echo "skip: no /usr/bin/time (apt-get install time): decoding memory bound not measured"
+fi
+
+# 24. A container read from a file and from a pipe is judged alike: verify
+# FILE and verify - agree on every file of the container corpus.
+for f in "$CORPUS"/stz/*.stz; do
+    "$STZ" verify "$f" -q >/dev/null 2>&1; a=$?
+    "$STZ" verify - -q <"$f" >/dev/null 2>&1; b=$?
+    [ "$(test $a -eq 0; echo $?)" = "$(test $b -eq 0; echo $?)" ] && ok ||
+        bad "verify $(basename "$f"): exit $a from the file, $b from a pipe"
 done
 
 finish safety
