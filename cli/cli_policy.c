@@ -190,7 +190,7 @@ static size_t edits(const char *a, const char *b)
 void cli_policy_warn_unused(const stz_policy *pol, const stz_reader *names)
 {
     for (size_t i = 0; i < stz_policy_rule_count(pol); i++) {
-        if (stz_policy_rule_hits(pol, i))
+        if (stz_policy_rule_hits(pol, i) || stz_policy_rule_optional(pol, i))
             continue;
         const char *pat = stz_policy_rule_pattern(pol, i), *best = NULL;
         size_t bd = 4; /* a suggestion at most 3 edits away */

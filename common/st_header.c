@@ -56,8 +56,7 @@ static size_t prescan(const uint8_t *s, size_t n, size_t *objects, const char **
     return 0;
 }
 
-/* What a file that is not SafeTensors probably is, from its first bytes. */
-static const char *sniff(const uint8_t *b, size_t n)
+const char *stz_file_kind(const uint8_t *b, size_t n)
 {
     size_t i = 0;
     while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
@@ -75,15 +74,22 @@ static const char *sniff(const uint8_t *b, size_t n)
                "package first";
     if (n >= 6 && !memcmp(b, "\x93NUMPY", 6))
         return "a NumPy .npy array, not a SafeTensors file";
+    if (n >= 9 && b[8] == '{' && stz_le64(b) >= 2 && stz_le64(b) <= STZ_ST_MAX_HEADER)
+        return "a SafeTensors file, not an stz container: 'stz pack' or 'stz compress' make one";
     if (i < n && (b[i] == '{' || b[i] == '['))
         return "a JSON text (a policy, config or index?), not a model: SafeTensors files start with an 8-byte length";
+    size_t text = 0; /* printable ASCII, white space, or UTF-8 */
+    while (text < n && (b[text] >= 0x20 || b[text] == '\t' || b[text] == '\n' || b[text] == '\r') && b[text] != 0x7f)
+        text++;
+    if (n >= 8 && text == n)
+        return "a text file (it starts with text, not an 8-byte length), not a model";
     return NULL;
 }
 
 stz_status stz_st_not_safetensors(const stz_reader *r, const uint8_t *first, size_t n, stz_status code,
                                   const char *detail, stz_err *err)
 {
-    const char *kind = sniff(first, n);
+    const char *kind = stz_file_kind(first, n);
     if (kind)
         return stz_err_set(err, STZ_E_FORMAT, "%s: %s", r->path, kind);
     return stz_err_set(err, code, "%s: %s", r->path, detail);

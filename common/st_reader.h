@@ -29,6 +29,10 @@ struct stz_reader {
 /* Parses and validates r->header (r->header_len bytes, NUL after them):
  * tensors, metadata, offsets against r->file_size. */
 stz_status stz_st_parse_header(stz_reader *r, stz_err *err);
+/* What a file that is not what was expected probably is, from its first
+ * bytes (a container, GGUF, zip, pickle, NumPy, JSON, text, and given 9
+ * bytes or more SafeTensors), or NULL. */
+const char *stz_file_kind(const uint8_t *b, size_t n);
 /* The reader's error for a file whose first bytes are not a SafeTensors
  * header: what it is instead, when that can be told. */
 stz_status stz_st_not_safetensors(const stz_reader *r, const uint8_t *first, size_t n, stz_status code,

@@ -313,6 +313,11 @@ stz_status stz_output_place(const char *tmp, const char *path, int force, stz_er
 stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err)
 {
     struct stat st;
+    *fd = -1;
+    if (!strcmp(path, "-")) /* the commands that can read a pipe handle "-" before this */
+        return stz_err_set(err, STZ_E_ARG, "standard input ('-'): this needs a seekable file (it reads at offsets); "
+                                           "save the stream to a file first (pack, unpack, verify, decompress and "
+                                           "compress --lossless read a pipe)");
     /* O_NONBLOCK: opening a FIFO for reading would wait for a writer;
      * it is cleared again for the regular file we expect. */
     *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);

@@ -87,6 +87,8 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t);
 
 size_t stz_policy_rule_count(const stz_policy *p);
 const char *stz_policy_rule_pattern(const stz_policy *p, size_t i);
+/* 1 if rule i says "optional": true (it may match nothing, unwarned). */
+int stz_policy_rule_optional(const stz_policy *p, size_t i);
 /* Tensors that rule i matched since the policy was loaded. */
 uint64_t stz_policy_rule_hits(const stz_policy *p, size_t i);
 

@@ -1,6 +1,7 @@
 /* Opening containers: the file header, the original SafeTensors header, the
  * index and trailer, all checked; chunk records' plane tables. */
 #include "pack_internal.h"
+#include "st_reader.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -110,8 +111,10 @@ stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
                            (unsigned long long)c->size);
     if ((st = stz_ct_cread(c, 0, fh, sizeof fh, "file header", err)))
         return st;
-    if (memcmp(fh, STZ_MAGIC, 8) != 0)
-        return stz_err_set(err, STZ_E_FORMAT, "%s: not an stz container (bad magic)", P);
+    if (memcmp(fh, STZ_MAGIC, 8) != 0) {
+        const char *kind = stz_file_kind(fh, sizeof fh);
+        return stz_err_set(err, STZ_E_FORMAT, "%s: %s", P, kind ? kind : "not an stz container (bad magic)");
+    }
     if (stz_le64(fh + 56) != XXH3_64bits(fh, 56))
         return stz_err_set(err, STZ_E_CHECKSUM, "%s: file header checksum mismatch", P);
     if (stz_le16(fh + 8) != STZ_PACK_FORMAT_VERSION)

@@ -20,6 +20,7 @@ typedef struct {
     int min_ndim, max_ndim;
     uint64_t min_numel;
     int include_1d;
+    int optional;       /* may match nothing (a head a tied model lacks): no warning */
     uint64_t hits;
 } rule;
 
@@ -85,6 +86,10 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
         double v;
         if (!strcmp(key, "match") && r) {
             continue; /* handled by the caller */
+        } else if (!strcmp(key, "optional") && r) {
+            if (!cJSON_IsBool(k))
+                return perr(err, p, where, pat, "optional must be true or false", NULL, NULL);
+            r->optional = cJSON_IsTrue(k);
         } else if (!strcmp(key, "action")) {
             int a = -1;
             for (int j = 0; j < STZ_ACTION_COUNT && cJSON_IsString(k); j++)
@@ -479,6 +484,8 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
 
 size_t stz_policy_rule_count(const stz_policy *p) { return p->n; }
 const char *stz_policy_rule_pattern(const stz_policy *p, size_t i) { return i < p->n ? p->rules[i].pattern : NULL; }
+int stz_policy_rule_optional(const stz_policy *p, size_t i) { return i < p->n && p->rules[i].optional; }
+
 uint64_t stz_policy_rule_hits(const stz_policy *p, size_t i)
 {
     return i < p->n ? __atomic_load_n(&p->rules[i].hits, __ATOMIC_RELAXED) : 0;

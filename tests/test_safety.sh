@@ -412,6 +412,24 @@ has "$T/err" "PyTorch" "zip recognised"
 printf '\200\002}q\000(X\001\000\000\000aq' >"$T/m.bin"
 expect_rc 1 "a pickle" "$STZ" inspect "$T/m.bin"
 has "$T/err" "pickle" "pickle recognised"
+printf '# notes\nA model card, not a model.\n' >"$T/card.md"
+for cmd in inspect "quantize --int4 -o $T/x.safetensors" "eval $M"; do
+    expect_rc 1 "$cmd a text file" "$STZ" $cmd "$T/card.md"
+    has "$T/err" "card.md: a text file" "$cmd: text recognised"
+    hasnt "$T/err" "header length" "$cmd: no made-up header length"
+done
+for cmd in "unpack -o $T/x.safetensors" verify "decompress -o $T/x.safetensors"; do
+    expect_rc 1 "$cmd a SafeTensors file" "$STZ" $cmd "$M"
+    has "$T/err" "a SafeTensors file, not an stz container" "$cmd: SafeTensors recognised"
+done
+expect_rc 1 "unpack - of a SafeTensors stream" sh -c "'$STZ' unpack - -o '$T/x.safetensors' <'$M'"
+has "$T/err" "a SafeTensors file, not an stz container" "unpack -: SafeTensors recognised"
+# "-" where a command needs offsets: one clear refusal, not "-: cannot open"
+for cmd in inspect "plan --int4" "quantize --int4 -o $T/x.out" "dequantize -o $T/x.out" "eval $M" \
+    "export --gguf -o $T/x.out" "tune --size 9999"; do
+    expect_rc 1 "$cmd -" "$STZ" $cmd -
+    has "$T/err" "standard input ('-'): this needs a seekable file" "$cmd - says why"
+done
 
 # 15. inspect on quantized files and containers: original names, dtypes,
 # shapes, methods; the true parameter count; lossless or lossy.
@@ -435,6 +453,28 @@ expect_rc 0 "a typo in a --keep" "$STZ" quantize --int4 --keep lm-head.weight "$
 has "$T/err" "rule 0 ('lm-head.weight') matched no tensor; did you mean 'lm_head.weight'?" "suggests the name"
 expect_rc 0 "compress warns too" "$STZ" compress --int4 --keep lm-head.weight "$M" -o "$T/typo.stz"
 has "$T/err" "did you mean 'lm_head.weight'" "compress suggests"
+# a model with tied embeddings (no lm_head): the shipped policies' head rules
+# are optional, so no warning; a user's rule that matches nothing still warns
+python3 -c '
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h, data, out, off = json.loads(b[8:8 + n]), b[8 + n:], b"", 0
+del h["lm_head.weight"]
+for k, v in h.items():
+    if k != "__metadata__":
+        x, y = v["data_offsets"]
+        v["data_offsets"], out, off = [off, off + y - x], out + data[x:y], off + y - x
+t = json.dumps(h).encode()
+t += b" " * (-len(t) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(t)) + t + out)' "$M" "$T/tied.safetensors"
+for pol in int8 int5 int4 int4-small gguf-q4_0; do
+    expect_rc 0 "$pol on a tied model" "$STZ" plan --policy $pol "$T/tied.safetensors"
+    hasnt "$T/err" "warning" "$pol: no warning for the head a tied model lacks"
+done
+printf '{"rules":[{"match":"lm_head.weight","action":"int8"}]}' >"$T/head.json"
+expect_rc 0 "a user's head rule on a tied model" "$STZ" plan --policy "$T/head.json" "$T/tied.safetensors"
+has "$T/err" "rule 0 ('lm_head.weight') matched no tensor" "a user's rule still warns"
 
 # 17. Command-line rules; shipped policies shown; conflicting flags refused.
 expect_rc 0 "--set and --keep" "$STZ" plan --int4 --keep 'model.layers.0.*' --set '*.down_proj.weight=int8:block_size=32' --json "$M"
