@@ -239,8 +239,9 @@ int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i)
  * *text (if text) gets a copy of the JSON, for the caller to free. */
 int cli_model_config(const char *path, const cli_model_set *s, const char *config, stz_fwd_config *c, char *from,
                      char **text, stz_err *err);
-/* STZ_E_FORMAT: no configuration for the model at path. */
-stz_status cli_no_config(const char *path, stz_err *err);
+/* The error for a model at path without a configuration: STZ_E_FORMAT
+ * (give --config) for Llama-family tensor names, else STZ_E_UNSUPPORTED. */
+stz_status cli_no_config(const char *path, const cli_model_set *s, stz_err *err);
 /* Token sequences (stz eval --forward, stz tune). */
 typedef struct {
     int32_t *tok; /* nseq x stride */

@@ -415,8 +415,18 @@ int cli_model_config(const char *path, const cli_model_set *s, const char *confi
     return r;
 }
 
-stz_status cli_no_config(const char *path, stz_err *err)
+stz_status cli_no_config(const char *path, const cli_model_set *s, stz_err *err)
 {
+    /* --config helps only a Llama-family model: say so when the names are another's */
+    static const char *const llama[] = {"model.layers.0.self_attn.q_proj.weight", "layers.0.attention.wq.weight"};
+    size_t f, i;
+    const char *other = s && s->n && stz_qmodel_count(s->m[0]) ? stz_qmodel_tensor(s->m[0], 0)->name : NULL;
+    for (size_t k = 0; other && k < 2; k++)
+        if (cli_set_find(s, llama[k], &f, &i))
+            other = NULL;
+    if (other)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: not a Llama-family model (no '%s'; its tensors are named like "
+                           "'%s'): stz runs Llama, Mistral, Qwen2 and llama2.c models", path, llama[0], other);
     return stz_err_set(err, STZ_E_FORMAT, "%s: no model configuration (no config.json beside it, no "
                                           "__metadata__[\"config\"]): give one with --config FILE", path);
 }

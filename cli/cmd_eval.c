@@ -178,10 +178,10 @@ int cmd_eval(int argc, char **argv)
         cJSON_AddStringToObject(doc, "candidate", argv[optind + 1]);
         cJSON_AddItemToObject(doc, "tensors", arr);
         if (nr) {
-            cJSON_AddNumberToObject(doc, "weighted_mean_cosine", wmean);
+            cJSON_AddNumberToObject(doc, "weighted_cosine", wmean);
             cJSON_AddNumberToObject(doc, "min_cosine", minc);
         } else { /* nothing compared: no figure to give */
-            cJSON_AddNullToObject(doc, "weighted_mean_cosine");
+            cJSON_AddNullToObject(doc, "weighted_cosine");
             cJSON_AddNullToObject(doc, "min_cosine");
         }
         cJSON_AddNumberToObject(doc, "params_quantized_share", share);

@@ -145,7 +145,7 @@ int cmd_export(int argc, char **argv)
     if ((found = cli_model_config(in, &set, config, &cfg, from, &json, &err)) < 0)
         goto fail;
     if (!found) {
-        cli_no_config(in, &err);
+        cli_no_config(in, &set, &err);
         goto fail;
     }
     /* every tensor the architecture needs, with its shape */

@@ -165,7 +165,7 @@ int cmd_eval_forward(int argc, char **argv)
             (fb = cli_model_config(pb, &B, NULL, &cb, from_b, NULL, &err)) < 0)
             goto fail;
         if (!fa) {
-            cli_no_config(pa, &err);
+            cli_no_config(pa, &A, &err);
             goto fail;
         }
         if (!fb)

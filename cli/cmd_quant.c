@@ -192,7 +192,7 @@ int cmd_plan(int argc, char **argv)
         cJSON_AddStringToObject(doc, "policy", o.po.policy ? o.po.policy : "command line");
         cJSON_AddItemToObject(doc, "tensors", arr);
         cJSON_AddNumberToObject(doc, "tensor_count", (double)nt);
-        cJSON_AddNumberToObject(doc, "quantized", (double)nq);
+        cJSON_AddNumberToObject(doc, "tensors_quantized", (double)nq);
         cJSON_AddNumberToObject(doc, "bytes", (double)before);
         cJSON_AddNumberToObject(doc, "bytes_after", (double)after);
         cJSON_AddNumberToObject(doc, "predicted_ratio", ratio);
@@ -264,9 +264,12 @@ int cmd_quantize(int argc, char **argv)
         cJSON_AddNumberToObject(d, "in_bytes", (double)st.in_bytes);
         cJSON_AddNumberToObject(d, "out_bytes", (double)st.out_bytes);
         cJSON_AddNumberToObject(d, "ratio", ratio);
-        cJSON_AddNumberToObject(d, "tensors", (double)st.tensors);
-        cJSON_AddNumberToObject(d, "quantized", (double)st.quantized);
+        cJSON_AddNumberToObject(d, "tensor_count", (double)st.tensors);
+        cJSON_AddNumberToObject(d, "tensors_quantized", (double)st.quantized);
         cJSON_AddNumberToObject(d, "params_quantized_share", st.params ? (double)st.params_quantized / (double)st.params : 0);
+        cJSON_AddNumberToObject(d, "weighted_cosine", st.weighted_cosine);
+        cJSON_AddNumberToObject(d, "min_cosine", st.min_cosine);
+        cJSON_AddStringToObject(d, "worst_tensor", st.worst);
         cJSON_AddNumberToObject(d, "seconds", secs);
         return cli_print_json(d);
     }

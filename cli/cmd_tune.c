@@ -224,7 +224,7 @@ int cmd_tune(int argc, char **argv)
     if (!sharded && S.n == 1) /* a repository directory holding model.safetensors: that file */
         in = stz_reader_path(stz_qmodel_reader(S.m[0]));
     int found = cli_model_config(model, &S, o.config, &cfg, from, NULL, &err);
-    if (found < 0 || (!found && cli_no_config(model, &err)))
+    if (found < 0 || (!found && cli_no_config(model, &S, &err)))
         goto fail;
     o.c.threads = o.c.threads ? o.c.threads : cli_ncores();
     if (stz_fwd_open(&fwd, S.m, S.n, &cfg, model, o.c.threads, &err))

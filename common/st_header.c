@@ -78,10 +78,13 @@ const char *stz_file_kind(const uint8_t *b, size_t n)
         return "a SafeTensors file, not an stz container: 'stz pack' or 'stz compress' make one";
     if (i < n && (b[i] == '{' || b[i] == '['))
         return "a JSON text (a policy, config or index?), not a model: SafeTensors files start with an 8-byte length";
-    size_t text = 0; /* printable ASCII, white space, or UTF-8 */
-    while (text < n && (b[text] >= 0x20 || b[text] == '\t' || b[text] == '\n' || b[text] == '\r') && b[text] != 0x7f)
-        text++;
-    if (n >= 8 && text == n)
+    /* text: UTF-8 (a character may be cut at the end) without control characters but white space */
+    size_t text = stz_utf8_check(b, n), k = 0;
+    while (k < text && (b[k] >= 0x20 || b[k] == '\t' || b[k] == '\n' || b[k] == '\r') && b[k] != 0x7f)
+        k++;
+    while (k == text && text < n && n - text < 4 && b[text] >= 0x80)
+        k = ++text;
+    if (n >= 8 && k == n)
         return "a text file (it starts with text, not an 8-byte length), not a model";
     return NULL;
 }

@@ -430,6 +430,17 @@ for cmd in inspect "plan --int4" "quantize --int4 -o $T/x.out" "dequantize -o $T
     expect_rc 1 "$cmd -" "$STZ" $cmd -
     has "$T/err" "standard input ('-'): this needs a seekable file" "$cmd - says why"
 done
+# a model of another family without a configuration: --config cannot help, say what runs
+"$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
+python3 "$(dirname "$0")/edit_meta.py" "$T/neo.safetensors" "$T/neo2.safetensors" config -
+for cmd in "eval --forward $T/neo2.safetensors" "export --gguf -o $T/neo.gguf" "tune --size 9999"; do
+    expect_rc 1 "$cmd on GPT-Neo" "$STZ" $cmd "$T/neo2.safetensors"
+    has "$T/err" "not a Llama-family model" "$cmd: says which models run"
+    hasnt "$T/err" "give one with --config" "$cmd: does not ask for a configuration"
+done
+python3 "$(dirname "$0")/edit_meta.py" "$M" "$T/noconf.safetensors" config -
+expect_rc 1 "a Llama model without configuration" "$STZ" eval --forward "$T/noconf.safetensors" "$M"
+has "$T/err" "give one with --config FILE" "a Llama-family model is asked for its configuration"
 
 # 15. inspect on quantized files and containers: original names, dtypes,
 # shapes, methods; the true parameter count; lossless or lossy.
@@ -535,6 +546,28 @@ for k in input output in_bytes out_bytes ratio seconds; do has "$T/out" "\"$k\""
 expect_rc 2 "unpack --json to standard output" "$STZ" unpack "$T/sp.stz" -c --json
 expect_rc 0 "pack --json" "$STZ" pack "$M" -o "$T/pj \"q\".stz" --json
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["output"].endswith("pj \"q\".stz"), d' "$T/out" && ok || bad "pack --json is not JSON for a name with a quote"
+# one key per figure (docs/CLI.md): the cosine, counts and shares under the
+# same names in quantize, compress, plan, inspect and eval
+"$STZ" quantize --int4 "$M" -o "$T/kq.safetensors" --json >"$T/k.quantize"
+"$STZ" compress --int4 "$M" -o "$T/kq.stz" --json >"$T/k.compress"
+"$STZ" plan --int4 "$M" --json >"$T/k.plan"
+"$STZ" inspect "$T/kq.safetensors" --json >"$T/k.inspect"
+"$STZ" eval "$M" "$T/kq.stz" --json >"$T/k.eval"
+python3 - "$T" <<'PY' && ok || bad "JSON keys differ for one figure across commands"
+import json, sys
+d = {c: json.load(open("%s/k.%s" % (sys.argv[1], c))) for c in ("quantize", "compress", "plan", "inspect", "eval")}
+d["inspect"] = d["inspect"]["model"]
+want = {"quantize": "tensor_count tensors_quantized params_quantized_share weighted_cosine min_cosine worst_tensor",
+        "compress": "tensors_quantized params_quantized_share weighted_cosine min_cosine worst_tensor",
+        "plan": "tensor_count tensors_quantized params_quantized_share", "inspect": "tensor_count tensors_quantized",
+        "eval": "params_quantized_share weighted_cosine min_cosine"}
+old = {"weighted_mean_cosine", "quantized", "worst", "tensors_compared_count"}
+for c, keys in want.items():
+    assert set(keys.split()) <= set(d[c]), (c, sorted(d[c]))
+    assert not old & set(d[c]), (c, old & set(d[c]))
+assert d["quantize"]["tensors_quantized"] == d["compress"]["tensors_quantized"] == d["plan"]["tensors_quantized"]
+assert abs(d["quantize"]["weighted_cosine"] - d["compress"]["weighted_cosine"]) < 1e-6  # compress sums in fixed point
+PY
 
 # 20. Signals act within a second even while stz waits on an empty pipe
 # (the reads poll the interruption flag); no output is left.
