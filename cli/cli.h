@@ -159,8 +159,10 @@ stz_status cli_tmp_finish(tmpfile_t *t, FILE *f, const char *path, int force, st
  * the user named), so that errors name the input. */
 void cli_err_path(stz_err *err, const char *tmp, const char *shown);
 
-/* Bytes of a file, or of every regular file below a directory. */
-uint64_t cli_path_bytes(const char *path);
+/* Bytes of a file, or of every regular file below a directory (model_only:
+ * its .safetensors and .stz files, as summaries count them; budgets count
+ * all). */
+uint64_t cli_path_bytes(const char *path, int model_only);
 /* The one-line summary of a command that turned `in` into `out` (or its
  * --json document): sizes, time, mode. Returns an exit status. */
 int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs);

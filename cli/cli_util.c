@@ -329,24 +329,26 @@ int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i)
 }
 
 static uint64_t tree_bytes;
+static int tree_model_only;
 static int add_bytes(const char *path, const struct stat *sb, int type, struct FTW *ftw)
 {
-    (void)path, (void)ftw;
-    if (type == FTW_F && S_ISREG(sb->st_mode))
+    size_t n = strlen(path);
+    int model = (n > 12 && !strcmp(path + n - 12, ".safetensors")) || (n > 4 && !strcmp(path + n - 4, ".stz"));
+    if (type == FTW_F && S_ISREG(sb->st_mode) && (ftw->level == 0 || model || !tree_model_only))
         tree_bytes += (uint64_t)sb->st_size;
     return 0;
 }
 
-uint64_t cli_path_bytes(const char *path)
+uint64_t cli_path_bytes(const char *path, int model_only)
 {
-    tree_bytes = 0;
+    tree_bytes = 0, tree_model_only = model_only;
     nftw(path, add_bytes, 16, FTW_PHYS);
     return tree_bytes;
 }
 
 int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs)
 {
-    uint64_t a = cli_path_bytes(in), b = cli_path_bytes(out);
+    uint64_t a = cli_path_bytes(in, 1), b = cli_path_bytes(out, 1);
     if (c->json) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "input", in);

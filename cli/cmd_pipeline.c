@@ -226,7 +226,7 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
         st = compress_one(&c, in, out, threads, quiet, err);
     }
     pthread_mutex_destroy(&c.lock);
-    *bytes = st ? 0 : cli_path_bytes(out);
+    *bytes = st ? 0 : cli_path_bytes(out, 0);
     return st;
 }
 

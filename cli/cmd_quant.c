@@ -140,12 +140,12 @@ int cmd_plan(int argc, char **argv)
         if (d.action == STZ_ACTION_SVD) {
             stz_decision fb = d;
             fb.action = d.fallback;
+            char fl[64]; /* the fallback with its parameters: the svd rule's block_size, method, scale_dtype */
+            action_label(&fb, fl, sizeof fl);
             if (!d.svd_rank)
-                snprintf(note, sizeof note, "rank chosen from the spectrum when quantizing; %s if not smaller",
-                         stz_action_name(d.fallback));
+                snprintf(note, sizeof note, "rank chosen from the spectrum when quantizing; %s if not smaller", fl);
             else if (nb == stz_quant_bytes(t, &fb))
-                snprintf(note, sizeof note, "rank-%u factors would not be smaller: %s instead", d.svd_rank,
-                         stz_action_name(d.fallback));
+                snprintf(note, sizeof note, "rank-%u factors would not be smaller: %s instead", d.svd_rank, fl);
             else
                 snprintf(note, sizeof note, "INT8 factors U, S, Vh");
             d.reason = note;

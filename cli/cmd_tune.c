@@ -187,6 +187,13 @@ static stz_status write_text(const char *path, const char *text, int force, stz_
     return cli_tmp_finish(&t, f, path, force, err);
 }
 
+/* A verified KL more than twice or less than half the prediction (above
+ * noise: 0.001). */
+static int kl_far(double predicted, double got)
+{
+    return got > 1e-3 && (predicted <= 0 || got > 2 * predicted || got < predicted / 2);
+}
+
 int cmd_tune(int argc, char **argv)
 {
     tune_opts o;
@@ -244,7 +251,7 @@ int cmd_tune(int argc, char **argv)
     cli_progress_end(&prog);
     if (st)
         goto fail;
-    double model_bytes = (double)cli_path_bytes(model);
+    double model_bytes = (double)cli_path_bytes(model, 0);
     if (sharded) { /* the index and the other files of the directory come along */
         T.extra_bytes = (uint64_t)model_bytes;
         for (size_t f = 0; f < S.n; f++)
@@ -318,6 +325,10 @@ int cmd_tune(int argc, char **argv)
     if (o.plot && cli_tune_write_plot(o.plot, &sol, &sol.pred, fin, o.c.force, &err))
         goto fail;
     rc = cli_tune_report(&o, model, out, &T, &sol, &first, have1 ? &m1 : NULL, have2 ? &m2 : NULL, o.value, source);
+    if (rc != CLI_ERROR && fin && o.kind == STZ_BUDGET_BYTES && !o.c.quiet && kl_far(sol.pred.kl, fin->fwd.kl_mean))
+        fprintf(stderr, "stz: warning: the measured mean KL %.4g is %.1fx the predicted %.4g: at this budget the "
+                "tensors' errors do not add up as measured one by one; trust the measured figure\n",
+                fin->fwd.kl_mean, fin->fwd.kl_mean / sol.pred.kl, sol.pred.kl);
     if (rc == CLI_OK && fin && cli_tune_missed(&o, fin)) {
         fprintf(stderr, "stz: budget missed after one correction: measured %s %.6g against %g; the %s is written, "
                 "tighten the budget or add candidates\n", o.kind == STZ_BUDGET_KL ? "mean KL" : "bytes",

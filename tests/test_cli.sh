@@ -206,7 +206,7 @@ expect_rc 1 "eval a missing file" "$STZ" eval "$M" "$T/none.safetensors"
 "$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
 expect_rc 0 "plan gpt-neo-surgical" "$STZ" plan --policy gpt-neo-surgical "$T/neo.safetensors"
 has "$T/out" "svd/r128" "plan shows the svd rank"
-has "$T/out" "would not be smaller: int8 instead" "plan shows the svd fallback"
+has "$T/out" "would not be smaller: int8/128 instead" "plan shows the svd fallback"
 printf '{"rules": [{"match": "*.mlp.c_fc.weight", "action": "svd", "rank": 16, "method": "randomized", "power_iters": 2}]}' >"$T/svd.json"
 expect_rc 0 "quantize with svd" "$STZ" quantize --policy "$T/svd.json" "$T/neo.safetensors" -o "$T/neo.svd.safetensors"
 expect_rc 0 "inspect svd factors" "$STZ" inspect "$T/neo.svd.safetensors"

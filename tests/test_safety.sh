@@ -487,6 +487,11 @@ printf '{"rules":[{"match":"lm_head.weight","action":"int8"}]}' >"$T/head.json"
 expect_rc 0 "a user's head rule on a tied model" "$STZ" plan --policy "$T/head.json" "$T/tied.safetensors"
 has "$T/err" "rule 0 ('lm_head.weight') matched no tensor" "a user's rule still warns"
 
+# an svd rule's fallback is quantized with the rule's own parameters, shown by plan
+printf '{"rules":[{"match":"*.weight","action":"svd","rank":60,"fallback":"int4","block_size":32,"method":"mse","min_ndim":2}]}' >"$T/svdf.json"
+expect_rc 0 "plan an svd rule's fallback" "$STZ" plan --policy "$T/svdf.json" "$M"
+has "$T/out" "rank-60 factors would not be smaller: int4/32/mse instead" "the fallback's parameters shown"
+
 # 17. Command-line rules; shipped policies shown; conflicting flags refused.
 expect_rc 0 "--set and --keep" "$STZ" plan --int4 --keep 'model.layers.0.*' --set '*.down_proj.weight=int8:block_size=32' --json "$M"
 python3 - "$T/out" <<'PY' && ok || bad "--set/--keep decisions"
@@ -516,6 +521,17 @@ has "$T/out" '"out_bytes"' "decompress json"
 has "$T/out" '"ratio"' "decompress json ratio"
 expect_rc 0 "dequantize --json" "$STZ" dequantize "$T/q.safetensors" -o "$T/dq.safetensors" --json
 has "$T/out" '"in_bytes"' "dequantize json"
+
+# a sharded directory's totals count its model files alike both ways
+"$STZ" synth tiny --shards 2 -o "$T/sd" -q
+"$STZ" compress --int4 "$T/sd" -o "$T/sd.c" --json >"$T/sd.cj"
+"$STZ" decompress "$T/sd.c" -o "$T/sd.d" --json >"$T/sd.dj"
+python3 - "$T" <<'PY' && ok || bad "a directory's byte totals differ between compress and decompress"
+import glob, json, os, sys
+c, d = (json.load(open("%s/sd.%s" % (sys.argv[1], k))) for k in ("cj", "dj"))
+shards = sum(os.path.getsize(f) for f in glob.glob(sys.argv[1] + "/sd/*.safetensors"))
+assert c["in_bytes"] == shards and c["out_bytes"] == d["in_bytes"] and d["out_bytes"] > d["in_bytes"], (c, d, shards)
+PY
 
 # 19. Lossy and lossless outputs do not collide; decompress says what it did.
 cp "$M" "$T/n.safetensors"
