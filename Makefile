@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 EXAMPLE = $(BUILD)/example/qwen2-0.5b.safetensors
 
-.PHONY: all build demo python test asan tsan fuzz bench install clean
+.PHONY: all build demo python test asan oom tsan fuzz bench install clean
 
 all: build
 
@@ -41,10 +41,17 @@ PREFIX ?= /usr/local
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
+# (with allocations that fail on request: the oom test runs every other one)
 asan:
-	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DSTZ_SANITIZE=ON >/dev/null
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DSTZ_SANITIZE=ON -DSTZ_FAILMALLOC=ON >/dev/null
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	ctest --test-dir $(BUILD)-asan --output-on-failure -j $(JOBS)
+
+# Allocation-failure testing for every allocation of the main commands.
+oom:
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DSTZ_SANITIZE=ON -DSTZ_FAILMALLOC=ON >/dev/null
+	cmake --build $(BUILD)-asan -j $(JOBS) --target stz_cli
+	STZ_OOM_STEP=1 ctest --test-dir $(BUILD)-asan --output-on-failure -R '^oom$$'
 
 # ThreadSanitizer over the C tests that run threads (not in CI: slow).
 tsan:

@@ -67,6 +67,10 @@ enum { CLI_OPT_JSON = 1000, CLI_OPT_DTYPE };
         {"json", no_argument, 0, CLI_OPT_JSON}, {"dtype", required_argument, 0, CLI_OPT_DTYPE}
 
 void cli_common_init(cli_common *o);
+/* The output path, malloc'ed: -o's, else IN without `strip` and with `add`
+ * ("" both ways allowed). NULL with *rc the exit status when none can be
+ * derived (a usage error) or memory ran out. */
+char *cli_output_name(const char *cmd, const char *given, const char *in, const char *strip, const char *add, int *rc);
 /* -o - (or -c): standard output carries the data, so it is refused on a
  * terminal and with --json, and the summary is off (c->quiet). -1 to go
  * on, else an exit status. */

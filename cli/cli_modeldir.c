@@ -304,16 +304,22 @@ void cli_model_files_free(char **files, size_t n)
     free(files);
 }
 
+/* The list of one file. */
+static stz_status one_file(const char *path, char ***files, size_t *n, stz_err *err)
+{
+    if (!(*files = calloc(2, sizeof **files)) || !((*files)[0] = strdup(path))) {
+        free(*files), *files = NULL;
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for its name", path);
+    }
+    *n = 1;
+    return STZ_OK;
+}
+
 stz_status cli_model_files(const char *path, char ***files, size_t *n, stz_err *err)
 {
     *files = NULL, *n = 0;
-    if (!is_dir(path)) {
-        *files = calloc(2, sizeof **files);
-        if (!*files || !((*files)[0] = strdup(path)))
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-        *n = 1;
-        return STZ_OK;
-    }
+    if (!is_dir(path))
+        return one_file(path, files, n, err);
     char p[PATH_MAX];
     cli_model_dir m;
     stz_status st;
@@ -325,12 +331,12 @@ stz_status cli_model_files(const char *path, char ***files, size_t *n, stz_err *
         if (!st)
             st = cli_model_dir_check(&m, suffix, err);
         if (!st && !(*files = calloc(m.n + 1, sizeof **files)))
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu shard names", path, m.n);
         for (size_t i = 0; !st && i < m.n; i++) {
             char f[PATH_MAX];
             snprintf(f, sizeof f, "%s%s", m.shards[i], suffix);
             if (cli_pjoin(p, sizeof p, path, f) || !((*files)[i] = strdup(p)))
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the shard names", path);
             else
                 *n = i + 1;
         }
@@ -342,13 +348,8 @@ stz_status cli_model_files(const char *path, char ***files, size_t *n, stz_err *
     static const char *const single[] = {"model.safetensors", "model.safetensors.stz", NULL};
     for (int i = 0; single[i]; i++) {
         struct stat sb;
-        if (cli_pjoin(p, sizeof p, path, single[i]) == 0 && stat(p, &sb) == 0) {
-            *files = calloc(2, sizeof **files);
-            if (!*files || !((*files)[0] = strdup(p)))
-                return stz_err_set(err, STZ_E_NOMEM, "out of memory");
-            *n = 1;
-            return STZ_OK;
-        }
+        if (cli_pjoin(p, sizeof p, path, single[i]) == 0 && stat(p, &sb) == 0)
+            return one_file(p, files, n, err);
     }
     return stz_err_set(err, STZ_E_ARG, "%s: a directory without %s or model.safetensors: not a model directory", path,
                        INDEX_NAME);

@@ -92,9 +92,10 @@ int cli_print_json(cJSON *doc)
 {
     char *s = doc ? cJSON_Print(doc) : NULL;
     cJSON_Delete(doc);
-    if (!s) {
+    if (!s || stz_json_failed()) { /* a document with items missing is not printed */
         stz_err e;
-        stz_err_set(&e, STZ_E_NOMEM, "out of memory printing JSON");
+        free(s);
+        stz_err_set(&e, STZ_E_NOMEM, "out of memory building the JSON document");
         return cli_fail(&e);
     }
     if (capture) {
@@ -344,6 +345,24 @@ uint64_t cli_path_bytes(const char *path, int model_only)
     tree_bytes = 0, tree_model_only = model_only;
     nftw(path, add_bytes, 16, FTW_PHYS);
     return tree_bytes;
+}
+
+char *cli_output_name(const char *cmd, const char *given, const char *in, const char *strip, const char *add, int *rc)
+{
+    size_t n = strlen(in), s = strlen(strip);
+    if (!given && (!strcmp(in, "-") || n <= s || strcmp(in + n - s, strip))) {
+        *rc = cli_usage_error(cmd, "give -o OUT (cannot derive a name from '%s')", in);
+        return NULL;
+    }
+    char *out = given ? strdup(given) : malloc(n - s + strlen(add) + 1);
+    if (out && !given)
+        sprintf(out, "%.*s%s", (int)(n - s), in, add);
+    if (!out) {
+        stz_err e;
+        stz_err_set(&e, STZ_E_NOMEM, "%s: out of memory for the output's name", in);
+        *rc = cli_fail(&e);
+    }
+    return out;
 }
 
 int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs)

@@ -98,6 +98,11 @@ int cmd_eval(int argc, char **argv)
     uint64_t params = 0, pq = 0;
     size_t nmissing = 0, nextra = 0, nmismatch = 0, done_n = 0;
     int rc = CLI_OK;
+    if (!rows || !missing || !extra || !mismatched || (json && !doc)) {
+        stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for %zu tensors' figures", pa, na);
+        rc = cli_fail(&err);
+        goto done;
+    }
     cli_progress prog;
     cli_progress_init(&prog, "eval", quiet || json || csv);
     for (size_t fa = 0; fa < A.n; fa++)

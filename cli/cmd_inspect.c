@@ -247,6 +247,11 @@ static int inspect_container(const char *path, cJSON **json)
     tsum *ts = calloc(nt + 1, sizeof *ts), by_dtype[STZ_DTYPE_COUNT];
     memset(by_dtype, 0, sizeof by_dtype);
     int rc = CLI_OK;
+    if (!ts) {
+        stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for %zu tensors' figures", path, nt);
+        rc = cli_fail(&err);
+        goto cleanup;
+    }
     for (size_t i = 0; i < stz_container_chunk_count(c); i++) {
         const stz_chunk_info *ch = stz_container_chunk(c, i);
         stz_chunk_planes pl;

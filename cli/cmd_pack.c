@@ -105,21 +105,6 @@ static int parse(const char *cmd, const char *help, const char *allowed, int arg
     return -1;
 }
 
-/* IN + suffix, or IN without suffix; NULL if that is impossible. */
-static char *derive(const char *in, const char *suffix, int add)
-{
-    size_t n = strlen(in), s = strlen(suffix);
-    if (add) {
-        char *p = malloc(n + s + 1);
-        if (p)
-            sprintf(p, "%s%s", in, suffix);
-        return p;
-    }
-    if (n <= s || strcmp(in + n - s, suffix) != 0)
-        return NULL;
-    return strndup(in, n - s);
-}
-
 int cmd_pack(int argc, char **argv)
 {
     pack_opts o;
@@ -139,7 +124,10 @@ int cmd_pack(int argc, char **argv)
         return cli_usage_error("pack", "standard output is a terminal: redirect it, or give -o FILE");
     if (to_stdout && o.c.json)
         return cli_usage_error("pack", "--json prints to standard output, which -c takes: not both");
-    char *out = o.c.out ? strdup(o.c.out) : derive(in, ".stz", 1);
+    stz_err err;
+    char *out = cli_output_name("pack", o.c.out, in, "", ".stz", &rc);
+    if (!out)
+        return rc;
     stz_pack_params p = STZ_PACK_PARAMS_DEFAULT;
     p.level = o.best ? STZ_PACK_BEST : STZ_PACK_FAST;
     p.threads = o.c.threads;
@@ -150,7 +138,6 @@ int cmd_pack(int argc, char **argv)
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_pack_stats st;
-    stz_err err;
     stz_status s = from_stdin ? stz_pack_stream(&p, STDIN_FILENO, "standard input", out, &st, &err)
                               : stz_pack_file(&p, in, out, &st, &err);
     cli_progress_end(&prog);
@@ -194,9 +181,12 @@ int cmd_unpack(int argc, char **argv)
     if (from_stdin && (o.tensor || isatty(STDIN_FILENO)))
         return cli_usage_error("unpack", o.tensor ? "--tensor reads a container at offsets: give a file, not standard "
                                                     "input" : "standard input is a terminal: pipe a container into it");
-    char *out = o.c.out ? strdup(o.c.out) : o.tensor || from_stdin ? NULL : derive(in, ".stz", 0);
+    if (!o.c.out && o.tensor)
+        return cli_usage_error("unpack", "--tensor needs -o OUT");
+    char *out = cli_output_name("unpack", o.c.out, in, ".stz", "", &rc);
+    stz_err err;
     if (!out)
-        return cli_usage_error("unpack", "give -o OUT (cannot derive a name from '%s')", in);
+        return rc;
     if (!strcmp(out, "-") && isatty(STDOUT_FILENO)) {
         free(out);
         return cli_usage_error("unpack", "standard output is a terminal: redirect it, or give -o FILE");
@@ -212,7 +202,6 @@ int cmd_unpack(int argc, char **argv)
     cli_progress_init(&prog, "unpack", o.c.quiet);
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
-    stz_err err;
     stz_status s = from_stdin ? stz_unpack_stream(&p, STDIN_FILENO, "standard input", out, &err)
                    : o.tensor ? stz_unpack_tensor(&p, in, o.tensor, out, &err)
                               : stz_unpack_file(&p, in, out, &err);

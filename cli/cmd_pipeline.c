@@ -119,6 +119,8 @@ static char *default_output(const char *in, const popts *o)
     while (n > 1 && in[n - 1] == '/')
         n--;
     char *tag = o->lossless ? NULL : policy_tag(&o->po), *out = malloc(n + (tag ? strlen(tag) : 0) + 32);
+    if (!o->lossless && !tag) /* out of memory: not the lossless name */
+        free(out), out = NULL;
     if (out && !tag)
         sprintf(out, "%.*s.stz", (int)n, in);
     else if (out && n > 12 && !strncmp(in + n - 12, ".safetensors", 12))
@@ -250,6 +252,8 @@ int cmd_compress(int argc, char **argv)
     const char *in = argv[optind];
     char *out = o.c.out ? strdup(o.c.out) : default_output(in, &o);
     stz_err err;
+    if (!out)
+        return stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for the output's name", in), cli_fail(&err);
     compress_ctx c = {.o = &o};
     c.qs.min_cosine = 1;
     pthread_mutex_init(&c.lock, NULL);
@@ -383,10 +387,9 @@ int cmd_decompress(int argc, char **argv)
     const char *in = argv[optind];
     if (!strcmp(in, "-") && isatty(STDIN_FILENO))
         return cli_usage_error("decompress", "standard input is a terminal: pipe a container into it");
-    size_t n = strlen(in);
-    char *out = o.c.out ? strdup(o.c.out) : n > 4 && !strcmp(in + n - 4, ".stz") ? strndup(in, n - 4) : NULL;
+    char *out = cli_output_name("decompress", o.c.out, in, ".stz", "", &rc);
     if (!out)
-        return cli_usage_error("decompress", "give -o OUT (cannot derive a name from '%s')", in);
+        return rc;
     stz_err err;
     double t0 = cli_now();
     int sharded = cli_is_sharded_dir(in);

@@ -28,6 +28,23 @@ static void json_hooks(void)
 }
 static pthread_once_t json_hooks_once = PTHREAD_ONCE_INIT;
 
+void stz_json_begin(void)
+{
+    pthread_once(&json_hooks_once, json_hooks);
+    json_oom = 0;
+}
+
+int stz_json_failed(void) { return json_oom; }
+
+int stz_json_put(cJSON *o, const char *key, cJSON *item)
+{
+    if (o && item && (key ? cJSON_AddItemToObject(o, key, item) : cJSON_AddItemToArray(o, item)))
+        return 1;
+    cJSON_Delete(item);
+    json_oom = 1;
+    return 0;
+}
+
 /* One pass over the header bytes before cJSON sees them: refuses what the
  * reference parser (serde_json) refuses and cJSON accepts, raw control
  * characters inside strings, and "\u0000", which cJSON turns into a NUL that

@@ -60,12 +60,19 @@ static stz_reader *reader_new(const char *label)
     return r;
 }
 
+static stz_status reader_open(stz_reader **out, const char *path, stz_err *err);
+
 stz_status stz_reader_open(stz_reader **out, const char *path, stz_err *err)
+{
+    return stz_err_in(err, reader_open(out, path, err), path);
+}
+
+static stz_status reader_open(stz_reader **out, const char *path, stz_err *err)
 {
     *out = NULL;
     stz_reader *r = reader_new(path);
     if (!r)
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a reader", path);
     stz_status s = stz_open_regular(path, &r->fd, &r->file_size, err);
     if (s == STZ_OK)
         s = reader_init(r, err);
@@ -82,7 +89,7 @@ stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size, c
     *out = NULL;
     stz_reader *r = reader_new(label);
     if (!r)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a reader", label ? label : "(memory)");
     r->mem = buf;
     r->mem_size = r->file_size = size;
     stz_status s = reader_init(r, err);
@@ -103,7 +110,7 @@ stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size
                            label ? label : "(memory)", size, (unsigned long long)file_size);
     stz_reader *r = reader_new(label);
     if (!r)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a reader", label ? label : "(memory)");
     r->mem = buf;
     r->mem_size = size;
     r->file_size = file_size ? file_size : UINT64_MAX;

@@ -99,7 +99,7 @@ stz_status stz_writer_open(stz_writer **out, const char *path, unsigned flags, s
     *out = NULL;
     stz_writer *w = calloc(1, sizeof *w);
     if (!w)
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the writer", path);
     stz_status st = STZ_OK;
     if (!strcmp(path, "-")) /* standard output: written in order (the header first) */
         stz_outfile_stdout(&w->out);
@@ -121,7 +121,7 @@ stz_status stz_writer_open_sink(stz_writer **out, const char *name, const stz_ws
     stz_writer *w = calloc(1, sizeof *w);
     if (!w || !(w->sink_name = strdup(name))) {
         free(w);
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", name);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the writer", name);
     }
     w->out = (stz_outfile)STZ_OUTFILE_INIT;
     w->sink = sink;
@@ -158,7 +158,7 @@ stz_status stz_writer_set_meta(stz_writer *w, const char *key, const char *value
         return st;
     char *v = strdup(value);
     if (!v)
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", WNAME(w));
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a metadata value", WNAME(w));
     for (size_t i = 0; i < w->nmeta; i++)
         if (strcmp(w->meta[2 * i], key) == 0) {
             free(w->meta[2 * i + 1]);
@@ -170,7 +170,7 @@ stz_status stz_writer_set_meta(stz_writer *w, const char *key, const char *value
     if (!k || !grow((void **)&w->meta, &cap2, 2 * w->nmeta + 2, sizeof *w->meta)) {
         free(k);
         free(v);
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", WNAME(w));
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a metadata entry", WNAME(w));
     }
     w->cap_meta = cap2 / 2;
     w->meta[2 * w->nmeta] = k;
@@ -233,7 +233,7 @@ stz_status stz_writer_add(stz_writer *w, const char *name, stz_dtype dtype, int 
     if (ndim < 0 || ndim > STZ_ST_MAX_NDIM)
         return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %d dimensions", P, name, ndim);
     if (!hash_reserve(w, w->nt + 1))
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", P);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the tensor table", P);
     size_t *slot = hash_slot(w, name);
     if (*slot)
         return stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s' declared twice", P, name);
@@ -250,14 +250,14 @@ stz_status stz_writer_add(stz_writer *w, const char *name, stz_dtype dtype, int 
     if (stz_dtype_nbytes(dtype, numel, &nbytes, &sub))
         return stz_err_set(err, sub.code, "%s: tensor '%s': %s", P, name, sub.msg);
     if (!grow((void **)&w->t, &w->cap_t, w->nt + 1, sizeof *w->t))
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", P);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the tensor list", P);
     wtensor *t = &w->t[w->nt];
     t->name = strdup(name);
     t->shape = malloc((size_t)ndim * sizeof *shape + 1);
     if (!t->name || !t->shape) {
         free(t->name);
         free(t->shape);
-        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", P);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: tensor '%s': out of memory for its name and shape", P, name);
     }
     t->dtype = dtype;
     t->ndim = ndim;
@@ -304,7 +304,7 @@ static stz_status write_header(stz_writer *w, stz_err *err)
         off += t->nbytes;
     }
     sb_str(&b, "}");
-    while (b.len % 8)
+    while (!b.oom && b.len % 8) /* an allocation failure leaves len as it is */
         sb_str(&b, " ");
     stz_status st = STZ_OK;
     if (b.oom)
@@ -324,7 +324,7 @@ static stz_status write_header(stz_writer *w, stz_err *err)
             for (size_t i = 0; sp && i < w->nt; at += w->t[i++].nbytes)
                 sp[i] = (stz_span){w->t[i].dtype, at, at + w->t[i].nbytes, w->t[i].name};
             st = sp ? w->sink->begin(w->sink->user, img, 8 + b.len, sp, w->nt, err)
-                    : stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", WNAME(w));
+                    : stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the tensor spans", WNAME(w));
             free(sp);
         } else {
             st = stz_outfile_write(&w->out, img, 8 + b.len, err);

@@ -19,6 +19,10 @@
 #define STZ_CLONES(...)
 #endif
 
+/* Returns st; when st is an error whose message is a bare "out of memory...",
+ * prefixes it with the path it happened for (the entry points' context). */
+stz_status stz_err_in(stz_err *err, stz_status st, const char *path);
+
 /* Little-endian loads and stores: never cast pointers into file data. */
 static inline uint16_t stz_le16(const void *p)
 {

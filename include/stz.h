@@ -180,6 +180,15 @@ struct cJSON;
 const char *stz_json_duplicate_key(const struct cJSON *obj);
 /* The first key of `obj` not in the NULL-terminated list `allowed`, or NULL. */
 const char *stz_json_unknown_key(const struct cJSON *obj, const char *const *allowed);
+/* Building JSON with cJSON, whose adders drop an item silently when an
+ * allocation fails: stz_json_begin() before a document (it also routes
+ * cJSON's allocations through stz's), stz_json_failed() after it says
+ * whether any allocation failed on this thread since. stz_json_put adds
+ * item to object o under key (to array o when key is NULL), and on failure
+ * frees item (cJSON's own adders leak it) and marks the failure. */
+void stz_json_begin(void);
+int stz_json_failed(void);
+int stz_json_put(struct cJSON *o, const char *key, struct cJSON *item);
 
 /* Reads a whole small regular file (policy, index, config) into a new
  * NUL-terminated buffer; refuses FIFOs and devices and files over `limit`. */

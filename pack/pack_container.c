@@ -227,7 +227,14 @@ cleanup:
     return st;
 }
 
+static stz_status container_open(stz_container **out, const char *path, stz_err *err);
+
 stz_status stz_container_open(stz_container **out, const char *path, stz_err *err)
+{
+    return stz_err_in(err, container_open(out, path, err), path);
+}
+
+static stz_status container_open(stz_container **out, const char *path, stz_err *err)
 {
     *out = NULL;
     stz_container *c = calloc(1, sizeof *c);

@@ -198,18 +198,18 @@ cleanup:
 
 stz_status stz_unpack_file(const stz_unpack_params *p, const char *in, const char *out, stz_err *err)
 {
-    return unpack_to(p, in, NULL, out, err);
+    return stz_err_in(err, unpack_to(p, in, NULL, out, err), in);
 }
 
 stz_status stz_verify_file(const stz_unpack_params *p, const char *in, stz_err *err)
 {
-    return unpack_to(p, in, NULL, NULL, err);
+    return stz_err_in(err, unpack_to(p, in, NULL, NULL, err), in);
 }
 
 stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const char *name, const char *out,
                              stz_err *err)
 {
-    return unpack_to(p, in, name, out, err);
+    return stz_err_in(err, unpack_to(p, in, name, out, err), in);
 }
 
 /* The container's own decoding buffers, at least `threads` of them, kept

@@ -361,7 +361,16 @@ stz_span *stz_pw_spans(const stz_reader *r)
     return sp;
 }
 
+static stz_status pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
+                         stz_err *err);
+
 stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
+                         stz_err *err)
+{
+    return stz_err_in(err, pack_file(p, in, out, stats, err), in);
+}
+
+static stz_status pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
                          stz_err *err)
 {
     pack_ctx c;

@@ -304,7 +304,7 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
     stz_policy *p = calloc(1, sizeof *p);
     if (!p || !(p->label = strdup(label ? label : "policy"))) {
         free(p);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory reading the policy", label ? label : "policy");
     }
     p->def = default_decision();
     stz_status st = STZ_OK;
@@ -326,8 +326,10 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
     const cJSON *def = cJSON_GetObjectItemCaseSensitive(root, "default");
     if (cJSON_IsString(def)) {
         cJSON *tmp = cJSON_CreateObject();
-        cJSON_AddStringToObject(tmp, "action", def->valuestring);
-        st = parse_action(p, -1, NULL, tmp, &p->def, NULL, err);
+        if (!cJSON_AddStringToObject(tmp, "action", def->valuestring))
+            st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory reading its default", p->label);
+        else
+            st = parse_action(p, -1, NULL, tmp, &p->def, NULL, err);
         cJSON_Delete(tmp);
     } else if (cJSON_IsObject(def)) {
         st = parse_action(p, -1, NULL, def, &p->def, NULL, err);
@@ -344,7 +346,7 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
     size_t n = rules ? (size_t)cJSON_GetArraySize(rules) : 0;
     p->rules = calloc(n + 1, sizeof *p->rules);
     if (!p->rules) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu rules", p->label, n);
         goto done;
     }
     int i = 0;
@@ -357,7 +359,7 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
             goto done;
         }
         if (!(r->pattern = strdup(m->valuestring))) {
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rule %d", p->label, i);
             goto done;
         }
         p->n++;
@@ -382,7 +384,7 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
             }
             char *anch = malloc(l + 4);
             if (!anch) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rule %d", p->label, i);
                 goto done;
             }
             snprintf(anch, l + 4, "^(%s)$", r->pattern + 3); /* the whole name must match */

@@ -89,14 +89,15 @@ static int quant_row(const plan_t *pl, const float *x, uint8_t *q, float *scales
 
 static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl, stz_err *err)
 {
+    stz_json_begin();
     cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
     cJSON_AddStringToObject(o, "method", pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method));
     cJSON_AddNumberToObject(o, "bits", pl->bits);
     cJSON_AddNumberToObject(o, "block_size", pl->d.block_size);
     cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));
     for (int d = 0; d < t->ndim; d++)
-        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
-    cJSON_AddItemToObject(o, "shape", sh);
+        stz_json_put(sh, NULL, cJSON_CreateNumber((double)t->shape[d]));
+    stz_json_put(o, "shape", sh);
     if (pl->scales_name)
         cJSON_AddStringToObject(o, "scales", pl->scales_name);
     else
@@ -113,8 +114,8 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl,
     if (pl->d.method == STZ_QMETHOD_NL_FIT) {
         cJSON *lv = cJSON_CreateArray();
         for (int k = 0; k < 1 << pl->bits; k++)
-            cJSON_AddItemToArray(lv, cJSON_CreateNumber(lrintf(pl->fmt.levels[k] * 32767.0f)));
-        cJSON_AddItemToObject(o, "levels", lv);
+            stz_json_put(lv, NULL, cJSON_CreateNumber(lrintf(pl->fmt.levels[k] * 32767.0f)));
+        stz_json_put(o, "levels", lv);
     }
     if (pl->bits == 4)
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_INT4_PACKING);
@@ -122,8 +123,10 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const plan_t *pl,
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_MSB_PACKING);
     char *s = cJSON_PrintUnformatted(o), key[1024];
     cJSON_Delete(o);
-    if (!s)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!s || stz_json_failed()) {
+        free(s);
+        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its quantization metadata", t->name);
+    }
     snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, t->name);
     stz_status st = stz_writer_set_meta(w, key, s, err);
     free(s);
@@ -449,12 +452,12 @@ cleanup:
 stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
                              stz_quant_stats *stats, stz_err *err)
 {
-    return quantize(p, NULL, policy, in, out, stats, NULL, err);
+    return stz_err_in(err, quantize(p, NULL, policy, in, out, stats, NULL, err), in);
 }
 
 stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy,
                              const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
                              stz_err *err)
 {
-    return quantize(qp, pp, policy, in, out, qstats, pstats, err);
+    return stz_err_in(err, quantize(qp, pp, policy, in, out, qstats, pstats, err), in);
 }

@@ -30,7 +30,16 @@ static stz_status write_dequantized(stz_writer *w, const stz_reader *r, qinfo *q
     return STZ_OK;
 }
 
+static stz_status dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                               stz_err *err);
+
 stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                               stz_err *err)
+{
+    return stz_err_in(err, dequantize_file(p, in, out, dtype, err), in);
+}
+
+static stz_status dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
                                stz_err *err)
 {
     stz_reader *r = NULL;
@@ -182,7 +191,14 @@ fail:
     return st;
 }
 
+static stz_status qmodel_open(stz_qmodel **out, const char *path, stz_err *err);
+
 stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
+{
+    return stz_err_in(err, qmodel_open(out, path, err), path);
+}
+
+static stz_status qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
 {
     *out = NULL;
     stz_qmodel *m = calloc(1, sizeof *m);

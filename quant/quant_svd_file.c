@@ -216,6 +216,7 @@ stz_status stz_qw_declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *
         st = stz_writer_add(w, x->fname[j], dt[j], shp[j][1] ? 2 : 1, shp[j], err);
     if (st)
         return st;
+    stz_json_begin();
     cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
     cJSON_AddStringToObject(o, "method", "svd");
     cJSON_AddStringToObject(o, "svd_method", x->d.svd_randomized ? "randomized" : "exact");
@@ -227,8 +228,8 @@ stz_status stz_qw_declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *
     cJSON_AddNumberToObject(o, "rank", (double)rk);
     cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));
     for (int d = 0; d < t->ndim; d++)
-        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
-    cJSON_AddItemToObject(o, "shape", sh);
+        stz_json_put(sh, NULL, cJSON_CreateNumber((double)t->shape[d]));
+    stz_json_put(o, "shape", sh);
     cJSON_AddStringToObject(o, "U", x->fname[0]);
     cJSON_AddStringToObject(o, "U_scales", x->fname[1]);
     cJSON_AddStringToObject(o, "S", x->fname[2]);
@@ -239,8 +240,10 @@ stz_status stz_qw_declare_svd(stz_writer *w, const stz_tensor *t, const plan_t *
     cJSON_AddNumberToObject(o, "rel_error", x->rel_error);
     char *js = cJSON_PrintUnformatted(o), key[1024];
     cJSON_Delete(o);
-    if (!js)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    if (!js || stz_json_failed()) {
+        free(js);
+        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its SVD metadata", t->name);
+    }
     snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, t->name);
     st = stz_writer_set_meta(w, key, js, err);
     free(js);
