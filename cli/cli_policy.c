@@ -207,7 +207,7 @@ void cli_policy_warn_unused(const stz_policy *pol, const stz_reader *names)
 }
 
 static const char policy_help[] =
-    "usage: stz policy list\n"
+    "usage: stz policy list [--json]\n"
     "       stz policy show NAME|FILE [--json]\n\n"
     "Lists the shipped policies, or prints one (or a policy file, checked)\n"
     "as JSON, ready to copy and edit. docs/POLICY.md describes the rules.\n";
@@ -216,14 +216,24 @@ int cmd_policy(int argc, char **argv)
 {
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))
         return fputs(policy_help, stdout), CLI_OK;
-    if (argc == 2 && !strcmp(argv[1], "list")) {
+    int json = argc == 3 && !strcmp(argv[2], "--json");
+    if ((argc == 2 || json) && !strcmp(argv[1], "list")) { /* --json: [{"name", "description"}] */
+        cJSON *arr = json ? cJSON_CreateArray() : NULL;
         for (size_t i = 0; stz_policy_builtin_name(i); i++) {
-            cJSON *j = cJSON_Parse(stz_policy_builtin_text(stz_policy_builtin_name(i)));
+            const char *name = stz_policy_builtin_name(i);
+            cJSON *j = cJSON_Parse(stz_policy_builtin_text(name)), *e = json ? cJSON_CreateObject() : NULL;
             const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "description");
-            printf("%-18s %s\n", stz_policy_builtin_name(i), cJSON_IsString(d) ? d->valuestring : "");
+            const char *desc = cJSON_IsString(d) ? d->valuestring : "";
+            if (json) {
+                cJSON_AddStringToObject(e, "name", name);
+                cJSON_AddStringToObject(e, "description", desc);
+                stz_json_put(arr, NULL, e);
+            } else {
+                printf("%-18s %s\n", name, desc);
+            }
             cJSON_Delete(j);
         }
-        return CLI_OK;
+        return json ? cli_print_json(arr) : CLI_OK;
     }
     if (argc == 4 && !strcmp(argv[3], "--json")) /* a policy is JSON already: accepted, as documented */
         argc--;

@@ -197,8 +197,8 @@ static stz_status qwen2_biases(const exporter *x, stz_err *err)
             while (i < x->n && strcmp(x->t[i].name, name))
                 i++;
             if (i == x->n)
-                return stz_err_set(err, STZ_E_FORMAT, "%s: a Qwen2 model without the %s bias of layer %u (%s): "
-                                                      "llama.cpp cannot load it", x->model, k == 0 ? "q" : k == 1 ? "k" : "v", l, name);
+                return stz_err_set(err, STZ_E_FORMAT, "%s: a Qwen2 model without the %c bias of layer %u (%s): "
+                                                      "llama.cpp cannot load it", x->model, need[k][5], l, name);
         }
     return STZ_OK;
 }

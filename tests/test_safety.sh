@@ -555,6 +555,8 @@ if od -An -tx1 -v "$T/err" | tr -s ' \n' ' ' | grep -q ' 1b '; then bad "error m
 has "$T/err" 'x\\x1b\[2J' "error escaped"
 
 # 19c. --json wherever a command prints results, with the summary's keys.
+expect_rc 0 "policy list --json" "$STZ" policy list --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert "int4" in [p["name"] for p in d] and all(p["description"] for p in d)' "$T/out" && ok || bad "policy list --json"
 expect_rc 0 "policy show --json" "$STZ" policy show int4 --json
 has "$T/out" '"rules"' "policy show --json prints the policy"
 expect_rc 0 "unpack --json" "$STZ" unpack "$T/sp.stz" -o "$T/uj.safetensors" --json
