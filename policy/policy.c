@@ -205,7 +205,9 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
  * as compiled, counted repetition multiplying: its expanded atoms (at most
  * REGEX_MAX_ATOMS) and its expanded empty-matching pieces (at most
  * REGEX_MAX_EMPTY, under 0.05 s of regcomp). A quantifier right after
- * another is refused outright. */
+ * another is refused outright, and so is an unbounded repetition of
+ * something that can match the empty string ("(.*)*", "((.*){0,}){1,40}":
+ * regcomp's closure over its empty paths ran for minutes; fuzz_policy). */
 enum { REGEX_MAX_ATOMS = 4096, REGEX_MAX_EMPTY = 100, REGEX_MAX_DEPTH = 64 };
 
 typedef struct {
@@ -215,6 +217,7 @@ typedef struct {
 
 typedef struct {
     double atoms, empty; /* expanded atoms; expanded pieces that match "" */
+    int nullable;        /* the whole can match "" */
 } regex_cost;
 
 static regex_cost regex_alternation(regex_scan *s, int depth);
@@ -222,7 +225,7 @@ static regex_cost regex_alternation(regex_scan *s, int depth);
 /* One atom: a character, an escape, a bracket expression or a group. */
 static regex_cost regex_atom(regex_scan *s, int depth)
 {
-    regex_cost a = {1, 0};
+    regex_cost a = {1, 0, 0};
     if (*s->c == '(') {
         s->c++;
         a = regex_alternation(s, depth + 1);
@@ -259,6 +262,9 @@ static int regex_quantifier(regex_scan *s, regex_cost *x)
     } else {
         return 0;
     }
+    if (x->nullable && hi < 0)
+        s->bad = 1; /* repeating without bound what can match nothing */
+    x->nullable |= lo == 0;
     /* x{lo,hi} is lo copies then hi - lo optional ones; x{lo,} is lo copies then x* */
     double copies = hi < 0 ? lo + 1 : hi;
     x->atoms *= copies > 1 ? copies : 1;
@@ -268,28 +274,31 @@ static int regex_quantifier(regex_scan *s, regex_cost *x)
 
 static regex_cost regex_alternation(regex_scan *s, int depth)
 {
-    regex_cost sum = {0, 0};
+    regex_cost sum = {0, 0, 0};
+    int branch = 1; /* the branch so far matches "" */
     if (depth > REGEX_MAX_DEPTH)
         s->bad = 1;
     while (*s->c && *s->c != ')' && !s->bad) {
         if (*s->c == '|') {
             s->c++;
+            sum.nullable |= branch, branch = 1;
             continue;
         }
         regex_cost x = regex_atom(s, depth);
         if (regex_quantifier(s, &x) && regex_quantifier(s, &x))
             s->bad = 1;
-        sum.atoms += x.atoms, sum.empty += x.empty;
+        sum.atoms += x.atoms, sum.empty += x.empty, branch &= x.nullable;
         if (sum.atoms > REGEX_MAX_ATOMS || sum.empty > REGEX_MAX_EMPTY)
             s->bad = 1;
     }
+    sum.nullable |= branch;
     return sum;
 }
 
 static int regex_too_costly(const char *re)
 {
     regex_scan s = {re, 0};
-    regex_cost sum = {0, 0};
+    regex_cost sum = {0, 0, 0};
     while (*s.c && !s.bad) { /* an unbalanced ')' is an atom, as for regcomp */
         regex_cost x = regex_alternation(&s, 0);
         sum.atoms += x.atoms + (*s.c == ')'), sum.empty += x.empty;
@@ -376,9 +385,9 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
             size_t l = strlen(r->pattern);
             if (regex_too_costly(r->pattern + 3)) {
                 st = perr(err, p, i, r->pattern,
-                          "regular expression too costly to compile (a repetition of a repetition, or "
-                          "counted repetitions expanding past 4096 atoms or 100 pieces that match the empty "
-                          "string): simplify it",
+                          "regular expression too costly to compile (a repetition of a repetition, an "
+                          "unbounded one of what can match nothing, or counted repetitions expanding past 4096 atoms or 100 "
+                          "pieces that match the empty string): simplify it",
                           NULL, NULL);
                 goto done;
             }

@@ -380,6 +380,13 @@ printf '{"rules": [{"match": "*.norm.weight", "action": "keep"}, {"match": "re:(
 expect_rc 1 "counted repetition of .*" timeout 5 "$STZ" policy show "$T/re2.json"
 has "$T/err" "rule 1 ('re:(.\*){1,640}z')" "names the rule"
 has "$T/err" "regular expression too costly to compile" "says why"
+# found by fuzz_policy: an unbounded repetition of what can match nothing,
+# nested: regcomp ran for minutes on "((.*){0,}){1,40}"
+for re in '((.*){0,}){1,40}' '(.*)*' '(a|)+'; do
+    printf '{"rules": [{"match": "re:%s", "action": "keep"}]}' "$re" >"$T/re4.json"
+    expect_rc 1 "unbounded repetition of a nullable $re" timeout 5 "$STZ" policy show "$T/re4.json"
+    has "$T/err" "regular expression too costly to compile" "says why"
+done
 printf '{"rules": [{"match": "re:(.*){1,90}z|model\\\\.layers\\\\.(1[0-9]|2[0-3])\\\\..*", "action": "int8"}]}' >"$T/re3.json"
 expect_rc 0 "a regular expression within the bounds" timeout 5 "$STZ" policy show "$T/re3.json"
 "$STZ" pack -q "$M" -o "$T/r.stz"
