@@ -278,7 +278,7 @@ static regex_cost regex_alternation(regex_scan *s, int depth)
     int branch = 1; /* the branch so far matches "" */
     if (depth > REGEX_MAX_DEPTH)
         s->bad = 1;
-    while (*s->c && *s->c != ')' && !s->bad) {
+    while (*s->c && (*s->c != ')' || !depth) && !s->bad) { /* an unmatched ')' is a character, as for regcomp */
         if (*s->c == '|') {
             s->c++;
             sum.nullable |= branch, branch = 1;
@@ -298,12 +298,7 @@ static regex_cost regex_alternation(regex_scan *s, int depth)
 static int regex_too_costly(const char *re)
 {
     regex_scan s = {re, 0};
-    regex_cost sum = {0, 0, 0};
-    while (*s.c && !s.bad) { /* an unbalanced ')' is an atom, as for regcomp */
-        regex_cost x = regex_alternation(&s, 0);
-        sum.atoms += x.atoms + (*s.c == ')'), sum.empty += x.empty;
-        s.c += *s.c == ')';
-    }
+    regex_cost sum = regex_alternation(&s, 0);
     return s.bad || sum.atoms > REGEX_MAX_ATOMS || sum.empty > REGEX_MAX_EMPTY;
 }
 
