@@ -54,7 +54,7 @@ static stz_decision default_decision(void)
 static stz_status perr(stz_err *err, const stz_policy *p, int i, const char *pattern, const char *fmt, const char *a,
                        const char *b)
 {
-    char what[256], where[512];
+    char what[512], where[512];
     snprintf(what, sizeof what, fmt, a ? a : "", b ? b : "");
     if (i < 0)
         snprintf(where, sizeof where, "%s: %s", p->label, i == -1 ? "default" : "policy");
@@ -278,7 +278,7 @@ static regex_cost regex_alternation(regex_scan *s, int depth)
     int branch = 1; /* the branch so far matches "" */
     if (depth > REGEX_MAX_DEPTH)
         s->bad = 1;
-    while (*s->c && (*s->c != ')' || !depth) && !s->bad) { /* an unmatched ')' is a character, as for regcomp */
+    while (*s->c && *s->c != ')' && !s->bad) {
         if (*s->c == '|') {
             s->c++;
             sum.nullable |= branch, branch = 1;
@@ -295,11 +295,18 @@ static regex_cost regex_alternation(regex_scan *s, int depth)
     return sum;
 }
 
-static int regex_too_costly(const char *re)
+/* What is wrong with a rule's regular expression, or NULL. */
+static const char *regex_problem(const char *re)
 {
     regex_scan s = {re, 0};
     regex_cost sum = regex_alternation(&s, 0);
-    return s.bad || sum.atoms > REGEX_MAX_ATOMS || sum.empty > REGEX_MAX_EMPTY;
+    if (*s.c == ')') /* regcomp reads it as a character; inside "^(...)$" it would close the anchoring group */
+        return "unmatched ')' in the regular expression (write \\) for the character)";
+    if (s.bad || sum.atoms > REGEX_MAX_ATOMS || sum.empty > REGEX_MAX_EMPTY)
+        return "regular expression too costly to compile (a repetition of a repetition, an unbounded one of what "
+               "can match nothing, or counted repetitions expanding past 4096 atoms or 100 pieces that match the "
+               "empty string): simplify it";
+    return NULL;
 }
 
 stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, const char *label, stz_err *err)
@@ -378,12 +385,9 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
             goto done;
         if (!strncmp(r->pattern, "re:", 3)) {
             size_t l = strlen(r->pattern);
-            if (regex_too_costly(r->pattern + 3)) {
-                st = perr(err, p, i, r->pattern,
-                          "regular expression too costly to compile (a repetition of a repetition, an "
-                          "unbounded one of what can match nothing, or counted repetitions expanding past 4096 atoms or 100 "
-                          "pieces that match the empty string): simplify it",
-                          NULL, NULL);
+            const char *problem = regex_problem(r->pattern + 3);
+            if (problem) {
+                st = perr(err, p, i, r->pattern, "%s", problem, NULL);
                 goto done;
             }
             char *anch = malloc(l + 4);
