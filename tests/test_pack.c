@@ -282,9 +282,12 @@ static void test_same_bytes_any_threads(void **state)
     assert_int_equal(stz_pack_file(&p, in, b, NULL, &err), STZ_E_EXISTS);
     p.write_flags = STZ_WRITE_FORCE;
     assert_int_equal(stz_pack_file(&p, in, in, NULL, &err), STZ_E_EXISTS);
-    /* input that is not SafeTensors: the reader's error, no output */
+    /* input that is not SafeTensors: the reader's error, saying what it is, no output */
     char *junk = tu_path(f->dir, "junk"), *jo = tu_path(f->dir, "junk.stz");
     tu_write(junk, "not a model at all", 18);
+    assert_int_equal(stz_pack_file(&p, junk, jo, NULL, &err), STZ_E_FORMAT);
+    assert_non_null(strstr(err.msg, "a text file"));
+    tu_write(junk, "\xff\xff\xff\xff\xff\xff\xff\xff{}", 10);
     assert_int_equal(stz_pack_file(&p, junk, jo, NULL, &err), STZ_E_HEADER_SIZE);
     assert_false(tu_exists(jo));
     unlink(junk), unlink(in), unlink(a), unlink(b);
