@@ -55,8 +55,10 @@ stz_status stz_err_set(stz_err *err, stz_status code, const char *fmt, ...)
 
 stz_status stz_err_in(stz_err *err, stz_status st, const char *path)
 {
-    size_t n = path ? strlen(path) + 2 : 0, len = strlen(err ? err->msg : "");
-    if (st && err && path && !strncmp(err->msg, "out of memory", 13) && n + len < sizeof err->msg) {
+    if (!st || !err || !path || strncmp(err->msg, "out of memory", 13)) /* the message is set only on errors */
+        return st;
+    size_t n = strlen(path) + 2, len = strlen(err->msg);
+    if (n + len < sizeof err->msg) {
         memmove(err->msg + n, err->msg, len + 1); /* a bare message: say for which file */
         memcpy(err->msg, path, n - 2);
         memcpy(err->msg + n - 2, ": ", 2);
