@@ -84,7 +84,7 @@ static stz_status check_index(const cli_model_dir *m, const char *suffix, const 
     entry *idx = calloc(ni + 1, sizeof *idx), *files = NULL;
     stz_reader **keep_r = calloc(m->n + 1, sizeof *keep_r);
     stz_container **keep_c = calloc(m->n + 1, sizeof *keep_c);
-    stz_status st = idx && keep_r && keep_c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = idx && keep_r && keep_c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the shards' readers");
     for (const cJSON *e = wm ? wm->child : NULL; !st && e; e = e->next) {
         size_t s = 0;
         while (strcmp(m->shards[s], e->valuestring))
@@ -104,7 +104,7 @@ static stz_status check_index(const cli_model_dir *m, const char *suffix, const 
         if (nf + nt > cap) {
             entry *g = realloc(files, (cap = 2 * (nf + nt) + 16) * sizeof *files);
             if (!g) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor list");
                 break;
             }
             files = g;
@@ -168,7 +168,7 @@ stz_status cli_model_dir_load(cli_model_dir *m, const char *dir, stz_err *err)
         return stz_err_set(err, STZ_E_FORMAT, "%s: no \"weight_map\" object", p);
     m->shards = calloc((size_t)cJSON_GetArraySize(wm) + 1, sizeof *m->shards);
     if (!m->shards)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the shard names");
     for (const cJSON *e = wm->child; e; e = e->next) {
         if (!cJSON_IsString(e) || !e->valuestring[0] || strchr(e->valuestring, '/') || e->valuestring[0] == '.')
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': shard is not a plain file name", p, e->string);
@@ -176,7 +176,7 @@ stz_status cli_model_dir_load(cli_model_dir *m, const char *dir, stz_err *err)
         while (k < m->n && strcmp(m->shards[k], e->valuestring))
             k++;
         if (k == m->n && !(m->shards[m->n++] = strdup(e->valuestring)))
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a shard name");
     }
     return STZ_OK;
 }

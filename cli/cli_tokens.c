@@ -23,7 +23,7 @@ static stz_status seqs_count(cli_seqs *q, size_t n, stz_err *err)
 {
     size_t *lens = realloc(q->lens, (q->nseq + 1) * sizeof *lens);
     if (!lens)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sequences");
     q->lens = lens, lens[q->nseq++] = n;
     q->stride = n > q->stride ? n : q->stride;
     return STZ_OK;
@@ -33,7 +33,7 @@ static stz_status seqs_count(cli_seqs *q, size_t n, stz_err *err)
 static stz_status seqs_layout(cli_seqs *q, const int32_t *flat, stz_err *err)
 {
     if (!(q->tok = calloc(q->nseq * q->stride + 1, sizeof *q->tok)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tokens");
     for (size_t s = 0; s < q->nseq; flat += q->lens[s++])
         memcpy(q->tok + s * q->stride, flat, q->lens[s] * sizeof *flat);
     return STZ_OK;
@@ -66,7 +66,7 @@ static stz_status read_tokens(const char *path, cli_seqs *q, stz_err *err)
     int32_t *v = malloc((len / 2 + 2) * sizeof *v); /* every id takes 2 characters or more */
     size_t used = 0;                                   /* ids of the sequences so far, in v */
     if (!v)
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tokens");
     const char *p = text;
     while (!st && isspace((unsigned char)*p))
         p++;
@@ -170,7 +170,7 @@ stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, in
         return stz_err_set(err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", label, c->max_pos);
     q->tok = malloc(n * L * sizeof *q->tok), q->lens = malloc(n * sizeof *q->lens), q->nseq = n, q->stride = L;
     if (!q->tok || !q->lens)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tokens");
     for (size_t s = 0; s < n; s++)
         q->lens[s] = L;
     cli_progress prog;

@@ -308,7 +308,7 @@ stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
     memset(s, 0, sizeof *s);
     stz_status st = cli_model_files(path, &files, &n, err);
     if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the model's files");
     for (size_t i = 0; !st && i < n; i++, s->n++)
         if (stz_qmodel_open(&s->m[i], files[i], err))
             st = err->code;
@@ -401,7 +401,7 @@ static int parse_config(const char *json, const char *label, stz_fwd_config *c, 
     if (stz_fwd_config_parse(c, json, label, err))
         return -1;
     if (text && !(*text = strdup(json)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory"), -1;
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the configuration"), -1;
     return 1;
 }
 
@@ -414,7 +414,7 @@ int cli_model_config(const char *path, const cli_model_set *s, const char *confi
     if (!config) {
         char *copy = strdup(path);
         if (!copy)
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory"), -1;
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path"), -1;
         snprintf(from, 4096, "%s/config.json", is_dir(path) ? path : dirname(copy));
         free(copy);
         int in_dir = is_dir(path) && access(from, F_OK) == 0;

@@ -135,7 +135,7 @@ int cmd_export(int argc, char **argv)
     struct stat sb;
     int rc = CLI_ERROR, found;
     if (!copy) {
-        stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+        stz_err_set(&err, STZ_E_NOMEM, "out of memory for a path");
         goto fail;
     }
     if (stz_refuse_input_as_output(in, c.out, &err) || cli_set_open(&set, in, &err))

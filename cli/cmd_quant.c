@@ -111,7 +111,7 @@ int cmd_plan(int argc, char **argv)
     for (size_t f = 0; f < nfiles; f++) {
         if (!rs || stz_reader_open(&rs[f], files[f], &err)) {
             if (!rs)
-                stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+                stz_err_set(&err, STZ_E_NOMEM, "out of memory for the readers");
             else if (stz_is_container(files[f]))
                 stz_err_set(&err, STZ_E_ARG, "%s: an .stz container; plan the model it came from", files[f]);
             for (size_t k = 0; rs && k < f; k++)

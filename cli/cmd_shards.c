@@ -46,7 +46,7 @@ static stz_status names_of(const char *file, shard_names *s, stz_err *err)
         s->bytes += (double)(t->end - t->begin);
     }
     if (!s->names || s->n < stz_reader_count(r))
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor names");
     stz_reader_free(own);
     stz_container_free(c);
     return st;
@@ -148,7 +148,7 @@ static stz_status convert_shards(shard_work *w, int threads, stz_err *err)
     pthread_t *tid = calloc(nw, sizeof *tid);
     if (!tid || !(w->names = calloc(w->m->n + 1, sizeof *w->names))) {
         free(tid);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the workers' state");
     }
     pthread_mutex_init(&w->lock, NULL);
     size_t started = 0;
@@ -222,17 +222,17 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
     /* the shards and the index are made here; everything else is copied */
     char **skip = calloc(m.n + 2, sizeof *skip);
     if (!skip)
-        st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for the file list");
     for (size_t i = 0; !st && i < m.n; i++)
         if (!(skip[i] = malloc(strlen(m.shards[i]) + strlen(in_suffix) + 1)))
-            st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for a file name");
         else
             sprintf(skip[i], "%s%s", m.shards[i], in_suffix);
     int mpi = cli_mpi_size() > 1;
     size_t *order = calloc(m.n + 1, sizeof *order);
     double *sizes = calloc(m.n + 1, sizeof *sizes);
     if (!order || !sizes)
-        st = stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for the shard order");
     for (size_t i = 0; !st && i < m.n; i++) /* largest first: the last shard to start is a small one */
         sizes[i] = cli_pjoin(p, sizeof p, in, skip[i]) == 0 && stat(p, &sb) == 0 ? (double)sb.st_size : 0;
     if (!st)
@@ -275,7 +275,7 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
             st = cli_copy_file(p, q, &err);
         } else {
             char *txt = cJSON_Print(m.index);
-            st = txt ? write_text(q, txt, &err) : stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+            st = txt ? write_text(q, txt, &err) : stz_err_set(&err, STZ_E_NOMEM, "out of memory for the index");
             free(txt);
         }
     }

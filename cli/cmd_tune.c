@@ -287,7 +287,7 @@ int cmd_tune(int argc, char **argv)
              o.kind == STZ_BUDGET_KL ? o.max_kl : o.size ? o.size : o.ratio ? o.ratio : o.bpw, o.candidates);
     policy = stz_tune_policy(&T, desc);
     if (!policy) {
-        stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+        stz_err_set(&err, STZ_E_NOMEM, "out of memory for the policy");
         goto fail;
     }
     if (o.verify) {
@@ -307,7 +307,7 @@ int cmd_tune(int argc, char **argv)
                 goto fail;
             free(policy);
             if (!(policy = stz_tune_policy(&T, desc))) {
-                stz_err_set(&err, STZ_E_NOMEM, "out of memory");
+                stz_err_set(&err, STZ_E_NOMEM, "out of memory for the policy");
                 goto fail;
             }
             if (verify(&o, in, policy, tc.path, fwd, &cfg, &q, &m2, &err))

@@ -98,7 +98,7 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
         !(m->layer = calloc((size_t)c->n_layers * T_PER_LAYER, sizeof *m->layer)) ||
         !(m->inv_freq = malloc(c->head_dim / 2 * sizeof *m->inv_freq))) {
         stz_fwd_free(m);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model's weights");
     }
     memcpy(m->files, files, nfiles * sizeof *files);
     m->nfiles = nfiles, m->c = *c, m->threads = threads < 1 ? 1 : threads, m->keep_budget = STZ_FWD_KEEP_DEFAULT;
@@ -429,7 +429,7 @@ stz_status stz_fwdi_head(stz_fwd *m, float *X, size_t n, float *logits, stz_err 
 {
     size_t D = m->c.dim, V = m->c.vocab, step = (1u << 22) / D ? (1u << 22) / D : 1;
     float *nw = malloc(D * sizeof *nw), *w = malloc((step < V ? step : V) * D * sizeof *w);
-    stz_status st = !nw || !w ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    stz_status st = !nw || !w ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output layer") : STZ_OK;
     if (!st)
         st = stz_fwdi_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
     for (size_t r = 0; !st && r < n; r++)
@@ -476,7 +476,7 @@ stz_status stz_fwdi_rows_make(const stz_fwd *m, const int32_t *tokens, size_t ns
     R->k = malloc((nseq * cap * KD + 1) * sizeof *R->k), R->v = malloc((nseq * cap * KD + 1) * sizeof *R->v);
     if (!R->pos || !R->seq || !R->tok || !R->k || !R->v) {
         stz_fwdi_rows_free(R);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sequences' state");
     }
     for (size_t s = 0, r = 0; s < nseq; s++)
         for (size_t t = 0; t < lens[s]; t++, r++)
@@ -505,7 +505,7 @@ stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t
     size_t *lens = malloc((nseq + 1) * sizeof *lens), n = nseq * len;
     float *X = malloc((n * m->c.dim + 1) * sizeof *X);
     uint64_t done = 0;
-    stz_status st = !lens || !X ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    stz_status st = !lens || !X ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations") : STZ_OK;
     for (size_t s = 0; !st && s < nseq; s++)
         lens[s] = len;
     openblas_set_num_threads(m->threads);

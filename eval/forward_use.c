@@ -103,7 +103,7 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
     choice *cd = malloc(V * sizeof *cd);
     uint64_t *rng = malloc(nseq * sizeof *rng), done = 0, total = (uint64_t)(len - 1) * c->n_layers;
     stz_status st = !m->keep || !k || !v || !X || !logits || !pos || !seq || !tok || !cd || !rng
-                        ? stz_err_set(err, STZ_E_NOMEM, "out of memory")
+                        ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the sampling buffers")
                         : STZ_OK;
     openblas_set_num_threads(m->threads);
     for (size_t s = 0; !st && s < nseq; s++)
@@ -189,7 +189,7 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
     size_t D = ref->c.dim, V = ref->c.vocab, step = slice_step(n, D, V);
     float *na = malloc(D * sizeof *na), *nb = malloc(D * sizeof *nb), *W = malloc(step * D * sizeof *W),
           *LA = malloc(n * step * sizeof *LA), *LB = malloc(n * step * sizeof *LB);
-    stz_status st = !na || !nb || !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    stz_status st = !na || !nb || !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
     if (!st && !(st = stz_fwdi_read_rows(ref, ref->global[G_NORM], 0, 1, na, err)))
         st = stz_fwdi_read_rows(cand, cand->global[G_NORM], 0, 1, nb, err);
     for (size_t r = 0; !st && r < n; r++) {
@@ -257,7 +257,7 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
     int32_t *next = malloc((n + 1) * sizeof *next);
     row_stats *rs = calloc(n + 1, sizeof *rs);
     double *kl = malloc((n + 1) * sizeof *kl);
-    stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations and scores") : STZ_OK;
     openblas_set_num_threads(ref->threads);
     if (!st)
         st = stz_fwdi_hidden_states(ref, tokens, nseq, stride, lens, XA, progress, user, &done, total, err);
@@ -318,7 +318,7 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
     size_t D = m->c.dim, V = m->c.vocab, n = ps->scored, rows = ns * n, step = slice_step(rows, D, V);
     float *nw = malloc(D * sizeof *nw), *W = malloc(step * D * sizeof *W), *L = malloc(rows * step * sizeof *L),
           *A = malloc(n * step * sizeof *A);
-    stz_status st = !nw || !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory") : STZ_OK;
+    stz_status st = !nw || !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
     if (!st)
         st = stz_fwdi_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
     for (size_t r = 0; !st && r < rows; r++)
@@ -383,7 +383,7 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user};
     int32_t *wide = malloc((MATS * nseq * stride + 1) * sizeof *wide);
     size_t *wlens = malloc((MATS * nseq + 1) * sizeof *wlens);
-    stz_status st = wide && wlens ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = wide && wlens ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the probe's sequences");
     for (size_t k = 0; !st && k < MATS; k++) { /* every sequence once per stream */
         memcpy(wide + k * nseq * stride, tokens, nseq * stride * sizeof *wide);
         memcpy(wlens + k * nseq, lens, nseq * sizeof *wlens);

@@ -82,7 +82,7 @@ stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size
     *out = NULL, *n = 0;
     char *copy = strdup(list), *save = NULL;
     stz_tune_cand *c = calloc(strlen(list) / 2 + 2, sizeof *c); /* every entry takes 2 characters or more */
-    stz_status st = copy && c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = copy && c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidate list");
     size_t k = 0;
     for (char *tok = st ? NULL : strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         while (*tok == ' ')
@@ -182,7 +182,7 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
         return pst;
     T->cand = malloc((ncand + 1) * sizeof *T->cand);
     if (!T->cand)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidates");
     memcpy(T->cand, cand, ncand * sizeof *cand);
     T->ncand = T->noffered = ncand, T->probe = ncand;
     for (size_t c = 0; c < ncand; c++)
@@ -204,7 +204,7 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
         }
     }
     if (!(T->meta = calloc(nfiles + 1, sizeof *T->meta)) || !(T->t = calloc(nt + 1, sizeof *T->t)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensors' figures");
     for (size_t f = 0; f < nfiles; f++, T->nfiles++) {
         const stz_reader *r = stz_qmodel_reader(files[f]);
         cJSON *meta = cJSON_CreateObject();
@@ -214,10 +214,10 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
         T->meta[f] = cJSON_PrintUnformatted(meta);
         cJSON_Delete(meta);
         if (!T->meta[f])
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a file's metadata");
     }
     uint64_t *raw = malloc(ncand * sizeof *raw);
-    stz_status st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidates' bytes");
     for (size_t f = 0; !st && f < nfiles; f++) {
         const stz_reader *r = stz_qmodel_reader(files[f]);
         for (size_t i = 0; !st && i < stz_qmodel_count(files[f]); i++) {

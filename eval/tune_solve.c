@@ -205,7 +205,7 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
     segment *seg = malloc(T->nt * T->ncand * sizeof *seg + 1);
     if (!hull || !nh || !seg) {
         free(hull), free(nh), free(seg);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the Pareto hulls");
     }
     for (size_t i = 0; i < T->nt; i++) {
         stz_tune_tensor *t = &T->t[i];
@@ -229,7 +229,7 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
     out->curve = malloc((nseg + 1) * sizeof *out->curve);
     if (!out->curve) {
         free(hull), free(nh), free(seg);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the Pareto curve");
     }
     out->curve[out->ncurve++] = (stz_tune_point){bytes + fixed, kl};
     for (size_t s = 0; s < nseg; s++) { /* what is left below the sums' rounding is 0 */
@@ -240,7 +240,7 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
     bytes = out->curve[0].bytes - fixed, kl = out->curve[0].kl;
     int *blocked = calloc(T->nt + 1, sizeof *blocked);
     size_t *at = calloc(T->nt + 1, sizeof *at), *applied = malloc((nseg + 1) * sizeof *applied), napplied = 0;
-    stz_status st = blocked && at && applied ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = blocked && at && applied ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the solver's state");
     if (!st && kind == STZ_BUDGET_BYTES) {
         out->met = bytes + fixed <= value;
         for (size_t s = 0; out->met && s < nseg; s++) {

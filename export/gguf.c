@@ -380,7 +380,7 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
                            (unsigned long long)nt, (unsigned long long)nkv);
     if (!(g->kv = calloc(nkv + 1, sizeof *g->kv)) || !(g->t = calloc(nt + 1, sizeof *g->t)) ||
         !(g->names = calloc(nt + 1, sizeof *g->names)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the keys and tensor table");
     g->kv_cap = nkv, g->t_cap = nt;
     for (; g->nkv < nkv; g->nkv++) {
         gkv *e = &g->kv[g->nkv];
@@ -440,7 +440,7 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its header", path);
     stz_gguf_tensor **order = malloc((nt + 1) * sizeof *order);
     if (!order)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor order");
     for (size_t i = 0; i < nt; i++) {
         stz_gguf_tensor *t = &g->t[i];
         order[i] = t;
@@ -479,7 +479,7 @@ stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err)
         stz_gguf_free(g);
         uint8_t *buf = malloc(n + 1);
         if (!buf || !(g = calloc(1, sizeof *g)))
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the GGUF header");
         else if (stz_pread_full(fd, buf, n, 0))
             st = stz_err_set(err, STZ_E_IO, "%s: read failed", path);
         else {

@@ -197,7 +197,7 @@ static stz_status mapped_tensor(exporter *x, etensor *e, int *done, stz_err *err
         return STZ_OK;
     int nt = x->p->threads < 1 ? 1 : x->p->threads;
     mapper mp = {x, e, x->of.pos, NULL, calloc((size_t)nt, sizeof(uint8_t *)), cb, bb};
-    stz_status st = mp.buf ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = mp.buf ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the threads' chunk buffers");
     if (!st && e->kind == K_RAW) {
         size_t ns = (size_t)(e->rows * (e->cols / GGML_QK) * 2);
         if (!(mp.scales = malloc(ns)))
@@ -206,7 +206,7 @@ static stz_status mapped_tensor(exporter *x, etensor *e, int *done, stz_err *err
             st = stz_container_tensor_map(ct, e->q->scales_name, nt, copy_chunk, mp.scales, err);
         for (int t = 0; !st && t < nt; t++)
             if (!(mp.buf[t] = malloc(stz_container_chunk_size(ct) / cb * bb)))
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a chunk buffer");
     }
     if (!st && !(st = stz_container_tensor_map(ct, e->q->name, nt, map_chunk, &mp, err)))
         x->of.pos += e->bytes, *done = 1;

@@ -108,7 +108,7 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
     const stz_fwd_config *c = x->c;
     size_t cap = NROLES * (size_t)c->n_layers + 8;
     if (!(x->t = calloc(cap, sizeof *x->t)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor plan");
     /* in file order: the embedding, layer by layer, then the norm and head */
     for (uint32_t l = 0; l <= c->n_layers + 1; l++)
         for (size_t r = 0; r < NROLES; r++) {
@@ -232,7 +232,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     }
     char *copy = strdup(model_path);
     if (!copy) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
         goto done;
     }
     snprintf(name, sizeof name, "%s", p->name ? p->name : basename(copy));
@@ -277,7 +277,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     static const uint8_t zero[GGUF_ALIGN];
     gb_bytes(&head, zero, (GGUF_ALIGN - head.n % GGUF_ALIGN) % GGUF_ALIGN);
     if (kv.oom || head.oom) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the GGUF header");
         goto done;
     }
     x.total = off;

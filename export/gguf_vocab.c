@@ -31,7 +31,7 @@ static stz_status vocab_alloc(vocab *v, uint32_t n, stz_err *err)
     v->text = calloc(n + 1, sizeof *v->text);
     v->score = calloc(n + 1, sizeof *v->score);
     v->type = calloc(n + 1, sizeof *v->type);
-    return v->text && v->score && v->type ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    return v->text && v->score && v->type ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the vocabulary");
 }
 
 static int is_byte_piece(const char *s)
@@ -90,7 +90,7 @@ static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, st
         /* pieces spell spaces as ' '; llama.cpp's SentencePiece vocabulary as U+2581 */
         char *t = malloc((size_t)len * 3 + 8), *o = t;
         if (!(v.text[i] = t)) {
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
             goto done;
         }
         for (int32_t k = 0; k < len; k++)
@@ -264,7 +264,7 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
             }
             free(v.text[id]);
             if (!(v.text[id] = strdup(s))) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
                 goto done;
             }
             v.type[id] = l ? (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ? TT_CONTROL : TT_USER)
@@ -275,7 +275,7 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
             char pad[32];
             snprintf(pad, sizeof pad, "[PAD%u]", i);
             if (!(v.text[i] = strdup(pad))) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
                 goto done;
             }
             v.type[i] = TT_UNUSED;

@@ -149,7 +149,7 @@ stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
         ZSTD_DCtx *d = ZSTD_createDCtx();
         stz_err sub;
         st = d ? stz_plane_decode(d, STZ_CODEC_ZSTD, z, (size_t)stored, c->header_img, c->header_len, &sub)
-               : stz_err_set(&sub, STZ_E_NOMEM, "out of memory");
+               : stz_err_set(&sub, STZ_E_NOMEM, "out of memory for a zstd context for the header");
         ZSTD_freeDCtx(d);
         if (st)
             BAD(st, "%s: header section: %s", P, sub.msg);

@@ -116,7 +116,7 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     x.tb = pool ? pool : calloc((size_t)nt, sizeof *x.tb);
     x.hashes = calloc(nsel + 1, sizeof *x.hashes);
     if (!x.tb || !x.hashes)
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the decoding threads' buffers");
     for (int t = 0; !st && !pool && t < nt; t++)
         st = stz_ct_dec_buf_init(&x.tb[t], c->max_raw, err);
     uint64_t total = 0;
@@ -160,7 +160,7 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
         }
         sel = calloc(c->n + 1, sizeof *sel);
         if (!sel) {
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
             goto cleanup;
         }
         nsel = 0;
@@ -223,7 +223,7 @@ static stz_status pool_get(stz_container *c, int threads, stz_err *err)
     free(c->cache);
     c->cached = c->n, c->pool_n = 0;
     if (!(c->cache = calloc((size_t)threads, sizeof *c->cache)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the decoding buffers");
     c->pool_n = threads;
     stz_status st = STZ_OK;
     for (int t = 0; !st && t < threads; t++)
@@ -254,7 +254,7 @@ stz_status stz_container_tensor_map(stz_container *c, const char *name, int thre
         return stz_err_set(err, STZ_E_ARG, "%s: no tensor named '%s'", c->path, name);
     size_t nsel, *sel = tensor_chunks(c, (size_t)ti, &nsel);
     if (!sel)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor's chunk list");
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     p.threads = threads;
     st = run_decode_with(&p, c, sel, nsel, NULL, NULL, c->cache, sink, user, err);
@@ -284,7 +284,7 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
                            (unsigned long long)(t->end - t->begin), cap);
     size_t nsel, *sel = tensor_chunks(c, (size_t)ti, &nsel);
     if (!sel)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor's chunk list");
     stz_status st = run_decode(&p, c, sel, nsel, NULL, dst, err);
     free(sel);
     return st;
@@ -327,7 +327,7 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
         if (whole >= 2) { /* whole chunks straight into dst, on several threads */
             size_t *sel = malloc(whole * sizeof *sel), k = 0;
             if (!sel)
-                return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                return stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
             for (; k < whole; k++)
                 sel[k] = i + k;
             stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;

@@ -37,7 +37,7 @@ static stz_status sink_begin(void *user, const uint8_t *head, size_t len, const 
         data += t[i].end - t[i].begin;
     c->orig_size = len + data;
     if (!(c->spans = malloc((nt + 1) * sizeof *c->spans)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans");
     memcpy(c->spans, t, nt * sizeof *t);
     stz_status st = stz_pw_plan_chunks(c, nt, err);
     if (st || (st = stz_pw_write_head(c, head, len, err)))
@@ -154,7 +154,7 @@ stz_status stz_pack_sink_open(stz_pack_sink **out, const stz_pack_params *p, con
     stz_pack_sink *s = calloc(1, sizeof *s);
     if (!s || !(s->path = strdup(path))) {
         free(s);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the container writer");
     }
     s->p = *p;
     s->p.progress = NULL; /* the producer reports progress */
@@ -230,7 +230,7 @@ stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, 
     if (!st)
         st = stz_reader_open_header(&r, img, 8 + hlen, 0, label, err);
     if (!st && (!(spans = stz_pw_spans(r)) || !(buf = malloc(p->chunk_size))))
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans and a chunk buffer");
     if (!st)
         st = s->ws.begin(s, img, 8 + hlen, spans, stz_reader_count(r), err);
     uint64_t total = r ? stz_reader_file_size(r) - 8 - hlen : 0, done = 0;

@@ -42,7 +42,7 @@ stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *lab
     stz_container *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(label))) {
         free(c);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the container's state");
     }
     c->fd = fd, c->stream = 1, c->size = UINT64_MAX;
     stz_outfile of = STZ_OUTFILE_INIT;
@@ -94,7 +94,7 @@ stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *lab
         uint8_t *tail = malloc(tl);
         c->tail_off = c->spos;
         if (!tail)
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the index and trailer");
         else if ((st = stz_ct_sread(c, c->spos, tail, tl, "index and trailer", err)))
             free(tail);
         else {

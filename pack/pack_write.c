@@ -136,7 +136,7 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
         return stz_err_set(err, STZ_E_INTERRUPTED, "%s: stopped", c->label);
     if (r) { /* the file packed, or a tensor a sink took by reference */
         if (!b->raw && !(b->raw = malloc(c->p->chunk_size)))
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a chunk buffer");
         if ((st = stz_reader_read(r, rt, ch->data_offset - t->begin, b->raw, ch->raw_size, err)))
             return st;
         raw = b->raw;
@@ -178,7 +178,7 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, cons
         return st;
     uint8_t *pbuf = malloc(stz_planes_bound(cs)), *rec = malloc(stz_record_bound(cs));
     if (!pbuf || !rec)
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plane and record buffers");
     for (uint64_t off = 0; !st && off < n; off += cs) {
         size_t k = n - off < cs ? (size_t)(n - off) : cs, len;
         if (!(st = encode_chunk(&enc, p, dtype, n, data + off, k, pbuf, rec, &len, err)))
@@ -300,7 +300,7 @@ stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, i
     if (p->level != STZ_PACK_FAST && p->level != STZ_PACK_BEST)
         return stz_err_set(err, STZ_E_ARG, "pack: unknown level %d", (int)p->level);
     if (!(c->tb = calloc((size_t)p->threads, sizeof *c->tb)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the encoding threads' buffers");
     for (int t = 0; t < p->threads; t++) {
         thread_buf *b = &c->tb[t];
         b->raw = reads ? malloc(p->chunk_size) : NULL;
@@ -390,7 +390,7 @@ static stz_status pack_file(const stz_pack_params *p, const char *in, const char
     stz_reader_header(r, &hlen);
     c.orig_size = stz_reader_file_size(r);
     if (!(c.spans = stz_pw_spans(r)) || !(img = malloc(8 + hlen))) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans and the header");
         goto cleanup;
     }
     if ((st = stz_pw_plan_chunks(&c, nt, err)) || (st = stz_reader_pread(r, 0, img, 8 + hlen, err)) ||

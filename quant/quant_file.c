@@ -281,7 +281,7 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
     nt = stz_reader_count(r);
     pl = calloc(nt + 1, sizeof *pl);
     if (!pl) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plan of every tensor");
         goto cleanup;
     }
     for (size_t i = 0; i < nt; i++) {
@@ -301,7 +301,7 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
     size_t batch_elems = STZ_QUANT_BATCH_BYTES / 2 > maxrow ? STZ_QUANT_BATCH_BYTES / 2 : maxrow;
     nslots = p->threads < 1 ? 1 : p->threads;
     if (!(slot = calloc((size_t)nslots, sizeof *slot))) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the quantizing threads' buffers");
         goto cleanup;
     }
     for (int k = 0; k < nslots; k++) {
@@ -342,7 +342,7 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
         for (int k = 0; k < (x->d.method == STZ_QMETHOD_ASYM ? 2 : 1); k++) {
             size_t len = strlen(t->name) + 8;
             if (!(*names[k] = malloc(len))) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales' names");
                 goto cleanup;
             }
             snprintf(*names[k], len, "%s.%s", t->name, k ? "mins" : "scales");

@@ -193,7 +193,7 @@ static stz_status svd_load(const stz_reader *r, qinfo *qi, stz_err *err)
     float *vs = malloc(k * sizeof *vs);
     uint8_t *b = malloc(k * 4 + 1);
     qi->vh = malloc(k * n * sizeof *qi->vh), qi->sv = malloc(k * sizeof *qi->sv);
-    stz_status st = q && vs && b && qi->vh && qi->sv ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = q && vs && b && qi->vh && qi->sv ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the SVD factors");
     if (!st && !(st = stz_reader_read(r, qi->Vh, 0, q, k * n, err)) && !(st = stz_reader_read(r, qi->Vs, 0, b, k * 4, err)) &&
         !(st = stz_to_f32(STZ_DTYPE_F32, b, k, vs, err)) && !(st = stz_reader_read(r, qi->S, 0, q + k * n, k, err))) {
         for (size_t i = 0; i < k; i++)

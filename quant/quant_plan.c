@@ -104,7 +104,7 @@ stz_status stz_qw_plan_prepare(const stz_reader *r, const stz_tensor *t, plan_t 
     size_t cols = stz_qf_fit_cols(x->cols), nr = stz_qf_fit_rows(x->rows);
     float *smp = malloc(nr * cols * sizeof *smp + 1);
     if (!smp)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sample of rows");
     for (size_t k = 0; !st && k < nr; k++) {
         uint64_t row = k * (x->rows / nr);
         if (!(st = stz_reader_read(r, t, row * x->cols * esz, buf, cols * esz, err)))

@@ -58,7 +58,7 @@ static stz_status dequantize_file(const stz_quant_params *p, const char *in, con
     qi = calloc(nt + 1, sizeof *qi);
     skip = calloc(nt + 1, 1);
     if (!qi || !skip) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the quantization entries");
         goto cleanup;
     }
     if ((st = stz_refuse_input_as_output(in, out, err)))
@@ -71,7 +71,7 @@ static stz_status dequantize_file(const stz_quant_params *p, const char *in, con
     f = malloc(elems * sizeof *f);
     sc = malloc(2 * elems * sizeof *sc); /* scales, then minimums (asym) */
     if (!buf || !obuf || !f || !sc) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the row buffers");
         goto cleanup;
     }
     if ((st = stz_writer_open(&w, out, p->write_flags, err)))
@@ -153,7 +153,7 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
     m->pos = malloc((nt + 1) * sizeof *m->pos);
     skip = calloc(nt + 1, 1);
     if (!m->qi || !m->list || !m->idx || !m->pos || !skip) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor list");
         goto fail;
     }
     if ((st = stz_qi_scan(m->r, m->qi, skip, &maxcols, err)))
@@ -203,7 +203,7 @@ static stz_status qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
     *out = NULL;
     stz_qmodel *m = calloc(1, sizeof *m);
     if (!m)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model");
     stz_status st;
     if (stz_is_container(path)) { /* its data decoded where it is read */
         if (!(st = stz_container_open(&m->container, path, err)))
@@ -223,7 +223,7 @@ stz_status stz_qmodel_open_reader(stz_qmodel **out, const stz_reader *r, stz_err
     *out = NULL;
     stz_qmodel *m = calloc(1, sizeof *m);
     if (!m)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model");
     m->r = (stz_reader *)r; /* not freed: owns_reader is 0 */
     stz_status st = qmodel_init(m, err);
     if (st) {
@@ -292,7 +292,7 @@ stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, si
     if (need > m->scratch_cap) {
         uint8_t *b = realloc(m->scratch, need);
         if (!b)
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows read");
         m->scratch = b, m->scratch_cap = need;
     }
     if (!e->bits) {

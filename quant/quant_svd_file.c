@@ -34,7 +34,7 @@ static stz_status svd_quality(const float *W, plan_t *x, stz_err *err)
     size_t m = (size_t)x->rows, n = (size_t)x->cols;
     float *Wr = malloc(m * n * sizeof *Wr + 1);
     stz_status st = Wr ? stz_svd_q8_rebuild(x->Uq, x->Us, x->Sq, x->s_scale, x->Vq, x->Vs, m, n, x->rank, Wr, err)
-                       : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+                       : stz_err_set(err, STZ_E_NOMEM, "out of memory for the rebuilt matrix");
     if (!st) {
         stz_metrics_acc acc;
         memset(&acc, 0, sizeof acc);
@@ -87,7 +87,7 @@ static stz_status quantize_factors(const stz_tensor *t, plan_t *x, const stz_svd
     stz_svd_q8(f, x->Uq, x->Us, x->Sq, &x->s_scale, x->Vq, x->Vs);
     XXH3_state_t *h = XXH3_createState();
     if (!h)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a hash state");
     XXH3_64bits_reset(h);
     XXH3_64bits_update(h, x->Uq, m * rk), XXH3_64bits_update(h, x->Us, m * sizeof(float));
     XXH3_64bits_update(h, x->Sq, rk), XXH3_64bits_update(h, &x->s_scale, sizeof x->s_scale);
@@ -135,7 +135,7 @@ static stz_status svd_prepare(const stz_reader *r, const stz_tensor *t, plan_t *
     for (int j = 0; j < 5; j++) {
         size_t len = strlen(t->name) + 16;
         if (!(x->fname[j] = malloc(len)))
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors' names");
         snprintf(x->fname[j], len, "%s%s", t->name, factor_suffix[j]);
         if (stz_reader_find(r, x->fname[j]) >= 0)
             return stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s': its factor would be stored as '%s', which "
@@ -186,7 +186,7 @@ stz_status stz_qw_svd_plan(const stz_quant_params *p, const stz_reader *r, plan_
     if (!n)
         return STZ_OK;
     if (!(j.idx = malloc(n * sizeof *j.idx)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the SVD work list");
     for (size_t i = 0, k = 0; i < nt; i++)
         if (pl[i].svd)
             j.idx[k++] = i;

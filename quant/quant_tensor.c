@@ -34,7 +34,7 @@ stz_status stz_qf_fit_tensor(stz_qformat *f, const float *x, uint64_t rows, uint
     size_t nr = stz_qf_fit_rows(rows), fc = stz_qf_fit_cols(cols);
     float *smp = malloc(nr * fc * sizeof *smp + 1);
     if (!smp)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sample of rows");
     for (size_t k = 0; k < nr; k++)
         memcpy(smp + k * fc, x + k * (rows / nr) * cols, fc * sizeof *smp);
     if (nr)
@@ -67,7 +67,7 @@ stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *S
                               const float *Vs, size_t m, size_t n, size_t k, float *W, stz_err *err)
 {
     float *U = malloc(m * k * sizeof *U + 1), *S = malloc(k * sizeof *S + 1), *V = malloc(k * n * sizeof *V + 1);
-    stz_status st = U && S && V ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory");
+    stz_status st = U && S && V ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the SVD factors");
     if (!st) {
         for (size_t i = 0; i < m; i++)
             stz_q8_dequantize_ref(Uq + i * k, Us + i, k, k, U + i * k);
@@ -75,7 +75,7 @@ stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *S
             stz_q8_dequantize_ref(Vq + i * n, Vs + i, n, n, V + i * n);
         stz_q8_dequantize_ref(Sq, &s_scale, k, k, S);
         if (stz_svd_reconstruct(U, S, V, m, n, k, W))
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the rebuilt matrix");
     }
     free(U), free(S), free(V);
     return st;
@@ -105,7 +105,7 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, si
     for (int k = 0; k < 5; k++)
         out->part[k] = malloc(len[k] + 1), out->len[k] = len[k], out->dtype[k] = dt[k];
     if (!Us || !Vs || !W || !out->part[0] || !out->part[1] || !out->part[2] || !out->part[3] || !out->part[4])
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the SVD factors");
     if (!st) {
         stz_svd_q8(&f, (int8_t *)out->part[0], Us, (int8_t *)out->part[2], &s_scale, (int8_t *)out->part[3], Vs);
         stz_from_f32(STZ_DTYPE_F32, Us, m, out->part[1], err);
@@ -167,7 +167,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
     out->part[0] = malloc(out->len[0] + 1);
     stz_status st = STZ_OK;
     if (!sc || (asym && !mn) || !y || !out->part[0])
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the codes and scales");
     for (uint64_t r = 0; !st && r < rows; r++) {
         const float *xr = x + r * cols;
         float *s = sc + r * nb, *m = mn ? mn + r * nb : NULL;
@@ -185,7 +185,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
     for (int k = 1; !st && ns > 1 && k <= (asym ? 2 : 1); k++) { /* one block: its scale is in the metadata */
         out->len[k] = (size_t)ns * ssz;
         if (!(out->part[k] = malloc(out->len[k] + 1)))
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory");
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales");
         else
             stz_qf_store_scales(f, k == 1 ? sc : mn, (size_t)ns, out->part[k]);
     }

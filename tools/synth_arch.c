@@ -124,7 +124,7 @@ stz_status stz_synth_arch_size(const char *name, size_t *tensors, uint64_t *para
     stz_sy_build_specs(a, &s);
     if (s.oom) {
         free(s.v);
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory");
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the configuration");
     }
     *tensors = s.n;
     *params = 0;
