@@ -439,15 +439,10 @@ int cli_model_config(const char *path, const cli_model_set *s, const char *confi
 stz_status cli_no_config(const char *path, const cli_model_set *s, stz_err *err)
 {
     /* --config helps only a Llama-family model: say so when the names are another's */
-    static const char *const llama[] = {"model.layers.0.self_attn.q_proj.weight", "layers.0.attention.wq.weight"};
-    size_t f, i;
-    const char *other = s && s->n && stz_qmodel_count(s->m[0]) ? stz_qmodel_tensor(s->m[0], 0)->name : NULL;
-    for (size_t k = 0; other && k < 2; k++)
-        if (cli_set_find(s, llama[k], &f, &i))
-            other = NULL;
-    if (other)
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: not a Llama-family model (no '%s'; its tensors are named like "
-                           "'%s'): stz runs Llama, Mistral, Qwen2 and llama2.c models", path, llama[0], other);
+    if (s && s->n && stz_qmodel_count(s->m[0]) && stz_fwd_layout(s->m, s->n) < 0)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: not a Llama-family model (no model.embed_tokens.weight or "
+                           "tok_embeddings.weight; its tensors are named like '%s'): stz runs Llama, Mistral, Qwen2 "
+                           "and llama2.c models", path, stz_qmodel_tensor(s->m[0], 0)->name);
     return stz_err_set(err, STZ_E_FORMAT, "%s: no model configuration (no config.json beside it, no "
                                           "__metadata__[\"config\"]): give one with --config FILE", path);
 }

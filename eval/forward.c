@@ -32,6 +32,15 @@ static const char *const global_names[2][G_COUNT] = {{"tok_embeddings.weight", "
 
 const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m) { return &m->c; }
 
+int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
+{
+    for (int hf = 1; hf >= 0; hf--)
+        for (size_t f = 0; f < nfiles; f++)
+            if (stz_qmodel_find(files[f], global_names[hf][G_EMBED]) >= 0)
+                return hf;
+    return -1;
+}
+
 static int find(const stz_fwd *m, const char *name, loc *at)
 {
     for (size_t f = 0; f < m->nfiles; f++) {
@@ -103,9 +112,8 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     memcpy(m->files, files, nfiles * sizeof *files);
     m->nfiles = nfiles, m->c = *c, m->threads = threads < 1 ? 1 : threads, m->keep_budget = STZ_FWD_KEEP_DEFAULT;
     snprintf(m->label, sizeof m->label, "%s", label);
-    loc probe;
-    int hf = find(m, global_names[1][G_EMBED], &probe);
-    if (!hf && !find(m, global_names[0][G_EMBED], &probe)) {
+    int hf = stz_fwd_layout(files, nfiles);
+    if (hf < 0) {
         stz_fwd_free(m);
         return stz_err_set(err, STZ_E_FORMAT, "%s: no token embedding (model.embed_tokens.weight or "
                                               "tok_embeddings.weight): not a Llama-family model", label);
@@ -122,7 +130,8 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
         for (int k = 0; !st && k < T_PER_LAYER; k++) {
             snprintf(name, sizeof name, layer_names[hf][k], l);
             if (l == c->n_layers) { /* more layers than the config says */
-                if (find(m, name, &probe))
+                loc extra;
+                if (find(m, name, &extra))
                     st = stz_err_set(err, STZ_E_FORMAT, "%s: the config says %u layers but '%s' is there", label,
                                      c->n_layers, name);
                 continue;

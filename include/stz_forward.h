@@ -55,6 +55,10 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
                         const char *label, int threads, stz_err *err);
 void stz_fwd_free(stz_fwd *m);
 const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
+/* The tensor-name layout of a checkpoint, told by its token embedding: 1
+ * Hugging Face's (model.embed_tokens.weight), 0 llama2.c's
+ * (tok_embeddings.weight), -1 neither (not a model stz_fwd_open runs). */
+int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles);
 
 /* Called after each layer of each pass; non-zero stops with STZ_E_INTERRUPTED. */
 typedef int (*stz_fwd_progress)(void *user, uint64_t done, uint64_t total);
