@@ -57,7 +57,7 @@ oom:
 tsan:
 	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DSTZ_TSAN=ON >/dev/null
 	cmake --build $(BUILD)-tsan -j $(JOBS)
-	ctest --test-dir $(BUILD)-tsan --output-on-failure -j $(JOBS) -R '^test_(quant|pack|svd|qformat)$$'
+	ctest --test-dir $(BUILD)-tsan --output-on-failure -j $(JOBS) -R '^test_(quant|pipeline|pack|svd|qformat)$$'
 
 bench: build
 	sh bench/bench_pack.sh $(BUILD)

@@ -2,9 +2,10 @@
 #ifndef STZ_CLI_H
 #define STZ_CLI_H
 
-#include "stz.h"
+#include "core/stz_core.h"
 #include "stz_forward.h"
-#include "stz_quant.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -150,15 +151,15 @@ int cli_ncores(void);
 typedef struct {
     char *path;
     int handle;
-} tmpfile_t;
-int cli_tmp_make(tmpfile_t *t, const char *out, const char *what);
+} cli_tmpfile;
+int cli_tmp_make(cli_tmpfile *t, const char *out, const char *what);
 /* Where intermediate files of `out` go: next to it, or in $TMPDIR (/tmp)
  * when out is "-" (standard output). Returns buf. */
 const char *cli_tmp_base(const char *out, char *buf, size_t cap);
-void cli_tmp_drop(tmpfile_t *t);
+void cli_tmp_drop(cli_tmpfile *t);
 /* Closes f, written to t's file, and moves that to `path` (errors name
  * path); t is dropped either way. */
-stz_status cli_tmp_finish(tmpfile_t *t, FILE *f, const char *path, int force, stz_err *err);
+stz_status cli_tmp_finish(cli_tmpfile *t, FILE *f, const char *path, int force, stz_err *err);
 /* Replaces the temporary path `tmp` in err's message by `shown` (the file
  * the user named), so that errors name the input. */
 void cli_err_path(stz_err *err, const char *tmp, const char *shown);

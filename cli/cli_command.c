@@ -49,7 +49,8 @@ int cli_run(const cli_command *cmd, int argc, char **argv)
 {
     running_argv = argv;
     opterr = 0; /* cli_bad_option says it, once */
-    stz_json_begin(); /* cJSON through stz's allocator: cli_print_json sees a failure */
+    stz_json_route_allocations(); /* cJSON through stz's allocator: cli_print_json sees a failure */
+    stz_json_begin();
     int rc = cmd->run(argc, argv);
     running_argv = NULL;
     return rc;

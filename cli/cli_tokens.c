@@ -135,7 +135,7 @@ static stz_status read_tokens(const char *path, cli_seqs *q, stz_err *err)
 
 stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err *err)
 {
-    tmpfile_t t;
+    cli_tmpfile t;
     if (cli_tmp_make(&t, path, "tokens"))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
     FILE *f = fopen(t.path, "w");

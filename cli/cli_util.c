@@ -1,7 +1,8 @@
 /* Helpers shared by the stz commands: errors, numbers, progress. */
 #include "cli.h"
 #include "stz_pack.h"
-#include "stz_quant.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 #include "stz_forward.h"
 
 #include <libgen.h>
@@ -221,7 +222,7 @@ int cli_threads(const char *s)
 }
 
 /* A temporary name next to `out` for an intermediate file; tracked. */
-int cli_tmp_make(tmpfile_t *t, const char *out, const char *what)
+int cli_tmp_make(cli_tmpfile *t, const char *out, const char *what)
 {
     size_t n = strlen(out) + 32;
     const char *slash = strrchr(out, '/');
@@ -245,7 +246,7 @@ int cli_tmp_make(tmpfile_t *t, const char *out, const char *what)
     return 0;
 }
 
-void cli_tmp_drop(tmpfile_t *t)
+void cli_tmp_drop(cli_tmpfile *t)
 {
     if (!t->path)
         return;
@@ -265,7 +266,7 @@ void cli_largest_first(const double *sizes, size_t n, size_t *order)
     }
 }
 
-stz_status cli_tmp_finish(tmpfile_t *t, FILE *f, const char *path, int force, stz_err *err)
+stz_status cli_tmp_finish(cli_tmpfile *t, FILE *f, const char *path, int force, stz_err *err)
 {
     stz_status st = STZ_OK;
     if (!f || ferror(f) | fclose(f))

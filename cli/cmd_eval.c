@@ -1,7 +1,8 @@
 /* stz eval: how close a candidate model is to the original. */
 #include "cli.h"
 #include "stz_eval.h"
-#include "stz_quant.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -38,11 +39,11 @@ typedef struct {
     const char *action;
     uint64_t numel;
     stz_metrics m;
-} row_t;
+} eval_row;
 
 static int by_cosine(const void *a, const void *b)
 {
-    double x = ((const row_t *)a)->m.cosine, y = ((const row_t *)b)->m.cosine;
+    double x = ((const eval_row *)a)->m.cosine, y = ((const eval_row *)b)->m.cosine;
     return (x > y) - (x < y);
 }
 
@@ -91,7 +92,7 @@ int cmd_eval(int argc, char **argv)
     size_t na = 0, nr = 0;
     for (size_t f = 0; f < A.n; f++)
         na += stz_qmodel_count(A.m[f]);
-    row_t *rows = calloc(na + 1, sizeof *rows);
+    eval_row *rows = calloc(na + 1, sizeof *rows);
     cJSON *doc = json ? cJSON_CreateObject() : NULL, *missing = cJSON_CreateArray(), *extra = cJSON_CreateArray(),
           *mismatched = cJSON_CreateArray();
     double wsum = 0, wtot = 0, minc = 1;
@@ -139,7 +140,7 @@ int cmd_eval(int argc, char **argv)
                 goto done;
             }
             done_n++;
-            rows[nr++] = (row_t){ta->name, cli_action_of(tb, "kept"), ta->numel, m};
+            rows[nr++] = (eval_row){ta->name, cli_action_of(tb, "kept"), ta->numel, m};
             wsum += m.cosine * (double)ta->numel, wtot += (double)ta->numel;
             minc = m.cosine < minc ? m.cosine : minc;
             if (cli_progress_cb(&prog, nr, na)) {

@@ -2,7 +2,8 @@
  * top-1 agreement, perplexity change) over the same token sequences. */
 #include "cli.h"
 #include "stz_forward.h"
-#include "stz_quant.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 #include "stz_safetensors.h"
 
 #include <cjson/cJSON.h>

@@ -1,7 +1,8 @@
 /* stz inspect: what a model file holds. */
 #include "cli.h"
 #include "stz_pack.h"
-#include "stz_quant.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 #include "stz_safetensors.h"
 
 #include <cjson/cJSON.h>

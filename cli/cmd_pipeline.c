@@ -4,7 +4,8 @@
 #include "cli.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
-#include "stz_quant.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -340,7 +341,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, in
 {
     const popts *o = (const popts *)user;
     stz_status s;
-    tmpfile_t tu = {0};
+    cli_tmpfile tu = {0};
     if (strcmp(out, "-") && (s = stz_refuse_input_as_output(in, out, err))) /* --dequantize: a temporary file */
         return s;
     stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;

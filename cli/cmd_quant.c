@@ -2,7 +2,8 @@
 #include "cli.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
-#include "stz_quant.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 #include "stz_safetensors.h"
 
 #include <cjson/cJSON.h>

@@ -178,7 +178,7 @@ static char *default_policy_path(const char *model)
 
 static stz_status write_text(const char *path, const char *text, int force, stz_err *err)
 {
-    tmpfile_t t;
+    cli_tmpfile t;
     if (cli_tmp_make(&t, path, "policy"))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
     FILE *f = fopen(t.path, "w");
@@ -215,7 +215,7 @@ int cmd_tune(int argc, char **argv)
     stz_tune_solution sol = {0};
     char from[4096], source[64];
     char *policy = NULL;
-    tmpfile_t tc = {0};
+    cli_tmpfile tc = {0};
     measured m1 = {0}, m2 = {0};
     int have1 = 0, have2 = 0, sharded = 0;
     stz_tune_point first = {0};

@@ -28,7 +28,7 @@ static size_t pick_points(const stz_tune_solution *s, size_t want, size_t *idx)
 stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
                              const measured *m, int force, stz_err *err)
 {
-    tmpfile_t t;
+    cli_tmpfile t;
     if (cli_tmp_make(&t, path, "plot"))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
     FILE *f = fopen(t.path, "w");

@@ -1,5 +1,5 @@
 /* Error figures between a reference tensor and a candidate, read from
- * their files (the accumulators are common/stz_metrics.c). */
+ * their files (the accumulators are metrics_acc.c). */
 #include "stz_eval.h"
 
 #include <stdlib.h>

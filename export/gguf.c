@@ -1,7 +1,7 @@
 /* GGUF: types, the key/value builder, block packing, and a strict reader
  * (see stz_gguf.h). All integers in a GGUF file are little-endian. */
 #include "gguf_internal.h"
-#include "stz_internal.h"
+#include "core/stz_core.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /* GGUF export, the data: each tensor's rows converted, reordered for
  * llama.cpp's RoPE, requantized or repacked, or copied as stored. */
 #include "gguf_export.h"
-#include "stz_pack.h"
+#include "pack/pack_sink.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -225,7 +225,7 @@ static stz_status advance(exporter *x, uint64_t n, stz_err *err)
                : STZ_OK;
 }
 
-stz_status stz_gg_write_tensor(exporter *x, etensor *e, stz_err *err)
+stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err)
 {
     int mapped = 0;
     stz_status st = mapped_tensor(x, e, &mapped, err);

@@ -1,7 +1,8 @@
 /* stz_gguf_export: a Llama-family checkpoint to GGUF, streamed tensor by
  * tensor in row batches (see stz_gguf.h). */
 #include "gguf_export.h"
-#include "stz_internal.h"
+#include "model/roles.h"
+#include "core/stz_core.h"
 #include "stz_pack.h"
 
 #include <cjson/cJSON.h>
@@ -12,35 +13,13 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Source names (llama2.c, Hugging Face) and llama.cpp's; %u is the layer.
- * `perm`: Hugging Face q / k rows that llama.cpp's "llama" RoPE wants in
- * (2i, 2i+1) pairs (1: query heads, 2: key/value heads). */
-static const struct {
-    const char *src[2], *gguf;
-    int perm;
-} roles[] = {
-    {{"tok_embeddings.weight", "model.embed_tokens.weight"}, "token_embd.weight", 0},
-    {{"layers.%u.attention_norm.weight", "model.layers.%u.input_layernorm.weight"}, "blk.%u.attn_norm.weight", 0},
-    {{"layers.%u.attention.wq.weight", "model.layers.%u.self_attn.q_proj.weight"}, "blk.%u.attn_q.weight", 1},
-    {{"layers.%u.attention.wq.bias", "model.layers.%u.self_attn.q_proj.bias"}, "blk.%u.attn_q.bias", 1},
-    {{"layers.%u.attention.wk.weight", "model.layers.%u.self_attn.k_proj.weight"}, "blk.%u.attn_k.weight", 2},
-    {{"layers.%u.attention.wk.bias", "model.layers.%u.self_attn.k_proj.bias"}, "blk.%u.attn_k.bias", 2},
-    {{"layers.%u.attention.wv.weight", "model.layers.%u.self_attn.v_proj.weight"}, "blk.%u.attn_v.weight", 0},
-    {{"layers.%u.attention.wv.bias", "model.layers.%u.self_attn.v_proj.bias"}, "blk.%u.attn_v.bias", 0},
-    {{"layers.%u.attention.wo.weight", "model.layers.%u.self_attn.o_proj.weight"}, "blk.%u.attn_output.weight", 0},
-    {{"layers.%u.attention.wo.bias", "model.layers.%u.self_attn.o_proj.bias"}, "blk.%u.attn_output.bias", 0},
-    {{"layers.%u.ffn_norm.weight", "model.layers.%u.post_attention_layernorm.weight"}, "blk.%u.ffn_norm.weight", 0},
-    {{"layers.%u.feed_forward.w1.weight", "model.layers.%u.mlp.gate_proj.weight"}, "blk.%u.ffn_gate.weight", 0},
-    {{"layers.%u.feed_forward.w3.weight", "model.layers.%u.mlp.up_proj.weight"}, "blk.%u.ffn_up.weight", 0},
-    {{"layers.%u.feed_forward.w2.weight", "model.layers.%u.mlp.down_proj.weight"}, "blk.%u.ffn_down.weight", 0},
-    {{"norm.weight", "model.norm.weight"}, "output_norm.weight", 0},
-    {{"output.weight", "lm_head.weight"}, "output.weight", 0},
-};
-#define NROLES (sizeof roles / sizeof roles[0])
-#define FIRST_LAYER_ROLE 1
-#define LAST_LAYER_ROLE 13
-
-
+/* The order of tensors in the file: the embedding, layer by layer, then
+ * the norm and head. */
+static const stz_role file_order[] = {STZ_ROLE_EMBED, STZ_ROLE_ANORM, STZ_ROLE_WQ,    STZ_ROLE_BQ,    STZ_ROLE_WK,
+                                      STZ_ROLE_BK,    STZ_ROLE_WV,    STZ_ROLE_BV,    STZ_ROLE_WO,    STZ_ROLE_BO,
+                                      STZ_ROLE_FNORM, STZ_ROLE_GATE,  STZ_ROLE_UP,    STZ_ROLE_DOWN,  STZ_ROLE_NORM,
+                                      STZ_ROLE_HEAD};
+#define NROLES (sizeof file_order / sizeof file_order[0])
 
 static int float_type(stz_dtype d)
 {
@@ -111,12 +90,13 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor plan");
     /* in file order: the embedding, layer by layer, then the norm and head */
     for (uint32_t l = 0; l <= c->n_layers + 1; l++)
-        for (size_t r = 0; r < NROLES; r++) {
-            int layered = r >= FIRST_LAYER_ROLE && r <= LAST_LAYER_ROLE;
-            if (layered ? !l || l > c->n_layers : (l != 0) != (r > LAST_LAYER_ROLE) || (l && l <= c->n_layers))
+        for (size_t k = 0; k < NROLES; k++) {
+            stz_role r = file_order[k];
+            int layered = r < STZ_ROLE_PER_LAYER;
+            if (layered ? !l || l > c->n_layers : (l != 0) != (r != STZ_ROLE_EMBED) || (l && l <= c->n_layers))
                 continue;
             char src[256];
-            snprintf(src, sizeof src, roles[r].src[hf], l - 1);
+            snprintf(src, sizeof src, stz_roles[r].name[hf], l - 1);
             etensor *e = &x->t[x->n];
             long at = -1;
             for (size_t f = 0; f < nfiles && at < 0; f++)
@@ -125,14 +105,14 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
             if (at < 0)
                 continue; /* biases, a tied head: stz_fwd_open checked what is required */
             e->q = stz_qmodel_tensor(e->m, e->i);
-            snprintf(e->name, sizeof e->name, roles[r].gguf, l - 1);
+            snprintf(e->name, sizeof e->name, stz_roles[r].gguf, l - 1);
             e->rows = e->q->rows, e->cols = e->q->cols;
             e->ndim = e->q->ndim >= 2 ? 2 : 1;
             e->ne[0] = e->cols, e->ne[1] = e->rows;
             if (e->ndim == 1)
                 e->ne[0] = e->q->numel, e->rows = 1, e->cols = e->q->numel;
-            if (permute && roles[r].perm)
-                e->heads = roles[r].perm == 1 ? c->n_heads : c->n_kv_heads;
+            if (permute && stz_roles[r].perm)
+                e->heads = stz_roles[r].perm == 1 ? c->n_heads : c->n_kv_heads;
             stz_status st = choose(x, e, err);
             if (st)
                 return st;
@@ -217,9 +197,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     const char *arch = !strncmp(mt, "qwen2", 5) ? "qwen2" : "llama";
     snprintf(stats->arch, sizeof stats->arch, "%s", arch);
     /* Hugging Face names: the embedding's; llama.cpp's "llama" RoPE takes pairs */
-    int hf = 0;
-    for (size_t f = 0; f < nfiles; f++)
-        hf |= stz_qmodel_find(files[f], roles[0].src[1]) >= 0;
+    int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF;
     if ((st = plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err)) ||
         (!strcmp(arch, "qwen2") && (st = qwen2_biases(&x, err))))
         goto done;
@@ -287,7 +265,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
         (st = stz_outfile_write(&x.of, head.p, head.n, err)))
         goto done;
     for (size_t i = 0; i < x.n && !st; i++)
-        st = stz_gg_write_tensor(&x, &x.t[i], err);
+        st = stz_gguf_write_tensor(&x, &x.t[i], err);
     if (!st)
         st = stz_outfile_commit(&x.of, err);
 done:

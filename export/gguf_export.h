@@ -5,7 +5,7 @@
 #define STZ_GGUF_EXPORT_H
 
 #include "gguf_internal.h"
-#include "stz_internal.h"
+#include "core/stz_core.h"
 
 /* how a tensor is written: from float values (K_FLOAT), its bytes as
  * stored when GGUF takes its dtype (K_COPY), stz's codes
@@ -43,6 +43,6 @@ typedef struct {
 static inline int block_type(int type) { return type == STZ_GGML_Q8_0 || type == STZ_GGML_Q5_0 || type == STZ_GGML_Q4_0; }
 
 /* Writes tensor e's data (then padding to the alignment) at the output's end. */
-stz_status stz_gg_write_tensor(exporter *x, etensor *e, stz_err *err);
+stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err);
 
 #endif /* STZ_GGUF_EXPORT_H */

@@ -1,7 +1,7 @@
 /* The tokenizer as GGUF keys: from a Hugging Face tokenizer.json (BPE) or
  * a llama2.c tokenizer file (pieces with scores). */
 #include "gguf_internal.h"
-#include "stz_internal.h"
+#include "core/stz_core.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

@@ -16,6 +16,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* What libstz.so exports: the functions declared with STZ_API in include/
+ * (everything else is hidden). */
+#if defined(__GNUC__) || defined(__clang__)
+#define STZ_API __attribute__((visibility("default")))
+#else
+#define STZ_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -52,9 +60,9 @@ typedef enum {
 } stz_status;
 
 /* Short stable name of a status ("STZ_E_OFFSETS"); never NULL. */
-const char *stz_status_name(stz_status s);
+STZ_API const char *stz_status_name(stz_status s);
 /* One-line English description of a status; never NULL. */
-const char *stz_status_str(stz_status s);
+STZ_API const char *stz_status_str(stz_status s);
 
 #define STZ_ERR_MSG_MAX 1024
 typedef struct stz_err {
@@ -63,13 +71,13 @@ typedef struct stz_err {
 } stz_err;
 
 /* Sets err (if not NULL) and returns code. printf-style message. */
-stz_status stz_err_set(stz_err *err, stz_status code, const char *fmt, ...)
+STZ_API stz_status stz_err_set(stz_err *err, stz_status code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 /* Clears err to STZ_OK with an empty message. */
-void stz_err_clear(stz_err *err);
+STZ_API void stz_err_clear(stz_err *err);
 
 /* ---- dtypes ---------------------------------------------------------- */
 
@@ -90,22 +98,22 @@ typedef enum {
 } stz_dtype;
 
 /* Spelling used in SafeTensors headers ("BF16"); NULL if out of range. */
-const char *stz_dtype_name(stz_dtype d);
+STZ_API const char *stz_dtype_name(stz_dtype d);
 /* Parses a header spelling (exact, case-sensitive); returns 0 or -1. */
-int stz_dtype_parse(const char *s, stz_dtype *out);
+STZ_API int stz_dtype_parse(const char *s, stz_dtype *out);
 /* Same, case-insensitive (for command lines: "bf16"). */
-int stz_dtype_parse_nocase(const char *s, stz_dtype *out);
+STZ_API int stz_dtype_parse_nocase(const char *s, stz_dtype *out);
 /* Bits per element: 4 (F4), 6 (F6_*), 8, 16, 32 or 64. 0 if out of range. */
-unsigned stz_dtype_bits(stz_dtype d);
+STZ_API unsigned stz_dtype_bits(stz_dtype d);
 /* 1 for floating-point dtypes (F*, BF16, C64), else 0. */
-int stz_dtype_is_float(stz_dtype d);
+STZ_API int stz_dtype_is_float(stz_dtype d);
 
 /*
  * Bytes taken by n elements of d, following the SafeTensors rule:
  * n*bits must be a multiple of 8. Returns STZ_E_SHAPE on overflow or
  * misalignment (message names the problem, not the tensor).
  */
-stz_status stz_dtype_nbytes(stz_dtype d, uint64_t n, uint64_t *bytes, stz_err *err);
+STZ_API stz_status stz_dtype_nbytes(stz_dtype d, uint64_t n, uint64_t *bytes, stz_err *err);
 
 /* ---- progress -------------------------------------------------------- */
 
@@ -125,7 +133,7 @@ typedef int (*stz_progress_fn)(void *user, uint64_t done, uint64_t total);
  * async-signal-safe (system calls only, no allocation), so a SIGINT/SIGTERM
  * handler may call it before exiting.
  */
-void stz_tmp_cleanup_all(void);
+STZ_API void stz_tmp_cleanup_all(void);
 
 /* Interruption, for a SIGINT/SIGTERM handler (async-signal-safe): after
  * stz_interrupt_request(), every read from a pipe or terminal and every
@@ -134,9 +142,9 @@ void stz_tmp_cleanup_all(void);
  * stz_interrupt_pending() to stop the rest. The flag is process-wide and
  * stays set until stz_interrupt_clear() (for a caller that goes on after
  * an interrupted operation, as stz_command does). */
-void stz_interrupt_request(void);
-int stz_interrupt_pending(void);
-void stz_interrupt_clear(void);
+STZ_API void stz_interrupt_request(void);
+STZ_API int stz_interrupt_pending(void);
+STZ_API void stz_interrupt_clear(void);
 
 /*
  * Runs a stz command in this process, as the program would run `stz ARGS`
@@ -149,67 +157,13 @@ void stz_interrupt_clear(void);
  * is not shown; pass --json (and -q) to get results. One command at a time
  * per process (a second concurrent call gets STZ_E_ARG); the interruption
  * flag is cleared before it starts. In the shared library (libstz.so)
- * only: it is the program's command layer.
+ * only: it is the program's command layer. Process-wide effects, as in the
+ * program: cJSON's allocation hooks are set to stz's (cJSON_InitHooks, so
+ * that an allocation failure inside cJSON is reported), and commands that
+ * use OpenBLAS set its thread count to their -T.
  */
-int stz_command(int argc, const char *const *argv, char **json, stz_err *err);
-void stz_command_free(char *json);
-
-/* Adds a path of the caller's (an intermediate file) to what
- * stz_tmp_cleanup_all() removes; returns a handle for stz_tmp_untrack, or
- * -1 when the table is full. The path must stay valid while tracked. */
-int stz_tmp_track(char *path);
-void stz_tmp_untrack(int handle);
-
-/* 1 if a and b name the same existing file (same device and inode), else 0. */
-int stz_same_file(const char *a, const char *b);
-/* STZ_E_EXISTS ("output is the input file") if out is in, else STZ_OK. */
-stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *err);
-
-/* Opens an existing regular file for reading: *fd and its *size, or
- * STZ_E_IO naming the path (*fd = -1); a FIFO
- * or device is refused without blocking. */
-stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err);
-
-/* Sorts names[0..n) and returns the first name that appears twice, or NULL. */
-const char *stz_first_duplicate(const char **names, size_t n);
-
-/* JSON objects parsed by cJSON, which keeps every duplicate key (and
- * lookups return the first): the first key that appears twice in `obj`, or
- * NULL. */
-struct cJSON;
-const char *stz_json_duplicate_key(const struct cJSON *obj);
-/* The first key of `obj` not in the NULL-terminated list `allowed`, or NULL. */
-const char *stz_json_unknown_key(const struct cJSON *obj, const char *const *allowed);
-/* Building JSON with cJSON, whose adders drop an item silently when an
- * allocation fails: stz_json_begin() before a document (it also routes
- * cJSON's allocations through stz's), stz_json_failed() after it says
- * whether any allocation failed on this thread since. stz_json_put adds
- * item to object o under key (to array o when key is NULL), and on failure
- * frees item (cJSON's own adders leak it) and marks the failure. */
-void stz_json_begin(void);
-int stz_json_failed(void);
-int stz_json_put(struct cJSON *o, const char *key, struct cJSON *item);
-
-/* Reads a whole small regular file (policy, index, config) into a new
- * NUL-terminated buffer; refuses FIFOs and devices and files over `limit`. */
-stz_status stz_read_text(const char *path, size_t limit, char **text, size_t *len, stz_err *err);
-
-/* May an output be written at `path`? STZ_OK when nothing is there, or a
- * regular file and `force`; STZ_E_EXISTS otherwise, naming what is there
- * (devices, FIFOs, sockets and directories are never replaced, even with
- * force). */
-stz_status stz_output_check(const char *path, int force, stz_err *err);
-/* Renames a finished temporary file `tmp` to `path`. Without force it never
- * replaces a file that appeared meanwhile; with force it replaces only a
- * regular file (or a symbolic link). STZ_E_EXISTS or STZ_E_IO, naming path. */
-stz_status stz_output_place(const char *tmp, const char *path, int force, stz_err *err);
-
-/* Strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): the
- * offset of the first byte of s[0..n) that is not valid UTF-8, or n. */
-size_t stz_utf8_check(const uint8_t *s, size_t n);
-
-/* rename() that never replaces an existing `to` (EEXIST); 0 or -1/errno. */
-int stz_rename_noreplace(const char *from, const char *to);
+STZ_API int stz_command(int argc, const char *const *argv, char **json, stz_err *err);
+STZ_API void stz_command_free(char *json);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,7 @@
 #define STZ_EVAL_H
 
 #include "stz.h"
-#include "stz_quant.h"
+#include "stz_model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,15 +29,15 @@ typedef struct {
 } stz_metrics;
 
 /* Adds n element pairs (a = reference, b = candidate). */
-void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b, size_t n);
+STZ_API void stz_metrics_add(stz_metrics_acc *m, const float *a, const float *b, size_t n);
 /* Adds the pairs counted in `from` to `into`. */
-void stz_metrics_merge(stz_metrics_acc *into, const stz_metrics_acc *from);
-stz_metrics stz_metrics_finish(const stz_metrics_acc *m);
+STZ_API void stz_metrics_merge(stz_metrics_acc *into, const stz_metrics_acc *from);
+STZ_API stz_metrics stz_metrics_finish(const stz_metrics_acc *m);
 
 /* Compares tensor ia of `ref` with tensor ib of `cand` (same shape and a
  * float dtype), reading both in row batches: memory does not grow with the
  * tensor. STZ_E_SHAPE if the shapes differ. */
-stz_status stz_eval_tensor(stz_qmodel *ref, size_t ia, stz_qmodel *cand, size_t ib, stz_metrics *out, stz_err *err);
+STZ_API stz_status stz_eval_tensor(stz_qmodel *ref, size_t ia, stz_qmodel *cand, size_t ib, stz_metrics *out, stz_err *err);
 
 #ifdef __cplusplus
 }

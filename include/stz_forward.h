@@ -17,7 +17,8 @@
 #define STZ_FORWARD_H
 
 #include "stz.h"
-#include "stz_quant.h"
+#include "stz_experimental.h"
+#include "stz_model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,43 +41,44 @@ typedef struct {
 
 /* Parses a Hugging Face config.json or llama2.c-style config (dim,
  * hidden_dim, n_layers, ...) text; `label` names it in messages. */
-stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char *label, stz_err *err);
+STZ_API stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char *label, stz_err *err);
 
 /* The head_dim / 2 RoPE frequencies theta^(-2i/head_dim), scaled as the
  * configuration's rope_scaling says. */
-void stz_fwd_rope_frequencies(const stz_fwd_config *c, float *f);
+STZ_API void stz_fwd_rope_frequencies(const stz_fwd_config *c, float *f);
 
 typedef struct stz_fwd stz_fwd;
 
 /* A model over the files of one checkpoint (shards), which the caller
  * keeps open. Checks that every tensor the config needs is there with the
- * right shape. `threads` is given to OpenBLAS. */
-stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
+ * right shape. `threads` is given to OpenBLAS: the model's runs set its
+ * (process-wide) thread count to it. */
+STZ_API stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
                         const char *label, int threads, stz_err *err);
-void stz_fwd_free(stz_fwd *m);
-const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
+STZ_API void stz_fwd_free(stz_fwd *m);
+STZ_API const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
 /* The tensor-name layout of a checkpoint, told by its token embedding: 1
  * Hugging Face's (model.embed_tokens.weight), 0 llama2.c's
  * (tok_embeddings.weight), -1 neither (not a model stz_fwd_open runs). */
-int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles);
+STZ_API int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles);
 
 /* Called after each layer of each pass; non-zero stops with STZ_E_INTERRUPTED. */
 typedef int (*stz_fwd_progress)(void *user, uint64_t done, uint64_t total);
 
 /* Logits of every position: tokens holds nseq sequences of len ids; logits
  * gets nseq * len * vocab floats (row t: the prediction of token t + 1). */
-stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t len, float *logits,
+STZ_API stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t len, float *logits,
                           stz_err *err);
 
 /* Sampling keeps layers' weights as F32 between steps while they fit in
  * `bytes` (default STZ_FWD_KEEP_DEFAULT, 2 GiB): faster, but memory grows
  * with the model up to that; 0 reads every layer at every step. */
 #define STZ_FWD_KEEP_DEFAULT ((uint64_t)2 << 30)
-void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes);
+STZ_API void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes);
 
 /* Samples nseq sequences of len tokens (BOS first) at `temperature` with
  * nucleus `top_p`, deterministically from `seed`. */
-stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
+STZ_API stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
                           int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err);
 
 typedef struct {
@@ -89,7 +91,7 @@ typedef struct {
 /* Runs both models over the same sequences (lens[s] tokens each, laid out
  * with stride `stride`) and compares their next-token distributions, in
  * double precision. */
-stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
+STZ_API stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
                            const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
                            stz_err *err);
 
@@ -116,7 +118,10 @@ typedef struct {
     void *user;
 } stz_fwd_probe;
 
-stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+/* Runs the model on the sequences once unperturbed, then once per matrix
+ * the probe selects with that matrix perturbed as it is read, and reports
+ * each KL to probe->result (layers before the matrix are run once). */
+STZ_API stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                              const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err);
 
 #ifdef __cplusplus

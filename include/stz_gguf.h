@@ -16,7 +16,9 @@
 #define STZ_GGUF_H
 
 #include "stz.h"
+#include "stz_experimental.h"
 #include "stz_forward.h"
+#include "stz_model.h"
 #include "stz_quant.h"
 
 #ifdef __cplusplus
@@ -38,10 +40,10 @@ typedef enum {
 /* "f32", "q4_k", ... for every ggml type a GGUF file may hold (NULL for an
  * unknown number), and back for the types export writes (-2 for any other;
  * "auto" is STZ_GGML_AUTO). */
-const char *stz_ggml_type_name(int type);
-int stz_ggml_type_parse(const char *s);
+STZ_API const char *stz_ggml_type_name(int type);
+STZ_API int stz_ggml_type_parse(const char *s);
 /* Bytes of a row of n elements of `type` (n a multiple of its block). */
-uint64_t stz_ggml_row_bytes(int type, uint64_t n);
+STZ_API uint64_t stz_ggml_row_bytes(int type, uint64_t n);
 
 typedef struct {
     int type;        /* float 2-D tensors: STZ_GGML_AUTO (default) or a type */
@@ -75,7 +77,7 @@ typedef struct {
  * caller; `dir` is its directory, where config.json and tokenizer.json may
  * be) with configuration c to `out`. `model_path` names the model in
  * messages. */
-stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
+STZ_API stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
                            const stz_fwd_config *c, const char *config_json, const char *model_path,
                            const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err);
 
@@ -95,16 +97,16 @@ typedef struct {
 /* Opens and checks a GGUF file (version 2 or 3): every string and array
  * inside the file, tensor data inside the file, aligned and not
  * overlapping for the types stz knows. */
-stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err);
-void stz_gguf_free(stz_gguf *g);
-uint32_t stz_gguf_version(const stz_gguf *g);
-size_t stz_gguf_tensor_count(const stz_gguf *g);
-const stz_gguf_tensor *stz_gguf_tensor_at(const stz_gguf *g, size_t i);
-size_t stz_gguf_kv_count(const stz_gguf *g);
+STZ_API stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err);
+STZ_API void stz_gguf_free(stz_gguf *g);
+STZ_API uint32_t stz_gguf_version(const stz_gguf *g);
+STZ_API size_t stz_gguf_tensor_count(const stz_gguf *g);
+STZ_API const stz_gguf_tensor *stz_gguf_tensor_at(const stz_gguf *g, size_t i);
+STZ_API size_t stz_gguf_kv_count(const stz_gguf *g);
 /* Key i, and its value as short text (strings quoted; arrays as
  * "[N x type: first, ..., fourth, ...]"). */
-const char *stz_gguf_kv_key(const stz_gguf *g, size_t i);
-const char *stz_gguf_kv_text(const stz_gguf *g, size_t i);
+STZ_API const char *stz_gguf_kv_key(const stz_gguf *g, size_t i);
+STZ_API const char *stz_gguf_kv_text(const stz_gguf *g, size_t i);
 
 #ifdef __cplusplus
 }

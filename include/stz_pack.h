@@ -48,7 +48,7 @@ typedef struct stz_pack_stats {
 
 /* Packs SafeTensors `in` into container `out`. Input errors are the
  * reader's; STZ_E_EXISTS, STZ_E_IO, STZ_E_NOMEM, STZ_E_INTERRUPTED. */
-stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
+STZ_API stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
                          stz_err *err);
 
 /* Packs a SafeTensors file read in order from fd (a pipe: standard input),
@@ -57,16 +57,16 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
  * when it arrives; input that ends early (STZ_E_TRUNCATED) or goes on past
  * the last tensor (STZ_E_FORMAT) fails and leaves no output. Memory: the
  * header and a few chunks per thread. */
-stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
+STZ_API stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
                            stz_pack_stats *stats, stz_err *err);
 
 /* Predicting a container's size (stz tune): the bytes a tensor of `dtype`
  * holding data[n] takes in a container written with p (its chunk records
  * and index entries, exactly), and the container's fixed bytes for a
  * SafeTensors file whose JSON header is header[len]. */
-stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const uint8_t *data, uint64_t n,
+STZ_API stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const uint8_t *data, uint64_t n,
                                  uint64_t *bytes, stz_err *err);
-uint64_t stz_pack_fixed_bytes(const char *header, size_t len);
+STZ_API uint64_t stz_pack_fixed_bytes(const char *header, size_t len);
 
 /* ---- reading containers ---------------------------------------------- */
 
@@ -114,21 +114,21 @@ typedef struct {
 /* Opens a container and checks its header, trailer, index and the original
  * SafeTensors header (STZ_E_FORMAT, STZ_E_CHECKSUM, STZ_E_TRUNCATED, ...).
  * Chunk payloads are checked when decoded. */
-stz_status stz_container_open(stz_container **out, const char *path, stz_err *err);
-void stz_container_free(stz_container *c);
+STZ_API stz_status stz_container_open(stz_container **out, const char *path, stz_err *err);
+STZ_API void stz_container_free(stz_container *c);
 
 /* 1 if the file starts with the container magic, 0 if not (or unreadable). */
-int stz_is_container(const char *path);
+STZ_API int stz_is_container(const char *path);
 
 /* The original file's SafeTensors header, parsed (data not readable). */
-const stz_reader *stz_container_header(const stz_container *c);
-uint64_t stz_container_file_size(const stz_container *c);     /* container */
-uint64_t stz_container_original_size(const stz_container *c); /* unpacked */
-uint32_t stz_container_chunk_size(const stz_container *c);
-size_t stz_container_chunk_count(const stz_container *c);
-const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i);
+STZ_API const stz_reader *stz_container_header(const stz_container *c);
+STZ_API uint64_t stz_container_file_size(const stz_container *c);     /* container */
+STZ_API uint64_t stz_container_original_size(const stz_container *c); /* unpacked */
+STZ_API uint32_t stz_container_chunk_size(const stz_container *c);
+STZ_API size_t stz_container_chunk_count(const stz_container *c);
+STZ_API const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i);
 /* Reads a chunk record's plane table (no payload decoding). */
-stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_planes *out, stz_err *err);
+STZ_API stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_planes *out, stz_err *err);
 
 typedef struct {
     int threads;
@@ -144,20 +144,20 @@ typedef struct {
  * out "-": standard output, in order, each chunk checked before it is
  * written (a failure stops the stream; the status says so). The same for
  * stz_unpack_tensor. */
-stz_status stz_unpack_file(const stz_unpack_params *p, const char *in, const char *out, stz_err *err);
+STZ_API stz_status stz_unpack_file(const stz_unpack_params *p, const char *in, const char *out, stz_err *err);
 
 /* Decodes and checks everything, writes nothing. */
-stz_status stz_verify_file(const stz_unpack_params *p, const char *in, stz_err *err);
+STZ_API stz_status stz_verify_file(const stz_unpack_params *p, const char *in, stz_err *err);
 /* Unpacks a container read in order from fd (a pipe: standard input),
  * `label` naming it in messages, into out ("-": standard output; NULL:
  * verify only): every record checked as it comes, then the index, the
  * trailer and the whole-file digest, and nothing after the end. One
  * thread. A file output appears only when everything checked. */
-stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err);
+STZ_API stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err);
 
 /* Writes the raw bytes of tensor `name` (little-endian, as in the original
  * file) to `out`, decoding only its chunks. STZ_E_ARG if no such tensor. */
-stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const char *name, const char *out,
+STZ_API stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const char *name, const char *out,
                              stz_err *err);
 
 /* Reads the raw bytes of tensor `name` (little-endian, as in the original
@@ -165,7 +165,7 @@ stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const c
  * checking only its chunks, on `threads` threads; name NULL: the whole data
  * section (the original file after its header), all checks included.
  * STZ_E_ARG if no such tensor, STZ_E_BOUNDS if cap is too small. */
-stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
+STZ_API stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
                                      stz_err *err);
 
 /* The original file's reader (stz_container_header) with its tensor data
@@ -173,26 +173,27 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
  * checksums, and keeps the last one decoded (so reading a tensor row batch
  * by row batch decodes each chunk once). Not thread-safe; valid while c is
  * open. Memory: one chunk, whatever the file's size. */
-const stz_reader *stz_container_data_reader(stz_container *c);
+STZ_API const stz_reader *stz_container_data_reader(stz_container *c);
 /* Reads through stz_container_data_reader that cover two or more whole
  * chunks decode them on `threads` threads (default 1). */
-void stz_container_set_threads(stz_container *c, int threads);
+STZ_API void stz_container_set_threads(stz_container *c, int threads);
 
-const char *stz_codec_name(stz_codec c);
-const char *stz_xform_name(stz_xform x);
+/* Names of a codec and a plane transform, as `stz inspect` prints them. */
+STZ_API const char *stz_codec_name(stz_codec c);
+STZ_API const char *stz_xform_name(stz_xform x);
 
 /* ---- plane kernels (exposed for tests and benchmarks) ------------------ */
 
 /* Transform used for a dtype. */
-stz_xform stz_xform_for_dtype(stz_dtype d);
+STZ_API stz_xform stz_xform_for_dtype(stz_dtype d);
 /* Element width in bytes and plane count of a transform. */
-unsigned stz_xform_width(stz_xform x);
-unsigned stz_xform_planes(stz_xform x);
+STZ_API unsigned stz_xform_width(stz_xform x);
+STZ_API unsigned stz_xform_planes(stz_xform x);
 /* Splits n bytes (a multiple of the width) into planes; plane k gets
  * n / width bytes at planes[k]. Reference implementation, no allocation. */
-void stz_xform_split(stz_xform x, const uint8_t *src, size_t n, uint8_t *const *planes);
+STZ_API void stz_xform_split(stz_xform x, const uint8_t *src, size_t n, uint8_t *const *planes);
 /* Inverse of stz_xform_split. */
-void stz_xform_merge(stz_xform x, const uint8_t *const *planes, size_t n, uint8_t *dst);
+STZ_API void stz_xform_merge(stz_xform x, const uint8_t *const *planes, size_t n, uint8_t *dst);
 
 #ifdef __cplusplus
 }

@@ -53,13 +53,13 @@ typedef struct stz_reader stz_reader;
  * STZ_E_TRUNCATED, STZ_E_HEADER_SIZE, STZ_E_JSON, STZ_E_FORMAT, STZ_E_DTYPE,
  * STZ_E_SHAPE, STZ_E_OFFSETS, STZ_E_DUPLICATE, STZ_E_METADATA.
  */
-stz_status stz_reader_open(stz_reader **out, const char *path, stz_err *err);
+STZ_API stz_status stz_reader_open(stz_reader **out, const char *path, stz_err *err);
 
 /*
  * Same validation over a whole file image in memory. `buf` is not copied
  * and must outlive the reader. `label` names the buffer in messages.
  */
-stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size,
+STZ_API stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size,
                                const char *label, stz_err *err);
 
 /*
@@ -70,36 +70,38 @@ stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size,
  * file_size 0: the file is as long as its tensors need (a stream whose
  * header came first); stz_reader_file_size then gives that length.
  */
-stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size,
+STZ_API stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size,
                                   const char *label, stz_err *err);
 
-void stz_reader_free(stz_reader *r);
+/* Closes the file and frees the reader (NULL is fine). */
+STZ_API void stz_reader_free(stz_reader *r);
 
 /* Tensors in file order (increasing begin; ties keep header order). */
-size_t stz_reader_count(const stz_reader *r);
-const stz_tensor *stz_reader_tensor(const stz_reader *r, size_t i);
+STZ_API size_t stz_reader_count(const stz_reader *r);
+STZ_API const stz_tensor *stz_reader_tensor(const stz_reader *r, size_t i);
 /* Index of the tensor called `name`, or -1. O(log n). */
-long stz_reader_find(const stz_reader *r, const char *name);
+STZ_API long stz_reader_find(const stz_reader *r, const char *name);
 
 /* __metadata__ entries in header order; `get` returns NULL if absent. */
-size_t stz_reader_meta_count(const stz_reader *r);
-const char *stz_reader_meta_key(const stz_reader *r, size_t i);
-const char *stz_reader_meta_value(const stz_reader *r, size_t i);
-const char *stz_reader_meta_get(const stz_reader *r, const char *key);
+STZ_API size_t stz_reader_meta_count(const stz_reader *r);
+STZ_API const char *stz_reader_meta_key(const stz_reader *r, size_t i);
+STZ_API const char *stz_reader_meta_value(const stz_reader *r, size_t i);
+STZ_API const char *stz_reader_meta_get(const stz_reader *r, const char *key);
 
-const char *stz_reader_path(const stz_reader *r);
-uint64_t stz_reader_file_size(const stz_reader *r);
+/* The path (or label) the reader was opened with, and the file's size. */
+STZ_API const char *stz_reader_path(const stz_reader *r);
+STZ_API uint64_t stz_reader_file_size(const stz_reader *r);
 /* Offset of the data section in the file: 8 + header length. */
-uint64_t stz_reader_data_offset(const stz_reader *r);
+STZ_API uint64_t stz_reader_data_offset(const stz_reader *r);
 /* The header JSON exactly as stored (len = N; not NUL-terminated). */
-const uint8_t *stz_reader_header(const stz_reader *r, size_t *len);
+STZ_API const uint8_t *stz_reader_header(const stz_reader *r, size_t *len);
 
 /* Reads n bytes at `off` inside tensor t's range. STZ_E_BOUNDS if the
  * range leaves the tensor, STZ_E_IO / STZ_E_TRUNCATED if the file changed. */
-stz_status stz_reader_read(const stz_reader *r, const stz_tensor *t, uint64_t off,
+STZ_API stz_status stz_reader_read(const stz_reader *r, const stz_tensor *t, uint64_t off,
                            void *dst, size_t n, stz_err *err);
 /* Reads n raw bytes at file offset `off` (any region). */
-stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t n,
+STZ_API stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t n,
                             stz_err *err);
 
 /* ---- writer ---------------------------------------------------------- */
@@ -114,28 +116,29 @@ enum { STZ_WRITE_FORCE = 1 };  /* replace an existing output file */
  * successful finish removes it. Without STZ_WRITE_FORCE an existing `path`
  * gives STZ_E_EXISTS. Metadata starts as {"format":"pt"}.
  */
-stz_status stz_writer_open(stz_writer **out, const char *path, unsigned flags, stz_err *err);
+STZ_API stz_status stz_writer_open(stz_writer **out, const char *path, unsigned flags, stz_err *err);
 
 /* Adds or replaces a __metadata__ entry (before the first write). */
-stz_status stz_writer_set_meta(stz_writer *w, const char *key, const char *value, stz_err *err);
+STZ_API stz_status stz_writer_set_meta(stz_writer *w, const char *key, const char *value, stz_err *err);
 
 /* Declares the next tensor (before the first write). Copies name and shape.
  * STZ_E_DUPLICATE, STZ_E_SHAPE, STZ_E_ARG ("__metadata__", empty name). */
-stz_status stz_writer_add(stz_writer *w, const char *name, stz_dtype dtype, int ndim,
+STZ_API stz_status stz_writer_add(stz_writer *w, const char *name, stz_dtype dtype, int ndim,
                           const uint64_t *shape, stz_err *err);
 
 /* Appends n bytes of tensor data, in declaration order; the first call
  * writes the header. STZ_E_BOUNDS if more than declared. */
-stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *err);
+STZ_API stz_status stz_writer_write(stz_writer *w, const void *data, size_t n, stz_err *err);
 
 /* Checks that every declared byte was written (STZ_E_BOUNDS otherwise),
  * then renames the temporary file into place. */
-stz_status stz_writer_finish(stz_writer *w, stz_err *err);
+STZ_API stz_status stz_writer_finish(stz_writer *w, stz_err *err);
 
 /* Bytes still owed by the declared tensors. */
-uint64_t stz_writer_remaining(const stz_writer *w);
+STZ_API uint64_t stz_writer_remaining(const stz_writer *w);
 
-void stz_writer_free(stz_writer *w);
+/* Frees the writer; before stz_writer_finish it removes the unfinished output. */
+STZ_API void stz_writer_free(stz_writer *w);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #define STZ_SVD_H
 
 #include "stz.h"
+#include "stz_experimental.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,7 +29,7 @@ typedef struct {
     size_t oversample; /* randomized: extra columns (default 10) */
     int power_iters;   /* randomized: q (default 1) */
     uint64_t seed;
-    int threads;       /* OpenBLAS threads, >= 1 */
+    int threads;       /* OpenBLAS threads, >= 1: stz_svd sets OpenBLAS's (process-wide) count to it */
 } stz_svd_params;
 
 #define STZ_SVD_PARAMS_DEFAULT {STZ_SVD_EXACT, 0, 0, 0, 10, 1, 1, 1}
@@ -46,14 +47,14 @@ typedef struct {
  * range, none or several of rank / energy / max_error), STZ_E_NUMERIC
  * (NaN or Inf in W), STZ_E_NOMEM, STZ_E_LAPACK (a routine returned
  * info != 0; the message names it). */
-stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_svd_params *p, stz_svd_result *res,
+STZ_API stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_svd_params *p, stz_svd_result *res,
                           stz_err *err);
-void stz_svd_result_free(stz_svd_result *res);
+STZ_API void stz_svd_result_free(stz_svd_result *res);
 
 /* W (m x n) = U (m x r) @ diag(S) @ Vh (r x n), with cblas_sgemm. Pass m
  * rows of U to rebuild those rows of W. STZ_E_NOMEM if its m x r work
  * buffer cannot be allocated (W is then untouched). */
-stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r,
+STZ_API stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r,
                                float *W);
 
 #ifdef __cplusplus

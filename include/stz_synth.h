@@ -12,6 +12,7 @@
 #define STZ_SYNTH_H
 
 #include "stz.h"
+#include "stz_experimental.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,15 +50,15 @@ typedef struct {
 } stz_synth_stats;
 
 /* Architectures, i = 0, 1, ... until NULL. Description via _desc. */
-const char *stz_synth_arch_name(size_t i);
-const char *stz_synth_arch_desc(size_t i);
+STZ_API const char *stz_synth_arch_name(size_t i);
+STZ_API const char *stz_synth_arch_desc(size_t i);
 /* Tensor count and parameter count of an architecture (without writing). */
-stz_status stz_synth_arch_size(const char *arch, size_t *tensors, uint64_t *params, stz_err *err);
+STZ_API stz_status stz_synth_arch_size(const char *arch, size_t *tensors, uint64_t *params, stz_err *err);
 
 /* Generates the model into `path`. stats may be NULL. Errors: STZ_E_ARG
  * (unknown arch, bad dtype, threads < 1), STZ_E_EXISTS, STZ_E_IO, STZ_E_NOMEM,
  * STZ_E_INTERRUPTED (progress callback asked to stop; no file is left). */
-stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err);
+STZ_API stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err);
 
 #ifdef __cplusplus
 }

@@ -18,10 +18,10 @@
 #define STZ_TUNE_H
 
 #include "stz.h"
+#include "stz_experimental.h"
 #include "stz_forward.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
-#include "stz_quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,12 +34,12 @@ typedef struct {
 
 /* The default candidates: keep, 8:absmax:32:F16, 6:nl:32:U8, 5:nl:32:U8,
  * 4:nl:16:U8, 4:nl:32:U8, 3:nl:32:U8, 2:nl:32:U8. */
-extern const char stz_tune_default_candidates[];
+STZ_API extern const char stz_tune_default_candidates[];
 
 /* Parses a comma-separated list of candidates ("keep" and
  * BITS:METHOD:BLOCK:SCALES: bits 2-6 or 8, a method of stz_policy.h,
  * block 1..65536, scales F16, F32 or U8). STZ_E_ARG names the bad one. */
-stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err);
+STZ_API stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err);
 
 typedef struct {
     char *name;
@@ -87,12 +87,12 @@ typedef struct {
  * SafeTensors, read through stz_qmodel), and the probe format. A tensor
  * no candidate applies to is kept. STZ_E_UNSUPPORTED for a file already
  * quantized by stz. */
-stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
+STZ_API stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
                             size_t ncand, const stz_tune_params *p, stz_err *err);
 /* Sensitivity of each tunable tensor on the given sequences. */
-stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+STZ_API stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
                           const size_t *lens, const stz_tune_params *p, stz_err *err);
-void stz_tune_free(stz_tune *T);
+STZ_API void stz_tune_free(stz_tune *T);
 
 typedef enum { STZ_BUDGET_BYTES = 0, STZ_BUDGET_KL = 1 } stz_budget;
 
@@ -113,17 +113,17 @@ typedef struct {
  * predicted KL at most `value` (STZ_BUDGET_KL). kl_scale multiplies every
  * predicted KL (1, or measured / predicted to correct a missed budget).
  * Sets T->t[i].choice; deterministic. */
-stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_scale, stz_tune_solution *out,
+STZ_API stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_scale, stz_tune_solution *out,
                           stz_err *err);
-void stz_tune_solution_free(stz_tune_solution *s);
+STZ_API void stz_tune_solution_free(stz_tune_solution *s);
 
 /* The predicted container bytes of the current choice (tensors and the
  * headers they need: one container per file). */
-uint64_t stz_tune_bytes(const stz_tune *T);
+STZ_API uint64_t stz_tune_bytes(const stz_tune *T);
 
 /* The current choice as a policy (JSON text, malloc'ed): one explicit rule
  * per tunable tensor, default keep; `description` is stored with it. */
-char *stz_tune_policy(const stz_tune *T, const char *description);
+STZ_API char *stz_tune_policy(const stz_tune *T, const char *description);
 
 #ifdef __cplusplus
 }

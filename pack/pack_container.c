@@ -1,7 +1,7 @@
 /* Opening containers: the file header, the original SafeTensors header, the
  * index and trailer, all checked; chunk records' plane tables. */
 #include "pack_internal.h"
-#include "st_reader.h"
+#include "safetensors/st_sink.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err)
+stz_status stz_container_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err)
 {
     b->rec = malloc(stz_record_bound(chunk_size));
     b->planes = malloc(stz_planes_bound(chunk_size));
@@ -21,7 +21,7 @@ stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err)
     return b->rec && b->planes && b->raw && b->d ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for chunk buffers");
 }
 
-int stz_ct_threads(const stz_container *c, int threads)
+int stz_container_threads(const stz_container *c, int threads)
 {
     size_t per = stz_record_bound(c->max_raw) + stz_planes_bound(c->max_raw) + c->max_raw;
     size_t cap = STZ_DECODE_MEMORY / per;
@@ -29,14 +29,14 @@ int stz_ct_threads(const stz_container *c, int threads)
     return (size_t)threads <= cap ? threads : cap ? (int)cap : 1;
 }
 
-void stz_ct_dec_buf_free(dec_buf *b)
+void stz_container_dec_buf_free(dec_buf *b)
 {
     free(b->rec), free(b->planes), free(b->raw);
     ZSTD_freeDCtx(b->d);
 }
 
 /* From a pipe: skips forward to off, then reads n bytes; or from the held tail. */
-stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
+stz_status stz_container_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
 {
     if (c->tail && off >= c->tail_off && off - c->tail_off <= c->size - c->tail_off &&
         n <= c->size - off) {
@@ -62,10 +62,10 @@ stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, con
     return STZ_OK;
 }
 
-stz_status stz_ct_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
+stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
 {
     if (c->stream) /* one reader, in order */
-        return stz_ct_sread((stz_container *)c, off, dst, n, what, err);
+        return stz_container_sread((stz_container *)c, off, dst, n, what, err);
     if (off > c->size || n > c->size - off)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: %s at offset %llu (%zu bytes) is past the end of the file", c->path,
                            what, (unsigned long long)off, n);
@@ -100,7 +100,7 @@ static int zeros(const uint8_t *p, size_t n)
 
 #define BAD(code, ...) do { st = stz_err_set(err, code, __VA_ARGS__); goto cleanup; } while (0)
 
-stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
+stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
 {
     uint8_t fh[FILE_HEADER_SIZE];
     uint8_t *z = NULL;
@@ -109,7 +109,7 @@ stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
     if (c->size < FILE_HEADER_SIZE + TRAILER_SIZE)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: %llu bytes is too short for a container", P,
                            (unsigned long long)c->size);
-    if ((st = stz_ct_cread(c, 0, fh, sizeof fh, "file header", err)))
+    if ((st = stz_container_cread(c, 0, fh, sizeof fh, "file header", err)))
         return st;
     if (memcmp(fh, STZ_MAGIC, 8) != 0) {
         const char *kind = stz_file_kind(fh, sizeof fh);
@@ -141,7 +141,7 @@ stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
     z = malloc((size_t)stored + 1);
     if (!c->header_img || !z)
         BAD(STZ_E_NOMEM, "%s: out of memory for the header", P);
-    if ((st = stz_ct_cread(c, FILE_HEADER_SIZE, z, (size_t)stored, "header section", err)))
+    if ((st = stz_container_cread(c, FILE_HEADER_SIZE, z, (size_t)stored, "header section", err)))
         goto cleanup;
     if (codec == HEADER_CODEC_RAW) {
         memcpy(c->header_img, z, c->header_len);
@@ -164,12 +164,12 @@ cleanup:
     return st;
 }
 
-stz_status stz_ct_read_index(stz_container *c, uint64_t head_end, stz_err *err)
+stz_status stz_container_read_index(stz_container *c, uint64_t head_end, stz_err *err)
 {
     uint8_t tr[TRAILER_SIZE], *ix = NULL;
     const char *P = c->path;
     stz_status st;
-    if ((st = stz_ct_cread(c, c->size - TRAILER_SIZE, tr, TRAILER_SIZE, "trailer", err)))
+    if ((st = stz_container_cread(c, c->size - TRAILER_SIZE, tr, TRAILER_SIZE, "trailer", err)))
         return st;
     if (memcmp(tr + 32, STZ_END_MAGIC, 8) != 0)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: no end marker: the file is truncated or not a container", P);
@@ -182,7 +182,7 @@ stz_status stz_ct_read_index(stz_container *c, uint64_t head_end, stz_err *err)
     ix = malloc((size_t)isize);
     if (!ix)
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the index", P);
-    if ((st = stz_ct_cread(c, ioff, ix, (size_t)isize, "index", err)))
+    if ((st = stz_container_cread(c, ioff, ix, (size_t)isize, "index", err)))
         goto cleanup;
     if (XXH3_64bits(ix, (size_t)isize) != stz_le64(tr + 16))
         BAD(STZ_E_CHECKSUM, "%s: index checksum mismatch", P);
@@ -244,8 +244,8 @@ static stz_status container_open(stz_container **out, const char *path, stz_err 
     }
     uint64_t head_end = 0;
     stz_status st = stz_open_regular(path, &c->fd, &c->size, err);
-    if (!st && !(st = stz_ct_read_head(c, &head_end, err)))
-        st = stz_ct_read_index(c, head_end, err);
+    if (!st && !(st = stz_container_read_head(c, &head_end, err)))
+        st = stz_container_read_index(c, head_end, err);
     if (st) {
         stz_container_free(c);
         return st;
@@ -262,7 +262,7 @@ void stz_container_free(stz_container *c)
         close(c->fd);
     stz_reader_free(c->hdr);
     for (int t = 0; c->cache && t < c->pool_n; t++)
-        stz_ct_dec_buf_free(&c->cache[t]);
+        stz_container_dec_buf_free(&c->cache[t]);
     free(c->cache);
     free(c->header_img);
     free(c->chunks);
@@ -279,7 +279,7 @@ size_t stz_container_chunk_count(const stz_container *c) { return c->n; }
 const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i) { return i < c->n ? &c->chunks[i] : NULL; }
 
 /* Parses and checks a record head already in rec (record_size bytes). */
-stz_status stz_ct_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
+stz_status stz_container_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
                                stz_err *err)
 {
     const stz_chunk_info *ch = &c->chunks[i];
@@ -317,12 +317,12 @@ stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_plan
     uint8_t head[RECORD_HEAD_SIZE + STZ_MAX_PLANES * PLANE_HEAD_SIZE];
     const stz_chunk_info *ch = &c->chunks[i];
     size_t n = ch->record_size < sizeof head ? ch->record_size : sizeof head;
-    stz_status st = stz_ct_cread(c, ch->file_offset, head, n, "chunk record", err);
+    stz_status st = stz_container_cread(c, ch->file_offset, head, n, "chunk record", err);
     if (st)
         return st;
     /* parse_record compares sizes against the whole record; only the head
      * is needed, so check it against a copy of the entry. */
     if (n < RECORD_HEAD_SIZE + (size_t)head[5] * PLANE_HEAD_SIZE || head[5] > STZ_MAX_PLANES)
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: record head too short", c->path, i);
-    return stz_ct_parse_record(c, i, head, out, err);
+    return stz_container_parse_record(c, i, head, out, err);
 }

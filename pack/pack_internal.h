@@ -3,7 +3,7 @@
 #ifndef STZ_PACK_INTERNAL_H
 #define STZ_PACK_INTERNAL_H
 
-#include "stz_internal.h"
+#include "pack_sink.h"
 #include "stz_pack.h"
 
 #define ZSTD_STATIC_LINKING_ONLY
@@ -98,7 +98,7 @@ typedef struct dec_buf_ {
     ZSTD_DCtx *d;
 } dec_buf;
 
-stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err);
+stz_status stz_container_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err);
 
 /* Decoding buffers of all threads together stay under this, whatever the
  * container declares: a few hundred kB of zeros can declare 64 MiB chunks,
@@ -106,14 +106,14 @@ stz_status stz_ct_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *err);
 #define STZ_DECODE_MEMORY (512u << 20)
 /* Threads to decode c's chunks with: `threads` in [1, 256], fewer where
  * their buffers would pass STZ_DECODE_MEMORY. */
-int stz_ct_threads(const stz_container *c, int threads);
-void stz_ct_dec_buf_free(dec_buf *b);
-stz_status stz_ct_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
-stz_status stz_ct_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
-stz_status stz_ct_read_head(stz_container *c, uint64_t *head_end, stz_err *err);
-stz_status stz_ct_read_index(stz_container *c, uint64_t head_end, stz_err *err);
-stz_status stz_ct_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
+int stz_container_threads(const stz_container *c, int threads);
+void stz_container_dec_buf_free(dec_buf *b);
+stz_status stz_container_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
+stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
+stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err *err);
+stz_status stz_container_read_index(stz_container *c, uint64_t head_end, stz_err *err);
+stz_status stz_container_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
                                stz_err *err);
-stz_status stz_ct_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err);
+stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err);
 
 #endif

@@ -23,17 +23,17 @@ typedef struct {
     uint64_t *hashes;   /* per decoded chunk */
     stz_chunk_sink sink; /* or each decoded chunk handed to this */
     void *sink_user;
-    stz_pipeline pl;
+    stz_ordered pl;
 } dec_ctx;
 
 /* Decodes chunk i, its record in b->rec, into b->raw and checks it against
  * its record's hash. */
-stz_status stz_ct_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
+stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
 {
     const stz_chunk_info *ch = &c->chunks[i];
     const char *name = stz_reader_tensor(c->hdr, ch->tensor)->name;
     stz_chunk_planes pl;
-    stz_status st = stz_ct_parse_record(c, i, b->rec, &pl, err);
+    stz_status st = stz_container_parse_record(c, i, b->rec, &pl, err);
     if (st)
         return st;
     const uint8_t *src = b->rec + RECORD_HEAD_SIZE + pl.nplanes * PLANE_HEAD_SIZE, *planes[STZ_MAX_PLANES];
@@ -59,8 +59,8 @@ stz_status stz_ct_decode_record(const stz_container *c, size_t i, dec_buf *b, st
 /* Reads and decodes chunk i into b->raw, checked. */
 static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
 {
-    stz_status st = stz_ct_cread(c, c->chunks[i].file_offset, b->rec, c->chunks[i].record_size, "chunk record", err);
-    return st ? st : stz_ct_decode_record(c, i, b, err);
+    stz_status st = stz_container_cread(c, c->chunks[i].file_offset, b->rec, c->chunks[i].record_size, "chunk record", err);
+    return st ? st : stz_container_decode_record(c, i, b, err);
 }
 
 /* Decode and write in parallel: every chunk's output offset is known. */
@@ -109,7 +109,7 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
                                   stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_chunk_sink sink, void *user,
                                   stz_err *err)
 {
-    int nt = stz_ct_threads(c, p->threads);
+    int nt = stz_container_threads(c, p->threads);
     nt = nsel && (size_t)nt > nsel ? (int)nsel : nt;
     dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem, .sink = sink, .sink_user = user};
     stz_status st = STZ_OK;
@@ -118,7 +118,7 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     if (!x.tb || !x.hashes)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the decoding threads' buffers");
     for (int t = 0; !st && !pool && t < nt; t++)
-        st = stz_ct_dec_buf_init(&x.tb[t], c->max_raw, err);
+        st = stz_container_dec_buf_init(&x.tb[t], c->max_raw, err);
     uint64_t total = 0;
     for (size_t i = 0; i < nsel; i++)
         total += c->chunks[sel ? sel[i] : i].raw_size;
@@ -128,14 +128,14 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
         st = out->path ? stz_outfile_pwrite(out, c->header_img, c->header_len, 0, err)
                        : stz_outfile_write(out, c->header_img, c->header_len, err);
     if (!st) {
-        x.pl = (stz_pipeline){.n = nsel, .threads = nt, .ctx = &x, .work = dec_work, .commit = dec_commit,
+        x.pl = (stz_ordered){.n = nsel, .threads = nt, .ctx = &x, .work = dec_work, .commit = dec_commit,
                               .progress = p->progress, .progress_user = p->progress_user, .total = total};
-        st = stz_pipeline_run(&x.pl, err);
+        st = stz_ordered_run(&x.pl, err);
     }
     if (!st && !sel && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), x.hashes, nsel) != c->whole_hash)
         st = stz_err_set(err, STZ_E_CHECKSUM, "%s: whole-file checksum mismatch", c->path);
     for (int t = 0; x.tb && !pool && t < nt; t++)
-        stz_ct_dec_buf_free(&x.tb[t]);
+        stz_container_dec_buf_free(&x.tb[t]);
     if (!pool)
         free(x.tb);
     free(x.hashes);
@@ -219,7 +219,7 @@ static stz_status pool_get(stz_container *c, int threads, stz_err *err)
     if (c->cache && c->pool_n >= threads)
         return STZ_OK;
     for (int t = 0; c->cache && t < c->pool_n; t++)
-        stz_ct_dec_buf_free(&c->cache[t]);
+        stz_container_dec_buf_free(&c->cache[t]);
     free(c->cache);
     c->cached = c->n, c->pool_n = 0;
     if (!(c->cache = calloc((size_t)threads, sizeof *c->cache)))
@@ -227,7 +227,7 @@ static stz_status pool_get(stz_container *c, int threads, stz_err *err)
     c->pool_n = threads;
     stz_status st = STZ_OK;
     for (int t = 0; !st && t < threads; t++)
-        st = stz_ct_dec_buf_init(&c->cache[t], c->max_raw, err);
+        st = stz_container_dec_buf_init(&c->cache[t], c->max_raw, err);
     return st;
 }
 
@@ -245,7 +245,7 @@ static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
 stz_status stz_container_tensor_map(stz_container *c, const char *name, int threads, stz_chunk_sink sink, void *user,
                                     stz_err *err)
 {
-    threads = stz_ct_threads(c, threads > 64 ? 64 : threads);
+    threads = stz_container_threads(c, threads > 64 ? 64 : threads);
     stz_status st = pool_get(c, threads, err);
     if (st)
         return st;
@@ -353,7 +353,7 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
     return STZ_OK;
 }
 
-void stz_container_set_threads(stz_container *c, int threads) { c->threads = stz_ct_threads(c, threads > 64 ? 64 : threads); }
+void stz_container_set_threads(stz_container *c, int threads) { c->threads = stz_container_threads(c, threads > 64 ? 64 : threads); }
 
 const stz_reader *stz_container_data_reader(stz_container *c)
 {

@@ -21,7 +21,7 @@ struct stz_pack_sink {
 static void *sink_thread(void *v)
 {
     pack_ctx *c = (pack_ctx *)v;
-    stz_status st = stz_pipeline_run(&c->pl, &c->pl_err);
+    stz_status st = stz_ordered_run(&c->pl, &c->pl_err);
     pthread_mutex_lock(&c->lock);
     c->pl_status = st, c->done = 1;
     pthread_cond_broadcast(&c->cv);
@@ -39,8 +39,8 @@ static stz_status sink_begin(void *user, const uint8_t *head, size_t len, const 
     if (!(c->spans = malloc((nt + 1) * sizeof *c->spans)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans");
     memcpy(c->spans, t, nt * sizeof *t);
-    stz_status st = stz_pw_plan_chunks(c, nt, err);
-    if (st || (st = stz_pw_write_head(c, head, len, err)))
+    stz_status st = stz_pack_writer_plan_chunks(c, nt, err);
+    if (st || (st = stz_pack_writer_write_head(c, head, len, err)))
         return st;
     /* the producer runs ahead of every encoding thread, and goes on while they
      * read a tensor taken by reference (up to RING_AHEAD bytes, 32 chunks, more) */
@@ -145,7 +145,7 @@ static stz_status sink_finish(void *user, stz_err *err)
     if (c->pl_status || c->filled != c->n)
         return c->pl_status ? sink_failed(c, err)
                             : stz_err_set(err, STZ_E_BOUNDS, "%s: %zu of %zu chunks written", c->label, c->filled, c->n);
-    return stz_pw_finish(c, &s->stats, err);
+    return stz_pack_writer_finish(c, &s->stats, err);
 }
 
 stz_status stz_pack_sink_open(stz_pack_sink **out, const stz_pack_params *p, const char *path, stz_err *err)
@@ -158,7 +158,7 @@ stz_status stz_pack_sink_open(stz_pack_sink **out, const stz_pack_params *p, con
     }
     s->p = *p;
     s->p.progress = NULL; /* the producer reports progress */
-    stz_status st = stz_pw_open(&s->c, &s->p, path, 0, err);
+    stz_status st = stz_pack_writer_open(&s->c, &s->p, path, 0, err);
     s->c.label = strcmp(path, "-") ? s->path : "standard output";
     pthread_mutex_init(&s->c.lock, NULL);
     pthread_cond_init(&s->c.cv, NULL);
@@ -184,7 +184,7 @@ void stz_pack_sink_free(stz_pack_sink *s)
     pthread_cond_broadcast(&s->c.cv);
     pthread_mutex_unlock(&s->c.lock);
     sink_join(&s->c);
-    stz_pw_close(&s->c);
+    stz_pack_writer_close(&s->c);
     pthread_mutex_destroy(&s->c.lock);
     pthread_cond_destroy(&s->c.cv);
     free(s->path);
@@ -229,7 +229,7 @@ stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, 
     }
     if (!st)
         st = stz_reader_open_header(&r, img, 8 + hlen, 0, label, err);
-    if (!st && (!(spans = stz_pw_spans(r)) || !(buf = malloc(p->chunk_size))))
+    if (!st && (!(spans = stz_pack_writer_spans(r)) || !(buf = malloc(p->chunk_size))))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans and a chunk buffer");
     if (!st)
         st = s->ws.begin(s, img, 8 + hlen, spans, stz_reader_count(r), err);

@@ -17,13 +17,13 @@ static stz_status stream_record(stz_container *c, size_t i, dec_buf *b, stz_err 
 {
     stz_chunk_info *ch = &c->chunks[i];
     size_t hl = RECORD_HEAD_SIZE;
-    stz_status st = stz_ct_sread(c, c->spos, b->rec, hl, "chunk record", err);
+    stz_status st = stz_container_sread(c, c->spos, b->rec, hl, "chunk record", err);
     if (st)
         return st;
     unsigned np = b->rec[5];
     if (np > STZ_MAX_PLANES)
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: %u planes", c->path, i, np);
-    if ((st = stz_ct_sread(c, c->spos, b->rec + hl, np * PLANE_HEAD_SIZE, "chunk record", err)))
+    if ((st = stz_container_sread(c, c->spos, b->rec + hl, np * PLANE_HEAD_SIZE, "chunk record", err)))
         return st;
     uint64_t total = hl + np * PLANE_HEAD_SIZE;
     for (unsigned k = 0; k < np; k++)
@@ -33,8 +33,8 @@ static stz_status stream_record(stz_container *c, size_t i, dec_buf *b, stz_err 
                            (unsigned long long)total);
     ch->record_size = (uint32_t)total;
     hl += np * PLANE_HEAD_SIZE;
-    st = stz_ct_sread(c, c->spos, b->rec + hl, (size_t)total - hl, "chunk record", err);
-    return st ? st : stz_ct_decode_record(c, i, b, err);
+    st = stz_container_sread(c, c->spos, b->rec + hl, (size_t)total - hl, "chunk record", err);
+    return st ? st : stz_container_decode_record(c, i, b, err);
 }
 
 stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err)
@@ -50,9 +50,9 @@ stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *lab
     stz_chunk_info *seen = NULL;
     uint64_t *hashes = NULL, head_end = 0, done = 0;
     size_t n = 0, cap = 0;
-    stz_status st = stz_ct_read_head(c, &head_end, err);
+    stz_status st = stz_container_read_head(c, &head_end, err);
     if (!st)
-        st = stz_ct_dec_buf_init(&b, c->chunk_size, err);
+        st = stz_container_dec_buf_init(&b, c->chunk_size, err);
     if (!st && out) {
         if (!strcmp(out, "-"))
             stz_outfile_stdout(&of);
@@ -95,12 +95,12 @@ stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *lab
         c->tail_off = c->spos;
         if (!tail)
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the index and trailer");
-        else if ((st = stz_ct_sread(c, c->spos, tail, tl, "index and trailer", err)))
+        else if ((st = stz_container_sread(c, c->spos, tail, tl, "index and trailer", err)))
             free(tail);
         else {
             c->tail = tail, c->size = c->tail_off + tl; /* cread serves the index and trailer from here */
             c->chunks = NULL; /* read_index rebuilds them from the index */
-            st = stz_ct_read_index(c, head_end, err);
+            st = stz_container_read_index(c, head_end, err);
             for (size_t i = 0; !st && i < n; i++) {
                 const stz_chunk_info *a = &c->chunks[i], *z = &seen[i];
                 if (a->file_offset != z->file_offset || a->record_size != z->record_size ||
@@ -122,7 +122,7 @@ stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *lab
     if (!of.path)
         of.fd = -1; /* standard output stays open */
     stz_outfile_abort(&of);
-    stz_ct_dec_buf_free(&b);
+    stz_container_dec_buf_free(&b);
     free(hashes);
     c->fd = -1; /* the caller's */
     stz_container_free(c);

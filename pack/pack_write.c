@@ -209,7 +209,7 @@ static stz_status pack_post(void *vctx, int tid, size_t i, stz_err *err)
                        : STZ_OK;
 }
 
-stz_status stz_pw_write_head(pack_ctx *c, const uint8_t *img, size_t orig, stz_err *err)
+stz_status stz_pack_writer_write_head(pack_ctx *c, const uint8_t *img, size_t orig, stz_err *err)
 {
     size_t cap = ZSTD_compressBound(orig);
     uint8_t *z = malloc(cap), fh[FILE_HEADER_SIZE] = {0};
@@ -267,7 +267,7 @@ static stz_status write_index(pack_ctx *c, stz_err *err)
     return st;
 }
 
-stz_status stz_pw_plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
+stz_status stz_pack_writer_plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
 {
     uint32_t cs = c->p->chunk_size;
     size_t n = 0;
@@ -284,12 +284,12 @@ stz_status stz_pw_plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
                                                  .data_offset = off,
                                                  .raw_size = (uint32_t)(t->end - off < cs ? t->end - off : cs)};
     }
-    c->pl = (stz_pipeline){.n = c->n, .threads = c->p->threads, .ctx = c, .work = pack_work, .commit = pack_commit,
+    c->pl = (stz_ordered){.n = c->n, .threads = c->p->threads, .ctx = c, .work = pack_work, .commit = pack_commit,
                            .post = pack_post};
     return STZ_OK;
 }
 
-stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, int reads, stz_err *err)
+stz_status stz_pack_writer_open(pack_ctx *c, const stz_pack_params *p, const char *out, int reads, stz_err *err)
 {
     *c = (pack_ctx){.p = p, .out = STZ_OUTFILE_INIT};
     if (p->threads < 1 || p->threads > 256)
@@ -318,7 +318,7 @@ stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, i
     return STZ_OK;
 }
 
-stz_status stz_pw_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err)
+stz_status stz_pack_writer_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err)
 {
     stz_status st = write_index(c, err);
     if (!st)
@@ -331,7 +331,7 @@ stz_status stz_pw_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err)
     return st;
 }
 
-void stz_pw_close(pack_ctx *c)
+void stz_pack_writer_close(pack_ctx *c)
 {
     stz_outfile_abort(&c->out);
     for (int t = 0; c->tb && t < c->p->threads; t++) {
@@ -350,7 +350,7 @@ void stz_pw_close(pack_ctx *c)
     free(c->next_use), free(c->seq_of), free(c->src_r), free(c->src_t);
 }
 
-stz_span *stz_pw_spans(const stz_reader *r)
+stz_span *stz_pack_writer_spans(const stz_reader *r)
 {
     size_t nt = stz_reader_count(r);
     stz_span *sp = malloc((nt + 1) * sizeof *sp);
@@ -383,25 +383,25 @@ static stz_status pack_file(const stz_pack_params *p, const char *in, const char
         stz_reader_free(r);
         return st;
     }
-    if ((st = stz_pw_open(&c, p, out, 1, err)))
+    if ((st = stz_pack_writer_open(&c, p, out, 1, err)))
         goto cleanup;
     c.r = r, c.label = in;
     size_t nt = stz_reader_count(r), hlen;
     stz_reader_header(r, &hlen);
     c.orig_size = stz_reader_file_size(r);
-    if (!(c.spans = stz_pw_spans(r)) || !(img = malloc(8 + hlen))) {
+    if (!(c.spans = stz_pack_writer_spans(r)) || !(img = malloc(8 + hlen))) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans and the header");
         goto cleanup;
     }
-    if ((st = stz_pw_plan_chunks(&c, nt, err)) || (st = stz_reader_pread(r, 0, img, 8 + hlen, err)) ||
-        (st = stz_pw_write_head(&c, img, 8 + hlen, err)))
+    if ((st = stz_pack_writer_plan_chunks(&c, nt, err)) || (st = stz_reader_pread(r, 0, img, 8 + hlen, err)) ||
+        (st = stz_pack_writer_write_head(&c, img, 8 + hlen, err)))
         goto cleanup;
     c.pl.progress = p->progress, c.pl.progress_user = p->progress_user;
     c.pl.total = c.orig_size - stz_reader_data_offset(r);
-    if (!(st = stz_pipeline_run(&c.pl, err)))
-        st = stz_pw_finish(&c, stats, err);
+    if (!(st = stz_ordered_run(&c.pl, err)))
+        st = stz_pack_writer_finish(&c, stats, err);
 cleanup:
-    stz_pw_close(&c);
+    stz_pack_writer_close(&c);
     free(img);
     stz_reader_free(r);
     return st;

@@ -26,7 +26,7 @@ typedef struct {
     uint64_t pos;          /* next free offset in the output */
     uint64_t header_hash;
     uint64_t *hashes;      /* per chunk, for the whole-file digest */
-    stz_pipeline pl;
+    stz_ordered pl;
     /* sink: chunks arrive in order. The k-th chunk written through the ring
      * (seq_of[i] = k) goes into ring[k % nring] once next_use[k % nring] == k;
      * a tensor taken by reference sets its chunks' src_r/src_t, and the
@@ -48,16 +48,16 @@ typedef struct {
 /* Checks the parameters, opens the output, makes the thread buffers (with
  * `reads`, one for the raw chunk each: the packer reads its input; a sink's
  * chunks arrive in its ring). */
-stz_status stz_pw_open(pack_ctx *c, const stz_pack_params *p, const char *out, int reads, stz_err *err);
+stz_status stz_pack_writer_open(pack_ctx *c, const stz_pack_params *p, const char *out, int reads, stz_err *err);
 /* Chunks never straddle tensors, so every chunk has one dtype. */
-stz_status stz_pw_plan_chunks(pack_ctx *c, size_t nt, stz_err *err);
+stz_status stz_pack_writer_plan_chunks(pack_ctx *c, size_t nt, stz_err *err);
 /* File header + the original SafeTensors header img[orig] (its 8-byte
  * length, then the JSON), zstd-compressed. */
-stz_status stz_pw_write_head(pack_ctx *c, const uint8_t *img, size_t orig, stz_err *err);
+stz_status stz_pack_writer_write_head(pack_ctx *c, const uint8_t *img, size_t orig, stz_err *err);
 /* The index and trailer after the records, then the output renamed into place. */
-stz_status stz_pw_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err);
-void stz_pw_close(pack_ctx *c);
+stz_status stz_pack_writer_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err);
+void stz_pack_writer_close(pack_ctx *c);
 /* The tensors of r as spans (malloc'd; NULL out of memory). */
-stz_span *stz_pw_spans(const stz_reader *r);
+stz_span *stz_pack_writer_spans(const stz_reader *r);
 
 #endif /* STZ_PACK_WRITE_H */

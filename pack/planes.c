@@ -1,6 +1,6 @@
 /* Plane transforms: rearrange the bits of each element so that bits that
  * behave alike (exponents, mantissa bytes) sit in their own byte plane. */
-#include "stz_internal.h"
+#include "core/stz_core.h"
 #include "stz_pack.h"
 
 static const struct { const char *name; unsigned width, planes; } xform_table[STZ_XFORM_COUNT] = {

@@ -1,5 +1,5 @@
 /* Policy engine: parse JSON rules, decide an action per tensor. */
-#include "stz_internal.h"
+#include "core/stz_core.h"
 #include "stz_policy.h"
 
 #include <cjson/cJSON.h>
@@ -30,18 +30,6 @@ struct stz_policy {
     size_t n;
     stz_decision def;
 };
-
-static const char *const action_names[STZ_ACTION_COUNT] = {"keep", "int8", "int4", "svd", "int2", "int3", "int5", "int6"};
-const char *stz_action_name(stz_action a) { return (unsigned)a < STZ_ACTION_COUNT ? action_names[a] : "?"; }
-
-int stz_action_bits(stz_action a)
-{
-    static const int bits[STZ_ACTION_COUNT] = {0, 8, 4, 0, 2, 3, 5, 6};
-    return (unsigned)a < STZ_ACTION_COUNT ? bits[a] : 0;
-}
-
-static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit"};
-const char *stz_qmethod_name(stz_qmethod m) { return (unsigned)m < STZ_QMETHOD_COUNT ? method_names[m] : "?"; }
 
 static stz_decision default_decision(void)
 {
@@ -93,7 +81,7 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
         } else if (!strcmp(key, "action")) {
             int a = -1;
             for (int j = 0; j < STZ_ACTION_COUNT && cJSON_IsString(k); j++)
-                if (!strcmp(k->valuestring, action_names[j]))
+                if (!strcmp(k->valuestring, stz_action_name((stz_action)j)))
                     a = j;
             if (a < 0)
                 return perr(err, p, where, pat, "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd)",
@@ -110,7 +98,7 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
         } else if (!strcmp(key, "method")) {
             int m = -1;
             for (int j = 0; j < STZ_QMETHOD_COUNT && cJSON_IsString(k); j++)
-                if (!strcmp(k->valuestring, method_names[j]))
+                if (!strcmp(k->valuestring, stz_qmethod_name((stz_qmethod)j)))
                     m = j;
             if (m >= 0)
                 d->method = (stz_qmethod)m;
@@ -184,7 +172,7 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
         }
     }
     if (svd_key && d->action != STZ_ACTION_SVD)
-        return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key, action_names[d->action]);
+        return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key, stz_action_name(d->action));
     if (d->action == STZ_ACTION_SVD &&
         (d->svd_rank > 0) + (d->svd_energy > 0) + (d->svd_max_error > 0) != 1)
         return perr(err, p, where, pat, "action 'svd' needs exactly one of rank, energy, max_error", NULL, NULL);

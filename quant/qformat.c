@@ -2,7 +2,7 @@
  * symmetric (absmax, full, mse), asymmetric scale + min (asym), and a
  * non-uniform codebook (nl); scales as F16, F32 or 8-bit log codes.
  * The scalar reference; see stz_quant.h for the definitions. */
-#include "stz_internal.h"
+#include "core/stz_core.h"
 #include "stz_quant.h"
 
 #include <math.h>

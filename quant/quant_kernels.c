@@ -1,6 +1,6 @@
 /* Block-wise symmetric quantization kernels (scalar reference) and float
  * conversions. See stz_quant.h for the exact definitions. */
-#include "stz_internal.h"
+#include "core/stz_core.h"
 #include "stz_quant.h"
 
 #include <math.h>

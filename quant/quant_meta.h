@@ -1,9 +1,9 @@
 /* A quantized file's metadata entries parsed and checked (quant_meta.c),
- * for its readers (quant_read.c). Not installed. */
+ * for its readers (model/qmodel.c, pipeline/dequantize.c). Not installed. */
 #ifndef STZ_QUANT_META_H
 #define STZ_QUANT_META_H
 
-#include "stz_internal.h"
+#include "core/stz_core.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "quant_tensor.h"

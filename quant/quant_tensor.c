@@ -8,6 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char *const action_names[STZ_ACTION_COUNT] = {"keep", "int8", "int4", "svd", "int2", "int3", "int5", "int6"};
+const char *stz_action_name(stz_action a) { return (unsigned)a < STZ_ACTION_COUNT ? action_names[a] : "?"; }
+
+int stz_action_bits(stz_action a)
+{
+    static const int bits[STZ_ACTION_COUNT] = {0, 8, 4, 0, 2, 3, 5, 6};
+    return (unsigned)a < STZ_ACTION_COUNT ? bits[a] : 0;
+}
+
+static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit"};
+const char *stz_qmethod_name(stz_qmethod m) { return (unsigned)m < STZ_QMETHOD_COUNT ? method_names[m] : "?"; }
+
 int stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
 {
     int bits = d->action == STZ_ACTION_SVD ? 8 : stz_action_bits(d->action);
@@ -99,18 +111,22 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, si
     if (st)
         return st;
     size_t rk = f.rank;
-    static const stz_dtype dt[5] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8, STZ_DTYPE_F32};
-    const size_t len[5] = {m * rk, 4 * m, rk, rk * n, 4 * rk};
+    static const stz_dtype dt[STZ_PART_COUNT] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8, STZ_DTYPE_F32};
+    const size_t len[STZ_PART_COUNT] = {[STZ_PART_U] = m * rk, [STZ_PART_U_SCALES] = 4 * m, [STZ_PART_S] = rk,
+                                        [STZ_PART_VH] = rk * n, [STZ_PART_VH_SCALES] = 4 * rk};
     float *Us = malloc(m * sizeof *Us), *Vs = malloc(rk * sizeof *Vs), *W = malloc(m * n * sizeof *W), s_scale;
-    for (int k = 0; k < 5; k++)
-        out->part[k] = malloc(len[k] + 1), out->len[k] = len[k], out->dtype[k] = dt[k];
-    if (!Us || !Vs || !W || !out->part[0] || !out->part[1] || !out->part[2] || !out->part[3] || !out->part[4])
+    int got = 1;
+    for (int k = 0; k < STZ_PART_COUNT; k++)
+        got &= !!(out->part[k] = malloc(len[k] + 1)), out->len[k] = len[k], out->dtype[k] = dt[k];
+    if (!Us || !Vs || !W || !got)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the SVD factors");
     if (!st) {
-        stz_svd_q8(&f, (int8_t *)out->part[0], Us, (int8_t *)out->part[2], &s_scale, (int8_t *)out->part[3], Vs);
-        stz_from_f32(STZ_DTYPE_F32, Us, m, out->part[1], err);
-        stz_from_f32(STZ_DTYPE_F32, Vs, rk, out->part[4], err);
-        st = stz_svd_q8_rebuild((int8_t *)out->part[0], Us, (int8_t *)out->part[2], s_scale, (int8_t *)out->part[3],
+        int8_t *Uq = (int8_t *)out->part[STZ_PART_U], *Sq = (int8_t *)out->part[STZ_PART_S];
+        int8_t *Vq = (int8_t *)out->part[STZ_PART_VH];
+        stz_svd_q8(&f, Uq, Us, Sq, &s_scale, Vq, Vs);
+        stz_from_f32(STZ_DTYPE_F32, Us, m, out->part[STZ_PART_U_SCALES], err);
+        stz_from_f32(STZ_DTYPE_F32, Vs, rk, out->part[STZ_PART_VH_SCALES], err);
+        st = stz_svd_q8_rebuild(Uq, Us, Sq, s_scale, Vq,
                                 Vs, m, n, rk, W, err);
     }
     for (size_t i = 0; !st && i < m * n; i++) {
@@ -125,7 +141,7 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, si
 
 void stz_qmem_free(stz_qmem *q)
 {
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < STZ_PART_COUNT; k++)
         free(q->part[k]);
     memset(q, 0, sizeof *q);
 }
@@ -159,19 +175,19 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
         return fst;
     int asym = d->method == STZ_QMETHOD_ASYM;
     size_t rb = stz_qf_row_bytes(f->bits, (size_t)cols), ssz = stz_dtype_bits(d->scale_dtype) / 8;
-    out->dtype[0] = stz_quant_values_dtype(f->bits, f->method);
-    out->dtype[1] = out->dtype[2] = d->scale_dtype;
-    out->len[0] = (size_t)rows * rb;
+    out->dtype[STZ_PART_VALUES] = stz_quant_values_dtype(f->bits, f->method);
+    out->dtype[STZ_PART_SCALES] = out->dtype[STZ_PART_MINS] = d->scale_dtype;
+    out->len[STZ_PART_VALUES] = (size_t)rows * rb;
     float *sc = malloc(ns * sizeof *sc + 1), *mn = asym ? malloc(ns * sizeof *mn + 1) : NULL,
           *y = malloc(cols * sizeof *y + 1);
-    out->part[0] = malloc(out->len[0] + 1);
+    out->part[STZ_PART_VALUES] = malloc(out->len[STZ_PART_VALUES] + 1);
     stz_status st = STZ_OK;
-    if (!sc || (asym && !mn) || !y || !out->part[0])
+    if (!sc || (asym && !mn) || !y || !out->part[STZ_PART_VALUES])
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the codes and scales");
     for (uint64_t r = 0; !st && r < rows; r++) {
         const float *xr = x + r * cols;
         float *s = sc + r * nb, *m = mn ? mn + r * nb : NULL;
-        uint8_t *q = out->part[0] + r * rb;
+        uint8_t *q = out->part[STZ_PART_VALUES] + r * rb;
         if (stz_qf_quantize_any(f, out->legacy, xr, (size_t)cols, q, s, m)) {
             st = stz_err_set(err, STZ_E_NUMERIC, "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"");
             break;
@@ -182,12 +198,12 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
             out->err2 += e * e, out->norm2 += (double)xr[i] * xr[i];
         }
     }
-    for (int k = 1; !st && ns > 1 && k <= (asym ? 2 : 1); k++) { /* one block: its scale is in the metadata */
+    for (int k = STZ_PART_SCALES; !st && ns > 1 && k <= (asym ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
         out->len[k] = (size_t)ns * ssz;
         if (!(out->part[k] = malloc(out->len[k] + 1)))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales");
         else
-            stz_qf_store_scales(f, k == 1 ? sc : mn, (size_t)ns, out->part[k]);
+            stz_qf_store_scales(f, k == STZ_PART_SCALES ? sc : mn, (size_t)ns, out->part[k]);
     }
     free(sc), free(mn), free(y);
     if (st)

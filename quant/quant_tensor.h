@@ -1,4 +1,4 @@
-/* Pieces of block quantization shared by the file writer (quant_file.c)
+/* Pieces of block quantization shared by the file writer (pipeline/quantize.c)
  * and the in-memory quantizer (quant_tensor.c). Not installed. */
 #ifndef STZ_QUANT_TENSOR_H
 #define STZ_QUANT_TENSOR_H
@@ -47,7 +47,7 @@ stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *S
 static inline uint64_t stz_svd_bytes(uint64_t m, uint64_t n, uint64_t r) { return m * r + r + r * n + 4 * (m + r); }
 
 /* ---- the quantized SafeTensors layout (docs/FORMAT.md), shared by the
- * writer (quant_file.c) and the readers (quant_read.c) ---- */
+ * writer (pipeline/) and the readers (model/qmodel.c, pipeline/dequantize.c) ---- */
 #define STZ_QUANT_META_PREFIX "stz.quant."
 #define STZ_QUANT_VERSION "1"
 #define STZ_QUANT_INT4_PACKING "int4-pairs-high-nibble-first"

@@ -1,6 +1,7 @@
 /* Rank-reduced SVD: exact (sgesdd) and randomized (Halko et al. 2011). */
 #include "stz_svd.h"
 #include "svd_internal.h"
+#include "core/stz_core.h"
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -245,7 +246,7 @@ static stz_status factor(const float *W, size_t m, size_t n, const stz_svd_param
         if (!isfinite(W[i]))
             return stz_err_set(err, STZ_E_NUMERIC, "element %zu of the %zu x %zu matrix is %s", i, m, n,
                                isnan(W[i]) ? "NaN" : "infinite");
-    openblas_set_num_threads(p->threads < 1 ? 1 : p->threads);
+    stz_blas_threads(p->threads);
     float *U = NULL, *S = NULL, *Vh = NULL;
     size_t have = k; /* singular triplets computed */
     stz_status st = STZ_OK;

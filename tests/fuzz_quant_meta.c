@@ -4,6 +4,7 @@
  * every row readable; whatever it refuses must say why. Built with
  * -DSTZ_FUZZ=ON as a libFuzzer target; replayed in CTest over
  * tests/corpus/quant. */
+#include "stz_model.h"
 #include "stz_quant.h"
 
 #include <stdlib.h>

@@ -1,6 +1,7 @@
 /* Test helper: the logits of stz's forward pass on one sequence.
  * usage: fwd_logits MODEL CONFIG|- TOKENS... > OUT (n x vocab float32).
  * CONFIG "-": the file's __metadata__["config"]. */
+#include "core/stz_core.h"
 #include "stz_forward.h"
 #include "stz_safetensors.h"
 

@@ -20,9 +20,10 @@ objdump -p "$LIB" 2>/dev/null | grep -q "SONAME *libstz.so.0" && ok || bad "SONA
 PCDIR=$(dirname "$LIB")/pkgconfig
 cat >"$T/prog.c" <<'C'
 #include <stdio.h>
+#define STZ_EXPERIMENTAL /* stz_synth.h */
 #include "stz.h"
+#include "stz_pipeline.h"
 #include "stz_safetensors.h"
-#include "stz_quant.h"
 #include "stz_synth.h"
 
 int main(int argc, char **argv)

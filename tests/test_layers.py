@@ -1,24 +1,90 @@
-"""The library's modules (its source folders) depend on each other one way
-only: no function of a folder calls into a folder that calls back into it,
-directly or around a longer cycle (issue: "one direction of dependency").
+"""The library's folders are the pipeline's stages, in one order: a folder
+uses only folders below it, by its calls (the symbols of libstz.a) and by
+its #includes (sources and headers, public ones included), so that the
+include graph and the call graph both point one way (docs/ARCHITECTURE.md).
 
 Usage: test_layers.py LIBSTZ_A SOURCE_ROOT
-Reads the symbols each object of the static library defines and uses (nm)
-and maps each object to its source folder by file name.
 """
 import collections
 import os
+import re
 import subprocess
 import sys
 
+# lowest first; a folder may use the folders before it
+ORDER = ["core", "safetensors", "svd", "quant", "policy", "pack", "model", "eval", "pipeline", "tune", "export",
+         "synth", "cli"]
+# each public header belongs to the folder that implements it
+PUBLIC = {"stz.h": "core", "stz_safetensors.h": "safetensors", "stz_svd.h": "svd", "stz_quant.h": "quant",
+          "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model",
+          "stz_eval.h": "eval", "stz_pipeline.h": "pipeline", "stz_tune.h": "tune", "stz_gguf.h": "export",
+          "stz_synth.h": "synth", "stz_experimental.h": "core"}
+RANK = {f: i for i, f in enumerate(ORDER)}
+
 lib, root = sys.argv[1], sys.argv[2]
-folder = {}  # object file name -> source folder
+problems = []
+
+# ---- every folder is a stage, with its README; every public header is known
+for f in ORDER:
+    readme = os.path.join(root, f, "README.md")
+    if not os.path.isfile(readme) or os.path.getsize(readme) < 100:
+        problems.append("%s/ has no README.md saying what it owns and what it may include" % f)
+for h in sorted(os.listdir(os.path.join(root, "include"))):
+    if h.endswith(".h") and h not in PUBLIC:
+        problems.append("include/%s: not assigned to a folder in test_layers.py" % h)
+ignored = {"include", "tests", "bench", "python", "tools", "docs", "policies"}
 for d in sorted(os.listdir(root)):
-    if os.path.isdir(os.path.join(root, d)) and d not in ("tests", "bench", "python") and not d.startswith((".", "build")):
-        for f in os.listdir(os.path.join(root, d)):
-            if f.endswith(".c"):
-                assert f + ".o" not in folder, "two sources named %s: objects would be ambiguous" % f
-                folder[f + ".o"] = d
+    path = os.path.join(root, d)
+    if os.path.isdir(path) and not d.startswith((".", "build")) and d not in ignored and d not in RANK:
+        if any(x.endswith((".c", ".h")) for x in os.listdir(path)):
+            problems.append("%s/: a source folder that is not a stage of ORDER" % d)
+
+
+# ---- includes
+def folder_of_include(src_folder, name):
+    """The folder an #include "name" in src_folder resolves to, or None."""
+    if "/" in name:
+        top = name.split("/")[0]
+        return top if top in RANK else None
+    if name in PUBLIC:
+        return PUBLIC[name]
+    if src_folder != "include" and os.path.isfile(os.path.join(root, src_folder, name)):
+        return src_folder
+    return None
+
+
+includes = 0
+for folder in ORDER + ["include"]:
+    for fn in sorted(os.listdir(os.path.join(root, folder))):
+        if not fn.endswith((".c", ".h", ".in")):
+            continue
+        owner = PUBLIC.get(fn, folder) if folder == "include" else folder
+        with open(os.path.join(root, folder, fn), encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                if not m:
+                    continue
+                includes += 1
+                name, where = m.group(1), "%s/%s:%d" % (folder, fn, lineno)
+                if name.endswith(".c") or name.startswith(".."):
+                    problems.append('%s: includes "%s" (a source file, or a path out of the folder)' % (where, name))
+                    continue
+                to = folder_of_include(folder, name)
+                if to is None:
+                    problems.append('%s: includes "%s", which is no stage\'s header' % (where, name))
+                elif RANK[to] > RANK[owner]:
+                    problems.append('%s: %s includes "%s" of %s, a later stage' % (where, owner, name, to))
+if not includes:
+    problems.append("no #include found under %s: nothing was checked" % root)
+
+# ---- calls: symbols each object of the static library defines and uses
+folder = {}  # object file name -> source folder
+for d in ORDER:
+    for f in os.listdir(os.path.join(root, d)):
+        if f.endswith(".c"):
+            if f + ".o" in folder:
+                problems.append("two sources named %s: objects would be ambiguous" % f)
+            folder[f + ".o"] = d
 folder["policy_builtin.c.o"] = "policy"  # generated from policies/
 defined, used = {}, collections.defaultdict(set)
 out = subprocess.run(["nm", "-A", lib], capture_output=True, text=True, check=True).stdout
@@ -37,27 +103,12 @@ for mod, syms in used.items():
     for s in syms:
         if s in defined and defined[s] != mod:
             edges[mod].add(defined[s])
+            if RANK[defined[s]] > RANK[mod]:
+                problems.append("%s calls %s of %s, a later stage" % (mod, s, defined[s]))
 if not edges:
-    sys.exit("test_layers: no calls between modules found in %s: nothing was checked" % lib)
+    problems.append("no calls between folders found in %s: nothing was checked" % lib)
 
-
-def cycle_from(start):
-    """A path start -> ... -> start, or None."""
-    stack, seen = [(start, [start])], set()
-    while stack:
-        node, path = stack.pop()
-        for nxt in sorted(edges[node]):
-            if nxt == start:
-                return path + [start]
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.append((nxt, path + [nxt]))
-    return None
-
-
-for mod in sorted(edges):
-    c = cycle_from(mod)
-    if c:
-        sys.exit("test_layers: modules call each other: %s" % " -> ".join(c))
-calls = ["%s -> %s" % (m, ", ".join(sorted(edges[m]))) for m in sorted(edges) if edges[m]]
-print("layers: one direction: %s" % "; ".join(calls))
+if problems:
+    sys.exit("test_layers:\n  " + "\n  ".join(problems))
+calls = ["%s -> %s" % (m, ", ".join(sorted(edges[m], key=RANK.get))) for m in ORDER if edges[m]]
+print("layers: %d includes and the calls point one way: %s" % (includes, "; ".join(calls)))

@@ -8,25 +8,17 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "stz_internal.h"
+#include "core/stz_core.h"
 #include "stz_policy.h"
+#include "stz_model.h"
+#include "stz_pipeline.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "test_util.h"
 
 #include <math.h>
 
-/* The quantizers once more, in this file, for the baseline instruction set
- * only (no clones), and in qformat_avx2.c for AVX2, to check that all give
- * the same bits. */
-#define STZ_QF_CLONES
-#define QF_COPY(name) plain_qf_##name
-#include "qformat_copy.h"
-
-int avx2_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
-void avx2_qf_prepare(stz_qformat *f);
-void avx2_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins, size_t n,
-                            float *y);
+#include "kernel_copies.h"
 
 static uint64_t seed = 11;
 static float frand(void) /* roughly normal */

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "stz_internal.h"
+#include "core/stz_core.h"
 #include "stz_safetensors.h"
 #include "test_util.h"
 

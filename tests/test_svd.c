@@ -7,7 +7,7 @@
 
 #include "stz_quant.h"
 #include "stz_svd.h"
-#include "svd_internal.h"
+#include "svd/svd_internal.h"
 
 #include <cblas.h>
 #include <lapacke.h>

@@ -124,4 +124,29 @@ static inline int tu_each_manifest(const char *dir, void (*fn)(const char *path,
     return n;
 }
 
+/* A roughly normal float (a sum of four uniforms) from the generator
+ * state *seed (a 64-bit LCG). */
+static inline float tu_normal(uint64_t *seed)
+{
+    float s = 0;
+    for (int k = 0; k < 4; k++) {
+        *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+        s += (float)(*seed >> 40) / (float)(1 << 24) - 0.5f;
+    }
+    return s;
+}
+
+#ifdef STZ_POLICY_H
+/* A policy parsed from JSON; the test fails with the parser's message if it
+ * is refused (cmocka programs only: include cmocka.h first). */
+static inline stz_policy *tu_policy(const char *json)
+{
+    stz_policy *p;
+    stz_err err;
+    if (stz_policy_parse(&p, json, strlen(json), "test", &err))
+        fail_msg("%s", err.msg);
+    return p;
+}
+#endif
+
 #endif

@@ -2,7 +2,7 @@
  * (forged sizes with recomputed checksums, so they pass the integrity
  * checks and reach the structural ones), plus MANIFEST with the status each
  * must produce. Build: make build; run: build/make_stz_corpus DIR. */
-#include "pack_internal.h"
+#include "pack/pack_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

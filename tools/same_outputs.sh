@@ -8,7 +8,7 @@
 set -u
 abs() { (cd "$(dirname "$1")" && echo "$(pwd)/$(basename "$1")"); }
 OLD=$(abs "$1") NEW=$(abs "$2")
-DATA=${3:-$(dirname "$0")/../../shared/data}
+DATA=$(cd "${3:-$(dirname "$0")/../../shared/data}" 2>/dev/null && pwd)
 S=$DATA/stories260K.f32.safetensors
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT

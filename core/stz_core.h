@@ -1,0 +1,219 @@
+/* Internal helpers shared by the library's modules. Not installed. */
+#ifndef STZ_CORE_H
+#define STZ_CORE_H
+
+#include "stz.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* Function clones for newer x86-64 instruction sets, the best one chosen
+ * when the program loads (GCC on x86-64; other compilers and machines build
+ * the baseline only, and so does -DSTZ_NO_CLONES: ThreadSanitizer crashes
+ * in the clones' resolvers). Clones must compute the same bits. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(STZ_NO_CLONES)
+#define STZ_X86_CLONES 1
+#define STZ_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
+#else
+#define STZ_X86_CLONES 0
+#define STZ_CLONES(...)
+#endif
+
+/* Returns st; when st is an error whose message is a bare "out of memory...",
+ * prefixes it with the path it happened for (the entry points' context). */
+stz_status stz_err_in(stz_err *err, stz_status st, const char *path);
+
+/* ---- files, names and JSON ----------------------------------------- */
+
+/* Adds a path of the caller's (an intermediate file) to what
+ * stz_tmp_cleanup_all() removes; returns a handle for stz_tmp_untrack, or
+ * -1 when the table is full. The path must stay valid while tracked. */
+int stz_tmp_track(char *path);
+void stz_tmp_untrack(int handle);
+
+/* 1 if a and b name the same existing file (same device and inode), else 0. */
+int stz_same_file(const char *a, const char *b);
+/* STZ_E_EXISTS ("output is the input file") if out is in, else STZ_OK. */
+stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *err);
+
+/* Opens an existing regular file for reading: *fd and its *size, or
+ * STZ_E_IO naming the path (*fd = -1); a FIFO
+ * or device is refused without blocking. */
+stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err);
+
+/* Sorts names[0..n) and returns the first name that appears twice, or NULL. */
+const char *stz_first_duplicate(const char **names, size_t n);
+
+/* JSON objects parsed by cJSON, which keeps every duplicate key (and
+ * lookups return the first): the first key that appears twice in `obj`, or
+ * NULL. */
+struct cJSON;
+const char *stz_json_duplicate_key(const struct cJSON *obj);
+/* The first key of `obj` not in the NULL-terminated list `allowed`, or NULL. */
+const char *stz_json_unknown_key(const struct cJSON *obj, const char *const *allowed);
+/* Building JSON with cJSON, whose adders drop an item silently when an
+ * allocation fails: stz_json_begin() before a document, stz_json_failed() after it says
+ * whether any allocation failed on this thread since. stz_json_put adds
+ * item to object o under key (to array o when key is NULL), and on failure
+ * frees item (cJSON's own adders leak it) and marks the failure. */
+void stz_json_begin(void);
+/* Routes cJSON's allocations through malloc as stz sees it, so that a failure
+ * inside cJSON is noticed by stz_json_failed (cJSON_InitHooks: process-wide,
+ * so only the command layer calls it, documented at stz_command). Without
+ * it, only failures that cJSON reports by its return values are seen. */
+void stz_json_route_allocations(void);
+int stz_json_failed(void);
+int stz_json_put(struct cJSON *o, const char *key, struct cJSON *item);
+
+/* Reads a whole small regular file (policy, index, config) into a new
+ * NUL-terminated buffer; refuses FIFOs and devices and files over `limit`. */
+stz_status stz_read_text(const char *path, size_t limit, char **text, size_t *len, stz_err *err);
+
+/* May an output be written at `path`? STZ_OK when nothing is there, or a
+ * regular file and `force`; STZ_E_EXISTS otherwise, naming what is there
+ * (devices, FIFOs, sockets and directories are never replaced, even with
+ * force). */
+stz_status stz_output_check(const char *path, int force, stz_err *err);
+/* Renames a finished temporary file `tmp` to `path`. Without force it never
+ * replaces a file that appeared meanwhile; with force it replaces only a
+ * regular file (or a symbolic link). STZ_E_EXISTS or STZ_E_IO, naming path. */
+stz_status stz_output_place(const char *tmp, const char *path, int force, stz_err *err);
+
+/* Strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): the
+ * offset of the first byte of s[0..n) that is not valid UTF-8, or n. */
+size_t stz_utf8_check(const uint8_t *s, size_t n);
+
+/* rename() that never replaces an existing `to` (EEXIST); 0 or -1/errno. */
+int stz_rename_noreplace(const char *from, const char *to);
+
+/* Little-endian loads and stores: never cast pointers into file data. */
+static inline uint16_t stz_le16(const void *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint16_t)(b[0] | (b[1] << 8));
+}
+static inline uint32_t stz_le32(const void *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+}
+static inline uint64_t stz_le64(const void *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint64_t)stz_le32(b) | ((uint64_t)stz_le32(b + 4) << 32);
+}
+static inline void stz_put_le16(void *p, uint16_t v)
+{
+    uint8_t *b = (uint8_t *)p;
+    b[0] = (uint8_t)v;
+    b[1] = (uint8_t)(v >> 8);
+}
+static inline void stz_put_le32(void *p, uint32_t v)
+{
+    uint8_t *b = (uint8_t *)p;
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void stz_put_le64(void *p, uint64_t v)
+{
+    stz_put_le32(p, (uint32_t)v);
+    stz_put_le32((uint8_t *)p + 4, (uint32_t)(v >> 32));
+}
+
+/* Float conversions. BF16 rounds to nearest even; NaN stays NaN. */
+static inline float stz_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t stz_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN, keeps sign */
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+float stz_f16_to_f32(uint16_t h);
+uint16_t stz_f32_to_f16(float f);
+
+/* pread/pwrite loops that retry on EINTR and short counts. Return 0 or
+ * errno; pread returns -1 at end of file before n bytes. */
+int stz_pread_full(int fd, void *buf, size_t n, uint64_t off);
+int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+/* read() until n bytes or the end of the stream (*got tells how many),
+ * retrying on EINTR. Returns 0 or errno. */
+int stz_read_some(int fd, void *buf, size_t n, size_t *got);
+
+
+/* ---- output files: temporary name, rename at the end ----------------- */
+
+typedef struct stz_outfile {
+    int fd;
+    char *path;     /* final name */
+    char *tmp_path; /* where bytes go until commit */
+    int slot;       /* index in the cleanup registry, -1 if none */
+    uint64_t pos;   /* where stz_outfile_write appends */
+    int force;      /* commit may replace an existing file */
+} stz_outfile;
+
+#define STZ_OUTFILE_INIT {-1, NULL, NULL, -1, 0, 0}
+
+/* Creates a temporary file next to `path`. STZ_E_EXISTS if path exists and
+ * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */
+stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_err *err);
+/* An outfile that is standard output (no path): bytes go in order only,
+ * commit and abort leave it open. */
+void stz_outfile_stdout(stz_outfile *of);
+/* Appends at of->pos and advances it. */
+stz_status stz_outfile_write(stz_outfile *of, const void *buf, size_t n, stz_err *err);
+/* Writes at an absolute offset (threads may write disjoint ranges at once);
+ * does not move of->pos. */
+stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64_t off, stz_err *err);
+/* Renames the temporary file to the final path (permissions follow umask).
+ * Without force it never replaces a file that appeared meanwhile
+ * (STZ_E_EXISTS). */
+stz_status stz_outfile_commit(stz_outfile *of, stz_err *err);
+/* STZ_E_IO naming the output, `what`, `need` and the free bytes when the
+ * output's file system has less than `need` bytes free. */
+stz_status stz_check_space(const stz_outfile *of, uint64_t need, const char *what, stz_err *err);
+/* Removes the temporary file if still there; safe after commit and twice. */
+void stz_outfile_abort(stz_outfile *of);
+
+/* ---- ordered parallel work --------------------------------------- */
+
+/*
+ * Runs work(i) for i in [0, n) on `threads` threads (the caller's thread is
+ * one of them), then commit(i) strictly in order 0, 1, 2, ... with the
+ * commits serialised (but outside the pipeline's lock: the other threads
+ * take and work on items meanwhile, so a commit may wait, for room in a
+ * sink say), then post(i) (optional) in any order. Work that needs no order,
+ * such as writing at a reserved offset, belongs in post(). Work items are
+ * handed out in order, so at most `threads` items are in flight: memory
+ * stays bounded by the per-thread buffers. The first error stops the run
+ * and is returned. progress (optional) is called from the caller's thread
+ * with `done`, which only commit() may advance.
+ */
+typedef struct stz_ordered {
+    size_t n;
+    int threads;
+    void *ctx;
+    stz_status (*work)(void *ctx, int tid, size_t i, stz_err *err);
+    stz_status (*commit)(void *ctx, int tid, size_t i, stz_err *err);
+    stz_status (*post)(void *ctx, int tid, size_t i, stz_err *err);
+    stz_progress_fn progress;
+    void *progress_user;
+    uint64_t done, total; /* progress units; commit() updates done */
+} stz_ordered;
+
+stz_status stz_ordered_run(stz_ordered *p, stz_err *err);
+
+/* Sets OpenBLAS's thread count (process-wide; at least 1): the one place the
+ * library does, for the operations whose public headers say they do (SVD,
+ * the forward pass). */
+void stz_blas_threads(int n);
+
+#endif /* STZ_CORE_H */

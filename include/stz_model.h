@@ -1,0 +1,75 @@
+/*
+ * stz_model.h - any model file stz reads (plain or quantized SafeTensors,
+ * or a container of one) seen as float tensors under their original names.
+ */
+#ifndef STZ_MODEL_H
+#define STZ_MODEL_H
+
+#include "stz.h"
+#include "stz_safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- reading plain or quantized files as floats ----------------------- */
+
+/* One tensor under its original name, shape and dtype, seen as rows x cols
+ * (cols = last dimension; the whole tensor for fewer than 2 dimensions). */
+typedef struct {
+    const char *name;
+    stz_dtype dtype;        /* original dtype */
+    int ndim;
+    const uint64_t *shape;  /* original shape */
+    uint64_t numel, rows, cols;
+    int bits;               /* 0: stored as is; 2..8: quantized */
+    uint64_t rank;          /* SVD factors (INT8, bits 8): their rank; else 0 */
+    uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
+    const char *method;     /* "absmax", "full", "mse", "asym", "nl", "svd"; NULL when stored as is */
+    uint32_t block_size;    /* quantized (not svd): elements per block */
+    stz_dtype scale_dtype;  /* quantized (not svd): how scales are stored (F16, F32, U8) */
+    const char *scales_name;/* quantized (not svd): the stored scales tensor, NULL for a single scale */
+} stz_qtensor;
+
+typedef struct stz_qmodel stz_qmodel;
+
+/* Opens a plain or quantized SafeTensors file, or an .stz container of one
+ * (its chunks decoded as rows are read, one chunk held: no temporary file).
+ * Companion scales tensors are not listed; quantized tensors appear under
+ * their original names. */
+STZ_API stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err);
+/* The same over a reader the caller keeps (for example a container's
+ * header, stz_container_header): lists tensors; reading rows needs the
+ * reader's data. */
+STZ_API stz_status stz_qmodel_open_reader(stz_qmodel **out, const stz_reader *r, stz_err *err);
+STZ_API void stz_qmodel_free(stz_qmodel *m);
+/* A container's chunks are decoded on `threads` threads where a read covers
+ * several (stz_container_set_threads); no effect on other files. */
+STZ_API void stz_qmodel_set_threads(stz_qmodel *m, int threads);
+struct stz_container;
+/* The container m was opened from, or NULL for a SafeTensors file. */
+STZ_API struct stz_container *stz_qmodel_container(const stz_qmodel *m);
+STZ_API size_t stz_qmodel_count(const stz_qmodel *m);
+STZ_API const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
+STZ_API long stz_qmodel_find(const stz_qmodel *m, const char *name);
+STZ_API const stz_reader *stz_qmodel_reader(const stz_qmodel *m);
+/* Reads rows [row, row + nrows) of tensor i as floats (dequantized if
+ * needed) into dst (nrows * cols floats). STZ_E_DTYPE for a non-float
+ * tensor that is stored as is. Not thread-safe on one model. */
+STZ_API stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, stz_err *err);
+/* The stored bytes of rows [row, row + nrows) of a block-quantized tensor
+ * with a scales tensor: codes (nrows * stz_qf_row_bytes) and scales (nrows
+ * * blocks * the scale dtype's size), as docs/FORMAT.md lays them out.
+ * STZ_E_UNSUPPORTED for other tensors. */
+STZ_API stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, uint8_t *codes,
+                                 uint8_t *scales, stz_err *err);
+/* The same as stz_qmodel_read_rows, and for a block-quantized tensor (bits set, rank 0) each
+ * block's scale as stored, exactly (nrows * ceil(cols / block_size)
+ * floats, row by row), when scales is not NULL. */
+STZ_API stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
+                                       float *scales, stz_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

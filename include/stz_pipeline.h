@@ -1,0 +1,86 @@
+/*
+ * stz_pipeline.h - whole models through the pipeline: read, decide each
+ * tensor by a policy, quantize it, write it to a SafeTensors file or
+ * straight into a container (docs/ARCHITECTURE.md).
+ */
+#ifndef STZ_PIPELINE_H
+#define STZ_PIPELINE_H
+
+#include "stz.h"
+#include "stz_pack.h"
+#include "stz_policy.h"
+#include "stz_quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- files ----------------------------------------------------------- */
+
+typedef struct {
+    int threads;              /* INT8/INT4 row batches and OpenBLAS (SVD) threads, >= 1 */
+    unsigned write_flags;     /* STZ_WRITE_FORCE */
+    stz_progress_fn progress; /* input bytes */
+    void *progress_user;
+    /* SVD factors are computed before the header is written (their ranks
+     * and scales are in it); up to this many bytes of them are held until
+     * written, the others computed again then (and checked to be the same
+     * bits), so memory does not grow with the number of SVD tensors.
+     * 0: STZ_SVD_HOLD_DEFAULT. */
+    uint64_t svd_hold_bytes;
+} stz_quant_params;
+
+#define STZ_SVD_HOLD_DEFAULT (256u << 20)
+#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0}
+
+typedef struct {
+    uint64_t in_bytes, out_bytes;
+    size_t tensors, quantized;
+    uint64_t params, params_quantized;
+    /* measured while quantizing: cosine of each dequantized tensor against
+     * its original; minimum over the quantized tensors (1 if none), mean
+     * weighted by parameters over all float tensors (kept ones count 1),
+     * as stz eval reports them */
+    double min_cosine, weighted_cosine;
+    char worst[256]; /* name of the tensor with the lowest cosine */
+} stz_quant_stats;
+
+/*
+ * Quantizes `in` into `out` following the policy, tensor by tensor (memory
+ * does not grow with the model). Kept tensors are copied byte for byte.
+ * The output is a normal SafeTensors file whose __metadata__ describes
+ * each quantized tensor (docs/FORMAT.md, "Quantized SafeTensors").
+ * SVD decisions are factored first (stz_svd.h): the whole matrix is held as
+ * F32 while it is factored, and the INT8 factors until they are written.
+ * Errors: the reader's, STZ_E_NUMERIC (NaN/Inf, naming tensor and
+ * element), STZ_E_DUPLICATE (a companion name exists), STZ_E_LAPACK,
+ * STZ_E_EXISTS, STZ_E_IO.
+ */
+STZ_API stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
+                             stz_quant_stats *stats, stz_err *err);
+
+/*
+ * Quantizes `in` following the policy straight into the container `out`
+ * ("-": standard output): one pass, no intermediate file, memory bounded
+ * by a few chunks per thread. The container is byte for byte the one
+ * stz_pack_file(pp) makes of the file stz_quantize_file(qp) writes, and
+ * unpacks to that file. qp->write_flags are ignored (pp's apply);
+ * qstats->out_bytes is the quantized file's size, pstats the container's.
+ */
+STZ_API stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy,
+                             const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
+                             stz_err *err);
+
+/*
+ * Writes a plain model: every tensor under its original name and shape,
+ * quantized ones dequantized to their original dtype (or `dtype` if it is
+ * not STZ_DTYPE_COUNT: BF16, F16 or F32), kept ones byte-identical. A file
+ * without quantized tensors is copied.
+ */
+STZ_API stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                               stz_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,499 @@
+/* A reference forward pass of Llama-family decoders, one layer at a time
+ * over every position of a batch (see stz_forward.h). */
+#include "forward_internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* ---- tensors the model needs ------------------------------------------ */
+
+
+const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m) { return &m->c; }
+
+static int find(const stz_fwd *m, const char *name, loc *at)
+{
+    for (size_t f = 0; f < m->nfiles; f++) {
+        long i = stz_qmodel_find(m->files[f], name);
+        if (i >= 0)
+            return at->f = (int)f, at->i = (size_t)i, 1;
+    }
+    at->f = -1;
+    return 0;
+}
+
+const stz_qtensor *stz_forward_tensor(const stz_fwd *m, loc at) { return stz_qmodel_tensor(m->files[at.f], at.i); }
+
+/* The tensor `name` with shape [d0] (d1 == 0) or [d0, d1]; optional ones may be absent. */
+static stz_status need(stz_fwd *m, const char *name, uint64_t d0, uint64_t d1, int optional, loc *at, stz_err *err)
+{
+    if (!find(m, name, at))
+        return optional ? STZ_OK
+                        : stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' is missing (the config has %u layers, dim %u)",
+                                      m->label, name, m->c.n_layers, m->c.dim);
+    const stz_qtensor *t = stz_forward_tensor(m, *at);
+    int nd = d1 ? 2 : 1;
+    if (t->ndim != nd || t->shape[0] != d0 || (d1 && t->shape[1] != d1)) {
+        char got[96] = "[", want[64];
+        for (int k = 0; k < t->ndim && strlen(got) < 64; k++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", k ? ", " : "",
+                     (unsigned long long)t->shape[k]);
+        snprintf(want, sizeof want, d1 ? "[%llu, %llu]" : "[%llu]", (unsigned long long)d0, (unsigned long long)d1);
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s' has shape %s], the config says %s", m->label, name, got,
+                           want);
+    }
+    if (!stz_dtype_is_float(t->dtype) || t->dtype == STZ_DTYPE_C64)
+        return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s' is %s, not floating point", m->label, name,
+                           stz_dtype_name(t->dtype));
+    return STZ_OK;
+}
+
+void stz_fwd_rope_frequencies(const stz_fwd_config *c, float *f)
+{
+    for (uint32_t i = 0; i < c->head_dim / 2; i++) {
+        double freq = pow(c->rope_theta, -2.0 * i / c->head_dim);
+        if (c->rope_scaling == STZ_ROPE_LINEAR)
+            freq /= c->rope_factor;
+        else if (c->rope_scaling == STZ_ROPE_LLAMA3) { /* Llama 3.1's smoothed NTK-by-parts rule */
+            double wavelen = 2 * M_PI / freq, lo = c->rope_orig_pos / c->rope_low_freq,
+                   hi = c->rope_orig_pos / c->rope_high_freq;
+            if (wavelen > lo)
+                freq /= c->rope_factor;
+            else if (wavelen >= hi) {
+                double s = (c->rope_orig_pos / wavelen - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
+                freq = (1 - s) * freq / c->rope_factor + s * freq;
+            }
+        }
+        f[i] = (float)freq;
+    }
+}
+
+stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
+                        const char *label, int threads, stz_err *err)
+{
+    *out = NULL;
+    stz_fwd *m = calloc(1, sizeof *m);
+    if (!m || !(m->files = malloc((nfiles + 1) * sizeof *m->files)) ||
+        !(m->layer = calloc((size_t)c->n_layers * STZ_ROLE_PER_LAYER, sizeof *m->layer)) ||
+        !(m->inv_freq = malloc(c->head_dim / 2 * sizeof *m->inv_freq))) {
+        stz_fwd_free(m);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model's weights");
+    }
+    memcpy(m->files, files, nfiles * sizeof *files);
+    m->nfiles = nfiles, m->c = *c, m->threads = threads < 1 ? 1 : threads, m->keep_budget = STZ_FWD_KEEP_DEFAULT;
+    snprintf(m->label, sizeof m->label, "%s", label);
+    int hf = stz_fwd_layout(files, nfiles);
+    if (hf < 0) {
+        stz_fwd_free(m);
+        return stz_err_set(err, STZ_E_FORMAT, "%s: no token embedding (model.embed_tokens.weight or "
+                                              "tok_embeddings.weight): not a Llama-family model", label);
+    }
+    m->c.rope_interleaved = !hf; /* llama2.c keeps Meta's pairwise layout; HF checkpoints are permuted */
+    stz_fwd_rope_frequencies(&m->c, m->inv_freq);
+    uint64_t D = c->dim, F = c->hidden, QD = (uint64_t)c->n_heads * c->head_dim,
+             KD = (uint64_t)c->n_kv_heads * c->head_dim;
+    const uint64_t shape[STZ_ROLE_PER_LAYER][2] = {{D, 0}, {QD, D}, {KD, D}, {KD, D}, {D, QD}, {QD, 0}, {KD, 0},
+                                            {KD, 0}, {D, 0}, {D, 0}, {F, D},  {F, D},  {D, F}};
+    stz_status st = STZ_OK;
+    char name[160];
+    for (uint32_t l = 0; !st && l <= c->n_layers; l++)
+        for (int k = 0; !st && k < STZ_ROLE_PER_LAYER; k++) {
+            snprintf(name, sizeof name, stz_roles[k].name[hf], l);
+            if (l == c->n_layers) { /* more layers than the config says */
+                loc extra;
+                if (find(m, name, &extra))
+                    st = stz_err_set(err, STZ_E_FORMAT, "%s: the config says %u layers but '%s' is there", label,
+                                     c->n_layers, name);
+                continue;
+            }
+            int optional = k >= STZ_ROLE_BQ && k <= STZ_ROLE_BO;
+            st = need(m, name, shape[k][0], shape[k][1], optional, &m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k], err);
+        }
+    if (!st)
+        st = need(m, stz_roles[STZ_ROLE_EMBED].name[hf], c->vocab, D, 0, &m->global[G_EMBED], err);
+    if (!st)
+        st = need(m, stz_roles[STZ_ROLE_NORM].name[hf], D, 0, 0, &m->global[G_NORM], err);
+    if (!st && (st = need(m, stz_roles[STZ_ROLE_HEAD].name[hf], c->vocab, D, c->tied, &m->global[G_HEAD], err)) == STZ_OK &&
+        m->global[G_HEAD].f < 0)
+        m->global[G_HEAD] = m->global[G_EMBED];
+    if (st) {
+        stz_fwd_free(m);
+        return st;
+    }
+    *out = m;
+    return STZ_OK;
+}
+
+void stz_forward_drop_kept(stz_fwd *m)
+{
+    for (size_t i = 0; m->keep && i < m->keep_layers * STZ_ROLE_PER_LAYER; i++)
+        free(m->keep[i]);
+    free(m->keep);
+    free(m->keep_head);
+    m->keep = NULL, m->keep_layers = 0, m->keep_head = NULL;
+}
+
+void stz_fwd_free(stz_fwd *m)
+{
+    if (!m)
+        return;
+    stz_forward_drop_kept(m);
+    free(m->files);
+    free(m->layer);
+    free(m->inv_freq);
+    free(m);
+}
+
+/* ---- weights ------------------------------------------------------------ */
+
+/* Rows [r0, r0 + n) of a tensor as floats, refused if any is NaN or Inf. */
+stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *dst, stz_err *err)
+{
+    const stz_qtensor *t = stz_forward_tensor(m, at);
+    size_t step = (size_t)(t->cols >= (1u << 20) ? 1 : (1u << 20) / t->cols);
+    for (size_t r = 0; r < n; r += step) {
+        size_t k = n - r < step ? n - r : step;
+        float *d = dst + r * t->cols;
+        stz_status st = stz_qmodel_read_rows(m->files[at.f], at.i, r0 + r, k, d, err);
+        if (st)
+            return st;
+        if (m->probe && at.f == m->probe_at.f && at.i == m->probe_at.i &&
+            m->probe->perturb(m->probe->user, t->name, d, r0 + r, k, (size_t)t->cols))
+            return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory perturbing '%s'", m->label, t->name);
+        for (size_t i = 0; i < k * t->cols; i++)
+            if (!isfinite(d[i]))
+                return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s' holds NaN or Inf (row %llu)", m->label,
+                                   t->name, (unsigned long long)(r0 + r + i / t->cols));
+    }
+    return STZ_OK;
+}
+
+/* One layer's weights into w (NULL where an optional bias is absent): the
+ * kept copy when sampling keeps this layer, else read into buf, buffers
+ * the caller reuses for every layer (all layers have the same shapes). */
+static stz_status load_layer(stz_fwd *m, uint32_t l, float *const buf[STZ_ROLE_PER_LAYER], float *w[STZ_ROLE_PER_LAYER],
+                             stz_err *err)
+{
+    float **kept = l < m->keep_layers ? m->keep + (size_t)l * STZ_ROLE_PER_LAYER : NULL;
+    if (kept && kept[STZ_ROLE_WQ]) {
+        memcpy(w, kept, STZ_ROLE_PER_LAYER * sizeof *w);
+        return STZ_OK;
+    }
+    for (int k = 0; k < STZ_ROLE_PER_LAYER; k++) {
+        loc at = m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k];
+        w[k] = NULL;
+        if (at.f < 0)
+            continue;
+        const stz_qtensor *t = stz_forward_tensor(m, at);
+        if (kept && !(kept[k] = malloc(t->numel * sizeof(float))))
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory reading '%s'", t->name);
+        w[k] = kept ? kept[k] : buf[k];
+        stz_status st = stz_forward_read_rows(m, at, 0, (size_t)t->rows, w[k], err);
+        if (st)
+            return st;
+    }
+    return STZ_OK;
+}
+
+/* ---- the layers ----------------------------------------------------------- */
+
+void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps)
+{
+    double ss = 0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float s = (float)(1 / sqrt(ss / (double)n + eps));
+    for (size_t i = 0; i < n; i++)
+        o[i] = w[i] * (x[i] * s);
+}
+
+/* Y (n, out; rows ldy apart) = X (n, in) @ W (out, in)^T + b */
+static void linear_ld(float *Y, size_t ldy, const float *X, const float *W, const float *b, size_t n, size_t in,
+                      size_t out)
+{
+    if (n <= 8) /* a few rows (sampling a token at a time): sgemm would repack all of W, sgemv streams it */
+        for (size_t r = 0; r < n; r++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)out, (int)in, 1.0f, W, (int)in, X + r * in, 1, 0.0f,
+                        Y + r * ldy, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, X, (int)in, W, (int)in,
+                    0.0f, Y, (int)ldy);
+    for (size_t r = 0; b && r < n; r++)
+        for (size_t j = 0; j < out; j++)
+            Y[r * ldy + j] += b[j];
+}
+
+void stz_forward_linear(float *Y, const float *X, const float *W, const float *b, size_t n, size_t in, size_t out)
+{
+    linear_ld(Y, out, X, W, b, n, in, out);
+}
+
+static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos)
+{
+    size_t hd = m->c.head_dim, half = hd / 2;
+    for (size_t i = 0; i < half; i++) {
+        double a = (double)pos * m->inv_freq[i];
+        float c = (float)cos(a), s = (float)sin(a);
+        for (size_t h = 0; h < nheads; h++) {
+            float *x = v + h * hd;
+            size_t i0 = m->c.rope_interleaved ? 2 * i : i, i1 = m->c.rope_interleaved ? 2 * i + 1 : i + half;
+            float x0 = x[i0], x1 = x[i1];
+            x[i0] = x0 * c - x1 * s;
+            x[i1] = x1 * c + x0 * s;
+        }
+    }
+}
+
+
+/* Causal attention, one row at a time: row r sees positions 0..pos[r] of
+ * its sequence in the caches. att (n, QD); sc: pos + 1 floats. */
+static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q, const float *kc, const float *vc,
+                        float *att, float *sc)
+{
+    size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
+           group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (size_t r = 0; r < b->n; r++) {
+        const float *ks = kc + b->seq[r] * b->cap * KD, *vs = vc + b->seq[r] * b->cap * KD;
+        size_t P = b->pos[r] + 1;
+        for (size_t h = 0; h < c->n_heads; h++) {
+            const float *qh = q + r * QD + h * hd;
+            size_t g = h / group * hd;
+            float mx = -INFINITY;
+            for (size_t t = 0; t < P; t++) {
+                float s = 0;
+                for (size_t i = 0; i < hd; i++)
+                    s += qh[i] * ks[t * KD + g + i];
+                sc[t] = s * scale;
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            double sum = 0;
+            for (size_t t = 0; t < P; t++)
+                sum += sc[t] = expf(sc[t] - mx);
+            float *o = att + r * QD + h * hd, inv = (float)(1 / sum);
+            memset(o, 0, hd * sizeof *o);
+            for (size_t t = 0; t < P; t++) {
+                float a = sc[t] * inv;
+                for (size_t i = 0; i < hd; i++)
+                    o[i] += a * vs[t * KD + g + i];
+            }
+        }
+    }
+}
+
+#define QUERY_BLOCK 256
+
+/* Causal attention of a whole sequence (positions 0..L-1) through sgemm,
+ * QUERY_BLOCK queries at a time. q, att: L rows of QD; ks, vs: the
+ * sequence's caches; S: QUERY_BLOCK x L floats. */
+static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks, const float *vs, size_t L, float *att,
+                       float *S)
+{
+    size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
+           group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (size_t h = 0; h < c->n_heads; h++) {
+        size_t g = h / group * hd;
+        for (size_t t0 = 0; t0 < L; t0 += QUERY_BLOCK) {
+            size_t nq = L - t0 < QUERY_BLOCK ? L - t0 : QUERY_BLOCK, P = t0 + nq;
+            /* S (nq, P) = q[t0:P, h] (nq, hd) @ k[0:P, g] (P, hd)^T * scale */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)P, (int)hd, scale, q + t0 * QD + h * hd,
+                        (int)QD, ks + g, (int)KD, 0.0f, S, (int)P);
+            for (size_t i = 0; i < nq; i++) {
+                float *row = S + i * P, mx = -INFINITY;
+                size_t valid = t0 + i + 1;
+                for (size_t t = 0; t < valid; t++)
+                    mx = row[t] > mx ? row[t] : mx;
+                double sum = 0;
+                for (size_t t = 0; t < valid; t++)
+                    sum += row[t] = expf(row[t] - mx);
+                float inv = (float)(1 / sum);
+                for (size_t t = 0; t < valid; t++)
+                    row[t] *= inv;
+                memset(row + valid, 0, (P - valid) * sizeof *row);
+            }
+            /* att[t0:P, h] (nq, hd) = S (nq, P) @ v[0:P, g] (P, hd) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)hd, (int)P, 1.0f, S, (int)P, vs + g,
+                        (int)KD, 0.0f, att + t0 * QD + h * hd, (int)QD);
+        }
+    }
+}
+
+/* Every row through layers l0..l1-1: X (n, dim) in place. */
+stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
+                               stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err)
+{
+    const stz_fwd_config *c = &m->c;
+    size_t n = b->n, D = c->dim, F = c->hidden, hd = c->head_dim, QD = (size_t)c->n_heads * hd,
+           KD = (size_t)c->n_kv_heads * hd;
+    size_t maxpos = 0;
+    for (size_t r = 0; r < n; r++)
+        maxpos = b->pos[r] + 1 > maxpos ? b->pos[r] + 1 : maxpos;
+    float *xb = malloc(n * (QD > D ? QD : D) * sizeof *xb), *q = malloc(n * QD * sizeof *q),
+          *kv = malloc(n * 2 * KD * sizeof *kv), *att = malloc(n * QD * sizeof *att),
+          *h1 = malloc(n * F * sizeof *h1), *h3 = malloc(n * F * sizeof *h3),
+          *sc = malloc((b->layers == 1 ? QUERY_BLOCK : 1) * maxpos * sizeof *sc);
+    stz_status st = STZ_OK;
+    if (!xb || !q || !kv || !att || !h1 || !h3 || !sc)
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
+    float *buf[STZ_ROLE_PER_LAYER] = {0};
+    for (int k = 0; !st && m->keep_layers < c->n_layers && k < STZ_ROLE_PER_LAYER; k++)
+        if (m->layer[k].f >= 0 && !(buf[k] = malloc(stz_forward_tensor(m, m->layer[k])->numel * sizeof(float))))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a layer's weights");
+    for (uint32_t l = l0; !st && l < l1; l++) {
+        float *w[STZ_ROLE_PER_LAYER];
+        if ((st = load_layer(m, l, buf, w, err)))
+            break;
+        size_t lk = b->layers > 1 ? l : 0;
+        float *kc = b->k + lk * nseq * b->cap * KD, *vc = b->v + lk * nseq * b->cap * KD;
+        for (size_t r = 0; r < n; r++)
+            stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
+        stz_forward_linear(q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);    /* (n, dim) @ wq^T -> (n, QD) */
+        stz_forward_linear(kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD);   /* -> (n, KD) */
+        stz_forward_linear(kv + n * KD, xb, w[STZ_ROLE_WV], w[STZ_ROLE_BV], n, D, KD);
+        for (size_t r = 0; r < n; r++) {
+            rope(m, q + r * QD, c->n_heads, b->pos[r]);
+            rope(m, kv + r * KD, c->n_kv_heads, b->pos[r]);
+            size_t at = (b->seq[r] * b->cap + b->pos[r]) * KD;
+            memcpy(kc + at, kv + r * KD, KD * sizeof *kc);
+            memcpy(vc + at, kv + (n + r) * KD, KD * sizeof *vc);
+        }
+        if (b->layers == 1) /* whole sequences, rows in order: through sgemm */
+            for (size_t r0 = 0, L; r0 < n; r0 += L) {
+                for (L = 1; r0 + L < n && b->seq[r0 + L] == b->seq[r0]; L++)
+                    ;
+                attend_seq(c, q + r0 * QD, kc + b->seq[r0] * b->cap * KD, vc + b->seq[r0] * b->cap * KD, L,
+                           att + r0 * QD, sc);
+            }
+        else
+            attend_rows(c, b, q, kc, vc, att, sc);
+        stz_forward_linear(xb, att, w[STZ_ROLE_WO], w[STZ_ROLE_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
+        for (size_t i = 0; i < n * D; i++)
+            X[i] += xb[i];
+        for (size_t r = 0; r < n; r++)
+            stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_FNORM], D, c->norm_eps);
+        stz_forward_linear(h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
+        stz_forward_linear(h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
+        for (size_t i = 0; i < n * F; i++)
+            h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
+        stz_forward_linear(xb, h1, w[STZ_ROLE_DOWN], NULL, n, F, D); /* (n, hidden) @ w2^T -> (n, dim) */
+        for (size_t i = 0; i < n * D; i++)
+            X[i] += xb[i];
+        if (progress && progress(user, ++*done, total))
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    }
+    free(xb), free(q), free(kv), free(att), free(h1), free(h3), free(sc);
+    for (int k = 0; k < STZ_ROLE_PER_LAYER; k++)
+        free(buf[k]);
+    return st;
+}
+
+/* Token embeddings of rows: X (n, dim). */
+stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, size_t n, float *X, stz_err *err)
+{
+    for (size_t r = 0; r < n; r++) {
+        if (tok[r] < 0 || (uint32_t)tok[r] >= m->c.vocab)
+            return stz_err_set(err, STZ_E_ARG, "%s: token id %d is outside the vocabulary [0, %u)", m->label, tok[r],
+                               m->c.vocab);
+        stz_status st = stz_forward_read_rows(m, m->global[G_EMBED], (uint64_t)tok[r], 1, X + r * m->c.dim, err);
+        if (st)
+            return st;
+    }
+    return STZ_OK;
+}
+
+/* Final norm in place, then logits (n, vocab) = X (n, dim) @ head (vocab, dim)^T,
+ * the head read in slices so it is never whole in memory. */
+stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *err)
+{
+    size_t D = m->c.dim, V = m->c.vocab, step = (1u << 22) / D ? (1u << 22) / D : 1;
+    float *nw = malloc(D * sizeof *nw), *w = malloc((step < V ? step : V) * D * sizeof *w);
+    stz_status st = !nw || !w ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output layer") : STZ_OK;
+    if (!st)
+        st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
+    for (size_t r = 0; !st && r < n; r++)
+        stz_forward_rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
+    /* logits (n, V) = X (n, dim) @ head (V, dim)^T, a slice of the vocabulary at a time */
+    for (size_t v0 = 0; !st && v0 < V; v0 += step) {
+        size_t k = V - v0 < step ? V - v0 : step;
+        const float *h = m->keep_head ? m->keep_head + v0 * D : w;
+        if (m->keep_head || !(st = stz_forward_read_rows(m, m->global[G_HEAD], v0, k, w, err)))
+            linear_ld(logits + v0, V, X, h, NULL, n, D, k);
+    }
+    for (size_t i = 0; !st && i < n * V; i++)
+        if (!isfinite(logits[i]))
+            st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at position %zu are not finite", m->label, i / V);
+    free(nw), free(w);
+    return st;
+}
+
+
+void stz_forward_rows_free(seq_rows *R)
+{
+    free(R->pos), free(R->seq), free(R->tok), free(R->k), free(R->v);
+    memset(R, 0, sizeof *R);
+}
+
+stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                              seq_rows *R, stz_err *err)
+{
+    memset(R, 0, sizeof *R);
+    size_t n = 0, cap = 0;
+    for (size_t s = 0; s < nseq; s++) {
+        if (m->c.max_pos && lens[s] > m->c.max_pos)
+            return stz_err_set(err, STZ_E_ARG, "%s: sequence %zu has %zu tokens, more than the model's %u positions",
+                               m->label, s + 1, lens[s], m->c.max_pos);
+        if (m->c.sliding_window && lens[s] > m->c.sliding_window)
+            return stz_err_set(err, STZ_E_UNSUPPORTED,
+                               "%s: sequence %zu has %zu tokens, more than the sliding window of %u (not supported)",
+                               m->label, s + 1, lens[s], m->c.sliding_window);
+        n += lens[s], cap = lens[s] > cap ? lens[s] : cap;
+    }
+    size_t KD = (size_t)m->c.n_kv_heads * m->c.head_dim;
+    R->pos = malloc((n + 1) * sizeof *R->pos), R->seq = malloc((n + 1) * sizeof *R->seq);
+    R->tok = malloc((n + 1) * sizeof *R->tok);
+    R->k = malloc((nseq * cap * KD + 1) * sizeof *R->k), R->v = malloc((nseq * cap * KD + 1) * sizeof *R->v);
+    if (!R->pos || !R->seq || !R->tok || !R->k || !R->v) {
+        stz_forward_rows_free(R);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sequences' state");
+    }
+    for (size_t s = 0, r = 0; s < nseq; s++)
+        for (size_t t = 0; t < lens[s]; t++, r++)
+            R->pos[r] = (uint32_t)t, R->seq[r] = (uint32_t)s, R->tok[r] = tokens[s * stride + t];
+    R->nseq = nseq;
+    R->b = (batch){n, R->pos, R->seq, cap, R->k, R->v, 1};
+    return STZ_OK;
+}
+
+/* Hidden states after every layer for all rows of nseq sequences (lens[s]
+ * tokens each, stride apart); X gets sum(lens) rows. */
+stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                                  float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
+                                  stz_err *err)
+{
+    seq_rows R;
+    stz_status st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &R, err);
+    if (!st && !(st = stz_forward_embed(m, R.tok, R.b.n, X, err)))
+        st = stz_forward_run_layers(m, X, &R.b, nseq, 0, m->c.n_layers, progress, user, done, total, err);
+    stz_forward_rows_free(&R);
+    return st;
+}
+
+stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t len, float *logits, stz_err *err)
+{
+    size_t *lens = malloc((nseq + 1) * sizeof *lens), n = nseq * len;
+    float *X = malloc((n * m->c.dim + 1) * sizeof *X);
+    uint64_t done = 0;
+    stz_status st = !lens || !X ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations") : STZ_OK;
+    for (size_t s = 0; !st && s < nseq; s++)
+        lens[s] = len;
+    stz_blas_threads(m->threads);
+    if (!st)
+        st = stz_forward_hidden_states(m, tokens, nseq, len, lens, X, NULL, NULL, &done, 0, err);
+    if (!st)
+        st = stz_forward_head(m, X, n, logits, err);
+    free(lens), free(X);
+    return st;
+}

@@ -1,0 +1,72 @@
+/* The forward pass's model and layers, shared by forward.c (loading, the
+ * layers, logits) and forward_use.c (sampling, comparing two models,
+ * sensitivity probes). Library-internal. */
+#ifndef STZ_FORWARD_INTERNAL_H
+#define STZ_FORWARD_INTERNAL_H
+
+#include "core/stz_core.h"
+#include "roles.h"
+
+/* m->global[]: the per-model roles, STZ_ROLE_EMBED + G_x */
+enum { G_EMBED, G_NORM, G_HEAD, G_COUNT };
+
+typedef struct {
+    int f; /* file, -1: absent */
+    size_t i;
+} loc;
+
+struct stz_fwd {
+    stz_fwd_config c;
+    stz_qmodel **files;
+    size_t nfiles;
+    char label[512];
+    int threads;
+    loc *layer;          /* n_layers x STZ_ROLE_PER_LAYER */
+    loc global[G_COUNT]; /* G_HEAD is the embedding when tied */
+    float *inv_freq;     /* head_dim / 2 RoPE frequencies */
+    float **keep;        /* sampling: weights kept between steps, per layer x STZ_ROLE_PER_LAYER */
+    size_t keep_layers;  /* layers kept */
+    float *keep_head;    /* sampling: the output head (vocab, dim), when it fits too */
+    uint64_t keep_budget; /* sampling: bytes of F32 weights kept between steps */
+    const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
+    loc probe_at;
+};
+
+/* A batch of rows: row r is the token at position pos[r] of sequence
+ * seq[r]; the key/value cache holds cap positions per sequence. */
+typedef struct {
+    size_t n;
+    const uint32_t *pos, *seq;
+    size_t cap;
+    float *k, *v; /* per layer: nseq x cap x kv_dim, for `layers` layers (1: reused) */
+    size_t layers;
+} batch;
+
+/* The rows of nseq sequences (lens[s] tokens each, stride apart) laid
+ * out for the layers: position, sequence and token of each row, and one
+ * layer's key/value cache. */
+typedef struct {
+    uint32_t *pos, *seq;
+    int32_t *tok;
+    float *k, *v;
+    size_t nseq;
+    batch b;
+} seq_rows;
+
+const stz_qtensor *stz_forward_tensor(const stz_fwd *m, loc at);
+stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *dst, stz_err *err);
+void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps);
+void stz_forward_linear(float *Y, const float *X, const float *W, const float *b, size_t n, size_t in, size_t out);
+stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
+                               stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err);
+stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, size_t n, float *X, stz_err *err);
+stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *err);
+void stz_forward_rows_free(seq_rows *R);
+stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                              seq_rows *R, stz_err *err);
+stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                                  float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
+                                  stz_err *err);
+void stz_forward_drop_kept(stz_fwd *m);
+
+#endif /* STZ_FORWARD_INTERNAL_H */

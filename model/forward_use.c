@@ -1,0 +1,466 @@
+/* Uses of the forward pass (see stz_forward.h): sampling, comparing two
+ * models on the same tokens, and the per-matrix sensitivity probe. */
+#include "forward_internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- sampling ------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s) /* splitmix64 */
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    double p;
+    int32_t id;
+} choice;
+
+static int by_prob_desc(const void *a, const void *b)
+{
+    double x = ((const choice *)a)->p, y = ((const choice *)b)->p;
+    return (x < y) - (x > y);
+}
+
+/* One token from logits: argmax at temperature 0, else softmax(l / T)
+ * restricted to the smallest set of tokens holding top_p of the mass. */
+static int32_t pick(const float *l, size_t V, double temperature, double top_p, uint64_t *rng, choice *c)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < V; i++)
+        best = l[i] > l[best] ? i : best;
+    if (temperature <= 0)
+        return (int32_t)best;
+    double sum = 0;
+    for (size_t i = 0; i < V; i++)
+        sum += c[i].p = exp((l[i] - l[best]) / temperature), c[i].id = (int32_t)i;
+    /* tokens below (1 - top_p) / (V - 1) can never be in the nucleus (llama2.c's cut) */
+    size_t n = 0;
+    double cut = V > 1 ? (1 - top_p) / (double)(V - 1) : 0;
+    for (size_t i = 0; i < V; i++)
+        if (c[i].p / sum >= cut || top_p >= 1)
+            c[n++] = (choice){c[i].p / sum, c[i].id};
+    if (!n)
+        return (int32_t)best;
+    qsort(c, n, sizeof *c, by_prob_desc);
+    double cum = 0;
+    size_t last = n - 1;
+    for (size_t i = 0; i < n; i++)
+        if ((cum += c[i].p) > top_p) {
+            last = i;
+            break;
+        }
+    double mass = 0, u = (double)(rng_next(rng) >> 11) / 9007199254740992.0;
+    for (size_t i = 0; i <= last; i++)
+        mass += c[i].p;
+    u *= mass, cum = 0;
+    for (size_t i = 0; i <= last; i++)
+        if ((cum += c[i].p) > u)
+            return c[i].id;
+    return c[last].id;
+}
+
+void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes) { m->keep_budget = bytes; }
+
+stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
+                          int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err)
+{
+    const stz_fwd_config *c = &m->c;
+    if (!nseq || !len)
+        return STZ_OK;
+    if (c->max_pos && len > c->max_pos)
+        return stz_err_set(err, STZ_E_ARG, "%s: %zu tokens per sequence is more than the model's %u positions",
+                           m->label, len, c->max_pos);
+    if (c->sliding_window && len > c->sliding_window)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: %zu tokens is more than the sliding window of %u (not supported)",
+                           m->label, len, c->sliding_window);
+    size_t V = c->vocab, D = c->dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    uint64_t per_layer = 0;
+    for (int k = 0; k < STZ_ROLE_PER_LAYER; k++)
+        if (m->layer[k].f >= 0)
+            per_layer += stz_forward_tensor(m, m->layer[k])->numel * 4;
+    m->keep_layers = per_layer ? (size_t)(m->keep_budget / per_layer) : c->n_layers;
+    m->keep_layers = m->keep_layers > c->n_layers ? c->n_layers : m->keep_layers;
+    m->keep = calloc(m->keep_layers * STZ_ROLE_PER_LAYER + 1, sizeof *m->keep);
+    uint64_t head_bytes = (uint64_t)c->vocab * c->dim * 4;
+    if (m->keep_layers == c->n_layers && per_layer * c->n_layers + head_bytes <= m->keep_budget &&
+        (m->keep_head = malloc(head_bytes)) &&
+        stz_forward_read_rows(m, m->global[G_HEAD], 0, c->vocab, m->keep_head, err)) {
+        stz_forward_drop_kept(m);
+        return err->code;
+    }
+    size_t kvn = (size_t)c->n_layers * nseq * len * KD;
+    float *k = malloc((kvn + 1) * sizeof *k), *v = malloc((kvn + 1) * sizeof *v), *X = malloc(nseq * D * sizeof *X),
+          *logits = malloc(nseq * V * sizeof *logits);
+    uint32_t *pos = malloc(nseq * sizeof *pos), *seq = malloc(nseq * sizeof *seq);
+    int32_t *tok = malloc(nseq * sizeof *tok);
+    choice *cd = malloc(V * sizeof *cd);
+    uint64_t *rng = malloc(nseq * sizeof *rng), done = 0, total = (uint64_t)(len - 1) * c->n_layers;
+    stz_status st = !m->keep || !k || !v || !X || !logits || !pos || !seq || !tok || !cd || !rng
+                        ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the sampling buffers")
+                        : STZ_OK;
+    stz_blas_threads(m->threads);
+    for (size_t s = 0; !st && s < nseq; s++)
+        tokens[s * len] = c->bos, seq[s] = (uint32_t)s, rng[s] = seed ^ (0x632BE59BD9B4E019ull * (s + 1));
+    for (size_t p = 0; !st && p + 1 < len; p++) {
+        for (size_t s = 0; s < nseq; s++)
+            pos[s] = (uint32_t)p, tok[s] = tokens[s * len + p];
+        batch b = {nseq, pos, seq, len, k, v, c->n_layers};
+        if ((st = stz_forward_embed(m, tok, nseq, X, err)) ||
+            (st = stz_forward_run_layers(m, X, &b, nseq, 0, c->n_layers, progress, user, &done, total, err)) ||
+            (st = stz_forward_head(m, X, nseq, logits, err)))
+            break;
+        for (size_t s = 0; s < nseq; s++)
+            tokens[s * len + p + 1] = pick(logits + s * V, V, temperature, top_p, &rng[s], cd);
+    }
+    stz_forward_drop_kept(m);
+    free(k), free(v), free(X), free(logits), free(pos), free(seq), free(tok), free(cd), free(rng);
+    return st;
+}
+
+/* ---- comparing two models ------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Running log-softmax statistics of one scored row, over vocabulary slices:
+ * with m the largest logit so far, s = sum exp(l - m); for the original,
+ * t = sum exp(la - ma) (la - lb), so KL = t / s - lse_a + lse_b. */
+typedef struct {
+    double ma, sa, ta, mb, sb, next_a, next_b;
+    uint32_t arg_a, arg_b;
+} row_stats;
+
+/* Folds logits LA, LB (n rows x k, vocabulary ids v0..v0+k) into the rows' stats. */
+static void fold_slice(row_stats *rs, const float *LA, const float *LB, size_t n, size_t k, size_t v0,
+                       const int32_t *next)
+{
+    for (size_t r = 0; r < n; r++) {
+        row_stats *x = &rs[r];
+        const float *la = LA + r * k, *lb = LB + r * k;
+        float mxa = la[0], mxb = lb[0];
+        size_t ia = 0, ib = 0;
+        for (size_t i = 1; i < k; i++) {
+            if (la[i] > mxa)
+                mxa = la[i], ia = i;
+            if (lb[i] > mxb)
+                mxb = lb[i], ib = i;
+        }
+        if (!v0 || mxa > x->ma) { /* rescale to the new maximum */
+            double f = v0 ? exp(x->ma - mxa) : 0;
+            x->sa *= f, x->ta *= f, x->ma = mxa, x->arg_a = (uint32_t)(v0 + ia);
+        }
+        if (!v0 || mxb > x->mb) {
+            x->sb *= v0 ? exp(x->mb - mxb) : 0;
+            x->mb = mxb, x->arg_b = (uint32_t)(v0 + ib);
+        }
+        double sa = 0, ta = 0, sb = 0;
+        for (size_t i = 0; i < k; i++) {
+            double e = exp((double)la[i] - x->ma);
+            sa += e, ta += e * ((double)la[i] - lb[i]), sb += exp((double)lb[i] - x->mb);
+        }
+        x->sa += sa, x->ta += ta, x->sb += sb;
+        if ((size_t)next[r] >= v0 && (size_t)next[r] < v0 + k)
+            x->next_a = la[next[r] - v0], x->next_b = lb[next[r] - v0];
+    }
+}
+
+/* Vocabulary entries per slice of the head for n scored rows. */
+static size_t slice_step(size_t n, size_t D, size_t V)
+{
+    size_t step = ((size_t)8 << 20) / (n > D ? n : D);
+    return step < 1 ? 1 : step > V ? V : step;
+}
+
+/* Final norm, then both heads streamed in vocabulary slices (each read
+ * once) over the n scored rows XA, XB; stats into rs. */
+static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, size_t n, const int32_t *next,
+                             row_stats *rs, stz_err *err)
+{
+    size_t D = ref->c.dim, V = ref->c.vocab, step = slice_step(n, D, V);
+    float *na = malloc(D * sizeof *na), *nb = malloc(D * sizeof *nb), *W = malloc(step * D * sizeof *W),
+          *LA = malloc(n * step * sizeof *LA), *LB = malloc(n * step * sizeof *LB);
+    stz_status st = !na || !nb || !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
+    if (!st && !(st = stz_forward_read_rows(ref, ref->global[G_NORM], 0, 1, na, err)))
+        st = stz_forward_read_rows(cand, cand->global[G_NORM], 0, 1, nb, err);
+    for (size_t r = 0; !st && r < n; r++) {
+        stz_forward_rmsnorm(XA + r * D, XA + r * D, na, D, ref->c.norm_eps);
+        stz_forward_rmsnorm(XB + r * D, XB + r * D, nb, D, cand->c.norm_eps);
+    }
+    for (size_t v0 = 0; !st && v0 < V; v0 += step) {
+        size_t k = V - v0 < step ? V - v0 : step;
+        /* L (n, k) = X (n, dim) @ head[v0:v0+k] (k, dim)^T, for each model */
+        if ((st = stz_forward_read_rows(ref, ref->global[G_HEAD], v0, k, W, err)))
+            break;
+        stz_forward_linear(LA, XA, W, NULL, n, D, k);
+        if ((st = stz_forward_read_rows(cand, cand->global[G_HEAD], v0, k, W, err)))
+            break;
+        stz_forward_linear(LB, XB, W, NULL, n, D, k);
+        for (size_t i = 0; i < n * k; i++)
+            if (!isfinite(LA[i]) || !isfinite(LB[i])) {
+                st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite",
+                                 isfinite(LA[i]) ? cand->label : ref->label, i / k + 1);
+                break;
+            }
+        if (!st)
+            fold_slice(rs, LA, LB, n, k, v0, next);
+    }
+    free(na), free(nb), free(W), free(LA), free(LB);
+    return st;
+}
+
+/* The report over `scored` rows' stats; kl: scratch of scored doubles. */
+static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_report *out)
+{
+    double sum = 0, sum2 = 0, nll_a = 0, nll_b = 0;
+    size_t agree = 0;
+    for (size_t r = 0; r < scored; r++) {
+        const row_stats *x = &rs[r];
+        double lse_a = x->ma + log(x->sa), lse_b = x->mb + log(x->sb), d = x->ta / x->sa - lse_a + lse_b;
+        d = d < 0 ? 0 : d; /* rounding can leave -1e-17 for identical rows */
+        kl[r] = d, sum += d, sum2 += d * d, agree += x->arg_a == x->arg_b;
+        nll_a += lse_a - x->next_a, nll_b += lse_b - x->next_b;
+    }
+    double mean = sum / (double)scored, var = scored > 1 ? (sum2 - sum * mean) / (double)(scored - 1) : 0;
+    qsort(kl, scored, sizeof *kl, cmp_double);
+#define PCT(q) kl[(size_t)((q) * (double)(scored - 1) + 0.5)]
+    *out = (stz_fwd_report){scored, mean, sqrt(var > 0 ? var : 0) / sqrt((double)scored), PCT(0.5), PCT(0.95),
+                            PCT(0.99), kl[scored - 1], (double)agree / (double)scored,
+                            exp(nll_a / (double)scored), exp(nll_b / (double)scored), 0};
+#undef PCT
+    out->ppl_change = out->ppl_cand / out->ppl_ref - 1;
+}
+
+stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
+                           const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
+                           stz_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const stz_fwd_config *a = &ref->c, *b = &cand->c;
+    if (a->dim != b->dim || a->vocab != b->vocab || a->n_layers != b->n_layers || a->hidden != b->hidden)
+        return stz_err_set(err, STZ_E_SHAPE, "%s and %s are not the same architecture (dim %u/%u, layers %u/%u, vocab %u/%u)",
+                           ref->label, cand->label, a->dim, b->dim, a->n_layers, b->n_layers, a->vocab, b->vocab);
+    size_t n = 0, D = a->dim;
+    for (size_t s = 0; s < nseq; s++)
+        n += lens[s];
+    uint64_t done = 0, total = 2 * (uint64_t)a->n_layers + 1;
+    float *XA = malloc((n * D + 1) * sizeof *XA), *XB = malloc((n * D + 1) * sizeof *XB);
+    int32_t *next = malloc((n + 1) * sizeof *next);
+    row_stats *rs = calloc(n + 1, sizeof *rs);
+    double *kl = malloc((n + 1) * sizeof *kl);
+    stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations and scores") : STZ_OK;
+    stz_blas_threads(ref->threads);
+    if (!st)
+        st = stz_forward_hidden_states(ref, tokens, nseq, stride, lens, XA, progress, user, &done, total, err);
+    stz_blas_threads(cand->threads);
+    if (!st)
+        st = stz_forward_hidden_states(cand, tokens, nseq, stride, lens, XB, progress, user, &done, total, err);
+    /* keep the rows whose next token is given: token t of sequence s predicts t + 1 */
+    size_t scored = 0;
+    for (size_t s = 0, r = 0; !st && s < nseq; s++)
+        for (size_t t = 0; t < lens[s]; t++, r++)
+            if (t + 1 < lens[s]) {
+                memmove(XA + scored * D, XA + r * D, D * sizeof *XA);
+                memmove(XB + scored * D, XB + r * D, D * sizeof *XB);
+                next[scored++] = tokens[s * stride + t + 1];
+            }
+    if (!st && !scored)
+        st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
+    if (!st)
+        st = score_rows(ref, cand, XA, XB, scored, next, rs, err);
+    if (!st && progress && progress(user, total, total))
+        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    if (!st)
+        report_from(rs, scored, kl, out);
+    free(XA), free(XB), free(next), free(rs), free(kl);
+    return st;
+}
+
+/* ---- sensitivity ----------------------------------------------------------- */
+
+#define MATS 7 /* the projections of a layer */
+static const int mats[MATS] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV, STZ_ROLE_WO, STZ_ROLE_GATE, STZ_ROLE_UP, STZ_ROLE_DOWN};
+
+/* State of stz_fwd_probe_run: the rows once (R) and MATS times over (W, one
+ * copy of every sequence per stream, for the runs that perturb each
+ * matrix of a layer, taken through the later layers together). */
+typedef struct {
+    stz_fwd *m;
+    const stz_fwd_probe *probe;
+    seq_rows R, W;
+    size_t n, scored, *idx; /* rows; scored rows and their index */
+    int32_t *next;
+    float *X, *P, *S, *store; /* layer input; streams; their scored rows; the reference logits */
+    row_stats *rs;
+    double *kl;
+    stz_fwd_progress progress;
+    void *user;
+    uint64_t done, total;
+} probe_state;
+
+/* Final norm of the `ns` streams of scored rows in ps->S, then the head in
+ * vocabulary slices, each slice read once for all streams. fill (one
+ * stream, unperturbed): the logits are stored (scored x vocab); else each
+ * stream's are folded against them (as the original's) into its rows'
+ * stats. */
+static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *err)
+{
+    stz_fwd *m = ps->m;
+    size_t D = m->c.dim, V = m->c.vocab, n = ps->scored, rows = ns * n, step = slice_step(rows, D, V);
+    float *nw = malloc(D * sizeof *nw), *W = malloc(step * D * sizeof *W), *L = malloc(rows * step * sizeof *L),
+          *A = malloc(n * step * sizeof *A);
+    stz_status st = !nw || !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
+    if (!st)
+        st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
+    for (size_t r = 0; !st && r < rows; r++)
+        stz_forward_rmsnorm(ps->S + r * D, ps->S + r * D, nw, D, m->c.norm_eps);
+    memset(ps->rs, 0, rows * sizeof *ps->rs);
+    for (size_t v0 = 0; !st && v0 < V; v0 += step) {
+        size_t k = V - v0 < step ? V - v0 : step;
+        if ((st = stz_forward_read_rows(m, m->global[G_HEAD], v0, k, W, err)))
+            break;
+        stz_forward_linear(L, ps->S, W, NULL, rows, D, k);
+        for (size_t i = 0; i < rows * k; i++)
+            if (!isfinite(L[i])) {
+                st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite%s",
+                                 m->label, i / k % n + 1, fill ? "" : " once a matrix is perturbed");
+                break;
+            }
+        for (size_t r = 0; !st && r < n; r++) /* this slice of the stored logits, or into the store */
+            if (fill)
+                memcpy(ps->store + r * V + v0, L + r * k, k * sizeof *L);
+            else
+                memcpy(A + r * k, ps->store + r * V + v0, k * sizeof *A);
+        for (size_t s = 0; !st && !fill && s < ns; s++)
+            fold_slice(ps->rs + s * n, A, L + s * n * k, n, k, v0, ps->next);
+    }
+    free(nw), free(W), free(L), free(A);
+    if (!st && ps->progress && ps->progress(ps->user, ++ps->done, ps->total))
+        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    return st;
+}
+
+/* The `ns` streams in ps->P from layer l0 to the last, then the head; one
+ * result per stream (names[s]), none with fill. */
+static stz_status run_streams(probe_state *ps, size_t ns, uint32_t l0, const char *const *names, int fill,
+                              stz_err *err)
+{
+    stz_fwd *m = ps->m;
+    size_t D = m->c.dim, n = ps->n;
+    batch b = ns == 1 ? ps->R.b : ps->W.b;
+    b.n = ns * n;
+    stz_status st = stz_forward_run_layers(m, ps->P, &b, ns * ps->R.nseq, l0, m->c.n_layers, ps->progress, ps->user,
+                                        &ps->done, ps->total, err);
+    for (size_t s = 0; !st && s < ns; s++)
+        for (size_t i = 0; i < ps->scored; i++)
+            memcpy(ps->S + (s * ps->scored + i) * D, ps->P + (s * n + ps->idx[i]) * D, D * sizeof *ps->S);
+    if (!st)
+        st = head_streams(ps, ns, fill, err);
+    for (size_t s = 0; !st && !fill && s < ns; s++) {
+        stz_fwd_report rep;
+        report_from(ps->rs + s * ps->scored, ps->scored, ps->kl, &rep);
+        ps->probe->result(ps->probe->user, names[s], rep.kl_mean);
+    }
+    return st;
+}
+
+stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                             const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err)
+{
+    const stz_fwd_config *c = &m->c;
+    size_t D = c->dim, V = c->vocab, L = c->n_layers;
+    loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
+    int tied = hd.f == emb.f && hd.i == emb.i;
+    probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user};
+    int32_t *wide = malloc((MATS * nseq * stride + 1) * sizeof *wide);
+    size_t *wlens = malloc((MATS * nseq + 1) * sizeof *wlens);
+    stz_status st = wide && wlens ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the probe's sequences");
+    for (size_t k = 0; !st && k < MATS; k++) { /* every sequence once per stream */
+        memcpy(wide + k * nseq * stride, tokens, nseq * stride * sizeof *wide);
+        memcpy(wlens + k * nseq, lens, nseq * sizeof *wlens);
+    }
+    if (!st && !(st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &ps.R, err)))
+        st = stz_forward_rows_make(m, wide, MATS * nseq, stride, wlens, &ps.W, err);
+    free(wide), free(wlens);
+    size_t n = ps.n = ps.R.b.n;
+    ps.idx = malloc((n + 1) * sizeof *ps.idx), ps.next = malloc((n + 1) * sizeof *ps.next);
+    for (size_t s = 0, r = 0; !st && ps.idx && ps.next && s < nseq; s++) /* token t predicts token t + 1 */
+        for (size_t t = 0; t < lens[s]; t++, r++)
+            if (t + 1 < lens[s])
+                ps.idx[ps.scored] = r, ps.next[ps.scored++] = tokens[s * stride + t + 1];
+    size_t sc = ps.scored;
+    ps.X = malloc((n * D + 1) * sizeof *ps.X), ps.P = malloc((MATS * n * D + 1) * sizeof *ps.P);
+    ps.S = malloc((MATS * sc * D + 1) * sizeof *ps.S), ps.store = malloc((sc * V + 1) * sizeof *ps.store);
+    ps.rs = calloc(MATS * sc + 1, sizeof *ps.rs), ps.kl = malloc((sc + 1) * sizeof *ps.kl);
+    if (!st && (!ps.idx || !ps.next || !ps.X || !ps.P || !ps.S || !ps.store || !ps.rs || !ps.kl))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
+    else if (!st && !sc)
+        st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
+    /* progress in layers run, a head counting as one */
+    const char *names[MATS];
+    names[0] = st ? NULL : stz_forward_tensor(m, emb)->name;
+    int want_emb = !st && probe->select(probe->user, names[0]);
+    ps.total = L + 1 + (want_emb ? L + 1 : 0);
+    for (size_t l = 0; !st && l < L; l++) {
+        int any = 0;
+        for (size_t k = 0; k < MATS; k++)
+            if (probe->select(probe->user, stz_forward_tensor(m, m->layer[l * STZ_ROLE_PER_LAYER + mats[k]])->name))
+                ps.total += 1, any = 1;
+        ps.total += any ? L - l - 1 + 1 + 1 : 1; /* the later layers and the head once; layer l itself */
+    }
+    if (!st && !tied && probe->select(probe->user, stz_forward_tensor(m, hd)->name))
+        ps.total++;
+    stz_blas_threads(m->threads);
+    if (!st && !(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
+        st = run_streams(&ps, 1, 0, NULL, 1, err); /* the reference */
+    if (!st && want_emb) {
+        m->probe = probe, m->probe_at = emb;
+        if (!(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
+            st = run_streams(&ps, 1, 0, names, 0, err);
+        m->probe = NULL;
+    }
+    if (!st)
+        st = stz_forward_embed(m, ps.R.tok, n, ps.X, err);
+    for (size_t l = 0; !st && l < L; l++) {
+        size_t ns = 0; /* layer l once per perturbed matrix, then all of them on together */
+        for (size_t k = 0; !st && k < MATS; k++) {
+            loc at = m->layer[l * STZ_ROLE_PER_LAYER + mats[k]];
+            if (!probe->select(probe->user, names[ns] = stz_forward_tensor(m, at)->name))
+                continue;
+            float *Pk = ps.P + ns++ * n * D;
+            memcpy(Pk, ps.X, n * D * sizeof *Pk);
+            m->probe = probe, m->probe_at = at;
+            st = stz_forward_run_layers(m, Pk, &ps.R.b, nseq, (uint32_t)l, (uint32_t)l + 1, progress, user, &ps.done,
+                                     ps.total, err);
+            m->probe = NULL;
+        }
+        if (!st && ns)
+            st = run_streams(&ps, ns, (uint32_t)l + 1, names, 0, err);
+        if (!st)
+            st = stz_forward_run_layers(m, ps.X, &ps.R.b, nseq, (uint32_t)l, (uint32_t)l + 1, progress, user, &ps.done,
+                                     ps.total, err);
+    }
+    if (!st && !tied && probe->select(probe->user, names[0] = stz_forward_tensor(m, hd)->name)) {
+        for (size_t i = 0; i < sc; i++)
+            memcpy(ps.S + i * D, ps.X + ps.idx[i] * D, D * sizeof *ps.S);
+        m->probe = probe, m->probe_at = hd;
+        if (!(st = head_streams(&ps, 1, 0, err))) {
+            stz_fwd_report rep;
+            report_from(ps.rs, sc, ps.kl, &rep);
+            probe->result(probe->user, names[0], rep.kl_mean);
+        }
+    }
+    m->probe = NULL;
+    stz_forward_rows_free(&ps.R), stz_forward_rows_free(&ps.W);
+    free(ps.idx), free(ps.next), free(ps.X), free(ps.P), free(ps.S), free(ps.store), free(ps.rs), free(ps.kl);
+    return st;
+}

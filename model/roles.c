@@ -1,0 +1,43 @@
+/* The Llama-family tensor roles table (roles.h). */
+#include "roles.h"
+
+const stz_role_info stz_roles[STZ_ROLE_COUNT] = {
+    [STZ_ROLE_ANORM] = {{"layers.%u.attention_norm.weight", "model.layers.%u.input_layernorm.weight"},
+                        "blk.%u.attn_norm.weight", 0},
+    [STZ_ROLE_WQ] = {{"layers.%u.attention.wq.weight", "model.layers.%u.self_attn.q_proj.weight"},
+                     "blk.%u.attn_q.weight", 1},
+    [STZ_ROLE_WK] = {{"layers.%u.attention.wk.weight", "model.layers.%u.self_attn.k_proj.weight"},
+                     "blk.%u.attn_k.weight", 2},
+    [STZ_ROLE_WV] = {{"layers.%u.attention.wv.weight", "model.layers.%u.self_attn.v_proj.weight"},
+                     "blk.%u.attn_v.weight", 0},
+    [STZ_ROLE_WO] = {{"layers.%u.attention.wo.weight", "model.layers.%u.self_attn.o_proj.weight"},
+                     "blk.%u.attn_output.weight", 0},
+    [STZ_ROLE_BQ] = {{"layers.%u.attention.wq.bias", "model.layers.%u.self_attn.q_proj.bias"},
+                     "blk.%u.attn_q.bias", 1},
+    [STZ_ROLE_BK] = {{"layers.%u.attention.wk.bias", "model.layers.%u.self_attn.k_proj.bias"},
+                     "blk.%u.attn_k.bias", 2},
+    [STZ_ROLE_BV] = {{"layers.%u.attention.wv.bias", "model.layers.%u.self_attn.v_proj.bias"},
+                     "blk.%u.attn_v.bias", 0},
+    [STZ_ROLE_BO] = {{"layers.%u.attention.wo.bias", "model.layers.%u.self_attn.o_proj.bias"},
+                     "blk.%u.attn_output.bias", 0},
+    [STZ_ROLE_FNORM] = {{"layers.%u.ffn_norm.weight", "model.layers.%u.post_attention_layernorm.weight"},
+                        "blk.%u.ffn_norm.weight", 0},
+    [STZ_ROLE_GATE] = {{"layers.%u.feed_forward.w1.weight", "model.layers.%u.mlp.gate_proj.weight"},
+                       "blk.%u.ffn_gate.weight", 0},
+    [STZ_ROLE_UP] = {{"layers.%u.feed_forward.w3.weight", "model.layers.%u.mlp.up_proj.weight"},
+                     "blk.%u.ffn_up.weight", 0},
+    [STZ_ROLE_DOWN] = {{"layers.%u.feed_forward.w2.weight", "model.layers.%u.mlp.down_proj.weight"},
+                       "blk.%u.ffn_down.weight", 0},
+    [STZ_ROLE_EMBED] = {{"tok_embeddings.weight", "model.embed_tokens.weight"}, "token_embd.weight", 0},
+    [STZ_ROLE_NORM] = {{"norm.weight", "model.norm.weight"}, "output_norm.weight", 0},
+    [STZ_ROLE_HEAD] = {{"output.weight", "lm_head.weight"}, "output.weight", 0},
+};
+
+int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
+{
+    for (int hf = STZ_NAMES_HF; hf >= STZ_NAMES_LLAMA2C; hf--)
+        for (size_t f = 0; f < nfiles; f++)
+            if (stz_qmodel_find(files[f], stz_roles[STZ_ROLE_EMBED].name[hf]) >= 0)
+                return hf;
+    return -1;
+}

@@ -1,0 +1,33 @@
+/* The tensors of a Llama-family checkpoint by role: their names in
+ * llama2.c's and Hugging Face's layouts and in GGUF, one table shared by
+ * the forward pass (model/), GGUF export (export/) and whatever maps names
+ * between them. Not installed. */
+#ifndef STZ_ROLES_H
+#define STZ_ROLES_H
+
+#include "stz_forward.h"
+
+/* The two source layouts, as stz_fwd_layout tells them apart. */
+typedef enum { STZ_NAMES_LLAMA2C = 0, STZ_NAMES_HF = 1, STZ_NAMES_COUNT } stz_names;
+
+/* Roles before STZ_ROLE_PER_LAYER are one tensor per layer (%u in the
+ * names is the layer); the others one per model. Biases are optional. */
+typedef enum {
+    STZ_ROLE_ANORM, STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV, STZ_ROLE_WO, STZ_ROLE_BQ, STZ_ROLE_BK, STZ_ROLE_BV,
+    STZ_ROLE_BO, STZ_ROLE_FNORM, STZ_ROLE_GATE, STZ_ROLE_UP, STZ_ROLE_DOWN,
+    STZ_ROLE_PER_LAYER,
+    STZ_ROLE_EMBED = STZ_ROLE_PER_LAYER, STZ_ROLE_NORM, STZ_ROLE_HEAD,
+    STZ_ROLE_COUNT
+} stz_role;
+
+/* `perm`: Hugging Face q / k rows that llama.cpp's "llama" RoPE wants in
+ * (2i, 2i+1) pairs (1: query heads, 2: key/value heads), else 0. */
+typedef struct {
+    const char *name[STZ_NAMES_COUNT];
+    const char *gguf;
+    int perm;
+} stz_role_info;
+
+extern const stz_role_info stz_roles[STZ_ROLE_COUNT];
+
+#endif /* STZ_ROLES_H */

@@ -1,0 +1,126 @@
+/* The quantizing writer's per-tensor plan: the kernel format of a
+ * decision, and what it needs from the whole tensor before any row is
+ * quantized (plan.h). */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void stz_quant_plan_format(stz_quant_plan *x)
+{
+    x->bits = x->d.action == STZ_ACTION_SVD ? 8 : stz_action_bits(x->d.action); /* svd: INT8 factors */
+    x->legacy = stz_qf_of_decision(&x->d, &x->fmt);
+}
+
+/* The largest magnitude of a tensor, and whether it holds NaN or Inf,
+ * batch by batch on the slots' threads. */
+typedef struct {
+    const stz_reader *r;
+    const stz_tensor *t;
+    qslot *slot;
+    size_t per; /* elements per batch */
+    float *amax; /* per thread */
+    int *bad;    /* per thread: a NaN or Inf seen (F32 and F64: looked for only if want_bad) */
+    int want_bad;
+} amax_job;
+
+/* BF16 and F16: the largest magnitude straight from the bits (their order
+ * is the values' order, infinity's pattern the largest but NaN's), then
+ * converted: the same float as converting every value first. */
+static float amax16(const uint8_t *b, size_t n, uint16_t inf, int *bad)
+{
+    typedef int16_t v8s __attribute__((vector_size(16))); /* magnitudes fit: signed compares, SSE2's */
+    v8s vm = {0}, vt = {0};
+    size_t k = 0;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ /* eight at a time (the compiler leaves the scalar loop alone) */
+    for (; k + 8 <= n; k += 8) {
+        v8s u, v, gt;
+        memcpy(&u, b + 2 * k, sizeof u);
+        u &= 0x7fff, v = u & (v8s)(u <= (int16_t)inf); /* NaN counts as 0 */
+        gt = (v8s)(v > vm), vm = (vm & ~gt) | (v & gt);
+        gt = (v8s)(u > vt), vt = (vt & ~gt) | (u & gt);
+    }
+#endif
+    int16_t m = 0, top = 0;
+    for (int j = 0; j < 8; j++)
+        m = vm[j] > m ? vm[j] : m, top = vt[j] > top ? vt[j] : top;
+    for (; k < n; k++) {
+        int16_t u = (int16_t)(stz_le16(b + 2 * k) & 0x7fff);
+        m = u <= inf && u > m ? u : m, top = u > top ? u : top;
+    }
+    *bad |= top >= inf;
+    return inf == 0x7f80 ? stz_bf16_to_f32((uint16_t)m) : stz_f16_to_f32((uint16_t)m);
+}
+
+static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
+{
+    amax_job *j = ctx;
+    stz_dtype dt = j->t->dtype;
+    size_t esz = stz_dtype_bits(dt) / 8, e = i * j->per;
+    size_t n = j->t->numel - e < j->per ? (size_t)(j->t->numel - e) : j->per;
+    float *f = j->slot[tid].f, m = j->amax[tid], v;
+    stz_status st = stz_reader_read(j->r, j->t, e * esz, j->slot[tid].in, n * esz, err);
+    if (!st && (dt == STZ_DTYPE_BF16 || dt == STZ_DTYPE_F16)) {
+        v = amax16(j->slot[tid].in, n, dt == STZ_DTYPE_BF16 ? 0x7f80 : 0x7c00, &j->bad[tid]);
+        m = v > m ? v : m;
+    } else if (!st && !(st = stz_to_f32(dt, j->slot[tid].in, n, f, err))) {
+        for (size_t k = 0; k < n; k++)
+            m = fabsf(f[k]) > m ? fabsf(f[k]) : m; /* not NaN: fabsf(NaN) > m is false */
+        j->bad[tid] |= j->want_bad && stz_quant_first_nonfinite(f, n) < n;
+    }
+    j->amax[tid] = m;
+    return st;
+}
+
+void stz_quant_plan_keep_nonfinite(stz_quant_plan *x)
+{
+    x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";
+}
+
+stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_quant_plan *x, qslot *slot, int threads,
+                               stz_err *err)
+{
+    int fit = x->d.method == STZ_QMETHOD_NL_FIT, keep = x->d.nonfinite == STZ_NONFINITE_KEEP, bad = 0;
+    if (!keep && (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit)))
+        return STZ_OK;
+    size_t esz = stz_dtype_bits(t->dtype) / 8, per = STZ_QUANT_BATCH_BYTES / esz;
+    uint8_t *buf = slot[0].in;
+    float amaxes[256] = {0}, amax = 0;
+    int bads[256] = {0};
+    amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes, .bad = bads, .want_bad = keep};
+    stz_ordered pl = {.n = (size_t)((t->numel + per - 1) / per), .threads = threads < 256 ? threads : 256,
+                       .ctx = &j, .work = amax_work};
+    stz_status st = stz_ordered_run(&pl, err);
+    for (int k = 0; k < pl.threads; k++)
+        amax = amaxes[k] > amax ? amaxes[k] : amax, bad |= bads[k];
+    x->fmt.scale_base = amax > 0 && isfinite(amax) ? amax : 1.0f;
+    if (!st && keep && bad) { /* the policy keeps such a tensor as it is */
+        stz_quant_plan_keep_nonfinite(x);
+        return st;
+    }
+    if (st || !fit)
+        return st;
+    size_t cols = stz_qf_fit_cols(x->cols), nr = stz_qf_fit_rows(x->rows);
+    float *smp = malloc(nr * cols * sizeof *smp + 1);
+    if (!smp)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sample of rows");
+    for (size_t k = 0; !st && k < nr; k++) {
+        uint64_t row = k * (x->rows / nr);
+        if (!(st = stz_reader_read(r, t, row * x->cols * esz, buf, cols * esz, err)))
+            st = stz_to_f32(t->dtype, buf, cols, smp + k * cols, err);
+    }
+    if (!st && stz_quant_first_nonfinite(smp, nr * cols) == nr * cols)
+        stz_qf_fit_levels(&x->fmt, smp, nr, cols);
+    free(smp);
+    return st;
+}
+
+void stz_quant_plan_free(stz_quant_plan *x)
+{
+    free(x->scales_name);
+    free(x->mins_name);
+    free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);
+    for (int j = 0; j < 5; j++)
+        free(x->fname[j]);
+}

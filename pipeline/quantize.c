@@ -1,0 +1,461 @@
+/* Quantize whole SafeTensors files, streaming row batches into a file or
+ * straight into a container (SVD decisions are in svd_factors.c; the
+ * readers of the result: dequantize.c, model/qmodel.c).
+ *
+ * Per quantized tensor NAME the output holds:
+ *   NAME          I8 of the original shape (INT8), or U8 with the last
+ *                 dimension ceil(n/2) (INT4, two values per byte, first high)
+ *   NAME.scales   F16/F32 of the original shape with the last dimension
+ *                 replaced by the block count (omitted for a single block)
+ * and __metadata__["stz.quant.NAME"] = JSON {"method", "bits", "block_size",
+ * "dtype", "shape", "scales" | "scale", "scale_dtype", "packing"}.
+ * docs/FORMAT.md, "Quantized SafeTensors", is the reference. */
+#include "pack/pack_sink.h"
+#include "stz_quant.h"
+#include "stz_safetensors.h"
+#include "stz_eval.h"
+#include "stz_svd.h"
+#include "plan.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
+{
+    if (d->action == STZ_ACTION_SVD) {
+        stz_decision fb = *d;
+        fb.action = d->fallback;
+        uint64_t fbb = stz_quant_bytes(t, &fb), n = t->shape[t->ndim - 1], m = t->numel / n;
+        if (!d->svd_rank) /* rank comes from the spectrum: at most the fallback's bytes */
+            return fbb;
+        uint64_t sb = stz_svd_bytes(m, n, d->svd_rank);
+        return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
+    }
+    int bits = stz_action_bits(d->action);
+    if (!bits)
+        return t->end - t->begin;
+    uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;
+    uint64_t blocks = rows * stz_q_blocks(cols, d->block_size), per = stz_dtype_bits(d->scale_dtype) / 8;
+    per *= d->method == STZ_QMETHOD_ASYM ? 2 : 1; /* scale and minimum */
+    return rows * stz_qf_row_bytes(bits, cols) + (blocks > 1 ? blocks * per : 0);
+}
+
+static void row_shape(const stz_tensor *t, uint64_t *rows, uint64_t *cols)
+{
+    *cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+    *rows = *cols ? t->numel / *cols : 0;
+}
+
+/* Index of the first NaN/Inf in x[0..n), or n. */
+size_t stz_quant_first_nonfinite(const float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) { /* skips finite pieces in a form that vectorises */
+        uint32_t u[64], any = 0;
+        memcpy(u, x + i, sizeof u);
+        for (int j = 0; j < 64; j++)
+            any |= (u[j] & 0x7f800000u) == 0x7f800000u;
+        if (any)
+            break;
+    }
+    while (i < n && isfinite(x[i]))
+        i++;
+    return i;
+}
+
+/* A file stz already quantized holds INT8/INT4 codes and scales tensors:
+ * quantizing those again would give a file that no longer reads back. */
+static stz_status refuse_quantized(const stz_reader *r, stz_err *err)
+{
+    for (size_t i = 0; i < stz_reader_meta_count(r); i++)
+        if (!strncmp(stz_reader_meta_key(r, i), STZ_QUANT_META_PREFIX, strlen(STZ_QUANT_META_PREFIX)))
+            return stz_err_set(err, STZ_E_UNSUPPORTED,
+                               "%s: already quantized by stz (metadata '%s'); quantizing it again would quantize "
+                               "its codes and scales. Quantize the original model, or dequantize this one first "
+                               "(stz dequantize)", stz_reader_path(r), stz_reader_meta_key(r, i));
+    return STZ_OK;
+}
+
+static int quant_row(const stz_quant_plan *pl, const float *x, uint8_t *q, float *scales, float *mins)
+{
+    return stz_qf_quantize_any(&pl->fmt, pl->legacy, x, pl->cols, q, scales, mins);
+}
+
+static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_plan *pl, stz_err *err)
+{
+    stz_json_begin();
+    cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
+    cJSON_AddStringToObject(o, "method", pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method));
+    cJSON_AddNumberToObject(o, "bits", pl->bits);
+    cJSON_AddNumberToObject(o, "block_size", pl->d.block_size);
+    cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim; d++)
+        stz_json_put(sh, NULL, cJSON_CreateNumber((double)t->shape[d]));
+    stz_json_put(o, "shape", sh);
+    if (pl->scales_name)
+        cJSON_AddStringToObject(o, "scales", pl->scales_name);
+    else
+        cJSON_AddNumberToObject(o, "scale", pl->scalar);
+    cJSON_AddStringToObject(o, "scale_dtype", stz_dtype_name(pl->d.scale_dtype));
+    if (pl->d.scale_dtype == STZ_DTYPE_U8)
+        cJSON_AddNumberToObject(o, "scale_base", pl->fmt.scale_base);
+    if (pl->d.method == STZ_QMETHOD_ASYM) {
+        if (pl->mins_name)
+            cJSON_AddStringToObject(o, "mins", pl->mins_name);
+        else
+            cJSON_AddNumberToObject(o, "min", pl->scalar_min);
+    }
+    if (pl->d.method == STZ_QMETHOD_NL_FIT) {
+        cJSON *lv = cJSON_CreateArray();
+        for (int k = 0; k < 1 << pl->bits; k++)
+            stz_json_put(lv, NULL, cJSON_CreateNumber(lrintf(pl->fmt.levels[k] * 32767.0f)));
+        stz_json_put(o, "levels", lv);
+    }
+    if (pl->bits == 4)
+        cJSON_AddStringToObject(o, "packing", STZ_QUANT_INT4_PACKING);
+    else if (pl->bits != 8)
+        cJSON_AddStringToObject(o, "packing", STZ_QUANT_MSB_PACKING);
+    char *s = cJSON_PrintUnformatted(o), key[1024];
+    cJSON_Delete(o);
+    if (!s || stz_json_failed()) {
+        free(s);
+        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its quantization metadata", t->name);
+    }
+    snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, t->name);
+    stz_status st = stz_writer_set_meta(w, key, s, err);
+    free(s);
+    return st;
+}
+
+/* One tensor quantized by the ordered pipeline: batches of rows are read,
+ * quantized and measured in parallel, written and their metrics merged in
+ * order, so the output and the figures do not depend on the thread count. */
+typedef struct {
+    stz_ordered pl;
+    stz_writer *w;
+    const stz_reader *r;
+    const stz_tensor *t;
+    const stz_quant_plan *x;
+    qslot *slot;
+    float *sc;    /* rows x nblocks scales */
+    float *mn;    /* asym: rows x nblocks minimums */
+    uint64_t per; /* rows per batch */
+    stz_metrics_acc acc;
+} qjob;
+
+static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
+{
+    qjob *j = ctx;
+    qslot *s = &j->slot[tid];
+    const stz_quant_plan *pl = j->x;
+    const stz_tensor *t = j->t;
+    size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_qf_row_bytes(pl->bits, pl->cols);
+    uint64_t row = i * j->per;
+    size_t nr = pl->rows - row < j->per ? (size_t)(pl->rows - row) : (size_t)j->per, n = nr * (size_t)pl->cols;
+    stz_status st;
+    s->rows = nr;
+    memset(&s->acc, 0, sizeof s->acc);
+    if ((st = stz_reader_read(j->r, t, row * pl->cols * esz, s->in, n * esz, err)) ||
+        (st = stz_to_f32(t->dtype, s->in, n, s->f, err)))
+        return st;
+    size_t bad = stz_quant_first_nonfinite(s->f, n);
+    if (bad < n)
+        return stz_err_set(err, STZ_E_NUMERIC,
+                           "%s: tensor '%s': element %llu is %s; quantization needs finite values "
+                           "(or \"nonfinite\": \"keep\" in the policy rule)",
+                           stz_reader_path(j->r), t->name, (unsigned long long)(row * pl->cols + bad),
+                           isnan(s->f[bad]) ? "NaN" : "infinite");
+    for (size_t k = 0; k < nr; k++) {
+        const float *x = s->f + k * pl->cols;
+        float *s_row = j->sc + (row + k) * pl->nblocks, *m_row = j->mn ? j->mn + (row + k) * pl->nblocks : NULL;
+        if (quant_row(pl, x, s->q + k * rb, s_row, m_row))
+            return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
+                               "use \"scale_dtype\": \"F32\"", stz_reader_path(j->r), t->name);
+        /* the quality as the reader will see it: stored scales, dequantized */
+        stz_qf_dequantize_row(&pl->fmt, s->q + k * rb, s_row, m_row, pl->cols, s->y);
+        stz_metrics_add(&s->acc, x, s->y, pl->cols); /* scales are exact in their stored dtype */
+    }
+    return STZ_OK;
+}
+
+static stz_status q_commit(void *ctx, int tid, size_t i, stz_err *err)
+{
+    qjob *j = ctx;
+    qslot *s = &j->slot[tid];
+    (void)i;
+    stz_metrics_merge(&j->acc, &s->acc);
+    return stz_writer_write(j->w, s->q, s->rows * stz_qf_row_bytes(j->x->bits, j->x->cols), err);
+}
+
+/* Streams one quantized tensor: values row batch by row batch on
+ * `threads` threads, then its scales (held for the tensor: rows x blocks
+ * floats). */
+/* Writes n per-block floats as the scale dtype (U8: log codes under the base). */
+static stz_status write_blockwise(stz_writer *w, const stz_quant_plan *pl, const float *v, size_t n, uint8_t *buf, stz_err *err)
+{
+    stz_dtype dt = pl->d.scale_dtype;
+    size_t sz = stz_dtype_bits(dt) / 8;
+    stz_status st = STZ_OK;
+    for (size_t i = 0; !st && i < n; i += STZ_QUANT_BATCH_BYTES / 4) {
+        size_t k = n - i < STZ_QUANT_BATCH_BYTES / 4 ? n - i : STZ_QUANT_BATCH_BYTES / 4;
+        stz_qf_store_scales(&pl->fmt, v + i, k, buf);
+        st = stz_writer_write(w, buf, k * sz, err);
+    }
+    return st;
+}
+
+/* Streams one quantized tensor: values row batch by row batch on
+ * `threads` threads, then its scales (and minimums), held for the tensor:
+ * rows x blocks floats. */
+static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, stz_quant_plan *pl, qslot *slot,
+                                  int threads, stz_err *err)
+{
+    size_t esz = stz_dtype_bits(t->dtype) / 8;
+    /* batches of at most STZ_QUANT_BATCH_BYTES, and a tensor in at least 16
+     * when batches stay over 64 KB, so that threads share even the small
+     * matrices (the same for any thread count: the figures merge alike) */
+    uint64_t per = STZ_QUANT_BATCH_BYTES / esz / pl->cols, split = (pl->rows + 15) / 16,
+             least = (64u << 10) / esz / pl->cols;
+    split = split > least ? split : least;
+    per = split < per ? split : per;
+    if (per == 0)
+        per = 1; /* one row larger than a batch: the caller sized buffers for it */
+    size_t nsc = (size_t)(pl->rows * pl->nblocks);
+    int asym = pl->d.method == STZ_QMETHOD_ASYM;
+    qjob j = {.w = w, .r = r, .t = t, .x = pl, .slot = slot, .per = per, .sc = malloc(nsc * sizeof(float) + 1),
+              .mn = asym ? malloc(nsc * sizeof(float) + 1) : NULL};
+    if (!j.sc || (asym && !j.mn)) {
+        free(j.sc), free(j.mn);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu scales of '%s'", nsc, t->name);
+    }
+    j.pl = (stz_ordered){.n = (size_t)((pl->rows + per - 1) / per), .threads = threads, .ctx = &j,
+                          .work = q_work, .commit = q_commit};
+    stz_status st = stz_ordered_run(&j.pl, err);
+    if (!st && pl->scales_name)
+        st = write_blockwise(w, pl, j.sc, nsc, slot[0].in, err);
+    if (!st && pl->mins_name)
+        st = write_blockwise(w, pl, j.mn, nsc, slot[0].in, err);
+    pl->cosine = stz_metrics_finish(&j.acc).cosine;
+    free(j.sc), free(j.mn);
+    return st;
+}
+
+stz_status stz_quant_copy_tensor(stz_writer *w, const stz_reader *r, const stz_tensor *t, uint8_t *buf, stz_err *err)
+{
+    int taken;
+    stz_status st = stz_writer_refer(w, r, t, &taken, err); /* the container encoder reads it itself */
+    for (uint64_t off = 0; !st && !taken && off < t->end - t->begin; off += STZ_QUANT_BATCH_BYTES) {
+        size_t n = t->end - t->begin - off < STZ_QUANT_BATCH_BYTES ? (size_t)(t->end - t->begin - off) : STZ_QUANT_BATCH_BYTES;
+        if (!(st = stz_reader_read(r, t, off, buf, n, err)))
+            st = stz_writer_write(w, buf, n, err);
+    }
+    return st;
+}
+
+/* stz_quantize_file, or with pp the container of its output (stz_compress_file). */
+static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp, stz_policy *policy, const char *in,
+                           const char *out, stz_quant_stats *stats, stz_pack_stats *pstats, stz_err *err)
+{
+    stz_reader *r = NULL;
+    stz_writer *w = NULL;
+    stz_pack_sink *sink = NULL;
+    stz_quant_plan *pl = NULL;
+    qslot *slot = NULL;
+    int nslots = 0;
+    uint8_t *buf = NULL, *q = NULL; /* slot 0's buffers, for the serial steps */
+    float *f = NULL;
+    size_t nt = 0, maxrow = 0;
+    stz_status st;
+    if ((st = stz_reader_open(&r, in, err)))
+        return st;
+    if ((st = stz_refuse_input_as_output(in, out, err)))
+        goto cleanup;
+    if ((st = refuse_quantized(r, err)))
+        goto cleanup;
+    nt = stz_reader_count(r);
+    pl = calloc(nt + 1, sizeof *pl);
+    if (!pl) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plan of every tensor");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        pl[i].d = stz_policy_decide(policy, t);
+        if (pl[i].d.action == STZ_ACTION_KEEP)
+            continue;
+        pl[i].svd = pl[i].d.action == STZ_ACTION_SVD;
+        stz_quant_plan_format(&pl[i]);
+        row_shape(t, &pl[i].rows, &pl[i].cols);
+        pl[i].nblocks = stz_q_blocks(pl[i].cols, pl[i].d.block_size);
+        if (t->ndim < 2) /* include_1d: one row */
+            pl[i].rows = 1, pl[i].cols = t->numel, pl[i].nblocks = stz_q_blocks(t->numel, pl[i].d.block_size);
+        maxrow = pl[i].cols > maxrow ? pl[i].cols : maxrow;
+    }
+    /* a batch: STZ_QUANT_BATCH_BYTES of input (>= 2-byte values), or one longer row */
+    size_t batch_elems = STZ_QUANT_BATCH_BYTES / 2 > maxrow ? STZ_QUANT_BATCH_BYTES / 2 : maxrow;
+    nslots = p->threads < 1 ? 1 : p->threads;
+    if (!(slot = calloc((size_t)nslots, sizeof *slot))) {
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the quantizing threads' buffers");
+        goto cleanup;
+    }
+    for (int k = 0; k < nslots; k++) {
+        qslot *s = &slot[k];
+        s->in = malloc(maxrow * 8 > STZ_QUANT_BATCH_BYTES ? maxrow * 8 : STZ_QUANT_BATCH_BYTES);
+        s->f = malloc(batch_elems * sizeof *s->f);
+        s->q = malloc(batch_elems + 16);
+        s->y = malloc(maxrow * sizeof *s->y + 1);
+        if (!s->in || !s->f || !s->q || !s->y) {
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the buffers of %d threads", nslots);
+            goto cleanup;
+        }
+    }
+    buf = slot[0].in, f = slot[0].f, q = slot[0].q;
+    /* Before the header is written: SVD factors (ranks, fallbacks), tensors
+     * the policy keeps when they hold NaN/Inf, single-block scales (stored
+     * in __metadata__), names. */
+    if ((st = stz_quant_plan_svd(p, r, pl, nt, err)))
+        goto cleanup;
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        stz_quant_plan *x = &pl[i];
+        if (!x->bits || x->svd)
+            continue;
+        if ((st = stz_quant_plan_prepare(r, t, x, slot, nslots, err)))
+            goto cleanup;
+        if (!x->bits)
+            continue; /* NaN/Inf, and the policy keeps such tensors */
+        if (x->rows * x->nblocks == 1) {
+            size_t esz = stz_dtype_bits(t->dtype) / 8;
+            if ((st = stz_reader_read(r, t, 0, buf, t->numel * esz, err)) ||
+                (st = stz_to_f32(t->dtype, buf, (size_t)t->numel, f, err)))
+                goto cleanup;
+            quant_row(x, f, q, &x->scalar, &x->scalar_min); /* a non-finite value is reported in the main pass */
+            continue;
+        }
+        char **names[2] = {&x->scales_name, &x->mins_name};
+        for (int k = 0; k < (x->d.method == STZ_QMETHOD_ASYM ? 2 : 1); k++) {
+            size_t len = strlen(t->name) + 8;
+            if (!(*names[k] = malloc(len))) {
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales' names");
+                goto cleanup;
+            }
+            snprintf(*names[k], len, "%s.%s", t->name, k ? "mins" : "scales");
+            if (stz_reader_find(r, *names[k]) >= 0) {
+                st = stz_err_set(err, STZ_E_DUPLICATE,
+                                 "%s: tensor '%s': its %s would be stored as '%s', which already exists in the file",
+                                 in, t->name, k ? "minimums" : "scales", *names[k]);
+                goto cleanup;
+            }
+        }
+    }
+    if (pp ? (st = stz_pack_sink_open(&sink, pp, out, err)) ||
+                 (st = stz_writer_open_sink(&w, out, stz_pack_sink_wsink(sink), err))
+           : (st = stz_writer_open(&w, out, p->write_flags, err)))
+        goto cleanup;
+    if ((st = stz_writer_set_meta(w, "stz.quant.version", STZ_QUANT_VERSION, err)))
+        goto cleanup;
+    for (size_t i = 0; i < stz_reader_meta_count(r); i++) /* original metadata first */
+        if (strcmp(stz_reader_meta_key(r, i), "format") &&
+            (st = stz_writer_set_meta(w, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i), err)))
+            goto cleanup;
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        stz_quant_plan *x = &pl[i];
+        if (!x->bits) {
+            st = stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
+        } else if (x->svd) {
+            st = stz_quant_declare_svd(w, t, x, err);
+        } else {
+            uint64_t shape[STZ_ST_MAX_NDIM];
+            int nd = t->ndim ? t->ndim : 1;
+            memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);
+            shape[nd - 1] = stz_qf_row_bytes(x->bits, t->ndim ? t->shape[nd - 1] : 1);
+            if (t->ndim < 2)
+                shape[0] = stz_qf_row_bytes(x->bits, t->numel);
+            if (!(st = stz_writer_add(w, t->name, stz_quant_values_dtype(x->bits, x->d.method), nd, shape, err)) &&
+                x->scales_name) {
+                shape[nd - 1] = x->nblocks;
+                st = stz_writer_add(w, x->scales_name, x->d.scale_dtype, nd, shape, err);
+                if (!st && x->mins_name)
+                    st = stz_writer_add(w, x->mins_name, x->d.scale_dtype, nd, shape, err);
+            }
+            if (!st)
+                st = meta_for(w, t, x, err);
+        }
+        if (st)
+            goto cleanup;
+    }
+    uint64_t done = 0, total = stz_reader_file_size(r);
+    for (size_t i = 0; i < nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        st = pl[i].svd    ? stz_quant_write_svd(r, t, w, &pl[i], buf, err)
+             : pl[i].bits ? write_quantized(w, r, t, &pl[i], slot, nslots, err)
+                          : stz_quant_copy_tensor(w, r, t, buf, err);
+        if (st)
+            goto cleanup;
+        done += t->end - t->begin;
+        if (p->progress && p->progress(p->progress_user, done, total)) {
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", out);
+            goto cleanup;
+        }
+    }
+    if ((st = stz_writer_finish(w, err)))
+        goto cleanup;
+    stz_pack_stats ps = {0};
+    if (sink)
+        stz_pack_sink_stats(sink, &ps);
+    if (pstats)
+        *pstats = ps;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->in_bytes = stz_reader_file_size(r);
+        stats->tensors = nt;
+        stats->min_cosine = 1;
+        double wsum = 0, wtot = 0; /* like stz eval: every float tensor, kept ones at cosine 1 */
+        for (size_t i = 0; i < nt; i++) {
+            const stz_tensor *t = stz_reader_tensor(r, i);
+            stats->params += t->numel;
+            if (stz_dtype_is_float(t->dtype))
+                wtot += (double)t->numel, wsum += pl[i].bits ? 0 : (double)t->numel;
+            if (!pl[i].bits)
+                continue;
+            stats->quantized++, stats->params_quantized += t->numel;
+            wsum += pl[i].cosine * (double)t->numel;
+            if (pl[i].cosine < stats->min_cosine) {
+                stats->min_cosine = pl[i].cosine;
+                snprintf(stats->worst, sizeof stats->worst, "%s", t->name);
+            }
+        }
+        stats->weighted_cosine = wtot ? wsum / wtot : 1;
+        struct stat sb;
+        stats->out_bytes = sink ? ps.in_bytes : stat(out, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    }
+cleanup:
+    stz_writer_free(w);
+    stz_pack_sink_free(sink);
+    for (size_t i = 0; pl && i < nt; i++)
+        stz_quant_plan_free(&pl[i]);
+    free(pl);
+    for (int k = 0; slot && k < nslots; k++)
+        free(slot[k].in), free(slot[k].f), free(slot[k].q), free(slot[k].y);
+    free(slot);
+    stz_reader_free(r);
+    return st;
+}
+
+stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
+                             stz_quant_stats *stats, stz_err *err)
+{
+    return stz_err_in(err, quantize(p, NULL, policy, in, out, stats, NULL, err), in);
+}
+
+stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy,
+                             const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
+                             stz_err *err)
+{
+    return stz_err_in(err, quantize(qp, pp, policy, in, out, qstats, pstats, err), in);
+}

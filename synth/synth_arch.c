@@ -1,0 +1,135 @@
+/* Synthetic models: the architectures (names, shapes) and each one's
+ * tensor list, in the order real checkpoints store them. */
+#include "synth_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const arch archs[] = {
+    {"qwen2-0.5b", "Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, q/k/v biases, tied embeddings",
+     FAM_HF_LLAMA, 896, 4864, 24, 14, 2, 151936, 0, 1, 1},
+    {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings",
+     FAM_HF_LLAMA, 2048, 8192, 16, 32, 8, 128256, 0, 0, 1},
+    {"llama-3.1-8b", "Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, separate lm_head",
+     FAM_HF_LLAMA, 4096, 14336, 32, 32, 8, 128256, 0, 0, 0},
+    {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head",
+     FAM_HF_LLAMA, 2048, 5632, 22, 32, 4, 32000, 0, 0, 0},
+    {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied",
+     FAM_GPT_NEO, 2048, 8192, 24, 16, 16, 50257, 2048, 0, 1},
+    {"small", "small Llama-style model for quick runs: 8 layers, hidden 512, 8/4 heads, vocab 32000",
+     FAM_HF_LLAMA, 512, 1408, 8, 8, 4, 32000, 0, 0, 1},
+    {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head",
+     FAM_HF_LLAMA, 64, 172, 2, 4, 2, 256, 0, 1, 0},
+    {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64",
+     FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0, 1},
+};
+#define NARCH (sizeof archs / sizeof archs[0])
+
+const char *stz_synth_arch_name(size_t i) { return i < NARCH ? archs[i].name : NULL; }
+const char *stz_synth_arch_desc(size_t i) { return i < NARCH ? archs[i].desc : NULL; }
+
+/* ---- tensor list ----------------------------------------------------- */
+
+
+
+
+static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt, ...)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        spec *v = realloc(s->v, cap * sizeof *v);
+        if (!v) {
+            s->oom = 1;
+            return;
+        }
+        s->v = v, s->cap = cap;
+    }
+    spec *t = &s->v[s->n++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->kind = k;
+    t->ndim = d1 ? 2 : 1;
+    t->shape[0] = d0, t->shape[1] = d1;
+}
+
+void stz_synth_build_specs(const arch *a, specs *s)
+{
+    uint64_t H = a->hidden, I = a->inter, V = a->vocab, KV = H / a->heads * a->kv_heads;
+    if (a->fam == FAM_HF_LLAMA) {
+        add(s, K_EMBED, V, H, "model.embed_tokens.weight");
+        for (uint64_t l = 0; l < a->layers; l++) {
+            const char *p = "model.layers";
+            add(s, K_NORM, H, 0, "%s.%llu.input_layernorm.weight", p, (unsigned long long)l);
+            const char *qkv[3] = {"q", "k", "v"};
+            for (int j = 0; j < 3; j++) {
+                uint64_t out = j ? KV : H;
+                add(s, K_LINEAR, out, H, "%s.%llu.self_attn.%s_proj.weight", p, (unsigned long long)l, qkv[j]);
+                if (a->qkv_bias)
+                    add(s, K_BIAS, out, 0, "%s.%llu.self_attn.%s_proj.bias", p, (unsigned long long)l, qkv[j]);
+            }
+            add(s, K_LINEAR, H, H, "%s.%llu.self_attn.o_proj.weight", p, (unsigned long long)l);
+            add(s, K_NORM, H, 0, "%s.%llu.post_attention_layernorm.weight", p, (unsigned long long)l);
+            add(s, K_LINEAR, I, H, "%s.%llu.mlp.gate_proj.weight", p, (unsigned long long)l);
+            add(s, K_LINEAR, I, H, "%s.%llu.mlp.up_proj.weight", p, (unsigned long long)l);
+            add(s, K_LINEAR, H, I, "%s.%llu.mlp.down_proj.weight", p, (unsigned long long)l);
+        }
+        add(s, K_NORM, H, 0, "model.norm.weight");
+        if (!a->tied)
+            add(s, K_LINEAR, V, H, "lm_head.weight");
+    } else {
+        add(s, K_EMBED, V, H, "transformer.wte.weight");
+        add(s, K_EMBED, a->positions, H, "transformer.wpe.weight");
+        for (uint64_t l = 0; l < a->layers; l++) {
+            unsigned long long L = (unsigned long long)l;
+            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_1.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_1.bias", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.k_proj.weight", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.v_proj.weight", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.q_proj.weight", L);
+            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.out_proj.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.attention.out_proj.bias", L);
+            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_2.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_2.bias", L);
+            add(s, K_LINEAR, I, H, "transformer.h.%llu.mlp.c_fc.weight", L);
+            add(s, K_BIAS, I, 0, "transformer.h.%llu.mlp.c_fc.bias", L);
+            add(s, K_LINEAR, H, I, "transformer.h.%llu.mlp.c_proj.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.mlp.c_proj.bias", L);
+        }
+        add(s, K_NORM, H, 0, "transformer.ln_f.weight");
+        add(s, K_BIAS, H, 0, "transformer.ln_f.bias");
+    }
+}
+
+const arch *stz_synth_find_arch(const char *name)
+{
+    for (size_t i = 0; i < NARCH; i++)
+        if (name && strcmp(archs[i].name, name) == 0)
+            return &archs[i];
+    return NULL;
+}
+
+
+stz_status stz_synth_arch_size(const char *name, size_t *tensors, uint64_t *params, stz_err *err)
+{
+    const arch *a = stz_synth_find_arch(name);
+    if (!a)
+        return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')", name ? name : "");
+    specs s = {0};
+    stz_synth_build_specs(a, &s);
+    if (s.oom) {
+        free(s.v);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the configuration");
+    }
+    *tensors = s.n;
+    *params = 0;
+    for (size_t i = 0; i < s.n; i++)
+        *params += stz_synth_spec_numel(&s.v[i]);
+    free(s.v);
+    return STZ_OK;
+}

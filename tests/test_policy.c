@@ -1,0 +1,250 @@
+/* Policies: matching, errors naming the rule, svd keys, the shipped
+ * policies. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "stz_eval.h"
+#include "core/stz_core.h"
+#include "stz_policy.h"
+#include "stz_pack.h"
+#include "stz_pipeline.h"
+#include "stz_quant.h"
+#include "stz_safetensors.h"
+#include "stz_synth.h"
+#include "test_util.h"
+
+#include <math.h>
+
+/* ---- policies -------------------------------------------------------- */
+
+static stz_tensor mk(const char *name, stz_dtype dt, int ndim, const uint64_t *shape)
+{
+    stz_tensor t = {.name = name, .dtype = dt, .ndim = ndim, .shape = shape, .numel = 1};
+    for (int i = 0; i < ndim; i++)
+        t.numel *= shape[i];
+    return t;
+}
+
+static void test_policy_matching(void **state)
+{
+    (void)state;
+    stz_policy *p = tu_policy(
+        "{\"default\": \"int8\", \"rules\": ["
+        "{\"match\": \"*embed_tokens*\", \"action\": \"keep\"},"
+        "{\"match\": \"re:.*\\\\.(q|k|v|o)_proj\\\\.weight\", \"action\": \"int4\", \"block_size\": 64},"
+        "{\"match\": \"*.mlp.*\", \"action\": \"int8\", \"dtypes\": [\"F32\"], \"min_ndim\": 2, \"scale_dtype\": \"F32\"},"
+        "{\"match\": \"layers.[0-3].norm\", \"action\": \"int8\", \"include_1d\": true},"
+        "{\"match\": \"big?\", \"action\": \"int4\", \"min_numel\": 1000, \"method\": \"mse\"},"
+        "{\"match\": \"nothing.matches.me\", \"action\": \"keep\"}]}");
+    uint64_t s2[2] = {64, 64}, s1[1] = {64}, sbig[2] = {100, 100}, ssmall[2] = {2, 2};
+    stz_tensor t;
+    stz_decision d;
+    t = mk("model.embed_tokens.weight", STZ_DTYPE_BF16, 2, s2);
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.action, STZ_ACTION_KEEP);
+    assert_int_equal(d.rule, 0);
+    t = mk("model.layers.0.self_attn.k_proj.weight", STZ_DTYPE_BF16, 2, s2);
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.action, STZ_ACTION_INT4);
+    assert_int_equal(d.block_size, 64);
+    t = mk("model.layers.0.self_attn.k_proj.weight.extra", STZ_DTYPE_BF16, 2, s2); /* regex is anchored */
+    assert_int_equal(stz_policy_decide(p, &t).rule, -1);
+    t = mk("model.layers.0.mlp.up_proj.weight", STZ_DTYPE_F32, 2, s2);
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.rule, 2);
+    assert_int_equal(d.scale_dtype, STZ_DTYPE_F32);
+    t = mk("model.layers.0.mlp.up_proj.weight", STZ_DTYPE_BF16, 2, s2); /* dtype condition fails: default */
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.rule, -1);
+    assert_int_equal(d.action, STZ_ACTION_INT8);
+    t = mk("model.layers.0.mlp.bias", STZ_DTYPE_F32, 1, s1); /* min_ndim fails, default int8, but 1-D: kept */
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.action, STZ_ACTION_KEEP);
+    assert_non_null(d.reason);
+    t = mk("layers.2.norm", STZ_DTYPE_F16, 1, s1); /* explicit opt-in for 1-D */
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.action, STZ_ACTION_INT8);
+    t = mk("layers.7.norm", STZ_DTYPE_F16, 1, s1); /* [0-3] does not match 7 */
+    assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+    t = mk("bigA", STZ_DTYPE_F32, 2, sbig);
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.rule, 4);
+    assert_int_equal(d.method, STZ_QMETHOD_MSE);
+    t = mk("bigA", STZ_DTYPE_F32, 2, ssmall); /* min_numel fails */
+    assert_int_equal(stz_policy_decide(p, &t).rule, -1);
+    t = mk("ids", STZ_DTYPE_I64, 2, s2); /* non-float: kept whatever the rule says */
+    d = stz_policy_decide(p, &t);
+    assert_int_equal(d.action, STZ_ACTION_KEEP);
+    assert_non_null(strstr(d.reason, "float"));
+    assert_int_equal(stz_policy_rule_hits(p, 5), 0); /* plan warns about it */
+    assert_true(stz_policy_rule_hits(p, 1) >= 1);
+    stz_policy_free(p);
+}
+
+static void expect_policy_error(const char *json, const char *needle1, const char *needle2)
+{
+    stz_policy *p;
+    stz_err err;
+    assert_int_equal(stz_policy_parse(&p, json, strlen(json), "pol.json", &err), STZ_E_POLICY);
+    assert_null(p);
+    if (!strstr(err.msg, needle1) || (needle2 && !strstr(err.msg, needle2)))
+        fail_msg("message '%s' lacks '%s' / '%s'", err.msg, needle1, needle2 ? needle2 : "");
+    assert_non_null(strstr(err.msg, "pol.json"));
+}
+
+static void test_policy_errors(void **state)
+{
+    (void)state;
+    expect_policy_error("[1]", "not a JSON object", NULL);
+    expect_policy_error("{\"rules\": [", "invalid JSON", NULL);
+    expect_policy_error("{\"colour\": 1}", "unknown top-level key 'colour'", NULL);
+    expect_policy_error("{\"rules\": {}}", "must be an array", NULL);
+    expect_policy_error("{\"default\": \"zip\"}", "default", "unknown action 'zip'");
+    expect_policy_error("{\"rules\": [{\"match\": \"a*\", \"action\": \"int7\"}]}", "rule 0 ('a*')", "unknown action 'int7'");
+    expect_policy_error("{\"rules\": [{\"match\": \"a\", \"action\": \"keep\"}, {\"match\": \"b*\", \"action\": \"int8\", "
+                        "\"blocksize\": 4}]}", "rule 1 ('b*')", "unknown key 'blocksize'");
+    expect_policy_error("{\"rules\": [{\"match\": \"re:([a-\", \"action\": \"int8\"}]}", "rule 0 ('re:([a-')",
+                        "bad regular expression");
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"block_size\": 0}]}", "rule 0 ('x')",
+                        "block_size");
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"block_size\": 1.5}]}", "block_size", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"scale_dtype\": \"I8\"}]}", "scale_dtype", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"dtypes\": [\"F99\"]}]}", "unknown dtype 'F99'", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"include_1d\": 1}]}", "include_1d", NULL);
+    expect_policy_error("{\"rules\": [{\"action\": \"int8\"}]}", "rule 0", "missing \"match\"");
+    expect_policy_error("{\"rules\": [{\"match\": \"x\"}]}", "rule 0 ('x')", "missing \"action\"");
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"rank\": 4}]}", "'rank' applies to the svd", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"*k_proj.weight\", \"action\": \"svd\"}]}",
+                        "rule 0 ('*k_proj.weight')", "exactly one of rank, energy, max_error");
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 8, \"energy\": 0.9}]}",
+                        "rule 0 ('k')", "exactly one");
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 0}]}", "rank must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"energy\": 1.5}]}", "energy must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"max_error\": 0}]}", "max_error must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"fallback\": \"svd\"}]}",
+                        "fallback must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int8\", \"method\": \"randomized\"}]}",
+                        "'method' applies to the svd action", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"power_iters\": 2}]}",
+                        "'power_iters' applies to method \"randomized\"", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
+                        "\"power_iters\": 17}]}", "power_iters must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
+                        "\"oversample\": -1}]}", "oversample must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int4\", \"oversample\": 5}]}",
+                        "'oversample' applies to the svd action", NULL);
+}
+
+static void test_policy_randomized_keys(void **state)
+{
+    (void)state;
+    static const char json[] = "{\"rules\": [{\"match\": \"a\", \"action\": \"svd\", \"rank\": 8, \"oversample\": 0, "
+                               "\"method\": \"randomized\", \"power_iters\": 3}, "
+                               "{\"match\": \"b\", \"action\": \"svd\", \"rank\": 8, \"method\": \"randomized\"}]}";
+    stz_policy *p;
+    stz_err err;
+    assert_int_equal(stz_policy_parse(&p, json, sizeof json - 1, "t", &err), STZ_OK);
+    uint64_t sq[2] = {64, 64};
+    stz_tensor t = mk("a", STZ_DTYPE_F32, 2, sq);
+    stz_decision d = stz_policy_decide(p, &t);
+    assert_true(d.svd_randomized && d.svd_power_iters == 3 && d.svd_oversample == 0);
+    t = mk("b", STZ_DTYPE_F32, 2, sq);
+    d = stz_policy_decide(p, &t);
+    assert_true(d.svd_randomized && d.svd_power_iters == 1 && d.svd_oversample == 10); /* the defaults */
+    stz_policy_free(p);
+}
+
+static void test_builtin_policies(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (size_t i = 0; stz_policy_builtin_name(i); i++, n++) {
+        const char *name = stz_policy_builtin_name(i);
+        stz_policy *p;
+        stz_err err;
+        stz_status st = stz_policy_load(&p, name, &err);
+        if (st)
+            fail_msg("%s: %s", name, err.msg);
+        if (!strcmp(name, "gpt-neo-surgical")) {
+            uint64_t sq[2] = {2048, 2048};
+            stz_tensor t = mk("transformer.h.4.attn.attention.k_proj.weight", STZ_DTYPE_F32, 2, sq);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP); /* the sensitive layer */
+            t = mk("transformer.h.5.attn.attention.k_proj.weight", STZ_DTYPE_F32, 2, sq);
+            stz_decision d = stz_policy_decide(p, &t);
+            assert_int_equal(d.action, STZ_ACTION_SVD);
+            assert_int_equal(d.svd_rank, 128);
+            assert_int_equal(d.fallback, STZ_ACTION_INT8);
+            t = mk("transformer.h.5.mlp.c_fc.weight", STZ_DTYPE_F32, 2, sq);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+            t = mk("transformer.h.5.attn.attention.q_proj.weight", STZ_DTYPE_F32, 2, sq);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+            stz_policy_free(p);
+            continue;
+        }
+        if (!strncmp(name, "gguf-", 5)) { /* exactly what GGUF's Q4_0 / Q8_0 blocks hold */
+            uint64_t s2[2] = {512, 64}, s1[1] = {64};
+            static const char *names[] = {"model.embed_tokens.weight", "lm_head.weight", "output.weight",
+                                          "model.layers.3.self_attn.q_proj.weight", "layers.2.feed_forward.w1.weight"};
+            for (int k = 0; k < 5; k++) {
+                stz_tensor t = mk(names[k], STZ_DTYPE_BF16, 2, s2);
+                stz_decision d = stz_policy_decide(p, &t);
+                int q4 = name[6] == '4' && k >= 3;
+                assert_int_equal(d.action, q4 ? STZ_ACTION_INT4 : STZ_ACTION_INT8);
+                assert_int_equal(d.method, q4 ? STZ_QMETHOD_FULL : STZ_QMETHOD_ABSMAX);
+                assert_int_equal(d.block_size, 32);
+                assert_int_equal(d.scale_dtype, STZ_DTYPE_F16);
+            }
+            stz_tensor t = mk("model.norm.weight", STZ_DTYPE_BF16, 1, s1);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+            stz_policy_free(p);
+            continue;
+        }
+        /* every shipped policy keeps norms and embeddings, under every naming */
+        uint64_t s1[1] = {64}, s2[2] = {512, 64};
+        static const char *keep_names[] = {"model.embed_tokens.weight", "transformer.wte.weight", "transformer.wpe.weight",
+                                           "tok_embeddings.weight", "lm_head.weight", "output.weight"};
+        stz_tensor t = mk("model.norm.weight", STZ_DTYPE_BF16, 1, s1);
+        assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+        for (int k = 0; k < 6; k++) {
+            t = mk(keep_names[k], STZ_DTYPE_BF16, 2, s2);
+            stz_action want = !strcmp(name, "int4-small") ? STZ_ACTION_INT8 : STZ_ACTION_KEEP;
+            if (stz_policy_decide(p, &t).action != want)
+                fail_msg("policy %s: %s", name, keep_names[k]);
+        }
+        static const char *lin[] = {"model.layers.3.self_attn.q_proj.weight", "transformer.h.0.attn.c_attn.weight",
+                                    "transformer.h.4.attn.attention.k_proj.weight", "layers.2.feed_forward.w1.weight"};
+        for (int k = 0; k < 4; k++) {
+            t = mk(lin[k], STZ_DTYPE_BF16, 2, s2);
+            stz_action got = stz_policy_decide(p, &t).action;
+            stz_action want = !strcmp(name, "lossless") ? STZ_ACTION_KEEP
+                              : !strcmp(name, "int8")   ? STZ_ACTION_INT8
+                              : !strcmp(name, "int5")   ? STZ_ACTION_INT5
+                                                        : STZ_ACTION_INT4;
+            if (got != want)
+                fail_msg("policy %s: %s got %s", name, lin[k], stz_action_name(got));
+            /* the 4- and 5-bit policies use the nl codebook with U8 scales */
+            stz_decision d = stz_policy_decide(p, &t);
+            if (want == STZ_ACTION_INT4 || want == STZ_ACTION_INT5)
+                assert_true(d.method == STZ_QMETHOD_NL && d.scale_dtype == STZ_DTYPE_U8);
+        }
+        stz_policy_free(p);
+    }
+    assert_int_equal(n, 8);
+    stz_policy *p;
+    stz_err err;
+    assert_int_equal(stz_policy_load(&p, "no-such-policy", &err), STZ_E_IO);
+    assert_non_null(strstr(err.msg, "no-such-policy"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_policy_matching),
+        cmocka_unit_test(test_policy_errors),
+        cmocka_unit_test(test_builtin_policies),
+        cmocka_unit_test(test_policy_randomized_keys),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

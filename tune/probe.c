@@ -1,0 +1,387 @@
+/* stz tune: measure candidates, probe sensitivity (the budget is solved in
+ * solve.c), write the policy (see stz_tune.h). */
+#include "core/stz_core.h"
+#include "stz_safetensors.h"
+#include "stz_tune.h"
+#include "quant/quant_tensor.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const char stz_tune_default_candidates[] =
+    "keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8";
+
+/* ---- candidates ------------------------------------------------------------- */
+
+static stz_action action_of_bits(int bits)
+{
+    switch (bits) {
+    case 2: return STZ_ACTION_INT2;
+    case 3: return STZ_ACTION_INT3;
+    case 4: return STZ_ACTION_INT4;
+    case 5: return STZ_ACTION_INT5;
+    case 6: return STZ_ACTION_INT6;
+    case 8: return STZ_ACTION_INT8;
+    default: return STZ_ACTION_COUNT;
+    }
+}
+
+static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
+{
+    memset(c, 0, sizeof *c);
+    c->d.rule = -1, c->d.scale_dtype = STZ_DTYPE_F16;
+    if (!strcmp(s, "keep")) {
+        c->d.action = STZ_ACTION_KEEP;
+        snprintf(c->name, sizeof c->name, "keep");
+        return STZ_OK;
+    }
+    int bits, used = 0;
+    unsigned block, rank;
+    char how[16] = "";
+    if (sscanf(s, "svd:%u%n", &rank, &used) == 1 && (!s[used] || sscanf(s + used, ":%15s", how) == 1)) {
+        if (!rank || (*how && strcmp(how, "randomized")))
+            return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected svd:RANK or svd:RANK:randomized", s);
+        c->d.action = STZ_ACTION_SVD, c->d.svd_rank = rank, c->d.fallback = STZ_ACTION_KEEP;
+        c->d.svd_randomized = *how != 0, c->d.svd_power_iters = 1, c->d.svd_oversample = 10;
+        snprintf(c->name, sizeof c->name, "svd:%u%s", rank, *how ? ":randomized" : "");
+        return STZ_OK;
+    }
+    char method[16], scales[8];
+    if (sscanf(s, "%d:%15[^:]:%u:%7s%n", &bits, method, &block, scales, &used) != 4 || s[used])
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep, BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8) "
+                           "or svd:RANK", s);
+    if ((c->d.action = action_of_bits(bits)) == STZ_ACTION_COUNT)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': bits must be 2, 3, 4, 5, 6 or 8", s);
+    int m = 0;
+    while (m < STZ_QMETHOD_COUNT && strcmp(method, stz_qmethod_name((stz_qmethod)m)))
+        m++;
+    if (m == STZ_QMETHOD_COUNT)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': method must be absmax, mse, full, asym, nl or nl-fit", s);
+    if (!block || block > 65536)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': block size must be 1..65536", s);
+    if (!strcasecmp(scales, "F16") || !strcasecmp(scales, "F32") || !strcasecmp(scales, "U8"))
+        c->d.scale_dtype = toupper((unsigned char)scales[0]) == 'U' ? STZ_DTYPE_U8
+                           : scales[1] == '1'                      ? STZ_DTYPE_F16
+                                                                   : STZ_DTYPE_F32;
+    else
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': scales must be F16, F32 or U8", s);
+    if (m == STZ_QMETHOD_ASYM && c->d.scale_dtype == STZ_DTYPE_U8)
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': asym takes F16 or F32 scales, not U8", s);
+    c->d.method = (stz_qmethod)m, c->d.block_size = block;
+    snprintf(c->name, sizeof c->name, "%d:%s:%u:%s", bits, method, block, stz_dtype_name(c->d.scale_dtype));
+    return STZ_OK;
+}
+
+stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err)
+{
+    *out = NULL, *n = 0;
+    char *copy = strdup(list), *save = NULL;
+    stz_tune_cand *c = calloc(strlen(list) / 2 + 2, sizeof *c); /* every entry takes 2 characters or more */
+    stz_status st = copy && c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidate list");
+    size_t k = 0;
+    for (char *tok = st ? NULL : strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        if ((st = parse_one(tok, &c[k], err)))
+            break;
+        for (size_t j = 0; j < k; j++)
+            if (!strcmp(c[j].name, c[k].name)) {
+                st = stz_err_set(err, STZ_E_ARG, "candidate '%s' is listed twice", c[k].name);
+                break;
+            }
+        if (st)
+            break;
+        k++;
+    }
+    if (!st && !k)
+        st = stz_err_set(err, STZ_E_ARG, "no candidate in '%s'", list);
+    free(copy);
+    if (st) {
+        free(c);
+        return st;
+    }
+    *out = c, *n = k;
+    return STZ_OK;
+}
+
+/* ---- measuring ------------------------------------------------------------------ */
+
+typedef struct {
+    stz_tune *T;
+    stz_tune_tensor *t;
+    const float *x;
+    uint64_t rows, cols;
+    uint64_t keep_bytes;
+    uint64_t *raw; /* per candidate: stored bytes before the lossless stage */
+} measure_job;
+
+static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
+{
+    (void)tid;
+    measure_job *j = ctx;
+    stz_tune *T = j->T;
+    stz_tune_tensor *t = j->t;
+    const stz_decision *d = &T->cand[c].d;
+    if (d->action == STZ_ACTION_KEEP) {
+        t->bytes[c] = j->keep_bytes, t->err2[c] = 0, j->raw[c] = t->params * (stz_dtype_bits(t->dtype) / 8);
+        return STZ_OK;
+    }
+    stz_qmem q;
+    stz_err sub;
+    uint64_t small = j->rows < j->cols ? j->rows : j->cols;
+    if (d->action == STZ_ACTION_SVD && (d->svd_rank >= small || stz_svd_bytes(j->rows, j->cols, d->svd_rank) >=
+                                                                     t->params * (stz_dtype_bits(t->dtype) / 8))) {
+        t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY; /* no smaller than the tensor: stz quantize would keep it */
+        return STZ_OK;
+    }
+    stz_status st = stz_quantize_tensor(d, j->x, j->rows, j->cols, &q, &sub);
+    if (st == STZ_E_NUMERIC) { /* scales beyond F16: not a choice for this tensor */
+        t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
+        return STZ_OK;
+    }
+    if (st)
+        return stz_err_set(err, st, "tensor '%s', candidate %s: %s", t->name, T->cand[c].name, sub.msg);
+    t->bytes[c] = 0, t->err2[c] = q.err2, j->raw[c] = 0;
+    for (int k = 0; !st && k < STZ_PART_COUNT; k++) {
+        uint64_t b = 0;
+        if (q.part[k] && !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], q.part[k], q.len[k], &b, err)))
+            t->bytes[c] += b, j->raw[c] += q.len[k];
+    }
+    if (c == T->probe)
+        t->probe_fmt = q.fmt, t->probe_legacy = q.legacy;
+    stz_qmem_free(&q);
+    return st;
+}
+
+/* Why a tensor takes no candidate, or NULL. */
+static const char *untunable(const stz_qtensor *q)
+{
+    if (q->ndim < 2)
+        return "fewer than 2 dimensions";
+    if (q->dtype != STZ_DTYPE_BF16 && q->dtype != STZ_DTYPE_F16 && q->dtype != STZ_DTYPE_F32)
+        return "not BF16, F16 or F32";
+    if (!q->numel)
+        return "empty";
+    return NULL;
+}
+
+stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
+                            size_t ncand, const stz_tune_params *p, stz_err *err)
+{
+    memset(T, 0, sizeof *T);
+    T->pack = (stz_pack_params)STZ_PACK_PARAMS_DEFAULT;
+    /* sensitivity is probed with the shipped int4 format: appended, not offered, when not a candidate */
+    stz_tune_cand probe;
+    stz_status pst = parse_one(STZ_TUNE_PROBE, &probe, err);
+    if (pst)
+        return pst;
+    T->cand = malloc((ncand + 1) * sizeof *T->cand);
+    if (!T->cand)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidates");
+    memcpy(T->cand, cand, ncand * sizeof *cand);
+    T->ncand = T->noffered = ncand, T->probe = ncand;
+    for (size_t c = 0; c < ncand; c++)
+        if (!strcmp(cand[c].name, probe.name))
+            T->probe = c;
+    if (T->probe == ncand)
+        T->cand[T->ncand++] = probe;
+    ncand = T->ncand;
+    size_t nt = 0;
+    uint64_t total = 0, done = 0;
+    for (size_t f = 0; f < nfiles; f++) {
+        nt += stz_qmodel_count(files[f]);
+        for (size_t i = 0; i < stz_qmodel_count(files[f]); i++) {
+            const stz_qtensor *q = stz_qmodel_tensor(files[f], i);
+            if (q->bits || q->rank)
+                return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s' is already quantized by stz; tune the "
+                                   "original model", stz_reader_path(stz_qmodel_reader(files[f])), q->name);
+            total += q->stored_bytes;
+        }
+    }
+    if (!(T->meta = calloc(nfiles + 1, sizeof *T->meta)) || !(T->t = calloc(nt + 1, sizeof *T->t)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensors' figures");
+    for (size_t f = 0; f < nfiles; f++, T->nfiles++) {
+        const stz_reader *r = stz_qmodel_reader(files[f]);
+        cJSON *meta = cJSON_CreateObject();
+        for (size_t i = 0; i < stz_reader_meta_count(r); i++)
+            if (strcmp(stz_reader_meta_key(r, i), "format"))
+                cJSON_AddStringToObject(meta, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
+        T->meta[f] = cJSON_PrintUnformatted(meta);
+        cJSON_Delete(meta);
+        if (!T->meta[f])
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a file's metadata");
+    }
+    uint64_t *raw = malloc(ncand * sizeof *raw);
+    stz_status st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidates' bytes");
+    for (size_t f = 0; !st && f < nfiles; f++) {
+        const stz_reader *r = stz_qmodel_reader(files[f]);
+        for (size_t i = 0; !st && i < stz_qmodel_count(files[f]); i++) {
+            const stz_qtensor *q = stz_qmodel_tensor(files[f], i);
+            const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
+            stz_tune_tensor *t = &T->t[T->nt++];
+            uint64_t size = rt->end - rt->begin;
+            t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
+            T->params += q->numel;
+            uint8_t *bytes = malloc(size + 1);
+            float *x = NULL;
+            t->name = strdup(q->name);
+            t->bytes = calloc(ncand, sizeof *t->bytes), t->err2 = calloc(ncand, sizeof *t->err2);
+            if (!bytes || !t->name || !t->bytes || !t->err2) {
+                free(bytes);
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
+                break;
+            }
+            measure_job j = {T, t, NULL, q->rows, q->cols, 0, raw};
+            st = stz_reader_read(r, rt, 0, bytes, size, err);
+            if (!st)
+                st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, &j.keep_bytes, err);
+            free(bytes);
+            t->bytes[0] = j.keep_bytes;
+            if (!st && !t->why && !(x = malloc(q->numel * sizeof *x)))
+                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s' as F32", q->name);
+            if (!st && x && !(st = stz_qmodel_read_rows(files[f], i, 0, (size_t)q->rows, x, err))) {
+                for (uint64_t e = 0; e < q->numel && !t->why; e++)
+                    t->why = isfinite(x[e]) ? NULL : "holds NaN or Inf";
+                for (uint64_t e = 0; e < q->numel; e++)
+                    t->norm2 += (double)x[e] * x[e];
+            }
+            if (!st && !t->why) {
+                j.x = x;
+                stz_ordered pl = {.n = ncand, .threads = p->threads < 1 ? 1 : p->threads, .ctx = &j,
+                                   .work = measure_work};
+                st = stz_ordered_run(&pl, err);
+                for (size_t c = 0; c < T->noffered && !t->tunable; c++)
+                    t->tunable = t->bytes[c] != UINT64_MAX;
+                if (!t->tunable)
+                    t->bytes[0] = j.keep_bytes, t->why = "no candidate applies";
+            }
+            free(x);
+            done += q->stored_bytes;
+            if (!st && p->progress && p->progress(p->progress_user, done, total))
+                st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        }
+    }
+    free(raw);
+    return st;
+}
+
+/* ---- sensitivity ----------------------------------------------------------------- */
+
+static stz_tune_tensor *find_tensor(const stz_tune *T, const char *name)
+{
+    for (size_t i = 0; i < T->nt; i++)
+        if (!strcmp(T->t[i].name, name))
+            return &T->t[i];
+    return NULL;
+}
+
+static int probe_select(void *user, const char *name)
+{
+    const stz_tune *T = user;
+    const stz_tune_tensor *t = find_tensor(T, name);
+    return t && t->tunable && t->err2[T->probe] > 0 && isfinite(t->err2[T->probe]);
+}
+
+/* Each row becomes its quantized and dequantized self under the probe candidate. */
+static int probe_perturb(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
+{
+    (void)r0;
+    const stz_tune_tensor *t = find_tensor(user, name);
+    const stz_qformat *f = &t->probe_fmt;
+    size_t nb = stz_q_blocks(cols, f->block);
+    uint8_t *q = malloc(stz_qf_row_bytes(f->bits, cols) + 8);
+    float *s = malloc(2 * nb * sizeof *s);
+    if (!q || !s) {
+        free(q), free(s);
+        return -1;
+    }
+    for (size_t r = 0; r < n; r++) {
+        float *x = rows + r * cols;
+        stz_qf_quantize_any(f, t->probe_legacy, x, cols, q, s, s + nb);
+        stz_qf_dequantize_row(f, q, s, s + nb, cols, x);
+    }
+    free(q), free(s);
+    return 0;
+}
+
+static void probe_result(void *user, const char *name, double kl)
+{
+    const stz_tune *T = user;
+    stz_tune_tensor *t = find_tensor(T, name);
+    t->kl_probe = kl, t->sens = kl / t->err2[T->probe];
+}
+
+stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+                          const size_t *lens, const stz_tune_params *p, stz_err *err)
+{
+    stz_fwd_probe pr = {probe_select, probe_perturb, probe_result, T};
+    return stz_fwd_probe_run(m, tokens, nseq, stride, lens, &pr, p->progress, p->progress_user, err);
+}
+
+void stz_tune_free(stz_tune *T)
+{
+    for (size_t i = 0; T->t && i < T->nt; i++)
+        free(T->t[i].name), free(T->t[i].bytes), free(T->t[i].err2);
+    free(T->t);
+    free(T->cand);
+    for (size_t f = 0; T->meta && f < T->nfiles; f++)
+        free(T->meta[f]);
+    free(T->meta);
+    memset(T, 0, sizeof *T);
+}
+
+/* ---- the policy ------------------------------------------------------------------- */
+
+/* fnmatch sees a name literally once * ? [ and \ are escaped. */
+static void escape_pattern(const char *s, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (; *s && k + 3 < cap; s++) {
+        if (strchr("*?[\\", *s))
+            out[k++] = '\\';
+        out[k++] = *s;
+    }
+    out[k] = 0;
+}
+
+char *stz_tune_policy(const stz_tune *T, const char *description)
+{
+    cJSON *p = cJSON_CreateObject(), *rules = cJSON_CreateArray();
+    cJSON_AddStringToObject(p, "description", description);
+    cJSON_AddStringToObject(p, "default", "keep");
+    cJSON_AddItemToObject(p, "rules", rules);
+    char pat[1200], comment[160];
+    for (size_t i = 0; i < T->nt; i++) {
+        const stz_tune_tensor *t = &T->t[i];
+        if (!t->tunable)
+            continue;
+        const stz_tune_cand *c = &T->cand[t->choice];
+        cJSON *r = cJSON_CreateObject();
+        escape_pattern(t->name, pat, sizeof pat);
+        cJSON_AddStringToObject(r, "match", pat);
+        cJSON_AddStringToObject(r, "action", stz_action_name(c->d.action));
+        if (c->d.action == STZ_ACTION_SVD) {
+            cJSON_AddNumberToObject(r, "rank", c->d.svd_rank);
+            if (c->d.svd_randomized)
+                cJSON_AddStringToObject(r, "method", "randomized");
+            cJSON_AddStringToObject(r, "fallback", "keep");
+        } else if (c->d.action != STZ_ACTION_KEEP) {
+            cJSON_AddStringToObject(r, "method", stz_qmethod_name(c->d.method));
+            cJSON_AddNumberToObject(r, "block_size", c->d.block_size);
+            cJSON_AddStringToObject(r, "scale_dtype", stz_dtype_name(c->d.scale_dtype));
+        }
+        snprintf(comment, sizeof comment, "%s: %llu bytes, relative error %.4f, predicted KL %.3g", c->name,
+                 (unsigned long long)t->bytes[t->choice], t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0,
+                 t->sens * t->err2[t->choice]);
+        cJSON_AddStringToObject(r, "comment", comment);
+        cJSON_AddItemToArray(rules, r);
+    }
+    char *s = cJSON_Print(p);
+    cJSON_Delete(p);
+    return s;
+}
