@@ -194,164 +194,228 @@ static int kl_far(double predicted, double got)
     return got > 1e-3 && (predicted <= 0 || got > 2 * predicted || got < predicted / 2);
 }
 
-int cmd_tune(int argc, char **argv)
-{
+/* One run of stz tune: the model, its forward pass and sequences, the
+ * measurements, the solution and what was verified. */
+typedef struct {
     tune_opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc >= 0)
-        return rc;
-    const char *model = argv[optind], *in = model;
-    char *out = o.c.out ? strdup(o.c.out) : o.compress ? NULL : default_policy_path(model);
-    if (!out)
-        return cli_usage_error("compress", "--tune needs -o OUT.stz");
-    stz_err err;
-    cli_model_set S = {0};
-    stz_fwd *fwd = NULL;
+    const char *model, *in; /* in: the file compressed (a directory's model.safetensors) */
+    char *out;
+    int sharded;
+    cli_model_set S;
+    stz_fwd *fwd;
     stz_fwd_config cfg;
-    stz_tune T = {0};
-    stz_tune_cand *cand = NULL;
-    size_t ncand = 0;
-    cli_seqs q = {0};
-    stz_tune_solution sol = {0};
-    char from[4096], source[64];
-    char *policy = NULL;
-    cli_tmpfile tc = {0};
-    measured m1 = {0}, m2 = {0};
-    int have1 = 0, have2 = 0, sharded = 0;
-    stz_tune_point first = {0};
-    rc = CLI_ERROR;
-    const char *outs[2] = {out, o.compress ? o.save_policy : o.plot};
-    for (int k = 0; k < 2; k++)
-        if (outs[k] && stz_output_check(outs[k], o.c.force, &err))
-            goto fail;
-    if (stz_tune_parse_candidates(o.candidates, &cand, &ncand, &err) || cli_set_open(&S, model, &err) ||
-        stz_refuse_input_as_output(model, out, &err))
-        goto fail;
-    sharded = cli_is_sharded_dir(model);
-    if (!sharded && S.n == 1) /* a repository directory holding model.safetensors: that file */
-        in = stz_reader_path(stz_qmodel_reader(S.m[0]));
-    int found = cli_model_config(model, &S, o.config, &cfg, from, NULL, &err);
-    if (found < 0 || (!found && cli_no_config(model, &S, &err)))
-        goto fail;
-    o.c.threads = o.c.threads ? o.c.threads : cli_ncores();
-    if (stz_fwd_open(&fwd, S.m, S.n, &cfg, model, o.c.threads, &err))
-        goto fail;
-    stz_fwd_set_keep(fwd, 0); /* sampling rereads the weights: memory stays one layer's, whatever the depth */
-    if (cli_seqs_get(&o.so, fwd, model, o.c.quiet || o.c.json, &q, source, &err))
-        goto fail;
-    cli_progress prog;
-    stz_tune_params tp = {o.c.threads, cli_progress_cb, &prog};
-    cli_progress_init(&prog, "tune: measure candidates", o.c.quiet || o.c.json);
-    stz_status st = stz_tune_measure(&T, S.m, S.n, cand, ncand, &tp, &err);
-    cli_progress_end(&prog);
-    if (st)
-        goto fail;
-    cli_progress_init(&prog, "tune: sensitivity", o.c.quiet || o.c.json);
-    st = stz_tune_probe(&T, fwd, q.tok, q.nseq, q.stride, q.lens, &tp, &err);
-    cli_progress_end(&prog);
-    if (st)
-        goto fail;
-    double model_bytes = (double)cli_path_bytes(model, 0);
-    if (sharded) { /* the index and the other files of the directory come along */
-        T.extra_bytes = (uint64_t)model_bytes;
-        for (size_t f = 0; f < S.n; f++)
-            T.extra_bytes -= stz_reader_file_size(stz_qmodel_reader(S.m[f]));
-    }
-    o.value = o.kind == STZ_BUDGET_KL ? o.max_kl
-              : o.size                ? o.size
-              : o.ratio               ? model_bytes / o.ratio
-                                      : o.bpw * (double)T.params / 8;
-    if (stz_tune_solve(&T, o.kind, o.value, 1, &sol, &err))
-        goto fail;
-    if (!sol.met) {
-        char a[32];
-        if (o.c.json) {
-            cJSON *d = cJSON_CreateObject();
-            cJSON_AddStringToObject(d, "model", model);
-            cJSON_AddStringToObject(d, "budget", o.budget_opt);
-            cJSON_AddNumberToObject(d, o.kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", o.value);
-            cJSON_AddBoolToObject(d, "met", 0);
-            cJSON_AddNumberToObject(d, "closest_bytes", (double)sol.pred.bytes);
-            cJSON_AddNumberToObject(d, "closest_kl", sol.pred.kl);
-            cli_print_json(d);
-        }
-        fprintf(stderr, "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
-                "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n", model, o.budget_opt,
-                o.kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", o.value, cli_commas(a, sol.pred.bytes),
-                sol.pred.kl);
-        rc = 3;
-        goto done;
-    }
+    cli_seqs q;
+    char source[64];
+    stz_tune T;
+    stz_tune_cand *cand;
+    size_t ncand;
+    stz_tune_solution sol;
+    stz_tune_point first; /* the prediction before the correction */
     char desc[512];
-    snprintf(desc, sizeof desc, "stz tune of %.200s for %s %g (candidates %.200s)", model, o.budget_opt,
-             o.kind == STZ_BUDGET_KL ? o.max_kl : o.size ? o.size : o.ratio ? o.ratio : o.bpw, o.candidates);
-    policy = stz_tune_policy(&T, desc);
-    if (!policy) {
-        stz_err_set(&err, STZ_E_NOMEM, "out of memory for the policy");
-        goto fail;
+    char *policy;
+    cli_tmpfile tc;
+    measured m1, m2;
+    int have1, have2;
+} tune_run;
+
+/* Outputs checked, candidates parsed, the model and its forward pass
+ * opened, the sequences sampled or read. */
+static stz_status tune_open(tune_run *t, stz_err *err)
+{
+    tune_opts *o = &t->o;
+    const char *outs[2] = {t->out, o->compress ? o->save_policy : o->plot};
+    stz_status st = STZ_OK;
+    for (int k = 0; !st && k < 2; k++)
+        if (outs[k])
+            st = stz_output_check(outs[k], o->c.force, err);
+    if (st || (st = stz_tune_parse_candidates(o->candidates, &t->cand, &t->ncand, err)) ||
+        (st = cli_set_open(&t->S, t->model, err)) || (st = stz_refuse_input_as_output(t->model, t->out, err)))
+        return st;
+    t->sharded = cli_is_sharded_dir(t->model);
+    if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
+        t->in = stz_reader_path(stz_qmodel_reader(t->S.m[0]));
+    char from[4096];
+    int found = cli_model_config(t->model, &t->S, o->config, &t->cfg, from, NULL, err);
+    if (found < 0)
+        return err->code; /* cli_model_config's error */
+    if ((!found && (st = cli_no_config(t->model, &t->S, err))))
+        return st;
+    o->c.threads = o->c.threads ? o->c.threads : cli_ncores();
+    if ((st = stz_fwd_open(&t->fwd, t->S.m, t->S.n, &t->cfg, t->model, o->c.threads, err)))
+        return st;
+    stz_fwd_set_keep(t->fwd, 0); /* sampling rereads the weights: memory stays one layer's, whatever the depth */
+    return cli_seqs_get(&o->so, t->fwd, t->model, o->c.quiet || o->c.json, &t->q, t->source, err);
+}
+
+/* Every candidate measured on every matrix, every matrix's sensitivity
+ * probed; then the budget in bytes or KL. */
+static stz_status tune_measure(tune_run *t, stz_err *err)
+{
+    tune_opts *o = &t->o;
+    cli_progress prog;
+    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog};
+    cli_progress_init(&prog, "tune: measure candidates", o->c.quiet || o->c.json);
+    stz_status st = stz_tune_measure(&t->T, t->S.m, t->S.n, t->cand, t->ncand, &tp, err);
+    cli_progress_end(&prog);
+    if (st)
+        return st;
+    cli_progress_init(&prog, "tune: sensitivity", o->c.quiet || o->c.json);
+    st = stz_tune_probe(&t->T, t->fwd, t->q.tok, t->q.nseq, t->q.stride, t->q.lens, &tp, err);
+    cli_progress_end(&prog);
+    if (st)
+        return st;
+    double model_bytes = (double)cli_path_bytes(t->model, 0);
+    if (t->sharded) { /* the index and the other files of the directory come along */
+        t->T.extra_bytes = (uint64_t)model_bytes;
+        for (size_t f = 0; f < t->S.n; f++)
+            t->T.extra_bytes -= stz_reader_file_size(stz_qmodel_reader(t->S.m[f]));
     }
-    if (o.verify) {
-        if (cli_tmp_make(&tc, out, "tune"))
-            goto tmp_fail;
-        if (sharded) /* a name for the directory */
-            unlink(tc.path);
-        if (verify(&o, in, policy, tc.path, fwd, &cfg, &q, &m1, &err))
-            goto fail;
-        have1 = 1;
-        if (cli_tune_missed(&o, &m1)) { /* correct once: scale what was predicted by what was measured */
-            first = sol.pred;
-            double kl_scale = o.kind == STZ_BUDGET_KL && sol.pred.kl > 0 ? m1.fwd.kl_mean / sol.pred.kl : 1;
-            double value = o.kind == STZ_BUDGET_KL ? o.value : o.value - ((double)m1.bytes - (double)sol.pred.bytes);
-            stz_tune_solution_free(&sol);
-            if (stz_tune_solve(&T, o.kind, value, kl_scale, &sol, &err))
-                goto fail;
-            free(policy);
-            if (!(policy = stz_tune_policy(&T, desc))) {
-                stz_err_set(&err, STZ_E_NOMEM, "out of memory for the policy");
-                goto fail;
-            }
-            if (verify(&o, in, policy, tc.path, fwd, &cfg, &q, &m2, &err))
-                goto fail;
-            have2 = 1;
-        }
+    o->value = o->kind == STZ_BUDGET_KL ? o->max_kl
+               : o->size                ? o->size
+               : o->ratio               ? model_bytes / o->ratio
+                                        : o->bpw * (double)t->T.params / 8;
+    return STZ_OK;
+}
+
+/* No point of the curve meets the budget: the closest one, exit 3. */
+static int tune_unmet(const tune_run *t)
+{
+    const tune_opts *o = &t->o;
+    char a[32];
+    if (o->c.json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "model", t->model);
+        cJSON_AddStringToObject(d, "budget", o->budget_opt);
+        cJSON_AddNumberToObject(d, o->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", o->value);
+        cJSON_AddBoolToObject(d, "met", 0);
+        cJSON_AddNumberToObject(d, "closest_bytes", (double)t->sol.pred.bytes);
+        cJSON_AddNumberToObject(d, "closest_kl", t->sol.pred.kl);
+        cli_print_json(d);
     }
-    const measured *fin = have2 ? &m2 : have1 ? &m1 : NULL;
-    if (o.compress) {
-        if (stz_output_place(tc.path, out, o.c.force && !sharded, &err) || /* directories are never replaced */ (o.save_policy && write_text(o.save_policy, policy, o.c.force, &err)))
-            goto fail;
-    } else if (write_text(out, policy, o.c.force, &err)) {
-        goto fail;
+    fprintf(stderr, "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
+            "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n", t->model, o->budget_opt,
+            o->kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", o->value, cli_commas(a, t->sol.pred.bytes),
+            t->sol.pred.kl);
+    return 3;
+}
+
+static stz_status tune_write_policy(tune_run *t, stz_err *err)
+{
+    free(t->policy);
+    if (!(t->policy = stz_tune_policy(&t->T, t->desc)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the policy");
+    return STZ_OK;
+}
+
+/* --verify: compress with the policy and run the model; when the budget is
+ * missed, scale the prediction by what was measured, solve and verify once
+ * more. */
+static stz_status tune_verify(tune_run *t, stz_err *err)
+{
+    tune_opts *o = &t->o;
+    if (cli_tmp_make(&t->tc, t->out, "tune"))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", t->out);
+    if (t->sharded) /* a name for the directory */
+        unlink(t->tc.path);
+    stz_status st = verify(o, t->in, t->policy, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m1, err);
+    if (st)
+        return st;
+    t->have1 = 1;
+    if (!cli_tune_missed(o, &t->m1))
+        return STZ_OK;
+    t->first = t->sol.pred;
+    double kl_scale = o->kind == STZ_BUDGET_KL && t->sol.pred.kl > 0 ? t->m1.fwd.kl_mean / t->sol.pred.kl : 1;
+    double value = o->kind == STZ_BUDGET_KL ? o->value : o->value - ((double)t->m1.bytes - (double)t->sol.pred.bytes);
+    stz_tune_solution_free(&t->sol);
+    if (!(st = stz_tune_solve(&t->T, o->kind, value, kl_scale, &t->sol, err)) && !(st = tune_write_policy(t, err)))
+        st = verify(o, t->in, t->policy, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m2, err);
+    t->have2 = !st;
+    return st;
+}
+
+/* The container (compress --tune) or the policy, and the plot. */
+static stz_status tune_write(tune_run *t, const measured *fin, stz_err *err)
+{
+    tune_opts *o = &t->o;
+    stz_status st;
+    if (o->compress) {
+        /* directories are never replaced */
+        if (!(st = stz_output_place(t->tc.path, t->out, o->c.force && !t->sharded, err)) && o->save_policy)
+            st = write_text(o->save_policy, t->policy, o->c.force, err);
+    } else {
+        st = write_text(t->out, t->policy, o->c.force, err);
     }
-    if (o.plot && cli_tune_write_plot(o.plot, &sol, &sol.pred, fin, o.c.force, &err))
-        goto fail;
-    rc = cli_tune_report(&o, model, out, &T, &sol, &first, have1 ? &m1 : NULL, have2 ? &m2 : NULL, o.value, source);
-    if (rc != CLI_ERROR && fin && o.kind == STZ_BUDGET_BYTES && !o.c.quiet && kl_far(sol.pred.kl, fin->fwd.kl_mean))
+    if (!st && o->plot)
+        st = cli_tune_write_plot(o->plot, &t->sol, &t->sol.pred, fin, o->c.force, err);
+    return st;
+}
+
+/* The report, and warnings about what the verification measured. */
+static int tune_report(tune_run *t, const measured *fin)
+{
+    tune_opts *o = &t->o;
+    int rc = cli_tune_report(o, t->model, t->out, &t->T, &t->sol, &t->first, t->have1 ? &t->m1 : NULL,
+                             t->have2 ? &t->m2 : NULL, o->value, t->source);
+    if (rc != CLI_ERROR && fin && o->kind == STZ_BUDGET_BYTES && !o->c.quiet && kl_far(t->sol.pred.kl, fin->fwd.kl_mean))
         fprintf(stderr, "stz: warning: the measured mean KL %.4g is %.1fx the predicted %.4g: at this budget the "
                 "tensors' errors do not add up as measured one by one; trust the measured figure\n",
-                fin->fwd.kl_mean, fin->fwd.kl_mean / sol.pred.kl, sol.pred.kl);
-    if (rc == CLI_OK && fin && cli_tune_missed(&o, fin)) {
+                fin->fwd.kl_mean, fin->fwd.kl_mean / t->sol.pred.kl, t->sol.pred.kl);
+    if (rc == CLI_OK && fin && cli_tune_missed(o, fin)) {
         fprintf(stderr, "stz: budget missed after one correction: measured %s %.6g against %g; the %s is written, "
-                "tighten the budget or add candidates\n", o.kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
-                o.kind == STZ_BUDGET_KL ? fin->fwd.kl_mean : (double)fin->bytes, o.value,
-                o.compress ? "container" : "policy");
+                "tighten the budget or add candidates\n", o->kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
+                o->kind == STZ_BUDGET_KL ? fin->fwd.kl_mean : (double)fin->bytes, o->value,
+                o->compress ? "container" : "policy");
         rc = 3;
     }
-    goto done;
-tmp_fail:
-    stz_err_set(&err, STZ_E_IO, "%s: cannot create a temporary file next to it", out);
-fail:
-    rc = cli_fail(&err);
-done:
-    if (tc.path && sharded)
-        cli_remove_tree(tc.path);
-    cli_tmp_drop(&tc);
-    free(policy);
-    stz_tune_solution_free(&sol);
-    stz_tune_free(&T);
-    free(cand);
-    cli_seqs_free(&q);
-    stz_fwd_free(fwd);
-    cli_set_free(&S);
-    free(out);
+    return rc;
+}
+
+static void tune_free(tune_run *t)
+{
+    if (t->tc.path && t->sharded)
+        cli_remove_tree(t->tc.path);
+    cli_tmp_drop(&t->tc);
+    free(t->policy);
+    stz_tune_solution_free(&t->sol);
+    stz_tune_free(&t->T);
+    free(t->cand);
+    cli_seqs_free(&t->q);
+    stz_fwd_free(t->fwd);
+    cli_set_free(&t->S);
+    free(t->out);
+}
+
+/* Solves the budget; the policy (or container) when it is met. */
+static int tune_run_all(tune_run *t, stz_err *err)
+{
+    tune_opts *o = &t->o;
+    if (tune_open(t, err) || tune_measure(t, err) || stz_tune_solve(&t->T, o->kind, o->value, 1, &t->sol, err))
+        return cli_fail(err);
+    if (!t->sol.met)
+        return tune_unmet(t);
+    snprintf(t->desc, sizeof t->desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model, o->budget_opt,
+             o->kind == STZ_BUDGET_KL ? o->max_kl : o->size ? o->size : o->ratio ? o->ratio : o->bpw, o->candidates);
+    if (tune_write_policy(t, err) || (o->verify && tune_verify(t, err)))
+        return cli_fail(err);
+    const measured *fin = t->have2 ? &t->m2 : t->have1 ? &t->m1 : NULL;
+    if (tune_write(t, fin, err))
+        return cli_fail(err);
+    return tune_report(t, fin);
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    tune_run t = {0};
+    int rc = parse(argc, argv, &t.o);
+    if (rc >= 0)
+        return rc;
+    t.model = t.in = argv[optind];
+    t.out = t.o.c.out ? strdup(t.o.c.out) : t.o.compress ? NULL : default_policy_path(t.model);
+    if (!t.out)
+        return cli_usage_error("compress", "--tune needs -o OUT.stz");
+    stz_err err;
+    stz_err_clear(&err);
+    rc = tune_run_all(&t, &err);
+    tune_free(&t);
     return rc;
 }

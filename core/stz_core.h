@@ -19,6 +19,16 @@
 #define STZ_CLONES(...)
 #endif
 
+/* The library's error style: each step either succeeds or jumps to the
+ * function's `cleanup:` label with st set, where everything is freed once
+ * (functions with nothing to free return the error directly).
+ *   STZ_TRY(st, step(...));   st = step; on error, goto cleanup */
+#define STZ_TRY(st, call)                                                                                              \
+    do {                                                                                                               \
+        if (((st) = (call)) != STZ_OK)                                                                                 \
+            goto cleanup;                                                                                              \
+    } while (0)
+
 /* Returns st; when st is an error whose message is a bare "out of memory...",
  * prefixes it with the path it happened for (the entry points' context). */
 stz_status stz_err_in(stz_err *err, stz_status st, const char *path);

@@ -191,6 +191,85 @@ static int config_id(const cJSON *cfg, const char *key)
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483647.0 ? (int)v->valuedouble : -1;
 }
 
+/* The tokens of model.vocab and added_tokens by id, checked; the model's
+ * rows past the tokenizer's ids padded. */
+static stz_status fill_tokens(vocab *v, const cJSON *vmap, const cJSON *added, int spm, uint32_t n_vocab,
+                              const char *path, stz_err *err)
+{
+    const cJSON *lists[2] = {vmap, added};
+    for (int l = 0; l < 2; l++)
+        for (const cJSON *e = lists[l] ? lists[l]->child : NULL; e; e = e->next) {
+            const cJSON *idv = l ? cJSON_GetObjectItemCaseSensitive(e, "id") : e;
+            const cJSON *content = l ? cJSON_GetObjectItemCaseSensitive(e, "content") : NULL;
+            const char *s = l ? (cJSON_IsString(content) ? content->valuestring : NULL) : e->string;
+            if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 || idv->valuedouble != (double)(uint32_t)idv->valuedouble ||
+                !s)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: %s entry '%.80s' has no whole-number id", path,
+                                   l ? "added_tokens" : "model.vocab", s ? s : "?");
+            uint32_t id = (uint32_t)idv->valuedouble;
+            if (id >= n_vocab)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' has id %u, past the model's vocabulary of %u",
+                                   path, s, id, n_vocab);
+            if (stz_utf8_check((const uint8_t *)s, strlen(s)) != strlen(s))
+                return stz_err_set(err, STZ_E_FORMAT, "%s: token %u is not valid UTF-8", path, id);
+            if (v->text[id] && (!l || strcmp(v->text[id], s))) /* added_tokens may repeat a token as it is */
+                return stz_err_set(err, STZ_E_FORMAT, "%s: id %u is given to '%.80s' and to '%.80s'", path, id,
+                                   v->text[id], s);
+            free(v->text[id]);
+            if (!(v->text[id] = strdup(s)))
+                return stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
+            v->type[id] = l ? (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ? TT_CONTROL : TT_USER)
+                            : spm && is_byte_piece(s) ? TT_BYTE : TT_NORMAL;
+        }
+    for (uint32_t i = 0; i < n_vocab; i++) /* the model's rows past the tokenizer's ids */
+        if (!v->text[i]) {
+            char pad[32];
+            snprintf(pad, sizeof pad, "[PAD%u]", i);
+            if (!(v->text[i] = strdup(pad)))
+                return stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
+            v->type[i] = TT_UNUSED;
+        }
+    return STZ_OK;
+}
+
+/* SentencePiece-style BPE: llama.cpp merges the pair whose result scores
+ * highest, so a token made by merge r scores -r. */
+static void spm_scores(vocab *v, const vocab_index *ix, char *const *mtext, int nm, uint32_t n_vocab)
+{
+    for (uint32_t k = 0; k < n_vocab; k++)
+        v->score[k] = v->type[k] == TT_NORMAL ? 0.0f : -1e9f;
+    for (int r = nm - 1; r >= 0; r--) {
+        char *sp = strchr(mtext[r], ' ');
+        if (!sp)
+            continue;
+        size_t a = (size_t)(sp - mtext[r]);
+        char joined[1024];
+        if (strlen(mtext[r]) >= sizeof joined)
+            continue;
+        memcpy(joined, mtext[r], a), strcpy(joined + a, sp + 1);
+        const cJSON *idv = index_find(ix, joined);
+        if (cJSON_IsNumber(idv) && (uint32_t)idv->valuedouble < n_vocab)
+            v->score[(uint32_t)idv->valuedouble] = (float)-r;
+    }
+}
+
+/* The configuration's BOS and EOS ids, which must be tokens. */
+static stz_status special_ids(gbuf *kv, const cJSON *cfg, const char *arch, int spm, uint32_t n_vocab,
+                              const char *path, stz_err *err)
+{
+    int bos = config_id(cfg, "bos_token_id"), eos = config_id(cfg, "eos_token_id");
+    if ((bos >= 0 && (uint32_t)bos >= n_vocab) || (eos >= 0 && (uint32_t)eos >= n_vocab))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: the configuration's %s %d is past the vocabulary of %u tokens",
+                           path, bos >= 0 && (uint32_t)bos >= n_vocab ? "bos_token_id" : "eos_token_id",
+                           bos >= 0 && (uint32_t)bos >= n_vocab ? bos : eos, n_vocab);
+    if (bos >= 0)
+        kv_u32(kv, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    if (eos >= 0)
+        kv_u32(kv, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
+    kv_bool(kv, "tokenizer.ggml.add_bos_token", spm || (strcmp(arch, "qwen2") && bos >= 0));
+    return STZ_OK;
+}
+
 static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
                            stz_err *err)
 {
@@ -212,99 +291,38 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
     int nm = cJSON_GetArraySize(merges);
     if (!doc || !cJSON_IsObject(vmap) || !cJSON_IsArray(merges)) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: not a tokenizer.json with model.vocab and model.merges", path);
-        goto done;
+        goto cleanup;
     }
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE")) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tokenizer model '%s' (stz exports BPE tokenizers)", path,
                          cJSON_IsString(type) ? type->valuestring : "?");
-        goto done;
+        goto cleanup;
     }
     if (!vmap->child) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: model.vocab holds no token", path);
-        goto done;
+        goto cleanup;
     }
-    if ((st = vocab_alloc(&v, n_vocab, err)))
-        goto done;
+    STZ_TRY(st, vocab_alloc(&v, n_vocab, err));
     if (!(mtext = calloc((size_t)nm + 1, sizeof *mtext)) || index_build(&ix, vmap)) {
         st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %d merges", path, nm);
-        goto done;
+        goto cleanup;
     }
     for (size_t k = 1; k < ix.n; k++)
         if (!strcmp(ix.e[k - 1]->string, ix.e[k]->string)) {
             st = stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' appears twice in model.vocab", path,
                              ix.e[k]->string);
-            goto done;
+            goto cleanup;
         }
-    const cJSON *lists[2] = {vmap, added};
-    for (int l = 0; l < 2; l++)
-        for (const cJSON *e = lists[l] ? lists[l]->child : NULL; e; e = e->next) {
-            const cJSON *idv = l ? cJSON_GetObjectItemCaseSensitive(e, "id") : e;
-            const cJSON *content = l ? cJSON_GetObjectItemCaseSensitive(e, "content") : NULL;
-            const char *s = l ? (cJSON_IsString(content) ? content->valuestring : NULL) : e->string;
-            if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 || idv->valuedouble != (double)(uint32_t)idv->valuedouble ||
-                !s) {
-                st = stz_err_set(err, STZ_E_FORMAT, "%s: %s entry '%.80s' has no whole-number id", path,
-                                 l ? "added_tokens" : "model.vocab", s ? s : "?");
-                goto done;
-            }
-            uint32_t id = (uint32_t)idv->valuedouble;
-            if (id >= n_vocab) {
-                st = stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' has id %u, past the model's vocabulary of %u",
-                                 path, s, id, n_vocab);
-                goto done;
-            }
-            if (stz_utf8_check((const uint8_t *)s, strlen(s)) != strlen(s)) {
-                st = stz_err_set(err, STZ_E_FORMAT, "%s: token %u is not valid UTF-8", path, id);
-                goto done;
-            }
-            if (v.text[id] && (!l || strcmp(v.text[id], s))) { /* added_tokens may repeat a token as it is */
-                st = stz_err_set(err, STZ_E_FORMAT, "%s: id %u is given to '%.80s' and to '%.80s'", path, id,
-                                 v.text[id], s);
-                goto done;
-            }
-            free(v.text[id]);
-            if (!(v.text[id] = strdup(s))) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
-                goto done;
-            }
-            v.type[id] = l ? (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ? TT_CONTROL : TT_USER)
-                           : spm && is_byte_piece(s) ? TT_BYTE : TT_NORMAL;
-        }
-    for (uint32_t i = 0; i < n_vocab; i++) /* the model's rows past the tokenizer's ids */
-        if (!v.text[i]) {
-            char pad[32];
-            snprintf(pad, sizeof pad, "[PAD%u]", i);
-            if (!(v.text[i] = strdup(pad))) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
-                goto done;
-            }
-            v.type[i] = TT_UNUSED;
-        }
+    STZ_TRY(st, fill_tokens(&v, vmap, added, spm, n_vocab, path, err));
     int i = 0;
     for (const cJSON *m = merges->child; m; m = m->next, i++)
         if (!(mtext[i] = merge_text(m)) || !merge_of_tokens(&ix, mtext[i])) {
             st = stz_err_set(err, STZ_E_FORMAT, "%s: merge %d is not two tokens of model.vocab, as \"a b\" or "
                                                 "[\"a\", \"b\"]", path, i);
-            goto done;
+            goto cleanup;
         }
     if (spm) {
-        /* SentencePiece-style BPE: llama.cpp merges the pair whose result
-         * scores highest, so a token made by merge r scores -r */
-        for (uint32_t k = 0; k < n_vocab; k++)
-            v.score[k] = v.type[k] == TT_NORMAL ? 0.0f : -1e9f;
-        for (int r = nm - 1; r >= 0; r--) {
-            char *sp = strchr(mtext[r], ' ');
-            if (!sp)
-                continue;
-            size_t a = (size_t)(sp - mtext[r]);
-            char joined[1024];
-            if (strlen(mtext[r]) >= sizeof joined)
-                continue;
-            memcpy(joined, mtext[r], a), strcpy(joined + a, sp + 1);
-            const cJSON *idv = index_find(&ix, joined);
-            if (cJSON_IsNumber(idv) && (uint32_t)idv->valuedouble < n_vocab)
-                v.score[(uint32_t)idv->valuedouble] = (float)-r;
-        }
+        spm_scores(&v, &ix, mtext, nm, n_vocab);
         const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
         const cJSON *uid = cJSON_IsString(unk) ? index_find(&ix, unk->valuestring) : NULL;
         if (cJSON_IsNumber(uid)) {
@@ -321,19 +339,8 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
         for (int k = 0; k < nm; k++)
             gb_str(kv, mtext[k], strlen(mtext[k]));
     }
-    int bos = config_id(cfg, "bos_token_id"), eos = config_id(cfg, "eos_token_id");
-    if ((bos >= 0 && (uint32_t)bos >= n_vocab) || (eos >= 0 && (uint32_t)eos >= n_vocab)) {
-        st = stz_err_set(err, STZ_E_FORMAT, "%s: the configuration's %s %d is past the vocabulary of %u tokens", path,
-                         bos >= 0 && (uint32_t)bos >= n_vocab ? "bos_token_id" : "eos_token_id",
-                         bos >= 0 && (uint32_t)bos >= n_vocab ? bos : eos, n_vocab);
-        goto done;
-    }
-    if (bos >= 0)
-        kv_u32(kv, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
-    if (eos >= 0)
-        kv_u32(kv, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
-    kv_bool(kv, "tokenizer.ggml.add_bos_token", spm || (strcmp(arch, "qwen2") && bos >= 0));
-done:
+    st = special_ids(kv, cfg, arch, spm, n_vocab, path, err);
+cleanup:
     for (int k = 0; mtext && k < nm; k++)
         free(mtext[k]);
     free(mtext);

@@ -32,89 +32,99 @@ stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const 
     return stz_err_in(err, dequantize_file(p, in, out, dtype, err), in);
 }
 
-static stz_status dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
-                               stz_err *err)
+/* One run of stz_dequantize_file. */
+typedef struct {
+    stz_reader *r;
+    size_t nt;
+    qinfo *qi;  /* per tensor: its quantization entry (bits 0: stored as is) */
+    char *skip; /* 1 for companion scales tensors */
+    stz_dtype dtype;
+    uint8_t *buf, *obuf;
+    float *f, *sc;
+} dqfile;
+
+/* The dtype a tensor is written in. */
+static stz_dtype out_dtype(const dqfile *j, size_t i) { return j->dtype == STZ_DTYPE_COUNT ? j->qi[i].dtype : j->dtype; }
+
+/* The header: the original metadata (not stz's), every tensor under its
+ * original name and shape. */
+static stz_status declare_plain(const dqfile *j, stz_writer *w, stz_err *err)
 {
-    stz_reader *r = NULL;
+    stz_status st = STZ_OK;
+    for (size_t i = 0; !st && i < stz_reader_meta_count(j->r); i++) {
+        const char *k = stz_reader_meta_key(j->r, i);
+        if (strncmp(k, STZ_QUANT_META_PREFIX, strlen(STZ_QUANT_META_PREFIX)) && strcmp(k, "format"))
+            st = stz_writer_set_meta(w, k, stz_reader_meta_value(j->r, i), err);
+    }
+    for (size_t i = 0; !st && i < j->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(j->r, i);
+        const qinfo *q = &j->qi[i];
+        if (j->skip[i] && !q->bits)
+            continue;
+        st = q->bits ? stz_writer_add(w, q->name, out_dtype(j, i), q->ndim, q->shape, err)
+                     : stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
+    }
+    return st;
+}
+
+/* Every tensor in file order, dequantized or copied. */
+static stz_status stream_plain(dqfile *j, stz_writer *w, const stz_quant_params *p, const char *out, stz_err *err)
+{
+    uint64_t done = 0, total = stz_reader_file_size(j->r);
+    for (size_t i = 0; i < j->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(j->r, i);
+        if (j->skip[i] && !j->qi[i].bits)
+            continue;
+        stz_status st = j->qi[i].bits
+                            ? write_dequantized(w, j->r, &j->qi[i], out_dtype(j, i), j->buf, j->f, j->sc, j->obuf, err)
+                            : stz_quant_copy_tensor(w, j->r, t, j->buf, err);
+        if (st)
+            return st;
+        done += t->end - t->begin;
+        if (p->progress && p->progress(p->progress_user, done, total))
+            return stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", out);
+    }
+    return stz_writer_finish(w, err);
+}
+
+static stz_status dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                                  stz_err *err)
+{
+    dqfile j = {.dtype = dtype};
     stz_writer *w = NULL;
-    qinfo *qi = NULL;
-    char *skip = NULL; /* 1 for companion scales tensors */
-    uint8_t *buf = NULL, *obuf = NULL;
-    float *f = NULL, *sc = NULL;
     size_t maxcols = 0;
     stz_status st;
     if (dtype != STZ_DTYPE_COUNT && dtype != STZ_DTYPE_BF16 && dtype != STZ_DTYPE_F16 && dtype != STZ_DTYPE_F32)
         return stz_err_set(err, STZ_E_ARG, "dequantize: output dtype must be BF16, F16 or F32");
-    if ((st = stz_reader_open(&r, in, err)))
+    if ((st = stz_reader_open(&j.r, in, err)))
         return st;
-    size_t nt = stz_reader_count(r);
-    qi = calloc(nt + 1, sizeof *qi);
-    skip = calloc(nt + 1, 1);
-    if (!qi || !skip) {
+    j.nt = stz_reader_count(j.r);
+    j.qi = calloc(j.nt + 1, sizeof *j.qi);
+    j.skip = calloc(j.nt + 1, 1);
+    if (!j.qi || !j.skip) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the quantization entries");
         goto cleanup;
     }
-    if ((st = stz_refuse_input_as_output(in, out, err)))
-        goto cleanup;
-    if ((st = stz_qi_scan(r, qi, skip, &maxcols, err)))
-        goto cleanup;
+    STZ_TRY(st, stz_refuse_input_as_output(in, out, err));
+    STZ_TRY(st, stz_qi_scan(j.r, j.qi, j.skip, &maxcols, err));
     size_t elems = STZ_QUANT_BATCH_BYTES / 8 > maxcols ? STZ_QUANT_BATCH_BYTES / 8 : maxcols;
-    buf = malloc(elems * 8 > STZ_QUANT_BATCH_BYTES ? elems * 8 : STZ_QUANT_BATCH_BYTES);
-    obuf = malloc(elems * 8 > STZ_QUANT_BATCH_BYTES ? elems * 8 : STZ_QUANT_BATCH_BYTES);
-    f = malloc(elems * sizeof *f);
-    sc = malloc(2 * elems * sizeof *sc); /* scales, then minimums (asym) */
-    if (!buf || !obuf || !f || !sc) {
+    j.buf = malloc(elems * 8 > STZ_QUANT_BATCH_BYTES ? elems * 8 : STZ_QUANT_BATCH_BYTES);
+    j.obuf = malloc(elems * 8 > STZ_QUANT_BATCH_BYTES ? elems * 8 : STZ_QUANT_BATCH_BYTES);
+    j.f = malloc(elems * sizeof *j.f);
+    j.sc = malloc(2 * elems * sizeof *j.sc); /* scales, then minimums (asym) */
+    if (!j.buf || !j.obuf || !j.f || !j.sc) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the row buffers");
         goto cleanup;
     }
-    if ((st = stz_writer_open(&w, out, p->write_flags, err)))
-        goto cleanup;
-    for (size_t i = 0; i < stz_reader_meta_count(r); i++) {
-        const char *k = stz_reader_meta_key(r, i);
-        if (strncmp(k, STZ_QUANT_META_PREFIX, strlen(STZ_QUANT_META_PREFIX)) && strcmp(k, "format") &&
-            (st = stz_writer_set_meta(w, k, stz_reader_meta_value(r, i), err)))
-            goto cleanup;
-    }
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        if (skip[i] && !qi[i].bits)
-            continue;
-        st = qi[i].bits ? stz_writer_add(w, qi[i].name, dtype == STZ_DTYPE_COUNT ? qi[i].dtype : dtype, qi[i].ndim,
-                                         qi[i].shape, err)
-                        : stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
-        if (st)
-            goto cleanup;
-    }
-    uint64_t done = 0, total = stz_reader_file_size(r);
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        if (skip[i] && !qi[i].bits)
-            continue;
-        if (qi[i].bits) {
-            if ((st = write_dequantized(w, r, &qi[i], dtype == STZ_DTYPE_COUNT ? qi[i].dtype : dtype, buf, f, sc,
-                                        obuf, err)))
-                goto cleanup;
-        } else if ((st = stz_quant_copy_tensor(w, r, t, buf, err))) {
-            goto cleanup;
-        }
-        done += t->end - t->begin;
-        if (p->progress && p->progress(p->progress_user, done, total)) {
-            st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", out);
-            goto cleanup;
-        }
-    }
-    st = stz_writer_finish(w, err);
+    STZ_TRY(st, stz_writer_open(&w, out, p->write_flags, err));
+    STZ_TRY(st, declare_plain(&j, w, err));
+    st = stream_plain(&j, w, p, out, err);
 cleanup:
     stz_writer_free(w);
-    for (size_t i = 0; qi && i < nt; i++)
-        stz_qi_free(&qi[i]);
-    free(qi);
-    free(skip);
-    free(buf);
-    free(obuf);
-    free(f);
-    free(sc);
-    stz_reader_free(r);
+    for (size_t i = 0; j.qi && i < j.nt; i++)
+        stz_qi_free(&j.qi[i]);
+    free(j.qi), free(j.skip), free(j.buf), free(j.obuf), free(j.f), free(j.sc);
+    stz_reader_free(j.r);
     return st;
 }
 

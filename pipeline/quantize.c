@@ -191,9 +191,6 @@ static stz_status q_commit(void *ctx, int tid, size_t i, stz_err *err)
     return stz_writer_write(j->w, s->q, s->rows * stz_qf_row_bytes(j->x->bits, j->x->cols), err);
 }
 
-/* Streams one quantized tensor: values row batch by row batch on
- * `threads` threads, then its scales (held for the tensor: rows x blocks
- * floats). */
 /* Writes n per-block floats as the scale dtype (U8: log codes under the base). */
 static stz_status write_blockwise(stz_writer *w, const stz_quant_plan *pl, const float *v, size_t n, uint8_t *buf, stz_err *err)
 {
@@ -256,194 +253,236 @@ stz_status stz_quant_copy_tensor(stz_writer *w, const stz_reader *r, const stz_t
     return st;
 }
 
-/* stz_quantize_file, or with pp the container of its output (stz_compress_file). */
-static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp, stz_policy *policy, const char *in,
-                           const char *out, stz_quant_stats *stats, stz_pack_stats *pstats, stz_err *err)
+/* ---- a whole file: plan, declare the outputs, stream, collect ----------- */
+
+/* One run of stz_quantize_file / stz_compress_file. */
+typedef struct {
+    const char *in, *out;
+    stz_reader *r;
+    size_t nt;
+    stz_quant_plan *pl; /* per tensor of r */
+    size_t maxrow;      /* the longest row quantized */
+    qslot *slot;        /* per thread: buffers and figures */
+    int nslots;
+    stz_writer *w;
+    stz_pack_sink *sink; /* compress: the container the writer's bytes go to */
+} qfile;
+
+/* The policy's decision and the row shape of every tensor. */
+static stz_status plan_tensors(qfile *j, stz_policy *policy, stz_err *err)
 {
-    stz_reader *r = NULL;
-    stz_writer *w = NULL;
-    stz_pack_sink *sink = NULL;
-    stz_quant_plan *pl = NULL;
-    qslot *slot = NULL;
-    int nslots = 0;
-    uint8_t *buf = NULL, *q = NULL; /* slot 0's buffers, for the serial steps */
-    float *f = NULL;
-    size_t nt = 0, maxrow = 0;
-    stz_status st;
-    if ((st = stz_reader_open(&r, in, err)))
-        return st;
-    if ((st = stz_refuse_input_as_output(in, out, err)))
-        goto cleanup;
-    if ((st = refuse_quantized(r, err)))
-        goto cleanup;
-    nt = stz_reader_count(r);
-    pl = calloc(nt + 1, sizeof *pl);
-    if (!pl) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plan of every tensor");
-        goto cleanup;
-    }
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        pl[i].d = stz_policy_decide(policy, t);
-        if (pl[i].d.action == STZ_ACTION_KEEP)
+    if (!(j->pl = calloc(j->nt + 1, sizeof *j->pl)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the plan of every tensor");
+    for (size_t i = 0; i < j->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(j->r, i);
+        stz_quant_plan *x = &j->pl[i];
+        x->d = stz_policy_decide(policy, t);
+        if (x->d.action == STZ_ACTION_KEEP)
             continue;
-        pl[i].svd = pl[i].d.action == STZ_ACTION_SVD;
-        stz_quant_plan_format(&pl[i]);
-        row_shape(t, &pl[i].rows, &pl[i].cols);
-        pl[i].nblocks = stz_q_blocks(pl[i].cols, pl[i].d.block_size);
+        x->svd = x->d.action == STZ_ACTION_SVD;
+        stz_quant_plan_format(x);
+        row_shape(t, &x->rows, &x->cols);
+        x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
         if (t->ndim < 2) /* include_1d: one row */
-            pl[i].rows = 1, pl[i].cols = t->numel, pl[i].nblocks = stz_q_blocks(t->numel, pl[i].d.block_size);
-        maxrow = pl[i].cols > maxrow ? pl[i].cols : maxrow;
+            x->rows = 1, x->cols = t->numel, x->nblocks = stz_q_blocks(t->numel, x->d.block_size);
+        j->maxrow = x->cols > j->maxrow ? x->cols : j->maxrow;
     }
-    /* a batch: STZ_QUANT_BATCH_BYTES of input (>= 2-byte values), or one longer row */
-    size_t batch_elems = STZ_QUANT_BATCH_BYTES / 2 > maxrow ? STZ_QUANT_BATCH_BYTES / 2 : maxrow;
-    nslots = p->threads < 1 ? 1 : p->threads;
-    if (!(slot = calloc((size_t)nslots, sizeof *slot))) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the quantizing threads' buffers");
-        goto cleanup;
-    }
-    for (int k = 0; k < nslots; k++) {
-        qslot *s = &slot[k];
+    return STZ_OK;
+}
+
+/* Each thread's buffers: a batch of STZ_QUANT_BATCH_BYTES of input (>= 2-byte
+ * values), or one longer row. */
+static stz_status open_slots(qfile *j, int threads, stz_err *err)
+{
+    size_t maxrow = j->maxrow, batch_elems = STZ_QUANT_BATCH_BYTES / 2 > maxrow ? STZ_QUANT_BATCH_BYTES / 2 : maxrow;
+    j->nslots = threads < 1 ? 1 : threads;
+    if (!(j->slot = calloc((size_t)j->nslots, sizeof *j->slot)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the quantizing threads' buffers");
+    for (int k = 0; k < j->nslots; k++) {
+        qslot *s = &j->slot[k];
         s->in = malloc(maxrow * 8 > STZ_QUANT_BATCH_BYTES ? maxrow * 8 : STZ_QUANT_BATCH_BYTES);
         s->f = malloc(batch_elems * sizeof *s->f);
         s->q = malloc(batch_elems + 16);
         s->y = malloc(maxrow * sizeof *s->y + 1);
-        if (!s->in || !s->f || !s->q || !s->y) {
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the buffers of %d threads", nslots);
-            goto cleanup;
-        }
+        if (!s->in || !s->f || !s->q || !s->y)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for the buffers of %d threads", j->nslots);
     }
-    buf = slot[0].in, f = slot[0].f, q = slot[0].q;
-    /* Before the header is written: SVD factors (ranks, fallbacks), tensors
-     * the policy keeps when they hold NaN/Inf, single-block scales (stored
-     * in __metadata__), names. */
-    if ((st = stz_quant_plan_svd(p, r, pl, nt, err)))
-        goto cleanup;
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        stz_quant_plan *x = &pl[i];
+    return STZ_OK;
+}
+
+/* The names of tensor t's scales (and minimums), which must not exist yet. */
+static stz_status name_companions(qfile *j, const stz_tensor *t, stz_quant_plan *x, stz_err *err)
+{
+    char **names[2] = {&x->scales_name, &x->mins_name};
+    for (int k = 0; k < (x->d.method == STZ_QMETHOD_ASYM ? 2 : 1); k++) {
+        size_t len = strlen(t->name) + 8;
+        if (!(*names[k] = malloc(len)))
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales' names");
+        snprintf(*names[k], len, "%s.%s", t->name, k ? "mins" : "scales");
+        if (stz_reader_find(j->r, *names[k]) >= 0)
+            return stz_err_set(err, STZ_E_DUPLICATE,
+                               "%s: tensor '%s': its %s would be stored as '%s', which already exists in the file",
+                               j->in, t->name, k ? "minimums" : "scales", *names[k]);
+    }
+    return STZ_OK;
+}
+
+/* What the header needs before it is written: SVD factors (ranks,
+ * fallbacks), tensors the policy keeps when they hold NaN/Inf, single-block
+ * scales (stored in __metadata__), the companions' names. */
+static stz_status settle_plan(qfile *j, const stz_quant_params *p, stz_err *err)
+{
+    stz_status st = stz_quant_plan_svd(p, j->r, j->pl, j->nt, err);
+    for (size_t i = 0; !st && i < j->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(j->r, i);
+        stz_quant_plan *x = &j->pl[i];
         if (!x->bits || x->svd)
             continue;
-        if ((st = stz_quant_plan_prepare(r, t, x, slot, nslots, err)))
-            goto cleanup;
-        if (!x->bits)
-            continue; /* NaN/Inf, and the policy keeps such tensors */
+        if ((st = stz_quant_plan_prepare(j->r, t, x, j->slot, j->nslots, err)) || !x->bits)
+            continue; /* an error, or NaN/Inf and the policy keeps such tensors */
         if (x->rows * x->nblocks == 1) {
             size_t esz = stz_dtype_bits(t->dtype) / 8;
-            if ((st = stz_reader_read(r, t, 0, buf, t->numel * esz, err)) ||
-                (st = stz_to_f32(t->dtype, buf, (size_t)t->numel, f, err)))
-                goto cleanup;
-            quant_row(x, f, q, &x->scalar, &x->scalar_min); /* a non-finite value is reported in the main pass */
+            qslot *s = &j->slot[0];
+            if (!(st = stz_reader_read(j->r, t, 0, s->in, t->numel * esz, err)) &&
+                !(st = stz_to_f32(t->dtype, s->in, (size_t)t->numel, s->f, err)))
+                quant_row(x, s->f, s->q, &x->scalar, &x->scalar_min); /* a non-finite value is reported later */
             continue;
         }
-        char **names[2] = {&x->scales_name, &x->mins_name};
-        for (int k = 0; k < (x->d.method == STZ_QMETHOD_ASYM ? 2 : 1); k++) {
-            size_t len = strlen(t->name) + 8;
-            if (!(*names[k] = malloc(len))) {
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales' names");
-                goto cleanup;
-            }
-            snprintf(*names[k], len, "%s.%s", t->name, k ? "mins" : "scales");
-            if (stz_reader_find(r, *names[k]) >= 0) {
-                st = stz_err_set(err, STZ_E_DUPLICATE,
-                                 "%s: tensor '%s': its %s would be stored as '%s', which already exists in the file",
-                                 in, t->name, k ? "minimums" : "scales", *names[k]);
-                goto cleanup;
-            }
-        }
+        st = name_companions(j, t, x, err);
     }
-    if (pp ? (st = stz_pack_sink_open(&sink, pp, out, err)) ||
-                 (st = stz_writer_open_sink(&w, out, stz_pack_sink_wsink(sink), err))
-           : (st = stz_writer_open(&w, out, p->write_flags, err)))
-        goto cleanup;
-    if ((st = stz_writer_set_meta(w, "stz.quant.version", STZ_QUANT_VERSION, err)))
-        goto cleanup;
-    for (size_t i = 0; i < stz_reader_meta_count(r); i++) /* original metadata first */
-        if (strcmp(stz_reader_meta_key(r, i), "format") &&
-            (st = stz_writer_set_meta(w, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i), err)))
-            goto cleanup;
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        stz_quant_plan *x = &pl[i];
-        if (!x->bits) {
-            st = stz_writer_add(w, t->name, t->dtype, t->ndim, t->shape, err);
-        } else if (x->svd) {
-            st = stz_quant_declare_svd(w, t, x, err);
-        } else {
-            uint64_t shape[STZ_ST_MAX_NDIM];
-            int nd = t->ndim ? t->ndim : 1;
-            memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);
-            shape[nd - 1] = stz_qf_row_bytes(x->bits, t->ndim ? t->shape[nd - 1] : 1);
-            if (t->ndim < 2)
-                shape[0] = stz_qf_row_bytes(x->bits, t->numel);
-            if (!(st = stz_writer_add(w, t->name, stz_quant_values_dtype(x->bits, x->d.method), nd, shape, err)) &&
-                x->scales_name) {
-                shape[nd - 1] = x->nblocks;
-                st = stz_writer_add(w, x->scales_name, x->d.scale_dtype, nd, shape, err);
-                if (!st && x->mins_name)
-                    st = stz_writer_add(w, x->mins_name, x->d.scale_dtype, nd, shape, err);
-            }
-            if (!st)
-                st = meta_for(w, t, x, err);
-        }
-        if (st)
-            goto cleanup;
+    return st;
+}
+
+/* Tensor t's quantized values, scales and minimums, and its metadata entry. */
+static stz_status declare_quantized(stz_writer *w, const stz_tensor *t, const stz_quant_plan *x, stz_err *err)
+{
+    uint64_t shape[STZ_ST_MAX_NDIM];
+    int nd = t->ndim ? t->ndim : 1;
+    memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);
+    shape[nd - 1] = stz_qf_row_bytes(x->bits, t->ndim ? t->shape[nd - 1] : 1);
+    if (t->ndim < 2)
+        shape[0] = stz_qf_row_bytes(x->bits, t->numel);
+    stz_status st = stz_writer_add(w, t->name, stz_quant_values_dtype(x->bits, x->d.method), nd, shape, err);
+    if (!st && x->scales_name) {
+        shape[nd - 1] = x->nblocks;
+        st = stz_writer_add(w, x->scales_name, x->d.scale_dtype, nd, shape, err);
+        if (!st && x->mins_name)
+            st = stz_writer_add(w, x->mins_name, x->d.scale_dtype, nd, shape, err);
     }
-    uint64_t done = 0, total = stz_reader_file_size(r);
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(r, i);
-        st = pl[i].svd    ? stz_quant_write_svd(r, t, w, &pl[i], buf, err)
-             : pl[i].bits ? write_quantized(w, r, t, &pl[i], slot, nslots, err)
-                          : stz_quant_copy_tensor(w, r, t, buf, err);
+    return st ? st : meta_for(w, t, x, err);
+}
+
+/* Opens the output (a file, or pp's container) and declares its header:
+ * the metadata (the original's first), then every tensor as it will be
+ * stored. */
+static stz_status declare_outputs(qfile *j, const stz_quant_params *p, const stz_pack_params *pp, stz_err *err)
+{
+    stz_status st = pp ? stz_pack_sink_open(&j->sink, pp, j->out, err) : STZ_OK;
+    if (!st)
+        st = pp ? stz_writer_open_sink(&j->w, j->out, stz_pack_sink_wsink(j->sink), err)
+                : stz_writer_open(&j->w, j->out, p->write_flags, err);
+    if (!st)
+        st = stz_writer_set_meta(j->w, "stz.quant.version", STZ_QUANT_VERSION, err);
+    for (size_t i = 0; !st && i < stz_reader_meta_count(j->r); i++)
+        if (strcmp(stz_reader_meta_key(j->r, i), "format"))
+            st = stz_writer_set_meta(j->w, stz_reader_meta_key(j->r, i), stz_reader_meta_value(j->r, i), err);
+    for (size_t i = 0; !st && i < j->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(j->r, i);
+        const stz_quant_plan *x = &j->pl[i];
+        st = !x->bits ? stz_writer_add(j->w, t->name, t->dtype, t->ndim, t->shape, err)
+             : x->svd ? stz_quant_declare_svd(j->w, t, x, err)
+                      : declare_quantized(j->w, t, x, err);
+    }
+    return st;
+}
+
+/* Every tensor in file order: factors, quantized rows, or the bytes kept. */
+static stz_status stream_tensors(qfile *j, const stz_quant_params *p, stz_err *err)
+{
+    uint64_t done = 0, total = stz_reader_file_size(j->r);
+    uint8_t *buf = j->slot[0].in;
+    for (size_t i = 0; i < j->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(j->r, i);
+        stz_quant_plan *x = &j->pl[i];
+        stz_status st = x->svd    ? stz_quant_write_svd(j->r, t, j->w, x, buf, err)
+                        : x->bits ? write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err)
+                                  : stz_quant_copy_tensor(j->w, j->r, t, buf, err);
         if (st)
-            goto cleanup;
+            return st;
         done += t->end - t->begin;
-        if (p->progress && p->progress(p->progress_user, done, total)) {
-            st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", out);
-            goto cleanup;
+        if (p->progress && p->progress(p->progress_user, done, total))
+            return stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", j->out);
+    }
+    return stz_writer_finish(j->w, err);
+}
+
+/* The run's figures, as stz eval reports them: every float tensor counts,
+ * kept ones at cosine 1. */
+static void collect_stats(const qfile *j, const stz_pack_stats *ps, stz_quant_stats *stats)
+{
+    memset(stats, 0, sizeof *stats);
+    stats->in_bytes = stz_reader_file_size(j->r);
+    stats->tensors = j->nt;
+    stats->min_cosine = 1;
+    double wsum = 0, wtot = 0;
+    for (size_t i = 0; i < j->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(j->r, i);
+        const stz_quant_plan *x = &j->pl[i];
+        stats->params += t->numel;
+        if (stz_dtype_is_float(t->dtype))
+            wtot += (double)t->numel, wsum += x->bits ? 0 : (double)t->numel;
+        if (!x->bits)
+            continue;
+        stats->quantized++, stats->params_quantized += t->numel;
+        wsum += x->cosine * (double)t->numel;
+        if (x->cosine < stats->min_cosine) {
+            stats->min_cosine = x->cosine;
+            snprintf(stats->worst, sizeof stats->worst, "%s", t->name);
         }
     }
-    if ((st = stz_writer_finish(w, err)))
-        goto cleanup;
+    stats->weighted_cosine = wtot ? wsum / wtot : 1;
+    struct stat sb;
+    stats->out_bytes = j->sink ? ps->in_bytes : stat(j->out, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+}
+
+static void qfile_free(qfile *j)
+{
+    stz_writer_free(j->w);
+    stz_pack_sink_free(j->sink);
+    for (size_t i = 0; j->pl && i < j->nt; i++)
+        stz_quant_plan_free(&j->pl[i]);
+    free(j->pl);
+    for (int k = 0; j->slot && k < j->nslots; k++)
+        free(j->slot[k].in), free(j->slot[k].f), free(j->slot[k].q), free(j->slot[k].y);
+    free(j->slot);
+    stz_reader_free(j->r);
+}
+
+/* stz_quantize_file, or with pp the container of its output (stz_compress_file). */
+static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp, stz_policy *policy, const char *in,
+                           const char *out, stz_quant_stats *stats, stz_pack_stats *pstats, stz_err *err)
+{
+    qfile j = {.in = in, .out = out};
+    stz_status st;
+    if ((st = stz_reader_open(&j.r, in, err)))
+        return st;
+    j.nt = stz_reader_count(j.r);
+    STZ_TRY(st, stz_refuse_input_as_output(in, out, err));
+    STZ_TRY(st, refuse_quantized(j.r, err));
+    STZ_TRY(st, plan_tensors(&j, policy, err));
+    STZ_TRY(st, open_slots(&j, p->threads, err));
+    STZ_TRY(st, settle_plan(&j, p, err));
+    STZ_TRY(st, declare_outputs(&j, p, pp, err));
+    STZ_TRY(st, stream_tensors(&j, p, err));
     stz_pack_stats ps = {0};
-    if (sink)
-        stz_pack_sink_stats(sink, &ps);
+    if (j.sink)
+        stz_pack_sink_stats(j.sink, &ps);
     if (pstats)
         *pstats = ps;
-    if (stats) {
-        memset(stats, 0, sizeof *stats);
-        stats->in_bytes = stz_reader_file_size(r);
-        stats->tensors = nt;
-        stats->min_cosine = 1;
-        double wsum = 0, wtot = 0; /* like stz eval: every float tensor, kept ones at cosine 1 */
-        for (size_t i = 0; i < nt; i++) {
-            const stz_tensor *t = stz_reader_tensor(r, i);
-            stats->params += t->numel;
-            if (stz_dtype_is_float(t->dtype))
-                wtot += (double)t->numel, wsum += pl[i].bits ? 0 : (double)t->numel;
-            if (!pl[i].bits)
-                continue;
-            stats->quantized++, stats->params_quantized += t->numel;
-            wsum += pl[i].cosine * (double)t->numel;
-            if (pl[i].cosine < stats->min_cosine) {
-                stats->min_cosine = pl[i].cosine;
-                snprintf(stats->worst, sizeof stats->worst, "%s", t->name);
-            }
-        }
-        stats->weighted_cosine = wtot ? wsum / wtot : 1;
-        struct stat sb;
-        stats->out_bytes = sink ? ps.in_bytes : stat(out, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-    }
+    if (stats)
+        collect_stats(&j, &ps, stats);
 cleanup:
-    stz_writer_free(w);
-    stz_pack_sink_free(sink);
-    for (size_t i = 0; pl && i < nt; i++)
-        stz_quant_plan_free(&pl[i]);
-    free(pl);
-    for (int k = 0; slot && k < nslots; k++)
-        free(slot[k].in), free(slot[k].f), free(slot[k].q), free(slot[k].y);
-    free(slot);
-    stz_reader_free(r);
+    qfile_free(&j);
     return st;
 }
 

@@ -201,14 +201,14 @@ static stz_status parse_metadata(stz_reader *r, const cJSON *m, stz_err *err)
     return STZ_OK;
 }
 
-stz_status stz_st_parse_header(stz_reader *r, stz_err *err)
+/* The header's bytes as a JSON object: strict UTF-8, none of what the
+ * reference parser refuses, nothing after it, at most STZ_ST_MAX_TENSORS
+ * entries. */
+static stz_status parse_json(const stz_reader *r, cJSON **root, stz_err *err)
 {
     const char *P = r->path;
     const uint8_t *h = r->header;
     size_t n = (size_t)r->header_len;
-    stz_status st = STZ_OK;
-    cJSON *root = NULL;
-
     if (n == 0 || h[0] != '{')
         return stz_err_set(err, STZ_E_JSON, "%s: header does not start with '{'", P);
     size_t bad = stz_utf8_check(h, n);
@@ -224,26 +224,28 @@ stz_status stz_st_parse_header(stz_reader *r, stz_err *err)
                            P, objects, STZ_ST_MAX_TENSORS);
     const char *end = NULL;
     stz_json_begin();
-    root = cJSON_ParseWithLengthOpts((const char *)h, n, &end, 0);
-    if (!root && stz_json_failed())
+    *root = cJSON_ParseWithLengthOpts((const char *)h, n, &end, 0);
+    if (!*root && stz_json_failed())
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory parsing a %zu-byte header", P, n);
-    if (!root) {
+    if (!*root) {
         const char *at = cJSON_GetErrorPtr();
         size_t pos = at && at >= (const char *)h && at <= (const char *)h + n ? (size_t)(at - (const char *)h) : 0;
         return stz_err_set(err, STZ_E_JSON, "%s: header is not valid JSON (near byte %zu)", P, pos);
     }
     for (const char *c = end; c < (const char *)h + n; c++)
-        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
-            st = stz_err_set(err, STZ_E_JSON, "%s: header has data after the JSON object (byte %zu)", P,
-                             (size_t)(c - (const char *)h));
-            goto cleanup;
-        }
-    if (!cJSON_IsObject(root)) {
-        st = stz_err_set(err, STZ_E_JSON, "%s: header is not a JSON object", P);
-        goto cleanup;
-    }
+        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r')
+            return stz_err_set(err, STZ_E_JSON, "%s: header has data after the JSON object (byte %zu)", P,
+                               (size_t)(c - (const char *)h));
+    if (!cJSON_IsObject(*root))
+        return stz_err_set(err, STZ_E_JSON, "%s: header is not a JSON object", P);
+    return STZ_OK;
+}
 
-    /* Count tensors, dimensions and name bytes so three blocks hold all. */
+/* The tensors and __metadata__ of root into r, in header order (tensors,
+ * dimensions and names in three blocks). */
+static stz_status read_entries(stz_reader *r, const cJSON *root, stz_err *err)
+{
+    const char *P = r->path;
     size_t nt = 0, ndims = 0, name_bytes = 0;
     for (const cJSON *e = root->child; e; e = e->next) {
         if (strcmp(e->string, "__metadata__") == 0)
@@ -260,84 +262,93 @@ stz_status stz_st_parse_header(stz_reader *r, stz_err *err)
     r->by_name = calloc(nt + 1, sizeof *r->by_name);
     r->shapes = calloc(ndims + 1, sizeof *r->shapes);
     r->names = malloc(name_bytes + 1);
-    if (!r->tensors || !r->by_name || !r->shapes || !r->names) {
-        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", P, nt);
-        goto cleanup;
-    }
+    if (!r->tensors || !r->by_name || !r->shapes || !r->names)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", P, nt);
     int seen_meta = 0;
     size_t ti = 0, di = 0;
     char *np = r->names;
+    stz_status st;
     for (const cJSON *e = root->child; e; e = e->next) {
         if (strcmp(e->string, "__metadata__") == 0) {
-            if (seen_meta++) {
-                st = stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ appears twice", P);
-                goto cleanup;
-            }
+            if (seen_meta++)
+                return stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ appears twice", P);
             if ((st = parse_metadata(r, e, err)) != STZ_OK)
-                goto cleanup;
+                return st;
             continue;
         }
         stz_tensor *t = &r->tensors[ti];
         size_t len = strlen(e->string) + 1;
         for (const unsigned char *c = (const unsigned char *)e->string; *c; c++)
-            if (*c < 0x20 || *c == 0x7f) {
-                st = stz_err_set(err, STZ_E_FORMAT, "%s: a tensor name holds control character 0x%02x: '%.60s'", P,
-                                 *c, e->string);
-                goto cleanup;
-            }
+            if (*c < 0x20 || *c == 0x7f)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: a tensor name holds control character 0x%02x: '%.60s'", P,
+                                   *c, e->string);
         memcpy(np, e->string, len);
         t->name = np;
         np += len;
         if ((st = parse_tensor(r, e, t, r->shapes + di, err)) != STZ_OK)
-            goto cleanup;
+            return st;
         di += (size_t)t->ndim;
         ti++;
     }
     r->ntensors = nt;
+    return STZ_OK;
+}
 
-    /* File order; the name pointer breaks ties between zero-size tensors. */
+/* Tensors sorted into file order must cover the data section exactly: no
+ * gap, no overlap, nothing past the end or left over. */
+static stz_status check_offsets(stz_reader *r, stz_err *err)
+{
+    const char *P = r->path;
+    size_t nt = r->ntensors;
+    /* the name pointer breaks ties between zero-size tensors */
     qsort(r->tensors, nt, sizeof *r->tensors, cmp_by_offset);
     uint64_t expect = 0;
     for (size_t i = 0; i < nt; i++) {
         const stz_tensor *t = &r->tensors[i];
-        if (t->begin != expect) {
-            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets begin %llu, expected %llu (%s)", P,
-                             t->name, (unsigned long long)t->begin, (unsigned long long)expect,
-                             t->begin < expect ? "overlaps the previous tensor" : "gap after the previous tensor");
-            goto cleanup;
-        }
+        if (t->begin != expect)
+            return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets begin %llu, expected %llu (%s)", P,
+                               t->name, (unsigned long long)t->begin, (unsigned long long)expect,
+                               t->begin < expect ? "overlaps the previous tensor" : "gap after the previous tensor");
         expect = t->end;
     }
     if (r->size_from_header) {
-        if (expect > UINT64_MAX - 8 - r->header_len) {
-            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensors need more bytes than a file can hold", P);
-            goto cleanup;
-        }
+        if (expect > UINT64_MAX - 8 - r->header_len)
+            return stz_err_set(err, STZ_E_OFFSETS, "%s: tensors need more bytes than a file can hold", P);
         r->file_size = 8 + r->header_len + expect;
     }
     uint64_t data_len = r->file_size - 8 - r->header_len;
-    if (expect > data_len) {
-        st = stz_err_set(err, STZ_E_TRUNCATED, "%s: tensors need %llu data bytes but the file holds %llu", P,
-                         (unsigned long long)expect, (unsigned long long)data_len);
-        goto cleanup;
-    }
-    if (expect < data_len) {
-        st = stz_err_set(err, STZ_E_OFFSETS,
-                         "%s: tensors cover %llu data bytes but the file holds %llu (bytes not covered)", P,
-                         (unsigned long long)expect, (unsigned long long)data_len);
-        goto cleanup;
-    }
+    if (expect > data_len)
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: tensors need %llu data bytes but the file holds %llu", P,
+                           (unsigned long long)expect, (unsigned long long)data_len);
+    if (expect < data_len)
+        return stz_err_set(err, STZ_E_OFFSETS,
+                           "%s: tensors cover %llu data bytes but the file holds %llu (bytes not covered)", P,
+                           (unsigned long long)expect, (unsigned long long)data_len);
+    return STZ_OK;
+}
 
+/* The name index, which refuses a name that appears twice. */
+static stz_status index_names(stz_reader *r, stz_err *err)
+{
+    size_t nt = r->ntensors;
     for (size_t i = 0; i < nt; i++)
         r->by_name[i] = i;
     qsort_r(r->by_name, nt, sizeof *r->by_name, cmp_by_name_ctx, r->tensors);
     for (size_t i = 1; i < nt; i++)
-        if (strcmp(r->tensors[r->by_name[i]].name, r->tensors[r->by_name[i - 1]].name) == 0) {
-            st = stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s' appears twice in the header", P,
-                             r->tensors[r->by_name[i]].name);
-            goto cleanup;
-        }
+        if (strcmp(r->tensors[r->by_name[i]].name, r->tensors[r->by_name[i - 1]].name) == 0)
+            return stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s' appears twice in the header", r->path,
+                               r->tensors[r->by_name[i]].name);
+    return STZ_OK;
+}
 
+stz_status stz_st_parse_header(stz_reader *r, stz_err *err)
+{
+    cJSON *root = NULL;
+    stz_status st;
+    STZ_TRY(st, parse_json(r, &root, err));
+    STZ_TRY(st, read_entries(r, root, err));
+    STZ_TRY(st, check_offsets(r, err));
+    STZ_TRY(st, index_names(r, err));
 cleanup:
     cJSON_Delete(root);
     return st;

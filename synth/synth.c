@@ -275,48 +275,156 @@ static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synt
     return st;
 }
 
-stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err)
+/* One run of stz_synth_write: the tensors, the shared buffers, the
+ * threads' jobs, the histogram of exponent bytes. */
+typedef struct {
+    const stz_synth_params *p;
+    const char *path;
+    specs s;
+    float *row, *col, *la, *lb;
+    uint8_t *buf;
+    job *jobs;
+    pthread_t *tids;
+    size_t esz;
+    float cut; /* magnitude pruning threshold (sparsity) */
+    uint64_t hist[256], params, maxdim;
+} synth_run;
+
+static stz_status check_params(const stz_synth_params *p, stz_err *err)
 {
-    const arch *found = stz_synth_find_arch(p->arch);
-    if (!found)
-        return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')",
-                           p->arch ? p->arch : "");
     if (p->layers > 1024)
         return stz_err_set(err, STZ_E_ARG, "synth: layers must be 1..1024");
-    arch custom = *found;
-    custom.layers = p->layers ? p->layers : found->layers;
-    const arch *a = &custom;
     if (p->dtype != STZ_DTYPE_BF16 && p->dtype != STZ_DTYPE_F16 && p->dtype != STZ_DTYPE_F32)
         return stz_err_set(err, STZ_E_ARG, "synth: dtype must be BF16, F16 or F32");
     if (p->threads < 1 || p->threads > 256)
         return stz_err_set(err, STZ_E_ARG, "synth: threads must be 1..256");
     if (!(p->sparsity >= 0 && p->sparsity < 1) || (p->sparsity > 0 && p->two_four))
         return stz_err_set(err, STZ_E_ARG, "synth: sparsity must be in [0, 1), and not with 2:4");
-    pthread_once(&t_once, t_init);
-    float cut = p->sparsity > 0 ? magnitude_quantile(p->sparsity) : 0;
+    return STZ_OK;
+}
 
-    stz_status st = STZ_OK;
-    stz_writer *w = NULL;
-    specs s = {0};
-    float *row = NULL, *col = NULL, *la = NULL, *lb = NULL;
-    uint8_t *buf = NULL;
-    job *jobs = calloc((size_t)p->threads, sizeof *jobs);
-    pthread_t *tids = calloc((size_t)p->threads, sizeof *tids);
-    size_t esz = stz_dtype_bits(p->dtype) / 8;
-    uint64_t hist[256] = {0}, params = 0, maxdim = 0;
-
-    stz_synth_build_specs(a, &s);
-    for (size_t i = 0; i < s.n; i++) {
-        params += stz_synth_spec_numel(&s.v[i]);
-        for (int d = 0; d < s.v[i].ndim; d++)
-            maxdim = s.v[i].shape[d] > maxdim ? s.v[i].shape[d] : maxdim;
+/* Elements [first, first + count) of tensor t into the buffer, on the
+ * run's threads (the caller's among them). */
+static void gen_batches(synth_run *g, const spec *t, uint64_t tseed, size_t lr, uint64_t first, uint64_t count)
+{
+    const stz_synth_params *p = g->p;
+    for (int k = 0; k < p->threads; k++) {
+        g->jobs[k] = (job){.t = t, .seed = tseed, .base = base_scale(t), .row = g->row, .col = g->col,
+                           .la = lr ? g->la : NULL, .lb = lr ? g->lb : NULL, .lr = lr, .noise = sqrtf(LR_NOISE),
+                           .dtype = p->dtype, .first = first, .count = count, .out = g->buf,
+                           .prune = t->kind != K_LINEAR || !strcmp(t->name, "lm_head.weight") ? 0
+                                    : p->two_four ? 2 : p->sparsity > 0,
+                           .cut = g->cut,
+                           .tid = k, .nthreads = p->threads};
+        if (k && pthread_create(&g->tids[k], NULL, gen_batch, &g->jobs[k]) != 0) {
+            /* run it here instead */
+            gen_batch(&g->jobs[k]);
+            g->tids[k] = 0;
+        }
     }
-    row = malloc(maxdim * sizeof *row);
-    col = malloc(maxdim * sizeof *col);
-    la = malloc(maxdim * LR_MAX * sizeof *la);
-    lb = malloc(maxdim * LR_MAX * sizeof *lb);
-    buf = malloc(BATCH * esz);
-    if (s.oom || !jobs || !tids || !row || !col || !la || !lb || !buf) {
+    gen_batch(&g->jobs[0]);
+    for (int k = 0; k < p->threads; k++) {
+        if (k && g->tids[k])
+            pthread_join(g->tids[k], NULL);
+        for (int b = 0; b < 256; b++)
+            g->hist[b] += g->jobs[k].hist[b];
+    }
+}
+
+/* Declares the tensors of this shard (those starting in its share of the
+ * bytes, or all): how many, and their bytes. */
+static stz_status declare_tensors(synth_run *g, stz_writer *w, size_t *written, uint64_t *total, stz_err *err)
+{
+    const stz_synth_params *p = g->p;
+    for (size_t i = 0, before = 0; i < g->s.n; i++) {
+        spec *v = &g->s.v[i];
+        uint64_t b = stz_synth_spec_numel(v) * g->esz;
+        size_t k = p->nshards ? (size_t)((double)before * p->nshards / (double)(g->params * g->esz)) : 0;
+        v->skip = p->nshards && k != p->shard;
+        before += b, *total += v->skip ? 0 : b, *written += !v->skip;
+        stz_status st = v->skip ? STZ_OK : stz_writer_add(w, v->name, p->dtype, v->ndim, v->shape, err);
+        if (st)
+            return st;
+    }
+    return STZ_OK;
+}
+
+/* Every declared tensor's values, batch by batch. */
+static stz_status write_tensors(synth_run *g, stz_writer *w, uint64_t total, stz_err *err)
+{
+    const stz_synth_params *p = g->p;
+    uint64_t done = 0;
+    for (size_t i = 0; i < g->s.n; i++) {
+        const spec *t = &g->s.v[i];
+        if (t->skip)
+            continue;
+        uint64_t tseed = mix(p->seed, i + 1), n = stz_synth_spec_numel(t);
+        size_t lr = 0;
+        if (t->ndim == 2)
+            make_factors(t, tseed, g->row, g->col);
+        if (is_query_key(t))
+            lr = make_lowrank(t, tseed, base_scale(t), g->la, g->lb);
+        for (uint64_t first = 0; first < n; first += BATCH) {
+            uint64_t count = n - first < BATCH ? n - first : BATCH;
+            gen_batches(g, t, tseed, lr, first, count);
+            stz_status st = stz_writer_write(w, g->buf, count * g->esz, err);
+            if (st)
+                return st;
+            done += count * g->esz;
+            if (p->progress && p->progress(p->progress_user, done, total))
+                return stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", g->path);
+        }
+    }
+    return STZ_OK;
+}
+
+static void synth_stats(const synth_run *g, size_t written, uint64_t total, stz_synth_stats *stats)
+{
+    memset(stats, 0, sizeof *stats);
+    stats->tensors = written;
+    uint64_t params = stats->params = total / g->esz;
+    struct stat sb;
+    stats->bytes = stat(g->path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    double h = 0;
+    for (int b = 0; b < 256; b++) {
+        stats->exp_hist[b] = g->hist[b];
+        if (g->hist[b]) {
+            double q = (double)g->hist[b] / (double)params;
+            h -= q * log2(q);
+        }
+    }
+    stats->exp_entropy_bits = h;
+}
+
+stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err)
+{
+    const arch *found = stz_synth_find_arch(p->arch);
+    if (!found)
+        return stz_err_set(err, STZ_E_ARG, "unknown architecture '%s' (see 'stz synth --list')",
+                           p->arch ? p->arch : "");
+    stz_status st = check_params(p, err);
+    if (st)
+        return st;
+    arch custom = *found;
+    custom.layers = p->layers ? p->layers : found->layers;
+    pthread_once(&t_once, t_init);
+    synth_run g = {.p = p, .path = path, .cut = p->sparsity > 0 ? magnitude_quantile(p->sparsity) : 0,
+                   .esz = stz_dtype_bits(p->dtype) / 8};
+    stz_writer *w = NULL;
+    g.jobs = calloc((size_t)p->threads, sizeof *g.jobs);
+    g.tids = calloc((size_t)p->threads, sizeof *g.tids);
+    stz_synth_build_specs(&custom, &g.s);
+    for (size_t i = 0; i < g.s.n; i++) {
+        g.params += stz_synth_spec_numel(&g.s.v[i]);
+        for (int d = 0; d < g.s.v[i].ndim; d++)
+            g.maxdim = g.s.v[i].shape[d] > g.maxdim ? g.s.v[i].shape[d] : g.maxdim;
+    }
+    g.row = malloc(g.maxdim * sizeof *g.row);
+    g.col = malloc(g.maxdim * sizeof *g.col);
+    g.la = malloc(g.maxdim * LR_MAX * sizeof *g.la);
+    g.lb = malloc(g.maxdim * LR_MAX * sizeof *g.lb);
+    g.buf = malloc(BATCH * g.esz);
+    if (g.s.oom || !g.jobs || !g.tids || !g.row || !g.col || !g.la || !g.lb || !g.buf) {
         st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
         goto cleanup;
     }
@@ -324,88 +432,17 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
         st = stz_err_set(err, STZ_E_ARG, "synth: shard %u of %u", p->shard, p->nshards);
         goto cleanup;
     }
-    if ((st = stz_writer_open(&w, path, p->write_flags, err)) || (st = write_config_meta(w, a, p, err)))
-        goto cleanup;
-    uint64_t total = 0, done = 0;
     size_t written = 0;
-    for (size_t i = 0, before = 0; i < s.n; i++) { /* a shard: the tensors starting in its share of the bytes */
-        uint64_t b = stz_synth_spec_numel(&s.v[i]) * esz;
-        size_t k = p->nshards ? (size_t)((double)before * p->nshards / (double)(params * esz)) : 0;
-        s.v[i].skip = p->nshards && k != p->shard;
-        before += b, total += s.v[i].skip ? 0 : b, written += !s.v[i].skip;
-        if (!s.v[i].skip && (st = stz_writer_add(w, s.v[i].name, p->dtype, s.v[i].ndim, s.v[i].shape, err)))
-            goto cleanup;
-    }
-    for (size_t i = 0; i < s.n; i++) {
-        const spec *t = &s.v[i];
-        if (t->skip)
-            continue;
-        uint64_t tseed = mix(p->seed, i + 1), n = stz_synth_spec_numel(t);
-        size_t lr = 0;
-        if (t->ndim == 2)
-            make_factors(t, tseed, row, col);
-        if (is_query_key(t))
-            lr = make_lowrank(t, tseed, base_scale(t), la, lb);
-        for (uint64_t first = 0; first < n; first += BATCH) {
-            uint64_t count = n - first < BATCH ? n - first : BATCH;
-            for (int k = 0; k < p->threads; k++) {
-                jobs[k] = (job){.t = t, .seed = tseed, .base = base_scale(t), .row = row, .col = col,
-                                .la = lr ? la : NULL, .lb = lr ? lb : NULL, .lr = lr, .noise = sqrtf(LR_NOISE),
-                                .dtype = p->dtype, .first = first, .count = count, .out = buf,
-                                .prune = t->kind != K_LINEAR || !strcmp(t->name, "lm_head.weight") ? 0
-                                         : p->two_four ? 2 : p->sparsity > 0,
-                                .cut = cut,
-                                .tid = k, .nthreads = p->threads};
-                if (k && pthread_create(&tids[k], NULL, gen_batch, &jobs[k]) != 0) {
-                    /* run it here instead */
-                    gen_batch(&jobs[k]);
-                    tids[k] = 0;
-                }
-            }
-            gen_batch(&jobs[0]);
-            for (int k = 0; k < p->threads; k++) {
-                if (k && tids[k])
-                    pthread_join(tids[k], NULL);
-                for (int b = 0; b < 256; b++)
-                    hist[b] += jobs[k].hist[b];
-            }
-            if ((st = stz_writer_write(w, buf, count * esz, err)))
-                goto cleanup;
-            done += count * esz;
-            if (p->progress && p->progress(p->progress_user, done, total)) {
-                st = stz_err_set(err, STZ_E_INTERRUPTED, "%s: interrupted", path);
-                goto cleanup;
-            }
-        }
-    }
-    if ((st = stz_writer_finish(w, err)))
-        goto cleanup;
-    if (stats) {
-        memset(stats, 0, sizeof *stats);
-        stats->tensors = written;
-        stats->params = params = total / esz;
-        struct stat sb;
-        stats->bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-        double h = 0;
-        for (int b = 0; b < 256; b++) {
-            stats->exp_hist[b] = hist[b];
-            if (hist[b]) {
-                double q = (double)hist[b] / (double)params;
-                h -= q * log2(q);
-            }
-        }
-        stats->exp_entropy_bits = h;
-    }
-
+    uint64_t total = 0;
+    STZ_TRY(st, stz_writer_open(&w, path, p->write_flags, err));
+    STZ_TRY(st, write_config_meta(w, &custom, p, err));
+    STZ_TRY(st, declare_tensors(&g, w, &written, &total, err));
+    STZ_TRY(st, write_tensors(&g, w, total, err));
+    STZ_TRY(st, stz_writer_finish(w, err));
+    if (stats)
+        synth_stats(&g, written, total, stats);
 cleanup:
     stz_writer_free(w);
-    free(s.v);
-    free(row);
-    free(col);
-    free(la);
-    free(lb);
-    free(buf);
-    free(jobs);
-    free(tids);
+    free(g.s.v), free(g.row), free(g.col), free(g.la), free(g.lb), free(g.buf), free(g.jobs), free(g.tids);
     return st;
 }

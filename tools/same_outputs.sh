@@ -34,7 +34,7 @@ run() {
         differ=1
     fi
     for f in "$name.rc" "$name.stdout" ${out:+"$out"}; do
-        if ! cmp -s "$W/old/$f" "$W/new/$f"; then
+        if ! { [ -d "$W/old/$f" ] && diff -rq "$W/old/$f" "$W/new/$f" >/dev/null || cmp -s "$W/old/$f" "$W/new/$f"; }; then
             echo "DIFFERS: $name: $f"
             differ=1
         fi
@@ -58,5 +58,7 @@ run export-f32 e.gguf export --gguf "$S" --tokenizer "$DATA/tok512.bin" -o e.ggu
 run export-q8 e8.gguf export --gguf "$W/old/q.safetensors" --tokenizer "$DATA/tok512.bin" --type q8_0 --requantize -o e8.gguf --json
 run inspect "" inspect "$W/old/c.stz" --json
 run plan "" plan --policy int4 "$W/tiny.safetensors" --json
+run synth sy.safetensors synth llama-1b --layers 1 --sparsity 0.5 -T 3 -o sy.safetensors --json
+run synth-shards sh synth qwen2-0.5b --layers 2 --shards 3 -o sh -q
 echo "same_outputs: $n commands, $( [ $differ = 0 ] && echo "all identical" || echo "some differ")"
 exit $differ
