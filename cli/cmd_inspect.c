@@ -237,30 +237,24 @@ static void codec_list(unsigned mask, char *buf, size_t cap)
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
 
-static int inspect_container(const char *path, cJSON **json)
-{
-    stz_err err;
+/* A container's figures: per tensor and per dtype, bytes and stored bytes
+ * of the whole and of each plane, and the codecs used. */
+typedef struct {
     stz_container *c;
-    if (stz_container_open(&c, path, &err))
-        return cli_fail(&err);
-    const stz_reader *h = stz_container_header(c);
-    size_t nt = stz_reader_count(h);
-    tsum *ts = calloc(nt + 1, sizeof *ts), by_dtype[STZ_DTYPE_COUNT];
-    memset(by_dtype, 0, sizeof by_dtype);
-    int rc = CLI_OK;
-    if (!ts) {
-        stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for %zu tensors' figures", path, nt);
-        rc = cli_fail(&err);
-        goto cleanup;
-    }
-    for (size_t i = 0; i < stz_container_chunk_count(c); i++) {
-        const stz_chunk_info *ch = stz_container_chunk(c, i);
+    const stz_reader *h;
+    size_t nt;
+    tsum *ts, by_dtype[STZ_DTYPE_COUNT];
+} csum;
+
+static stz_status sum_chunks(csum *s, stz_err *err)
+{
+    for (size_t i = 0; i < stz_container_chunk_count(s->c); i++) {
+        const stz_chunk_info *ch = stz_container_chunk(s->c, i);
         stz_chunk_planes pl;
-        if (stz_container_planes(c, i, &pl, &err)) {
-            rc = cli_fail(&err);
-            goto cleanup;
-        }
-        tsum *t = &ts[ch->tensor], *d = &by_dtype[stz_reader_tensor(h, ch->tensor)->dtype];
+        stz_status st = stz_container_planes(s->c, i, &pl, err);
+        if (st)
+            return st;
+        tsum *t = &s->ts[ch->tensor], *d = &s->by_dtype[stz_reader_tensor(s->h, ch->tensor)->dtype];
         t->stored += ch->record_size, d->stored += ch->record_size;
         t->bytes += ch->raw_size, d->bytes += ch->raw_size;
         t->nplanes = d->nplanes = pl.nplanes;
@@ -270,84 +264,92 @@ static int inspect_container(const char *path, cJSON **json)
             t->codecs[k] |= 1u << pl.codec[k], d->codecs[k] |= 1u << pl.codec[k];
         }
     }
-    uint64_t orig = stz_container_original_size(c), size = stz_container_file_size(c);
-    char a[32], b[32], shape[256], cod[64];
-    if (json) {
-        cJSON *o = cJSON_CreateObject(), *arr = cJSON_CreateArray(), *dts = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "file", path);
-        cJSON_AddStringToObject(o, "format", "stz");
-        cJSON_AddNumberToObject(o, "format_version", STZ_PACK_FORMAT_VERSION);
-        cJSON_AddNumberToObject(o, "file_size", (double)size);
-        cJSON_AddNumberToObject(o, "original_size", (double)orig);
-        cJSON_AddNumberToObject(o, "ratio", ratio(orig, size));
-        cJSON_AddNumberToObject(o, "chunk_size", stz_container_chunk_size(c));
-        cJSON_AddNumberToObject(o, "chunks", (double)stz_container_chunk_count(c));
-        for (size_t i = 0; i < nt; i++) {
-            const stz_tensor *t = stz_reader_tensor(h, i);
-            cJSON *e = cJSON_CreateObject(), *pls = cJSON_CreateArray();
-            cJSON_AddStringToObject(e, "name", t->name);
-            cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
-            cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
-            cJSON_AddNumberToObject(e, "stored", (double)ts[i].stored);
-            for (int k = 0; k < ts[i].nplanes; k++) {
-                cJSON *q = cJSON_CreateObject();
-                codec_list(ts[i].codecs[k], cod, sizeof cod);
-                cJSON_AddStringToObject(q, "name", plane_names[stz_xform_for_dtype(t->dtype)][k]);
-                cJSON_AddStringToObject(q, "codec", cod);
-                cJSON_AddNumberToObject(q, "bytes", (double)ts[i].raw[k]);
-                cJSON_AddNumberToObject(q, "stored", (double)ts[i].zipped[k]);
-                cJSON_AddItemToArray(pls, q);
-            }
-            cJSON_AddItemToObject(e, "planes", pls);
-            cJSON_AddItemToArray(arr, e);
-        }
-        for (int d = 0; d < STZ_DTYPE_COUNT; d++) {
-            if (!by_dtype[d].stored)
-                continue;
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddNumberToObject(e, "bytes", (double)by_dtype[d].bytes);
-            cJSON_AddNumberToObject(e, "stored", (double)by_dtype[d].stored);
-            cJSON_AddNumberToObject(e, "ratio", ratio(by_dtype[d].bytes, by_dtype[d].stored));
-            cJSON_AddItemToObject(dts, stz_dtype_name((stz_dtype)d), e);
-        }
-        cJSON_AddItemToObject(o, "tensors", arr);
-        cJSON_AddItemToObject(o, "dtypes", dts);
-        cJSON_AddBoolToObject(o, "lossless", !has_quant_meta(h));
-        cJSON *md = cJSON_CreateObject();
-        for (size_t i = 0; i < stz_reader_meta_count(h); i++)
-            cJSON_AddStringToObject(md, stz_reader_meta_key(h, i), stz_reader_meta_value(h, i));
-        cJSON_AddItemToObject(o, "metadata", md);
-        if (has_quant_meta(h) && quant_view(h, o, &err))
-            rc = cli_fail(&err), cJSON_Delete(o), o = NULL;
-        *json = o;
-        goto cleanup;
+    return STZ_OK;
+}
+
+static cJSON *tensor_json(const stz_tensor *t, const tsum *ts)
+{
+    char cod[64];
+    cJSON *e = cJSON_CreateObject(), *pls = cJSON_CreateArray();
+    cJSON_AddStringToObject(e, "name", t->name);
+    cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
+    cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
+    cJSON_AddNumberToObject(e, "stored", (double)ts->stored);
+    for (int k = 0; k < ts->nplanes; k++) {
+        cJSON *q = cJSON_CreateObject();
+        codec_list(ts->codecs[k], cod, sizeof cod);
+        cJSON_AddStringToObject(q, "name", plane_names[stz_xform_for_dtype(t->dtype)][k]);
+        cJSON_AddStringToObject(q, "codec", cod);
+        cJSON_AddNumberToObject(q, "bytes", (double)ts->raw[k]);
+        cJSON_AddNumberToObject(q, "stored", (double)ts->zipped[k]);
+        cJSON_AddItemToArray(pls, q);
     }
-    printf("%s: stz container v%d, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n", path,
-           STZ_PACK_FORMAT_VERSION, nt, cli_commas(a, orig), cli_commas(b, size), ratio(orig, size),
-           stz_container_chunk_count(c), stz_container_chunk_size(c),
-           has_quant_meta(h) ? "lossy: holds a model quantized by stz (decompress --dequantize gives floats back)"
-                             : "lossless: unpacks to the original file byte for byte");
+    cJSON_AddItemToObject(e, "planes", pls);
+    return e;
+}
+
+/* The --json document; NULL (the error reported) when the quantized view fails. */
+static cJSON *container_json(const csum *s, const char *path, int *rc)
+{
+    stz_err err;
+    uint64_t orig = stz_container_original_size(s->c), size = stz_container_file_size(s->c);
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_CreateArray(), *dts = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "file", path);
+    cJSON_AddStringToObject(o, "format", "stz");
+    cJSON_AddNumberToObject(o, "format_version", STZ_PACK_FORMAT_VERSION);
+    cJSON_AddNumberToObject(o, "file_size", (double)size);
+    cJSON_AddNumberToObject(o, "original_size", (double)orig);
+    cJSON_AddNumberToObject(o, "ratio", ratio(orig, size));
+    cJSON_AddNumberToObject(o, "chunk_size", stz_container_chunk_size(s->c));
+    cJSON_AddNumberToObject(o, "chunks", (double)stz_container_chunk_count(s->c));
+    for (size_t i = 0; i < s->nt; i++)
+        cJSON_AddItemToArray(arr, tensor_json(stz_reader_tensor(s->h, i), &s->ts[i]));
+    for (int d = 0; d < STZ_DTYPE_COUNT; d++) {
+        if (!s->by_dtype[d].stored)
+            continue;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "bytes", (double)s->by_dtype[d].bytes);
+        cJSON_AddNumberToObject(e, "stored", (double)s->by_dtype[d].stored);
+        cJSON_AddNumberToObject(e, "ratio", ratio(s->by_dtype[d].bytes, s->by_dtype[d].stored));
+        cJSON_AddItemToObject(dts, stz_dtype_name((stz_dtype)d), e);
+    }
+    cJSON_AddItemToObject(o, "tensors", arr);
+    cJSON_AddItemToObject(o, "dtypes", dts);
+    cJSON_AddBoolToObject(o, "lossless", !has_quant_meta(s->h));
+    cJSON *md = cJSON_CreateObject();
+    for (size_t i = 0; i < stz_reader_meta_count(s->h); i++)
+        cJSON_AddStringToObject(md, stz_reader_meta_key(s->h, i), stz_reader_meta_value(s->h, i));
+    cJSON_AddItemToObject(o, "metadata", md);
+    if (has_quant_meta(s->h) && quant_view(s->h, o, &err))
+        *rc = cli_fail(&err), cJSON_Delete(o), o = NULL;
+    return o;
+}
+
+/* The table of tensors, then the figures by dtype and plane. */
+static void container_table(const csum *s)
+{
+    char a[32], b[32], shape[256], cod[64];
     size_t w = 4;
-    for (size_t i = 0; i < nt; i++)
-        w = strlen(stz_reader_tensor(h, i)->name) > w ? strlen(stz_reader_tensor(h, i)->name) : w;
+    for (size_t i = 0; i < s->nt; i++)
+        w = strlen(stz_reader_tensor(s->h, i)->name) > w ? strlen(stz_reader_tensor(s->h, i)->name) : w;
     w = w > 64 ? 64 : w;
     printf("%-*s  %-7s  %-16s  %13s  %13s  %7s  planes (codec ratio)\n", (int)w, "name", "dtype", "shape", "bytes",
            "stored", "ratio");
-    for (size_t i = 0; i < nt; i++) {
-        const stz_tensor *t = stz_reader_tensor(h, i);
+    for (size_t i = 0; i < s->nt; i++) {
+        const stz_tensor *t = stz_reader_tensor(s->h, i);
+        const tsum *ts = &s->ts[i];
         shape_str(t, shape, sizeof shape);
         printf("%-*s  %-7s  %-16s  %13s  %13s  %6.3fx ", (int)w, t->name, stz_dtype_name(t->dtype), shape,
-               cli_commas(a, t->end - t->begin), cli_commas(b, ts[i].stored), ratio(t->end - t->begin, ts[i].stored));
-        for (int k = 0; k < ts[i].nplanes; k++) {
-            codec_list(ts[i].codecs[k], cod, sizeof cod);
-            printf(" %s:%s %.2fx", plane_names[stz_xform_for_dtype(t->dtype)][k], cod,
-                   ratio(ts[i].raw[k], ts[i].zipped[k]));
+               cli_commas(a, t->end - t->begin), cli_commas(b, ts->stored), ratio(t->end - t->begin, ts->stored));
+        for (int k = 0; k < ts->nplanes; k++) {
+            codec_list(ts->codecs[k], cod, sizeof cod);
+            printf(" %s:%s %.2fx", plane_names[stz_xform_for_dtype(t->dtype)][k], cod, ratio(ts->raw[k], ts->zipped[k]));
         }
         printf("\n");
     }
     printf("\nby dtype and plane:\n");
     for (int d = 0; d < STZ_DTYPE_COUNT; d++) {
-        tsum *s2 = &by_dtype[d];
+        const tsum *s2 = &s->by_dtype[d];
         if (!s2->stored)
             continue;
         stz_xform x = stz_xform_for_dtype((stz_dtype)d);
@@ -359,14 +361,41 @@ static int inspect_container(const char *path, cJSON **json)
                    cli_commas(b, s2->zipped[k]), ratio(s2->raw[k], s2->zipped[k]), cod);
         }
     }
-    printf("\nmetadata:%s\n", stz_reader_meta_count(h) ? "" : " (none)");
-    for (size_t i = 0; i < stz_reader_meta_count(h); i++)
-        cli_print_meta(stz_reader_meta_key(h, i), stz_reader_meta_value(h, i));
-    if (has_quant_meta(h) && quant_view(h, NULL, &err))
+}
+
+static int inspect_container(const char *path, cJSON **json)
+{
+    stz_err err;
+    csum s = {0};
+    if (stz_container_open(&s.c, path, &err))
+        return cli_fail(&err);
+    s.h = stz_container_header(s.c);
+    s.nt = stz_reader_count(s.h);
+    int rc = CLI_OK;
+    if (!(s.ts = calloc(s.nt + 1, sizeof *s.ts))) {
+        stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for %zu tensors' figures", path, s.nt);
         rc = cli_fail(&err);
-cleanup:
-    free(ts);
-    stz_container_free(c);
+    } else if (sum_chunks(&s, &err)) {
+        rc = cli_fail(&err);
+    } else if (json) {
+        *json = container_json(&s, path, &rc);
+    } else {
+        char a[32], b[32];
+        uint64_t orig = stz_container_original_size(s.c), size = stz_container_file_size(s.c);
+        printf("%s: stz container v%d, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n", path,
+               STZ_PACK_FORMAT_VERSION, s.nt, cli_commas(a, orig), cli_commas(b, size), ratio(orig, size),
+               stz_container_chunk_count(s.c), stz_container_chunk_size(s.c),
+               has_quant_meta(s.h) ? "lossy: holds a model quantized by stz (decompress --dequantize gives floats back)"
+                                   : "lossless: unpacks to the original file byte for byte");
+        container_table(&s);
+        printf("\nmetadata:%s\n", stz_reader_meta_count(s.h) ? "" : " (none)");
+        for (size_t i = 0; i < stz_reader_meta_count(s.h); i++)
+            cli_print_meta(stz_reader_meta_key(s.h, i), stz_reader_meta_value(s.h, i));
+        if (has_quant_meta(s.h) && quant_view(s.h, NULL, &err))
+            rc = cli_fail(&err);
+    }
+    free(s.ts);
+    stz_container_free(s.c);
     return rc;
 }
 

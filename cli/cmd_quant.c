@@ -90,6 +90,132 @@ static const char *action_label(const stz_decision *d, char *buf, size_t cap)
     return buf;
 }
 
+/* An svd decision's note: what the factors will be, or the fallback. */
+static void svd_note(const stz_tensor *t, stz_decision *d, uint64_t nb, char *note, size_t cap)
+{
+    stz_decision fb = *d;
+    fb.action = d->fallback;
+    char fl[64]; /* the fallback with its parameters: the svd rule's block_size, method, scale_dtype */
+    action_label(&fb, fl, sizeof fl);
+    if (!d->svd_rank)
+        snprintf(note, cap, "rank chosen from the spectrum when quantizing; %s if not smaller", fl);
+    else if (nb == stz_quant_bytes(t, &fb))
+        snprintf(note, cap, "rank-%u factors would not be smaller: %s instead", d->svd_rank, fl);
+    else
+        snprintf(note, cap, "INT8 factors U, S, Vh");
+    d->reason = note;
+}
+
+static cJSON *decision_json(const stz_tensor *t, const stz_decision *d, uint64_t nb)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", t->name);
+    cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
+    if (d->rule < 0)
+        cJSON_AddNullToObject(e, "rule");
+    else
+        cJSON_AddNumberToObject(e, "rule", d->rule);
+    cJSON_AddStringToObject(e, "action", stz_action_name(d->action));
+    if (d->action == STZ_ACTION_SVD) {
+        if (d->svd_rank)
+            cJSON_AddNumberToObject(e, "rank", d->svd_rank);
+        cJSON_AddStringToObject(e, "fallback", stz_action_name(d->fallback));
+    } else if (d->action != STZ_ACTION_KEEP) {
+        cJSON_AddNumberToObject(e, "block_size", d->block_size);
+        cJSON_AddStringToObject(e, "method", stz_qmethod_name(d->method));
+        cJSON_AddStringToObject(e, "scale_dtype", stz_dtype_name(d->scale_dtype));
+    }
+    if (d->reason)
+        cJSON_AddStringToObject(e, d->action == STZ_ACTION_SVD ? "note" : "kept_because", d->reason);
+    cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
+    cJSON_AddNumberToObject(e, "bytes_after", (double)nb);
+    return e;
+}
+
+/* A plan's totals. */
+typedef struct {
+    size_t nt, nq;
+    uint64_t before, after, pq, params;
+} plan_totals;
+
+/* Every tensor's decision: a row of the table, or an entry of arr (--json). */
+static void plan_tensors(stz_policy *pol, stz_reader *const *rs, size_t nfiles, size_t w, cJSON *arr, plan_totals *n)
+{
+    char a[32], b[32], lab[64], rule[16], note[128];
+    for (size_t f = 0; f < nfiles; f++)
+        for (size_t i = 0; i < stz_reader_count(rs[f]); i++) {
+            const stz_tensor *t = stz_reader_tensor(rs[f], i);
+            stz_decision d = stz_policy_decide(pol, t);
+            uint64_t nb = stz_quant_bytes(t, &d);
+            if (d.action == STZ_ACTION_SVD)
+                svd_note(t, &d, nb, note, sizeof note);
+            n->before += t->end - t->begin;
+            n->after += nb;
+            n->params += t->numel;
+            if (d.action != STZ_ACTION_KEEP)
+                n->nq++, n->pq += t->numel;
+            snprintf(rule, sizeof rule, d.rule < 0 ? "default" : "%d", d.rule);
+            if (arr)
+                cJSON_AddItemToArray(arr, decision_json(t, &d, nb));
+            else
+                printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, t->name, stz_dtype_name(t->dtype), rule,
+                       action_label(&d, lab, sizeof lab), cli_commas(a, t->end - t->begin), cli_commas(b, nb),
+                       d.reason ? d.reason : "");
+        }
+}
+
+static int plan_summary(const qopts *o, const char *model, stz_policy *pol, cJSON *arr, const plan_totals *n)
+{
+    double ratio = n->after ? (double)n->before / (double)n->after : 0;
+    double share = n->params ? (double)n->pq / (double)n->params : 0;
+    if (!arr) {
+        char a[32], b[32];
+        printf("\n%zu tensors: %zu quantized (%.1f%% of parameters), %zu kept\n%s -> %s bytes, predicted ratio "
+               "%.3fx before packing\n",
+               n->nt, n->nq, 100.0 * share, n->nt - n->nq, cli_commas(a, n->before), cli_commas(b, n->after), ratio);
+        return CLI_OK;
+    }
+    cJSON *doc = cJSON_CreateObject(), *unused = cJSON_CreateArray();
+    cJSON_AddStringToObject(doc, "file", model);
+    cJSON_AddStringToObject(doc, "policy", o->po.policy ? o->po.policy : "command line");
+    cJSON_AddItemToObject(doc, "tensors", arr);
+    cJSON_AddNumberToObject(doc, "tensor_count", (double)n->nt);
+    cJSON_AddNumberToObject(doc, "tensors_quantized", (double)n->nq);
+    cJSON_AddNumberToObject(doc, "bytes", (double)n->before);
+    cJSON_AddNumberToObject(doc, "bytes_after", (double)n->after);
+    cJSON_AddNumberToObject(doc, "predicted_ratio", ratio);
+    cJSON_AddNumberToObject(doc, "params_quantized_share", share);
+    for (size_t i = 0; i < stz_policy_rule_count(pol); i++)
+        if (!stz_policy_rule_hits(pol, i))
+            cJSON_AddItemToArray(unused, cJSON_CreateNumber((double)i));
+    cJSON_AddItemToObject(doc, "rules_matching_nothing", unused);
+    return cli_print_json(doc);
+}
+
+/* The model's files opened as readers (containers refused: plan their
+ * source); the widest tensor name and the tensor count. */
+static stz_status open_readers(char **files, size_t nfiles, stz_reader ***out, size_t *w, size_t *nt, stz_err *err)
+{
+    stz_reader **rs = calloc(nfiles + 1, sizeof *rs);
+    if (!rs)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the readers");
+    for (size_t f = 0; f < nfiles; f++) {
+        stz_status st = stz_reader_open(&rs[f], files[f], err);
+        if (st) {
+            if (stz_is_container(files[f]))
+                st = stz_err_set(err, STZ_E_ARG, "%s: an .stz container; plan the model it came from", files[f]);
+            for (size_t k = 0; k < f; k++)
+                stz_reader_free(rs[k]);
+            free(rs);
+            return st;
+        }
+        for (size_t i = 0; i < stz_reader_count(rs[f]); i++, (*nt)++)
+            *w = strlen(stz_reader_tensor(rs[f], i)->name) > *w ? strlen(stz_reader_tensor(rs[f], i)->name) : *w;
+    }
+    *out = rs;
+    return STZ_OK;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     qopts o;
@@ -101,115 +227,27 @@ int cmd_plan(int argc, char **argv)
     stz_err err;
     stz_policy *pol;
     char **files;
-    size_t nfiles, nt = 0, nq = 0, w = 4;
+    stz_reader **rs = NULL;
+    size_t nfiles, w = 4;
+    plan_totals n = {0};
     if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
     if (cli_model_files(argv[optind], &files, &nfiles, &err)) {
         stz_policy_free(pol);
         return cli_fail(&err);
     }
-    stz_reader **rs = calloc(nfiles + 1, sizeof *rs);
-    for (size_t f = 0; f < nfiles; f++) {
-        if (!rs || stz_reader_open(&rs[f], files[f], &err)) {
-            if (!rs)
-                stz_err_set(&err, STZ_E_NOMEM, "out of memory for the readers");
-            else if (stz_is_container(files[f]))
-                stz_err_set(&err, STZ_E_ARG, "%s: an .stz container; plan the model it came from", files[f]);
-            for (size_t k = 0; rs && k < f; k++)
-                stz_reader_free(rs[k]);
-            free(rs);
-            cli_model_files_free(files, nfiles);
-            stz_policy_free(pol);
-            return cli_fail(&err);
-        }
-        for (size_t i = 0; i < stz_reader_count(rs[f]); i++, nt++)
-            w = strlen(stz_reader_tensor(rs[f], i)->name) > w ? strlen(stz_reader_tensor(rs[f], i)->name) : w;
+    if (open_readers(files, nfiles, &rs, &w, &n.nt, &err)) {
+        cli_model_files_free(files, nfiles);
+        stz_policy_free(pol);
+        return cli_fail(&err);
     }
-    uint64_t before = 0, after = 0, pq = 0, params = 0;
     w = w > 60 ? 60 : w;
     cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
     if (!o.c.json)
         printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, "name", "dtype", "rule", "action", "bytes",
                "after", "note");
-    char a[32], b[32], lab[64], rule[16];
-    for (size_t f = 0; f < nfiles; f++)
-    for (size_t i = 0; i < stz_reader_count(rs[f]); i++) {
-        const stz_tensor *t = stz_reader_tensor(rs[f], i);
-        stz_decision d = stz_policy_decide(pol, t);
-        uint64_t nb = stz_quant_bytes(t, &d);
-        char note[128];
-        if (d.action == STZ_ACTION_SVD) {
-            stz_decision fb = d;
-            fb.action = d.fallback;
-            char fl[64]; /* the fallback with its parameters: the svd rule's block_size, method, scale_dtype */
-            action_label(&fb, fl, sizeof fl);
-            if (!d.svd_rank)
-                snprintf(note, sizeof note, "rank chosen from the spectrum when quantizing; %s if not smaller", fl);
-            else if (nb == stz_quant_bytes(t, &fb))
-                snprintf(note, sizeof note, "rank-%u factors would not be smaller: %s instead", d.svd_rank, fl);
-            else
-                snprintf(note, sizeof note, "INT8 factors U, S, Vh");
-            d.reason = note;
-        }
-        before += t->end - t->begin;
-        after += nb;
-        params += t->numel;
-        if (d.action != STZ_ACTION_KEEP)
-            nq++, pq += t->numel;
-        snprintf(rule, sizeof rule, d.rule < 0 ? "default" : "%d", d.rule);
-        if (arr) {
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddStringToObject(e, "name", t->name);
-            cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
-            if (d.rule < 0)
-                cJSON_AddNullToObject(e, "rule");
-            else
-                cJSON_AddNumberToObject(e, "rule", d.rule);
-            cJSON_AddStringToObject(e, "action", stz_action_name(d.action));
-            if (d.action == STZ_ACTION_SVD) {
-                if (d.svd_rank)
-                    cJSON_AddNumberToObject(e, "rank", d.svd_rank);
-                cJSON_AddStringToObject(e, "fallback", stz_action_name(d.fallback));
-            } else if (d.action != STZ_ACTION_KEEP) {
-                cJSON_AddNumberToObject(e, "block_size", d.block_size);
-                cJSON_AddStringToObject(e, "method", stz_qmethod_name(d.method));
-                cJSON_AddStringToObject(e, "scale_dtype", stz_dtype_name(d.scale_dtype));
-            }
-            if (d.reason)
-                cJSON_AddStringToObject(e, d.action == STZ_ACTION_SVD ? "note" : "kept_because", d.reason);
-            cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
-            cJSON_AddNumberToObject(e, "bytes_after", (double)nb);
-            cJSON_AddItemToArray(arr, e);
-        } else {
-            printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, t->name, stz_dtype_name(t->dtype), rule,
-                   action_label(&d, lab, sizeof lab), cli_commas(a, t->end - t->begin), cli_commas(b, nb),
-                   d.reason ? d.reason : "");
-        }
-    }
-    double ratio = after ? (double)before / (double)after : 0;
-    if (arr) {
-        cJSON *doc = cJSON_CreateObject(), *unused = cJSON_CreateArray();
-        cJSON_AddStringToObject(doc, "file", argv[optind]);
-        cJSON_AddStringToObject(doc, "policy", o.po.policy ? o.po.policy : "command line");
-        cJSON_AddItemToObject(doc, "tensors", arr);
-        cJSON_AddNumberToObject(doc, "tensor_count", (double)nt);
-        cJSON_AddNumberToObject(doc, "tensors_quantized", (double)nq);
-        cJSON_AddNumberToObject(doc, "bytes", (double)before);
-        cJSON_AddNumberToObject(doc, "bytes_after", (double)after);
-        cJSON_AddNumberToObject(doc, "predicted_ratio", ratio);
-        cJSON_AddNumberToObject(doc, "params_quantized_share", params ? (double)pq / (double)params : 0);
-        for (size_t i = 0; i < stz_policy_rule_count(pol); i++)
-            if (!stz_policy_rule_hits(pol, i))
-                cJSON_AddItemToArray(unused, cJSON_CreateNumber((double)i));
-        cJSON_AddItemToObject(doc, "rules_matching_nothing", unused);
-        rc = cli_print_json(doc);
-    } else {
-        printf("\n%zu tensors: %zu quantized (%.1f%% of parameters), %zu kept\n%s -> %s bytes, predicted ratio "
-               "%.3fx before packing\n",
-               nt, nq, params ? 100.0 * (double)pq / (double)params : 0, nt - nq, cli_commas(a, before),
-               cli_commas(b, after), ratio);
-        rc = CLI_OK;
-    }
+    plan_tensors(pol, rs, nfiles, w, arr, &n);
+    rc = plan_summary(&o, argv[optind], pol, arr, &n);
     if (!o.c.quiet)
         cli_policy_warn_unused(pol, nfiles == 1 ? rs[0] : NULL);
     for (size_t f = 0; f < nfiles; f++)

@@ -181,12 +181,59 @@ static stz_status write_text(const char *path, const char *text, stz_err *err)
  * new index, in shard order. Everything else is copied.
  * The directory appears at `out` only when everything succeeded.
  */
+/* The names of the input's shard files (what is made here rather than
+ * copied), with room for the index's name after them; NULL when out of
+ * memory (*st set). */
+static char **shard_files(const cli_model_dir *m, const char *in_suffix, stz_status *st, stz_err *err)
+{
+    char **skip = calloc(m->n + 2, sizeof *skip);
+    if (!skip && !*st)
+        *st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the file list");
+    for (size_t i = 0; !*st && i < m->n; i++)
+        if (!(skip[i] = malloc(strlen(m->shards[i]) + strlen(in_suffix) + 1)))
+            *st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a file name");
+        else
+            sprintf(skip[i], "%s%s", m->shards[i], in_suffix);
+    return skip;
+}
+
+/* The shards largest first: the last one to start is a small one. */
+static stz_status order_shards(const cli_model_dir *m, const char *in, char *const *files, size_t *order, stz_err *err)
+{
+    double *sizes = calloc(m->n + 1, sizeof *sizes);
+    if (!sizes)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the shard order");
+    char p[PATH_MAX];
+    struct stat sb;
+    for (size_t i = 0; i < m->n; i++)
+        sizes[i] = cli_pjoin(p, sizeof p, in, files[i]) == 0 && stat(p, &sb) == 0 ? (double)sb.st_size : 0;
+    cli_largest_first(sizes, m->n, order);
+    free(sizes);
+    return STZ_OK;
+}
+
+/* The index into tmpdir: byte for byte when the names are unchanged, else
+ * rebuilt. */
+static stz_status write_index(const cli_model_dir *m, const char *in, const char *tmpdir, int rewrite_index,
+                              stz_err *err)
+{
+    char p[PATH_MAX], q[PATH_MAX];
+    if (cli_pjoin(q, sizeof q, tmpdir, INDEX_NAME) || cli_pjoin(p, sizeof p, in, INDEX_NAME))
+        return STZ_OK;
+    if (!rewrite_index)
+        return cli_copy_file(p, q, err);
+    char *txt = cJSON_Print(m->index);
+    stz_status st = txt ? write_text(q, txt, err) : stz_err_set(err, STZ_E_NOMEM, "out of memory for the index");
+    free(txt);
+    return st;
+}
+
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
                    int rewrite_index, int threads, int quiet, cli_shard_fn convert, void *user)
 {
     stz_err err;
     cli_model_dir m;
-    char tmpdir[PATH_MAX], p[PATH_MAX], q[PATH_MAX];
+    char tmpdir[PATH_MAX], q[PATH_MAX];
     struct stat sb;
     if (lstat(out, &sb) == 0) {
         stz_err_set(&err, STZ_E_EXISTS, "%s: output exists; remove it first (directories are never replaced, even "
@@ -219,24 +266,13 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
         cJSON_ReplaceItemInObjectCaseSensitive(m.index, "weight_map", wm);
     }
     double total = 0;
-    /* the shards and the index are made here; everything else is copied */
-    char **skip = calloc(m.n + 2, sizeof *skip);
-    if (!skip)
-        st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for the file list");
-    for (size_t i = 0; !st && i < m.n; i++)
-        if (!(skip[i] = malloc(strlen(m.shards[i]) + strlen(in_suffix) + 1)))
-            st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for a file name");
-        else
-            sprintf(skip[i], "%s%s", m.shards[i], in_suffix);
+    char **skip = shard_files(&m, in_suffix, &st, &err);
     int mpi = cli_mpi_size() > 1;
     size_t *order = calloc(m.n + 1, sizeof *order);
-    double *sizes = calloc(m.n + 1, sizeof *sizes);
-    if (!order || !sizes)
+    if (!order && !st)
         st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for the shard order");
-    for (size_t i = 0; !st && i < m.n; i++) /* largest first: the last shard to start is a small one */
-        sizes[i] = cli_pjoin(p, sizeof p, in, skip[i]) == 0 && stat(p, &sb) == 0 ? (double)sb.st_size : 0;
     if (!st)
-        cli_largest_first(sizes, m.n, order);
+        st = order_shards(&m, in, skip, order, &err);
     shard_work w = {.m = &m, .in = in, .tmpdir = tmpdir, .in_suffix = in_suffix, .out_suffix = out_suffix,
                     .rewrite_index = rewrite_index && !mpi, .quiet = quiet || (mpi && !root), .convert = convert,
                     .user = user, .order = order, .claim = mpi};
@@ -252,7 +288,7 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
         if (cli_pjoin(q, sizeof q, tmpdir, dst) || (st = names_of(q, &w.names[i], &err)))
             st = st ? st : stz_err_set(&err, STZ_E_ARG, "%s: path too long", dst);
     }
-    free(order), free(sizes);
+    free(order);
     for (size_t i = 0; !st && root && rewrite_index && i < m.n; i++) { /* in shard order: the same index for any -T */
         for (size_t k = 0; k < w.names[i].n; k++)
             cJSON_AddStringToObject(wm, w.names[i].names[k], m.shards[i]);
@@ -270,15 +306,8 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
         cJSON_DeleteItemFromObjectCaseSensitive(meta, "total_size");
         cJSON_AddNumberToObject(meta, "total_size", total);
     }
-    if (!st && cli_pjoin(q, sizeof q, tmpdir, INDEX_NAME) == 0 && cli_pjoin(p, sizeof p, in, INDEX_NAME) == 0) {
-        if (!rewrite_index) { /* names unchanged: the index byte for byte */
-            st = cli_copy_file(p, q, &err);
-        } else {
-            char *txt = cJSON_Print(m.index);
-            st = txt ? write_text(q, txt, &err) : stz_err_set(&err, STZ_E_NOMEM, "out of memory for the index");
-            free(txt);
-        }
-    }
+    if (!st)
+        st = write_index(&m, in, tmpdir, rewrite_index, &err);
     if (!st)
         st = cli_copy_tree(m.real, in, tmpdir, skip, &err);
     if (!st && stz_rename_noreplace(tmpdir, out))

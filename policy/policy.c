@@ -297,6 +297,81 @@ static const char *regex_problem(const char *re)
     return NULL;
 }
 
+/* Only the known top-level keys, each once. */
+static stz_status check_top_level(stz_policy *p, const cJSON *root, stz_err *err)
+{
+    if (stz_json_duplicate_key(root))
+        return perr(err, p, -2, NULL, "top-level key '%s' appears twice", stz_json_duplicate_key(root), NULL);
+    for (const cJSON *k = root->child; k; k = k->next)
+        if (strcmp(k->string, "default") && strcmp(k->string, "rules") && strcmp(k->string, "description") &&
+            strcmp(k->string, "comment"))
+            return perr(err, p, -2, NULL, "unknown top-level key '%s' (default, rules, description)", k->string, NULL);
+    return STZ_OK;
+}
+
+/* "default": an action name, or an object of action keys. */
+static stz_status parse_default(stz_policy *p, const cJSON *root, stz_err *err)
+{
+    const cJSON *def = cJSON_GetObjectItemCaseSensitive(root, "default");
+    stz_status st = STZ_OK;
+    if (cJSON_IsString(def)) {
+        cJSON *tmp = cJSON_CreateObject();
+        if (!cJSON_AddStringToObject(tmp, "action", def->valuestring))
+            st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory reading its default", p->label);
+        else
+            st = parse_action(p, -1, NULL, tmp, &p->def, NULL, err);
+        cJSON_Delete(tmp);
+    } else if (cJSON_IsObject(def)) {
+        st = parse_action(p, -1, NULL, def, &p->def, NULL, err);
+    } else if (def) {
+        st = perr(err, p, -1, NULL, "must be an action name or an object", NULL, NULL);
+    }
+    return st;
+}
+
+/* A "re:" rule's pattern, anchored to the whole name and compiled. */
+static stz_status compile_regex(stz_policy *p, int i, rule *r, stz_err *err)
+{
+    size_t l = strlen(r->pattern);
+    const char *problem = regex_problem(r->pattern + 3);
+    if (problem)
+        return perr(err, p, i, r->pattern, "%s", problem, NULL);
+    char *anch = malloc(l + 4);
+    if (!anch)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rule %d", p->label, i);
+    snprintf(anch, l + 4, "^(%s)$", r->pattern + 3); /* the whole name must match */
+    int rc = regcomp(&r->re, anch, REG_EXTENDED | REG_NOSUB);
+    free(anch);
+    if (rc) {
+        char msg[128];
+        regerror(rc, &r->re, msg, sizeof msg);
+        return perr(err, p, i, r->pattern, "bad regular expression: %s", msg, NULL);
+    }
+    r->is_regex = 1;
+    return STZ_OK;
+}
+
+/* Rule i (rj) into p->rules[i]: its pattern, its action over the default's. */
+static stz_status parse_rule(stz_policy *p, int i, const cJSON *rj, stz_err *err)
+{
+    rule *r = &p->rules[i];
+    const cJSON *m = cJSON_IsObject(rj) ? cJSON_GetObjectItemCaseSensitive(rj, "match") : NULL;
+    if (!cJSON_IsString(m))
+        return perr(err, p, i, NULL, cJSON_IsObject(rj) ? "missing \"match\" (a string)" : "not an object", NULL, NULL);
+    if (!(r->pattern = strdup(m->valuestring)))
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rule %d", p->label, i);
+    p->n++;
+    r->d = p->def;
+    r->d.rule = i;
+    r->max_ndim = STZ_ST_MAX_NDIM;
+    if (!cJSON_GetObjectItemCaseSensitive(rj, "action"))
+        return perr(err, p, i, r->pattern, "missing \"action\"", NULL, NULL);
+    stz_status st = parse_action(p, i, r->pattern, rj, &r->d, r, err);
+    if (!st && !strncmp(r->pattern, "re:", 3))
+        st = compile_regex(p, i, r, err);
+    return st;
+}
+
 stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, const char *label, stz_err *err)
 {
     *out = NULL;
@@ -310,92 +385,24 @@ stz_status stz_policy_parse(stz_policy **out, const char *json, size_t len, cons
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!root || !cJSON_IsObject(root)) {
         st = stz_err_set(err, STZ_E_POLICY, "%s: not a JSON object%s", p->label, root ? "" : " (invalid JSON)");
-        goto done;
+        goto cleanup;
     }
-    if (stz_json_duplicate_key(root)) {
-        st = perr(err, p, -2, NULL, "top-level key '%s' appears twice", stz_json_duplicate_key(root), NULL);
-        goto done;
-    }
-    for (const cJSON *k = root->child; k; k = k->next)
-        if (strcmp(k->string, "default") && strcmp(k->string, "rules") && strcmp(k->string, "description") &&
-            strcmp(k->string, "comment")) {
-            st = perr(err, p, -2, NULL, "unknown top-level key '%s' (default, rules, description)", k->string, NULL);
-            goto done;
-        }
-    const cJSON *def = cJSON_GetObjectItemCaseSensitive(root, "default");
-    if (cJSON_IsString(def)) {
-        cJSON *tmp = cJSON_CreateObject();
-        if (!cJSON_AddStringToObject(tmp, "action", def->valuestring))
-            st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory reading its default", p->label);
-        else
-            st = parse_action(p, -1, NULL, tmp, &p->def, NULL, err);
-        cJSON_Delete(tmp);
-    } else if (cJSON_IsObject(def)) {
-        st = parse_action(p, -1, NULL, def, &p->def, NULL, err);
-    } else if (def) {
-        st = perr(err, p, -1, NULL, "must be an action name or an object", NULL, NULL);
-    }
-    if (st)
-        goto done;
+    STZ_TRY(st, check_top_level(p, root, err));
+    STZ_TRY(st, parse_default(p, root, err));
     const cJSON *rules = cJSON_GetObjectItemCaseSensitive(root, "rules");
     if (rules && !cJSON_IsArray(rules)) {
         st = perr(err, p, -2, NULL, "'rules' must be an array", NULL, NULL);
-        goto done;
+        goto cleanup;
     }
     size_t n = rules ? (size_t)cJSON_GetArraySize(rules) : 0;
-    p->rules = calloc(n + 1, sizeof *p->rules);
-    if (!p->rules) {
+    if (!(p->rules = calloc(n + 1, sizeof *p->rules))) {
         st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu rules", p->label, n);
-        goto done;
+        goto cleanup;
     }
     int i = 0;
-    for (const cJSON *rj = rules ? rules->child : NULL; rj; rj = rj->next, i++) {
-        rule *r = &p->rules[i];
-        const cJSON *m = cJSON_IsObject(rj) ? cJSON_GetObjectItemCaseSensitive(rj, "match") : NULL;
-        if (!cJSON_IsString(m)) {
-            st = perr(err, p, i, NULL, cJSON_IsObject(rj) ? "missing \"match\" (a string)" : "not an object", NULL,
-                      NULL);
-            goto done;
-        }
-        if (!(r->pattern = strdup(m->valuestring))) {
-            st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rule %d", p->label, i);
-            goto done;
-        }
-        p->n++;
-        r->d = p->def;
-        r->d.rule = i;
-        r->max_ndim = STZ_ST_MAX_NDIM;
-        if (!cJSON_GetObjectItemCaseSensitive(rj, "action")) {
-            st = perr(err, p, i, r->pattern, "missing \"action\"", NULL, NULL);
-            goto done;
-        }
-        if ((st = parse_action(p, i, r->pattern, rj, &r->d, r, err)))
-            goto done;
-        if (!strncmp(r->pattern, "re:", 3)) {
-            size_t l = strlen(r->pattern);
-            const char *problem = regex_problem(r->pattern + 3);
-            if (problem) {
-                st = perr(err, p, i, r->pattern, "%s", problem, NULL);
-                goto done;
-            }
-            char *anch = malloc(l + 4);
-            if (!anch) {
-                st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rule %d", p->label, i);
-                goto done;
-            }
-            snprintf(anch, l + 4, "^(%s)$", r->pattern + 3); /* the whole name must match */
-            int rc = regcomp(&r->re, anch, REG_EXTENDED | REG_NOSUB);
-            free(anch);
-            if (rc) {
-                char msg[128];
-                regerror(rc, &r->re, msg, sizeof msg);
-                st = perr(err, p, i, r->pattern, "bad regular expression: %s", msg, NULL);
-                goto done;
-            }
-            r->is_regex = 1;
-        }
-    }
-done:
+    for (const cJSON *rj = rules ? rules->child : NULL; rj; rj = rj->next, i++)
+        STZ_TRY(st, parse_rule(p, i, rj, err));
+cleanup:
     cJSON_Delete(root);
     if (st) {
         stz_policy_free(p);

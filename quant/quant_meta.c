@@ -55,6 +55,52 @@ static int float_origin(stz_dtype d)
 }
 
 /* Parses and checks __metadata__["stz.quant.NAME"] against the file. */
+/* The original shape (whole numbers), and the rows, columns and blocks it
+ * makes. */
+static stz_status parse_shape(const stz_reader *r, const stz_tensor *t, const cJSON *sh, qinfo *qi, stz_err *err)
+{
+    qi->numel = 1;
+    for (const cJSON *d = sh->child; d; d = d->next) {
+        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) ||
+            d->valuedouble > 9007199254740992.0)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid original shape", stz_reader_path(r),
+                               t->name);
+        qi->shape[qi->ndim++] = (uint64_t)d->valuedouble;
+        qi->numel *= (uint64_t)d->valuedouble;
+    }
+    qi->cols = qi->ndim >= 2 ? qi->shape[qi->ndim - 1] : qi->numel;
+    qi->rows = qi->cols ? qi->numel / qi->cols : 0;
+    qi->nblocks = stz_q_blocks(qi->cols, qi->block);
+    return STZ_OK;
+}
+
+/* The scales (and minimums) tensors the entry o names, which must have the
+ * scale dtype and one value per block; or its single scale (and minimum). */
+static stz_status find_companions(const stz_reader *r, const stz_tensor *t, const cJSON *o, qinfo *qi, stz_err *err)
+{
+    const char *P = stz_reader_path(r);
+    const cJSON *names[2] = {cJSON_GetObjectItemCaseSensitive(o, "scales"), cJSON_GetObjectItemCaseSensitive(o, "mins")};
+    const stz_tensor **found[2] = {&qi->sc, &qi->mn};
+    for (int k = 0; k < 2; k++) {
+        if (!cJSON_IsString(names[k]))
+            continue;
+        long si = stz_reader_find(r, names[k]->valuestring);
+        *found[k] = si >= 0 ? stz_reader_tensor(r, (size_t)si) : NULL;
+        if (!*found[k] || (*found[k])->dtype != qi->scale_dtype || !same_layout(*found[k], qi, qi->nblocks))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s tensor '%s' is missing or has the wrong "
+                               "dtype or size", P, t->name, k ? "minimums" : "scales", names[k]->valuestring);
+    }
+    if (!qi->sc) {
+        const cJSON *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"), *mnv = cJSON_GetObjectItemCaseSensitive(o, "min");
+        if (qi->rows * qi->nblocks != 1)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': one scale for %llu blocks", P, t->name,
+                               (unsigned long long)(qi->rows * qi->nblocks));
+        qi->scalar = (float)scv->valuedouble;
+        qi->scalar_min = cJSON_IsNumber(mnv) ? (float)mnv->valuedouble : 0;
+    }
+    return STZ_OK;
+}
+
 static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const char *json, qinfo *qi, stz_err *err)
 {
     const char *P = stz_reader_path(r);
@@ -127,19 +173,8 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                          "in increasing order", P, t->name, 1 << nb);
         goto done;
     }
-    qi->numel = 1;
-    for (const cJSON *d = sh->child; d; d = d->next) {
-        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) ||
-            d->valuedouble > 9007199254740992.0) {
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid original shape", P, t->name);
-            goto done;
-        }
-        qi->shape[qi->ndim++] = (uint64_t)d->valuedouble;
-        qi->numel *= (uint64_t)d->valuedouble;
-    }
-    qi->cols = qi->ndim >= 2 ? qi->shape[qi->ndim - 1] : qi->numel;
-    qi->rows = qi->cols ? qi->numel / qi->cols : 0;
-    qi->nblocks = stz_q_blocks(qi->cols, qi->block);
+    if ((st = parse_shape(r, t, sh, qi, err)))
+        goto done;
     /* the values tensor must be what the metadata says it is, shape included:
      * the original's with the last dimension in bytes (the writer's layout) */
     if (t->dtype != stz_quant_values_dtype(nb, (stz_qmethod)m) || !qi->numel ||
@@ -148,28 +183,8 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                          stz_dtype_name(t->dtype));
         goto done;
     }
-    const cJSON *names[2] = {scn, mnn};
-    const stz_tensor **found[2] = {&qi->sc, &qi->mn};
-    for (int k = 0; k < 2; k++) {
-        if (!cJSON_IsString(names[k]))
-            continue;
-        long si = stz_reader_find(r, names[k]->valuestring);
-        *found[k] = si >= 0 ? stz_reader_tensor(r, (size_t)si) : NULL;
-        if (!*found[k] || (*found[k])->dtype != qi->scale_dtype || !same_layout(*found[k], qi, qi->nblocks)) {
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s tensor '%s' is missing or has the wrong "
-                             "dtype or size", P, t->name, k ? "minimums" : "scales", names[k]->valuestring);
-            goto done;
-        }
-    }
-    if (!qi->sc) {
-        if (qi->rows * qi->nblocks != 1) {
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': one scale for %llu blocks", P, t->name,
-                             (unsigned long long)(qi->rows * qi->nblocks));
-            goto done;
-        }
-        qi->scalar = (float)scv->valuedouble;
-        qi->scalar_min = cJSON_IsNumber(mnv) ? (float)mnv->valuedouble : 0;
-    }
+    if ((st = find_companions(r, t, o, qi, err)))
+        goto done;
     if (m == STZ_QMETHOD_NL)
         stz_qf_prepare(&qi->fmt);
 done:

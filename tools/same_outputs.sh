@@ -60,5 +60,6 @@ run inspect "" inspect "$W/old/c.stz" --json
 run plan "" plan --policy int4 "$W/tiny.safetensors" --json
 run synth sy.safetensors synth llama-1b --layers 1 --sparsity 0.5 -T 3 -o sy.safetensors --json
 run synth-shards sh synth qwen2-0.5b --layers 2 --shards 3 -o sh -q
+run compress-shards csh compress --int4 "$W/old/sh" -o csh -T 2 -q
 echo "same_outputs: $n commands, $( [ $differ = 0 ] && echo "all identical" || echo "some differ")"
 exit $differ
