@@ -96,7 +96,15 @@ static int number_opt(const char *opt, const char *arg, double lo, double hi, do
     return -1;
 }
 
-int cmd_eval_forward(int argc, char **argv)
+/* stz eval --forward's options. */
+typedef struct {
+    const char *tokens_path, *save, *config;
+    double nseq, len, seed, temp, top_p, max_kl;
+    int json, quiet, force, threads;
+} fwd_opts;
+
+/* Options into o: -1, or the exit status of a usage error or --help. */
+static int fwd_options(int argc, char **argv, fwd_opts *o)
 {
     enum { O_FWD = 256, O_TOKENS, O_SEQS, O_LEN, O_SEED, O_TEMP, O_TOPP, O_SAVE, O_MAXKL, O_CONFIG, O_JSON };
     static const struct option opts[] = {
@@ -108,87 +116,102 @@ int cmd_eval_forward(int argc, char **argv)
         {"json", no_argument, 0, O_JSON},            {"threads", required_argument, 0, 'T'},
         {"force", no_argument, 0, 'f'},              {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
-    const char *tokens_path = NULL, *save = NULL, *config = NULL;
-    double nseq = 4, len = 0, seed = 1, temp = 1, top_p = 0.9, max_kl = -1;
-    int json = 0, quiet = 0, force = 0, threads = cli_ncores(), c, rc;
+    *o = (fwd_opts){.nseq = 4, .seed = 1, .temp = 1, .top_p = 0.9, .max_kl = -1, .threads = cli_ncores()};
+    int c, rc;
     optind = 1;
     while ((c = getopt_long(argc, argv, "T:fqh", opts, NULL)) != -1) {
         switch (c) {
         case O_FWD: break;
-        case O_TOKENS: tokens_path = optarg; break;
-        case O_SEQS: if ((rc = number_opt("--sequences", optarg, 1, 65536, &nseq)) >= 0) return rc; break;
-        case O_LEN: if ((rc = number_opt("--seq-len", optarg, 2, 1 << 20, &len)) >= 0) return rc; break;
-        case O_SEED: if ((rc = number_opt("--seed", optarg, 0, 1e15, &seed)) >= 0) return rc; break;
-        case O_TEMP: if ((rc = number_opt("--temperature", optarg, 0, 100, &temp)) >= 0) return rc; break;
-        case O_TOPP: if ((rc = number_opt("--top-p", optarg, 0, 1, &top_p)) >= 0) return rc; break;
-        case O_MAXKL: if ((rc = number_opt("--max-kl", optarg, 0, 1e9, &max_kl)) >= 0) return rc; break;
-        case O_SAVE: save = optarg; break;
-        case O_CONFIG: config = optarg; break;
-        case O_JSON: json = 1; break;
+        case O_TOKENS: o->tokens_path = optarg; break;
+        case O_SEQS: if ((rc = number_opt("--sequences", optarg, 1, 65536, &o->nseq)) >= 0) return rc; break;
+        case O_LEN: if ((rc = number_opt("--seq-len", optarg, 2, 1 << 20, &o->len)) >= 0) return rc; break;
+        case O_SEED: if ((rc = number_opt("--seed", optarg, 0, 1e15, &o->seed)) >= 0) return rc; break;
+        case O_TEMP: if ((rc = number_opt("--temperature", optarg, 0, 100, &o->temp)) >= 0) return rc; break;
+        case O_TOPP: if ((rc = number_opt("--top-p", optarg, 0, 1, &o->top_p)) >= 0) return rc; break;
+        case O_MAXKL: if ((rc = number_opt("--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0) return rc; break;
+        case O_SAVE: o->save = optarg; break;
+        case O_CONFIG: o->config = optarg; break;
+        case O_JSON: o->json = 1; break;
         case 'T':
-            if ((threads = cli_threads(optarg)) < 0)
+            if ((o->threads = cli_threads(optarg)) < 0)
                 return cli_usage_error("eval", "-T takes 0..256, not '%s'", optarg);
-            threads = threads ? threads : cli_ncores();
+            o->threads = o->threads ? o->threads : cli_ncores();
             break;
-        case 'f': force = 1; break;
-        case 'q': quiet = 1; break;
+        case 'f': o->force = 1; break;
+        case 'q': o->quiet = 1; break;
         case 'h': return fputs(forward_help, stdout), CLI_OK;
         default: return cli_bad_option("eval");
         }
     }
     if (optind != argc - 2)
         return cli_usage_error("eval", "expected ORIGINAL and CANDIDATE");
-    if (tokens_path && (nseq != 4 || len || seed != 1))
+    if (o->tokens_path && (o->nseq != 4 || o->len || o->seed != 1))
         return cli_usage_error("eval", "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply");
-    if (nseq != floor(nseq) || len != floor(len) || seed != floor(seed))
+    if (o->nseq != floor(o->nseq) || o->len != floor(o->len) || o->seed != floor(o->seed))
         return cli_usage_error("eval", "--sequences, --seq-len and --seed take whole numbers");
+    return -1;
+}
+
+/* Both models' configurations: --config for both, else each its own (a
+ * candidate without one is taken to be the original's). */
+static stz_status both_configs(const fwd_opts *o, const char *pa, const char *pb, const cli_model_set *A,
+                               const cli_model_set *B, stz_fwd_config *ca, stz_fwd_config *cb, char *from_a,
+                               stz_err *err)
+{
+    char from_b[4096];
+    if (o->config) {
+        if (cli_model_config(pa, A, o->config, ca, from_a, NULL, err) < 0)
+            return err->code;
+        *cb = *ca;
+        return STZ_OK;
+    }
+    int fa, fb;
+    if ((fa = cli_model_config(pa, A, NULL, ca, from_a, NULL, err)) < 0 ||
+        (fb = cli_model_config(pb, B, NULL, cb, from_b, NULL, err)) < 0)
+        return err->code;
+    if (!fa)
+        return cli_no_config(pa, A, err);
+    if (!fb)
+        *cb = *ca;
+    return STZ_OK;
+}
+
+int cmd_eval_forward(int argc, char **argv)
+{
+    fwd_opts o;
+    int rc = fwd_options(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
     const char *pa = argv[optind], *pb = argv[optind + 1];
     stz_err err;
-    if (save && stz_output_check(save, force, &err))
+    if (o.save && stz_output_check(o.save, o.force, &err))
         return cli_fail(&err);
-    if (save && (stz_refuse_input_as_output(pa, save, &err) || stz_refuse_input_as_output(pb, save, &err)))
+    if (o.save && (stz_refuse_input_as_output(pa, o.save, &err) || stz_refuse_input_as_output(pb, o.save, &err)))
         return cli_fail(&err);
     cli_model_set A = {0}, B = {0};
     stz_fwd *ma = NULL, *mb = NULL;
     cli_seqs q = {0};
     stz_fwd_config ca, cb;
-    char from_a[4096], from_b[4096], source[64];
-    int fa = 0, fb = 0;
+    char from_a[4096], source[64];
     rc = CLI_ERROR;
-    if (cli_set_open(&A, pa, &err) || cli_set_open(&B, pb, &err))
-        goto fail;
-    if (config) {
-        if (cli_model_config(pa, &A, config, &ca, from_a, NULL, &err) < 0)
-            goto fail;
-        cb = ca, fa = fb = 1;
-    } else {
-        if ((fa = cli_model_config(pa, &A, NULL, &ca, from_a, NULL, &err)) < 0 ||
-            (fb = cli_model_config(pb, &B, NULL, &cb, from_b, NULL, &err)) < 0)
-            goto fail;
-        if (!fa) {
-            cli_no_config(pa, &A, &err);
-            goto fail;
-        }
-        if (!fb)
-            cb = ca; /* a candidate without its own configuration is taken to be the original's */
-    }
-    if (stz_fwd_open(&ma, A.m, A.n, &ca, pa, threads, &err) || stz_fwd_open(&mb, B.m, B.n, &cb, pb, threads, &err))
+    if (cli_set_open(&A, pa, &err) || cli_set_open(&B, pb, &err) ||
+        both_configs(&o, pa, pb, &A, &B, &ca, &cb, from_a, &err) ||
+        stz_fwd_open(&ma, A.m, A.n, &ca, pa, o.threads, &err) || stz_fwd_open(&mb, B.m, B.n, &cb, pb, o.threads, &err))
         goto fail;
     cli_progress prog;
-    cli_seq_opts so = {tokens_path, nseq, len, 128, seed, temp, top_p};
-    if (cli_seqs_get(&so, ma, pa, quiet || json, &q, source, &err))
-        goto fail;
-    if (save && cli_seqs_save(save, &q, force, &err))
+    cli_seq_opts so = {o.tokens_path, o.nseq, o.len, 128, o.seed, o.temp, o.top_p};
+    if (cli_seqs_get(&so, ma, pa, o.quiet || o.json, &q, source, &err) ||
+        (o.save && cli_seqs_save(o.save, &q, o.force, &err)))
         goto fail;
     stz_fwd_report r;
-    cli_progress_init(&prog, "forward", quiet || json);
+    cli_progress_init(&prog, "forward", o.quiet || o.json);
     stz_status st = stz_fwd_compare(ma, mb, q.tok, q.nseq, q.stride, q.lens, cli_progress_cb, &prog, &r, &err);
     cli_progress_end(&prog);
     if (st)
         goto fail;
-    rc = print_report(pa, pb, from_a, &q, source, &r, max_kl, json);
-    if (rc == CLI_OK && max_kl >= 0 && r.kl_mean > max_kl) {
-        fprintf(stderr, "stz: check failed: mean KL %.4g exceeds --max-kl %g\n", r.kl_mean, max_kl);
+    rc = print_report(pa, pb, from_a, &q, source, &r, o.max_kl, o.json);
+    if (rc == CLI_OK && o.max_kl >= 0 && r.kl_mean > o.max_kl) {
+        fprintf(stderr, "stz: check failed: mean KL %.4g exceeds --max-kl %g\n", r.kl_mean, o.max_kl);
         rc = 3;
     }
     goto done;

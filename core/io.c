@@ -80,6 +80,14 @@ int stz_read_some(int fd, void *buf, size_t n, size_t *got)
 
 /* Strict UTF-8 (no overlongs, no surrogates, max U+10FFFF). Returns offset
  * of the first bad byte or `n` if all is well. */
+const char *stz_control_char(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return s + i;
+    return NULL;
+}
+
 size_t stz_utf8_check(const uint8_t *s, size_t n)
 {
     size_t i = 0;

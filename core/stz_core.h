@@ -89,6 +89,9 @@ stz_status stz_output_check(const char *path, int force, stz_err *err);
  * regular file (or a symbolic link). STZ_E_EXISTS or STZ_E_IO, naming path. */
 stz_status stz_output_place(const char *tmp, const char *path, int force, stz_err *err);
 
+/* The first control character (below 0x20, or DEL) of s[0..n), NUL
+ * included, or NULL: names of tensors and keys may hold none. */
+const char *stz_control_char(const char *s, size_t n);
 /* Strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): the
  * offset of the first byte of s[0..n) that is not valid UTF-8, or n. */
 size_t stz_utf8_check(const uint8_t *s, size_t n);

@@ -242,14 +242,6 @@ static char *rd_str(cur *c)
 }
 
 /* A name (key or tensor name) must be text: no NUL, no control character. */
-static int bad_name(const char *s, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-            return 1;
-    return 0;
-}
-
 /* A string value as display text: quoted, NUL bytes as \x00 (other control
  * characters are the printer's to escape), cut after 200 bytes. */
 static void string_text(const char *s, size_t len, char *o, size_t cap)
@@ -364,6 +356,98 @@ static stz_status no_duplicates(const stz_gguf *g, const char *path, stz_err *er
 }
 
 /* Checks the header in `c` (the whole file) into g. */
+/* The nkv key/value pairs; the data alignment they give. */
+static stz_status read_kvs(stz_gguf *g, cur *c, uint64_t nkv, uint64_t *align, const char *path, stz_err *err)
+{
+    for (; g->nkv < nkv; g->nkv++) {
+        gkv *e = &g->kv[g->nkv];
+        size_t at = c->at, klen = 0;
+        if (!(e->key = rd_str_len(c, &klen)) || !(e->text = value_text(c)))
+            return stz_err_set(err, c->bad == 2 ? STZ_E_NOMEM : STZ_E_FORMAT,
+                               "%s: key/value pair %zu (at byte %zu) runs past the end of the file or has an "
+                               "unknown type", path, g->nkv, at);
+        if (stz_control_char(e->key, klen))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: key/value pair %zu (at byte %zu): the key has a NUL or "
+                               "control character", path, g->nkv, at);
+        if (!strcmp(e->key, "general.alignment")) {
+            *align = strtoull(e->text, NULL, 10);
+            if (!*align || (*align & (*align - 1)) || *align > 65536)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: general.alignment %s is not a power of two", path, e->text);
+        }
+    }
+    return STZ_OK;
+}
+
+/* The next tensor info: name, shape, a known type whose blocks divide the
+ * rows, its size. */
+static stz_status read_tensor_info(stz_gguf *g, cur *c, const char *path, stz_err *err)
+{
+    stz_gguf_tensor *t = &g->t[g->nt];
+    size_t nlen = 0;
+    if (!(g->names[g->nt] = rd_str_len(c, &nlen)))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info %zu runs past the end of the file", path, g->nt);
+    if (stz_control_char(g->names[g->nt], nlen))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info %zu: the name has a NUL or control character", path,
+                           g->nt);
+    t->name = g->names[g->nt];
+    t->ndim = (uint32_t)rd(c, 4);
+    if (c->bad || t->ndim < 1 || t->ndim > 4)
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %u dimensions (1 to 4 allowed)", path, t->name,
+                           t->ndim);
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < t->ndim; d++) {
+        t->ne[d] = rd(c, 8);
+        if (t->ne[d] && numel > UINT64_MAX / t->ne[d])
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': element count overflows", path, t->name);
+        numel *= t->ne[d];
+    }
+    t->type = (int)rd(c, 4);
+    t->offset = rd(c, 8);
+    int ti = type_index(t->type);
+    if (c->bad)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info '%s' runs past the end of the file", path, t->name);
+    if (ti < 0) /* its size is unknown, so nothing after it can be checked */
+        return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown ggml type %u", path, t->name,
+                           (unsigned)t->type);
+    if (t->ne[0] % types[ti].block)
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': rows of %llu are not whole %s blocks", path, t->name,
+                           (unsigned long long)t->ne[0], types[ti].name);
+    t->bytes = numel / types[ti].block * types[ti].bytes;
+    if (numel / types[ti].block > UINT64_MAX / types[ti].bytes)
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': size overflows", path, t->name);
+    return STZ_OK;
+}
+
+/* Every tensor's data aligned, inside the file from `data` on, and apart
+ * from the others; offsets made absolute. */
+static stz_status check_data(stz_gguf *g, uint64_t data, uint64_t align, const char *path, uint64_t fsize,
+                             stz_err *err)
+{
+    size_t nt = g->nt;
+    stz_gguf_tensor **order = malloc((nt + 1) * sizeof *order);
+    if (!order)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor order");
+    stz_status st = STZ_OK;
+    for (size_t i = 0; !st && i < nt; i++) {
+        stz_gguf_tensor *t = &g->t[i];
+        order[i] = t;
+        if (t->offset % align || t->offset > fsize - data || t->bytes > fsize - data - t->offset)
+            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data at offset %llu (+%llu bytes) is %s", path,
+                             t->name, (unsigned long long)t->offset, (unsigned long long)t->bytes,
+                             t->offset % align ? "not aligned" : "past the end of the file");
+        else
+            t->offset += data;
+    }
+    if (!st)
+        qsort(order, nt, sizeof *order, by_offset);
+    for (size_t i = 1; !st && i < nt; i++)
+        if (order[i - 1]->offset + order[i - 1]->bytes > order[i]->offset)
+            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensors '%s' and '%s' overlap", path, order[i - 1]->name,
+                             order[i]->name);
+    free(order);
+    return st;
+}
+
 static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, stz_err *err)
 {
     stz_status st;
@@ -382,86 +466,17 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
         !(g->names = calloc(nt + 1, sizeof *g->names)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the keys and tensor table");
     g->kv_cap = nkv, g->t_cap = nt;
-    for (; g->nkv < nkv; g->nkv++) {
-        gkv *e = &g->kv[g->nkv];
-        size_t at = c->at, klen = 0;
-        if (!(e->key = rd_str_len(c, &klen)) || !(e->text = value_text(c)))
-            return stz_err_set(err, c->bad == 2 ? STZ_E_NOMEM : STZ_E_FORMAT,
-                               "%s: key/value pair %zu (at byte %zu) runs past the end of the file or has an "
-                               "unknown type", path, g->nkv, at);
-        if (bad_name(e->key, klen))
-            return stz_err_set(err, STZ_E_FORMAT, "%s: key/value pair %zu (at byte %zu): the key has a NUL or "
-                               "control character", path, g->nkv, at);
-        if (!strcmp(e->key, "general.alignment")) {
-            align = strtoull(e->text, NULL, 10);
-            if (!align || (align & (align - 1)) || align > 65536)
-                return stz_err_set(err, STZ_E_FORMAT, "%s: general.alignment %s is not a power of two", path, e->text);
-        }
-    }
-    for (; g->nt < nt; g->nt++) {
-        stz_gguf_tensor *t = &g->t[g->nt];
-        size_t nlen = 0;
-        if (!(g->names[g->nt] = rd_str_len(c, &nlen)))
-            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info %zu runs past the end of the file", path, g->nt);
-        if (bad_name(g->names[g->nt], nlen))
-            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info %zu: the name has a NUL or control character",
-                               path, g->nt);
-        t->name = g->names[g->nt];
-        t->ndim = (uint32_t)rd(c, 4);
-        if (c->bad || t->ndim < 1 || t->ndim > 4)
-            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %u dimensions (1 to 4 allowed)", path, t->name,
-                               t->ndim);
-        uint64_t numel = 1;
-        for (uint32_t d = 0; d < t->ndim; d++) {
-            t->ne[d] = rd(c, 8);
-            if (t->ne[d] && numel > UINT64_MAX / t->ne[d])
-                return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': element count overflows", path, t->name);
-            numel *= t->ne[d];
-        }
-        t->type = (int)rd(c, 4);
-        t->offset = rd(c, 8);
-        int ti = type_index(t->type);
-        if (c->bad)
-            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info '%s' runs past the end of the file", path, t->name);
-        if (ti < 0) /* its size is unknown, so nothing after it can be checked */
-            return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown ggml type %u", path, t->name,
-                               (unsigned)t->type);
-        if (t->ne[0] % types[ti].block)
-            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': rows of %llu are not whole %s blocks", path,
-                               t->name, (unsigned long long)t->ne[0], types[ti].name);
-        t->bytes = numel / types[ti].block * types[ti].bytes;
-        if (numel / types[ti].block > UINT64_MAX / types[ti].bytes)
-            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': size overflows", path, t->name);
-    }
+    if ((st = read_kvs(g, c, nkv, &align, path, err)))
+        return st;
+    for (; g->nt < nt; g->nt++)
+        if ((st = read_tensor_info(g, c, path, err)))
+            return st;
     if ((st = no_duplicates(g, path, err)))
         return st;
     uint64_t data = (c->at + align - 1) / align * align;
     if (data > fsize)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its header", path);
-    stz_gguf_tensor **order = malloc((nt + 1) * sizeof *order);
-    if (!order)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor order");
-    for (size_t i = 0; i < nt; i++) {
-        stz_gguf_tensor *t = &g->t[i];
-        order[i] = t;
-        if (t->offset % align || t->offset > fsize - data || t->bytes > fsize - data - t->offset) {
-            free(order);
-            return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data at offset %llu (+%llu bytes) is %s", path,
-                               t->name, (unsigned long long)t->offset, (unsigned long long)t->bytes,
-                               t->offset % align ? "not aligned" : "past the end of the file");
-        }
-        t->offset += data;
-    }
-    qsort(order, nt, sizeof *order, by_offset);
-    for (size_t i = 1; i < nt; i++)
-        if (order[i - 1]->offset + order[i - 1]->bytes > order[i]->offset) {
-            st = stz_err_set(err, STZ_E_OFFSETS, "%s: tensors '%s' and '%s' overlap", path, order[i - 1]->name,
-                             order[i]->name);
-            free(order);
-            return st;
-        }
-    free(order);
-    return STZ_OK;
+    return check_data(g, data, align, path, fsize, err);
 }
 
 stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err)

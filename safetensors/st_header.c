@@ -278,10 +278,10 @@ static stz_status read_entries(stz_reader *r, const cJSON *root, stz_err *err)
         }
         stz_tensor *t = &r->tensors[ti];
         size_t len = strlen(e->string) + 1;
-        for (const unsigned char *c = (const unsigned char *)e->string; *c; c++)
-            if (*c < 0x20 || *c == 0x7f)
-                return stz_err_set(err, STZ_E_FORMAT, "%s: a tensor name holds control character 0x%02x: '%.60s'", P,
-                                   *c, e->string);
+        const char *cc = stz_control_char(e->string, len - 1);
+        if (cc)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: a tensor name holds control character 0x%02x: '%.60s'", P,
+                               (unsigned char)*cc, e->string);
         memcpy(np, e->string, len);
         t->name = np;
         np += len;
