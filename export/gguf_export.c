@@ -183,6 +183,77 @@ static stz_status qwen2_biases(const exporter *x, stz_err *err)
     return STZ_OK;
 }
 
+/* The tokenizer: --tokenizer, else the model directory's tokenizer.json. */
+static stz_status find_tokenizer(const stz_gguf_params *p, const char *dir, const char *model_path, char *tok,
+                                 size_t cap, stz_err *err)
+{
+    if (p->tokenizer)
+        snprintf(tok, cap, "%s", p->tokenizer);
+    else if (snprintf(tok, cap, "%s/tokenizer.json", dir), access(tok, F_OK))
+        return stz_err_set(err, STZ_E_ARG, "%s: no tokenizer (no %s): give one with --tokenizer FILE (a "
+                                           "tokenizer.json, or a llama2.c tokenizer .bin)", model_path, tok);
+    return STZ_OK;
+}
+
+/* general.name: --name, else the model file's name without its extension. */
+static stz_status model_name(const stz_gguf_params *p, const char *model_path, char *name, size_t cap, stz_err *err)
+{
+    char *copy = strdup(model_path);
+    if (!copy)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
+    snprintf(name, cap, "%s", p->name ? p->name : basename(copy));
+    free(copy);
+    if (!p->name && strchr(name + 1, '.'))
+        *strchr(name + 1, '.') = 0;
+    return STZ_OK;
+}
+
+/* general.file_type: llama.cpp's LLAMA_FTYPE of the type most matrix
+ * elements have; *quantized: whether any tensor has a block type. */
+static uint32_t file_type(const exporter *x, int *quantized)
+{
+    static const int ftype[31] = {[STZ_GGML_F32] = 0, [STZ_GGML_F16] = 1, [STZ_GGML_Q4_0] = 2, [STZ_GGML_Q8_0] = 7,
+                                  [STZ_GGML_Q5_0] = 8, [STZ_GGML_BF16] = 32};
+    uint64_t elems[31] = {0};
+    int most = STZ_GGML_F32;
+    *quantized = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        *quantized |= block_type(x->t[i].type);
+        if (x->t[i].ndim == 2 && (elems[x->t[i].type] += x->t[i].rows * x->t[i].cols) > elems[most])
+            most = x->t[i].type;
+    }
+    return (uint32_t)ftype[most];
+}
+
+/* The file's header: magic, version, counts, the pairs, the tensor infos
+ * (each tensor's data offset assigned here), padding. */
+static void build_header(exporter *x, const gbuf *kv, gbuf *head, stz_gguf_stats *stats)
+{
+    gb_u32(head, 0x46554747u);
+    gb_u32(head, 3);
+    gb_u64(head, x->n);
+    gb_u64(head, kv->count);
+    gb_bytes(head, kv->p, kv->n);
+    uint64_t off = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        etensor *e = &x->t[i];
+        e->bytes = stz_ggml_row_bytes(e->type, e->ne[0]) * (e->ndim == 2 ? e->ne[1] : 1);
+        e->offset = off;
+        off += (e->bytes + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN;
+        gb_str(head, e->name, strlen(e->name));
+        gb_u32(head, e->ndim);
+        for (uint32_t d = 0; d < e->ndim; d++)
+            gb_u64(head, e->ne[d]);
+        gb_u32(head, (uint32_t)e->type);
+        gb_u64(head, e->offset);
+        stats->tensors[e->type]++, stats->bytes[e->type] += e->bytes;
+        stats->repacked += e->kind == K_REPACK || e->kind == K_RAW;
+    }
+    static const uint8_t zero[GGUF_ALIGN];
+    gb_bytes(head, zero, (GGUF_ALIGN - head->n % GGUF_ALIGN) % GGUF_ALIGN);
+    x->total = off;
+}
+
 stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
                            const stz_fwd_config *c, const char *config_json, const char *model_path,
                            const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err)
@@ -197,78 +268,30 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     const char *arch = !strncmp(mt, "qwen2", 5) ? "qwen2" : "llama";
     snprintf(stats->arch, sizeof stats->arch, "%s", arch);
     /* Hugging Face names: the embedding's; llama.cpp's "llama" RoPE takes pairs */
-    int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF;
-    if ((st = plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err)) ||
-        (!strcmp(arch, "qwen2") && (st = qwen2_biases(&x, err))))
-        goto done;
-    if (p->tokenizer)
-        snprintf(tok, sizeof tok, "%s", p->tokenizer);
-    else if (snprintf(tok, sizeof tok, "%s/tokenizer.json", dir), access(tok, F_OK)) {
-        st = stz_err_set(err, STZ_E_ARG, "%s: no tokenizer (no %s): give one with --tokenizer FILE (a "
-                                         "tokenizer.json, or a llama2.c tokenizer .bin)", model_path, tok);
-        goto done;
-    }
-    char *copy = strdup(model_path);
-    if (!copy) {
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
-        goto done;
-    }
-    snprintf(name, sizeof name, "%s", p->name ? p->name : basename(copy));
-    free(copy);
-    if (!p->name && strchr(name + 1, '.'))
-        *strchr(name + 1, '.') = 0;
-    /* general.file_type: llama.cpp's LLAMA_FTYPE of the type most matrix elements have */
-    static const int ftype[31] = {[STZ_GGML_F32] = 0, [STZ_GGML_F16] = 1, [STZ_GGML_Q4_0] = 2, [STZ_GGML_Q8_0] = 7,
-                                  [STZ_GGML_Q5_0] = 8, [STZ_GGML_BF16] = 32};
-    uint64_t elems[31] = {0};
-    int quantized = 0, most = STZ_GGML_F32;
-    for (size_t i = 0; i < x.n; i++) {
-        quantized |= block_type(x.t[i].type);
-        if (x.t[i].ndim == 2 && (elems[x.t[i].type] += x.t[i].rows * x.t[i].cols) > elems[most])
-            most = x.t[i].type;
-    }
+    int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF, quantized;
+    STZ_TRY(st, plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err));
+    if (!strcmp(arch, "qwen2"))
+        STZ_TRY(st, qwen2_biases(&x, err));
+    STZ_TRY(st, find_tokenizer(p, dir, model_path, tok, sizeof tok, err));
+    STZ_TRY(st, model_name(p, model_path, name, sizeof name, err));
+    uint32_t ftype = file_type(&x, &quantized);
     put_hparams(&kv, c, arch, name, quantized);
-    kv_u32(&kv, "general.file_type", (uint32_t)ftype[most]);
-    if ((st = gguf_vocab(&kv, tok, arch, config_json, c->vocab, err)))
-        goto done;
-    /* header: magic, version, counts, pairs, tensor infos, padding */
-    gb_u32(&head, 0x46554747u);
-    gb_u32(&head, 3);
-    gb_u64(&head, x.n);
-    gb_u64(&head, kv.count);
-    gb_bytes(&head, kv.p, kv.n);
-    uint64_t off = 0;
-    for (size_t i = 0; i < x.n; i++) {
-        etensor *e = &x.t[i];
-        e->bytes = stz_ggml_row_bytes(e->type, e->ne[0]) * (e->ndim == 2 ? e->ne[1] : 1);
-        e->offset = off;
-        off += (e->bytes + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN;
-        gb_str(&head, e->name, strlen(e->name));
-        gb_u32(&head, e->ndim);
-        for (uint32_t d = 0; d < e->ndim; d++)
-            gb_u64(&head, e->ne[d]);
-        gb_u32(&head, (uint32_t)e->type);
-        gb_u64(&head, e->offset);
-        stats->tensors[e->type]++, stats->bytes[e->type] += e->bytes;
-        stats->repacked += e->kind == K_REPACK || e->kind == K_RAW;
-    }
-    static const uint8_t zero[GGUF_ALIGN];
-    gb_bytes(&head, zero, (GGUF_ALIGN - head.n % GGUF_ALIGN) % GGUF_ALIGN);
+    kv_u32(&kv, "general.file_type", ftype);
+    STZ_TRY(st, gguf_vocab(&kv, tok, arch, config_json, c->vocab, err));
+    build_header(&x, &kv, &head, stats);
     if (kv.oom || head.oom) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the GGUF header");
-        goto done;
+        goto cleanup;
     }
-    x.total = off;
-    stats->file_bytes = head.n + off;
-    if ((st = stz_outfile_open(&x.of, out, (p->write_flags & STZ_WRITE_FORCE) != 0, err)) ||
-        (st = stz_check_space(&x.of, stats->file_bytes, "the GGUF file", err)) ||
-        (st = stz_outfile_write(&x.of, head.p, head.n, err)))
-        goto done;
+    stats->file_bytes = head.n + x.total;
+    STZ_TRY(st, stz_outfile_open(&x.of, out, (p->write_flags & STZ_WRITE_FORCE) != 0, err));
+    STZ_TRY(st, stz_check_space(&x.of, stats->file_bytes, "the GGUF file", err));
+    STZ_TRY(st, stz_outfile_write(&x.of, head.p, head.n, err));
     for (size_t i = 0; i < x.n && !st; i++)
         st = stz_gguf_write_tensor(&x, &x.t[i], err);
     if (!st)
         st = stz_outfile_commit(&x.of, err);
-done:
+cleanup:
     stz_outfile_abort(&x.of);
     free(x.f), free(x.g), free(x.sc), free(x.sg), free(x.q), free(x.out), free(x.t);
     free(kv.p), free(head.p);

@@ -170,18 +170,15 @@ static const char *untunable(const stz_qtensor *q)
     return NULL;
 }
 
-stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
-                            size_t ncand, const stz_tune_params *p, stz_err *err)
+/* The candidates, and the probe's (the shipped int4 format) appended, not
+ * offered, when it is not one of them. */
+static stz_status set_candidates(stz_tune *T, const stz_tune_cand *cand, size_t ncand, stz_err *err)
 {
-    memset(T, 0, sizeof *T);
-    T->pack = (stz_pack_params)STZ_PACK_PARAMS_DEFAULT;
-    /* sensitivity is probed with the shipped int4 format: appended, not offered, when not a candidate */
     stz_tune_cand probe;
-    stz_status pst = parse_one(STZ_TUNE_PROBE, &probe, err);
-    if (pst)
-        return pst;
-    T->cand = malloc((ncand + 1) * sizeof *T->cand);
-    if (!T->cand)
+    stz_status st = parse_one(STZ_TUNE_PROBE, &probe, err);
+    if (st)
+        return st;
+    if (!(T->cand = malloc((ncand + 1) * sizeof *T->cand)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidates");
     memcpy(T->cand, cand, ncand * sizeof *cand);
     T->ncand = T->noffered = ncand, T->probe = ncand;
@@ -190,7 +187,83 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
             T->probe = c;
     if (T->probe == ncand)
         T->cand[T->ncand++] = probe;
-    ncand = T->ncand;
+    return STZ_OK;
+}
+
+/* Each file's metadata kept (as JSON text) for the policy's verification
+ * files. */
+static stz_status keep_metadata(stz_tune *T, stz_qmodel *const *files, size_t nfiles, stz_err *err)
+{
+    for (size_t f = 0; f < nfiles; f++, T->nfiles++) {
+        const stz_reader *r = stz_qmodel_reader(files[f]);
+        cJSON *meta = cJSON_CreateObject();
+        for (size_t i = 0; i < stz_reader_meta_count(r); i++)
+            if (strcmp(stz_reader_meta_key(r, i), "format"))
+                cJSON_AddStringToObject(meta, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
+        T->meta[f] = cJSON_PrintUnformatted(meta);
+        cJSON_Delete(meta);
+        if (!T->meta[f])
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a file's metadata");
+    }
+    return STZ_OK;
+}
+
+/* Tensor i of file f: its bytes kept as it is, and every candidate's bytes
+ * and error on p->threads threads (raw: a scratch of one count per
+ * candidate). */
+static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i, const stz_tune_params *p,
+                                 uint64_t *raw, stz_err *err)
+{
+    const stz_reader *r = stz_qmodel_reader(m);
+    const stz_qtensor *q = stz_qmodel_tensor(m, i);
+    const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
+    stz_tune_tensor *t = &T->t[T->nt++];
+    uint64_t size = rt->end - rt->begin;
+    t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
+    T->params += q->numel;
+    uint8_t *bytes = malloc(size + 1);
+    float *x = NULL;
+    t->name = strdup(q->name);
+    t->bytes = calloc(T->ncand, sizeof *t->bytes), t->err2 = calloc(T->ncand, sizeof *t->err2);
+    if (!bytes || !t->name || !t->bytes || !t->err2) {
+        free(bytes);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
+    }
+    measure_job j = {T, t, NULL, q->rows, q->cols, 0, raw};
+    stz_status st = stz_reader_read(r, rt, 0, bytes, size, err);
+    if (!st)
+        st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, &j.keep_bytes, err);
+    free(bytes);
+    t->bytes[0] = j.keep_bytes;
+    if (!st && !t->why && !(x = malloc(q->numel * sizeof *x)))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s' as F32", q->name);
+    if (!st && x && !(st = stz_qmodel_read_rows(m, i, 0, (size_t)q->rows, x, err))) {
+        for (uint64_t e = 0; e < q->numel && !t->why; e++)
+            t->why = isfinite(x[e]) ? NULL : "holds NaN or Inf";
+        for (uint64_t e = 0; e < q->numel; e++)
+            t->norm2 += (double)x[e] * x[e];
+    }
+    if (!st && !t->why) {
+        j.x = x;
+        stz_ordered pl = {.n = T->ncand, .threads = p->threads < 1 ? 1 : p->threads, .ctx = &j, .work = measure_work};
+        st = stz_ordered_run(&pl, err);
+        for (size_t c = 0; c < T->noffered && !t->tunable; c++)
+            t->tunable = t->bytes[c] != UINT64_MAX;
+        if (!t->tunable)
+            t->bytes[0] = j.keep_bytes, t->why = "no candidate applies";
+    }
+    free(x);
+    return st;
+}
+
+stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
+                            size_t ncand, const stz_tune_params *p, stz_err *err)
+{
+    memset(T, 0, sizeof *T);
+    T->pack = (stz_pack_params)STZ_PACK_PARAMS_DEFAULT;
+    stz_status st = set_candidates(T, cand, ncand, err);
+    if (st)
+        return st;
     size_t nt = 0;
     uint64_t total = 0, done = 0;
     for (size_t f = 0; f < nfiles; f++) {
@@ -205,67 +278,17 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
     }
     if (!(T->meta = calloc(nfiles + 1, sizeof *T->meta)) || !(T->t = calloc(nt + 1, sizeof *T->t)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensors' figures");
-    for (size_t f = 0; f < nfiles; f++, T->nfiles++) {
-        const stz_reader *r = stz_qmodel_reader(files[f]);
-        cJSON *meta = cJSON_CreateObject();
-        for (size_t i = 0; i < stz_reader_meta_count(r); i++)
-            if (strcmp(stz_reader_meta_key(r, i), "format"))
-                cJSON_AddStringToObject(meta, stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
-        T->meta[f] = cJSON_PrintUnformatted(meta);
-        cJSON_Delete(meta);
-        if (!T->meta[f])
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a file's metadata");
-    }
-    uint64_t *raw = malloc(ncand * sizeof *raw);
-    stz_status st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidates' bytes");
-    for (size_t f = 0; !st && f < nfiles; f++) {
-        const stz_reader *r = stz_qmodel_reader(files[f]);
+    if ((st = keep_metadata(T, files, nfiles, err)))
+        return st;
+    uint64_t *raw = malloc(T->ncand * sizeof *raw);
+    st = raw ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidates' bytes");
+    for (size_t f = 0; !st && f < nfiles; f++)
         for (size_t i = 0; !st && i < stz_qmodel_count(files[f]); i++) {
-            const stz_qtensor *q = stz_qmodel_tensor(files[f], i);
-            const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
-            stz_tune_tensor *t = &T->t[T->nt++];
-            uint64_t size = rt->end - rt->begin;
-            t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
-            T->params += q->numel;
-            uint8_t *bytes = malloc(size + 1);
-            float *x = NULL;
-            t->name = strdup(q->name);
-            t->bytes = calloc(ncand, sizeof *t->bytes), t->err2 = calloc(ncand, sizeof *t->err2);
-            if (!bytes || !t->name || !t->bytes || !t->err2) {
-                free(bytes);
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
-                break;
-            }
-            measure_job j = {T, t, NULL, q->rows, q->cols, 0, raw};
-            st = stz_reader_read(r, rt, 0, bytes, size, err);
-            if (!st)
-                st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, &j.keep_bytes, err);
-            free(bytes);
-            t->bytes[0] = j.keep_bytes;
-            if (!st && !t->why && !(x = malloc(q->numel * sizeof *x)))
-                st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s' as F32", q->name);
-            if (!st && x && !(st = stz_qmodel_read_rows(files[f], i, 0, (size_t)q->rows, x, err))) {
-                for (uint64_t e = 0; e < q->numel && !t->why; e++)
-                    t->why = isfinite(x[e]) ? NULL : "holds NaN or Inf";
-                for (uint64_t e = 0; e < q->numel; e++)
-                    t->norm2 += (double)x[e] * x[e];
-            }
-            if (!st && !t->why) {
-                j.x = x;
-                stz_ordered pl = {.n = ncand, .threads = p->threads < 1 ? 1 : p->threads, .ctx = &j,
-                                   .work = measure_work};
-                st = stz_ordered_run(&pl, err);
-                for (size_t c = 0; c < T->noffered && !t->tunable; c++)
-                    t->tunable = t->bytes[c] != UINT64_MAX;
-                if (!t->tunable)
-                    t->bytes[0] = j.keep_bytes, t->why = "no candidate applies";
-            }
-            free(x);
-            done += q->stored_bytes;
+            st = measure_tensor(T, files[f], f, i, p, raw, err);
+            done += stz_qmodel_tensor(files[f], i)->stored_bytes;
             if (!st && p->progress && p->progress(p->progress_user, done, total))
                 st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
         }
-    }
     free(raw);
     return st;
 }
