@@ -82,6 +82,8 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
     return CLI_OK;
 }
 
+/* stz export --gguf. Longer than most: the option table and its switch,
+ * then one library call and its report. */
 int cmd_export(int argc, char **argv)
 {
     static const struct option opts[] = {

@@ -233,6 +233,9 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
     return st;
 }
 
+/* stz compress. Longer than most: the options, the run (a file, standard
+ * input, a sharded directory, over MPI ranks: each a call), then the
+ * report as JSON or text, line by line. */
 int cmd_compress(int argc, char **argv)
 {
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)

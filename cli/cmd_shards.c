@@ -228,6 +228,10 @@ static stz_status write_index(const cli_model_dir *m, const char *in, const char
     return st;
 }
 
+/* Converts a sharded directory shard by shard into a temporary directory
+ * renamed into place at the end. Longer than most: every MPI rank takes
+ * the same collective steps (broadcast, failure agreement) in this order,
+ * kept in one function so that they stay visible and matched. */
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
                    int rewrite_index, int threads, int quiet, cli_shard_fn convert, void *user)
 {

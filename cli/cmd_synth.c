@@ -128,6 +128,8 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
     return s;
 }
 
+/* stz synth. Longer than most: the option table and its switch, then one
+ * call per output form (file, sharded directory). */
 int cmd_synth(int argc, char **argv)
 {
     enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON, O_SPARSITY, O_LAYERS, O_SHARDS };

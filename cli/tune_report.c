@@ -78,6 +78,8 @@ int cli_tune_missed(const tune_opts *o, const measured *m)
     return o->kind == STZ_BUDGET_KL ? m->fwd.kl_mean > o->value : (double)m->bytes > o->value;
 }
 
+/* Longer than most: the --json document or the text report, one entry or
+ * line per figure, from the same figures and in the same order. */
 int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
                   const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
                   double budget_bytes, const char *source)

@@ -373,14 +373,13 @@ static stz_status run_streams(probe_state *ps, size_t ns, uint32_t l0, const cha
     return st;
 }
 
-stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
-                             const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err)
+/* The rows once (R) and MATS times over (W), the scored positions (token t
+ * predicts token t + 1) and the buffers. */
+static stz_status probe_setup(probe_state *ps, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                              stz_err *err)
 {
-    const stz_fwd_config *c = &m->c;
-    size_t D = c->dim, V = c->vocab, L = c->n_layers;
-    loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
-    int tied = hd.f == emb.f && hd.i == emb.i;
-    probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user};
+    stz_fwd *m = ps->m;
+    size_t D = m->c.dim, V = m->c.vocab;
     int32_t *wide = malloc((MATS * nseq * stride + 1) * sizeof *wide);
     size_t *wlens = malloc((MATS * nseq + 1) * sizeof *wlens);
     stz_status st = wide && wlens ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the probe's sequences");
@@ -388,37 +387,103 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
         memcpy(wide + k * nseq * stride, tokens, nseq * stride * sizeof *wide);
         memcpy(wlens + k * nseq, lens, nseq * sizeof *wlens);
     }
-    if (!st && !(st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &ps.R, err)))
-        st = stz_forward_rows_make(m, wide, MATS * nseq, stride, wlens, &ps.W, err);
+    if (!st && !(st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &ps->R, err)))
+        st = stz_forward_rows_make(m, wide, MATS * nseq, stride, wlens, &ps->W, err);
     free(wide), free(wlens);
-    size_t n = ps.n = ps.R.b.n;
-    ps.idx = malloc((n + 1) * sizeof *ps.idx), ps.next = malloc((n + 1) * sizeof *ps.next);
-    for (size_t s = 0, r = 0; !st && ps.idx && ps.next && s < nseq; s++) /* token t predicts token t + 1 */
+    size_t n = ps->n = ps->R.b.n;
+    ps->idx = malloc((n + 1) * sizeof *ps->idx), ps->next = malloc((n + 1) * sizeof *ps->next);
+    for (size_t s = 0, r = 0; !st && ps->idx && ps->next && s < nseq; s++)
         for (size_t t = 0; t < lens[s]; t++, r++)
             if (t + 1 < lens[s])
-                ps.idx[ps.scored] = r, ps.next[ps.scored++] = tokens[s * stride + t + 1];
-    size_t sc = ps.scored;
-    ps.X = malloc((n * D + 1) * sizeof *ps.X), ps.P = malloc((MATS * n * D + 1) * sizeof *ps.P);
-    ps.S = malloc((MATS * sc * D + 1) * sizeof *ps.S), ps.store = malloc((sc * V + 1) * sizeof *ps.store);
-    ps.rs = calloc(MATS * sc + 1, sizeof *ps.rs), ps.kl = malloc((sc + 1) * sizeof *ps.kl);
-    if (!st && (!ps.idx || !ps.next || !ps.X || !ps.P || !ps.S || !ps.store || !ps.rs || !ps.kl))
+                ps->idx[ps->scored] = r, ps->next[ps->scored++] = tokens[s * stride + t + 1];
+    size_t sc = ps->scored;
+    ps->X = malloc((n * D + 1) * sizeof *ps->X), ps->P = malloc((MATS * n * D + 1) * sizeof *ps->P);
+    ps->S = malloc((MATS * sc * D + 1) * sizeof *ps->S), ps->store = malloc((sc * V + 1) * sizeof *ps->store);
+    ps->rs = calloc(MATS * sc + 1, sizeof *ps->rs), ps->kl = malloc((sc + 1) * sizeof *ps->kl);
+    if (!st && (!ps->idx || !ps->next || !ps->X || !ps->P || !ps->S || !ps->store || !ps->rs || !ps->kl))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
     else if (!st && !sc)
         st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
-    /* progress in layers run, a head counting as one */
-    const char *names[MATS];
-    names[0] = st ? NULL : stz_forward_tensor(m, emb)->name;
-    int want_emb = !st && probe->select(probe->user, names[0]);
-    ps.total = L + 1 + (want_emb ? L + 1 : 0);
-    for (size_t l = 0; !st && l < L; l++) {
+    return st;
+}
+
+/* Progress units: layers run, a head counting as one. */
+static uint64_t probe_total(const stz_fwd *m, const stz_fwd_probe *probe, int want_emb, int tied)
+{
+    size_t L = m->c.n_layers;
+    uint64_t total = L + 1 + (want_emb ? L + 1 : 0);
+    for (size_t l = 0; l < L; l++) {
         int any = 0;
         for (size_t k = 0; k < MATS; k++)
             if (probe->select(probe->user, stz_forward_tensor(m, m->layer[l * STZ_ROLE_PER_LAYER + mats[k]])->name))
-                ps.total += 1, any = 1;
-        ps.total += any ? L - l - 1 + 1 + 1 : 1; /* the later layers and the head once; layer l itself */
+                total += 1, any = 1;
+        total += any ? L - l - 1 + 1 + 1 : 1; /* the later layers and the head once; layer l itself */
     }
-    if (!st && !tied && probe->select(probe->user, stz_forward_tensor(m, hd)->name))
-        ps.total++;
+    if (!tied && probe->select(probe->user, stz_forward_tensor(m, m->global[G_HEAD])->name))
+        total++;
+    return total;
+}
+
+/* Layer by layer: layer l once per selected matrix with that matrix
+ * perturbed, those streams run to the head, then layer l unperturbed. */
+static stz_status probe_layers(probe_state *ps, size_t nseq, const char **names, stz_err *err)
+{
+    stz_fwd *m = ps->m;
+    size_t n = ps->n, D = m->c.dim;
+    const stz_fwd_probe *probe = ps->probe;
+    stz_status st = STZ_OK;
+    for (size_t l = 0; !st && l < m->c.n_layers; l++) {
+        size_t ns = 0; /* layer l once per perturbed matrix, then all of them on together */
+        for (size_t k = 0; !st && k < MATS; k++) {
+            loc at = m->layer[l * STZ_ROLE_PER_LAYER + mats[k]];
+            if (!probe->select(probe->user, names[ns] = stz_forward_tensor(m, at)->name))
+                continue;
+            float *Pk = ps->P + ns++ * n * D;
+            memcpy(Pk, ps->X, n * D * sizeof *Pk);
+            m->probe = probe, m->probe_at = at;
+            st = stz_forward_run_layers(m, Pk, &ps->R.b, nseq, (uint32_t)l, (uint32_t)l + 1, ps->progress, ps->user,
+                                        &ps->done, ps->total, err);
+            m->probe = NULL;
+        }
+        if (!st && ns)
+            st = run_streams(ps, ns, (uint32_t)l + 1, names, 0, err);
+        if (!st)
+            st = stz_forward_run_layers(m, ps->X, &ps->R.b, nseq, (uint32_t)l, (uint32_t)l + 1, ps->progress, ps->user,
+                                        &ps->done, ps->total, err);
+    }
+    return st;
+}
+
+/* A separate head perturbed on the final hidden states. */
+static stz_status probe_head(probe_state *ps, const char *name, stz_err *err)
+{
+    stz_fwd *m = ps->m;
+    size_t D = m->c.dim, sc = ps->scored;
+    for (size_t i = 0; i < sc; i++)
+        memcpy(ps->S + i * D, ps->X + ps->idx[i] * D, D * sizeof *ps->S);
+    m->probe = ps->probe, m->probe_at = m->global[G_HEAD];
+    stz_status st = head_streams(ps, 1, 0, err);
+    if (!st) {
+        stz_fwd_report rep;
+        report_from(ps->rs, sc, ps->kl, &rep);
+        ps->probe->result(ps->probe->user, name, rep.kl_mean);
+    }
+    return st;
+}
+
+stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                             const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err)
+{
+    loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
+    int tied = hd.f == emb.f && hd.i == emb.i;
+    probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user};
+    stz_status st = probe_setup(&ps, tokens, nseq, stride, lens, err);
+    size_t n = ps.n;
+    const char *names[MATS];
+    names[0] = st ? NULL : stz_forward_tensor(m, emb)->name;
+    int want_emb = !st && probe->select(probe->user, names[0]);
+    if (!st)
+        ps.total = probe_total(m, probe, want_emb, tied);
     stz_blas_threads(m->threads);
     if (!st && !(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
         st = run_streams(&ps, 1, 0, NULL, 1, err); /* the reference */
@@ -430,35 +495,10 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     }
     if (!st)
         st = stz_forward_embed(m, ps.R.tok, n, ps.X, err);
-    for (size_t l = 0; !st && l < L; l++) {
-        size_t ns = 0; /* layer l once per perturbed matrix, then all of them on together */
-        for (size_t k = 0; !st && k < MATS; k++) {
-            loc at = m->layer[l * STZ_ROLE_PER_LAYER + mats[k]];
-            if (!probe->select(probe->user, names[ns] = stz_forward_tensor(m, at)->name))
-                continue;
-            float *Pk = ps.P + ns++ * n * D;
-            memcpy(Pk, ps.X, n * D * sizeof *Pk);
-            m->probe = probe, m->probe_at = at;
-            st = stz_forward_run_layers(m, Pk, &ps.R.b, nseq, (uint32_t)l, (uint32_t)l + 1, progress, user, &ps.done,
-                                     ps.total, err);
-            m->probe = NULL;
-        }
-        if (!st && ns)
-            st = run_streams(&ps, ns, (uint32_t)l + 1, names, 0, err);
-        if (!st)
-            st = stz_forward_run_layers(m, ps.X, &ps.R.b, nseq, (uint32_t)l, (uint32_t)l + 1, progress, user, &ps.done,
-                                     ps.total, err);
-    }
-    if (!st && !tied && probe->select(probe->user, names[0] = stz_forward_tensor(m, hd)->name)) {
-        for (size_t i = 0; i < sc; i++)
-            memcpy(ps.S + i * D, ps.X + ps.idx[i] * D, D * sizeof *ps.S);
-        m->probe = probe, m->probe_at = hd;
-        if (!(st = head_streams(&ps, 1, 0, err))) {
-            stz_fwd_report rep;
-            report_from(ps.rs, sc, ps.kl, &rep);
-            probe->result(probe->user, names[0], rep.kl_mean);
-        }
-    }
+    if (!st)
+        st = probe_layers(&ps, nseq, names, err);
+    if (!st && !tied && probe->select(probe->user, names[0] = stz_forward_tensor(m, hd)->name))
+        st = probe_head(&ps, names[0], err);
     m->probe = NULL;
     stz_forward_rows_free(&ps.R), stz_forward_rows_free(&ps.W);
     free(ps.idx), free(ps.next), free(ps.X), free(ps.P), free(ps.S), free(ps.store), free(ps.rs), free(ps.kl);

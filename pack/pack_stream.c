@@ -37,6 +37,82 @@ static stz_status stream_record(stz_container *c, size_t i, dec_buf *b, stz_err 
     return st ? st : stz_container_decode_record(c, i, b, err);
 }
 
+/* What came through the stream so far: the chunks (the list grows as
+ * records come, so a header declaring a huge model costs nothing until its
+ * bytes do) and each one's hash. */
+typedef struct {
+    stz_container *c;
+    dec_buf b;
+    stz_chunk_info *seen;
+    uint64_t *hashes;
+    size_t n, cap;
+} stream_state;
+
+/* Every chunk the header implies (each tensor cut at the chunk size, in
+ * data order), decoded, checked and written to of when out is set. */
+static stz_status stream_chunks(stream_state *s, const stz_unpack_params *p, stz_outfile *of, int out, stz_err *err)
+{
+    stz_container *c = s->c;
+    uint64_t done = 0;
+    for (size_t t = 0; t < stz_reader_count(c->hdr); t++) {
+        const stz_tensor *x = stz_reader_tensor(c->hdr, t);
+        for (uint64_t off = x->begin; off < x->end; off += c->chunk_size, s->n++) {
+            size_t n = s->n;
+            if (n == s->cap) {
+                stz_chunk_info *g = realloc(s->seen, (s->cap = s->cap ? 2 * s->cap : 64) * sizeof *g);
+                uint64_t *h = realloc(s->hashes, s->cap * sizeof *h);
+                s->seen = g ? g : s->seen, s->hashes = h ? h : s->hashes;
+                if (!g || !h)
+                    return stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
+            }
+            s->seen[n] = (stz_chunk_info){.tensor = (uint32_t)t, .data_offset = off, .file_offset = c->spos,
+                                          .raw_size = (uint32_t)(x->end - off < c->chunk_size ? x->end - off
+                                                                                               : c->chunk_size)};
+            c->chunks = s->seen, c->n = n + 1;
+            stz_status st = stream_record(c, n, &s->b, err);
+            if (!st && out)
+                st = stz_outfile_write(of, s->b.raw, s->seen[n].raw_size, err);
+            if (st)
+                return st;
+            s->hashes[n] = stz_le64(s->b.rec + 16);
+            done += s->seen[n].raw_size;
+            if (p->progress && p->progress(p->progress_user, done, c->orig_size - c->header_len)) {
+                s->n++;
+                return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+            }
+        }
+    }
+    return STZ_OK;
+}
+
+/* The index and the trailer, checked as in a file, and against the
+ * records that came. */
+static stz_status check_tail(stream_state *s, uint64_t head_end, const char *label, stz_err *err)
+{
+    stz_container *c = s->c;
+    size_t tl = INDEX_HEAD_SIZE + s->n * INDEX_ENTRY_SIZE + TRAILER_SIZE;
+    uint8_t *tail = malloc(tl);
+    c->tail_off = c->spos;
+    if (!tail)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the index and trailer");
+    stz_status st = stz_container_sread(c, c->spos, tail, tl, "index and trailer", err);
+    if (st) {
+        free(tail);
+        return st;
+    }
+    c->tail = tail, c->size = c->tail_off + tl; /* cread serves the index and trailer from here */
+    c->chunks = NULL;                             /* read_index rebuilds them from the index */
+    st = stz_container_read_index(c, head_end, err);
+    for (size_t i = 0; !st && i < s->n; i++) {
+        const stz_chunk_info *a = &c->chunks[i], *z = &s->seen[i];
+        if (a->file_offset != z->file_offset || a->record_size != z->record_size ||
+            a->data_offset != z->data_offset || a->raw_size != z->raw_size || a->tensor != z->tensor)
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: index entry %zu does not match the record that came", label, i);
+    }
+    free(c->chunks);
+    return st;
+}
+
 stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err)
 {
     stz_container *c = calloc(1, sizeof *c);
@@ -46,13 +122,11 @@ stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *lab
     }
     c->fd = fd, c->stream = 1, c->size = UINT64_MAX;
     stz_outfile of = STZ_OUTFILE_INIT;
-    dec_buf b = {0};
-    stz_chunk_info *seen = NULL;
-    uint64_t *hashes = NULL, head_end = 0, done = 0;
-    size_t n = 0, cap = 0;
+    stream_state s = {.c = c};
+    uint64_t head_end = 0;
     stz_status st = stz_container_read_head(c, &head_end, err);
     if (!st)
-        st = stz_container_dec_buf_init(&b, c->chunk_size, err);
+        st = stz_container_dec_buf_init(&s.b, c->chunk_size, err);
     if (!st && out) {
         if (!strcmp(out, "-"))
             stz_outfile_stdout(&of);
@@ -61,69 +135,23 @@ stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *lab
         if (!st)
             st = stz_outfile_write(&of, c->header_img, c->header_len, err);
     }
-    /* the chunks follow from the header: every tensor cut at the chunk size, in data order; the list
-     * grows as records come, so a header declaring a huge model costs nothing until its bytes do */
-    for (size_t t = 0; !st && t < stz_reader_count(c->hdr); t++) {
-        const stz_tensor *x = stz_reader_tensor(c->hdr, t);
-        for (uint64_t off = x->begin; !st && off < x->end; off += c->chunk_size, n++) {
-            if (n == cap) {
-                stz_chunk_info *g = realloc(seen, (cap = cap ? 2 * cap : 64) * sizeof *g);
-                uint64_t *h = realloc(hashes, cap * sizeof *h);
-                seen = g ? g : seen, hashes = h ? h : hashes;
-                if (!g || !h) {
-                    st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
-                    break;
-                }
-            }
-            seen[n] = (stz_chunk_info){.tensor = (uint32_t)t, .data_offset = off, .file_offset = c->spos,
-                                       .raw_size = (uint32_t)(x->end - off < c->chunk_size ? x->end - off
-                                                                                            : c->chunk_size)};
-            c->chunks = seen, c->n = n + 1;
-            if ((st = stream_record(c, n, &b, err)) ||
-                (out && (st = stz_outfile_write(&of, b.raw, seen[n].raw_size, err))))
-                break;
-            hashes[n] = stz_le64(b.rec + 16);
-            done += seen[n].raw_size;
-            if (p->progress && p->progress(p->progress_user, done, c->orig_size - c->header_len))
-                st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-        }
-    }
-    /* then the index and the trailer, checked as in a file, and against what came */
-    if (!st) {
-        size_t tl = INDEX_HEAD_SIZE + n * INDEX_ENTRY_SIZE + TRAILER_SIZE;
-        uint8_t *tail = malloc(tl);
-        c->tail_off = c->spos;
-        if (!tail)
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the index and trailer");
-        else if ((st = stz_container_sread(c, c->spos, tail, tl, "index and trailer", err)))
-            free(tail);
-        else {
-            c->tail = tail, c->size = c->tail_off + tl; /* cread serves the index and trailer from here */
-            c->chunks = NULL; /* read_index rebuilds them from the index */
-            st = stz_container_read_index(c, head_end, err);
-            for (size_t i = 0; !st && i < n; i++) {
-                const stz_chunk_info *a = &c->chunks[i], *z = &seen[i];
-                if (a->file_offset != z->file_offset || a->record_size != z->record_size ||
-                    a->data_offset != z->data_offset || a->raw_size != z->raw_size || a->tensor != z->tensor)
-                    st = stz_err_set(err, STZ_E_FORMAT, "%s: index entry %zu does not match the record that came",
-                                     label, i);
-            }
-            free(c->chunks);
-        }
-    }
-    c->chunks = seen;
+    if (!st)
+        st = stream_chunks(&s, p, &of, out != NULL, err);
+    if (!st)
+        st = check_tail(&s, head_end, label, err);
+    c->chunks = s.seen;
     uint8_t extra;
     if (!st && read(fd, &extra, 1) > 0)
         st = stz_err_set(err, STZ_E_FORMAT, "%s: bytes after the container's end", label);
-    if (!st && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), hashes, n) != c->whole_hash)
+    if (!st && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), s.hashes, s.n) != c->whole_hash)
         st = stz_err_set(err, STZ_E_CHECKSUM, "%s: whole-file checksum mismatch", label);
     if (!st && out)
         st = stz_outfile_commit(&of, err);
     if (!of.path)
         of.fd = -1; /* standard output stays open */
     stz_outfile_abort(&of);
-    stz_container_dec_buf_free(&b);
-    free(hashes);
+    stz_container_dec_buf_free(&s.b);
+    free(s.hashes);
     c->fd = -1; /* the caller's */
     stz_container_free(c);
     return st;

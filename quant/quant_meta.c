@@ -101,6 +101,9 @@ static stz_status find_companions(const stz_reader *r, const stz_tensor *t, cons
     return STZ_OK;
 }
 
+/* One stz.quant.NAME entry checked against docs/FORMAT.md and the values
+ * tensor t. Longer than most: the checks run in a fixed order whose error
+ * codes the corrupt-file corpus pins (tests/corpus/quant). */
 static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const char *json, qinfo *qi, stz_err *err)
 {
     const char *P = stz_reader_path(r);
