@@ -126,6 +126,10 @@ typedef struct {
     float mid[64];
     uint8_t lut[1024];
     int lut_exact;
+    /* set by a decision's format: 8 or 4 bits, absmax or mse, F16/F32 scales,
+     * quantized by the first kernels (stz_q8_*, stz_q4_*), whose bytes files
+     * keep; stz_qf_quantize_row itself ignores it */
+    int first_kernels;
 } stz_qformat;
 
 /* Call after setting levels (nl), before quantizing. */
@@ -178,7 +182,6 @@ typedef struct {
     size_t rank;        /* svd: the factors' rank */
     double err2, norm2; /* squared error of the dequantized values; squared norm of the original */
     stz_qformat fmt;    /* as used: the U8 scales' base, nl-fit's fitted levels */
-    int legacy;         /* written by the first kernels */
 } stz_qmem;
 
 /* Quantizes rows x cols floats x (finite) under decision d (int2..int8,

@@ -56,7 +56,6 @@ typedef struct {
     double sens;        /* KL per unit of squared error */
     int choice;         /* chosen candidate (tunable), set by stz_tune_solve */
     stz_qformat probe_fmt; /* the probe candidate's format for this tensor (base, levels) */
-    int probe_legacy;
 } stz_tune_tensor;
 
 typedef struct {

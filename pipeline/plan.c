@@ -10,7 +10,7 @@
 void stz_quant_plan_format(stz_quant_plan *x)
 {
     x->bits = x->d.action == STZ_ACTION_SVD ? 8 : stz_action_bits(x->d.action); /* svd: INT8 factors */
-    x->legacy = stz_qf_of_decision(&x->d, &x->fmt);
+    stz_qf_of_decision(&x->d, &x->fmt);
 }
 
 /* The largest magnitude of a tensor, and whether it holds NaN or Inf,
@@ -82,7 +82,7 @@ stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_
                                stz_err *err)
 {
     int fit = x->d.method == STZ_QMETHOD_NL_FIT, keep = x->d.nonfinite == STZ_NONFINITE_KEEP, bad = 0;
-    if (!keep && (x->legacy || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit)))
+    if (!keep && (x->fmt.first_kernels || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit)))
         return STZ_OK;
     size_t esz = stz_dtype_bits(t->dtype) / 8, per = STZ_QUANT_BATCH_BYTES / esz;
     uint8_t *buf = slot[0].in;

@@ -19,7 +19,6 @@ typedef struct {
     char *mins_name;     /* asym: NAME.mins (NULL: single block) */
     float scalar, scalar_min; /* the single scale (and minimum) */
     stz_qformat fmt;     /* bits, method, block, scales (and base, levels) */
-    int legacy;          /* 8 or 4 bits, absmax or mse, F16/F32 scales: the first kernels, byte for byte */
     /* svd: INT8 factors, made before the header is written */
     int svd;
     size_t rank;

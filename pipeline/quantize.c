@@ -82,7 +82,7 @@ static stz_status refuse_quantized(const stz_reader *r, stz_err *err)
 
 static int quant_row(const stz_quant_plan *pl, const float *x, uint8_t *q, float *scales, float *mins)
 {
-    return stz_qf_quantize_any(&pl->fmt, pl->legacy, x, pl->cols, q, scales, mins);
+    return stz_qf_quantize_any(&pl->fmt, x, pl->cols, q, scales, mins);
 }
 
 static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_plan *pl, stz_err *err)

@@ -20,7 +20,7 @@ int stz_action_bits(stz_action a)
 static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit"};
 const char *stz_qmethod_name(stz_qmethod m) { return (unsigned)m < STZ_QMETHOD_COUNT ? method_names[m] : "?"; }
 
-int stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
+void stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
 {
     int bits = d->action == STZ_ACTION_SVD ? 8 : stz_action_bits(d->action);
     memset(f, 0, sizeof *f);
@@ -28,14 +28,13 @@ int stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
     f->block = d->block_size, f->scale_dtype = d->scale_dtype;
     if (f->method == STZ_QMETHOD_NL && bits)
         stz_qf_default_levels(bits, f->levels), stz_qf_prepare(f);
-    return (bits == 8 || bits == 4) && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE) &&
-           d->scale_dtype != STZ_DTYPE_U8;
+    f->first_kernels = (bits == 8 || bits == 4) && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE) &&
+                       d->scale_dtype != STZ_DTYPE_U8;
 }
 
-int stz_qf_quantize_any(const stz_qformat *f, int legacy, const float *x, size_t n, uint8_t *q, float *scales,
-                        float *mins)
+int stz_qf_quantize_any(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
 {
-    if (!legacy)
+    if (!f->first_kernels)
         return stz_qf_quantize_row(f, x, n, q, scales, mins);
     return f->bits == 8 ? stz_q8_quantize_ref(x, n, f->block, f->method, f->scale_dtype, (int8_t *)q, scales)
                         : stz_q4_quantize_ref(x, n, f->block, f->method, f->scale_dtype, q, scales);
@@ -160,7 +159,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
     if (!stz_action_bits(d->action))
         return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
                            stz_action_name(d->action));
-    out->legacy = stz_qf_of_decision(d, f);
+    stz_qf_of_decision(d, f);
     uint64_t n = rows * cols, nb = stz_q_blocks(cols, d->block_size), ns = rows * nb;
     float amax = 0;
     for (uint64_t i = 0; i < n; i++) {
@@ -188,7 +187,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
         const float *xr = x + r * cols;
         float *s = sc + r * nb, *m = mn ? mn + r * nb : NULL;
         uint8_t *q = out->part[STZ_PART_VALUES] + r * rb;
-        if (stz_qf_quantize_any(f, out->legacy, xr, (size_t)cols, q, s, m)) {
+        if (stz_qf_quantize_any(f, xr, (size_t)cols, q, s, m)) {
             st = stz_err_set(err, STZ_E_NUMERIC, "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"");
             break;
         }

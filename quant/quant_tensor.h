@@ -8,14 +8,13 @@
 #include "stz_svd.h"
 
 /* The kernel format of a quantizing decision (int2..int8; svd: its INT8
- * factors): bits, method, block, scale storage, nl's fixed codebook.
- * Returns 1 when the first kernels (stz_q8_*, stz_q4_*) write it. */
-int stz_qf_of_decision(const stz_decision *d, stz_qformat *f);
+ * factors): bits, method, block, scale storage, nl's fixed codebook, and
+ * whether the first kernels (stz_q8_*, stz_q4_*) write it. */
+void stz_qf_of_decision(const stz_decision *d, stz_qformat *f);
 
-/* One row, with the first kernels when `legacy`, else stz_qf_quantize_row.
- * -1 if a scale does not fit F16. */
-int stz_qf_quantize_any(const stz_qformat *f, int legacy, const float *x, size_t n, uint8_t *q, float *scales,
-                        float *mins);
+/* One row, with the first kernels when f->first_kernels, else
+ * stz_qf_quantize_row. -1 if a scale does not fit F16. */
+int stz_qf_quantize_any(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
 
 /* n per-block floats as the scale dtype stores them (U8: log codes under
  * the format's base). */

@@ -153,7 +153,7 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
             t->bytes[c] += b, j->raw[c] += q.len[k];
     }
     if (c == T->probe)
-        t->probe_fmt = q.fmt, t->probe_legacy = q.legacy;
+        t->probe_fmt = q.fmt;
     stz_qmem_free(&q);
     return st;
 }
@@ -325,7 +325,7 @@ static int probe_perturb(void *user, const char *name, float *rows, uint64_t r0,
     }
     for (size_t r = 0; r < n; r++) {
         float *x = rows + r * cols;
-        stz_qf_quantize_any(f, t->probe_legacy, x, cols, q, s, s + nb);
+        stz_qf_quantize_any(f, x, cols, q, s, s + nb);
         stz_qf_dequantize_row(f, q, s, s + nb, cols, x);
     }
     free(q), free(s);

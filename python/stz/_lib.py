@@ -36,7 +36,7 @@ class Tensor(ctypes.Structure):  # stz_tensor (stz_safetensors.h)
                 ("numel", ctypes.c_uint64), ("begin", ctypes.c_uint64), ("end", ctypes.c_uint64)]
 
 
-class QTensor(ctypes.Structure):  # stz_qtensor (stz_quant.h)
+class QTensor(ctypes.Structure):  # stz_qtensor (stz_model.h)
     _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int), ("shape", _U64P),
                 ("numel", ctypes.c_uint64), ("rows", ctypes.c_uint64), ("cols", ctypes.c_uint64),
                 ("bits", ctypes.c_int), ("rank", ctypes.c_uint64), ("stored_bytes", ctypes.c_uint64),
