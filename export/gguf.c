@@ -1,4 +1,4 @@
-/* GGUF: types, the key/value builder, block packing, and a strict reader
+/* GGUF: the key/value builder and a strict reader
  * (see stz_gguf.h). All integers in a GGUF file are little-endian. */
 #include "gguf_internal.h"
 #include "core/stz_core.h"
@@ -9,61 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ---- types --------------------------------------------------------------- */
-
-/* Every ggml type a GGUF file may hold (ggml.h's numbering; block layouts in
- * ggml-common.h): elements and bytes per block, and whether export writes
- * it. 31-33 and 36-38 were withdrawn from GGUF files. */
-static const struct {
-    int type;
-    const char *name;
-    uint32_t block, bytes;
-    int writes;
-} types[] = {
-    {STZ_GGML_F32, "f32", 1, 4, 1},  {STZ_GGML_F16, "f16", 1, 2, 1},      {STZ_GGML_Q4_0, "q4_0", 32, 18, 1},
-    {3, "q4_1", 32, 20, 0},          {STZ_GGML_Q5_0, "q5_0", 32, 22, 1},  {7, "q5_1", 32, 24, 0},
-    {STZ_GGML_Q8_0, "q8_0", 32, 34, 1}, {9, "q8_1", 32, 36, 0},           {10, "q2_k", 256, 84, 0},
-    {11, "q3_k", 256, 110, 0},       {12, "q4_k", 256, 144, 0},           {13, "q5_k", 256, 176, 0},
-    {14, "q6_k", 256, 210, 0},       {15, "q8_k", 256, 292, 0},           {16, "iq2_xxs", 256, 66, 0},
-    {17, "iq2_xs", 256, 74, 0},      {18, "iq3_xxs", 256, 98, 0},         {19, "iq1_s", 256, 50, 0},
-    {20, "iq4_nl", 32, 18, 0},       {21, "iq3_s", 256, 110, 0},          {22, "iq2_s", 256, 82, 0},
-    {23, "iq4_xs", 256, 136, 0},     {24, "i8", 1, 1, 0},                 {25, "i16", 1, 2, 0},
-    {26, "i32", 1, 4, 0},            {27, "i64", 1, 8, 0},                {28, "f64", 1, 8, 0},
-    {29, "iq1_m", 256, 56, 0},       {STZ_GGML_BF16, "bf16", 1, 2, 1},    {34, "tq1_0", 256, 54, 0},
-    {35, "tq2_0", 256, 66, 0},       {39, "mxfp4", 32, 17, 0},
-};
-#define NTYPES (sizeof types / sizeof types[0])
-
-static int type_index(int type)
-{
-    for (size_t i = 0; i < NTYPES; i++)
-        if (types[i].type == type)
-            return (int)i;
-    return -1;
-}
-
-const char *stz_ggml_type_name(int type)
-{
-    int i = type_index(type);
-    return i < 0 ? NULL : types[i].name;
-}
-
-int stz_ggml_type_parse(const char *s)
-{
-    if (!strcmp(s, "auto"))
-        return STZ_GGML_AUTO;
-    for (size_t i = 0; i < NTYPES; i++)
-        if (types[i].writes && !strcmp(types[i].name, s))
-            return types[i].type;
-    return -2;
-}
-
-uint64_t stz_ggml_row_bytes(int type, uint64_t n)
-{
-    int i = type_index(type);
-    return i < 0 ? 0 : n / types[i].block * types[i].bytes;
-}
 
 /* ---- building ------------------------------------------------------------ */
 
@@ -135,56 +80,6 @@ void kv_arr(gbuf *b, const char *key, uint32_t type, uint64_t n)
 }
 
 /* ---- blocks -------------------------------------------------------------- */
-
-void gguf_block_format(int type, stz_qformat *f)
-{
-    memset(f, 0, sizeof *f);
-    f->bits = type == STZ_GGML_Q8_0 ? 8 : type == STZ_GGML_Q5_0 ? 5 : 4;
-    f->method = type == STZ_GGML_Q8_0 ? STZ_QMETHOD_ABSMAX : STZ_QMETHOD_FULL;
-    f->block = GGML_QK;
-    f->scale_dtype = STZ_DTYPE_F16;
-    stz_qf_prepare(f);
-}
-
-long gguf_pack_row(int type, const float *v, const float *scales, size_t n, uint8_t *out)
-{
-    if (type == STZ_GGML_F32 || type == STZ_GGML_F16 || type == STZ_GGML_BF16) {
-        stz_dtype d = type == STZ_GGML_F32 ? STZ_DTYPE_F32 : type == STZ_GGML_F16 ? STZ_DTYPE_F16 : STZ_DTYPE_BF16;
-        return stz_from_f32(d, v, n, out, NULL) ? 0 : -1;
-    }
-    int lo = type == STZ_GGML_Q8_0 ? -128 : type == STZ_GGML_Q5_0 ? -16 : -8, off = -lo;
-    size_t bb = types[type_index(type)].bytes;
-    for (size_t b = 0; b < n / GGML_QK; b++) {
-        const float *x = v + b * GGML_QK, s = scales[b];
-        uint8_t *o = out + b * bb;
-        int q[GGML_QK];
-        uint16_t h = stz_f32_to_f16(s);
-        if (stz_f16_to_f32(h) != s)
-            return (long)(b * GGML_QK); /* the scale is not an F16 value */
-        for (int j = 0; j < GGML_QK; j++) {
-            float c = s != 0 ? x[j] / s : 0;
-            q[j] = (int)lrintf(c);
-            if (q[j] < lo || q[j] > -lo - 1 || (float)q[j] * s != x[j])
-                return (long)(b * GGML_QK + (size_t)j);
-        }
-        stz_put_le16(o, h);
-        if (type == STZ_GGML_Q8_0)
-            for (int j = 0; j < GGML_QK; j++)
-                o[2 + j] = (uint8_t)(int8_t)q[j];
-        else {
-            uint8_t *qs = o + (type == STZ_GGML_Q5_0 ? 6 : 2);
-            uint32_t qh = 0;
-            for (int j = 0; j < 16; j++) {
-                unsigned a = (unsigned)(q[j] + off), c = (unsigned)(q[j + 16] + off);
-                qs[j] = (uint8_t)((a & 15) | (c & 15) << 4);
-                qh |= (a >> 4) << j | (c >> 4) << (j + 16);
-            }
-            if (type == STZ_GGML_Q5_0)
-                stz_put_le32(o + 2, qh);
-        }
-    }
-    return -1;
-}
 
 /* ---- reading ------------------------------------------------------------- */
 
@@ -403,17 +298,17 @@ static stz_status read_tensor_info(stz_gguf *g, cur *c, const char *path, stz_er
     }
     t->type = (int)rd(c, 4);
     t->offset = rd(c, 8);
-    int ti = type_index(t->type);
+    const stz_ggml_traits *ty = stz_ggml_traits_of(t->type);
     if (c->bad)
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info '%s' runs past the end of the file", path, t->name);
-    if (ti < 0) /* its size is unknown, so nothing after it can be checked */
+    if (!ty) /* its size is unknown, so nothing after it can be checked */
         return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown ggml type %u", path, t->name,
                            (unsigned)t->type);
-    if (t->ne[0] % types[ti].block)
+    if (t->ne[0] % ty->block)
         return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': rows of %llu are not whole %s blocks", path, t->name,
-                           (unsigned long long)t->ne[0], types[ti].name);
-    t->bytes = numel / types[ti].block * types[ti].bytes;
-    if (numel / types[ti].block > UINT64_MAX / types[ti].bytes)
+                           (unsigned long long)t->ne[0], ty->name);
+    t->bytes = numel / ty->block * ty->bytes;
+    if (numel / ty->block > UINT64_MAX / ty->bytes)
         return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': size overflows", path, t->name);
     return STZ_OK;
 }

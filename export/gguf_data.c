@@ -17,7 +17,7 @@ static stz_status reserve(exporter *x, size_t rows, size_t cols, stz_err *err)
     if (rows <= x->cap_rows && cols <= x->cap_cols)
         return STZ_OK;
     rows = rows > x->cap_rows ? rows : x->cap_rows, cols = cols > x->cap_cols ? cols : x->cap_cols;
-    size_t n = rows * cols, nb = rows * (cols / GGML_QK + 1);
+    size_t n = rows * cols, nb = rows * (cols / STZ_GGML_QK + 1);
     free(x->f), free(x->g), free(x->sc), free(x->sg), free(x->q), free(x->out);
     x->f = malloc(n * 4), x->g = malloc(n * 4), x->sc = malloc(nb * 4), x->sg = malloc(nb * 4);
     x->q = malloc(cols + 8), x->out = malloc(n * 4 + 64);
@@ -70,7 +70,7 @@ static void raw_block(int type, const uint8_t *c, const uint8_t *scale, uint8_t 
  * bytes straight into Q8_0 / Q4_0 blocks (raw_block). */
 static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, stz_err *err)
 {
-    size_t cols = (size_t)e->cols, nb = cols / GGML_QK, srb = nb * 2;
+    size_t cols = (size_t)e->cols, nb = cols / STZ_GGML_QK, srb = nb * 2;
     size_t crb = e->kind == K_COPY ? (size_t)stz_ggml_row_bytes(e->type, cols) : stz_qf_row_bytes(e->q->bits, cols);
     size_t bb = e->type == STZ_GGML_Q8_0 ? 34 : 18;
     uint8_t *codes = e->kind == K_COPY && !e->heads ? x->out : (uint8_t *)x->f, *sc = (uint8_t *)x->sc;
@@ -103,7 +103,7 @@ static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, siz
 static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, const stz_qformat *fmt,
                              double *err2, double *ref2, stz_err *err)
 {
-    size_t cols = (size_t)e->cols, nb = cols / GGML_QK, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
+    size_t cols = (size_t)e->cols, nb = cols / STZ_GGML_QK, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
     float *v = x->f, *s = x->sc;
     stz_status st = STZ_OK;
     if (e->kind == K_ROPE) { /* llama.cpp divides the unscaled frequencies by these factors */
@@ -143,7 +143,7 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
                                    "%s: tensor '%s': row %llu, element %zu is %.9g, past F16's largest value 65504 "
                                    "(export with --type f32 or bf16)",
                                    x->model, e->q->name, (unsigned long long)(row + k), j, w[j]);
-        long at = gguf_pack_row(e->type, w, s + k * nb, cols, x->out + k * rb);
+        long at = stz_ggml_traits_of(e->type)->pack(w, s + k * nb, cols, x->out + k * rb);
         if (at >= 0)
             return stz_err_set(err, STZ_E_FORMAT,
                                "%s: tensor '%s': row %llu, element %ld is not code x F16 scale (%.9g, scale %.9g)",
@@ -199,7 +199,7 @@ static stz_status mapped_tensor(exporter *x, etensor *e, int *done, stz_err *err
     mapper mp = {x, e, x->of.pos, NULL, calloc((size_t)nt, sizeof(uint8_t *)), cb, bb};
     stz_status st = mp.buf ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the threads' chunk buffers");
     if (!st && e->kind == K_RAW) {
-        size_t ns = (size_t)(e->rows * (e->cols / GGML_QK) * 2);
+        size_t ns = (size_t)(e->rows * (e->cols / STZ_GGML_QK) * 2);
         if (!(mp.scales = malloc(ns)))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales of '%s'", e->q->name);
         else
@@ -242,7 +242,7 @@ stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err)
     double err2 = 0, ref2 = 0;
     stz_qformat fmt;
     if (block_type(e->type))
-        gguf_block_format(e->type, &fmt);
+        stz_ggml_block_format(e->type, &fmt);
     for (uint64_t row = 0; !st && !mapped && row < e->rows; row += batch) {
         size_t nr = e->rows - row < batch ? (size_t)(e->rows - row) : batch;
         st = e->kind == K_RAW || e->kind == K_COPY ? raw_rows(x, e, row, nr, hd, err)

@@ -29,7 +29,7 @@ static int float_type(stz_dtype d)
 /* The GGUF type stz's quantized tensor q maps to exactly, or -1. */
 static int exact_type(const stz_qtensor *q)
 {
-    if (!q->bits || q->rank || q->block_size != GGML_QK || q->cols % GGML_QK || q->scale_dtype != STZ_DTYPE_F16 ||
+    if (!q->bits || q->rank || q->block_size != STZ_GGML_QK || q->cols % STZ_GGML_QK || q->scale_dtype != STZ_DTYPE_F16 ||
         (strcmp(q->method, "absmax") && strcmp(q->method, "full") && strcmp(q->method, "mse")))
         return -1;
     return q->bits == 8 ? STZ_GGML_Q8_0 : q->bits == 5 ? STZ_GGML_Q5_0 : q->bits == 4 ? STZ_GGML_Q4_0 : -1;
@@ -53,8 +53,8 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     }
     else if (q->bits && (e->type = exact_type(q)) >= 0)
         /* stored codes and scales when there is a scales tensor (more than one block) */
-        e->kind = e->type != STZ_GGML_Q5_0 && e->rows * (e->cols / GGML_QK) > 1 ? K_RAW : K_REPACK;
-    else if (q->bits && e->cols % GGML_QK)
+        e->kind = e->type != STZ_GGML_Q5_0 && e->rows * (e->cols / STZ_GGML_QK) > 1 ? K_RAW : K_REPACK;
+    else if (q->bits && e->cols % STZ_GGML_QK)
         e->type = STZ_GGML_Q8_0; /* any block type: replaced below */
     else if (q->bits) {
         if (!x->p->requantize)
@@ -71,7 +71,7 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
         if (!block_type(e->type) && e->type == float_type(q->dtype) && q->dtype != STZ_DTYPE_F64)
             e->kind = K_COPY;
     }
-    if (block_type(e->type) && e->cols % GGML_QK) {
+    if (block_type(e->type) && e->cols % STZ_GGML_QK) {
         /* no block type takes such rows: F16 as llama.cpp does, or F32 for
            stz's quantized values, which it holds exactly */
         if (!x->stats->fallback++)

@@ -40,7 +40,7 @@ typedef struct {
     size_t cap_rows, cap_cols;
 } exporter;
 
-static inline int block_type(int type) { return type == STZ_GGML_Q8_0 || type == STZ_GGML_Q5_0 || type == STZ_GGML_Q4_0; }
+static inline int block_type(int type) { return stz_ggml_is_block(type); }
 
 /* Writes tensor e's data (then padding to the alignment) at the output's end. */
 stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err);

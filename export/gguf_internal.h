@@ -2,10 +2,10 @@
 #ifndef STZ_GGUF_INTERNAL_H
 #define STZ_GGUF_INTERNAL_H
 
+#include "quant/ggml_types.h"
 #include "stz_gguf.h"
 
 #define GGUF_ALIGN 32
-#define GGML_QK 32
 
 /* GGUF value types */
 enum { GV_U8, GV_I8, GV_U16, GV_I16, GV_U32, GV_I32, GV_F32, GV_BOOL, GV_STR, GV_ARR, GV_U64, GV_I64, GV_F64 };
@@ -31,16 +31,6 @@ void kv_str(gbuf *b, const char *key, const char *v);
 /* An array header: element type and count; the caller appends elements. */
 void kv_arr(gbuf *b, const char *key, uint32_t type, uint64_t n);
 
-/* Packs one row of n values (n a multiple of 32) as `type`. For block
- * types, scales[n / 32] are the blocks' scales (F16 values) and each value
- * must be code * scale exactly with the code in the type's range: returns
- * the index of the first element that is not (so the caller can refuse),
- * or -1 when the row is packed. */
-long gguf_pack_row(int type, const float *v, const float *scales, size_t n, uint8_t *out);
-/* The stz format that quantizes floats to a GGUF block type the way ggml
- * does (block 32, F16 scales; Q8_0 absmax, Q4_0 / Q5_0 with the signed
- * extreme at the lowest code). */
-void gguf_block_format(int type, stz_qformat *f);
 
 /* The tokenizer's keys from `path`: a tokenizer.json (name ending in
  * .json) or a llama2.c tokenizer file, for a model of n_vocab tokens. */

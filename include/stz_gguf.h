@@ -25,26 +25,6 @@
 extern "C" {
 #endif
 
-/* ggml tensor types stz writes (values are ggml's; the reader knows all of
- * llama.cpp's, by number). */
-typedef enum {
-    STZ_GGML_F32 = 0,
-    STZ_GGML_F16 = 1,
-    STZ_GGML_Q4_0 = 2,
-    STZ_GGML_Q5_0 = 6,
-    STZ_GGML_Q8_0 = 8,
-    STZ_GGML_BF16 = 30,
-    STZ_GGML_AUTO = -1 /* export: keep each float tensor's own dtype */
-} stz_ggml_type;
-
-/* "f32", "q4_k", ... for every ggml type a GGUF file may hold (NULL for an
- * unknown number), and back for the types export writes (-2 for any other;
- * "auto" is STZ_GGML_AUTO). */
-STZ_API const char *stz_ggml_type_name(int type);
-STZ_API int stz_ggml_type_parse(const char *s);
-/* Bytes of a row of n elements of `type` (n a multiple of its block). */
-STZ_API uint64_t stz_ggml_row_bytes(int type, uint64_t n);
-
 typedef struct {
     int type;        /* float 2-D tensors: STZ_GGML_AUTO (default) or a type */
     int requantize;  /* quantized tensors GGUF cannot hold exactly: write them

@@ -1,5 +1,7 @@
 /* INT8 / INT4 kernels of the first version against their definition:
- * bounds, packing order, hard blocks, mse never worse than absmax. */
+ * bounds, packing order, hard blocks, mse never worse than absmax; the
+ * ggml block types' packers and reference dequantizers against the
+ * layouts of ggml-common.h. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,6 +9,7 @@
 
 #include "stz_eval.h"
 #include "core/stz_core.h"
+#include "quant/ggml_types.h"
 #include "stz_policy.h"
 #include "stz_pack.h"
 #include "stz_pipeline.h"
@@ -147,6 +150,65 @@ static void test_mse_never_worse(void **state)
     }
 }
 
+/* ---- ggml block types ------------------------------------------------- */
+
+/* One block of each type written by hand from ggml-common.h (F16 d = 0.5,
+ * codes chosen per element) decodes to code * d; packing those values gives
+ * the same bytes back; a value off the grid is refused at its index. */
+static void test_ggml_blocks_by_hand(void **state)
+{
+    (void)state;
+    static const int types[] = {STZ_GGML_Q4_0, STZ_GGML_Q5_0, STZ_GGML_Q8_0};
+    for (size_t k = 0; k < 3; k++) {
+        const stz_ggml_traits *t = stz_ggml_traits_of(types[k]);
+        assert_non_null(t);
+        assert_non_null(t->pack);
+        assert_non_null(t->dequantize_ref);
+        uint8_t blk[34] = {0}, back[34];
+        float want[32], got[32], scale = 0.5f;
+        stz_put_le16(blk, 0x3800); /* 0.5 */
+        for (int j = 0; j < 32; j++) {
+            int code; /* stored form per ggml-common.h */
+            if (t->type == STZ_GGML_Q8_0) {
+                code = (j * 37) % 256 - 128;
+                blk[2 + j] = (uint8_t)(int8_t)code;
+            } else {
+                int bits = t->type == STZ_GGML_Q5_0 ? 5 : 4, u = (j * 7 + 3) % (1 << bits);
+                uint8_t *qs = blk + (bits == 5 ? 6 : 2);
+                qs[j % 16] |= (uint8_t)((u & 15) << (j < 16 ? 0 : 4));
+                if (bits == 5 && (u >> 4))
+                    blk[2 + j / 8] |= (uint8_t)(1u << (j % 8)); /* qh: bit j, little-endian */
+                code = u - (1 << (bits - 1));
+            }
+            want[j] = (float)code * scale;
+        }
+        t->dequantize_ref(blk, 32, got);
+        assert_memory_equal(got, want, sizeof want);
+        assert_int_equal(t->pack(want, &scale, 32, back), -1);
+        assert_memory_equal(back, blk, t->bytes);
+        want[11] += 0.25f; /* between two codes */
+        assert_int_equal(t->pack(want, &scale, 32, back), 11);
+        float bad = 0.1f; /* not an F16 value */
+        assert_int_equal(t->pack(want, &bad, 32, back), 0);
+    }
+}
+
+/* Every type's row size; the names parse back for the types stz writes. */
+static void test_ggml_table(void **state)
+{
+    (void)state;
+    assert_int_equal(stz_ggml_row_bytes(STZ_GGML_Q4_0, 64), 36);
+    assert_int_equal(stz_ggml_row_bytes(12, 512), 288); /* q4_k */
+    assert_int_equal(stz_ggml_row_bytes(STZ_GGML_BF16, 3), 6);
+    assert_int_equal(stz_ggml_row_bytes(31, 32), 0); /* withdrawn */
+    assert_null(stz_ggml_type_name(31));
+    static const int writes[] = {STZ_GGML_F32, STZ_GGML_F16, STZ_GGML_BF16, STZ_GGML_Q4_0, STZ_GGML_Q5_0, STZ_GGML_Q8_0};
+    for (size_t k = 0; k < 6; k++)
+        assert_int_equal(stz_ggml_type_parse(stz_ggml_type_name(writes[k])), writes[k]);
+    assert_int_equal(stz_ggml_type_parse("q4_k"), -2); /* read, not written */
+    assert_int_equal(stz_ggml_type_parse("auto"), STZ_GGML_AUTO);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -154,6 +216,8 @@ int main(void)
         cmocka_unit_test(test_hard_blocks),
         cmocka_unit_test(test_int4_packing_order),
         cmocka_unit_test(test_mse_never_worse),
+        cmocka_unit_test(test_ggml_blocks_by_hand),
+        cmocka_unit_test(test_ggml_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,192 @@
+/* llama.cpp's tensor types (ggml_types.h): the traits table, and the
+ * packers and reference dequantizers of the types stz writes. */
+#include "ggml_types.h"
+#include "core/stz_core.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- floats ---------------------------------------------------------- */
+
+static long pack_float(stz_dtype d, const float *v, size_t n, uint8_t *out)
+{
+    return stz_from_f32(d, v, n, out, NULL) ? 0 : -1;
+}
+static long pack_f32(const float *v, const float *s, size_t n, uint8_t *o) { return (void)s, pack_float(STZ_DTYPE_F32, v, n, o); }
+static long pack_f16(const float *v, const float *s, size_t n, uint8_t *o) { return (void)s, pack_float(STZ_DTYPE_F16, v, n, o); }
+static long pack_bf16(const float *v, const float *s, size_t n, uint8_t *o) { return (void)s, pack_float(STZ_DTYPE_BF16, v, n, o); }
+
+static void deq_f32(const uint8_t *in, size_t n, float *y) { stz_to_f32(STZ_DTYPE_F32, in, n, y, NULL); }
+static void deq_f16(const uint8_t *in, size_t n, float *y) { stz_to_f32(STZ_DTYPE_F16, in, n, y, NULL); }
+static void deq_bf16(const uint8_t *in, size_t n, float *y) { stz_to_f32(STZ_DTYPE_BF16, in, n, y, NULL); }
+
+/* ---- the 32-blocks with an F16 scale: Q8_0, Q5_0, Q4_0 -------------------- */
+
+/* The blocks' codes q (lo..lo + 2^bits - 1) from values v that are exactly
+ * code * scale: the first element that is not, or -1. *h: the F16 scale. */
+static long block_codes(const float *x, float s, int lo, int q[STZ_GGML_QK], uint16_t *h)
+{
+    *h = stz_f32_to_f16(s);
+    if (stz_f16_to_f32(*h) != s)
+        return 0; /* the scale is not an F16 value */
+    for (int j = 0; j < STZ_GGML_QK; j++) {
+        q[j] = (int)lrintf(s != 0 ? x[j] / s : 0);
+        if (q[j] < lo || q[j] > -lo - 1 || (float)q[j] * s != x[j])
+            return j;
+    }
+    return -1;
+}
+
+/* Q8_0: d (F16), 32 signed bytes. */
+static long pack_q8_0(const float *v, const float *scales, size_t n, uint8_t *out)
+{
+    for (size_t b = 0; b < n / STZ_GGML_QK; b++) {
+        int q[STZ_GGML_QK];
+        uint16_t h;
+        long at = block_codes(v + b * STZ_GGML_QK, scales[b], -128, q, &h);
+        if (at >= 0)
+            return (long)(b * STZ_GGML_QK) + at;
+        uint8_t *o = out + b * 34;
+        stz_put_le16(o, h);
+        for (int j = 0; j < STZ_GGML_QK; j++)
+            o[2 + j] = (uint8_t)(int8_t)q[j];
+    }
+    return -1;
+}
+
+/* Q4_0 (d, 16 bytes of nibbles) and Q5_0 (d, 32 high bits, 16 bytes of
+ * nibbles): element j in byte j's low nibble, element j + 16 in its high
+ * one, stored as code + 2^(bits-1). */
+static long pack_q4_q5(int bits, const float *v, const float *scales, size_t n, uint8_t *out)
+{
+    int lo = -(1 << (bits - 1)), off = -lo;
+    size_t bb = bits == 5 ? 22 : 18;
+    for (size_t b = 0; b < n / STZ_GGML_QK; b++) {
+        int q[STZ_GGML_QK];
+        uint16_t h;
+        long at = block_codes(v + b * STZ_GGML_QK, scales[b], lo, q, &h);
+        if (at >= 0)
+            return (long)(b * STZ_GGML_QK) + at;
+        uint8_t *o = out + b * bb, *qs = o + (bits == 5 ? 6 : 2);
+        uint32_t qh = 0;
+        stz_put_le16(o, h);
+        for (int j = 0; j < 16; j++) {
+            unsigned a = (unsigned)(q[j] + off), c = (unsigned)(q[j + 16] + off);
+            qs[j] = (uint8_t)((a & 15) | (c & 15) << 4);
+            qh |= (a >> 4) << j | (c >> 4) << (j + 16);
+        }
+        if (bits == 5)
+            stz_put_le32(o + 2, qh);
+    }
+    return -1;
+}
+static long pack_q4_0(const float *v, const float *s, size_t n, uint8_t *o) { return pack_q4_q5(4, v, s, n, o); }
+static long pack_q5_0(const float *v, const float *s, size_t n, uint8_t *o) { return pack_q4_q5(5, v, s, n, o); }
+
+static void deq_q8_0(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += 34) {
+        float d = stz_f16_to_f32(stz_le16(in));
+        for (int j = 0; j < STZ_GGML_QK; j++)
+            *y++ = (float)(int8_t)in[2 + j] * d;
+    }
+}
+
+static void deq_q4_q5(int bits, const uint8_t *in, size_t n, float *y)
+{
+    size_t bb = bits == 5 ? 22 : 18;
+    int off = 1 << (bits - 1);
+    for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += bb, y += STZ_GGML_QK) {
+        float d = stz_f16_to_f32(stz_le16(in));
+        uint32_t qh = bits == 5 ? stz_le32(in + 2) : 0;
+        const uint8_t *qs = in + (bits == 5 ? 6 : 2);
+        for (int j = 0; j < 16; j++) {
+            int a = (qs[j] & 15) | (int)((qh >> j) & 1) << 4, c = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[j] = (float)(a - off) * d, y[j + 16] = (float)(c - off) * d;
+        }
+    }
+}
+static void deq_q4_0(const uint8_t *in, size_t n, float *y) { deq_q4_q5(4, in, n, y); }
+static void deq_q5_0(const uint8_t *in, size_t n, float *y) { deq_q4_q5(5, in, n, y); }
+
+/* ---- the table --------------------------------------------------------- */
+
+/* Every ggml type a GGUF file may hold. 31-33 and 36-38 were withdrawn
+ * from GGUF files. */
+static const stz_ggml_traits types[] = {
+    {STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32},
+    {STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16},
+    {STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0},
+    {3, "q4_1", 32, 20, NULL, NULL},
+    {STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0},
+    {7, "q5_1", 32, 24, NULL, NULL},
+    {STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0},
+    {9, "q8_1", 32, 36, NULL, NULL},
+    {10, "q2_k", 256, 84, NULL, NULL},
+    {11, "q3_k", 256, 110, NULL, NULL},
+    {12, "q4_k", 256, 144, NULL, NULL},
+    {13, "q5_k", 256, 176, NULL, NULL},
+    {14, "q6_k", 256, 210, NULL, NULL},
+    {15, "q8_k", 256, 292, NULL, NULL},
+    {16, "iq2_xxs", 256, 66, NULL, NULL},
+    {17, "iq2_xs", 256, 74, NULL, NULL},
+    {18, "iq3_xxs", 256, 98, NULL, NULL},
+    {19, "iq1_s", 256, 50, NULL, NULL},
+    {20, "iq4_nl", 32, 18, NULL, NULL},
+    {21, "iq3_s", 256, 110, NULL, NULL},
+    {22, "iq2_s", 256, 82, NULL, NULL},
+    {23, "iq4_xs", 256, 136, NULL, NULL},
+    {24, "i8", 1, 1, NULL, NULL},
+    {25, "i16", 1, 2, NULL, NULL},
+    {26, "i32", 1, 4, NULL, NULL},
+    {27, "i64", 1, 8, NULL, NULL},
+    {28, "f64", 1, 8, NULL, NULL},
+    {29, "iq1_m", 256, 56, NULL, NULL},
+    {STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16},
+    {34, "tq1_0", 256, 54, NULL, NULL},
+    {35, "tq2_0", 256, 66, NULL, NULL},
+    {39, "mxfp4", 32, 17, NULL, NULL},
+};
+#define NTYPES (sizeof types / sizeof types[0])
+
+const stz_ggml_traits *stz_ggml_traits_of(int type)
+{
+    for (size_t i = 0; i < NTYPES; i++)
+        if (types[i].type == type)
+            return &types[i];
+    return NULL;
+}
+
+int stz_ggml_is_block(int type) { return type == STZ_GGML_Q8_0 || type == STZ_GGML_Q5_0 || type == STZ_GGML_Q4_0; }
+
+const char *stz_ggml_type_name(int type)
+{
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    return t ? t->name : NULL;
+}
+
+int stz_ggml_type_parse(const char *s)
+{
+    if (!strcmp(s, "auto"))
+        return STZ_GGML_AUTO;
+    for (size_t i = 0; i < NTYPES; i++)
+        if (types[i].pack && !strcmp(types[i].name, s))
+            return types[i].type;
+    return -2;
+}
+
+uint64_t stz_ggml_row_bytes(int type, uint64_t n)
+{
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    return t ? n / t->block * t->bytes : 0;
+}
+
+void stz_ggml_block_format(int type, stz_qformat *f)
+{
+    memset(f, 0, sizeof *f);
+    f->bits = type == STZ_GGML_Q8_0 ? 8 : type == STZ_GGML_Q5_0 ? 5 : 4;
+    f->method = type == STZ_GGML_Q8_0 ? STZ_QMETHOD_ABSMAX : STZ_QMETHOD_FULL;
+    f->block = STZ_GGML_QK;
+    f->scale_dtype = STZ_DTYPE_F16;
+    stz_qf_prepare(f);
+}
