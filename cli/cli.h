@@ -226,8 +226,11 @@ stz_status cli_compress_policy(const char *in, const char *out, struct stz_polic
 
 
 struct stz_qmodel;
-/* How a listed tensor is stored: "svd", "int2".."int8", or `kept`. */
+/* How a listed tensor is stored: "svd", "int2".."int8", a GGUF block type
+ * ("q4_0"), or `kept`. */
 const char *cli_action_of(const stz_qtensor *t, const char *kept);
+/* 1 for a tensor stored quantized: by stz, or in a GGUF block type. */
+int cli_quantized(const stz_qtensor *t);
 /* A model given as a file or a directory: its files, opened. */
 typedef struct {
     struct stz_qmodel **m;
@@ -236,6 +239,9 @@ typedef struct {
 /* Opens a file or every shard of a model directory; on failure nothing is
  * left open (no cli_set_free needed). */
 stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err);
+/* The same for a candidate compared with `like`: a GGUF file's tensors
+ * under like's names (llama2.c's or Hugging Face's). */
+stz_status cli_set_open_like(cli_model_set *s, const char *path, const cli_model_set *like, stz_err *err);
 void cli_set_free(cli_model_set *s);
 /* The tensor `name` in any file of the set: file *f, index *i; 0 if none. */
 int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i);

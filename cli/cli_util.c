@@ -1,5 +1,6 @@
 /* Helpers shared by the stz commands: errors, numbers, progress. */
 #include "cli.h"
+#include "model/gguf_view.h"
 #include "stz_pack.h"
 #include "stz_model.h"
 #include "stz_pipeline.h"
@@ -287,12 +288,18 @@ void cli_err_path(stz_err *err, const char *tmp, const char *shown)
     memcpy(err->msg, buf, sizeof buf);
 }
 
-/* Opens a model for eval; a container is unpacked to a temporary file next
- * to it first, which is unlinked as soon as it is open. */
 const char *cli_action_of(const stz_qtensor *t, const char *kept)
 {
     static const char *const names[9] = {NULL, "int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8"};
+    if (t->gguf_type)
+        return cli_quantized(t) ? t->gguf_type : kept;
     return t->rank ? "svd" : t->bits > 0 && t->bits <= 8 ? names[t->bits] : kept;
+}
+
+int cli_quantized(const stz_qtensor *t)
+{
+    return t->bits || (t->gguf_type && strcmp(t->gguf_type, "f32") && strcmp(t->gguf_type, "f16") &&
+                       strcmp(t->gguf_type, "bf16"));
 }
 
 void cli_set_free(cli_model_set *s)
@@ -302,7 +309,8 @@ void cli_set_free(cli_model_set *s)
     free(s->m);
 }
 
-stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
+/* The files of path; a GGUF file's tensors under `names`. */
+static stz_status set_open(cli_model_set *s, const char *path, stz_names names, stz_err *err)
 {
     char **files;
     size_t n;
@@ -311,12 +319,23 @@ stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
     if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the model's files");
     for (size_t i = 0; !st && i < n; i++, s->n++)
-        if (stz_qmodel_open(&s->m[i], files[i], err))
-            st = err->code;
+        st = stz_is_gguf(files[i]) ? stz_qmodel_open_gguf(&s->m[i], files[i], names, err)
+                                   : stz_qmodel_open(&s->m[i], files[i], err);
     cli_model_files_free(files, n);
     if (st) /* nothing left for the caller to free */
         cli_set_free(s), memset(s, 0, sizeof *s);
     return st;
+}
+
+stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
+{
+    return set_open(s, path, STZ_NAMES_HF, err);
+}
+
+stz_status cli_set_open_like(cli_model_set *s, const char *path, const cli_model_set *like, stz_err *err)
+{
+    int names = like->n ? stz_fwd_layout(like->m, like->n) : -1;
+    return set_open(s, path, names == STZ_NAMES_LLAMA2C ? STZ_NAMES_LLAMA2C : STZ_NAMES_HF, err);
 }
 
 /* The tensor named `name` in any file of the set: file *f, index *i. */

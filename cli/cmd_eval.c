@@ -114,7 +114,7 @@ static stz_status compare_one(eval_run *e, size_t fa, size_t i, stz_err *err)
     }
     stz_qmodel *b = e->B.m[fb];
     const stz_qtensor *tb = stz_qmodel_tensor(b, j);
-    if (tb->bits)
+    if (cli_quantized(tb))
         e->pq += ta->numel;
     if (!stz_dtype_is_float(ta->dtype) || !stz_dtype_is_float(tb->dtype) || ta->dtype == STZ_DTYPE_C64) {
         e->done_n++; /* integer tensors are compared by shape only */
@@ -279,7 +279,7 @@ int cmd_eval(int argc, char **argv)
     if (eval_options(&e, argc, argv, &rc))
         return rc;
     stz_err err;
-    if (cli_set_open(&e.A, e.pa, &err) || cli_set_open(&e.B, e.pb, &err)) {
+    if (cli_set_open(&e.A, e.pa, &err) || cli_set_open_like(&e.B, e.pb, &e.A, &err)) {
         cli_set_free(&e.A);
         return cli_fail(&err);
     }

@@ -1,6 +1,6 @@
 /* stz export --gguf: a model to llama.cpp's GGUF. */
 #include "cli.h"
-#include "stz_gguf.h"
+#include "stz_export.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>

@@ -194,7 +194,7 @@ int cmd_eval_forward(int argc, char **argv)
     stz_fwd_config ca, cb;
     char from_a[4096], source[64];
     rc = CLI_ERROR;
-    if (cli_set_open(&A, pa, &err) || cli_set_open(&B, pb, &err) ||
+    if (cli_set_open(&A, pa, &err) || cli_set_open_like(&B, pb, &A, &err) ||
         both_configs(&o, pa, pb, &A, &B, &ca, &cb, from_a, &err) ||
         stz_fwd_open(&ma, A.m, A.n, &ca, pa, o.threads, &err) || stz_fwd_open(&mb, B.m, B.n, &cb, pb, o.threads, &err))
         goto fail;

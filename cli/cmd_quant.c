@@ -38,30 +38,57 @@ static const char quantize_help[] =
     "  -h, --help          this text\n";
 
 static const char dequantize_help[] =
-    "usage: stz dequantize IN.safetensors -o OUT.safetensors [--dtype bf16|f16|f32] [options]\n\n"
+    "usage: stz dequantize IN -o OUT.safetensors [--dtype bf16|f16|f32] [options]\n\n"
     "Turns a quantized file back into a plain model that any SafeTensors\n"
     "reader loads: original names and shapes; quantized tensors in their\n"
-    "original dtype (or --dtype); kept tensors byte-identical.\n\n"
+    "original dtype (or --dtype); kept tensors byte-identical. IN may also be\n"
+    "a GGUF file (llama.cpp's; types f32, f16, bf16, q4_0, q5_0, q8_0): its\n"
+    "tensors decoded (F32 unless --dtype; norms F32) under the model's own\n"
+    "names, q/k rows back in Hugging Face's order where export permuted them.\n\n"
     "  -o, --output FILE   where to write (required)\n"
     "  --dtype D           dtype of the dequantized tensors\n"
+    "  --names N           a GGUF file's names: hf (default), llama2c or gguf\n"
     "  -f, --force         replace OUT if it exists\n"
     "  -q, --quiet         no progress, no summary\n"
     "  --json              print the summary as JSON\n"
     "  -h, --help          this text\n";
 
-static const struct option opts[] = {CLI_POLICY_LONG, CLI_COMMON_LONG, {0, 0, 0, 0}};
+enum { O_NAMES = 1200 };
+static const struct option opts[] = {CLI_POLICY_LONG, CLI_COMMON_LONG, {"names", required_argument, 0, O_NAMES},
+                                     {0, 0, 0, 0}};
 
 typedef struct {
     cli_common c;
     cli_policy_opts po;
+    stz_names names; /* dequantize of a GGUF file */
 } qopts;
+
+/* --names: 0, or a usage error's exit status. */
+static int names_opt(const char *arg, stz_names *names)
+{
+    if (!strcmp(arg, "hf"))
+        *names = STZ_NAMES_HF;
+    else if (!strcmp(arg, "llama2c"))
+        *names = STZ_NAMES_LLAMA2C;
+    else if (!strcmp(arg, "gguf"))
+        *names = STZ_NAMES_GGUF;
+    else
+        return cli_usage_error("dequantize", "--names takes hf, llama2c or gguf, not '%s'", arg);
+    return 0;
+}
 
 static int parse(const char *cmd, const char *help, int argc, char **argv, qopts *o)
 {
     int c, r;
     memset(o, 0, sizeof *o);
+    o->names = STZ_NAMES_HF;
     cli_common_init(&o->c);
     while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+        if (c == O_NAMES && !strcmp(cmd, "dequantize")) {
+            if ((r = names_opt(optarg, &o->names)))
+                return r;
+            continue;
+        }
         if ((r = strcmp(cmd, "dequantize") ? cli_policy_opt(cmd, c, &o->po) : -2) == -2)
             r = cli_common_opt(cmd, help, c, &o->c);
         if (r != -1)
@@ -338,7 +365,7 @@ int cmd_dequantize(int argc, char **argv)
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_err err;
-    stz_status s = stz_dequantize_file(&p, argv[optind], o.c.out, o.c.dtype, &err);
+    stz_status s = stz_dequantize_gguf(&p, argv[optind], o.c.out, o.c.dtype, o.names, &err);
     cli_progress_end(&prog);
     return s ? cli_fail(&err) : cli_print_summary(&o.c, argv[optind], o.c.out, "dequantized", 0, cli_now() - prog.start);
 }

@@ -4,7 +4,8 @@
 #ifndef STZ_GGUF_EXPORT_H
 #define STZ_GGUF_EXPORT_H
 
-#include "gguf_internal.h"
+#include "gguf/gguf_format.h"
+#include "stz_export.h"
 #include "core/stz_core.h"
 
 /* how a tensor is written: from float values (K_FLOAT), its bytes as
@@ -44,5 +45,10 @@ static inline int block_type(int type) { return stz_ggml_is_block(type); }
 
 /* Writes tensor e's data (then padding to the alignment) at the output's end. */
 stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err);
+
+/* The tokenizer's keys from `path`: a tokenizer.json (name ending in
+ * .json) or a llama2.c tokenizer file, for a model of n_vocab tokens. */
+stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
+                      stz_err *err);
 
 #endif /* STZ_GGUF_EXPORT_H */

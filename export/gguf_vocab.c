@@ -1,6 +1,6 @@
 /* The tokenizer as GGUF keys: from a Hugging Face tokenizer.json (BPE) or
  * a llama2.c tokenizer file (pieces with scores). */
-#include "gguf_internal.h"
+#include "gguf_export.h"
 #include "core/stz_core.h"
 
 #include <cjson/cJSON.h>

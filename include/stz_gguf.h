@@ -1,67 +1,17 @@
 /*
- * stz_gguf.h - GGUF (llama.cpp's model format, version 3): export of
- * Llama-family models from plain, quantized or container files, and a
- * strict reader that lists a GGUF file.
- *
- * Export maps tensor names to llama.cpp's (token_embd, blk.N.attn_q, ...),
- * permutes Hugging Face Llama q/k rows to llama.cpp's RoPE pair layout,
- * writes the hyper-parameters and the tokenizer as GGUF keys, and streams
- * each tensor in row batches: memory does not grow with the model.
- * Tensors stz already quantized in a layout GGUF holds exactly (block 32,
- * F16 scales: INT8 absmax/full/mse -> Q8_0, INT4 -> Q4_0, INT5 -> Q5_0)
- * are repacked without requantizing, bit-exact in value; every code is
- * checked to reproduce its value. See docs/cli/export.md.
+ * stz_gguf.h - GGUF (llama.cpp's model format, versions 2 and 3): a strict
+ * reader that lists a GGUF file's keys and tensors (export: stz_export.h).
  */
 #ifndef STZ_GGUF_H
 #define STZ_GGUF_H
 
 #include "stz.h"
 #include "stz_experimental.h"
-#include "stz_forward.h"
-#include "stz_model.h"
 #include "stz_quant.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct {
-    int type;        /* float 2-D tensors: STZ_GGML_AUTO (default) or a type */
-    int requantize;  /* quantized tensors GGUF cannot hold exactly: write them
-                        as the nearest GGUF type from their values (else refused) */
-    const char *tokenizer; /* tokenizer.json or a llama2.c tokenizer file; NULL:
-                              tokenizer.json beside the model */
-    const char *name;      /* general.name; NULL: from the config or the path */
-    int threads;
-    unsigned write_flags;  /* STZ_WRITE_FORCE */
-    stz_progress_fn progress; /* output bytes */
-    void *progress_user;
-} stz_gguf_params;
-
-#define STZ_GGUF_PARAMS_DEFAULT {STZ_GGML_AUTO, 0, NULL, NULL, 1, 0, NULL, NULL}
-
-/* What an export wrote, per GGUF type. */
-typedef struct {
-    uint64_t tensors[31], bytes[31]; /* by ggml type (those export writes are < 31) */
-    size_t repacked;     /* quantized tensors copied exactly */
-    size_t requantized;  /* quantized tensors requantized (requantize) */
-    double requant_max_err; /* largest relative error ||q - w|| / ||w|| of those */
-    char requant_worst[256];
-    size_t fallback;     /* tensors written F16 because rows are not a multiple of 32 */
-    char fallback_first[256];
-    uint64_t file_bytes;
-    char arch[16];       /* "llama" or "qwen2" */
-} stz_gguf_stats;
-
-/* Exports the model in `files` (one checkpoint's shards, opened by the
- * caller; `dir` is its directory, where config.json and tokenizer.json may
- * be) with configuration c to `out`. `model_path` names the model in
- * messages. */
-STZ_API stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
-                           const stz_fwd_config *c, const char *config_json, const char *model_path,
-                           const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err);
-
-/* ---- reading -------------------------------------------------------- */
 
 typedef struct stz_gguf stz_gguf;
 

@@ -29,15 +29,28 @@ typedef struct {
     uint32_t block_size;    /* quantized (not svd): elements per block */
     stz_dtype scale_dtype;  /* quantized (not svd): how scales are stored (F16, F32, U8) */
     const char *scales_name;/* quantized (not svd): the stored scales tensor, NULL for a single scale */
+    const char *gguf_type;  /* a GGUF file's tensor (read as floats): its ggml type ("q4_0", "f16"), else NULL */
 } stz_qtensor;
 
 typedef struct stz_qmodel stz_qmodel;
+
+/* The tensor names of a Llama-family checkpoint: GGUF's own (blk.N.attn_q),
+ * llama2.c's (layers.N.attention.wq) or Hugging Face's
+ * (model.layers.N.self_attn.q_proj). */
+typedef enum { STZ_NAMES_GGUF = -1, STZ_NAMES_LLAMA2C = 0, STZ_NAMES_HF = 1 } stz_names;
 
 /* Opens a plain or quantized SafeTensors file, or an .stz container of one
  * (its chunks decoded as rows are read, one chunk held: no temporary file).
  * Companion scales tensors are not listed; quantized tensors appear under
  * their original names. */
 STZ_API stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err);
+/* A GGUF file (llama.cpp's) as a model of float tensors, decoded where they
+ * are read, under `names`: the inverse of stz export's mapping, with its
+ * q/k row permutation undone for Hugging Face names of a "llama" model
+ * (stz_qmodel_open of a GGUF path gives Hugging Face names). Types stz
+ * reads: f32, f16, bf16, q4_0, q5_0, q8_0 (STZ_E_UNSUPPORTED names a
+ * tensor of another). */
+STZ_API stz_status stz_qmodel_open_gguf(stz_qmodel **out, const char *path, stz_names names, stz_err *err);
 /* The same over a reader the caller keeps (for example a container's
  * header, stz_container_header): lists tensors; reading rows needs the
  * reader's data. */

@@ -9,6 +9,7 @@
 #include "stz.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
+#include "stz_model.h"
 #include "stz_quant.h"
 
 #ifdef __cplusplus
@@ -75,10 +76,16 @@ STZ_API stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_
  * Writes a plain model: every tensor under its original name and shape,
  * quantized ones dequantized to their original dtype (or `dtype` if it is
  * not STZ_DTYPE_COUNT: BF16, F16 or F32), kept ones byte-identical. A file
- * without quantized tensors is copied.
+ * without quantized tensors is copied. A GGUF file (llama.cpp's) gives its
+ * tensors decoded (F32 unless dtype says otherwise; 1-D ones F32) under
+ * Hugging Face names, as stz_qmodel_open_gguf reads them.
  */
 STZ_API stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
                                stz_err *err);
+
+/* The same for a GGUF file, its tensors under `names` (stz_model.h). */
+STZ_API stz_status stz_dequantize_gguf(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                                       stz_names names, stz_err *err);
 
 #ifdef __cplusplus
 }

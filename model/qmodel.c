@@ -1,5 +1,6 @@
 /* stz_qmodel: any file, plain or quantized, or a container of one, read as
  * floats. docs/FORMAT.md, "Quantized SafeTensors", is the reference. */
+#include "gguf_view.h"
 #include "quant/quant_meta.h"
 #include "stz_model.h"
 #include "stz_pack.h"
@@ -17,6 +18,7 @@ struct stz_qmodel {
     stz_reader *r;
     int owns_reader;
     stz_container *container; /* a container opened for r, owned */
+    stz_gguf_view *view;      /* a GGUF file seen through r, owned */
     qinfo *qi;         /* per reader tensor */
     stz_qtensor *list; /* listed tensors */
     size_t *idx;       /* reader index of each listed tensor */
@@ -69,6 +71,8 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
             e->rows = e->cols ? t->numel / e->cols : 0;
             e->stored_bytes = t->end - t->begin;
         }
+        if (m->view) /* a GGUF file: what is stored is its blocks */
+            e->gguf_type = stz_gguf_view_type(m->view, i, &e->stored_bytes);
         m->pos[i] = (long)m->n;
         m->idx[m->n++] = i;
     }
@@ -77,14 +81,20 @@ fail:
     return st;
 }
 
-static stz_status qmodel_open(stz_qmodel **out, const char *path, stz_err *err);
+/* gguf: open as a GGUF file (else as one when the file is). */
+static stz_status qmodel_open(stz_qmodel **out, const char *path, int gguf, stz_names names, stz_err *err);
 
 stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
 {
-    return stz_err_in(err, qmodel_open(out, path, err), path);
+    return stz_err_in(err, qmodel_open(out, path, 0, STZ_NAMES_HF, err), path);
 }
 
-static stz_status qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
+stz_status stz_qmodel_open_gguf(stz_qmodel **out, const char *path, stz_names names, stz_err *err)
+{
+    return stz_err_in(err, qmodel_open(out, path, 1, names, err), path);
+}
+
+static stz_status qmodel_open(stz_qmodel **out, const char *path, int gguf, stz_names names, stz_err *err)
 {
     *out = NULL;
     stz_qmodel *m = calloc(1, sizeof *m);
@@ -94,6 +104,9 @@ static stz_status qmodel_open(stz_qmodel **out, const char *path, stz_err *err)
     if (stz_is_container(path)) { /* its data decoded where it is read */
         if (!(st = stz_container_open(&m->container, path, err)))
             m->r = (stz_reader *)stz_container_data_reader(m->container);
+    } else if (gguf || stz_is_gguf(path)) { /* the same */
+        if (!(st = stz_gguf_view_open(&m->view, path, names, STZ_DTYPE_F32, err)))
+            m->r = (stz_reader *)stz_gguf_view_reader(m->view);
     } else
         m->owns_reader = 1, st = stz_reader_open(&m->r, path, err);
     if (st || (st = qmodel_init(m, err))) {
@@ -129,6 +142,7 @@ void stz_qmodel_free(stz_qmodel *m)
     if (m->owns_reader)
         stz_reader_free(m->r);
     stz_container_free(m->container);
+    stz_gguf_view_free(m->view);
     free(m->qi);
     free(m->list);
     free(m->idx);

@@ -7,8 +7,8 @@
 
 #include "stz_forward.h"
 
-/* The two source layouts, as stz_fwd_layout tells them apart. */
-typedef enum { STZ_NAMES_LLAMA2C = 0, STZ_NAMES_HF = 1, STZ_NAMES_COUNT } stz_names;
+/* The two source layouts (stz_names), as stz_fwd_layout tells them apart. */
+#define STZ_NAMES_COUNT 2
 
 /* Roles before STZ_ROLE_PER_LAYER are one tensor per layer (%u in the
  * names is the layer); the others one per model. Biases are optional. */

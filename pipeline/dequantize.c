@@ -1,5 +1,6 @@
-/* stz_dequantize_file: a quantized SafeTensors file (docs/FORMAT.md) back to
- * a plain model, tensor by tensor. */
+/* stz_dequantize_file: a quantized SafeTensors file (docs/FORMAT.md), or a
+ * GGUF file, back to a plain model, tensor by tensor. */
+#include "model/gguf_view.h"
 #include "quant/quant_meta.h"
 #include "stz_pipeline.h"
 
@@ -24,12 +25,18 @@ static stz_status write_dequantized(stz_writer *w, const stz_reader *r, qinfo *q
 }
 
 static stz_status dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
-                               stz_err *err);
+                                  stz_names names, stz_err *err);
 
 stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
                                stz_err *err)
 {
-    return stz_err_in(err, dequantize_file(p, in, out, dtype, err), in);
+    return stz_err_in(err, dequantize_file(p, in, out, dtype, STZ_NAMES_HF, err), in);
+}
+
+stz_status stz_dequantize_gguf(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
+                               stz_names names, stz_err *err)
+{
+    return stz_err_in(err, dequantize_file(p, in, out, dtype, names, err), in);
 }
 
 /* One run of stz_dequantize_file. */
@@ -87,16 +94,29 @@ static stz_status stream_plain(dqfile *j, stz_writer *w, const stz_quant_params 
     return stz_writer_finish(w, err);
 }
 
+/* A GGUF file's view, decoded to dtype (F32 when not given). */
+static stz_status open_input(const char *in, stz_names names, stz_dtype dtype, stz_gguf_view **view,
+                             stz_reader **r, stz_err *err)
+{
+    if (!stz_is_gguf(in))
+        return stz_reader_open(r, in, err);
+    stz_status st = stz_gguf_view_open(view, in, names, dtype == STZ_DTYPE_COUNT ? STZ_DTYPE_F32 : dtype, err);
+    if (!st)
+        *r = (stz_reader *)stz_gguf_view_reader(*view);
+    return st;
+}
+
 static stz_status dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
-                                  stz_err *err)
+                                  stz_names names, stz_err *err)
 {
     dqfile j = {.dtype = dtype};
+    stz_gguf_view *view = NULL;
     stz_writer *w = NULL;
     size_t maxcols = 0;
     stz_status st;
     if (dtype != STZ_DTYPE_COUNT && dtype != STZ_DTYPE_BF16 && dtype != STZ_DTYPE_F16 && dtype != STZ_DTYPE_F32)
         return stz_err_set(err, STZ_E_ARG, "dequantize: output dtype must be BF16, F16 or F32");
-    if ((st = stz_reader_open(&j.r, in, err)))
+    if ((st = open_input(in, names, dtype, &view, &j.r, err)))
         return st;
     j.nt = stz_reader_count(j.r);
     j.qi = calloc(j.nt + 1, sizeof *j.qi);
@@ -124,7 +144,10 @@ cleanup:
     for (size_t i = 0; j.qi && i < j.nt; i++)
         stz_qi_free(&j.qi[i]);
     free(j.qi), free(j.skip), free(j.buf), free(j.obuf), free(j.f), free(j.sc);
-    stz_reader_free(j.r);
+    if (view)
+        stz_gguf_view_free(view);
+    else
+        stz_reader_free(j.r);
     return st;
 }
 

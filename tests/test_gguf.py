@@ -515,3 +515,72 @@ def test_llama_cpp_runs_hugging_face_model(tmp_path, arch, rope):
         del cfg["rope_scaling"]
         (plain / "config.json").write_text(json.dumps(cfg))
         assert np.abs(stz_logits(plain / "model.safetensors", tokens, plain / "config.json") - mine).max() > 1e-2
+
+
+# ---- reading GGUF back (stz dequantize, stz eval) ------------------------------------
+
+READ_TYPES = {"f32": [], "q8_0": QUANT["q8_0"], "q4_0": QUANT["q4_0"], "q5_0": QUANT["q5_0"]}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("typ", sorted(READ_TYPES))
+def test_read_back_exactly(tmp_path, arch, typ):
+    """`stz dequantize X.gguf` (issue 30, item 4) gives every tensor under the
+    model's own Hugging Face names, q/k rows (and biases) back in Hugging
+    Face's order where export permuted them for llama.cpp's RoPE, and values
+    equal, element by element, to the source's: the F32 original, or the
+    quantized file's own dequantization for the types stz repacks exactly."""
+    m = hf_dir(tmp_path, arch)
+    src = m / "model.safetensors"
+    if READ_TYPES[typ]:
+        q = m / "q.safetensors"
+        stz("quantize", src, "-o", q, "-q", *READ_TYPES[typ])
+        (m / "model.safetensors").unlink()
+        q.rename(src)
+        want = tmp_path / "want.safetensors"
+        stz("dequantize", src, "-o", want, "--dtype", "f32", "-q")
+    else:
+        want = src
+    out = tmp_path / "m.gguf"
+    rep = json.loads(stz("export", "--gguf", m, "-o", out, "--json").stdout)
+    assert rep["requantized"] == 0
+    back = tmp_path / "back.safetensors"
+    stz("dequantize", out, "-o", back, "-q")
+    w, b = load_f32(want), load_f32(back)
+    assert sorted(w) == sorted(b)
+    for name in w:
+        assert np.array_equal(w[name], b[name]), name
+    # llama2.c names, and GGUF's own
+    for names, key in (("llama2c", "layers.0.attention.wq.weight"), ("gguf", "blk.0.attn_q.weight")):
+        stz("dequantize", out, "-o", back, "-f", "-q", "--names", names)
+        assert key in load_f32(back)
+
+
+@need_data
+def test_eval_reads_gguf(tmp_path):
+    """stz eval and eval --forward take a GGUF candidate, named as the
+    original (llama2.c's here): the same figures as for the quantized file
+    it was exported from, bit for bit."""
+    q = quantized(tmp_path, "q4_0")
+    g = tmp_path / "q.gguf"
+    stz("export", "--gguf", q, "--tokenizer", TOK, "-o", g, "-q")
+    per = [json.loads(stz("eval", F32, c, "--json").stdout) for c in (q, g)]
+    assert per[0]["tensors_compared"] == per[1]["tensors_compared"] == 47
+    assert [(t["name"], t["cosine"], t["max_abs_error"]) for t in per[0]["tensors"]] == \
+           [(t["name"], t["cosine"], t["max_abs_error"]) for t in per[1]["tensors"]]
+    fwd = [json.loads(stz("eval", "--forward", F32, c, "--json", "--sequences", "2", "--seq-len", "32").stdout)
+           for c in (q, g)]
+    assert fwd[0]["kl"] == fwd[1]["kl"] and fwd[0]["top1_agreement"] == fwd[1]["top1_agreement"]
+
+
+def test_gguf_types_not_read_yet(tmp_path):
+    """A GGUF tensor of a type stz cannot decode yet is refused by name and
+    type; nothing is written; a wrong --names is a usage error."""
+    g = tmp_path / "k.gguf"
+    g.write_bytes(gguf_bytes([], [(b"blk.0.ffn_down.weight", 12, 256, 3, 3 * 144)]))
+    out = tmp_path / "o.safetensors"
+    r = stz("dequantize", g, "-o", out, ok=False)
+    assert r.returncode == 1 and "tensor 'blk.0.ffn_down.weight': ggml type q4_k cannot be read yet" in r.stderr
+    assert not out.exists()
+    r = stz("dequantize", g, "-o", out, "--names", "tf", ok=False)
+    assert r.returncode == 2 and "--names takes hf, llama2c or gguf" in r.stderr

@@ -12,12 +12,13 @@ import subprocess
 import sys
 
 # lowest first; a folder may use the folders before it
-ORDER = ["core", "safetensors", "svd", "quant", "policy", "pack", "model", "eval", "pipeline", "tune", "export",
+ORDER = ["core", "safetensors", "svd", "quant", "policy", "pack", "gguf", "model", "eval", "pipeline", "tune", "export",
          "synth", "cli"]
 # each public header belongs to the folder that implements it
 PUBLIC = {"stz.h": "core", "stz_safetensors.h": "safetensors", "stz_svd.h": "svd", "stz_quant.h": "quant",
           "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model",
-          "stz_eval.h": "eval", "stz_pipeline.h": "pipeline", "stz_tune.h": "tune", "stz_gguf.h": "export",
+          "stz_eval.h": "eval", "stz_pipeline.h": "pipeline", "stz_tune.h": "tune", "stz_gguf.h": "gguf",
+          "stz_export.h": "export",
           "stz_synth.h": "synth", "stz_experimental.h": "core"}
 RANK = {f: i for i, f in enumerate(ORDER)}
 

@@ -1,6 +1,6 @@
 /* GGUF: the key/value builder and a strict reader
  * (see stz_gguf.h). All integers in a GGUF file are little-endian. */
-#include "gguf_internal.h"
+#include "gguf_format.h"
 #include "core/stz_core.h"
 
 #include <errno.h>

@@ -1,6 +1,7 @@
-/* Internal to export/: the GGUF byte builder and block packers. */
-#ifndef STZ_GGUF_INTERNAL_H
-#define STZ_GGUF_INTERNAL_H
+/* The GGUF format's pieces for export/: the byte and key/value builder.
+ * Not installed. */
+#ifndef STZ_GGUF_FORMAT_H
+#define STZ_GGUF_FORMAT_H
 
 #include "quant/ggml_types.h"
 #include "stz_gguf.h"
@@ -31,10 +32,5 @@ void kv_str(gbuf *b, const char *key, const char *v);
 /* An array header: element type and count; the caller appends elements. */
 void kv_arr(gbuf *b, const char *key, uint32_t type, uint64_t n);
 
-
-/* The tokenizer's keys from `path`: a tokenizer.json (name ending in
- * .json) or a llama2.c tokenizer file, for a model of n_vocab tokens. */
-stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
-                      stz_err *err);
 
 #endif

@@ -1,0 +1,283 @@
+/* A GGUF file seen as a SafeTensors file of floats (gguf_view.h): a header
+ * built from the GGUF tensor table, and a reader source that decodes rows
+ * with the ggml types' reference dequantizers. */
+#include "gguf_view.h"
+#include "quant/ggml_types.h"
+#include "roles.h"
+#include "safetensors/st_sink.h"
+#include "stz_gguf.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* One tensor of the view. */
+typedef struct {
+    const stz_gguf_tensor *g;
+    const stz_ggml_traits *tr;
+    char name[256];
+    uint64_t rows, cols, rb; /* rb: bytes of a GGUF row */
+    uint64_t hd;             /* export's permutation undone: rows (2-D) or elements (1-D) per head; 0: none */
+    stz_dtype dtype;
+    uint64_t begin, end;     /* in the view's data section */
+} vtensor;
+
+struct stz_gguf_view {
+    char *path;
+    int fd;
+    stz_gguf *g;
+    vtensor *t;
+    size_t n;
+    uint8_t *head; /* the view's header image: 8-byte length, JSON */
+    stz_reader *r;
+    uint64_t data0; /* file offset of the view's data section */
+    uint8_t *raw;   /* a GGUF row */
+    float *row, *all; /* a decoded row; a whole 1-D tensor */
+    uint8_t *conv;  /* a row in the view's dtype */
+};
+
+int stz_is_gguf(const char *path)
+{
+    uint8_t m[4];
+    int fd = open(path, O_RDONLY | O_NONBLOCK), ok = 0;
+    if (fd >= 0) {
+        ok = read(fd, m, 4) == 4 && !memcmp(m, "GGUF", 4);
+        close(fd);
+    }
+    return ok;
+}
+
+static const char *kv_text(const stz_gguf *g, const char *key)
+{
+    for (size_t i = 0; i < stz_gguf_kv_count(g); i++)
+        if (!strcmp(stz_gguf_kv_key(g, i), key))
+            return stz_gguf_kv_text(g, i);
+    return NULL;
+}
+
+/* A whole-number key of the model's architecture, or 0. */
+static uint64_t arch_u64(const stz_gguf *g, const char *arch, const char *what)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, what);
+    const char *v = kv_text(g, key);
+    return v ? strtoull(v, NULL, 10) : 0;
+}
+
+/* The role a GGUF name has (and its layer), or -1. */
+static int role_of(const char *name, unsigned *layer)
+{
+    for (int r = 0; r < STZ_ROLE_COUNT; r++) {
+        char back[256];
+        unsigned l = 0;
+        if (r < STZ_ROLE_PER_LAYER && sscanf(name, "blk.%u.", &l) != 1)
+            continue;
+        snprintf(back, sizeof back, stz_roles[r].gguf, l);
+        if (!strcmp(back, name))
+            return *layer = l, r;
+    }
+    return -1;
+}
+
+/* Name, shape and permutation of GGUF tensor i. 0: listed; 1: left out
+ * (rope_freqs: export derives it from the configuration). */
+static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, uint64_t heads, uint64_t kv_heads,
+                      vtensor *t)
+{
+    const stz_gguf_tensor *g = stz_gguf_tensor_at(v->g, i);
+    if (!strcmp(g->name, "rope_freqs.weight"))
+        return 1;
+    unsigned layer = 0;
+    int role = names < 0 ? -1 : role_of(g->name, &layer);
+    if (role >= 0)
+        snprintf(t->name, sizeof t->name, stz_roles[role].name[names], layer);
+    else
+        snprintf(t->name, sizeof t->name, "%s", g->name);
+    t->g = g, t->tr = stz_ggml_traits_of(g->type);
+    t->cols = g->ne[0];
+    t->rows = 1;
+    for (uint32_t d = 1; d < g->ndim; d++)
+        t->rows *= g->ne[d];
+    t->rb = stz_ggml_row_bytes(g->type, t->cols);
+    uint64_t h = role >= 0 && permute && stz_roles[role].perm ? (stz_roles[role].perm == 1 ? heads : kv_heads) : 0;
+    t->hd = h ? (g->ndim == 1 ? t->cols : t->rows) / h : 0;
+    return 0;
+}
+
+/* The SafeTensors header of the view (tensors in GGUF order). */
+static stz_status build_header(stz_gguf_view *v, const char *arch, stz_err *err)
+{
+    cJSON *o = cJSON_CreateObject(), *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "format", "pt");
+    cJSON_AddStringToObject(meta, "stz.gguf.architecture", arch);
+    cJSON_AddItemToObject(o, "__metadata__", meta);
+    uint64_t at = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        vtensor *t = &v->t[i];
+        cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *offs = cJSON_CreateArray();
+        for (uint32_t d = t->g->ndim; d-- > 0;)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->g->ne[d]));
+        size_t esz = stz_dtype_bits(t->dtype) / 8;
+        t->begin = at, t->end = at + t->rows * t->cols * esz, at = t->end;
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)t->begin));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)t->end));
+        cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
+        cJSON_AddItemToObject(e, "shape", sh);
+        cJSON_AddItemToObject(e, "data_offsets", offs);
+        if (!cJSON_AddItemToObject(o, t->name, e))
+            cJSON_Delete(e);
+    }
+    char *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!json)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the view's header", v->path);
+    size_t len = strlen(json);
+    if ((v->head = malloc(8 + len))) {
+        stz_put_le64(v->head, len);
+        memcpy(v->head + 8, json, len);
+    }
+    free(json);
+    if (!v->head)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the view's header", v->path);
+    v->data0 = 8 + len;
+    return stz_reader_open_header(&v->r, v->head, 8 + len, 8 + len + at, v->path, err);
+}
+
+/* HF row r of t, decoded into v->row (export's permutation undone). */
+static stz_status decode_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz_err *err)
+{
+    uint64_t gr = r;
+    if (t->hd && t->g->ndim > 1) { /* row h*hd + s*hd/2 + j came from row h*hd + 2j + s */
+        uint64_t h = r / t->hd, rem = r % t->hd, s = rem / (t->hd / 2), j = rem % (t->hd / 2);
+        gr = h * t->hd + 2 * j + s;
+    }
+    int e = stz_pread_full(v->fd, v->raw, (size_t)t->rb, t->g->offset + gr * t->rb);
+    if (e)
+        return stz_err_set(err, STZ_E_IO, "%s: tensor '%s': cannot read row %llu", v->path, t->g->name,
+                           (unsigned long long)gr);
+    t->tr->dequantize_ref(v->raw, (size_t)t->cols, v->row);
+    if (t->hd && t->g->ndim == 1) { /* a bias: elements within each head */
+        memcpy(v->all, v->row, (size_t)t->cols * sizeof *v->all);
+        for (uint64_t i = 0; i < t->cols; i++) {
+            uint64_t h = i / t->hd, rem = i % t->hd, s = rem / (t->hd / 2), j = rem % (t->hd / 2);
+            v->row[i] = v->all[h * t->hd + 2 * j + s];
+        }
+    }
+    return STZ_OK;
+}
+
+/* The reader's source: n bytes at file offset off of the view. */
+static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_err *err)
+{
+    stz_gguf_view *v = user;
+    uint8_t *d = dst;
+    while (n) {
+        uint64_t o = off - v->data0;
+        size_t lo = 0, hi = v->n;
+        while (hi - lo > 1) { /* the tensor holding o */
+            size_t mid = (lo + hi) / 2;
+            if (v->t[mid].begin <= o)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const vtensor *t = &v->t[lo];
+        size_t esz = stz_dtype_bits(t->dtype) / 8, rowb = (size_t)t->cols * esz;
+        uint64_t r = (o - t->begin) / rowb, in = (o - t->begin) % rowb;
+        stz_status st = decode_row(v, t, r, err);
+        if (!st)
+            st = stz_from_f32(t->dtype, v->row, (size_t)t->cols, v->conv, err);
+        if (st)
+            return st;
+        size_t k = rowb - in < n ? (size_t)(rowb - in) : n;
+        memcpy(d, v->conv + in, k);
+        d += k, off += k, n -= k;
+    }
+    return STZ_OK;
+}
+
+/* Every tensor mapped, of a type stz decodes; the row buffers. */
+static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtype, const char *arch, stz_err *err)
+{
+    int permute = names == STZ_NAMES_HF && !strcmp(arch, "llama");
+    uint64_t heads = arch_u64(v->g, arch, "attention.head_count"), kv = arch_u64(v->g, arch, "attention.head_count_kv");
+    size_t nt = stz_gguf_tensor_count(v->g);
+    uint64_t maxcols = 1, maxrb = 1;
+    if (!(v->t = calloc(nt + 1, sizeof *v->t)))
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", v->path, nt);
+    for (size_t i = 0; i < nt; i++) {
+        vtensor *t = &v->t[v->n];
+        if (map_tensor(v, i, names, permute, heads, kv ? kv : heads, t))
+            continue;
+        if (!t->tr || !t->tr->dequantize_ref)
+            return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': ggml type %s cannot be read yet (stz reads "
+                               "f32, f16, bf16, q4_0, q5_0 and q8_0)", v->path, t->g->name,
+                               t->tr ? t->tr->name : "?");
+        if ((t->hd && (t->hd % 2 || (t->g->ndim == 1 ? t->cols : t->rows) % t->hd)))
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows are not whole heads", v->path, t->g->name,
+                               (unsigned long long)t->rows);
+        t->dtype = t->g->ndim == 1 ? STZ_DTYPE_F32 : dtype;
+        maxcols = t->cols > maxcols ? t->cols : maxcols, maxrb = t->rb > maxrb ? t->rb : maxrb;
+        v->n++;
+    }
+    v->raw = malloc(maxrb), v->row = malloc(maxcols * sizeof *v->row), v->all = malloc(maxcols * sizeof *v->all);
+    v->conv = malloc(maxcols * 4);
+    if (!v->raw || !v->row || !v->all || !v->conv)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rows of %llu elements", v->path,
+                           (unsigned long long)maxcols);
+    return STZ_OK;
+}
+
+stz_status stz_gguf_view_open(stz_gguf_view **out, const char *path, stz_names names, stz_dtype dtype, stz_err *err)
+{
+    *out = NULL;
+    if (dtype != STZ_DTYPE_F32 && dtype != STZ_DTYPE_BF16 && dtype != STZ_DTYPE_F16)
+        return stz_err_set(err, STZ_E_ARG, "%s: a GGUF file is read as F32, BF16 or F16", path);
+    stz_gguf_view *v = calloc(1, sizeof *v);
+    if (!v || !(v->path = strdup(path))) {
+        free(v);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the GGUF view", path);
+    }
+    v->fd = -1;
+    stz_status st = stz_gguf_open(&v->g, path, err);
+    const char *a = st ? NULL : kv_text(v->g, "general.architecture");
+    char arch[64] = "llama";
+    if (a && *a == '"')
+        snprintf(arch, sizeof arch, "%.*s", (int)strcspn(a + 1, "\""), a + 1);
+    if (!st && (v->fd = open(path, O_RDONLY)) < 0)
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot open", path);
+    if (!st)
+        st = list_tensors(v, names, dtype, arch, err);
+    if (!st)
+        st = build_header(v, arch, err);
+    if (st) {
+        stz_gguf_view_free(v);
+        return st;
+    }
+    stz_reader_set_source(v->r, view_read, v);
+    *out = v;
+    return STZ_OK;
+}
+
+const stz_reader *stz_gguf_view_reader(const stz_gguf_view *v) { return v->r; }
+
+const char *stz_gguf_view_type(const stz_gguf_view *v, size_t i, uint64_t *bytes)
+{
+    *bytes = v->t[i].g->bytes;
+    return v->t[i].tr->name;
+}
+
+void stz_gguf_view_free(stz_gguf_view *v)
+{
+    if (!v)
+        return;
+    stz_reader_free(v->r);
+    stz_gguf_free(v->g);
+    if (v->fd >= 0)
+        close(v->fd);
+    free(v->t), free(v->head), free(v->raw), free(v->row), free(v->all), free(v->conv), free(v->path);
+    free(v);
+}
