@@ -48,8 +48,8 @@ STZ_API stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *
  * are read, under `names`: the inverse of stz export's mapping, with its
  * q/k row permutation undone for Hugging Face names of a "llama" model
  * (stz_qmodel_open of a GGUF path gives Hugging Face names). Types stz
- * reads: f32, f16, bf16, q4_0, q5_0, q8_0 (STZ_E_UNSUPPORTED names a
- * tensor of another). */
+ * reads: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k to q6_k,
+ * iq4_nl, iq4_xs (STZ_E_UNSUPPORTED names a tensor of another). */
 STZ_API stz_status stz_qmodel_open_gguf(stz_qmodel **out, const char *path, stz_names names, stz_err *err);
 /* The same over a reader the caller keeps (for example a container's
  * header, stz_container_header): lists tensors; reading rows needs the

@@ -214,7 +214,7 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
             continue;
         if (!t->tr || !t->tr->dequantize_ref)
             return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': ggml type %s cannot be read yet (stz reads "
-                               "f32, f16, bf16, q4_0, q5_0 and q8_0)", v->path, t->g->name,
+                               "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl and iq4_xs)", v->path, t->g->name,
                                t->tr ? t->tr->name : "?");
         if ((t->hd && (t->hd % 2 || (t->g->ndim == 1 ? t->cols : t->rows) % t->hd)))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows are not whole heads", v->path, t->g->name,

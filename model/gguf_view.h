@@ -13,8 +13,8 @@ typedef struct stz_gguf_view stz_gguf_view;
 int stz_is_gguf(const char *path);
 
 /* Opens the GGUF file `path` as a view whose tensors have dtype (F32, BF16
- * or F16; 1-D tensors always F32) and names in `names`. STZ_E_UNSUPPORTED names a
- * tensor of a type stz cannot decode yet. */
+ * or F16; 1-D tensors always F32) and names in `names`. STZ_E_UNSUPPORTED
+ * names a tensor of a type stz cannot decode yet. */
 stz_status stz_gguf_view_open(stz_gguf_view **out, const char *path, stz_names names, stz_dtype dtype, stz_err *err);
 /* The view's reader: its data reads decode the GGUF file. */
 const stz_reader *stz_gguf_view_reader(const stz_gguf_view *v);

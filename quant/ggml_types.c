@@ -109,6 +109,156 @@ static void deq_q4_q5(int bits, const uint8_t *in, size_t n, float *y)
 static void deq_q4_0(const uint8_t *in, size_t n, float *y) { deq_q4_q5(4, in, n, y); }
 static void deq_q5_0(const uint8_t *in, size_t n, float *y) { deq_q4_q5(5, in, n, y); }
 
+/* Q4_1 (d, m, 16 bytes of nibbles) and Q5_1 (d, m, 32 high bits, nibbles):
+ * code * d + m, the codes unsigned. */
+static void deq_q4_q5_1(int bits, const uint8_t *in, size_t n, float *y)
+{
+    size_t bb = bits == 5 ? 24 : 20;
+    for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += bb, y += STZ_GGML_QK) {
+        float d = stz_f16_to_f32(stz_le16(in)), m = stz_f16_to_f32(stz_le16(in + 2));
+        uint32_t qh = bits == 5 ? stz_le32(in + 4) : 0;
+        const uint8_t *qs = in + (bits == 5 ? 8 : 4);
+        for (int j = 0; j < 16; j++) {
+            int a = (qs[j] & 15) | (int)((qh >> j) & 1) << 4, c = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[j] = (float)a * d + m, y[j + 16] = (float)c * d + m;
+        }
+    }
+}
+static void deq_q4_1(const uint8_t *in, size_t n, float *y) { deq_q4_q5_1(4, in, n, y); }
+static void deq_q5_1(const uint8_t *in, size_t n, float *y) { deq_q4_q5_1(5, in, n, y); }
+
+/* ---- the super-blocks of 256: Q2_K .. Q6_K, IQ4_XS; and IQ4_NL ---------------- */
+
+#define QK_K 256
+
+/* Q4_K / Q5_K: the 6-bit scale and minimum of sub-block j from the 12 packed bytes. */
+static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* Q2_K: scales[16] (4-bit scale, 4-bit minimum), qs[64], d, dmin. */
+static void deq_q2_k(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / QK_K; b++, in += 84) {
+        const uint8_t *sc = in, *q = in + 16;
+        float d = stz_f16_to_f32(stz_le16(in + 80)), min = stz_f16_to_f32(stz_le16(in + 82));
+        int is = 0;
+        for (int half = 0; half < 2; half++, q += 32)
+            for (int shift = 0; shift < 8; shift += 2)
+                for (int k = 0; k < 2; k++, is++) {
+                    float dl = d * (float)(sc[is] & 0xF), ml = min * (float)(sc[is] >> 4);
+                    for (int l = 0; l < 16; l++)
+                        *y++ = dl * (float)((q[l + 16 * k] >> shift) & 3) - ml;
+                }
+    }
+}
+
+/* Q3_K: hmask[32], qs[64], scales[12] (16 6-bit scales, offset 32), d. */
+static void deq_q3_k(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / QK_K; b++, in += 110) {
+        const uint8_t *hm = in, *q = in + 32, *s = in + 96;
+        float d = stz_f16_to_f32(stz_le16(in + 108));
+        int8_t sc[16];
+        for (int j = 0; j < 16; j++) {
+            int lo = j < 8 ? s[j] & 0xF : s[j - 8] >> 4, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+            sc[j] = (int8_t)((lo | hi << 4) - 32);
+        }
+        int is = 0;
+        uint8_t m = 1;
+        for (int half = 0; half < 2; half++, q += 32)
+            for (int shift = 0; shift < 8; shift += 2, m <<= 1)
+                for (int k = 0; k < 2; k++, is++) {
+                    float dl = d * (float)sc[is];
+                    for (int l = 0; l < 16; l++)
+                        *y++ = dl * (float)(((q[l + 16 * k] >> shift) & 3) - ((hm[l + 16 * k] & m) ? 0 : 4));
+                }
+    }
+}
+
+/* Q4_K: d, dmin, scales[12], qs[128]; Q5_K adds qh[32] before qs. */
+static void deq_q4_q5_k(int bits, const uint8_t *in, size_t n, float *y)
+{
+    size_t bb = bits == 5 ? 176 : 144;
+    for (size_t b = 0; b < n / QK_K; b++, in += bb) {
+        float d = stz_f16_to_f32(stz_le16(in)), min = stz_f16_to_f32(stz_le16(in + 2));
+        const uint8_t *scales = in + 4, *qh = in + 16, *q = in + (bits == 5 ? 48 : 16);
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < 8; j += 2, q += 32, u1 <<= 2, u2 <<= 2) {
+            uint8_t sc, m;
+            scale_min_k4(j, scales, &sc, &m);
+            float d1 = d * (float)sc, m1 = min * (float)m;
+            scale_min_k4(j + 1, scales, &sc, &m);
+            float d2 = d * (float)sc, m2 = min * (float)m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((q[l] & 0xF) + (bits == 5 && (qh[l] & u1) ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)((q[l] >> 4) + (bits == 5 && (qh[l] & u2) ? 16 : 0)) - m2;
+        }
+    }
+}
+static void deq_q4_k(const uint8_t *in, size_t n, float *y) { deq_q4_q5_k(4, in, n, y); }
+static void deq_q5_k(const uint8_t *in, size_t n, float *y) { deq_q4_q5_k(5, in, n, y); }
+
+/* Q6_K: ql[128], qh[64], scales[16] (signed), d. */
+static void deq_q6_k(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / QK_K; b++, in += 210) {
+        const uint8_t *ql = in, *qh = in + 128;
+        const int8_t *sc = (const int8_t *)(in + 192);
+        float d = stz_f16_to_f32(stz_le16(in + 208));
+        for (int half = 0; half < 2; half++, y += 128, ql += 64, qh += 32, sc += 8)
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32;
+                int q2 = ((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32;
+                int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+                int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+                y[l] = d * (float)sc[is] * (float)q1;
+                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+    }
+}
+
+/* IQ4_NL's 16 non-uniform levels. */
+static const int8_t iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* 32 elements at the level of each nibble (element j low, j + 16 high) times dl. */
+static void iq4_nibbles(const uint8_t *qs, float dl, float *y)
+{
+    for (int j = 0; j < 16; j++)
+        y[j] = dl * (float)iq4nl_levels[qs[j] & 0xF], y[j + 16] = dl * (float)iq4nl_levels[qs[j] >> 4];
+}
+
+/* IQ4_NL: d, 16 bytes of nibbles. */
+static void deq_iq4_nl(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += 18, y += STZ_GGML_QK)
+        iq4_nibbles(in + 2, stz_f16_to_f32(stz_le16(in)), y);
+}
+
+/* IQ4_XS: d, scales_h (2 high bits per sub-block), scales_l[4] (4 low
+ * bits), qs[128]; sub-block scales offset 32. */
+static void deq_iq4_xs(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / QK_K; b++, in += 136) {
+        float d = stz_f16_to_f32(stz_le16(in));
+        unsigned sh = stz_le16(in + 2);
+        for (int ib = 0; ib < 8; ib++, y += 32) {
+            int ls = ((in[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (int)((sh >> (2 * ib)) & 3) << 4;
+            iq4_nibbles(in + 8 + 16 * ib, d * (float)(ls - 32), y);
+        }
+    }
+}
+
 /* ---- the table --------------------------------------------------------- */
 
 /* Every ggml type a GGUF file may hold. 31-33 and 36-38 were withdrawn
@@ -117,25 +267,25 @@ static const stz_ggml_traits types[] = {
     {STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32},
     {STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16},
     {STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0},
-    {3, "q4_1", 32, 20, NULL, NULL},
+    {3, "q4_1", 32, 20, NULL, deq_q4_1},
     {STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0},
-    {7, "q5_1", 32, 24, NULL, NULL},
+    {7, "q5_1", 32, 24, NULL, deq_q5_1},
     {STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0},
     {9, "q8_1", 32, 36, NULL, NULL},
-    {10, "q2_k", 256, 84, NULL, NULL},
-    {11, "q3_k", 256, 110, NULL, NULL},
-    {12, "q4_k", 256, 144, NULL, NULL},
-    {13, "q5_k", 256, 176, NULL, NULL},
-    {14, "q6_k", 256, 210, NULL, NULL},
+    {10, "q2_k", 256, 84, NULL, deq_q2_k},
+    {11, "q3_k", 256, 110, NULL, deq_q3_k},
+    {12, "q4_k", 256, 144, NULL, deq_q4_k},
+    {13, "q5_k", 256, 176, NULL, deq_q5_k},
+    {14, "q6_k", 256, 210, NULL, deq_q6_k},
     {15, "q8_k", 256, 292, NULL, NULL},
     {16, "iq2_xxs", 256, 66, NULL, NULL},
     {17, "iq2_xs", 256, 74, NULL, NULL},
     {18, "iq3_xxs", 256, 98, NULL, NULL},
     {19, "iq1_s", 256, 50, NULL, NULL},
-    {20, "iq4_nl", 32, 18, NULL, NULL},
+    {20, "iq4_nl", 32, 18, NULL, deq_iq4_nl},
     {21, "iq3_s", 256, 110, NULL, NULL},
     {22, "iq2_s", 256, 82, NULL, NULL},
-    {23, "iq4_xs", 256, 136, NULL, NULL},
+    {23, "iq4_xs", 256, 136, NULL, deq_iq4_xs},
     {24, "i8", 1, 1, NULL, NULL},
     {25, "i16", 1, 2, NULL, NULL},
     {26, "i32", 1, 4, NULL, NULL},

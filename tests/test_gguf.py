@@ -577,10 +577,27 @@ def test_gguf_types_not_read_yet(tmp_path):
     """A GGUF tensor of a type stz cannot decode yet is refused by name and
     type; nothing is written; a wrong --names is a usage error."""
     g = tmp_path / "k.gguf"
-    g.write_bytes(gguf_bytes([], [(b"blk.0.ffn_down.weight", 12, 256, 3, 3 * 144)]))
+    g.write_bytes(gguf_bytes([], [(b"blk.0.ffn_down.weight", 16, 256, 3, 3 * 66)]))  # iq2_xxs
     out = tmp_path / "o.safetensors"
     r = stz("dequantize", g, "-o", out, ok=False)
-    assert r.returncode == 1 and "tensor 'blk.0.ffn_down.weight': ggml type q4_k cannot be read yet" in r.stderr
+    assert r.returncode == 1 and "tensor 'blk.0.ffn_down.weight': ggml type iq2_xxs cannot be read yet" in r.stderr
     assert not out.exists()
     r = stz("dequantize", g, "-o", out, "--names", "tf", ok=False)
     assert r.returncode == 2 and "--names takes hf, llama2c or gguf" in r.stderr
+
+
+def test_super_blocks_read(tmp_path):
+    """A Q6_K tensor (super-blocks of 256; what llama-quantize's mixes put
+    on the output head and some ffn_down) read through the file: d = 1,
+    every sub-block scale 1 and every 6-bit code 5 give 5 - 32 = -27
+    everywhere, in the tensor's shape and under Hugging Face's name."""
+    g = tmp_path / "k.gguf"
+    block = bytes([0x55] * 128) + bytes(64) + bytes([1] * 16) + struct.pack("<H", 0x3C00)
+    img = gguf_bytes([(b"general.architecture", b"qwen2")], [(b"blk.0.ffn_down.weight", 14, 512, 3, 6 * 210)])
+    g.write_bytes(img[:len(img) - 6 * 210 - (-6 * 210 % 32)] + block * 6 + bytes(-6 * 210 % 32))
+    out = tmp_path / "o.safetensors"
+    stz("dequantize", g, "-o", out, "-q")
+    w = load_f32(out)
+    assert list(w) == ["model.layers.0.mlp.down_proj.weight"]
+    v = w["model.layers.0.mlp.down_proj.weight"]
+    assert v.shape == (3, 512) and np.all(v == -27.0)

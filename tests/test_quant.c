@@ -209,6 +209,123 @@ static void test_ggml_table(void **state)
     assert_int_equal(stz_ggml_type_parse("auto"), STZ_GGML_AUTO);
 }
 
+/* An F16 value in [0.01, 1) from the generator. */
+static uint16_t f16_scale(void)
+{
+    float v = 0.01f + 0.99f * (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) /
+                          (float)(1 << 24);
+    return stz_f32_to_f16(v);
+}
+
+/* Element e of one block, written from ggml-common.h's block definitions
+ * element by element (the dequantizers work a block at a time). */
+static float slow_q_1(int bits, const uint8_t *b, int e)
+{
+    float d = stz_f16_to_f32(stz_le16(b)), m = stz_f16_to_f32(stz_le16(b + 2));
+    const uint8_t *qs = b + (bits == 5 ? 8 : 4);
+    int code = e < 16 ? qs[e] & 15 : qs[e - 16] >> 4;
+    if (bits == 5)
+        code |= (int)((stz_le32(b + 4) >> e) & 1) << 4;
+    return (float)code * d + m;
+}
+
+static float slow_q2_q3_k(int type, const uint8_t *b, int e)
+{
+    int half = e / 128, group = (e % 128) / 32, k = (e % 32) / 16, l = e % 16, is = half * 8 + group * 2 + k;
+    const uint8_t *qs = type == 10 ? b + 16 : b + 32;
+    int code = (qs[half * 32 + k * 16 + l] >> (2 * group)) & 3;
+    if (type == 10) {
+        float d = stz_f16_to_f32(stz_le16(b + 80)), min = stz_f16_to_f32(stz_le16(b + 82));
+        return d * (float)(b[is] & 15) * (float)code - min * (float)(b[is] >> 4);
+    }
+    /* Q3_K: the 16 scales are 6 bits: low nibbles in bytes 0-7 (scale j and j + 8),
+     * high pairs in bytes 8-11 (bits 2*(j/4) of byte 8 + j%4) */
+    const uint8_t *s = b + 96;
+    uint32_t a[3] = {stz_le32(s), stz_le32(s + 4), stz_le32(s + 8)};
+    uint32_t lo = (((is % 8) < 4 ? a[0] : a[1]) >> (8 * (is % 4) + 4 * (is / 8))) & 0xF;
+    uint32_t hi = (a[2] >> (8 * (is % 4) + 2 * (is / 4))) & 3;
+    int sc = (int)(lo | hi << 4) - 32;
+    int hbit = (b[k * 16 + l] >> (half * 4 + group)) & 1;
+    return stz_f16_to_f32(stz_le16(b + 108)) * (float)sc * (float)(code - (hbit ? 0 : 4));
+}
+
+static float slow_q4_q5_k(int type, const uint8_t *b, int e)
+{
+    int sub = e / 32, l = e % 32;
+    const uint8_t *s = b + 4, *qs = b + (type == 13 ? 48 : 16);
+    /* 6-bit scale and minimum of sub-block j: j < 4 in bytes j and j + 4; else the
+     * low 4 bits in byte j + 4 (scale low nibble, minimum high), the high 2 bits
+     * in the top of bytes j - 4 (scale) and j (minimum) */
+    int sc = sub < 4 ? s[sub] & 63 : (s[sub + 4] & 15) | (s[sub - 4] >> 6) << 4;
+    int mn = sub < 4 ? s[sub + 4] & 63 : (s[sub + 4] >> 4) | (s[sub] >> 6) << 4;
+    int byte = qs[(sub / 2) * 32 + l], code = sub % 2 ? byte >> 4 : byte & 15;
+    if (type == 13)
+        code += ((b[16 + l] >> sub) & 1) << 4;
+    float d = stz_f16_to_f32(stz_le16(b)), min = stz_f16_to_f32(stz_le16(b + 2));
+    return d * (float)sc * (float)code - min * (float)mn;
+}
+
+static float slow_q6_k(const uint8_t *b, int e)
+{
+    int half = e / 128, quarter = (e % 128) / 32, l = e % 32;
+    int byte = b[half * 64 + (quarter % 2) * 32 + l], lo = quarter < 2 ? byte & 15 : byte >> 4;
+    int hi = (b[128 + half * 32 + l] >> (2 * quarter)) & 3;
+    int8_t sc = (int8_t)b[192 + half * 8 + l / 16 + 2 * quarter];
+    return stz_f16_to_f32(stz_le16(b + 208)) * (float)sc * (float)((lo | hi << 4) - 32);
+}
+
+static float slow_iq4(int type, const uint8_t *b, int e)
+{
+    static const int8_t lv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    float d = stz_f16_to_f32(stz_le16(b));
+    if (type == 20)
+        return d * (float)lv[e < 16 ? b[2 + e] & 15 : b[2 + e - 16] >> 4];
+    int ib = e / 32, j = e % 32;
+    int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((stz_le16(b + 2) >> (2 * ib)) & 3) << 4;
+    int byte = b[8 + 16 * ib + j % 16];
+    return d * (float)(ls - 32) * (float)lv[j < 16 ? byte & 15 : byte >> 4];
+}
+
+/* Every type stz reads but does not write, on random blocks (their F16
+ * fields set to scales in [0.01, 1)): the dequantizer gives, bit for bit,
+ * what the element-by-element definitions give. */
+static void test_ggml_dequantizers(void **state)
+{
+    (void)state;
+    static const int types[] = {3, 7, 10, 11, 12, 13, 14, 20, 23};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const stz_ggml_traits *t = stz_ggml_traits_of(types[k]);
+        assert_non_null(t->dequantize_ref);
+        for (int rep = 0; rep < 20; rep++) {
+            uint8_t b[292];
+            float got[256];
+            for (uint32_t i = 0; i < t->bytes; i++)
+                b[i] = (uint8_t)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+            int type = t->type;
+            if (type == 3 || type == 7 || type == 12 || type == 13) /* d, m / dmin first */
+                stz_put_le16(b, f16_scale()), stz_put_le16(b + 2, f16_scale());
+            else if (type == 10)
+                stz_put_le16(b + 80, f16_scale()), stz_put_le16(b + 82, f16_scale());
+            else if (type == 11)
+                stz_put_le16(b + 108, f16_scale());
+            else if (type == 14)
+                stz_put_le16(b + 208, f16_scale());
+            else
+                stz_put_le16(b, f16_scale());
+            t->dequantize_ref(b, t->block, got);
+            for (int e = 0; e < (int)t->block; e++) {
+                float want = type == 3 || type == 7 ? slow_q_1(type == 7 ? 5 : 4, b, e)
+                             : type == 10 || type == 11 ? slow_q2_q3_k(type, b, e)
+                             : type == 12 || type == 13 ? slow_q4_q5_k(type, b, e)
+                             : type == 14               ? slow_q6_k(b, e)
+                                                        : slow_iq4(type, b, e);
+                if (memcmp(&want, &got[e], sizeof want))
+                    fail_msg("%s element %d: %.9g, wanted %.9g", t->name, e, got[e], want);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -218,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_mse_never_worse),
         cmocka_unit_test(test_ggml_blocks_by_hand),
         cmocka_unit_test(test_ggml_table),
+        cmocka_unit_test(test_ggml_dequantizers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
