@@ -186,6 +186,9 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
         }
         const vtensor *t = &v->t[lo];
         size_t esz = stz_dtype_bits(t->dtype) / 8, rowb = (size_t)t->cols * esz;
+        if (!rowb || o >= t->end) /* the reader reads only inside its tensors */
+            return stz_err_set(err, STZ_E_BOUNDS, "%s: a read at byte %llu of the view holds no tensor", v->path,
+                               (unsigned long long)off);
         uint64_t r = (o - t->begin) / rowb, in = (o - t->begin) % rowb;
         stz_status st = decode_row(v, t, r, err);
         if (!st)
@@ -213,9 +216,10 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
         if (map_tensor(v, i, names, permute, heads, kv ? kv : heads, t))
             continue;
         if (!t->tr || !t->tr->dequantize_ref)
-            return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': ggml type %s cannot be read yet (stz reads "
-                               "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl and iq4_xs)", v->path, t->g->name,
-                               t->tr ? t->tr->name : "?");
+            return stz_err_set(err, STZ_E_UNSUPPORTED,
+                               "%s: tensor '%s': ggml type %s cannot be read yet (stz reads f32, f16, bf16, q4_0, "
+                               "q4_1, q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl and iq4_xs)",
+                               v->path, t->g->name, t->tr ? t->tr->name : "?");
         if ((t->hd && (t->hd % 2 || (t->g->ndim == 1 ? t->cols : t->rows) % t->hd)))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows are not whole heads", v->path, t->g->name,
                                (unsigned long long)t->rows);
