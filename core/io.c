@@ -537,6 +537,19 @@ static int cmp_str_ptr(const void *a, const void *b) { return strcmp(*(char *con
 
 /* Both walk objects only: an array's elements have no key (NULL), so they
  * would reach strcmp. Callers check cJSON_IsObject to refuse the rest. */
+int stz_has_magic(const char *path, const void *magic, size_t n)
+{
+    int fd = -1;
+    uint64_t size;
+    uint8_t m[16];
+    stz_err ignored;
+    int yes = n <= sizeof m && stz_open_regular(path, &fd, &size, &ignored) == STZ_OK &&
+              stz_pread_full(fd, m, n, 0) == 0 && memcmp(m, magic, n) == 0;
+    if (fd >= 0)
+        close(fd);
+    return yes;
+}
+
 const char *stz_first_duplicate(const char **names, size_t n)
 {
     qsort(names, n, sizeof *names, cmp_str_ptr);

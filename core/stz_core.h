@@ -51,6 +51,10 @@ stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *
  * or device is refused without blocking. */
 stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *err);
 
+/* 1 if path is a regular file whose first n bytes are magic (never blocks
+ * on a FIFO or device). */
+int stz_has_magic(const char *path, const void *magic, size_t n);
+
 /* Sorts names[0..n) and returns the first name that appears twice, or NULL. */
 const char *stz_first_duplicate(const char **names, size_t n);
 

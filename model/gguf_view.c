@@ -39,16 +39,7 @@ struct stz_gguf_view {
     uint8_t *conv;  /* a row in the view's dtype */
 };
 
-int stz_is_gguf(const char *path)
-{
-    uint8_t m[4];
-    int fd = open(path, O_RDONLY | O_NONBLOCK), ok = 0;
-    if (fd >= 0) {
-        ok = read(fd, m, 4) == 4 && !memcmp(m, "GGUF", 4);
-        close(fd);
-    }
-    return ok;
-}
+int stz_is_gguf(const char *path) { return stz_has_magic(path, "GGUF", 4); }
 
 static const char *kv_text(const stz_gguf *g, const char *key)
 {
@@ -146,14 +137,18 @@ static stz_status build_header(stz_gguf_view *v, const char *arch, stz_err *err)
     return stz_reader_open_header(&v->r, v->head, 8 + len, 8 + len + at, v->path, err);
 }
 
+/* Export's permutation undone: within each head of hd rows (or elements),
+ * Hugging Face's row h*hd + s*hd/2 + j is llama.cpp's row h*hd + 2j + s. */
+static uint64_t gguf_index(uint64_t i, uint64_t hd)
+{
+    uint64_t h = i / hd, rem = i % hd, s = rem / (hd / 2), j = rem % (hd / 2);
+    return h * hd + 2 * j + s;
+}
+
 /* HF row r of t, decoded into v->row (export's permutation undone). */
 static stz_status decode_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz_err *err)
 {
-    uint64_t gr = r;
-    if (t->hd && t->g->ndim > 1) { /* row h*hd + s*hd/2 + j came from row h*hd + 2j + s */
-        uint64_t h = r / t->hd, rem = r % t->hd, s = rem / (t->hd / 2), j = rem % (t->hd / 2);
-        gr = h * t->hd + 2 * j + s;
-    }
+    uint64_t gr = t->hd && t->g->ndim > 1 ? gguf_index(r, t->hd) : r;
     int e = stz_pread_full(v->fd, v->raw, (size_t)t->rb, t->g->offset + gr * t->rb);
     if (e)
         return stz_err_set(err, STZ_E_IO, "%s: tensor '%s': cannot read row %llu", v->path, t->g->name,
@@ -161,10 +156,8 @@ static stz_status decode_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz
     t->tr->dequantize_ref(v->raw, (size_t)t->cols, v->row);
     if (t->hd && t->g->ndim == 1) { /* a bias: elements within each head */
         memcpy(v->all, v->row, (size_t)t->cols * sizeof *v->all);
-        for (uint64_t i = 0; i < t->cols; i++) {
-            uint64_t h = i / t->hd, rem = i % t->hd, s = rem / (t->hd / 2), j = rem % (t->hd / 2);
-            v->row[i] = v->all[h * t->hd + 2 * j + s];
-        }
+        for (uint64_t i = 0; i < t->cols; i++)
+            v->row[i] = v->all[gguf_index(i, t->hd)];
     }
     return STZ_OK;
 }

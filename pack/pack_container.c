@@ -76,18 +76,7 @@ stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, 
     return STZ_OK;
 }
 
-int stz_is_container(const char *path)
-{
-    int fd;
-    uint64_t size;
-    uint8_t m[8];
-    stz_err ignored;
-    int yes = stz_open_regular(path, &fd, &size, &ignored) == STZ_OK && stz_pread_full(fd, m, 8, 0) == 0 &&
-              memcmp(m, STZ_MAGIC, 8) == 0;
-    if (fd >= 0)
-        close(fd);
-    return yes;
-}
+int stz_is_container(const char *path) { return stz_has_magic(path, STZ_MAGIC, 8); }
 
 /* 1 if n bytes at p are all zero: reserved fields must be, so that a later
  * version can give them a meaning that older readers refuse. */

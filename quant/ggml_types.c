@@ -92,40 +92,32 @@ static void deq_q8_0(const uint8_t *in, size_t n, float *y)
     }
 }
 
-static void deq_q4_q5(int bits, const uint8_t *in, size_t n, float *y)
+/* The 32-blocks of nibbles: Q4_0 / Q5_0 (d; value (code - 2^(bits-1)) * d)
+ * and Q4_1 / Q5_1 (d, m; value code * d + m). The 5-bit types keep the
+ * fifth bits in a 32-bit word before the nibbles; element j is in byte j's
+ * low nibble, element j + 16 in its high one. */
+static void deq_nibbles(int bits, int with_min, const uint8_t *in, size_t n, float *y)
 {
-    size_t bb = bits == 5 ? 22 : 18;
-    int off = 1 << (bits - 1);
-    for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += bb, y += STZ_GGML_QK) {
-        float d = stz_f16_to_f32(stz_le16(in));
-        uint32_t qh = bits == 5 ? stz_le32(in + 2) : 0;
-        const uint8_t *qs = in + (bits == 5 ? 6 : 2);
+    size_t head = with_min ? 4 : 2, qso = head + (bits == 5 ? 4 : 0);
+    int off = with_min ? 0 : 1 << (bits - 1);
+    for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += qso + 16, y += STZ_GGML_QK) {
+        float d = stz_f16_to_f32(stz_le16(in)), m = with_min ? stz_f16_to_f32(stz_le16(in + 2)) : 0;
+        uint32_t qh = bits == 5 ? stz_le32(in + head) : 0;
+        const uint8_t *qs = in + qso;
         for (int j = 0; j < 16; j++) {
             int a = (qs[j] & 15) | (int)((qh >> j) & 1) << 4, c = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-            y[j] = (float)(a - off) * d, y[j + 16] = (float)(c - off) * d;
+            if (with_min)
+                y[j] = (float)a * d + m, y[j + 16] = (float)c * d + m;
+            else
+                y[j] = (float)(a - off) * d, y[j + 16] = (float)(c - off) * d;
         }
     }
 }
-static void deq_q4_0(const uint8_t *in, size_t n, float *y) { deq_q4_q5(4, in, n, y); }
-static void deq_q5_0(const uint8_t *in, size_t n, float *y) { deq_q4_q5(5, in, n, y); }
+static void deq_q4_0(const uint8_t *in, size_t n, float *y) { deq_nibbles(4, 0, in, n, y); }
+static void deq_q5_0(const uint8_t *in, size_t n, float *y) { deq_nibbles(5, 0, in, n, y); }
+static void deq_q4_1(const uint8_t *in, size_t n, float *y) { deq_nibbles(4, 1, in, n, y); }
+static void deq_q5_1(const uint8_t *in, size_t n, float *y) { deq_nibbles(5, 1, in, n, y); }
 
-/* Q4_1 (d, m, 16 bytes of nibbles) and Q5_1 (d, m, 32 high bits, nibbles):
- * code * d + m, the codes unsigned. */
-static void deq_q4_q5_1(int bits, const uint8_t *in, size_t n, float *y)
-{
-    size_t bb = bits == 5 ? 24 : 20;
-    for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += bb, y += STZ_GGML_QK) {
-        float d = stz_f16_to_f32(stz_le16(in)), m = stz_f16_to_f32(stz_le16(in + 2));
-        uint32_t qh = bits == 5 ? stz_le32(in + 4) : 0;
-        const uint8_t *qs = in + (bits == 5 ? 8 : 4);
-        for (int j = 0; j < 16; j++) {
-            int a = (qs[j] & 15) | (int)((qh >> j) & 1) << 4, c = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-            y[j] = (float)a * d + m, y[j + 16] = (float)c * d + m;
-        }
-    }
-}
-static void deq_q4_1(const uint8_t *in, size_t n, float *y) { deq_q4_q5_1(4, in, n, y); }
-static void deq_q5_1(const uint8_t *in, size_t n, float *y) { deq_q4_q5_1(5, in, n, y); }
 
 /* ---- the super-blocks of 256: Q2_K .. Q6_K, IQ4_XS; and IQ4_NL ---------------- */
 
@@ -307,7 +299,11 @@ const stz_ggml_traits *stz_ggml_traits_of(int type)
     return NULL;
 }
 
-int stz_ggml_is_block(int type) { return type == STZ_GGML_Q8_0 || type == STZ_GGML_Q5_0 || type == STZ_GGML_Q4_0; }
+int stz_ggml_is_block(int type)
+{
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    return t && t->pack && t->block > 1;
+}
 
 const char *stz_ggml_type_name(int type)
 {

@@ -30,7 +30,8 @@ typedef struct {
 /* The traits of a ggml type, or NULL for a number ggml does not have. */
 const stz_ggml_traits *stz_ggml_traits_of(int type);
 
-/* 1 for the block types stz writes (Q4_0, Q5_0, Q8_0). */
+/* 1 for the block types stz writes (those with a packer and blocks over 1:
+ * Q4_0, Q5_0, Q8_0). */
 int stz_ggml_is_block(int type);
 
 /* The stz format that quantizes floats to one of those block types the way
