@@ -112,6 +112,8 @@ static const char *action_label(const stz_decision *d, char *buf, size_t cap)
                      d->svd_randomized ? "/rand" : "");
         return buf;
     }
+    if (stz_action_ggml_type(d->action) >= 0)
+        return stz_action_name(d->action);
     snprintf(buf, cap, "%s/%u%s%s%s", stz_action_name(d->action), d->block_size,
              d->method == STZ_QMETHOD_ABSMAX ? "" : "/", d->method == STZ_QMETHOD_ABSMAX ? "" : stz_qmethod_name(d->method),
              d->scale_dtype == STZ_DTYPE_F32 ? "/f32" : d->scale_dtype == STZ_DTYPE_U8 ? "/u8" : "");
@@ -148,13 +150,13 @@ static cJSON *decision_json(const stz_tensor *t, const stz_decision *d, uint64_t
         if (d->svd_rank)
             cJSON_AddNumberToObject(e, "rank", d->svd_rank);
         cJSON_AddStringToObject(e, "fallback", stz_action_name(d->fallback));
-    } else if (d->action != STZ_ACTION_KEEP) {
+    } else if (d->action != STZ_ACTION_KEEP && stz_action_ggml_type(d->action) < 0) {
         cJSON_AddNumberToObject(e, "block_size", d->block_size);
         cJSON_AddStringToObject(e, "method", stz_qmethod_name(d->method));
         cJSON_AddStringToObject(e, "scale_dtype", stz_dtype_name(d->scale_dtype));
     }
     if (d->reason)
-        cJSON_AddStringToObject(e, d->action == STZ_ACTION_SVD ? "note" : "kept_because", d->reason);
+        cJSON_AddStringToObject(e, d->action == STZ_ACTION_KEEP ? "kept_because" : "note", d->reason);
     cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
     cJSON_AddNumberToObject(e, "bytes_after", (double)nb);
     return e;

@@ -2,6 +2,7 @@
  * llama.cpp's RoPE, requantized or repacked, or copied as stored. */
 #include "gguf_export.h"
 #include "pack/pack_sink.h"
+#include "quant/quant_tensor.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -100,8 +101,8 @@ static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, siz
 /* The other kinds: rows as floats (dequantized, and with the scales for
  * K_REPACK), quantized to a block type as ggml does if asked, packed;
  * err2 / ref2 sum the requantization error. */
-static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, const stz_qformat *fmt,
-                             double *err2, double *ref2, stz_err *err)
+static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, double *err2, double *ref2,
+                             stz_err *err)
 {
     size_t cols = (size_t)e->cols, nb = cols / STZ_GGML_QK, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
     float *v = x->f, *s = x->sc;
@@ -122,20 +123,18 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
     }
     for (size_t k = 0; k < nr; k++) {
         float *w = v + k * cols;
-        if (e->kind != K_REPACK && block_type(e->type)) {
-            /* quantize as ggml does; the values the codes stand for replace w */
-            size_t bad = 0;
-            while (bad < cols && isfinite(w[bad]))
-                bad++;
-            if (bad < cols || stz_qf_quantize_row(fmt, w, cols, x->q, s + k * nb, NULL) < 0)
+        uint8_t *o = x->out + k * rb;
+        if (e->kind != K_REPACK && block_type(e->type)) { /* quantized by stz's search for the type */
+            size_t bad = stz_quant_first_nonfinite(w, cols);
+            if (bad < cols || stz_ggml_quantize_row(e->type, w, NULL, cols, o) < 0)
                 return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': row %llu %s", x->model, e->q->name,
                                    (unsigned long long)(row + k),
                                    bad < cols ? "holds NaN or Inf" : "has a scale too large for F16");
             float *y = x->g == v ? x->f : x->g; /* the buffer v is not */
-            stz_qf_dequantize_row(fmt, x->q, s + k * nb, NULL, cols, y);
+            stz_ggml_dequantize_row(e->type, o, cols, y);
             for (size_t j = 0; j < cols; j++)
                 *err2 += ((double)y[j] - w[j]) * ((double)y[j] - w[j]), *ref2 += (double)w[j] * w[j];
-            memcpy(w, y, cols * 4);
+            continue;
         }
         for (size_t j = 0; e->type == STZ_GGML_F16 && j < cols; j++)
             if (isfinite(w[j]) && isinf(stz_f16_to_f32(stz_f32_to_f16(w[j]))))
@@ -143,7 +142,7 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
                                    "%s: tensor '%s': row %llu, element %zu is %.9g, past F16's largest value 65504 "
                                    "(export with --type f32 or bf16)",
                                    x->model, e->q->name, (unsigned long long)(row + k), j, w[j]);
-        long at = stz_ggml_traits_of(e->type)->pack(w, s + k * nb, cols, x->out + k * rb);
+        long at = stz_ggml_traits_of(e->type)->pack(w, s + k * nb, cols, o);
         if (at >= 0)
             return stz_err_set(err, STZ_E_FORMAT,
                                "%s: tensor '%s': row %llu, element %ld is not code x F16 scale (%.9g, scale %.9g)",
@@ -240,13 +239,10 @@ stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err)
     if (!st && !mapped)
         st = reserve(x, batch, cols, err);
     double err2 = 0, ref2 = 0;
-    stz_qformat fmt;
-    if (block_type(e->type))
-        stz_ggml_block_format(e->type, &fmt);
     for (uint64_t row = 0; !st && !mapped && row < e->rows; row += batch) {
         size_t nr = e->rows - row < batch ? (size_t)(e->rows - row) : batch;
         st = e->kind == K_RAW || e->kind == K_COPY ? raw_rows(x, e, row, nr, hd, err)
-                                                   : value_rows(x, e, row, nr, hd, &fmt, &err2, &ref2, err);
+                                                   : value_rows(x, e, row, nr, hd, &err2, &ref2, err);
         if (!st && !(st = stz_outfile_write(&x->of, x->out, nr * rb, err)))
             st = advance(x, nr * rb, err);
     }

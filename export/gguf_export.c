@@ -51,6 +51,8 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
         e->type = STZ_GGML_F32; /* norms and biases: llama.cpp keeps them F32 */
         e->kind = !q->bits && q->dtype == STZ_DTYPE_F32 && !e->heads ? K_COPY : K_FLOAT;
     }
+    else if (q->bits && !q->rank && (e->type = stz_ggml_type_parse(q->method)) >= 0)
+        e->kind = K_COPY; /* stored as the type's blocks: byte for byte */
     else if (q->bits && (e->type = exact_type(q)) >= 0)
         /* stored codes and scales when there is a scales tensor (more than one block) */
         e->kind = e->type != STZ_GGML_Q5_0 && e->rows * (e->cols / STZ_GGML_QK) > 1 ? K_RAW : K_REPACK;
@@ -60,8 +62,8 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
         if (!x->p->requantize)
             return stz_err_set(err, STZ_E_UNSUPPORTED,
                                "%s: tensor '%s' is stored as %s %d-bit%s, block %u, %s scales, which GGUF cannot hold "
-                               "exactly (exact: absmax/full/mse, 8/5/4 bits, block 32, F16 scales, rows of whole "
-                               "blocks): use --requantize, or quantize with --policy gguf-q4_0 or gguf-q8_0",
+                               "exactly: use --requantize, or quantize to one of llama.cpp's types (e.g. --set "
+                               "'*=q4_k'; or absmax/full/mse, 8/5/4 bits, block 32, F16 scales)",
                                x->model, q->name, q->method, q->bits, q->rank ? " factors" : "", q->block_size,
                                q->scale_dtype < STZ_DTYPE_COUNT ? stz_dtype_name(q->scale_dtype) : "F32");
         e->kind = K_REQUANT;
@@ -71,7 +73,10 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
         if (!block_type(e->type) && e->type == float_type(q->dtype) && q->dtype != STZ_DTYPE_F64)
             e->kind = K_COPY;
     }
-    if (block_type(e->type) && e->cols % STZ_GGML_QK) {
+    int fb = block_type(e->type) ? stz_ggml_fallback(e->type, e->cols) : e->type;
+    if (fb != e->type && fb != STZ_GGML_F16) {
+        e->type = fb; /* a 256-block type on rows of whole 32-blocks: llama.cpp's fallback */
+    } else if (fb != e->type) {
         /* no block type takes such rows: F16 as llama.cpp does, or F32 for
            stz's quantized values, which it holds exactly */
         if (!x->stats->fallback++)
@@ -212,8 +217,11 @@ static stz_status model_name(const stz_gguf_params *p, const char *model_path, c
  * elements have; *quantized: whether any tensor has a block type. */
 static uint32_t file_type(const exporter *x, int *quantized)
 {
-    static const int ftype[31] = {[STZ_GGML_F32] = 0, [STZ_GGML_F16] = 1, [STZ_GGML_Q4_0] = 2, [STZ_GGML_Q8_0] = 7,
-                                  [STZ_GGML_Q5_0] = 8, [STZ_GGML_BF16] = 32};
+    static const int ftype[31] = {[STZ_GGML_F32] = 0,    [STZ_GGML_F16] = 1,     [STZ_GGML_Q4_0] = 2,
+                                  [STZ_GGML_Q4_1] = 3,   [STZ_GGML_Q8_0] = 7,    [STZ_GGML_Q5_0] = 8,
+                                  [STZ_GGML_Q5_1] = 9,   [STZ_GGML_Q2_K] = 10,   [STZ_GGML_Q3_K] = 12,
+                                  [STZ_GGML_Q4_K] = 15,  [STZ_GGML_Q5_K] = 17,   [STZ_GGML_Q6_K] = 18,
+                                  [STZ_GGML_IQ4_NL] = 25, [STZ_GGML_IQ4_XS] = 30, [STZ_GGML_BF16] = 32};
     uint64_t elems[31] = {0};
     int most = STZ_GGML_F32;
     *quantized = 0;
@@ -247,7 +255,7 @@ static void build_header(exporter *x, const gbuf *kv, gbuf *head, stz_gguf_stats
         gb_u32(head, (uint32_t)e->type);
         gb_u64(head, e->offset);
         stats->tensors[e->type]++, stats->bytes[e->type] += e->bytes;
-        stats->repacked += e->kind == K_REPACK || e->kind == K_RAW;
+        stats->repacked += e->kind == K_REPACK || e->kind == K_RAW || (e->kind == K_COPY && e->q->bits);
     }
     static const uint8_t zero[GGUF_ALIGN];
     gb_bytes(head, zero, (GGUF_ALIGN - head->n % GGUF_ALIGN) % GGUF_ALIGN);

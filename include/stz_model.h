@@ -25,9 +25,10 @@ typedef struct {
     int bits;               /* 0: stored as is; 2..8: quantized */
     uint64_t rank;          /* SVD factors (INT8, bits 8): their rank; else 0 */
     uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
-    const char *method;     /* "absmax", "full", "mse", "asym", "nl", "svd"; NULL when stored as is */
+    const char *method;     /* "absmax", "full", "mse", "asym", "nl", "svd", or a llama.cpp type ("q4_k",
+                             * "f16": its blocks stored as GGUF stores them); NULL when stored as is */
     uint32_t block_size;    /* quantized (not svd): elements per block */
-    stz_dtype scale_dtype;  /* quantized (not svd): how scales are stored (F16, F32, U8) */
+    stz_dtype scale_dtype;  /* stz's methods: how scales are stored (F16, F32, U8); else STZ_DTYPE_COUNT */
     const char *scales_name;/* quantized (not svd): the stored scales tensor, NULL for a single scale */
     const char *gguf_type;  /* a GGUF file's tensor (read as floats): its ggml type ("q4_0", "f16"), else NULL */
 } stz_qtensor;

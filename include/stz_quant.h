@@ -38,6 +38,23 @@ typedef enum {
     STZ_ACTION_INT3 = 5,
     STZ_ACTION_INT5 = 6,
     STZ_ACTION_INT6 = 7,
+    /* llama.cpp's tensor types (quant/ggml_quant.c chooses their scales):
+     * the values stored as GGUF stores them, exported byte for byte */
+    STZ_ACTION_FIRST_GGML = 8,
+    STZ_ACTION_Q4_0 = 8,
+    STZ_ACTION_Q4_1 = 9,
+    STZ_ACTION_Q5_0 = 10,
+    STZ_ACTION_Q5_1 = 11,
+    STZ_ACTION_Q8_0 = 12,
+    STZ_ACTION_IQ4_NL = 13,
+    STZ_ACTION_Q2_K = 14,
+    STZ_ACTION_Q3_K = 15,
+    STZ_ACTION_Q4_K = 16,
+    STZ_ACTION_Q5_K = 17,
+    STZ_ACTION_Q6_K = 18,
+    STZ_ACTION_IQ4_XS = 19,
+    STZ_ACTION_F16 = 20,
+    STZ_ACTION_BF16 = 21,
     STZ_ACTION_COUNT
 } stz_action;
 
@@ -75,10 +92,15 @@ typedef struct {
     const char *reason;      /* static text when the action was overridden, else NULL */
 } stz_decision;
 
-/* Names as policies write them: "int4", "svd"...; "absmax", "nl"... ("?" out of range). */
+/* Names as policies write them: "int4", "svd", "q4_k"...; "absmax", "nl"... ("?" out of range). */
 STZ_API const char *stz_action_name(stz_action a);
-/* Bits per value of a quantizing action (int2..int8), 0 for keep and svd. */
+/* Bits per value of a quantizing action (int2..int8; a ggml type's code
+ * width: q4_k 4, q6_k 6, f16 16), 0 for keep and svd. */
 STZ_API int stz_action_bits(stz_action a);
+/* The ggml type (STZ_GGML_*) of a ggml-type action, else -1; and the
+ * action of a ggml type (STZ_ACTION_COUNT for a type stz does not write). */
+STZ_API int stz_action_ggml_type(stz_action a);
+STZ_API stz_action stz_action_of_ggml_type(int type);
 STZ_API const char *stz_qmethod_name(stz_qmethod m);
 
 /* Blocks in a row of n elements. */
@@ -130,6 +152,12 @@ typedef struct {
      * quantized by the first kernels (stz_q8_*, stz_q4_*), whose bytes files
      * keep; stz_qf_quantize_row itself ignores it */
     int first_kernels;
+    /* a ggml-type action (stz_qf_of_decision): its type's traits, the
+     * row's bytes as GGUF stores them, scales inside; else NULL */
+    const struct stz_ggml_traits *ggml;
+    /* importance per column of the row (NULL: all 1): the searches weigh
+     * each element's squared error by it */
+    const float *weights;
 } stz_qformat;
 
 /* Call after setting levels (nl), before quantizing. */
@@ -137,6 +165,9 @@ STZ_API void stz_qf_prepare(stz_qformat *f);
 
 /* Bytes of one row of n codes of `bits` bits: ceil(n * bits / 8). */
 STZ_API size_t stz_qf_row_bytes(int bits, size_t n);
+/* Bytes of one row of n values in format f: stz_qf_row_bytes, or the
+ * ggml type's blocks. */
+STZ_API size_t stz_qf_bytes(const stz_qformat *f, size_t n);
 /* Quantizes one row: q gets stz_qf_row_bytes bytes, scales (and mins, asym)
  * one float per block, each exactly its stored value. Returns -1 if a
  * scale cannot be stored (F16 overflow). x must be finite. */
@@ -200,8 +231,17 @@ typedef enum {
     STZ_GGML_F32 = 0,
     STZ_GGML_F16 = 1,
     STZ_GGML_Q4_0 = 2,
+    STZ_GGML_Q4_1 = 3,
     STZ_GGML_Q5_0 = 6,
+    STZ_GGML_Q5_1 = 7,
     STZ_GGML_Q8_0 = 8,
+    STZ_GGML_Q2_K = 10,
+    STZ_GGML_Q3_K = 11,
+    STZ_GGML_Q4_K = 12,
+    STZ_GGML_Q5_K = 13,
+    STZ_GGML_Q6_K = 14,
+    STZ_GGML_IQ4_NL = 20,
+    STZ_GGML_IQ4_XS = 23,
     STZ_GGML_BF16 = 30,
     STZ_GGML_AUTO = -1 /* export: keep each float tensor's own dtype */
 } stz_ggml_type;
@@ -213,6 +253,26 @@ STZ_API const char *stz_ggml_type_name(int type);
 STZ_API int stz_ggml_type_parse(const char *s);
 /* Bytes of a row of n elements of `type` (n a multiple of its block). */
 STZ_API uint64_t stz_ggml_row_bytes(int type, uint64_t n);
+/* Elements per block of `type` (1 for floats, 0 for an unknown number). */
+STZ_API uint32_t stz_ggml_block(int type);
+
+/* Quantizes a row x[n] (finite; n a multiple of the type's block) to a
+ * block type stz writes (q4_0 .. iq4_xs), or converts it (f16, bf16, f32):
+ * out gets stz_ggml_row_bytes(type, n) bytes, laid out as GGUF stores
+ * them. The scales, minimums and sub-block scales minimise the squared
+ * error weighted by w[i] (NULL: all 1). Returns 0, or -1 for a type stz
+ * does not write, a row that is not whole blocks, or a scale past F16's
+ * range. */
+STZ_API int stz_ggml_quantize_row(int type, const float *x, const float *w, size_t n, uint8_t *out);
+/* The values of n elements (whole blocks) of a row of `type`, exactly as
+ * llama.cpp's to_float gives them. Returns 0, or -1 for a type stz does
+ * not read. */
+STZ_API int stz_ggml_dequantize_row(int type, const uint8_t *in, size_t n, float *y);
+/* The type llama.cpp's quantize falls back to when a row of n elements is
+ * not whole blocks of `type`: the 32-block type for a 256-block one (q2_k,
+ * q3_k, iq4_xs: iq4_nl; q4_k: q5_0; q5_k: q5_1; q6_k: q8_0), F16 when
+ * not whole 32-blocks either; `type` itself when it fits. */
+STZ_API int stz_ggml_fallback(int type, uint64_t n);
 
 #ifdef __cplusplus
 }

@@ -57,7 +57,7 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
         e->name = q->bits ? q->name : t->name;
         e->bits = q->bits, e->rank = q->svd ? q->rank : 0;
         e->method = q->bits ? q->method : NULL, e->block_size = q->svd ? 0 : q->block;
-        e->scale_dtype = q->bits && !q->svd ? q->scale_dtype : STZ_DTYPE_COUNT;
+        e->scale_dtype = q->bits && !q->svd && !q->fmt.ggml ? q->scale_dtype : STZ_DTYPE_COUNT;
         e->scales_name = q->bits && !q->svd && q->sc ? q->sc->name : NULL;
         if (q->bits) {
             e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;

@@ -38,7 +38,6 @@ typedef struct {
     stz_metrics_acc acc;
 } qslot;
 
-size_t stz_quant_first_nonfinite(const float *x, size_t n);
 /* The kernel format of x's decision: bits, method, block, scale storage. */
 void stz_quant_plan_format(stz_quant_plan *x);
 /* What the format needs from the whole tensor before any row is

@@ -35,10 +35,12 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
         uint64_t sb = stz_svd_bytes(m, n, d->svd_rank);
         return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
     }
-    int bits = stz_action_bits(d->action);
+    int bits = stz_action_bits(d->action), type = stz_action_ggml_type(d->action);
     if (!bits)
         return t->end - t->begin;
     uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;
+    if (type >= 0) /* the type's blocks, scales inside */
+        return rows * stz_ggml_row_bytes(stz_ggml_fallback(type, cols), cols);
     uint64_t blocks = rows * stz_q_blocks(cols, d->block_size), per = stz_dtype_bits(d->scale_dtype) / 8;
     per *= d->method == STZ_QMETHOD_ASYM ? 2 : 1; /* scale and minimum */
     return rows * stz_qf_row_bytes(bits, cols) + (blocks > 1 ? blocks * per : 0);
@@ -48,23 +50,6 @@ static void row_shape(const stz_tensor *t, uint64_t *rows, uint64_t *cols)
 {
     *cols = t->ndim ? t->shape[t->ndim - 1] : 1;
     *rows = *cols ? t->numel / *cols : 0;
-}
-
-/* Index of the first NaN/Inf in x[0..n), or n. */
-size_t stz_quant_first_nonfinite(const float *x, size_t n)
-{
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) { /* skips finite pieces in a form that vectorises */
-        uint32_t u[64], any = 0;
-        memcpy(u, x + i, sizeof u);
-        for (int j = 0; j < 64; j++)
-            any |= (u[j] & 0x7f800000u) == 0x7f800000u;
-        if (any)
-            break;
-    }
-    while (i < n && isfinite(x[i]))
-        i++;
-    return i;
 }
 
 /* A file stz already quantized holds INT8/INT4 codes and scales tensors:
@@ -85,17 +70,32 @@ static int quant_row(const stz_quant_plan *pl, const float *x, uint8_t *q, float
     return stz_qf_quantize_any(&pl->fmt, x, pl->cols, q, scales, mins);
 }
 
-static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_plan *pl, stz_err *err)
+static stz_status put_meta(stz_writer *w, const stz_tensor *t, cJSON *o, stz_err *err);
+
+/* An entry's common keys: method, bits, block_size, the original dtype and shape. */
+static cJSON *meta_head(const stz_tensor *t, const char *method, int bits, uint32_t block)
 {
-    stz_json_begin();
     cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
-    cJSON_AddStringToObject(o, "method", pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method));
-    cJSON_AddNumberToObject(o, "bits", pl->bits);
-    cJSON_AddNumberToObject(o, "block_size", pl->d.block_size);
+    cJSON_AddStringToObject(o, "method", method);
+    cJSON_AddNumberToObject(o, "bits", bits);
+    cJSON_AddNumberToObject(o, "block_size", block);
     cJSON_AddStringToObject(o, "dtype", stz_dtype_name(t->dtype));
     for (int d = 0; d < t->ndim; d++)
         stz_json_put(sh, NULL, cJSON_CreateNumber((double)t->shape[d]));
     stz_json_put(o, "shape", sh);
+    return o;
+}
+
+static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_plan *pl, stz_err *err)
+{
+    stz_json_begin();
+    if (pl->fmt.ggml) { /* a llama.cpp type: its blocks hold the scales (FORMAT.md) */
+        cJSON *o = meta_head(t, stz_action_name(pl->d.action), pl->bits, pl->fmt.block);
+        cJSON_AddStringToObject(o, "packing", STZ_QUANT_GGML_PACKING);
+        return put_meta(w, t, o, err);
+    }
+    cJSON *o = meta_head(t, pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method), pl->bits,
+                         pl->d.block_size);
     if (pl->scales_name)
         cJSON_AddStringToObject(o, "scales", pl->scales_name);
     else
@@ -119,6 +119,12 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_p
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_INT4_PACKING);
     else if (pl->bits != 8)
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_MSB_PACKING);
+    return put_meta(w, t, o, err);
+}
+
+/* Stores entry o (deleted) as __metadata__["stz.quant.NAME"]. */
+static stz_status put_meta(stz_writer *w, const stz_tensor *t, cJSON *o, stz_err *err)
+{
     char *s = cJSON_PrintUnformatted(o), key[1024];
     cJSON_Delete(o);
     if (!s || stz_json_failed()) {
@@ -153,7 +159,7 @@ static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
     qslot *s = &j->slot[tid];
     const stz_quant_plan *pl = j->x;
     const stz_tensor *t = j->t;
-    size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_qf_row_bytes(pl->bits, pl->cols);
+    size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_qf_bytes(&pl->fmt, pl->cols);
     uint64_t row = i * j->per;
     size_t nr = pl->rows - row < j->per ? (size_t)(pl->rows - row) : (size_t)j->per, n = nr * (size_t)pl->cols;
     stz_status st;
@@ -173,8 +179,10 @@ static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
         const float *x = s->f + k * pl->cols;
         float *s_row = j->sc + (row + k) * pl->nblocks, *m_row = j->mn ? j->mn + (row + k) * pl->nblocks : NULL;
         if (quant_row(pl, x, s->q + k * rb, s_row, m_row))
-            return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': a block scale exceeds the F16 range; "
-                               "use \"scale_dtype\": \"F32\"", stz_reader_path(j->r), t->name);
+            return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s': row %llu: a block scale exceeds the F16 range; %s",
+                               stz_reader_path(j->r), t->name, (unsigned long long)(row + k),
+                               pl->fmt.ggml ? "quantize it to a type without F16 scales (int8, bf16)"
+                                            : "use \"scale_dtype\": \"F32\"");
         /* the quality as the reader will see it: stored scales, dequantized */
         stz_qf_dequantize_row(&pl->fmt, s->q + k * rb, s_row, m_row, pl->cols, s->y);
         stz_metrics_add(&s->acc, x, s->y, pl->cols); /* scales are exact in their stored dtype */
@@ -188,7 +196,7 @@ static stz_status q_commit(void *ctx, int tid, size_t i, stz_err *err)
     qslot *s = &j->slot[tid];
     (void)i;
     stz_metrics_merge(&j->acc, &s->acc);
-    return stz_writer_write(j->w, s->q, s->rows * stz_qf_row_bytes(j->x->bits, j->x->cols), err);
+    return stz_writer_write(j->w, s->q, s->rows * stz_qf_bytes(&j->x->fmt, j->x->cols), err);
 }
 
 /* Writes n per-block floats as the scale dtype (U8: log codes under the base). */
@@ -302,7 +310,7 @@ static stz_status open_slots(qfile *j, int threads, stz_err *err)
         qslot *s = &j->slot[k];
         s->in = malloc(maxrow * 8 > STZ_QUANT_BATCH_BYTES ? maxrow * 8 : STZ_QUANT_BATCH_BYTES);
         s->f = malloc(batch_elems * sizeof *s->f);
-        s->q = malloc(batch_elems + 16);
+        s->q = malloc(batch_elems / 16 * 17 + 64); /* Q8_0's 34 bytes per 32 values at most */
         s->y = malloc(maxrow * sizeof *s->y + 1);
         if (!s->in || !s->f || !s->q || !s->y)
             return stz_err_set(err, STZ_E_NOMEM, "out of memory for the buffers of %d threads", j->nslots);
@@ -338,8 +346,8 @@ static stz_status settle_plan(qfile *j, const stz_quant_params *p, stz_err *err)
         stz_quant_plan *x = &j->pl[i];
         if (!x->bits || x->svd)
             continue;
-        if ((st = stz_quant_plan_prepare(j->r, t, x, j->slot, j->nslots, err)) || !x->bits)
-            continue; /* an error, or NaN/Inf and the policy keeps such tensors */
+        if ((st = stz_quant_plan_prepare(j->r, t, x, j->slot, j->nslots, err)) || !x->bits || x->fmt.ggml)
+            continue; /* an error, NaN/Inf and the policy keeps such tensors, or scales inside the blocks */
         if (x->rows * x->nblocks == 1) {
             size_t esz = stz_dtype_bits(t->dtype) / 8;
             qslot *s = &j->slot[0];
@@ -359,10 +367,11 @@ static stz_status declare_quantized(stz_writer *w, const stz_tensor *t, const st
     uint64_t shape[STZ_ST_MAX_NDIM];
     int nd = t->ndim ? t->ndim : 1;
     memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);
-    shape[nd - 1] = stz_qf_row_bytes(x->bits, t->ndim ? t->shape[nd - 1] : 1);
+    shape[nd - 1] = stz_qf_bytes(&x->fmt, t->ndim ? t->shape[nd - 1] : 1);
     if (t->ndim < 2)
-        shape[0] = stz_qf_row_bytes(x->bits, t->numel);
-    stz_status st = stz_writer_add(w, t->name, stz_quant_values_dtype(x->bits, x->d.method), nd, shape, err);
+        shape[0] = stz_qf_bytes(&x->fmt, t->numel);
+    stz_dtype vd = x->fmt.ggml ? STZ_DTYPE_U8 : stz_quant_values_dtype(x->bits, x->d.method);
+    stz_status st = stz_writer_add(w, t->name, vd, nd, shape, err);
     if (!st && x->scales_name) {
         shape[nd - 1] = x->nblocks;
         st = stz_writer_add(w, x->scales_name, x->d.scale_dtype, nd, shape, err);

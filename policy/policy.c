@@ -86,8 +86,9 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                 if (!strcmp(k->valuestring, stz_action_name((stz_action)j)))
                     a = j;
             if (a < 0)
-                return perr(err, p, where, pat, "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd)",
-                            cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
+                return perr(err, p, where, pat, "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd; "
+                            "llama.cpp's q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
+                            "f16, bf16)", cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
             d->action = (stz_action)a;
         } else if (!strcmp(key, "block_size")) {
             if (!whole_in(k, 1, 1 << 20, &v))
@@ -173,6 +174,12 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             return perr(err, p, where, pat, "unknown key '%s'", key, NULL);
         }
     }
+    const char *block_key = cJSON_GetObjectItemCaseSensitive(o, "method") ? "method"
+                            : cJSON_GetObjectItemCaseSensitive(o, "block_size") ? "block_size"
+                            : cJSON_GetObjectItemCaseSensitive(o, "scale_dtype") ? "scale_dtype" : NULL;
+    if (block_key && stz_action_ggml_type(d->action) >= 0)
+        return perr(err, p, where, pat, "'%s' does not apply to '%s': llama.cpp's types fix their blocks and scales",
+                    block_key, stz_action_name(d->action));
     if (svd_key && d->action != STZ_ACTION_SVD)
         return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key, stz_action_name(d->action));
     if (d->action == STZ_ACTION_SVD &&
@@ -486,6 +493,15 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
         d.reason = "fewer than 2 dimensions (rule needs \"include_1d\": true)";
     if (d.reason)
         d.action = STZ_ACTION_KEEP;
+    int type = stz_action_ggml_type(d.action), fb;
+    uint64_t row = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel;
+    if (type >= 0 && (fb = stz_ggml_fallback(type, row)) != type) { /* as llama.cpp's quantize */
+        fb = fb == STZ_GGML_F16 && t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16 : fb;
+        d.action = stz_action_of_ggml_type(fb);
+        d.reason = stz_ggml_block(type) == 256 && fb != STZ_GGML_F16 && fb != STZ_GGML_BF16
+                       ? "rows are not whole 256-blocks: the 32-block type llama.cpp falls back to"
+                       : "rows are not whole 32-blocks: a float type, as llama.cpp keeps them";
+    }
     return d;
 }
 

@@ -253,41 +253,57 @@ static void deq_iq4_xs(const uint8_t *in, size_t n, float *y)
 
 /* ---- the table --------------------------------------------------------- */
 
+/* Floats: converted (F16 past its range is an error, as a scale would be). */
+static int conv_float(stz_dtype d, const float *x, size_t n, uint8_t *out)
+{
+    if (stz_from_f32(d, x, n, out, NULL))
+        return -1;
+    for (size_t i = 0; d == STZ_DTYPE_F16 && i < n; i++)
+        if ((stz_le16(out + 2 * i) & 0x7c00) == 0x7c00)
+            return -1;
+    return 0;
+}
+static int conv_f32(int t, const float *x, const float *w, size_t n, uint8_t *o) { return (void)t, (void)w, conv_float(STZ_DTYPE_F32, x, n, o); }
+static int conv_f16(int t, const float *x, const float *w, size_t n, uint8_t *o) { return (void)t, (void)w, conv_float(STZ_DTYPE_F16, x, n, o); }
+static int conv_bf16(int t, const float *x, const float *w, size_t n, uint8_t *o) { return (void)t, (void)w, conv_float(STZ_DTYPE_BF16, x, n, o); }
+#define Q32 stz_ggml_quant32
+#define Q256 stz_ggml_quant256
+
 /* Every ggml type a GGUF file may hold. 31-33 and 36-38 were withdrawn
  * from GGUF files. */
 static const stz_ggml_traits types[] = {
-    {STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32},
-    {STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16},
-    {STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0},
-    {3, "q4_1", 32, 20, NULL, deq_q4_1},
-    {STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0},
-    {7, "q5_1", 32, 24, NULL, deq_q5_1},
-    {STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0},
-    {9, "q8_1", 32, 36, NULL, NULL},
-    {10, "q2_k", 256, 84, NULL, deq_q2_k},
-    {11, "q3_k", 256, 110, NULL, deq_q3_k},
-    {12, "q4_k", 256, 144, NULL, deq_q4_k},
-    {13, "q5_k", 256, 176, NULL, deq_q5_k},
-    {14, "q6_k", 256, 210, NULL, deq_q6_k},
-    {15, "q8_k", 256, 292, NULL, NULL},
-    {16, "iq2_xxs", 256, 66, NULL, NULL},
-    {17, "iq2_xs", 256, 74, NULL, NULL},
-    {18, "iq3_xxs", 256, 98, NULL, NULL},
-    {19, "iq1_s", 256, 50, NULL, NULL},
-    {20, "iq4_nl", 32, 18, NULL, deq_iq4_nl},
-    {21, "iq3_s", 256, 110, NULL, NULL},
-    {22, "iq2_s", 256, 82, NULL, NULL},
-    {23, "iq4_xs", 256, 136, NULL, deq_iq4_xs},
-    {24, "i8", 1, 1, NULL, NULL},
-    {25, "i16", 1, 2, NULL, NULL},
-    {26, "i32", 1, 4, NULL, NULL},
-    {27, "i64", 1, 8, NULL, NULL},
-    {28, "f64", 1, 8, NULL, NULL},
-    {29, "iq1_m", 256, 56, NULL, NULL},
-    {STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16},
-    {34, "tq1_0", 256, 54, NULL, NULL},
-    {35, "tq2_0", 256, 66, NULL, NULL},
-    {39, "mxfp4", 32, 17, NULL, NULL},
+    {STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32, conv_f32, 32},
+    {STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16},
+    {STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0, Q32, 4},
+    {STZ_GGML_Q4_1, "q4_1", 32, 20, NULL, deq_q4_1, Q32, 4},
+    {STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0, Q32, 5},
+    {STZ_GGML_Q5_1, "q5_1", 32, 24, NULL, deq_q5_1, Q32, 5},
+    {STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0, Q32, 8},
+    {9, "q8_1", 32, 36, NULL, NULL, NULL, 0},
+    {STZ_GGML_Q2_K, "q2_k", 256, 84, NULL, deq_q2_k, Q256, 2},
+    {STZ_GGML_Q3_K, "q3_k", 256, 110, NULL, deq_q3_k, Q256, 3},
+    {STZ_GGML_Q4_K, "q4_k", 256, 144, NULL, deq_q4_k, Q256, 4},
+    {STZ_GGML_Q5_K, "q5_k", 256, 176, NULL, deq_q5_k, Q256, 5},
+    {STZ_GGML_Q6_K, "q6_k", 256, 210, NULL, deq_q6_k, Q256, 6},
+    {15, "q8_k", 256, 292, NULL, NULL, NULL, 0},
+    {16, "iq2_xxs", 256, 66, NULL, NULL, NULL, 0},
+    {17, "iq2_xs", 256, 74, NULL, NULL, NULL, 0},
+    {18, "iq3_xxs", 256, 98, NULL, NULL, NULL, 0},
+    {19, "iq1_s", 256, 50, NULL, NULL, NULL, 0},
+    {STZ_GGML_IQ4_NL, "iq4_nl", 32, 18, NULL, deq_iq4_nl, Q32, 4},
+    {21, "iq3_s", 256, 110, NULL, NULL, NULL, 0},
+    {22, "iq2_s", 256, 82, NULL, NULL, NULL, 0},
+    {STZ_GGML_IQ4_XS, "iq4_xs", 256, 136, NULL, deq_iq4_xs, Q256, 4},
+    {24, "i8", 1, 1, NULL, NULL, NULL, 0},
+    {25, "i16", 1, 2, NULL, NULL, NULL, 0},
+    {26, "i32", 1, 4, NULL, NULL, NULL, 0},
+    {27, "i64", 1, 8, NULL, NULL, NULL, 0},
+    {28, "f64", 1, 8, NULL, NULL, NULL, 0},
+    {29, "iq1_m", 256, 56, NULL, NULL, NULL, 0},
+    {STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16},
+    {34, "tq1_0", 256, 54, NULL, NULL, NULL, 0},
+    {35, "tq2_0", 256, 66, NULL, NULL, NULL, 0},
+    {39, "mxfp4", 32, 17, NULL, NULL, NULL, 0},
 };
 #define NTYPES (sizeof types / sizeof types[0])
 
@@ -302,7 +318,7 @@ const stz_ggml_traits *stz_ggml_traits_of(int type)
 int stz_ggml_is_block(int type)
 {
     const stz_ggml_traits *t = stz_ggml_traits_of(type);
-    return t && t->pack && t->block > 1;
+    return t && t->quantize && t->block > 1;
 }
 
 const char *stz_ggml_type_name(int type)
@@ -316,7 +332,7 @@ int stz_ggml_type_parse(const char *s)
     if (!strcmp(s, "auto"))
         return STZ_GGML_AUTO;
     for (size_t i = 0; i < NTYPES; i++)
-        if (types[i].pack && !strcmp(types[i].name, s))
+        if (types[i].quantize && !strcmp(types[i].name, s))
             return types[i].type;
     return -2;
 }
@@ -327,12 +343,34 @@ uint64_t stz_ggml_row_bytes(int type, uint64_t n)
     return t ? n / t->block * t->bytes : 0;
 }
 
-void stz_ggml_block_format(int type, stz_qformat *f)
+uint32_t stz_ggml_block(int type)
 {
-    memset(f, 0, sizeof *f);
-    f->bits = type == STZ_GGML_Q8_0 ? 8 : type == STZ_GGML_Q5_0 ? 5 : 4;
-    f->method = type == STZ_GGML_Q8_0 ? STZ_QMETHOD_ABSMAX : STZ_QMETHOD_FULL;
-    f->block = STZ_GGML_QK;
-    f->scale_dtype = STZ_DTYPE_F16;
-    stz_qf_prepare(f);
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    return t ? t->block : 0;
+}
+
+int stz_ggml_quantize_row(int type, const float *x, const float *w, size_t n, uint8_t *out)
+{
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    return t && t->quantize && n % t->block == 0 ? t->quantize(type, x, w, n, out) : -1;
+}
+
+int stz_ggml_dequantize_row(int type, const uint8_t *in, size_t n, float *y)
+{
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    if (!t || !t->dequantize_ref || n % t->block)
+        return -1;
+    t->dequantize_ref(in, n, y);
+    return 0;
+}
+
+int stz_ggml_fallback(int type, uint64_t n)
+{
+    uint32_t b = stz_ggml_block(type);
+    if (b && n % b == 0)
+        return type;
+    if (b == 256 && n % STZ_GGML_QK == 0)
+        return type == STZ_GGML_Q4_K ? STZ_GGML_Q5_0 : type == STZ_GGML_Q5_K ? STZ_GGML_Q5_1
+             : type == STZ_GGML_Q6_K ? STZ_GGML_Q8_0 : STZ_GGML_IQ4_NL;
+    return STZ_GGML_F16;
 }

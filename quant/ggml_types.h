@@ -10,7 +10,7 @@
 
 #define STZ_GGML_QK 32 /* elements per block of the 32-blocks */
 
-typedef struct {
+typedef struct stz_ggml_traits {
     int type;         /* ggml's number */
     const char *name; /* llama.cpp's name: "q4_0", "q4_k", ... */
     uint32_t block;   /* elements per block (1 for floats) */
@@ -25,18 +25,21 @@ typedef struct {
     /* The values of n elements (a multiple of block) of packed rows,
      * exactly as ggml's to_float gives them. NULL: not read yet. */
     void (*dequantize_ref)(const uint8_t *in, size_t n, float *y);
+    /* The row x[n] (a multiple of block) quantized by stz's search
+     * (ggml_quant.c) or converted, weights w (NULL: 1): 0, or -1 when a
+     * scale passes F16's range. NULL: stz does not write the type. */
+    int (*quantize)(int type, const float *x, const float *w, size_t n, uint8_t *out);
+    int bits;         /* the code width stz's actions give it (q4_k 4, f16 16) */
 } stz_ggml_traits;
 
 /* The traits of a ggml type, or NULL for a number ggml does not have. */
 const stz_ggml_traits *stz_ggml_traits_of(int type);
 
-/* 1 for the block types stz writes (those with a packer and blocks over 1:
- * Q4_0, Q5_0, Q8_0). */
+/* 1 for the block types stz writes (blocks over 1, a quantizer). */
 int stz_ggml_is_block(int type);
 
-/* The stz format that quantizes floats to one of those block types the way
- * ggml does (block 32, F16 scales; Q8_0 absmax, Q4_0 / Q5_0 with the signed
- * extreme at the lowest code). */
-void stz_ggml_block_format(int type, stz_qformat *f);
+/* ggml_quant.c's searches, for the 32-blocks and the 256-blocks. */
+int stz_ggml_quant32(int type, const float *x, const float *w, size_t n, uint8_t *out);
+int stz_ggml_quant256(int type, const float *x, const float *w, size_t n, uint8_t *out);
 
 #endif /* STZ_GGML_TYPES_H */

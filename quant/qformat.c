@@ -4,6 +4,7 @@
  * The scalar reference; see stz_quant.h for the definitions. */
 #include "core/stz_core.h"
 #include "stz_quant.h"
+#include "ggml_types.h"
 
 #include <math.h>
 #include <string.h>
@@ -364,6 +365,8 @@ static void bw_put_codes(bitw *w, int bits, const uint8_t *c, size_t n)
 
 int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
 {
+    if (f->ggml)
+        return stz_ggml_quantize_row(f->ggml->type, x, f->weights, n, q);
     int lo, hi, top = (1 << f->bits) - 1;
     uint8_t codes[256], tmp[256];
     uniform_range(f, &lo, &hi);
@@ -396,6 +399,10 @@ int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t 
 STZ_QF_CLONES void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales,
                                          const float *mins, size_t n, float *y)
 {
+    if (f->ggml) {
+        stz_ggml_dequantize_row(f->ggml->type, q, n, y);
+        return;
+    }
     int bits = f->bits, sh = 32 - bits, have = 0;
     float tab[256]; /* each code's value before the scale */
     for (int v = 0; v < 1 << bits; v++)

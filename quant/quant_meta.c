@@ -2,6 +2,7 @@
  * against the tensors it names (docs/FORMAT.md, "Quantized SafeTensors"),
  * and its rows dequantized. */
 #include "quant_meta.h"
+#include "ggml_types.h"
 #include "stz_svd.h"
 
 #include <cjson/cJSON.h>
@@ -101,6 +102,40 @@ static stz_status find_companions(const stz_reader *r, const stz_tensor *t, cons
     return STZ_OK;
 }
 
+/* An entry of a ggml-type action: {"method": TYPE, "bits", "block_size",
+ * "dtype", "shape", "packing": "ggml"}; the values tensor U8 with the
+ * type's row bytes as the last dimension. */
+static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, const cJSON *o, int type, qinfo *qi,
+                                  stz_err *err)
+{
+    const char *P = stz_reader_path(r);
+    static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "packing", NULL};
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
+                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
+    const char *unknown = stz_json_unknown_key(o, known);
+    const stz_ggml_traits *g = stz_ggml_traits_of(type);
+    if (unknown)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': %s%s has an unknown key '%s'", P, t->name,
+                           STZ_QUANT_META_PREFIX, t->name, unknown);
+    if (!cJSON_IsString(pk) || strcmp(pk->valuestring, STZ_QUANT_GGML_PACKING))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown packing '%s' for %s (this stz reads '%s')",
+                           P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)", g->name, STZ_QUANT_GGML_PACKING);
+    if (!cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) || !float_origin(qi->dtype) ||
+        !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, STZ_QUANT_META_PREFIX,
+                           t->name);
+    qi->fmt.ggml = g, qi->fmt.bits = qi->bits = g->bits, qi->fmt.block = qi->block = g->block;
+    qi->method = g->name, qi->scale_dtype = STZ_DTYPE_F16;
+    stz_status st = parse_shape(r, t, sh, qi, err);
+    if (st)
+        return st;
+    if (!qi->numel || qi->cols % g->block || t->dtype != STZ_DTYPE_U8 ||
+        !same_layout(t, qi, stz_ggml_row_bytes(type, qi->cols)))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s values do not match the recorded shape as %s blocks",
+                           P, t->name, stz_dtype_name(t->dtype), g->name);
+    return STZ_OK;
+}
+
 /* One stz.quant.NAME entry checked against docs/FORMAT.md and the values
  * tensor t. Longer than most: the checks run in a fixed order whose error
  * codes the corrupt-file corpus pins (tests/corpus/quant). */
@@ -136,6 +171,11 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     for (int j = 0; j < STZ_QMETHOD_NL_FIT && cJSON_IsString(meth); j++) /* nl-fit is stored as nl + levels */
         if (!strcmp(meth->valuestring, stz_qmethod_name((stz_qmethod)j)))
             m = j;
+    for (int a = STZ_ACTION_FIRST_GGML; a < STZ_ACTION_COUNT && cJSON_IsString(meth) && m < 0; a++)
+        if (!strcmp(meth->valuestring, stz_action_name((stz_action)a))) {
+            st = parse_ggml_info(r, t, o, stz_action_ggml_type((stz_action)a), qi, err);
+            goto done;
+        }
     if (m < 0) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown quantization method '%s'", P, t->name,
                          cJSON_IsString(meth) ? meth->valuestring : "(none)");
@@ -244,8 +284,14 @@ stz_status stz_qi_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_t nr, 
                                qi->name);
         return STZ_OK;
     }
-    size_t rb = stz_qf_row_bytes(qi->bits, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
+    size_t rb = stz_qf_bytes(&qi->fmt, qi->cols), ssz = stz_dtype_bits(qi->scale_dtype) / 8;
     size_t nsc = nr * (size_t)qi->nblocks;
+    if (qi->fmt.ggml) { /* scales inside the blocks */
+        stz_status st = stz_reader_read(r, qi->t, row * rb, raw, nr * rb, err);
+        for (size_t k = 0; !st && k < nr; k++)
+            stz_qf_dequantize_row(&qi->fmt, raw + k * rb, NULL, NULL, (size_t)qi->cols, f + k * qi->cols);
+        return st;
+    }
     float *mn = sc + nsc; /* asym: the minimums after the scales */
     stz_status st = stz_reader_read(r, qi->t, row * rb, raw, nr * rb, err);
     if (st)

@@ -2,23 +2,69 @@
  * it (values, scales, minimums), with its squared error: what stz tune
  * measures each candidate by. */
 #include "quant_tensor.h"
+#include "ggml_types.h"
 #include "stz_svd.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const action_names[STZ_ACTION_COUNT] = {"keep", "int8", "int4", "svd", "int2", "int3", "int5", "int6"};
-const char *stz_action_name(stz_action a) { return (unsigned)a < STZ_ACTION_COUNT ? action_names[a] : "?"; }
+static const char *const action_names[STZ_ACTION_FIRST_GGML] = {"keep", "int8", "int4", "svd", "int2", "int3", "int5", "int6"};
+
+/* The ggml types of the actions from STZ_ACTION_Q4_0 on, in their order. */
+static const int action_types[STZ_ACTION_COUNT - STZ_ACTION_FIRST_GGML] = {
+    STZ_GGML_Q4_0, STZ_GGML_Q4_1, STZ_GGML_Q5_0, STZ_GGML_Q5_1, STZ_GGML_Q8_0, STZ_GGML_IQ4_NL, STZ_GGML_Q2_K,
+    STZ_GGML_Q3_K, STZ_GGML_Q4_K, STZ_GGML_Q5_K, STZ_GGML_Q6_K, STZ_GGML_IQ4_XS, STZ_GGML_F16, STZ_GGML_BF16};
+
+int stz_action_ggml_type(stz_action a)
+{
+    return a >= STZ_ACTION_FIRST_GGML && a < STZ_ACTION_COUNT ? action_types[a - STZ_ACTION_FIRST_GGML] : -1;
+}
+
+stz_action stz_action_of_ggml_type(int type)
+{
+    for (int a = STZ_ACTION_FIRST_GGML; a < STZ_ACTION_COUNT; a++)
+        if (action_types[a - STZ_ACTION_FIRST_GGML] == type)
+            return (stz_action)a;
+    return STZ_ACTION_COUNT;
+}
+
+const char *stz_action_name(stz_action a)
+{
+    int t = stz_action_ggml_type(a);
+    return t >= 0 ? stz_ggml_type_name(t) : (unsigned)a < STZ_ACTION_FIRST_GGML ? action_names[a] : "?";
+}
 
 int stz_action_bits(stz_action a)
 {
-    static const int bits[STZ_ACTION_COUNT] = {0, 8, 4, 0, 2, 3, 5, 6};
-    return (unsigned)a < STZ_ACTION_COUNT ? bits[a] : 0;
+    static const int bits[STZ_ACTION_FIRST_GGML] = {0, 8, 4, 0, 2, 3, 5, 6};
+    int t = stz_action_ggml_type(a);
+    return t >= 0 ? stz_ggml_traits_of(t)->bits : (unsigned)a < STZ_ACTION_FIRST_GGML ? bits[a] : 0;
 }
 
 static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit"};
 const char *stz_qmethod_name(stz_qmethod m) { return (unsigned)m < STZ_QMETHOD_COUNT ? method_names[m] : "?"; }
+
+size_t stz_quant_first_nonfinite(const float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) { /* skips finite pieces in a form that vectorises */
+        uint32_t u[64], any = 0;
+        memcpy(u, x + i, sizeof u);
+        for (int j = 0; j < 64; j++)
+            any |= (u[j] & 0x7f800000u) == 0x7f800000u;
+        if (any)
+            break;
+    }
+    while (i < n && isfinite(x[i]))
+        i++;
+    return i;
+}
+
+size_t stz_qf_bytes(const stz_qformat *f, size_t n)
+{
+    return f->ggml ? (size_t)stz_ggml_row_bytes(f->ggml->type, n) : stz_qf_row_bytes(f->bits, n);
+}
 
 void stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
 {
@@ -30,6 +76,11 @@ void stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
         stz_qf_default_levels(bits, f->levels), stz_qf_prepare(f);
     f->first_kernels = (bits == 8 || bits == 4) && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE) &&
                        d->scale_dtype != STZ_DTYPE_U8;
+    int t = stz_action_ggml_type(d->action);
+    if (t >= 0) { /* the type's own blocks: no stz scales or method */
+        f->ggml = stz_ggml_traits_of(t);
+        f->method = STZ_QMETHOD_ABSMAX, f->block = f->ggml->block, f->scale_dtype = STZ_DTYPE_F16, f->first_kernels = 0;
+    }
 }
 
 int stz_qf_quantize_any(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
@@ -160,7 +211,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
         return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
                            stz_action_name(d->action));
     stz_qf_of_decision(d, f);
-    uint64_t n = rows * cols, nb = stz_q_blocks(cols, d->block_size), ns = rows * nb;
+    uint64_t n = rows * cols, nb = stz_q_blocks(cols, f->block), ns = rows * nb;
     float amax = 0;
     for (uint64_t i = 0; i < n; i++) {
         if (!isfinite(x[i]))
@@ -173,8 +224,8 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
     if (fst)
         return fst;
     int asym = d->method == STZ_QMETHOD_ASYM;
-    size_t rb = stz_qf_row_bytes(f->bits, (size_t)cols), ssz = stz_dtype_bits(d->scale_dtype) / 8;
-    out->dtype[STZ_PART_VALUES] = stz_quant_values_dtype(f->bits, f->method);
+    size_t rb = stz_qf_bytes(f, (size_t)cols), ssz = stz_dtype_bits(d->scale_dtype) / 8;
+    out->dtype[STZ_PART_VALUES] = f->ggml ? STZ_DTYPE_U8 : stz_quant_values_dtype(f->bits, f->method);
     out->dtype[STZ_PART_SCALES] = out->dtype[STZ_PART_MINS] = d->scale_dtype;
     out->len[STZ_PART_VALUES] = (size_t)rows * rb;
     float *sc = malloc(ns * sizeof *sc + 1), *mn = asym ? malloc(ns * sizeof *mn + 1) : NULL,
@@ -188,7 +239,8 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
         float *s = sc + r * nb, *m = mn ? mn + r * nb : NULL;
         uint8_t *q = out->part[STZ_PART_VALUES] + r * rb;
         if (stz_qf_quantize_any(f, xr, (size_t)cols, q, s, m)) {
-            st = stz_err_set(err, STZ_E_NUMERIC, "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"");
+            st = stz_err_set(err, STZ_E_NUMERIC, f->ggml ? "a block scale (or value) exceeds the F16 range"
+                                                          : "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"");
             break;
         }
         stz_qf_dequantize_row(f, q, s, m, (size_t)cols, y);
@@ -197,7 +249,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
             out->err2 += e * e, out->norm2 += (double)xr[i] * xr[i];
         }
     }
-    for (int k = STZ_PART_SCALES; !st && ns > 1 && k <= (asym ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
+    for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (asym ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
         out->len[k] = (size_t)ns * ssz;
         if (!(out->part[k] = malloc(out->len[k] + 1)))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales");

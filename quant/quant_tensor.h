@@ -12,6 +12,9 @@
  * whether the first kernels (stz_q8_*, stz_q4_*) write it. */
 void stz_qf_of_decision(const stz_decision *d, stz_qformat *f);
 
+/* Index of the first NaN/Inf in x[0..n), or n. */
+size_t stz_quant_first_nonfinite(const float *x, size_t n);
+
 /* One row, with the first kernels when f->first_kernels, else
  * stz_qf_quantize_row. -1 if a scale does not fit F16. */
 int stz_qf_quantize_any(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
@@ -51,6 +54,7 @@ static inline uint64_t stz_svd_bytes(uint64_t m, uint64_t n, uint64_t r) { retur
 #define STZ_QUANT_VERSION "1"
 #define STZ_QUANT_INT4_PACKING "int4-pairs-high-nibble-first"
 #define STZ_QUANT_MSB_PACKING "bits-high-first"
+#define STZ_QUANT_GGML_PACKING "ggml" /* values: a llama.cpp type's rows as GGUF stores them */
 #define STZ_QUANT_BATCH_BYTES (4u << 20) /* input bytes converted at a time */
 
 /* The stored form of a quantized tensor's values: I8 for the symmetric

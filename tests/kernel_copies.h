@@ -21,4 +21,10 @@ int avx2_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t
 void avx2_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins, size_t n,
                             float *y);
 
+/* quant/ggml_quant.c's searches */
+int plain_ggml_quant32(int type, const float *x, const float *w, size_t n, uint8_t *out);
+int plain_ggml_quant256(int type, const float *x, const float *w, size_t n, uint8_t *out);
+int avx2_ggml_quant32(int type, const float *x, const float *w, size_t n, uint8_t *out);
+int avx2_ggml_quant256(int type, const float *x, const float *w, size_t n, uint8_t *out);
+
 #endif

@@ -202,10 +202,15 @@ static void test_ggml_table(void **state)
     assert_int_equal(stz_ggml_row_bytes(STZ_GGML_BF16, 3), 6);
     assert_int_equal(stz_ggml_row_bytes(31, 32), 0); /* withdrawn */
     assert_null(stz_ggml_type_name(31));
-    static const int writes[] = {STZ_GGML_F32, STZ_GGML_F16, STZ_GGML_BF16, STZ_GGML_Q4_0, STZ_GGML_Q5_0, STZ_GGML_Q8_0};
-    for (size_t k = 0; k < 6; k++)
+    static const int writes[] = {STZ_GGML_F32,  STZ_GGML_F16,  STZ_GGML_BF16, STZ_GGML_Q4_0,   STZ_GGML_Q4_1,
+                                 STZ_GGML_Q5_0, STZ_GGML_Q5_1, STZ_GGML_Q8_0, STZ_GGML_IQ4_NL, STZ_GGML_Q2_K,
+                                 STZ_GGML_Q3_K, STZ_GGML_Q4_K, STZ_GGML_Q5_K, STZ_GGML_Q6_K,   STZ_GGML_IQ4_XS};
+    for (size_t k = 0; k < sizeof writes / sizeof writes[0]; k++) {
         assert_int_equal(stz_ggml_type_parse(stz_ggml_type_name(writes[k])), writes[k]);
-    assert_int_equal(stz_ggml_type_parse("q4_k"), -2); /* read, not written */
+        assert_int_equal(stz_action_ggml_type(stz_action_of_ggml_type(writes[k])), writes[k] == STZ_GGML_F32 ? -1 : writes[k]);
+    }
+    assert_int_equal(stz_ggml_type_parse("q8_1"), -2); /* a type stz does not write */
+    assert_int_equal(stz_ggml_type_parse("iq2_xxs"), -2);
     assert_int_equal(stz_ggml_type_parse("auto"), STZ_GGML_AUTO);
 }
 
