@@ -3,10 +3,11 @@
  * search for the lowest weighted squared error sum w[i] (x[i] - y[i])^2,
  * y the values the block stores (w: an importance per element, or 1).
  *
- * One block (or sub-block) is fitted in floats by trying a grid of scales
- * that map its extreme element near the extreme code, taking for each the
- * nearest codes and the least-squares scale (and minimum) for them, and
- * refining the best by alternating the two. The super-block types then
+ * One block (or sub-block) is fitted by trying a grid of scales that map
+ * its extreme element near the extreme code, each with its nearest codes;
+ * the three best get the least-squares scale (and minimum) for their
+ * codes, and the best of those is refined by alternating the two (F16
+ * scales for the 32-blocks, floats for sub-blocks). The super-block types then
  * round the sub-block scales (and minimums) to their integer fields under
  * one F16 scale, re-pick the codes, try each integer field one step up and
  * down, and refit the F16 scales by least squares, keeping any step that
@@ -173,7 +174,6 @@ STZ_GQ_CLONES static float fit(const codes *c, const float *x, const float *w, i
     *D = bd, *M = bm;
     return best;
 }
-
 
 /* The F16 value nearest d, or a neighbour (k = -1, 1). */
 static inline float f16_step(float d, int k)

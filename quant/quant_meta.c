@@ -111,7 +111,8 @@ static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, cons
     const char *P = stz_reader_path(r);
     static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "packing", NULL};
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
-                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
+                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing"), *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"),
+                *blk = cJSON_GetObjectItemCaseSensitive(o, "block_size");
     const char *unknown = stz_json_unknown_key(o, known);
     const stz_ggml_traits *g = stz_ggml_traits_of(type);
     if (unknown)
@@ -121,9 +122,10 @@ static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, cons
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown packing '%s' for %s (this stz reads '%s')",
                            P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)", g->name, STZ_QUANT_GGML_PACKING);
     if (!cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) || !float_origin(qi->dtype) ||
-        !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM)
-        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, STZ_QUANT_META_PREFIX,
-                           t->name);
+        !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !cJSON_IsNumber(bits) ||
+        bits->valuedouble != g->bits || !cJSON_IsNumber(blk) || blk->valuedouble != g->block)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry (%s: bits %d, block_size %u)", P,
+                           t->name, STZ_QUANT_META_PREFIX, t->name, g->name, g->bits, g->block);
     qi->fmt.ggml = g, qi->fmt.bits = qi->bits = g->bits, qi->fmt.block = qi->block = g->block;
     qi->method = g->name, qi->scale_dtype = STZ_DTYPE_F16;
     stz_status st = parse_shape(r, t, sh, qi, err);

@@ -211,6 +211,9 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
         return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
                            stz_action_name(d->action));
     stz_qf_of_decision(d, f);
+    if (f->ggml && cols % f->block)
+        return stz_err_set(err, STZ_E_ARG, "rows of %llu are not whole blocks of %s (%u): use the type "
+                           "stz_ggml_fallback gives", (unsigned long long)cols, f->ggml->name, f->block);
     uint64_t n = rows * cols, nb = stz_q_blocks(cols, f->block), ns = rows * nb;
     float amax = 0;
     for (uint64_t i = 0; i < n; i++) {

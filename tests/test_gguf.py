@@ -616,6 +616,33 @@ def test_every_type_reads_back(tmp_path, typ):
         assert np.array_equal(w[name], b[name]), name
 
 
+def test_bad_ggml_entries(tmp_path):
+    """A quantized file whose entry for a llama.cpp type is not what stz
+    wrote is refused by name: wrong packing, bits, block_size, values shape,
+    an unknown key; stz writes nothing."""
+    m = wide_dir(tmp_path)
+    q = quantize_dir(m, "q4_k")
+    raw = q.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    key = "stz.quant.model.layers.0.mlp.down_proj.weight"
+    good = json.loads(head["__metadata__"][key])
+    for change, msg in (({"packing": "int4-pairs-high-nibble-first"}, "unknown packing"),
+                        ({"bits": 5}, "invalid stz.quant."), ({"block_size": 32}, "invalid stz.quant."),
+                        ({"shape": [256, 256]}, "do not match the recorded shape"),
+                        ({"scales": "x"}, "unknown key 'scales'")):
+        e = dict(good, **change)
+        head["__metadata__"][key] = json.dumps(e)
+        h = json.dumps(head).encode()
+        h += b" " * (-len(h) % 8)
+        bad = tmp_path / "bad.safetensors"
+        bad.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+        out = tmp_path / "o.safetensors"
+        r = stz("dequantize", bad, "-o", out, ok=False)
+        assert r.returncode == 1 and msg in r.stderr and "down_proj" in r.stderr, (change, r.stderr)
+        assert not out.exists()
+
+
 # ---- reading GGUF back (stz dequantize, stz eval) ------------------------------------
 
 READ_TYPES = {"f32": [], "q8_0": QUANT["q8_0"], "q4_0": QUANT["q4_0"], "q5_0": QUANT["q5_0"]}
