@@ -51,6 +51,10 @@ stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_
 /* A tensor whose rule keeps it when it holds NaN/Inf, and which does. */
 void stz_quant_plan_keep_nonfinite(stz_quant_plan *x);
 void stz_quant_plan_free(stz_quant_plan *x);
+struct cJSON;
+/* Stores a tensor's entry o (then deleted) as __metadata__["stz.quant.NAME"];
+ * STZ_E_NOMEM names "its <what> metadata". After stz_json_begin. */
+stz_status stz_quant_put_meta(stz_writer *w, const stz_tensor *t, struct cJSON *o, const char *what, stz_err *err);
 /* Factors every SVD decision of the file (pl[0..nt)) on up to p->threads
  * threads, one tensor each with one OpenBLAS thread (the same bits for any
  * -T), within STZ_SVD_WORK_BYTES; picks ranks or fallbacks, and holds the

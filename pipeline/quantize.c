@@ -70,8 +70,6 @@ static int quant_row(const stz_quant_plan *pl, const float *x, uint8_t *q, float
     return stz_qf_quantize_any(&pl->fmt, x, pl->cols, q, scales, mins);
 }
 
-static stz_status put_meta(stz_writer *w, const stz_tensor *t, cJSON *o, stz_err *err);
-
 /* An entry's common keys: method, bits, block_size, the original dtype and shape. */
 static cJSON *meta_head(const stz_tensor *t, const char *method, int bits, uint32_t block)
 {
@@ -92,7 +90,7 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_p
     if (pl->fmt.ggml) { /* a llama.cpp type: its blocks hold the scales (FORMAT.md) */
         cJSON *o = meta_head(t, stz_action_name(pl->d.action), pl->bits, pl->fmt.block);
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_GGML_PACKING);
-        return put_meta(w, t, o, err);
+        return stz_quant_put_meta(w, t, o, "quantization", err);
     }
     cJSON *o = meta_head(t, pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method), pl->bits,
                          pl->d.block_size);
@@ -119,17 +117,16 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_p
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_INT4_PACKING);
     else if (pl->bits != 8)
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_MSB_PACKING);
-    return put_meta(w, t, o, err);
+    return stz_quant_put_meta(w, t, o, "quantization", err);
 }
 
-/* Stores entry o (deleted) as __metadata__["stz.quant.NAME"]. */
-static stz_status put_meta(stz_writer *w, const stz_tensor *t, cJSON *o, stz_err *err)
+stz_status stz_quant_put_meta(stz_writer *w, const stz_tensor *t, struct cJSON *o, const char *what, stz_err *err)
 {
     char *s = cJSON_PrintUnformatted(o), key[1024];
     cJSON_Delete(o);
     if (!s || stz_json_failed()) {
         free(s);
-        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its quantization metadata", t->name);
+        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its %s metadata", t->name, what);
     }
     snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, t->name);
     stz_status st = stz_writer_set_meta(w, key, s, err);

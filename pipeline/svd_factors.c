@@ -238,16 +238,7 @@ stz_status stz_quant_declare_svd(stz_writer *w, const stz_tensor *t, const stz_q
     cJSON_AddStringToObject(o, "Vh_scales", x->fname[4]);
     cJSON_AddStringToObject(o, "scale_dtype", "F32");
     cJSON_AddNumberToObject(o, "rel_error", x->rel_error);
-    char *js = cJSON_PrintUnformatted(o), key[1024];
-    cJSON_Delete(o);
-    if (!js || stz_json_failed()) {
-        free(js);
-        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its SVD metadata", t->name);
-    }
-    snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, t->name);
-    st = stz_writer_set_meta(w, key, js, err);
-    free(js);
-    return st;
+    return stz_quant_put_meta(w, t, o, "SVD", err);
 }
 
 /* Writes n floats as little-endian F32 through buf (STZ_QUANT_BATCH_BYTES). */
