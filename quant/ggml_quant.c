@@ -26,19 +26,18 @@
 #define QK 32
 #define QK_K 256
 
-/* IQ4_NL's levels (as ggml_types.c), and the midpoints between neighbours. */
-static const float nl_lev[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* The midpoints between neighbouring IQ4_NL levels (stz_iq4nl_levels). */
 static const float nl_mid[15] = {-115.5f, -93.5f, -74, -57, -42, -28.5f, -16, -4.5f, 7, 19, 31.5f, 45.5f, 61, 79, 101};
 
 /* How a (sub-)block's codes stand for values: y = D * level(q) + M, with
- * q in lo..hi; level(q) = q (uniform) or nl_lev[q] (nl). */
+ * q in lo..hi; level(q) = q (uniform) or stz_iq4nl_levels[q] (nl). */
 typedef struct {
     int lo, hi, nl;
 } codes;
 
 static inline float rnd(float v) { return (float)(int)(v + (v < 0 ? -0.5f : 0.5f)); }
 static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
-static inline float level(const codes *c, int q) { return c->nl ? nl_lev[q] : (float)q; }
+static inline float level(const codes *c, int q) { return c->nl ? (float)stz_iq4nl_levels[q] : (float)q; }
 
 /* The nearest code of t = (x - M) / D. */
 static inline int code_of(const codes *c, float t)
@@ -202,20 +201,6 @@ static float block32(const codes *c, const float *x, const float *w, int with_mi
 static const codes C_Q4_0 = {-8, 7, 0}, C_Q5_0 = {-16, 15, 0}, C_Q8_0 = {-128, 127, 0}, C_Q4_1 = {0, 15, 0},
                    C_Q5_1 = {0, 31, 0}, C_NL = {0, 15, 1};
 
-/* Q4_0, Q5_0, Q4_1, Q5_1: element j in byte j's low nibble, j + 16 in its
- * high one, the fifth bits in a word; codes stored as q - lo. */
-static void put_nibbles(const int8_t *L, int lo, int bits, uint8_t *qh, uint8_t *qs)
-{
-    uint32_t h = 0;
-    for (int j = 0; j < 16; j++) {
-        unsigned a = (unsigned)(L[j] - lo), b = (unsigned)(L[j + 16] - lo);
-        qs[j] = (uint8_t)((a & 15) | (b & 15) << 4);
-        h |= (a >> 4 & 1) << j | (b >> 4 & 1) << (j + 16);
-    }
-    if (bits == 5)
-        stz_put_le32(qh, h);
-}
-
 /* The 32-block types share a loop: each block fitted, its header and codes
  * written. */
 static const float ones[QK_K] = {[0 ... QK_K - 1] = 1.0f};
@@ -236,11 +221,11 @@ int stz_ggml_quant32(int type, const float *x, const float *w, size_t n, uint8_t
         if (type == STZ_GGML_Q8_0)
             memcpy(out + 2, L, QK);
         else if (type == STZ_GGML_IQ4_NL)
-            put_nibbles(L, 0, 4, NULL, out + 2);
+            stz_ggml_put_nibbles(L, 0, 4, NULL, out + 2);
         else if (with_min)
-            stz_put_le16(out + 2, stz_f32_to_f16(m)), put_nibbles(L, 0, bits, out + 4, out + 4 + (bits == 5) * 4);
+            stz_put_le16(out + 2, stz_f32_to_f16(m)), stz_ggml_put_nibbles(L, 0, bits, out + 4, out + 4 + (bits == 5) * 4);
         else
-            put_nibbles(L, c->lo, bits, out + 2, out + 2 + (bits == 5) * 4);
+            stz_ggml_put_nibbles(L, c->lo, bits, out + 2, out + 2 + (bits == 5) * 4);
     }
     return 0;
 }
@@ -443,7 +428,7 @@ static void pack_k(int type, const kblock *kb, uint8_t *o)
             int v = kb->sc[ib] + 32;
             o[4 + ib / 2] |= (uint8_t)((v & 15) << (4 * (ib % 2)));
             sh |= (unsigned)(v >> 4) << (2 * ib);
-            put_nibbles(L + 32 * ib, 0, 4, NULL, o + 8 + 16 * ib);
+            stz_ggml_put_nibbles(L + 32 * ib, 0, 4, NULL, o + 8 + 16 * ib);
         }
         stz_put_le16(o + 2, (uint16_t)sh);
     }

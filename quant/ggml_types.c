@@ -24,15 +24,16 @@ static void deq_bf16(const uint8_t *in, size_t n, float *y) { stz_to_f32(STZ_DTY
 
 /* The blocks' codes q (lo..lo + 2^bits - 1) from values v that are exactly
  * code * scale: the first element that is not, or -1. *h: the F16 scale. */
-static long block_codes(const float *x, float s, int lo, int q[STZ_GGML_QK], uint16_t *h)
+static long block_codes(const float *x, float s, int lo, int8_t q[STZ_GGML_QK], uint16_t *h)
 {
     *h = stz_f32_to_f16(s);
     if (stz_f16_to_f32(*h) != s)
         return 0; /* the scale is not an F16 value */
     for (int j = 0; j < STZ_GGML_QK; j++) {
-        q[j] = (int)lrintf(s != 0 ? x[j] / s : 0);
-        if (q[j] < lo || q[j] > -lo - 1 || (float)q[j] * s != x[j])
+        long c = lrintf(s != 0 ? x[j] / s : 0);
+        if (c < lo || c > -lo - 1 || (float)c * s != x[j])
             return j;
+        q[j] = (int8_t)c;
     }
     return -1;
 }
@@ -41,42 +42,45 @@ static long block_codes(const float *x, float s, int lo, int q[STZ_GGML_QK], uin
 static long pack_q8_0(const float *v, const float *scales, size_t n, uint8_t *out)
 {
     for (size_t b = 0; b < n / STZ_GGML_QK; b++) {
-        int q[STZ_GGML_QK];
+        int8_t q[STZ_GGML_QK];
         uint16_t h;
         long at = block_codes(v + b * STZ_GGML_QK, scales[b], -128, q, &h);
         if (at >= 0)
             return (long)(b * STZ_GGML_QK) + at;
         uint8_t *o = out + b * 34;
         stz_put_le16(o, h);
-        for (int j = 0; j < STZ_GGML_QK; j++)
-            o[2 + j] = (uint8_t)(int8_t)q[j];
+        memcpy(o + 2, q, STZ_GGML_QK);
     }
     return -1;
 }
 
+void stz_ggml_put_nibbles(const int8_t *L, int lo, int bits, uint8_t *qh, uint8_t *qs)
+{
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) {
+        unsigned a = (unsigned)(L[j] - lo), b = (unsigned)(L[j + 16] - lo);
+        qs[j] = (uint8_t)((a & 15) | (b & 15) << 4);
+        h |= (a >> 4 & 1) << j | (b >> 4 & 1) << (j + 16);
+    }
+    if (bits == 5)
+        stz_put_le32(qh, h);
+}
+
 /* Q4_0 (d, 16 bytes of nibbles) and Q5_0 (d, 32 high bits, 16 bytes of
- * nibbles): element j in byte j's low nibble, element j + 16 in its high
- * one, stored as code + 2^(bits-1). */
+ * nibbles), codes stored as code + 2^(bits-1). */
 static long pack_q4_q5(int bits, const float *v, const float *scales, size_t n, uint8_t *out)
 {
-    int lo = -(1 << (bits - 1)), off = -lo;
+    int lo = -(1 << (bits - 1));
     size_t bb = bits == 5 ? 22 : 18;
     for (size_t b = 0; b < n / STZ_GGML_QK; b++) {
-        int q[STZ_GGML_QK];
+        int8_t q[STZ_GGML_QK];
         uint16_t h;
         long at = block_codes(v + b * STZ_GGML_QK, scales[b], lo, q, &h);
         if (at >= 0)
             return (long)(b * STZ_GGML_QK) + at;
-        uint8_t *o = out + b * bb, *qs = o + (bits == 5 ? 6 : 2);
-        uint32_t qh = 0;
+        uint8_t *o = out + b * bb;
         stz_put_le16(o, h);
-        for (int j = 0; j < 16; j++) {
-            unsigned a = (unsigned)(q[j] + off), c = (unsigned)(q[j + 16] + off);
-            qs[j] = (uint8_t)((a & 15) | (c & 15) << 4);
-            qh |= (a >> 4) << j | (c >> 4) << (j + 16);
-        }
-        if (bits == 5)
-            stz_put_le32(o + 2, qh);
+        stz_ggml_put_nibbles(q, lo, bits, o + 2, o + (bits == 5 ? 6 : 2));
     }
     return -1;
 }
@@ -220,14 +224,13 @@ static void deq_q6_k(const uint8_t *in, size_t n, float *y)
     }
 }
 
-/* IQ4_NL's 16 non-uniform levels. */
-static const int8_t iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t stz_iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* 32 elements at the level of each nibble (element j low, j + 16 high) times dl. */
 static void iq4_nibbles(const uint8_t *qs, float dl, float *y)
 {
     for (int j = 0; j < 16; j++)
-        y[j] = dl * (float)iq4nl_levels[qs[j] & 0xF], y[j + 16] = dl * (float)iq4nl_levels[qs[j] >> 4];
+        y[j] = dl * (float)stz_iq4nl_levels[qs[j] & 0xF], y[j + 16] = dl * (float)stz_iq4nl_levels[qs[j] >> 4];
 }
 
 /* IQ4_NL: d, 16 bytes of nibbles. */

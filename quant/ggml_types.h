@@ -38,6 +38,15 @@ const stz_ggml_traits *stz_ggml_traits_of(int type);
 /* 1 for the block types stz writes (blocks over 1, a quantizer). */
 int stz_ggml_is_block(int type);
 
+/* IQ4_NL's 16 non-uniform levels (ggml-common.h's kvalues_iq4nl): IQ4_NL,
+ * IQ4_XS and stz's 4-bit nl codebook. */
+extern const int8_t stz_iq4nl_levels[16];
+
+/* 32 codes L into a 32-block's nibbles qs (element j in byte j's low
+ * nibble, j + 16 in its high one), stored as L - lo; bits 5: the fifth
+ * bits into the little-endian word at qh. */
+void stz_ggml_put_nibbles(const int8_t *L, int lo, int bits, uint8_t *qh, uint8_t *qs);
+
 /* ggml_quant.c's searches, for the 32-blocks and the 256-blocks. */
 int stz_ggml_quant32(int type, const float *x, const float *w, size_t n, uint8_t *out);
 int stz_ggml_quant256(int type, const float *x, const float *w, size_t n, uint8_t *out);

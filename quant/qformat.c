@@ -439,11 +439,10 @@ static float level_of(double v) { return (float)lround((v < -1 ? -1 : v > 1 ? 1 
 
 void stz_qf_default_levels(int bits, float *levels)
 {
-    static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
     int k = 1 << bits;
     for (int i = 0; i < k; i++) { /* like two's complement: -1 .. 1 - 2/k, zero included; denser near zero */
         double u = (double)(i - k / 2) / (double)(k / 2);
-        levels[i] = level_of(bits == 4 ? iq4nl[i] / 127.0 : u * (0.6 + 0.4 * fabs(u)));
+        levels[i] = level_of(bits == 4 ? stz_iq4nl_levels[i] / 127.0 : u * (0.6 + 0.4 * fabs(u)));
     }
 }
 
