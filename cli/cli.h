@@ -93,21 +93,25 @@ typedef struct {
     int nover;
     const char *method; /* --method for int8/int4 rules */
     int block_size;     /* --block-size, 0 if not given */
+    const char *imatrix; /* --imatrix FILE: the importance the quantizers weigh errors by */
 } cli_policy_opts;
 
-enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_SET, CLI_OPT_METHOD, CLI_OPT_BLOCK };
+enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_SET, CLI_OPT_METHOD, CLI_OPT_BLOCK,
+       CLI_OPT_IMATRIX };
 #define CLI_POLICY_LONG                                                                                       \
     {"policy", required_argument, 0, CLI_OPT_POLICY}, {"int8", no_argument, 0, CLI_OPT_INT8},                \
         {"int4", no_argument, 0, CLI_OPT_INT4}, {"keep", required_argument, 0, CLI_OPT_KEEP},                \
         {"set", required_argument, 0, CLI_OPT_SET}, {"method", required_argument, 0, CLI_OPT_METHOD},        \
-        {"block-size", required_argument, 0, CLI_OPT_BLOCK}
+        {"block-size", required_argument, 0, CLI_OPT_BLOCK}, {"imatrix", required_argument, 0, CLI_OPT_IMATRIX}
 #define CLI_POLICY_HELP                                                                                        \
     "  --policy P          policy file or shipped name (stz policy list)\n"                                  \
     "  --int8, --int4      the shipped int8 / int4 policies\n"                                               \
     "  --keep PATTERN      keep the tensors PATTERN matches (before the policy's rules)\n"                   \
     "  --set PAT=ACTION[:key=value...]  a rule before the policy's, e.g. 'lm_head.weight=int8:block_size=32'\n" \
     "  --method M          absmax, mse, full, asym, nl or nl-fit for every int2..int8 rule\n"                                         \
-    "  --block-size N      block size of every int8/int4 rule\n"
+    "  --block-size N      block size of every int8/int4 rule\n" \
+    "  --imatrix FILE      importance matrix (stz imatrix, or llama.cpp's): every\n"                          \
+    "                      block's scales chosen for the least error weighted by it\n"
 
 /* Handles option c if it is a policy option: -1 handled, an exit status
  * (usage error), or -2 if not a policy option. */
@@ -141,6 +145,9 @@ int cli_progress_cb(void *user, uint64_t done, uint64_t total);
 void cli_progress_end(cli_progress *p);
 double cli_now(void);
 
+/* MODEL's path without trailing slashes and .safetensors, plus suffix
+ * (malloc'ed; NULL out of memory): a derived output's default name. */
+char *cli_model_output_name(const char *model, const char *suffix);
 /* Parses a thread count; "0" means all cores. Returns -1 on bad input. */
 int cli_threads(const char *s);
 int cli_ncores(void);
@@ -221,7 +228,8 @@ struct stz_policy;
  * file or a sharded directory; a file OUT is replaced, a directory OUT
  * must not exist);
  * *bytes: OUT's bytes (every file of a directory). */
-stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol, int threads, int quiet,
+stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol,
+                               const struct stz_imatrix *im, int threads, int quiet,
                                uint64_t *bytes, stz_err *err);
 
 
@@ -265,6 +273,20 @@ typedef struct {
     double nseq, len;   /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
     double default_len, seed, temp, top_p;
 } cli_seq_opts;
+/* getopt_long codes and entries of the sequence options (--tokens,
+ * --sequences, --seq-len, --seed), and their help lines. */
+enum { CLI_OPT_TOKENS = 1150, CLI_OPT_SEQS, CLI_OPT_LEN, CLI_OPT_SEED };
+#define CLI_SEQ_LONG                                                                                            \
+    {"tokens", required_argument, 0, CLI_OPT_TOKENS}, {"sequences", required_argument, 0, CLI_OPT_SEQS},      \
+        {"seq-len", required_argument, 0, CLI_OPT_LEN}, {"seed", required_argument, 0, CLI_OPT_SEED}
+/* Handles option c if it is a sequence option: -1 handled, an exit status
+ * (usage error), or -2 if not one. */
+int cli_seq_opt(const char *cmd, int c, cli_seq_opts *o);
+/* After parsing (defaults: the values o started from): --tokens excludes
+ * the sampling options, which take whole numbers. -1 or an exit status. */
+int cli_seq_check(const char *cmd, const cli_seq_opts *o, const cli_seq_opts *defaults);
+/* A number option's value in [lo, hi]: -1, or the usage error's status. */
+int cli_number(const char *cmd, const char *opt, const char *arg, double lo, double hi, double *v);
 /* The sequences o asks for: read (ids checked against m's vocabulary) or
  * sampled from m. source (64 bytes) says where they came from. */
 stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, cli_seqs *q, char *source,
@@ -292,6 +314,12 @@ int cmd_eval(int argc, char **argv);
 int cmd_eval_forward(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_imatrix(int argc, char **argv);
+struct stz_imatrix;
+/* --imatrix FILE for the model at `model`: loaded, and checked against the
+ * model's tensors (an entry's columns must match; some entry must name a
+ * matrix of the model). NULL path: *im NULL. */
+stz_status cli_imatrix_open(const char *path, const char *model, struct stz_imatrix **im, stz_err *err);
 int cmd_decompress(int argc, char **argv);
 int cmd_policy(int argc, char **argv);
 

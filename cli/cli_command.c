@@ -16,6 +16,7 @@ static const cli_command commands[] = {
     {"quantize", cmd_quantize, "quantize tensors to INT8 / INT4 as a policy says"},
     {"dequantize", cmd_dequantize, "turn a quantized file back into a plain float model"},
     {"eval", cmd_eval, "measure how close a quantized model is to the original"},
+    {"imatrix", cmd_imatrix, "collect an importance matrix from the model's own forward pass"},
     {"tune", cmd_tune, "choose each tensor's action for a size or KL budget (writes a policy)"},
     {"pack", cmd_pack, "pack a SafeTensors file losslessly into an .stz container"},
     {"unpack", cmd_unpack, "restore the original file (or one tensor) from a container"},

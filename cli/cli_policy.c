@@ -25,6 +25,7 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
         po->over[po->nover++].text = optarg;
         return -1;
     case CLI_OPT_METHOD: po->method = optarg; return -1;
+    case CLI_OPT_IMATRIX: po->imatrix = optarg; return -1;
     case CLI_OPT_BLOCK: {
         char *end;
         long v = strtol(optarg, &end, 10);

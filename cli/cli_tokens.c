@@ -5,11 +5,41 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+
+int cli_number(const char *cmd, const char *opt, const char *arg, double lo, double hi, double *v)
+{
+    char *end;
+    *v = strtod(arg, &end);
+    if (*end || !*arg || !(*v >= lo && *v <= hi))
+        return cli_usage_error(cmd, "%s takes a number in [%g, %g], not '%s'", opt, lo, hi, arg);
+    return -1;
+}
+
+int cli_seq_opt(const char *cmd, int c, cli_seq_opts *o)
+{
+    switch (c) {
+    case CLI_OPT_TOKENS: o->path = optarg; return -1;
+    case CLI_OPT_SEQS: return cli_number(cmd, "--sequences", optarg, 1, 65536, &o->nseq);
+    case CLI_OPT_LEN: return cli_number(cmd, "--seq-len", optarg, 2, 1 << 20, &o->len);
+    case CLI_OPT_SEED: return cli_number(cmd, "--seed", optarg, 0, 1e15, &o->seed);
+    default: return -2;
+    }
+}
+
+int cli_seq_check(const char *cmd, const cli_seq_opts *o, const cli_seq_opts *d)
+{
+    if (o->path && (o->nseq != d->nseq || o->len != d->len || o->seed != d->seed))
+        return cli_usage_error(cmd, "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply");
+    if (o->nseq != floor(o->nseq) || o->len != floor(o->len) || o->seed != floor(o->seed))
+        return cli_usage_error(cmd, "--sequences, --seq-len and --seed take whole numbers");
+    return -1;
+}
 
 void cli_seqs_free(cli_seqs *q)
 {

@@ -213,6 +213,19 @@ int cli_ncores(void)
     return n > 0 ? (int)n : 1;
 }
 
+char *cli_model_output_name(const char *model, const char *suffix)
+{
+    size_t n = strlen(model), k = strlen(suffix) + 1;
+    while (n > 1 && model[n - 1] == '/')
+        n--;
+    if (n > 12 && !strncmp(model + n - 12, ".safetensors", 12))
+        n -= 12;
+    char *p = malloc(n + k);
+    if (p)
+        snprintf(p, n + k, "%.*s%s", (int)n, model, suffix);
+    return p;
+}
+
 int cli_threads(const char *s)
 {
     char *end;

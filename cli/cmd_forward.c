@@ -87,15 +87,6 @@ static int print_report(const char *pa, const char *pb, const char *cfg_from, co
     return CLI_OK;
 }
 
-static int number_opt(const char *opt, const char *arg, double lo, double hi, double *v)
-{
-    char *end;
-    *v = strtod(arg, &end);
-    if (*end || !*arg || !(*v >= lo && *v <= hi))
-        return cli_usage_error("eval", "%s takes a number in [%g, %g], not '%s'", opt, lo, hi, arg);
-    return -1;
-}
-
 /* stz eval --forward's options. */
 typedef struct {
     const char *tokens_path, *save, *config;
@@ -123,12 +114,12 @@ static int fwd_options(int argc, char **argv, fwd_opts *o)
         switch (c) {
         case O_FWD: break;
         case O_TOKENS: o->tokens_path = optarg; break;
-        case O_SEQS: if ((rc = number_opt("--sequences", optarg, 1, 65536, &o->nseq)) >= 0) return rc; break;
-        case O_LEN: if ((rc = number_opt("--seq-len", optarg, 2, 1 << 20, &o->len)) >= 0) return rc; break;
-        case O_SEED: if ((rc = number_opt("--seed", optarg, 0, 1e15, &o->seed)) >= 0) return rc; break;
-        case O_TEMP: if ((rc = number_opt("--temperature", optarg, 0, 100, &o->temp)) >= 0) return rc; break;
-        case O_TOPP: if ((rc = number_opt("--top-p", optarg, 0, 1, &o->top_p)) >= 0) return rc; break;
-        case O_MAXKL: if ((rc = number_opt("--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0) return rc; break;
+        case O_SEQS: if ((rc = cli_number("eval", "--sequences", optarg, 1, 65536, &o->nseq)) >= 0) return rc; break;
+        case O_LEN: if ((rc = cli_number("eval", "--seq-len", optarg, 2, 1 << 20, &o->len)) >= 0) return rc; break;
+        case O_SEED: if ((rc = cli_number("eval", "--seed", optarg, 0, 1e15, &o->seed)) >= 0) return rc; break;
+        case O_TEMP: if ((rc = cli_number("eval", "--temperature", optarg, 0, 100, &o->temp)) >= 0) return rc; break;
+        case O_TOPP: if ((rc = cli_number("eval", "--top-p", optarg, 0, 1, &o->top_p)) >= 0) return rc; break;
+        case O_MAXKL: if ((rc = cli_number("eval", "--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0) return rc; break;
         case O_SAVE: o->save = optarg; break;
         case O_CONFIG: o->config = optarg; break;
         case O_JSON: o->json = 1; break;

@@ -2,6 +2,7 @@
  * and back. Intermediate files live next to the output under a hidden
  * temporary name, tracked so that errors and signals remove them. */
 #include "cli.h"
+#include "stz_imatrix.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
 #include "stz_model.h"
@@ -136,6 +137,7 @@ static char *default_output(const char *in, const popts *o)
 typedef struct {
     const popts *o;
     stz_policy *pol;
+    const stz_imatrix *im; /* --imatrix, or NULL */
     uint64_t in_bytes, out_bytes;
     stz_quant_stats qs;   /* summed over files: counts, min cosine */
     int64_t wfix;         /* sum of cosine x parameters in 1/65536: integers add up the same in any order */
@@ -172,6 +174,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
         qp.threads = threads;
         qp.progress = cli_progress_cb;
         qp.progress_user = &prog;
+        qp.imatrix = c->im;
         if (!(s = stz_compress_file(&qp, &pp, c->pol, in, out, &qs, &ps, err))) {
             pthread_mutex_lock(&c->lock); /* shards may run at once */
             c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
@@ -211,14 +214,14 @@ static void mpi_gather(compress_ctx *c)
     cli_mpi_bcast(c->qs.worst, sizeof c->qs.worst, who);
 }
 
-stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, int threads, int quiet,
-                               uint64_t *bytes, stz_err *err)
+stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, const stz_imatrix *im, int threads,
+                               int quiet, uint64_t *bytes, stz_err *err)
 {
     popts o;
     memset(&o, 0, sizeof o);
     cli_common_init(&o.c);
     o.c.threads = threads, o.c.quiet = quiet, o.c.force = 1; /* a file OUT is replaced: the caller's temporary */
-    compress_ctx c = {.o = &o, .pol = pol};
+    compress_ctx c = {.o = &o, .pol = pol, .im = im};
     c.qs.min_cosine = 1;
     pthread_mutex_init(&c.lock, NULL);
     stz_status st = STZ_OK;
@@ -263,10 +266,13 @@ int cmd_compress(int argc, char **argv)
     pthread_mutex_init(&c.lock, NULL);
     double t0 = cli_now();
     int sharded = cli_is_sharded_dir(in);
-    if (!o.lossless && cli_policy_load(&o.po, &c.pol, &err)) {
+    stz_imatrix *im = NULL;
+    if (!o.lossless && (cli_policy_load(&o.po, &c.pol, &err) || cli_imatrix_open(o.po.imatrix, in, &im, &err))) {
+        stz_policy_free(c.pol);
         free(out);
         return cli_fail(&err);
     }
+    c.im = im;
     int mpi = cli_mpi_size() > 1;
     if (mpi && !sharded) {
         rc = cli_mpi_rank() ? CLI_USAGE : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
@@ -288,6 +294,7 @@ int cmd_compress(int argc, char **argv)
         stz_reader_free(names);
     }
     stz_policy_free(c.pol);
+    stz_imatrix_free(im);
     pthread_mutex_destroy(&c.lock);
     if (rc != CLI_OK || cli_mpi_rank()) { /* rank 0 reports for all */
         free(out);

@@ -1,5 +1,6 @@
 /* stz plan / quantize / dequantize. */
 #include "cli.h"
+#include "stz_imatrix.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
 #include "stz_model.h"
@@ -254,6 +255,9 @@ int cmd_plan(int argc, char **argv)
         return rc;
     if (!cli_policy_given(&o.po))
         return cli_usage_error("plan", "give --policy P, --int8, --int4 or --set");
+    if (o.po.imatrix)
+        return cli_usage_error("plan", "--imatrix changes how blocks are quantized, not the plan: give it to quantize "
+                               "or compress");
     stz_err err;
     stz_policy *pol;
     char **files;
@@ -302,9 +306,15 @@ int cmd_quantize(int argc, char **argv)
         return rc;
     stz_err err;
     stz_policy *pol;
+    stz_imatrix *im = NULL;
     if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
+    if (cli_imatrix_open(o.po.imatrix, argv[optind], &im, &err)) {
+        stz_policy_free(pol);
+        return cli_fail(&err);
+    }
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
+    p.imatrix = im;
     p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
     p.threads = o.c.threads;
     cli_progress prog;
@@ -322,6 +332,7 @@ int cmd_quantize(int argc, char **argv)
         stz_reader_free(names);
     }
     stz_policy_free(pol);
+    stz_imatrix_free(im);
     if (s)
         return cli_fail(&err);
     double secs = cli_now() - prog.start, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;

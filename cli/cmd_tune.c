@@ -2,6 +2,7 @@
  * size or quality budget, verify by compressing and running the model,
  * correct once. */
 #include "cmd_tune.h"
+#include "stz_imatrix.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
 #include "stz_tune.h"
@@ -32,6 +33,8 @@ static const char tune_help[] =
     "  --ratio R           container at most MODEL's size / R\n"
     "  --bits-per-weight B container at most B bits per parameter\n"
     "  --max-kl K          mean KL(original || compressed) at most K nats/token\n\n"
+    "  --imatrix FILE      importance matrix (stz imatrix): candidates quantized and\n"
+    "                      their errors weighed with it (then quantize with it too)\n"
     "  --candidates LIST   comma-separated: keep and BITS:METHOD:BLOCK:SCALES\n"
     "                      (default keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,\n"
     "                      4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8)\n"
@@ -55,34 +58,34 @@ static const char tune_help[] =
 
 static int number(const char *opt, const char *arg, double lo, double hi, double *v)
 {
-    char *end;
-    *v = strtod(arg, &end);
-    double mul = 1;
-    if (!strcmp(opt, "--size") && end != arg && *end && !end[1])
-        mul = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 0, end++;
+    size_t n = strlen(arg);
+    char c = n > 1 && !strcmp(opt, "--size") ? arg[n - 1] : 0, num[64];
+    double mul = c == 'K' || c == 'k' ? 1024.0 : c == 'M' ? 1048576.0 : c == 'G' ? 1073741824.0 : 1;
+    if (mul == 1 || n >= sizeof num)
+        return cli_number("tune", opt, arg, lo, hi, v);
+    snprintf(num, sizeof num, "%.*s", (int)n - 1, arg); /* the number before the suffix */
+    int rc = cli_number("tune", opt, num, lo / mul, hi / mul, v);
     *v *= mul;
-    if (*end || !*arg || !mul || !(*v >= lo && *v <= hi))
-        return cli_usage_error("tune", "%s takes a number in [%g, %g], not '%s'", opt, lo, hi, arg);
-    return -1;
+    return rc;
 }
 
 static int parse(int argc, char **argv, tune_opts *o)
 {
-    enum { O_SIZE = 256, O_RATIO, O_BPW, O_MAXKL, O_CAND, O_TOKENS, O_SEQS, O_LEN, O_SEED, O_CONFIG, O_PLOT,
-           O_NOVERIFY, O_TUNE, O_SAVEPOL };
+    enum { O_SIZE = 256, O_RATIO, O_BPW, O_MAXKL, O_CAND, O_IMATRIX, O_CONFIG, O_PLOT, O_NOVERIFY, O_TUNE,
+           O_SAVEPOL };
     static const struct option opts[] = {
         {"size", required_argument, 0, O_SIZE},     {"ratio", required_argument, 0, O_RATIO},
         {"bits-per-weight", required_argument, 0, O_BPW}, {"max-kl", required_argument, 0, O_MAXKL},
-        {"candidates", required_argument, 0, O_CAND}, {"tokens", required_argument, 0, O_TOKENS},
-        {"sequences", required_argument, 0, O_SEQS}, {"seq-len", required_argument, 0, O_LEN},
-        {"seed", required_argument, 0, O_SEED},     {"config", required_argument, 0, O_CONFIG},
+        {"candidates", required_argument, 0, O_CAND}, {"imatrix", required_argument, 0, O_IMATRIX},
+        CLI_SEQ_LONG,                               {"config", required_argument, 0, O_CONFIG},
         {"plot", required_argument, 0, O_PLOT},     {"no-verify", no_argument, 0, O_NOVERIFY},
         {"tune", no_argument, 0, O_TUNE},           {"save-policy", required_argument, 0, O_SAVEPOL},
         CLI_COMMON_LONG,                            {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->verify = 1, o->candidates = stz_tune_default_candidates;
-    o->so = (cli_seq_opts){NULL, 4, 0, 64, 1, 1, 0.9};
+    const cli_seq_opts defaults = {NULL, 4, 0, 64, 1, 1, 0.9};
+    o->so = defaults;
     int c, rc, budgets = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
@@ -100,16 +103,18 @@ static int parse(int argc, char **argv, tune_opts *o)
             if ((rc = number("--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0) return rc;
             break;
         case O_CAND: o->candidates = optarg; break;
-        case O_TOKENS: o->so.path = optarg; break;
-        case O_SEQS: if ((rc = number("--sequences", optarg, 1, 65536, &o->so.nseq)) >= 0) return rc; break;
-        case O_LEN: if ((rc = number("--seq-len", optarg, 2, 1 << 20, &o->so.len)) >= 0) return rc; break;
-        case O_SEED: if ((rc = number("--seed", optarg, 0, 1e15, &o->so.seed)) >= 0) return rc; break;
+        case O_IMATRIX: o->imatrix = optarg; break;
         case O_CONFIG: o->config = optarg; break;
         case O_PLOT: o->plot = optarg; break;
         case O_NOVERIFY: o->verify = 0; break;
         case O_TUNE: o->compress = 1; break;
         case O_SAVEPOL: o->save_policy = optarg; break;
         default:
+            if ((rc = cli_seq_opt("tune", c, &o->so)) != -2) {
+                if (rc == -1)
+                    break;
+                return rc;
+            }
             if ((rc = cli_common_opt("tune", tune_help, c, &o->c)) != -2) {
                 if (rc == -1)
                     break;
@@ -122,10 +127,8 @@ static int parse(int argc, char **argv, tune_opts *o)
         return cli_usage_error("tune", "expected one MODEL");
     if (budgets != 1)
         return cli_usage_error("tune", "give exactly one budget: --size, --ratio, --bits-per-weight or --max-kl");
-    if (o->so.path && (o->so.nseq != 4 || o->so.len || o->so.seed != 1))
-        return cli_usage_error("tune", "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply");
-    if (o->so.nseq != floor(o->so.nseq) || o->so.len != floor(o->so.len) || o->so.seed != floor(o->so.seed))
-        return cli_usage_error("tune", "--sequences, --seq-len and --seed take whole numbers");
+    if ((rc = cli_seq_check("tune", &o->so, &defaults)) >= 0)
+        return rc;
     if (o->compress && !o->verify)
         return cli_usage_error("compress", "--tune writes the verified container: --no-verify does not apply");
     if (!o->compress && o->save_policy)
@@ -138,8 +141,9 @@ static int parse(int argc, char **argv, tune_opts *o)
 
 /* Compresses MODEL (a file or a sharded directory) with the policy text
  * into `out` and runs it against the original on the same sequences. */
-static stz_status verify(const tune_opts *o, const char *model, const char *policy_text, const char *out,
-                         stz_fwd *ref, const stz_fwd_config *cfg, const cli_seqs *q, measured *res, stz_err *err)
+static stz_status verify(const tune_opts *o, const char *model, const char *policy_text, const stz_imatrix *im,
+                         const char *out, stz_fwd *ref, const stz_fwd_config *cfg, const cli_seqs *q, measured *res,
+                         stz_err *err)
 {
     stz_policy *pol = NULL;
     cli_model_set C = {0};
@@ -149,7 +153,7 @@ static stz_status verify(const tune_opts *o, const char *model, const char *poli
     if (!st && cli_is_sharded_dir(model))
         cli_remove_tree(out); /* the first round's */
     if (!st)
-        st = cli_compress_policy(model, out, pol, o->c.threads, o->c.quiet || o->c.json, &res->bytes, err);
+        st = cli_compress_policy(model, out, pol, im, o->c.threads, o->c.quiet || o->c.json, &res->bytes, err);
     if (!st && !(st = cli_set_open(&C, out, err)) && !(st = stz_fwd_open(&cand, C.m, C.n, cfg, out, o->c.threads, err))) {
         cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
         st = stz_fwd_compare(ref, cand, q->tok, q->nseq, q->stride, q->lens, cli_progress_cb, &prog, &res->fwd, err);
@@ -162,19 +166,6 @@ static stz_status verify(const tune_opts *o, const char *model, const char *poli
 }
 
 /* ---- the command ------------------------------------------------------------------ */
-
-static char *default_policy_path(const char *model)
-{
-    size_t n = strlen(model);
-    while (n > 1 && model[n - 1] == '/')
-        n--;
-    if (n > 12 && !strncmp(model + n - 12, ".safetensors", 12))
-        n -= 12;
-    char *p = malloc(n + 16);
-    if (p)
-        snprintf(p, n + 16, "%.*s.tune.json", (int)n, model);
-    return p;
-}
 
 static stz_status write_text(const char *path, const char *text, int force, stz_err *err)
 {
@@ -202,6 +193,7 @@ typedef struct {
     char *out;
     int sharded;
     cli_model_set S;
+    stz_imatrix *im; /* --imatrix, or NULL */
     stz_fwd *fwd;
     stz_fwd_config cfg;
     cli_seqs q;
@@ -229,7 +221,8 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         if (outs[k])
             st = stz_output_check(outs[k], o->c.force, err);
     if (st || (st = stz_tune_parse_candidates(o->candidates, &t->cand, &t->ncand, err)) ||
-        (st = cli_set_open(&t->S, t->model, err)) || (st = stz_refuse_input_as_output(t->model, t->out, err)))
+        (st = cli_set_open(&t->S, t->model, err)) || (st = stz_refuse_input_as_output(t->model, t->out, err)) ||
+        (st = cli_imatrix_open(o->imatrix, t->model, &t->im, err)))
         return st;
     t->sharded = cli_is_sharded_dir(t->model);
     if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
@@ -253,7 +246,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
 {
     tune_opts *o = &t->o;
     cli_progress prog;
-    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog};
+    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog, t->im};
     cli_progress_init(&prog, "tune: measure candidates", o->c.quiet || o->c.json);
     stz_status st = stz_tune_measure(&t->T, t->S.m, t->S.n, t->cand, t->ncand, &tp, err);
     cli_progress_end(&prog);
@@ -317,7 +310,7 @@ static stz_status tune_verify(tune_run *t, stz_err *err)
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", t->out);
     if (t->sharded) /* a name for the directory */
         unlink(t->tc.path);
-    stz_status st = verify(o, t->in, t->policy, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m1, err);
+    stz_status st = verify(o, t->in, t->policy, t->im, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m1, err);
     if (st)
         return st;
     t->have1 = 1;
@@ -328,7 +321,7 @@ static stz_status tune_verify(tune_run *t, stz_err *err)
     double value = o->kind == STZ_BUDGET_KL ? o->value : o->value - ((double)t->m1.bytes - (double)t->sol.pred.bytes);
     stz_tune_solution_free(&t->sol);
     if (!(st = stz_tune_solve(&t->T, o->kind, value, kl_scale, &t->sol, err)) && !(st = tune_write_policy(t, err)))
-        st = verify(o, t->in, t->policy, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m2, err);
+        st = verify(o, t->in, t->policy, t->im, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m2, err);
     t->have2 = !st;
     return st;
 }
@@ -381,6 +374,7 @@ static void tune_free(tune_run *t)
     free(t->cand);
     cli_seqs_free(&t->q);
     stz_fwd_free(t->fwd);
+    stz_imatrix_free(t->im);
     cli_set_free(&t->S);
     free(t->out);
 }
@@ -395,6 +389,10 @@ static int tune_run_all(tune_run *t, stz_err *err)
         return tune_unmet(t);
     snprintf(t->desc, sizeof t->desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model, o->budget_opt,
              o->kind == STZ_BUDGET_KL ? o->max_kl : o->size ? o->size : o->ratio ? o->ratio : o->bpw, o->candidates);
+    if (o->imatrix) { /* the figures hold with the importance the candidates were quantized with */
+        size_t n = strlen(t->desc);
+        snprintf(t->desc + n, sizeof t->desc - n, "; quantize with --imatrix %.200s", o->imatrix);
+    }
     if (tune_write_policy(t, err) || (o->verify && tune_verify(t, err)))
         return cli_fail(err);
     const measured *fin = t->have2 ? &t->m2 : t->have1 ? &t->m1 : NULL;
@@ -410,7 +408,7 @@ int cmd_tune(int argc, char **argv)
     if (rc >= 0)
         return rc;
     t.model = t.in = argv[optind];
-    t.out = t.o.c.out ? strdup(t.o.c.out) : t.o.compress ? NULL : default_policy_path(t.model);
+    t.out = t.o.c.out ? strdup(t.o.c.out) : t.o.compress ? NULL : cli_model_output_name(t.model, ".tune.json");
     if (!t.out)
         return cli_usage_error("compress", "--tune needs -o OUT.stz");
     stz_err err;

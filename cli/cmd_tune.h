@@ -12,7 +12,7 @@ typedef struct {
     double value;           /* bytes or KL, once resolved */
     const char *budget_opt; /* as given */
     double size, ratio, bpw, max_kl;
-    const char *candidates, *config, *plot, *save_policy;
+    const char *candidates, *config, *plot, *save_policy, *imatrix;
     cli_seq_opts so;
     int verify, compress;
 } tune_opts;

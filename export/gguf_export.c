@@ -248,17 +248,11 @@ static void build_header(exporter *x, const gbuf *kv, gbuf *head, stz_gguf_stats
         e->bytes = stz_ggml_row_bytes(e->type, e->ne[0]) * (e->ndim == 2 ? e->ne[1] : 1);
         e->offset = off;
         off += (e->bytes + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN;
-        gb_str(head, e->name, strlen(e->name));
-        gb_u32(head, e->ndim);
-        for (uint32_t d = 0; d < e->ndim; d++)
-            gb_u64(head, e->ne[d]);
-        gb_u32(head, (uint32_t)e->type);
-        gb_u64(head, e->offset);
+        gb_tensor_info(head, e->name, e->ndim, e->ne, e->type, e->offset);
         stats->tensors[e->type]++, stats->bytes[e->type] += e->bytes;
         stats->repacked += e->kind == K_REPACK || e->kind == K_RAW || (e->kind == K_COPY && e->q->bits);
     }
-    static const uint8_t zero[GGUF_ALIGN];
-    gb_bytes(head, zero, (GGUF_ALIGN - head->n % GGUF_ALIGN) % GGUF_ALIGN);
+    gb_pad(head);
     x->total = off;
 }
 

@@ -79,6 +79,22 @@ void kv_arr(gbuf *b, const char *key, uint32_t type, uint64_t n)
     gb_u64(b, n);
 }
 
+void gb_tensor_info(gbuf *b, const char *name, uint32_t ndim, const uint64_t *ne, int type, uint64_t offset)
+{
+    gb_str(b, name, strlen(name));
+    gb_u32(b, ndim);
+    for (uint32_t d = 0; d < ndim; d++)
+        gb_u64(b, ne[d]);
+    gb_u32(b, (uint32_t)type);
+    gb_u64(b, offset);
+}
+
+void gb_pad(gbuf *b)
+{
+    static const uint8_t zero[GGUF_ALIGN];
+    gb_bytes(b, zero, (GGUF_ALIGN - b->n % GGUF_ALIGN) % GGUF_ALIGN);
+}
+
 /* ---- blocks -------------------------------------------------------------- */
 
 /* ---- reading ------------------------------------------------------------- */

@@ -23,6 +23,11 @@ void gb_bytes(gbuf *b, const void *v, size_t n);
 void gb_u32(gbuf *b, uint32_t v);
 void gb_u64(gbuf *b, uint64_t v);
 void gb_str(gbuf *b, const char *s, size_t n);
+/* A tensor's info in the header: name, dimensions ne[0..ndim), ggml type,
+ * data offset (from the data section's start). */
+void gb_tensor_info(gbuf *b, const char *name, uint32_t ndim, const uint64_t *ne, int type, uint64_t offset);
+/* Zeros up to the next multiple of GGUF_ALIGN bytes. */
+void gb_pad(gbuf *b);
 /* Key/value pairs (each counts one in b->count). */
 void kv_u32(gbuf *b, const char *key, uint32_t v);
 void kv_i32(gbuf *b, const char *key, int32_t v);

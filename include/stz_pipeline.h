@@ -29,10 +29,14 @@ typedef struct {
      * bits), so memory does not grow with the number of SVD tensors.
      * 0: STZ_SVD_HOLD_DEFAULT. */
     uint64_t svd_hold_bytes;
+    /* importance of the matrices' columns (stz_imatrix.h; NULL: none):
+     * each block quantization of a matrix the importance matrix names is
+     * searched for the least error weighted by it */
+    const struct stz_imatrix *imatrix;
 } stz_quant_params;
 
 #define STZ_SVD_HOLD_DEFAULT (256u << 20)
-#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0}
+#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0, NULL}
 
 typedef struct {
     uint64_t in_bytes, out_bytes;

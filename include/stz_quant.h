@@ -211,16 +211,20 @@ typedef struct {
     size_t len[STZ_PART_COUNT];
     stz_dtype dtype[STZ_PART_COUNT]; /* the stored tensors' dtypes */
     size_t rank;        /* svd: the factors' rank */
-    double err2, norm2; /* squared error of the dequantized values; squared norm of the original */
+    double err2, norm2; /* squared error of the dequantized values; squared norm of the original
+                         * (both weighted by the columns' importance when given) */
     stz_qformat fmt;    /* as used: the U8 scales' base, nl-fit's fitted levels */
 } stz_qmem;
 
 /* Quantizes rows x cols floats x (finite) under decision d (int2..int8,
  * or svd: INT8 factors, whatever their size; no fallback), as
- * stz_quantize_file would. STZ_E_NUMERIC (NaN/Inf, F16 overflow), svd's
- * errors (STZ_E_ARG for a rank >= min(rows, cols)). */
-STZ_API stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t rows, uint64_t cols, stz_qmem *out,
-                               stz_err *err);
+ * stz_quantize_file would. weights: the importance of each of the cols
+ * columns (stz_imatrix.h; NULL: all 1), which the block searches minimize
+ * the weighted error by, and err2 and norm2 are weighted by (SVD's factors
+ * are not searched: only its error is weighted). STZ_E_NUMERIC (NaN/Inf,
+ * F16 overflow), svd's errors (STZ_E_ARG for a rank >= min(rows, cols)). */
+STZ_API stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
+                                       uint64_t cols, stz_qmem *out, stz_err *err);
 STZ_API void stz_qmem_free(stz_qmem *q);
 
 /* ---- llama.cpp's tensor types (quant/ggml_types.c) ---------------------- */

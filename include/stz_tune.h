@@ -76,6 +76,10 @@ typedef struct {
     int threads;
     stz_progress_fn progress; /* measure: tensors' bytes done / total; probe: forward units */
     void *progress_user;
+    /* importance of the matrices' columns (stz_imatrix.h; NULL: none): the
+     * candidates are quantized with it and their errors weighted by it, as
+     * stz quantize --imatrix stores them */
+    const struct stz_imatrix *imatrix;
 } stz_tune_params;
 
 /* The format whose error probes each matrix's sensitivity: the shipped

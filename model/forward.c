@@ -321,6 +321,19 @@ static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks,
     }
 }
 
+/* The inputs of the matrices to the attached importance matrix: roles[0..k) share X. */
+static const int attn_in[3] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV}, out_in[1] = {STZ_ROLE_WO},
+                 ffn_in[2] = {STZ_ROLE_GATE, STZ_ROLE_UP}, down_in[1] = {STZ_ROLE_DOWN};
+
+static stz_status observe(stz_fwd *m, uint32_t l, const int *roles, int k, const float *X, size_t n, size_t cols,
+                          stz_err *err)
+{
+    stz_status st = STZ_OK;
+    for (int j = 0; m->imatrix && !st && j < k; j++)
+        st = stz_imatrix_observe(m, l, roles[j], X, n, cols, err);
+    return st;
+}
+
 /* Every row through layers l0..l1-1: X (n, dim) in place. */
 stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
                                stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err)
@@ -350,6 +363,8 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         float *kc = b->k + lk * nseq * b->cap * KD, *vc = b->v + lk * nseq * b->cap * KD;
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
+        if ((st = observe(m, l, attn_in, 3, xb, n, D, err)))
+            break;
         stz_forward_linear(q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);    /* (n, dim) @ wq^T -> (n, QD) */
         stz_forward_linear(kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD);   /* -> (n, KD) */
         stz_forward_linear(kv + n * KD, xb, w[STZ_ROLE_WV], w[STZ_ROLE_BV], n, D, KD);
@@ -369,15 +384,21 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
             }
         else
             attend_rows(c, b, q, kc, vc, att, sc);
+        if ((st = observe(m, l, out_in, 1, att, n, QD, err)))
+            break;
         stz_forward_linear(xb, att, w[STZ_ROLE_WO], w[STZ_ROLE_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_FNORM], D, c->norm_eps);
+        if ((st = observe(m, l, ffn_in, 2, xb, n, D, err)))
+            break;
         stz_forward_linear(h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
         stz_forward_linear(h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
         for (size_t i = 0; i < n * F; i++)
             h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
+        if ((st = observe(m, l, down_in, 1, h1, n, F, err)))
+            break;
         stz_forward_linear(xb, h1, w[STZ_ROLE_DOWN], NULL, n, F, D); /* (n, hidden) @ w2^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
@@ -404,17 +425,30 @@ stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, size_t n, float *X,
     return STZ_OK;
 }
 
+stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err)
+{
+    size_t D = m->c.dim;
+    float *nw = malloc(D * sizeof *nw);
+    stz_status st = !nw ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output norm") : STZ_OK;
+    if (!st)
+        st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
+    for (size_t r = 0; !st && r < n; r++)
+        stz_forward_rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
+    if (!st)
+        st = stz_imatrix_observe(m, 0, STZ_ROLE_HEAD, X, n, D, err);
+    free(nw);
+    return st;
+}
+
 /* Final norm in place, then logits (n, vocab) = X (n, dim) @ head (vocab, dim)^T,
  * the head read in slices so it is never whole in memory. */
 stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *err)
 {
     size_t D = m->c.dim, V = m->c.vocab, step = (1u << 22) / D ? (1u << 22) / D : 1;
-    float *nw = malloc(D * sizeof *nw), *w = malloc((step < V ? step : V) * D * sizeof *w);
-    stz_status st = !nw || !w ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output layer") : STZ_OK;
+    float *w = malloc((step < V ? step : V) * D * sizeof *w);
+    stz_status st = !w ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output layer") : STZ_OK;
     if (!st)
-        st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
-    for (size_t r = 0; !st && r < n; r++)
-        stz_forward_rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
+        st = stz_forward_final_norm(m, X, n, err);
     /* logits (n, V) = X (n, dim) @ head (V, dim)^T, a slice of the vocabulary at a time */
     for (size_t v0 = 0; !st && v0 < V; v0 += step) {
         size_t k = V - v0 < step ? V - v0 : step;
@@ -425,7 +459,7 @@ stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_e
     for (size_t i = 0; !st && i < n * V; i++)
         if (!isfinite(logits[i]))
             st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at position %zu are not finite", m->label, i / V);
-    free(nw), free(w);
+    free(w);
     return st;
 }
 

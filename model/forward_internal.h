@@ -6,6 +6,7 @@
 
 #include "core/stz_core.h"
 #include "roles.h"
+#include "stz_imatrix.h"
 
 /* m->global[]: the per-model roles, STZ_ROLE_EMBED + G_x */
 enum { G_EMBED, G_NORM, G_HEAD, G_COUNT };
@@ -30,6 +31,7 @@ struct stz_fwd {
     uint64_t keep_budget; /* sampling: bytes of F32 weights kept between steps */
     const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
     loc probe_at;
+    stz_imatrix *imatrix; /* stz_fwd_set_imatrix: every matrix's inputs are added to it */
 };
 
 /* A batch of rows: row r is the token at position pos[r] of sequence
@@ -68,5 +70,11 @@ stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t n
                                   float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
                                   stz_err *err);
 void stz_forward_drop_kept(stz_fwd *m);
+/* The final norm of rows X (n, dim) in place (the head's input). */
+stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err);
+/* Adds X (n rows of cols), the input of matrix `role` of `layer`, to the
+ * attached importance matrix (imatrix.c); nothing when none is. */
+stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, int role, const float *X, size_t n, size_t cols,
+                               stz_err *err);
 
 #endif /* STZ_FORWARD_INTERNAL_H */

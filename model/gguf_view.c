@@ -58,21 +58,6 @@ static uint64_t arch_u64(const stz_gguf *g, const char *arch, const char *what)
     return v ? strtoull(v, NULL, 10) : 0;
 }
 
-/* The role a GGUF name has (and its layer), or -1. */
-static int role_of(const char *name, unsigned *layer)
-{
-    for (int r = 0; r < STZ_ROLE_COUNT; r++) {
-        char back[256];
-        unsigned l = 0;
-        if (r < STZ_ROLE_PER_LAYER && sscanf(name, "blk.%u.", &l) != 1)
-            continue;
-        snprintf(back, sizeof back, stz_roles[r].gguf, l);
-        if (!strcmp(back, name))
-            return *layer = l, r;
-    }
-    return -1;
-}
-
 /* Name, shape and permutation of GGUF tensor i. 0: listed; 1: left out
  * (rope_freqs: export derives it from the configuration). */
 static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, uint64_t heads, uint64_t kv_heads,
@@ -82,7 +67,7 @@ static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, 
     if (!strcmp(g->name, "rope_freqs.weight"))
         return 1;
     unsigned layer = 0;
-    int role = names < 0 ? -1 : role_of(g->name, &layer);
+    int role = names < 0 ? -1 : stz_role_find(g->name, STZ_NAMES_GGUF, &layer);
     if (role >= 0)
         snprintf(t->name, sizeof t->name, stz_roles[role].name[names], layer);
     else

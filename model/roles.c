@@ -1,6 +1,9 @@
 /* The Llama-family tensor roles table (roles.h). */
 #include "roles.h"
 
+#include <stdio.h>
+#include <string.h>
+
 const stz_role_info stz_roles[STZ_ROLE_COUNT] = {
     [STZ_ROLE_ANORM] = {{"layers.%u.attention_norm.weight", "model.layers.%u.input_layernorm.weight"},
                         "blk.%u.attn_norm.weight", 0},
@@ -32,6 +35,35 @@ const stz_role_info stz_roles[STZ_ROLE_COUNT] = {
     [STZ_ROLE_NORM] = {{"norm.weight", "model.norm.weight"}, "output_norm.weight", 0},
     [STZ_ROLE_HEAD] = {{"output.weight", "lm_head.weight"}, "output.weight", 0},
 };
+
+int stz_role_find(const char *name, int names, unsigned *layer)
+{
+    for (int r = 0; r < STZ_ROLE_COUNT; r++) {
+        const char *pat = names < 0 ? stz_roles[r].gguf : stz_roles[r].name[names];
+        char back[256];
+        unsigned l = 0;
+        if (r < STZ_ROLE_PER_LAYER) { /* the layer is the first number after the pattern's fixed prefix */
+            size_t pre = (size_t)(strstr(pat, "%u") - pat);
+            if (strncmp(name, pat, pre) || sscanf(name + pre, "%u", &l) != 1)
+                continue;
+        }
+        snprintf(back, sizeof back, pat, l);
+        if (!strcmp(back, name))
+            return *layer = l, r;
+    }
+    return -1;
+}
+
+int stz_role_gguf_name(const char *name, char *out, size_t cap)
+{
+    unsigned l = 0;
+    for (int names = STZ_NAMES_HF; names >= STZ_NAMES_LLAMA2C; names--) {
+        int r = stz_role_find(name, names, &l);
+        if (r >= 0)
+            return snprintf(out, cap, stz_roles[r].gguf, l), 1;
+    }
+    return 0;
+}
 
 int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
 {

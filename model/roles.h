@@ -30,4 +30,11 @@ typedef struct {
 
 extern const stz_role_info stz_roles[STZ_ROLE_COUNT];
 
+/* The role of tensor `name` in a layout (STZ_NAMES_GGUF, _LLAMA2C, _HF)
+ * and its layer (0 for a per-model role), or -1. */
+int stz_role_find(const char *name, int names, unsigned *layer);
+/* The GGUF name of a model tensor named in llama2.c's or Hugging Face's
+ * layout, into out; 0 when the name has no role. */
+int stz_role_gguf_name(const char *name, char *out, size_t cap);
+
 #endif /* STZ_ROLES_H */

@@ -14,6 +14,7 @@
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "stz_eval.h"
+#include "stz_imatrix.h"
 #include "stz_svd.h"
 #include "plan.h"
 
@@ -274,7 +275,7 @@ typedef struct {
 } qfile;
 
 /* The policy's decision and the row shape of every tensor. */
-static stz_status plan_tensors(qfile *j, stz_policy *policy, stz_err *err)
+static stz_status plan_tensors(qfile *j, stz_policy *policy, const stz_imatrix *im, stz_err *err)
 {
     if (!(j->pl = calloc(j->nt + 1, sizeof *j->pl)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the plan of every tensor");
@@ -290,6 +291,11 @@ static stz_status plan_tensors(qfile *j, stz_policy *policy, stz_err *err)
         x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
         if (t->ndim < 2) /* include_1d: one row */
             x->rows = 1, x->cols = t->numel, x->nblocks = stz_q_blocks(t->numel, x->d.block_size);
+        else if (im && !x->svd) {
+            stz_status st = stz_imatrix_find(im, t->name, x->cols, &x->fmt.weights, err);
+            if (st)
+                return st;
+        }
         j->maxrow = x->cols > j->maxrow ? x->cols : j->maxrow;
     }
     return STZ_OK;
@@ -475,7 +481,7 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
     j.nt = stz_reader_count(j.r);
     STZ_TRY(st, stz_refuse_input_as_output(in, out, err));
     STZ_TRY(st, refuse_quantized(j.r, err));
-    STZ_TRY(st, plan_tensors(&j, policy, err));
+    STZ_TRY(st, plan_tensors(&j, policy, p->imatrix, err));
     STZ_TRY(st, open_slots(&j, p->threads, err));
     STZ_TRY(st, settle_plan(&j, p, err));
     STZ_TRY(st, declare_outputs(&j, p, pp, err));

@@ -232,8 +232,36 @@ STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi, const f
     return e[0];
 }
 
-/* The scale of a symmetric block (0 for all zeros); NAN if none can be stored. */
-static float block_sym(const stz_qformat *f, const float *x, size_t n, uint8_t *codes, uint8_t *tmp)
+/* assign with each element's squared error weighted by w[i] (the
+ * importance of its column), in double precision, one by one. */
+static double assign_w(const stz_qformat *f, int lo, int hi, const float *x, const float *w, size_t n, float s,
+                       double *sxl, double *sll, uint8_t *codes)
+{
+    float inv = s != 0 ? 1.0f / s : 0.0f;
+    double e = 0, a = 0, b = 0;
+    for (size_t i = 0; i < n; i++) {
+        int q = code_of(f, lo, hi, x[i] * inv);
+        float l = f->method == STZ_QMETHOD_NL ? f->levels[q] : (float)q, d = x[i] - l * s;
+        e += (double)w[i] * d * d, a += (double)w[i] * x[i] * l, b += (double)w[i] * l * l;
+        if (codes)
+            codes[i] = (uint8_t)q;
+    }
+    if (sxl)
+        *sxl = a, *sll = b;
+    return e;
+}
+
+/* The error of x at scale s, weighted by w when given. */
+static double assign_any(const stz_qformat *f, int lo, int hi, const float *x, const float *w, size_t n, float s,
+                         double *sxl, double *sll, uint8_t *codes)
+{
+    return w ? assign_w(f, lo, hi, x, w, n, s, sxl, sll, codes) : assign(f, lo, hi, x, n, s, sxl, sll, codes);
+}
+
+/* The scale of a symmetric block (0 for all zeros); NAN if none can be
+ * stored. w: the elements' importance (NULL: 1), which the least-squares
+ * search of mse and nl minimizes the weighted error by. */
+static float block_sym(const stz_qformat *f, const float *x, const float *w, size_t n, uint8_t *codes, uint8_t *tmp)
 {
     int lo, hi, nl = f->method == STZ_QMETHOD_NL, k = 1 << f->bits;
     uniform_range(f, &lo, &hi);
@@ -267,7 +295,7 @@ static float block_sym(const stz_qformat *f, const float *x, size_t n, uint8_t *
     for (int e = 0; e < 2; e++) {
         if (ends[e] == 0)
             continue;
-        double sxl, sll, err = assign(f, lo, hi, x, n, vmax / ends[e], &sxl, &sll, NULL);
+        double sxl, sll, err = assign_any(f, lo, hi, x, w, n, vmax / ends[e], &sxl, &sll, NULL);
         if (err < best)
             best = err, cand = sll > 0 ? (float)(sxl / sll) : vmax / ends[e];
     }
@@ -285,10 +313,10 @@ static float block_sym(const stz_qformat *f, const float *x, size_t n, uint8_t *
         sh = fabsf(sl) < fabsf(cand) ? store_scale_up(f, cand) : sl;
     }
     if (isnan(sh) || sh == sl) {
-        assign(f, lo, hi, x, n, sl, NULL, NULL, codes);
+        assign_any(f, lo, hi, x, w, n, sl, NULL, NULL, codes);
         return sl;
     }
-    if (assign(f, lo, hi, x, n, sl, NULL, NULL, codes) <= assign(f, lo, hi, x, n, sh, NULL, NULL, tmp))
+    if (assign_any(f, lo, hi, x, w, n, sl, NULL, NULL, codes) <= assign_any(f, lo, hi, x, w, n, sh, NULL, NULL, tmp))
         return sl;
     if (codes)
         memcpy(codes, tmp, n);
@@ -298,7 +326,7 @@ static float block_sym(const stz_qformat *f, const float *x, size_t n, uint8_t *
 /* Asymmetric block: y = u * s + m, u in [0, 2^bits - 1]; least squares on
  * (s, m) alternating with the assignment, from the full range and from a
  * slightly narrower one. Returns -1 if s or m cannot be stored. */
-static int block_asym(const stz_qformat *f, const float *x, size_t n, float *s, float *m)
+static int block_asym(const stz_qformat *f, const float *x, const float *w, size_t n, float *s, float *m)
 {
     float lo = x[0], hi = x[0];
     int top = (1 << f->bits) - 1;
@@ -309,19 +337,20 @@ static int block_asym(const stz_qformat *f, const float *x, size_t n, float *s, 
     for (int start = 0; start < 2 && hi > lo; start++) {
         float cs = start ? (hi - lo) * 0.9f / (float)top : bs, cm = start ? lo + (hi - lo) * 0.05f : lo;
         for (int it = 0; it < 4 && cs > 0; it++) {
-            double su = 0, sx = 0, suu = 0, sux = 0, e = 0;
+            double sw = 0, su = 0, sx = 0, suu = 0, sux = 0, e = 0; /* weighted by w (1 without) */
             float inv = 1.0f / cs;
             for (size_t i = 0; i < n; i++) {
                 int u = clampi((int)rndf((x[i] - cm) * inv), 0, top);
                 float d = x[i] - ((float)u * cs + cm);
-                e += (double)d * d, su += u, sx += x[i], suu += (double)u * u, sux += (double)u * x[i];
+                double wi = w ? w[i] : 1.0;
+                e += wi * d * d, sw += wi, su += wi * u, sx += wi * x[i], suu += wi * u * u, sux += wi * u * x[i];
             }
             if (e < best)
                 best = e, bs = cs, bm = cm;
-            double det = (double)n * suu - su * su;
+            double det = sw * suu - su * su;
             if (det <= 0)
                 break;
-            cs = (float)(((double)n * sux - su * sx) / det), cm = (float)((sx - cs * su) / (double)n);
+            cs = (float)((sw * sux - su * sx) / det), cm = (float)((sx - cs * su) / sw);
         }
     }
     *s = store_scale(f, bs), *m = store_scale(f, bm);
@@ -375,10 +404,11 @@ int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t 
         size_t len = n - i < f->block ? n - i : f->block;
         /* nl's search leaves the codes of a short block in `codes` */
         int have = len <= sizeof codes && f->method == STZ_QMETHOD_NL;
+        const float *wb = f->weights ? f->weights + i : NULL; /* the block's importance */
         if (f->method == STZ_QMETHOD_ASYM) {
-            if (block_asym(f, x + i, len, &scales[b], &mins[b]))
+            if (block_asym(f, x + i, wb, len, &scales[b], &mins[b]))
                 return -1;
-        } else if (isnan(scales[b] = block_sym(f, x + i, len, have ? codes : NULL, have ? tmp : NULL))) {
+        } else if (isnan(scales[b] = block_sym(f, x + i, wb, len, have ? codes : NULL, have ? tmp : NULL))) {
             return -1;
         }
         float inv = scales[b] != 0 ? 1.0f / scales[b] : 0.0f;
@@ -461,7 +491,7 @@ void stz_qf_fit_levels(stz_qformat *f, const float *x, size_t rows, size_t cols)
             for (size_t i = 0; i < cols; i += f->block) {
                 const float *b = x + r * (rows / nrows) * cols + i;
                 size_t len = cols - i < f->block ? cols - i : f->block;
-                float s = block_sym(f, b, len, NULL, NULL);
+                float s = block_sym(f, b, NULL, len, NULL, NULL);
                 if (!(s != 0) || isnan(s))
                     continue;
                 /* level j minimises sum (x - s L_j)^2 over its values: L_j = sum s x / sum s^2 */

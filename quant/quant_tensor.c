@@ -85,7 +85,7 @@ void stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
 
 int stz_qf_quantize_any(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
 {
-    if (!f->first_kernels)
+    if (!f->first_kernels || (f->weights && f->method == STZ_QMETHOD_MSE)) /* absmax's scale ignores weights */
         return stz_qf_quantize_row(f, x, n, q, scales, mins);
     return f->bits == 8 ? stz_q8_quantize_ref(x, n, f->block, f->method, f->scale_dtype, (int8_t *)q, scales)
                         : stz_q4_quantize_ref(x, n, f->block, f->method, f->scale_dtype, q, scales);
@@ -153,7 +153,19 @@ stz_svd_params stz_svd_params_of(const stz_decision *d)
     return sp;
 }
 
-static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, size_t n, stz_qmem *out, stz_err *err)
+/* Adds rows of cols values x and their reconstruction y to the squared
+ * error and norm, each column weighted by w[j] when given. */
+static void add_error(stz_qmem *out, const float *x, const float *y, const float *w, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < cols; j++) {
+            double e = (double)x[r * cols + j] - y[r * cols + j], v = x[r * cols + j], wj = w ? w[j] : 1.0;
+            out->err2 += wj * e * e, out->norm2 += wj * v * v;
+        }
+}
+
+static stz_status svd_tensor(const stz_decision *d, const float *x, const float *w, size_t m, size_t n, stz_qmem *out,
+                             stz_err *err)
 {
     stz_svd_params sp = stz_svd_params_of(d);
     stz_svd_result f = {0};
@@ -179,10 +191,8 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, size_t m, si
         st = stz_svd_q8_rebuild(Uq, Us, Sq, s_scale, Vq,
                                 Vs, m, n, rk, W, err);
     }
-    for (size_t i = 0; !st && i < m * n; i++) {
-        double e = (double)x[i] - W[i];
-        out->err2 += e * e, out->norm2 += (double)x[i] * x[i];
-    }
+    if (!st)
+        add_error(out, x, W, w, m, n);
     out->rank = rk;
     stz_svd_result_free(&f);
     free(Us), free(Vs), free(W);
@@ -196,13 +206,13 @@ void stz_qmem_free(stz_qmem *q)
     memset(q, 0, sizeof *q);
 }
 
-stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t rows, uint64_t cols, stz_qmem *out,
-                               stz_err *err)
+stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
+                               uint64_t cols, stz_qmem *out, stz_err *err)
 {
     memset(out, 0, sizeof *out);
     stz_qformat *f = &out->fmt;
     if (d->action == STZ_ACTION_SVD) {
-        stz_status st = svd_tensor(d, x, (size_t)rows, (size_t)cols, out, err);
+        stz_status st = svd_tensor(d, x, weights, (size_t)rows, (size_t)cols, out, err);
         if (st)
             stz_qmem_free(out);
         return st;
@@ -211,6 +221,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
         return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
                            stz_action_name(d->action));
     stz_qf_of_decision(d, f);
+    f->weights = weights;
     if (f->ggml && cols % f->block)
         return stz_err_set(err, STZ_E_ARG, "rows of %llu are not whole blocks of %s (%u): use the type "
                            "stz_ggml_fallback gives", (unsigned long long)cols, f->ggml->name, f->block);
@@ -247,10 +258,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, uint64_t r
             break;
         }
         stz_qf_dequantize_row(f, q, s, m, (size_t)cols, y);
-        for (uint64_t i = 0; i < cols; i++) {
-            double e = (double)xr[i] - y[i];
-            out->err2 += e * e, out->norm2 += (double)xr[i] * xr[i];
-        }
+        add_error(out, xr, y, weights, 1, (size_t)cols);
     }
     for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (asym ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
         out->len[k] = (size_t)ns * ssz;

@@ -27,8 +27,14 @@ def rotate_half(x, pos, theta):
     return x * cos + rot * sin
 
 
-def logits(w, cfg, tokens):
-    """Hugging Face Qwen2ForCausalLM, written from its modeling code."""
+def logits(w, cfg, tokens, inputs=None):
+    """Hugging Face Qwen2ForCausalLM, written from its modeling code;
+    inputs (a dict), when given, gets each matrix's input rows by name."""
+    def mm(h, name):
+        if inputs is not None:
+            inputs.setdefault(name, []).append(h)
+        return h @ w[name].T
+
     H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd, eps, theta = H // nh, cfg["rms_norm_eps"], cfg["rope_theta"]
     T = len(tokens)
@@ -38,9 +44,9 @@ def logits(w, cfg, tokens):
     for l in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % l
         h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
-        q = h @ w[p + "self_attn.q_proj.weight"].T + w[p + "self_attn.q_proj.bias"]
-        k = h @ w[p + "self_attn.k_proj.weight"].T + w[p + "self_attn.k_proj.bias"]
-        v = h @ w[p + "self_attn.v_proj.weight"].T + w[p + "self_attn.v_proj.bias"]
+        q = mm(h, p + "self_attn.q_proj.weight") + w[p + "self_attn.q_proj.bias"]
+        k = mm(h, p + "self_attn.k_proj.weight") + w[p + "self_attn.k_proj.bias"]
+        v = mm(h, p + "self_attn.v_proj.weight") + w[p + "self_attn.v_proj.bias"]
         q = rotate_half(q.reshape(T, nh, hd), pos, theta)
         k = rotate_half(k.reshape(T, nkv, hd), pos, theta)
         v = v.reshape(T, nkv, hd)
@@ -50,11 +56,11 @@ def logits(w, cfg, tokens):
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         o = np.einsum("htu,uhd->thd", s, v).reshape(T, nh * hd)
-        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        x = x + mm(o, p + "self_attn.o_proj.weight")
         h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-        g = h @ w[p + "mlp.gate_proj.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
-    return rmsnorm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+        g = mm(h, p + "mlp.gate_proj.weight")
+        x = x + mm((g / (1 + np.exp(-g))) * mm(h, p + "mlp.up_proj.weight"), p + "mlp.down_proj.weight")
+    return mm(rmsnorm(x, w["model.norm.weight"], eps), "lm_head.weight")
 
 
 def log_softmax(z):

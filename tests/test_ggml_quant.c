@@ -168,7 +168,7 @@ static void test_tensor_rows(void **state)
         stz_decision d = {.action = stz_action_of_ggml_type(types[k])};
         stz_qmem m;
         stz_err err;
-        assert_int_equal(stz_quantize_tensor(&d, x, 3, 512, &m, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor(&d, x, NULL, 3, 512, &m, &err), STZ_OK);
         size_t rb = (size_t)stz_ggml_row_bytes(types[k], 512);
         assert_int_equal(m.len[STZ_PART_VALUES], 3 * rb);
         assert_null(m.part[STZ_PART_SCALES]);
@@ -180,9 +180,9 @@ static void test_tensor_rows(void **state)
         assert_true(m.err2 > 0 && m.err2 < m.norm2);
         stz_qmem_free(&m);
         x[700] = NAN;
-        assert_int_equal(stz_quantize_tensor(&d, x, 3, 512, &m, &err), STZ_E_NUMERIC);
+        assert_int_equal(stz_quantize_tensor(&d, x, NULL, 3, 512, &m, &err), STZ_E_NUMERIC);
         x[700] = 1;
-        assert_int_equal(stz_quantize_tensor(&d, x, 3, 480, &m, &err), stz_ggml_block(types[k]) == 32 ? STZ_OK : STZ_E_ARG);
+        assert_int_equal(stz_quantize_tensor(&d, x, NULL, 3, 480, &m, &err), stz_ggml_block(types[k]) == 32 ? STZ_OK : STZ_E_ARG);
         stz_qmem_free(&m);
         uint8_t q[600];
         assert_int_equal(stz_ggml_quantize_row(types[k], x, NULL, 48, q), -1);

@@ -178,7 +178,7 @@ static void test_tensor_in_memory(void **state)
             assert_int_equal(stz_qmodel_read_rows(mo, (size_t)stz_qmodel_find(mo, t->name), 0, qt->rows, x, &err),
                              STZ_OK);
             stz_qmem mem;
-            assert_int_equal(stz_quantize_tensor(&d, x, qt->rows, qt->cols, &mem, &err), STZ_OK);
+            assert_int_equal(stz_quantize_tensor(&d, x, NULL, qt->rows, qt->cols, &mem, &err), STZ_OK);
             static const char *const suffix[2][5] = {{"", ".scales", ".mins", ".none", ".none"},
                                                      {".U", ".U.scales", ".S", ".Vh", ".Vh.scales"}};
             for (int part = 0; part < 5; part++) {

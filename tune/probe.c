@@ -2,6 +2,7 @@
  * solve.c), write the policy (see stz_tune.h). */
 #include "core/stz_core.h"
 #include "stz_safetensors.h"
+#include "stz_imatrix.h"
 #include "stz_tune.h"
 #include "quant/quant_tensor.h"
 
@@ -115,6 +116,7 @@ typedef struct {
     stz_tune *T;
     stz_tune_tensor *t;
     const float *x;
+    const float *w; /* the columns' importance, or NULL */
     uint64_t rows, cols;
     uint64_t keep_bytes;
     uint64_t *raw; /* per candidate: stored bytes before the lossless stage */
@@ -139,7 +141,7 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
         t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY; /* no smaller than the tensor: stz quantize would keep it */
         return STZ_OK;
     }
-    stz_status st = stz_quantize_tensor(d, j->x, j->rows, j->cols, &q, &sub);
+    stz_status st = stz_quantize_tensor(d, j->x, j->w, j->rows, j->cols, &q, &sub);
     if (st == STZ_E_NUMERIC) { /* scales beyond F16: not a choice for this tensor */
         t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
         return STZ_OK;
@@ -229,8 +231,10 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
         free(bytes);
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
     }
-    measure_job j = {T, t, NULL, q->rows, q->cols, 0, raw};
-    stz_status st = stz_reader_read(r, rt, 0, bytes, size, err);
+    measure_job j = {T, t, NULL, NULL, q->rows, q->cols, 0, raw};
+    stz_status st = p->imatrix && q->ndim >= 2 ? stz_imatrix_find(p->imatrix, q->name, q->cols, &j.w, err) : STZ_OK;
+    if (!st)
+        st = stz_reader_read(r, rt, 0, bytes, size, err);
     if (!st)
         st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, &j.keep_bytes, err);
     free(bytes);

@@ -1,0 +1,207 @@
+/* stz imatrix: the importance matrix of a model from its own forward
+ * pass; and --imatrix FILE of quantize, compress and tune, checked against
+ * the model before any work. */
+#include "cli.h"
+#include "stz_imatrix.h"
+#include "stz_safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char imatrix_help[] =
+    "usage: stz imatrix MODEL [-o FILE] [options]\n\n"
+    "Runs the model over token sequences and writes, for every weight matrix,\n"
+    "the mean square of each input column: how much an error in that column\n"
+    "of the weights moves the layer's output. stz quantize, compress and tune\n"
+    "--imatrix FILE then choose each block's scales for the least error\n"
+    "weighted by it. The file is llama.cpp's imatrix GGUF (llama-quantize\n"
+    "--imatrix reads it too). The sequences are sampled from the model\n"
+    "itself (no dataset needed; their importance is collected while they are\n"
+    "sampled, one pass), or read from --tokens. Llama-family models only\n"
+    "(those stz eval --forward runs), a file or a directory.\n\n"
+    "  --tokens FILE       sequences to run: one per line (token ids split by\n"
+    "                      spaces) or a JSON array of arrays\n"
+    "  --sequences N       sequences to sample (default 16)\n"
+    "  --seq-len L         tokens per sampled sequence (default 128, or the\n"
+    "                      model's positions if fewer)\n"
+    "  --seed S            sampling seed (default 1)\n"
+    "  --config FILE       the model's config.json\n"
+    "  -o FILE             output (default MODEL's name + .imatrix.gguf)\n"
+    "  -T N                threads (default: all cores)\n"
+    "  -f, --force         replace an existing output\n"
+    "  --json              the summary as JSON\n"
+    "  -q, --quiet         no progress, no summary\n"
+    "  -h, --help          this text\n";
+
+typedef struct {
+    cli_common c;
+    cli_seq_opts so;
+    const char *config;
+} imatrix_opts;
+
+static int parse(int argc, char **argv, imatrix_opts *o)
+{
+    enum { O_CONFIG = 256 };
+    static const struct option opts[] = {CLI_SEQ_LONG, {"config", required_argument, 0, O_CONFIG}, CLI_COMMON_LONG,
+                                         {0, 0, 0, 0}};
+    const cli_seq_opts defaults = {NULL, 16, 0, 128, 1, 1, 0.9};
+    memset(o, 0, sizeof *o);
+    cli_common_init(&o->c);
+    o->so = defaults;
+    int c, rc;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+        if (c == O_CONFIG) {
+            o->config = optarg;
+            continue;
+        }
+        if ((rc = cli_seq_opt("imatrix", c, &o->so)) == -2)
+            rc = cli_common_opt("imatrix", imatrix_help, c, &o->c);
+        if (rc == -2)
+            return cli_bad_option("imatrix");
+        if (rc != -1)
+            return rc;
+    }
+    if (optind != argc - 1)
+        return cli_usage_error("imatrix", "expected one MODEL");
+    return cli_seq_check("imatrix", &o->so, &defaults);
+}
+
+/* The model opened, its sequences run (sampled while collecting, or read
+ * then run), the importance written to out. */
+static stz_status collect(const imatrix_opts *o, const char *model, const char *out, stz_imatrix **im, cli_seqs *q,
+                          char *source, stz_err *err)
+{
+    cli_model_set S = {0};
+    stz_fwd *fwd = NULL;
+    stz_fwd_config cfg;
+    char from[4096];
+    stz_status st = stz_output_check(out, o->c.force, err);
+    if (!st)
+        st = cli_set_open(&S, model, err);
+    int found = st ? 0 : cli_model_config(model, &S, o->config, &cfg, from, NULL, err);
+    if (!st && found < 0)
+        st = err->code;
+    else if (!st && !found)
+        st = cli_no_config(model, &S, err);
+    if (!st && !(st = stz_fwd_open(&fwd, S.m, S.n, &cfg, model, o->c.threads, err)) &&
+        !(st = stz_imatrix_new(im, err))) {
+        int quiet = o->c.quiet || o->c.json;
+        stz_fwd_set_keep(fwd, 0); /* memory stays one layer's, whatever the depth */
+        stz_fwd_set_imatrix(fwd, o->so.path ? NULL : *im); /* sampled: collected as they are sampled */
+        st = cli_seqs_get(&o->so, fwd, model, quiet, q, source, err);
+        stz_fwd_set_imatrix(fwd, NULL);
+        if (!st && o->so.path) {
+            cli_progress prog;
+            cli_progress_init(&prog, "imatrix", quiet);
+            st = stz_imatrix_collect(*im, fwd, q->tok, q->nseq, q->stride, q->lens, cli_progress_cb, &prog, err);
+            cli_progress_end(&prog);
+        }
+    }
+    stz_fwd_free(fwd);
+    cli_set_free(&S);
+    return st;
+}
+
+/* The summary line, or --json's document. */
+static int report(const imatrix_opts *o, const char *model, const char *out, const stz_imatrix *im, const cli_seqs *q,
+                  double secs)
+{
+    double tokens;
+    const char *dataset = stz_imatrix_dataset(im, &tokens);
+    if (o->c.json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "input", model);
+        cJSON_AddStringToObject(d, "output", out);
+        cJSON_AddNumberToObject(d, "entries", (double)stz_imatrix_count(im));
+        cJSON_AddNumberToObject(d, "sequences", (double)q->nseq);
+        cJSON_AddNumberToObject(d, "tokens", tokens);
+        cJSON_AddStringToObject(d, "dataset", dataset);
+        cJSON_AddNumberToObject(d, "seconds", secs);
+        return cli_print_json(d);
+    }
+    if (!o->c.quiet)
+        printf("%s -> %s: %zu matrices, %.0f tokens (%s) in %.2f s\n", model, out, stz_imatrix_count(im), tokens,
+               dataset, secs);
+    return CLI_OK;
+}
+
+int cmd_imatrix(int argc, char **argv)
+{
+    imatrix_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    const char *model = argv[optind];
+    char *out = o.c.out ? strdup(o.c.out) : cli_model_output_name(model, ".imatrix.gguf"), source[64] = "", dataset[512];
+    stz_err err;
+    if (!out)
+        return stz_err_set(&err, STZ_E_NOMEM, "out of memory"), cli_fail(&err);
+    o.c.threads = o.c.threads ? o.c.threads : cli_ncores();
+    stz_imatrix *im = NULL;
+    cli_seqs q = {0};
+    double t0 = cli_now();
+    stz_status st = collect(&o, model, out, &im, &q, source, &err);
+    if (!st) {
+        snprintf(dataset, sizeof dataset, "stz imatrix: %zu sequences, %s", q.nseq, source);
+        stz_imatrix_describe(im, dataset, (uint32_t)q.nseq, (uint32_t)q.stride);
+        st = stz_imatrix_save(im, out, o.c.force, &err);
+    }
+    rc = st ? cli_fail(&err) : report(&o, model, out, im, &q, cli_now() - t0);
+    free(out);
+    stz_imatrix_free(im);
+    cli_seqs_free(&q);
+    return rc;
+}
+
+/* How many of the matrices of the file at `path` the importance matrix
+ * names, into *matched; a mismatch of columns is an error. */
+static stz_status match_file(const stz_imatrix *im, const char *path, size_t *matched, char *example, stz_err *err)
+{
+    stz_reader *r;
+    stz_status st = stz_reader_open(&r, path, err);
+    for (size_t i = 0; !st && i < stz_reader_count(r); i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        const float *w;
+        if (t->ndim < 2 || !stz_dtype_is_float(t->dtype))
+            continue;
+        if (!*example)
+            snprintf(example, 128, "%s", t->name);
+        if (!(st = stz_imatrix_find(im, t->name, t->shape[t->ndim - 1], &w, err)))
+            *matched += w != NULL;
+    }
+    stz_reader_free(r);
+    return st;
+}
+
+stz_status cli_imatrix_open(const char *path, const char *model, stz_imatrix **im, stz_err *err)
+{
+    *im = NULL;
+    if (!path)
+        return STZ_OK;
+    char **files = NULL, example[128] = "";
+    size_t n = 0, matched = 0;
+    stz_status st = stz_imatrix_load(im, path, err);
+    if (!st)
+        st = cli_model_files(model, &files, &n, err);
+    for (size_t f = 0; !st && f < n; f++)
+        st = match_file(*im, files[f], &matched, example, err);
+    if (!st && !matched)
+        st = stz_err_set(err, STZ_E_ARG, "%s: none of its %zu entries (such as '%s') names a matrix of %s (such as "
+                         "'%s'): an importance matrix of another model?", path, stz_imatrix_count(*im),
+                         stz_imatrix_count(*im) ? stz_imatrix_name(*im, 0, NULL, NULL) : "", model, example);
+    else if (st == STZ_E_SHAPE) { /* the entry's columns: say which file */
+        char msg[sizeof err->msg];
+        memcpy(msg, err->msg, sizeof msg);
+        stz_err_set(err, st, "%s: %s", path, msg);
+    }
+    cli_model_files_free(files, n);
+    if (st) {
+        stz_imatrix_free(*im);
+        *im = NULL;
+    }
+    return st;
+}
