@@ -90,7 +90,6 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
     if (!st && !(st = stz_fwd_open(&fwd, S.m, S.n, &cfg, model, o->c.threads, err)) &&
         !(st = stz_imatrix_new(im, err))) {
         int quiet = o->c.quiet || o->c.json;
-        stz_fwd_set_keep(fwd, 0); /* memory stays one layer's, whatever the depth */
         stz_fwd_set_imatrix(fwd, o->so.path ? NULL : *im); /* sampled: collected as they are sampled */
         st = cli_seqs_get(&o->so, fwd, model, quiet, q, source, err);
         stz_fwd_set_imatrix(fwd, NULL);
