@@ -72,9 +72,9 @@ stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t n
 void stz_forward_drop_kept(stz_fwd *m);
 /* The final norm of rows X (n, dim) in place (the head's input). */
 stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err);
-/* Adds X (n rows of cols), the input of matrix `role` of `layer`, to the
- * attached importance matrix (imatrix.c); nothing when none is. */
-stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, int role, const float *X, size_t n, size_t cols,
-                               stz_err *err);
+/* Adds X (n rows of cols), the input of matrices roles[0..k) of `layer`,
+ * to the attached importance matrix (imatrix.c); nothing when none is. */
+stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
+                               size_t cols, stz_err *err);
 
 #endif /* STZ_FORWARD_INTERNAL_H */

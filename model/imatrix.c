@@ -27,6 +27,8 @@ struct stz_imatrix {
     size_t n, cap;
     char source[512];
     uint32_t chunks, chunk_size;
+    double *col; /* collecting: one input's sums of squares per column */
+    size_t ncol;
 };
 
 stz_status stz_imatrix_new(stz_imatrix **out, stz_err *err)
@@ -41,7 +43,7 @@ void stz_imatrix_free(stz_imatrix *im)
     for (size_t i = 0; im && i < im->n; i++)
         free(im->e[i].sum), free(im->e[i].w);
     if (im)
-        free(im->e);
+        free(im->e), free(im->col);
     free(im);
 }
 
@@ -117,30 +119,42 @@ static void update_weights(entry *e)
 
 void stz_fwd_set_imatrix(stz_fwd *m, stz_imatrix *im) { m->imatrix = im; }
 
-stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, int role, const float *X, size_t n, size_t cols,
-                               stz_err *err)
+stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
+                               size_t cols, stz_err *err)
 {
     stz_imatrix *im = m->imatrix;
     if (!im || !n)
         return STZ_OK;
-    char name[96];
-    if (role == STZ_ROLE_HEAD && m->global[G_HEAD].f == m->global[G_EMBED].f &&
-        m->global[G_HEAD].i == m->global[G_EMBED].i) /* the tied head is the embedding, as llama.cpp names it */
-        role = STZ_ROLE_EMBED;
-    snprintf(name, sizeof name, stz_roles[role].gguf, layer);
-    entry *e = entry_for(im, name, cols);
-    if (!e)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the importance of '%s'", name);
-    if (e->cols != cols)
-        return stz_err_set(err, STZ_E_SHAPE, "importance matrix: '%s' has %llu columns, the model's input has %zu",
-                           name, (unsigned long long)e->cols, cols);
+    if (im->ncol < cols) {
+        double *c = realloc(im->col, cols * sizeof *c);
+        if (!c)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for the importance of %zu columns", cols);
+        im->col = c, im->ncol = cols;
+    }
+    memset(im->col, 0, cols * sizeof *im->col); /* the rows' sums of squares, once for every matrix reading X */
     for (size_t r = 0; r < n; r++) {
         const float *x = X + r * cols;
         for (size_t j = 0; j < cols; j++)
-            e->sum[j] += (double)x[j] * x[j];
+            im->col[j] += (double)x[j] * x[j];
     }
-    e->tokens += (double)n;
-    update_weights(e);
+    for (int i = 0; i < k; i++) {
+        char name[96];
+        int role = roles[i];
+        if (role == STZ_ROLE_HEAD && m->global[G_HEAD].f == m->global[G_EMBED].f &&
+            m->global[G_HEAD].i == m->global[G_EMBED].i) /* the tied head is the embedding, as llama.cpp names it */
+            role = STZ_ROLE_EMBED;
+        snprintf(name, sizeof name, stz_roles[role].gguf, layer);
+        entry *e = entry_for(im, name, cols);
+        if (!e)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for the importance of '%s'", name);
+        if (e->cols != cols)
+            return stz_err_set(err, STZ_E_SHAPE, "importance matrix: '%s' has %llu columns, the model's input has %zu",
+                               name, (unsigned long long)e->cols, cols);
+        for (size_t j = 0; j < cols; j++)
+            e->sum[j] += im->col[j];
+        e->tokens += (double)n;
+        update_weights(e);
+    }
     return STZ_OK;
 }
 
