@@ -3,6 +3,7 @@
 #define STZ_CLI_H
 
 #include "core/stz_core.h"
+#include "stz_export.h"
 #include "stz_forward.h"
 #include "stz_model.h"
 #include "stz_pipeline.h"
@@ -301,6 +302,11 @@ int cmd_export(int argc, char **argv);
 int cli_is_gguf(const char *path);
 struct cJSON;
 int cli_inspect_gguf(const char *path, struct cJSON **json);
+/* stz export --gguf of the model `in` (its files opened in set, its
+ * configuration and config.json text), tokenizer.json looked for beside
+ * it; out NULL: only the stats. */
+stz_status cli_export_gguf(const char *in, const cli_model_set *set, const stz_fwd_config *cfg, const char *json,
+                           const stz_gguf_params *p, const char *out, stz_gguf_stats *stats, stz_err *err);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);

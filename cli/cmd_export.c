@@ -86,6 +86,19 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
     return CLI_OK;
 }
 
+stz_status cli_export_gguf(const char *in, const cli_model_set *set, const stz_fwd_config *cfg, const char *json,
+                           const stz_gguf_params *p, const char *out, stz_gguf_stats *stats, stz_err *err)
+{
+    struct stat sb;
+    char *copy = strdup(in);
+    if (!copy)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
+    const char *dir = stat(in, &sb) == 0 && S_ISDIR(sb.st_mode) ? in : dirname(copy); /* where tokenizer.json is */
+    stz_status st = stz_gguf_export(p, set->m, set->n, cfg, json, in, dir, out, stats, err);
+    free(copy);
+    return st;
+}
+
 /* stz export --gguf. Longer than most: the option table and its switch,
  * then one library call and its report. */
 int cmd_export(int argc, char **argv)
@@ -137,13 +150,8 @@ int cmd_export(int argc, char **argv)
     cli_model_set set = {0};
     stz_fwd_config cfg;
     stz_fwd *check = NULL;
-    char from[4096], *json = NULL, *copy = strdup(in);
-    struct stat sb;
+    char from[4096], *json = NULL;
     int rc = CLI_ERROR, found;
-    if (!copy) {
-        stz_err_set(&err, STZ_E_NOMEM, "out of memory for a path");
-        goto fail;
-    }
     if (stz_refuse_input_as_output(in, c.out, &err) || cli_set_open(&set, in, &err))
         goto fail;
     for (size_t f = 0; f < set.n; f++)
@@ -162,8 +170,7 @@ int cmd_export(int argc, char **argv)
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_gguf_stats s;
-    const char *dir = stat(in, &sb) == 0 && S_ISDIR(sb.st_mode) ? in : dirname(copy);
-    stz_status st = stz_gguf_export(&p, set.m, set.n, &cfg, json, in, dir, c.out, &s, &err);
+    stz_status st = cli_export_gguf(in, &set, &cfg, json, &p, c.out, &s, &err);
     cli_progress_end(&prog);
     if (!st)
         rc = report(&c, in, &s, cli_now() - prog.start);
@@ -173,7 +180,6 @@ fail:
     stz_fwd_free(check);
     cli_set_free(&set);
     free(json);
-    free(copy);
     return rc;
 }
 

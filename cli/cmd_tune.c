@@ -18,14 +18,16 @@
 
 static const char tune_help[] =
     "usage: stz tune MODEL BUDGET [options]\n"
-    "       stz compress MODEL --tune BUDGET [options] -o OUT.stz\n\n"
+    "       stz compress MODEL --tune BUDGET [options] -o OUT.stz\n"
+    "       stz compress MODEL --tune BUDGET --gguf [options] -o OUT.gguf\n\n"
     "Chooses for every weight matrix the action (keep, or a bit width, method,\n"
     "block size and scale storage) that gives the lowest KL divergence of the\n"
-    "model's outputs for a size budget, or the smallest container for a KL\n"
-    "budget. Each candidate is measured on each matrix (its error, and its\n"
-    "bytes after the lossless stage); each matrix's sensitivity with the\n"
-    "forward pass; the budget is solved, then checked by compressing the model\n"
-    "and running it (corrected once if missed). Writes an ordinary policy\n"
+    "model's outputs for a size budget, or the smallest container (--gguf:\n"
+    "GGUF file) for a KL budget. Each candidate is measured on each matrix\n"
+    "(its error, and its bytes after the lossless stage or in the GGUF); each\n"
+    "matrix's sensitivity with the forward pass; the budget is solved, then\n"
+    "checked by compressing (and exporting) the model and running it\n"
+    "(corrected once if missed). Writes an ordinary policy\n"
     "(stz compress --policy) and prints a report. Llama-family models only\n"
     "(those stz eval --forward runs), a file or a directory (sharded or not).\n\n"
     "BUDGET, one of:\n"
@@ -35,9 +37,17 @@ static const char tune_help[] =
     "  --max-kl K          mean KL(original || compressed) at most K nats/token\n\n"
     "  --imatrix FILE      importance matrix (stz imatrix): candidates quantized and\n"
     "                      their errors weighed with it (then quantize with it too)\n"
-    "  --candidates LIST   comma-separated: keep and BITS:METHOD:BLOCK:SCALES\n"
+    "  --candidates LIST   comma-separated: keep, BITS:METHOD:BLOCK:SCALES,\n"
+    "                      svd:RANK and llama.cpp's types (q4_k, iq4_nl, f16, ...)\n"
     "                      (default keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,\n"
     "                      4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8)\n"
+    "  --gguf              sizes are the GGUF file's (stz export --gguf of the\n"
+    "                      result); candidates keep and llama.cpp's types (default\n"
+    "                      keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,\n"
+    "                      iq4_xs,q3_k,q2_k), a type offered to the matrices whose\n"
+    "                      rows are whole blocks of it; compress --tune writes the GGUF\n"
+    "  --tokenizer FILE    --gguf: the tokenizer, as stz export --gguf takes it\n"
+    "  --name NAME         --gguf: the GGUF's general.name\n"
     "  --tokens FILE       sequences to measure on (as stz eval --forward)\n"
     "  --sequences N       sequences to sample from the model (default 4)\n"
     "  --seq-len L         tokens per sampled sequence (default 64)\n"
@@ -46,7 +56,8 @@ static const char tune_help[] =
     "  --plot FILE.svg     the Pareto curve (size against predicted KL) as SVG\n"
     "  --no-verify         do not compress and measure the choice\n"
     "  -o FILE             tune: the policy (default MODEL's name + .tune.json);\n"
-    "                      compress --tune: the container (its policy with --save-policy FILE)\n"
+    "                      compress --tune: the container, or with --gguf the GGUF\n"
+    "                      file (its policy with --save-policy FILE)\n"
     "  -T N                threads (default: all cores)\n"
     "  -f, --force         replace existing outputs\n"
     "  --json              the report as JSON on standard output\n"
@@ -72,7 +83,7 @@ static int number(const char *opt, const char *arg, double lo, double hi, double
 static int parse(int argc, char **argv, tune_opts *o)
 {
     enum { O_SIZE = 256, O_RATIO, O_BPW, O_MAXKL, O_CAND, O_IMATRIX, O_CONFIG, O_PLOT, O_NOVERIFY, O_TUNE,
-           O_SAVEPOL };
+           O_SAVEPOL, O_GGUF, O_TOKENIZER, O_NAME };
     static const struct option opts[] = {
         {"size", required_argument, 0, O_SIZE},     {"ratio", required_argument, 0, O_RATIO},
         {"bits-per-weight", required_argument, 0, O_BPW}, {"max-kl", required_argument, 0, O_MAXKL},
@@ -80,10 +91,12 @@ static int parse(int argc, char **argv, tune_opts *o)
         CLI_SEQ_LONG,                               {"config", required_argument, 0, O_CONFIG},
         {"plot", required_argument, 0, O_PLOT},     {"no-verify", no_argument, 0, O_NOVERIFY},
         {"tune", no_argument, 0, O_TUNE},           {"save-policy", required_argument, 0, O_SAVEPOL},
+        {"gguf", no_argument, 0, O_GGUF},           {"tokenizer", required_argument, 0, O_TOKENIZER},
+        {"name", required_argument, 0, O_NAME},
         CLI_COMMON_LONG,                            {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
-    o->verify = 1, o->candidates = stz_tune_default_candidates;
+    o->verify = 1;
     const cli_seq_opts defaults = {NULL, 4, 0, 64, 1, 1, 0.9};
     o->so = defaults;
     int c, rc, budgets = 0;
@@ -109,6 +122,9 @@ static int parse(int argc, char **argv, tune_opts *o)
         case O_NOVERIFY: o->verify = 0; break;
         case O_TUNE: o->compress = 1; break;
         case O_SAVEPOL: o->save_policy = optarg; break;
+        case O_GGUF: o->gguf = 1; break;
+        case O_TOKENIZER: o->tokenizer = optarg; break;
+        case O_NAME: o->name = optarg; break;
         default:
             if ((rc = cli_seq_opt("tune", c, &o->so)) != -2) {
                 if (rc == -1)
@@ -131,6 +147,10 @@ static int parse(int argc, char **argv, tune_opts *o)
         return rc;
     if (o->compress && !o->verify)
         return cli_usage_error("compress", "--tune writes the verified container: --no-verify does not apply");
+    if (!o->gguf && (o->tokenizer || o->name))
+        return cli_usage_error("tune", "--tokenizer and --name are for --gguf");
+    if (!o->candidates)
+        o->candidates = o->gguf ? stz_tune_gguf_candidates : stz_tune_default_candidates;
     if (!o->compress && o->save_policy)
         return cli_usage_error("tune", "--save-policy is for stz compress --tune (stz tune writes the policy with -o)");
     return -1;
@@ -138,32 +158,6 @@ static int parse(int argc, char **argv, tune_opts *o)
 
 /* ---- verifying -------------------------------------------------------------------- */
 
-
-/* Compresses MODEL (a file or a sharded directory) with the policy text
- * into `out` and runs it against the original on the same sequences. */
-static stz_status verify(const tune_opts *o, const char *model, const char *policy_text, const stz_imatrix *im,
-                         const char *out, stz_fwd *ref, const stz_fwd_config *cfg, const cli_seqs *q, measured *res,
-                         stz_err *err)
-{
-    stz_policy *pol = NULL;
-    cli_model_set C = {0};
-    stz_fwd *cand = NULL;
-    cli_progress prog;
-    stz_status st = stz_policy_parse(&pol, policy_text, strlen(policy_text), "tuned policy", err);
-    if (!st && cli_is_sharded_dir(model))
-        cli_remove_tree(out); /* the first round's */
-    if (!st)
-        st = cli_compress_policy(model, out, pol, im, o->c.threads, o->c.quiet || o->c.json, &res->bytes, err);
-    if (!st && !(st = cli_set_open(&C, out, err)) && !(st = stz_fwd_open(&cand, C.m, C.n, cfg, out, o->c.threads, err))) {
-        cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
-        st = stz_fwd_compare(ref, cand, q->tok, q->nseq, q->stride, q->lens, cli_progress_cb, &prog, &res->fwd, err);
-        cli_progress_end(&prog);
-    }
-    stz_fwd_free(cand);
-    cli_set_free(&C);
-    stz_policy_free(pol);
-    return st;
-}
 
 /* ---- the command ------------------------------------------------------------------ */
 
@@ -205,10 +199,58 @@ typedef struct {
     stz_tune_point first; /* the prediction before the correction */
     char desc[512];
     char *policy;
+    char *cfg_json;    /* config.json's text, for --gguf's export */
+    uint64_t gguf_keep; /* --gguf: the GGUF file's bytes with every tensor kept */
     cli_tmpfile tc;
+    cli_tmpfile tcc;   /* --gguf: the container exported */
     measured m1, m2;
     int have1, have2;
 } tune_run;
+
+static stz_gguf_params gguf_params(const tune_opts *o)
+{
+    stz_gguf_params p = STZ_GGUF_PARAMS_DEFAULT;
+    p.tokenizer = o->tokenizer, p.name = o->name, p.threads = o->c.threads, p.write_flags = STZ_WRITE_FORCE;
+    return p;
+}
+
+/* Compresses the model (a file or a sharded directory) with the policy
+ * into `out` (--gguf: into the container t->tcc, exported to `out` as
+ * GGUF) and runs what `out` holds against the original on the same
+ * sequences. */
+static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *err)
+{
+    const tune_opts *o = &t->o;
+    const char *container = o->gguf ? t->tcc.path : out;
+    stz_policy *pol = NULL;
+    cli_model_set C = {0}, R = {0};
+    stz_fwd *cand = NULL;
+    stz_gguf_params gp = gguf_params(o);
+    stz_gguf_stats gs;
+    cli_progress prog;
+    stz_status st = stz_policy_parse(&pol, t->policy, strlen(t->policy), "tuned policy", err);
+    if (!st && t->sharded)
+        cli_remove_tree(container); /* the first round's */
+    if (!st)
+        st = cli_compress_policy(t->in, container, pol, t->im, o->c.threads, o->c.quiet || o->c.json, &res->bytes, err);
+    if (!st)
+        st = cli_set_open(&C, container, err);
+    if (!st && o->gguf && !(st = cli_export_gguf(t->model, &C, &t->cfg, t->cfg_json, &gp, out, &gs, err))) {
+        res->bytes = cli_path_bytes(out, 0);
+        st = cli_set_open_like(&R, out, &t->S, err); /* what llama.cpp runs */
+    }
+    if (!st && !(st = stz_fwd_open(&cand, o->gguf ? R.m : C.m, o->gguf ? R.n : C.n, &t->cfg, out, o->c.threads, err))) {
+        cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
+        st = stz_fwd_compare(t->fwd, cand, t->q.tok, t->q.nseq, t->q.stride, t->q.lens, cli_progress_cb, &prog,
+                             &res->fwd, err);
+        cli_progress_end(&prog);
+    }
+    stz_fwd_free(cand);
+    cli_set_free(&R);
+    cli_set_free(&C);
+    stz_policy_free(pol);
+    return st;
+}
 
 /* Outputs checked, candidates parsed, the model and its forward pass
  * opened, the sequences sampled or read. */
@@ -228,11 +270,16 @@ static stz_status tune_open(tune_run *t, stz_err *err)
     if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
         t->in = stz_reader_path(stz_qmodel_reader(t->S.m[0]));
     char from[4096];
-    int found = cli_model_config(t->model, &t->S, o->config, &t->cfg, from, NULL, err);
+    int found = cli_model_config(t->model, &t->S, o->config, &t->cfg, from, &t->cfg_json, err);
     if (found < 0)
         return err->code; /* cli_model_config's error */
     if ((!found && (st = cli_no_config(t->model, &t->S, err))))
         return st;
+    stz_gguf_params gp = gguf_params(o);
+    stz_gguf_stats gs;
+    if (o->gguf && (st = cli_export_gguf(t->model, &t->S, &t->cfg, t->cfg_json, &gp, NULL, &gs, err)))
+        return st; /* before the long work: a model export cannot write */
+    t->gguf_keep = o->gguf ? gs.file_bytes : 0;
     o->c.threads = o->c.threads ? o->c.threads : cli_ncores();
     if ((st = stz_fwd_open(&t->fwd, t->S.m, t->S.n, &t->cfg, t->model, o->c.threads, err)))
         return st;
@@ -246,7 +293,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
 {
     tune_opts *o = &t->o;
     cli_progress prog;
-    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog, t->im};
+    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog, t->im, o->gguf};
     cli_progress_init(&prog, "tune: measure candidates", o->c.quiet || o->c.json);
     stz_status st = stz_tune_measure(&t->T, t->S.m, t->S.n, t->cand, t->ncand, &tp, err);
     cli_progress_end(&prog);
@@ -258,7 +305,12 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
     if (st)
         return st;
     double model_bytes = (double)cli_path_bytes(t->model, 0);
-    if (t->sharded) { /* the index and the other files of the directory come along */
+    if (o->gguf) { /* the header and what export writes besides the tensors tuned */
+        uint64_t kept = 0;
+        for (size_t i = 0; i < t->T.nt; i++)
+            kept += t->T.t[i].bytes[0];
+        t->T.extra_bytes = t->gguf_keep > kept ? t->gguf_keep - kept : 0;
+    } else if (t->sharded) { /* the index and the other files of the directory come along */
         t->T.extra_bytes = (uint64_t)model_bytes;
         for (size_t f = 0; f < t->S.n; f++)
             t->T.extra_bytes -= stz_reader_file_size(stz_qmodel_reader(t->S.m[f]));
@@ -306,11 +358,11 @@ static stz_status tune_write_policy(tune_run *t, stz_err *err)
 static stz_status tune_verify(tune_run *t, stz_err *err)
 {
     tune_opts *o = &t->o;
-    if (cli_tmp_make(&t->tc, t->out, "tune"))
+    if (cli_tmp_make(&t->tc, t->out, "tune") || (o->gguf && cli_tmp_make(&t->tcc, t->out, "tune")))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", t->out);
     if (t->sharded) /* a name for the directory */
-        unlink(t->tc.path);
-    stz_status st = verify(o, t->in, t->policy, t->im, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m1, err);
+        unlink(o->gguf ? t->tcc.path : t->tc.path);
+    stz_status st = verify(t, t->tc.path, &t->m1, err);
     if (st)
         return st;
     t->have1 = 1;
@@ -321,7 +373,7 @@ static stz_status tune_verify(tune_run *t, stz_err *err)
     double value = o->kind == STZ_BUDGET_KL ? o->value : o->value - ((double)t->m1.bytes - (double)t->sol.pred.bytes);
     stz_tune_solution_free(&t->sol);
     if (!(st = stz_tune_solve(&t->T, o->kind, value, kl_scale, &t->sol, err)) && !(st = tune_write_policy(t, err)))
-        st = verify(o, t->in, t->policy, t->im, t->tc.path, t->fwd, &t->cfg, &t->q, &t->m2, err);
+        st = verify(t, t->tc.path, &t->m2, err);
     t->have2 = !st;
     return st;
 }
@@ -333,13 +385,14 @@ static stz_status tune_write(tune_run *t, const measured *fin, stz_err *err)
     stz_status st;
     if (o->compress) {
         /* directories are never replaced */
-        if (!(st = stz_output_place(t->tc.path, t->out, o->c.force && !t->sharded, err)) && o->save_policy)
+        if (!(st = stz_output_place(t->tc.path, t->out, o->c.force && (o->gguf || !t->sharded), err)) && o->save_policy)
             st = write_text(o->save_policy, t->policy, o->c.force, err);
     } else {
         st = write_text(t->out, t->policy, o->c.force, err);
     }
     if (!st && o->plot)
-        st = cli_tune_write_plot(o->plot, &t->sol, &t->sol.pred, fin, o->c.force, err);
+        st = cli_tune_write_plot(o->plot, &t->sol, &t->sol.pred, fin, o->gguf ? "GGUF file" : "container", o->c.force,
+                                 err);
     return st;
 }
 
@@ -365,9 +418,13 @@ static int tune_report(tune_run *t, const measured *fin)
 
 static void tune_free(tune_run *t)
 {
-    if (t->tc.path && t->sharded)
+    if (t->tc.path && t->sharded && !t->o.gguf)
         cli_remove_tree(t->tc.path);
+    if (t->tcc.path && t->sharded)
+        cli_remove_tree(t->tcc.path);
     cli_tmp_drop(&t->tc);
+    cli_tmp_drop(&t->tcc);
+    free(t->cfg_json);
     free(t->policy);
     stz_tune_solution_free(&t->sol);
     stz_tune_free(&t->T);
@@ -410,7 +467,7 @@ int cmd_tune(int argc, char **argv)
     t.model = t.in = argv[optind];
     t.out = t.o.c.out ? strdup(t.o.c.out) : t.o.compress ? NULL : cli_model_output_name(t.model, ".tune.json");
     if (!t.out)
-        return cli_usage_error("compress", "--tune needs -o OUT.stz");
+        return cli_usage_error("compress", t.o.gguf ? "--tune --gguf needs -o OUT.gguf" : "--tune needs -o OUT.stz");
     stz_err err;
     stz_err_clear(&err);
     rc = tune_run_all(&t, &err);

@@ -13,11 +13,13 @@ typedef struct {
     const char *budget_opt; /* as given */
     double size, ratio, bpw, max_kl;
     const char *candidates, *config, *plot, *save_policy, *imatrix;
+    const char *tokenizer, *name; /* --gguf: as stz export --gguf takes them */
     cli_seq_opts so;
-    int verify, compress;
+    int verify, compress, gguf;
 } tune_opts;
 
-/* A policy compressed and run: its container's bytes, the forward pass's comparison. */
+/* A policy compressed (and with --gguf exported) and run: its container's
+ * or GGUF file's bytes, the forward pass's comparison. */
 typedef struct {
     uint64_t bytes;
     stz_fwd_report fwd;
@@ -25,9 +27,10 @@ typedef struct {
 
 /* 1 if the measured result misses the budget. */
 int cli_tune_missed(const tune_opts *o, const measured *m);
-/* The SVG plot of the curve, the choice and what was measured. */
+/* The SVG plot of the curve, the choice and what was measured; `what`
+ * names the sizes ("container", "GGUF file"). */
 stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
-                               const measured *m, int force, stz_err *err);
+                               const measured *m, const char *what, int force, stz_err *err);
 /* The per-tensor table, the curve, the budget and the result (or --json); a CLI exit status. */
 int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
                     const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,

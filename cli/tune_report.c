@@ -26,7 +26,7 @@ static size_t pick_points(const stz_tune_solution *s, size_t want, size_t *idx)
 }
 
 stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
-                             const measured *m, int force, stz_err *err)
+                             const measured *m, const char *what, int force, stz_err *err)
 {
     cli_tmpfile t;
     if (cli_tmp_make(&t, path, "plot"))
@@ -44,7 +44,7 @@ stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, con
     if (f) {
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                    "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-        fprintf(f, "<text x=\"%.0f\" y=\"18\">stz tune: container size against predicted mean KL</text>\n", L);
+        fprintf(f, "<text x=\"%.0f\" y=\"18\">stz tune: %s size against predicted mean KL</text>\n", L, what);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
         for (int k = 0; k <= 4; k++) {
@@ -53,8 +53,8 @@ stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, con
                     bx / 1e6);
             fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, PY(ky) + 4, ky);
         }
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">container bytes</text>\n", (L + W - R) / 2,
-                H - 12);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%s bytes</text>\n", (L + W - R) / 2,
+                H - 12, what);
         fprintf(f, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">mean KL "
                    "(nats/token)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
         fputs("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"", f);
@@ -90,7 +90,7 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
     if (o->c.json) {
         cJSON *d = cJSON_CreateObject(), *ts = cJSON_CreateArray(), *cv = cJSON_CreateArray();
         cJSON_AddStringToObject(d, "model", model);
-        cJSON_AddStringToObject(d, o->compress ? "container" : "policy", out);
+        cJSON_AddStringToObject(d, o->compress ? (o->gguf ? "gguf" : "container") : "policy", out);
         cJSON_AddStringToObject(d, "budget", o->budget_opt);
         cJSON_AddNumberToObject(d, o->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", o->value);
         cJSON_AddStringToObject(d, "tokens", source);
@@ -163,6 +163,6 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
                cli_commas(b, m->bytes), 100.0 * ((double)m->bytes / (double)s->pred.bytes - 1), m->fwd.kl_mean,
                s->pred.kl > 0 ? 100.0 * (m->fwd.kl_mean / s->pred.kl - 1) : 0.0, 100 * m->fwd.top1,
                100 * m->fwd.ppl_change);
-    printf("\n%s: %s\n", o->compress ? "container" : "policy", out);
+    printf("\n%s: %s\n", o->compress ? (o->gguf ? "gguf" : "container") : "policy", out);
     return CLI_OK;
 }

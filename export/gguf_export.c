@@ -141,14 +141,14 @@ static const char *model_type(const cJSON *cfg)
     return cJSON_IsString(mt) ? mt->valuestring : cJSON_IsString(ar) ? ar->valuestring : "";
 }
 
-static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, const char *name, int quantized)
+static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, const char *name)
 {
     char k[96];
 #define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
     kv_str(kv, "general.architecture", arch);
     kv_str(kv, "general.name", name);
-    if (quantized)
-        kv_u32(kv, "general.quantization_version", 2);
+    kv_u32(kv, "general.quantization_version", 2); /* as llama.cpp's convert writes it: the header's size does not
+                                                      depend on the types */
     kv_u32(kv, KEY("context_length"), c->max_pos ? c->max_pos : 2048);
     kv_u32(kv, KEY("embedding_length"), c->dim);
     kv_u32(kv, KEY("block_count"), c->n_layers);
@@ -214,8 +214,8 @@ static stz_status model_name(const stz_gguf_params *p, const char *model_path, c
 }
 
 /* general.file_type: llama.cpp's LLAMA_FTYPE of the type most matrix
- * elements have; *quantized: whether any tensor has a block type. */
-static uint32_t file_type(const exporter *x, int *quantized)
+ * elements have. */
+static uint32_t file_type(const exporter *x)
 {
     static const int ftype[31] = {[STZ_GGML_F32] = 0,    [STZ_GGML_F16] = 1,     [STZ_GGML_Q4_0] = 2,
                                   [STZ_GGML_Q4_1] = 3,   [STZ_GGML_Q8_0] = 7,    [STZ_GGML_Q5_0] = 8,
@@ -224,12 +224,9 @@ static uint32_t file_type(const exporter *x, int *quantized)
                                   [STZ_GGML_IQ4_NL] = 25, [STZ_GGML_IQ4_XS] = 30, [STZ_GGML_BF16] = 32};
     uint64_t elems[31] = {0};
     int most = STZ_GGML_F32;
-    *quantized = 0;
-    for (size_t i = 0; i < x->n; i++) {
-        *quantized |= block_type(x->t[i].type);
+    for (size_t i = 0; i < x->n; i++)
         if (x->t[i].ndim == 2 && (elems[x->t[i].type] += x->t[i].rows * x->t[i].cols) > elems[most])
             most = x->t[i].type;
-    }
     return (uint32_t)ftype[most];
 }
 
@@ -247,7 +244,7 @@ static void build_header(exporter *x, const gbuf *kv, gbuf *head, stz_gguf_stats
         etensor *e = &x->t[i];
         e->bytes = stz_ggml_row_bytes(e->type, e->ne[0]) * (e->ndim == 2 ? e->ne[1] : 1);
         e->offset = off;
-        off += (e->bytes + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN;
+        off += gguf_padded(e->bytes);
         gb_tensor_info(head, e->name, e->ndim, e->ne, e->type, e->offset);
         stats->tensors[e->type]++, stats->bytes[e->type] += e->bytes;
         stats->repacked += e->kind == K_REPACK || e->kind == K_RAW || (e->kind == K_COPY && e->q->bits);
@@ -270,14 +267,14 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     const char *arch = !strncmp(mt, "qwen2", 5) ? "qwen2" : "llama";
     snprintf(stats->arch, sizeof stats->arch, "%s", arch);
     /* Hugging Face names: the embedding's; llama.cpp's "llama" RoPE takes pairs */
-    int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF, quantized;
+    int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF;
     STZ_TRY(st, plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err));
     if (!strcmp(arch, "qwen2"))
         STZ_TRY(st, qwen2_biases(&x, err));
     STZ_TRY(st, find_tokenizer(p, dir, model_path, tok, sizeof tok, err));
     STZ_TRY(st, model_name(p, model_path, name, sizeof name, err));
-    uint32_t ftype = file_type(&x, &quantized);
-    put_hparams(&kv, c, arch, name, quantized);
+    uint32_t ftype = file_type(&x);
+    put_hparams(&kv, c, arch, name);
     kv_u32(&kv, "general.file_type", ftype);
     STZ_TRY(st, gguf_vocab(&kv, tok, arch, config_json, c->vocab, err));
     build_header(&x, &kv, &head, stats);
@@ -286,6 +283,8 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
         goto cleanup;
     }
     stats->file_bytes = head.n + x.total;
+    if (!out)
+        goto cleanup; /* the figures only */
     STZ_TRY(st, stz_outfile_open(&x.of, out, (p->write_flags & STZ_WRITE_FORCE) != 0, err));
     STZ_TRY(st, stz_check_space(&x.of, stats->file_bytes, "the GGUF file", err));
     STZ_TRY(st, stz_outfile_write(&x.of, head.p, head.n, err));

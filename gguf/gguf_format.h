@@ -8,6 +8,9 @@
 
 #define GGUF_ALIGN 32
 
+/* A tensor's n bytes as a GGUF file holds them: padded to GGUF_ALIGN. */
+static inline uint64_t gguf_padded(uint64_t n) { return (n + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN; }
+
 /* GGUF value types */
 enum { GV_U8, GV_I8, GV_U16, GV_I16, GV_U32, GV_I32, GV_F32, GV_BOOL, GV_STR, GV_ARR, GV_U64, GV_I64, GV_F64 };
 

@@ -28,17 +28,24 @@ extern "C" {
 #endif
 
 typedef struct {
-    stz_decision d; /* keep, or int2..int8 with method, block_size, scale_dtype */
-    char name[32];  /* "keep" or BITS:METHOD:BLOCK:SCALES, e.g. "4:nl:32:U8" */
+    stz_decision d; /* keep, int2..int8 with method, block_size, scale_dtype, svd, or a ggml type */
+    char name[32];  /* "keep", BITS:METHOD:BLOCK:SCALES ("4:nl:32:U8"), "svd:64" or a type ("q4_k") */
 } stz_tune_cand;
 
 /* The default candidates: keep, 8:absmax:32:F16, 6:nl:32:U8, 5:nl:32:U8,
  * 4:nl:16:U8, 4:nl:32:U8, 3:nl:32:U8, 2:nl:32:U8. */
 STZ_API extern const char stz_tune_default_candidates[];
 
-/* Parses a comma-separated list of candidates ("keep" and
+/* The candidates of stz tune --gguf: keep and llama.cpp's types, f16,
+ * q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1, q4_0, iq4_nl, iq4_xs, q3_k,
+ * q2_k. */
+STZ_API extern const char stz_tune_gguf_candidates[];
+
+/* Parses a comma-separated list of candidates ("keep",
  * BITS:METHOD:BLOCK:SCALES: bits 2-6 or 8, a method of stz_policy.h,
- * block 1..65536, scales F16, F32 or U8). STZ_E_ARG names the bad one. */
+ * block 1..65536, scales F16, F32 or U8; svd:RANK[:randomized]; or a
+ * llama.cpp type stz writes, "q4_k", "f16"...). STZ_E_ARG names the bad
+ * one. */
 STZ_API stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err);
 
 typedef struct {
@@ -48,8 +55,9 @@ typedef struct {
     size_t file;        /* which of the model's files holds it */
     int tunable;        /* a float matrix the forward pass uses: the candidates apply; else kept */
     const char *why;    /* not tunable: why (static text) */
-    uint64_t *bytes;    /* per candidate: container bytes of the stored tensors (records + index entries);
-                         * not tunable: bytes[0] is the kept tensor's */
+    uint64_t *bytes;    /* per candidate: container bytes of the stored tensors (records + index entries),
+                         * or with gguf its bytes in the GGUF file (padded to 32; UINT64_MAX: a type
+                         * the row length does not allow); not tunable: bytes[0] is the kept tensor's */
     double *err2;       /* per candidate: squared error */
     double norm2;       /* squared norm of the original */
     double kl_probe;    /* measured KL with the probe candidate's error */
@@ -66,8 +74,9 @@ typedef struct {
     size_t nt;
     uint64_t params;       /* all tensors' */
     stz_pack_params pack;  /* how the container is written */
-    uint64_t extra_bytes;  /* bytes besides the containers (a sharded directory's index and other files);
-                            * the caller sets it */
+    uint64_t extra_bytes;  /* bytes besides the containers (a sharded directory's index and other files),
+                            * or with gguf besides the tensors' bytes[0] (the GGUF header): the caller sets it */
+    int gguf;              /* bytes count a GGUF file (stz_tune_params.gguf) */
     char **meta;           /* per file, its __metadata__ as a JSON object (the quantized file keeps it) */
     size_t nfiles;
 } stz_tune;
@@ -80,6 +89,10 @@ typedef struct {
      * candidates are quantized with it and their errors weighted by it, as
      * stz quantize --imatrix stores them */
     const struct stz_imatrix *imatrix;
+    /* 1: the sizes are a GGUF file's (stz export --gguf of the quantized
+     * model): candidates keep and ggml types only, a type offered only
+     * to tensors whose rows are whole blocks of it */
+    int gguf;
 } stz_tune_params;
 
 /* The format whose error probes each matrix's sensitivity: the shipped
@@ -121,7 +134,8 @@ STZ_API stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, do
 STZ_API void stz_tune_solution_free(stz_tune_solution *s);
 
 /* The predicted container bytes of the current choice (tensors and the
- * headers they need: one container per file). */
+ * headers they need: one container per file), or with gguf the GGUF
+ * file's (extra_bytes + the tensors'). */
 STZ_API uint64_t stz_tune_bytes(const stz_tune *T);
 
 /* The current choice as a policy (JSON text, malloc'ed): one explicit rule

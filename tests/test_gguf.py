@@ -727,3 +727,82 @@ def test_super_blocks_read(tmp_path):
     assert list(w) == ["model.layers.0.mlp.down_proj.weight"]
     v = w["model.layers.0.mlp.down_proj.weight"]
     assert v.shape == (3, 512) and np.all(v == -27.0)
+
+
+# ---- stz tune --gguf ----------------------------------------------------------------
+
+BLOCK_OF = {t: (256 if t.endswith("_k") or t == "iq4_xs" else 32) for t in TYPES}
+BLOCK_OF.update(f16=1, f32=1)
+NO_TYPE = {v: k for k, v in TYPE_NO.items()}
+
+
+@need_data
+@pytest.mark.parametrize("budget", ["258816", "300000"])
+def test_tune_gguf_file(tmp_path, budget):
+    """compress --tune --gguf writes the GGUF: no larger than the budget,
+    its bytes predicted exactly, every matrix in a type its row length
+    allows (the 172-wide ffn_down only in F16 or F32, no super-block type
+    on these 64- and 172-wide rows), the verified KL the one stz eval
+    measures on the file; the policy saved quantizes and exports to the
+    same file byte for byte, with no --requantize."""
+    g, pol = tmp_path / "t.gguf", tmp_path / "p.json"
+    rep = json.loads(stz("compress", F32, "--tune", "--gguf", "--size", budget, "--tokenizer", TOK, "--name", "s",
+                         "-o", g, "--save-policy", pol, "--json").stdout)
+    size = os.path.getsize(g)
+    assert size == rep["measured_bytes"] <= int(budget) and rep["predicted_bytes"] == size
+    kv, t = read_gguf(g)
+    types = {NO_TYPE[typ] for v, typ in t.values() if v.ndim == 2}
+    assert len(types) >= 2, types  # a mix, not one type
+    for name, (v, typ) in t.items():
+        if name.endswith(".weight") and v.ndim == 2 and typ not in (0, 1):
+            cols = v.shape[1] if typ in (8, 6, 2) else v.shape[1] // BLOCK[typ][1] * BLOCK[typ][0]  # read_gguf decodes those
+            assert cols % BLOCK_OF[NO_TYPE[typ]] == 0 and cols == 64, (name, NO_TYPE[typ])
+        if "ffn_down" in name:
+            assert typ in (0, 1), name
+    ev = json.loads(stz("eval", "--forward", F32, g, "--sequences", "4", "--seq-len", "64", "--json").stdout)
+    assert ev["kl"]["mean"] == pytest.approx(rep["measured_kl"], rel=1e-9)
+    q, again = tmp_path / "q.safetensors", tmp_path / "again.gguf"
+    stz("quantize", F32, "--policy", pol, "-o", q, "-q")
+    stz("export", "--gguf", q, "--tokenizer", TOK, "--name", "s", "-o", again, "-q")
+    assert open(again, "rb").read() == open(g, "rb").read()
+
+
+@pytest.mark.parametrize("cands", ["keep,q4_k,q8_0", "keep,q6_k"])
+def test_tune_gguf_row_lengths(tmp_path, cands):
+    """A type is offered only to the matrices whose rows are whole blocks of
+    it: on a model with 256-wide and 64-wide rows, q4_k/q6_k go to the
+    256-wide ones only, whatever the budget asks."""
+    m = wide_dir(tmp_path)
+    d = json.loads((m / "config.json").read_text())
+    d.update(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
+    (m / "config.json").write_text(json.dumps(d))
+    rng = np.random.default_rng(3)
+    t = {"model.embed_tokens.weight": (64, 256), "lm_head.weight": (256, 64), "model.norm.weight": (64,),
+         "model.layers.0.input_layernorm.weight": (64,), "model.layers.0.post_attention_layernorm.weight": (64,),
+         "model.layers.0.self_attn.q_proj.weight": (64, 64), "model.layers.0.self_attn.k_proj.weight": (32, 64),
+         "model.layers.0.self_attn.v_proj.weight": (32, 64), "model.layers.0.self_attn.o_proj.weight": (64, 64),
+         "model.layers.0.mlp.gate_proj.weight": (256, 64), "model.layers.0.mlp.up_proj.weight": (256, 64),
+         "model.layers.0.mlp.down_proj.weight": (64, 256)}
+    t["model.embed_tokens.weight"] = (256, 64)
+    save(m / "model.safetensors", {k: (rng.standard_normal(s) / 8).astype(np.float32) for k, s in t.items()})
+    r = json.loads(stz("tune", m, "--gguf", "--candidates", cands, "--max-kl", "1", "-o",
+                       tmp_path / "p.json", "--json", "--sequences", "2", "--seq-len", "16").stdout)
+    chosen = {e["name"]: e["choice"] for e in r["tensors"]}
+    assert chosen["model.layers.0.mlp.down_proj.weight"].endswith("_k")  # the 256-wide rows take the k type
+    for name, c in chosen.items():
+        if c.endswith("_k"):
+            assert name.endswith("down_proj.weight"), (name, c)
+    assert r["measured_bytes"] == r["predicted_bytes"]
+
+
+def test_tune_gguf_refusals(tmp_path):
+    """--gguf takes only keep and llama.cpp's types as candidates (an stz
+    format GGUF cannot hold is refused by name before any work);
+    --tokenizer is for --gguf."""
+    m = wide_dir(tmp_path)
+    r = stz("tune", m, "--gguf", "--candidates", "keep,4:nl:32:U8", "--size", "1M", "-o", tmp_path / "p.json",
+            ok=False)
+    assert r.returncode == 1 and "candidate '4:nl:32:U8' is not a type GGUF holds" in r.stderr
+    assert not (tmp_path / "p.json").exists()
+    r = stz("tune", m, "--tokenizer", TOK, "--size", "1M", ok=False)
+    assert r.returncode == 2 and "--tokenizer and --name are for --gguf" in r.stderr

@@ -52,6 +52,11 @@ awk -v b="$(wc -c <"$T/c.stz")" -v p="$("$STZ" inspect --json "$T/m.safetensors"
     'BEGIN { exit !(b * 8 <= 5 * p) }' && ok || bad "compress --tune over 5 bits per weight"
 expect_rc 0 "the tuned container decompresses" "$STZ" decompress "$T/c.stz" -o "$T/c.safetensors" -q
 
+# llama.cpp's types as candidates of the container: bytes predicted as stored.
+expect_rc 0 "ggml candidates" "$STZ" tune "$T/m.safetensors" --bits-per-weight 6 --candidates keep,q8_0,q4_k,q4_0 -o "$T/g.json" --json -q
+has "$T/g.json" '"action":	"q' "a llama.cpp type chosen"
+within "$(num "$T/out" predicted_bytes)" "$(num "$T/out" measured_bytes)" 0.02 "ggml candidates: predicted bytes"
+
 # SVD factors as candidates: chosen when they are all there is, and exact.
 expect_rc 0 "svd candidates" "$STZ" tune "$T/m.safetensors" --max-kl 100 --candidates svd:4,svd:8 -o "$T/svd.json" --json -q
 has "$T/svd.json" '"action":	"svd"' "svd chosen"

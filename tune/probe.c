@@ -4,6 +4,7 @@
 #include "stz_safetensors.h"
 #include "stz_imatrix.h"
 #include "stz_tune.h"
+#include "gguf/gguf_format.h"
 #include "quant/quant_tensor.h"
 
 #include <cjson/cJSON.h>
@@ -16,6 +17,8 @@
 
 const char stz_tune_default_candidates[] =
     "keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8";
+const char stz_tune_gguf_candidates[] =
+    "keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,iq4_xs,q3_k,q2_k";
 
 /* ---- candidates ------------------------------------------------------------- */
 
@@ -41,6 +44,12 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
         snprintf(c->name, sizeof c->name, "keep");
         return STZ_OK;
     }
+    int type = stz_ggml_type_parse(s);
+    if (type >= 0 && stz_action_of_ggml_type(type) != STZ_ACTION_COUNT) { /* a llama.cpp type: its own blocks */
+        c->d.action = stz_action_of_ggml_type(type);
+        snprintf(c->name, sizeof c->name, "%s", stz_ggml_type_name(type));
+        return STZ_OK;
+    }
     int bits, used = 0;
     unsigned block, rank;
     char how[16] = "";
@@ -54,8 +63,8 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
     }
     char method[16], scales[8];
     if (sscanf(s, "%d:%15[^:]:%u:%7s%n", &bits, method, &block, scales, &used) != 4 || s[used])
-        return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep, BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8) "
-                           "or svd:RANK", s);
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep, BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8), "
+                           "svd:RANK or a llama.cpp type (q4_k, iq4_nl, f16, ...)", s);
     if ((c->d.action = action_of_bits(bits)) == STZ_ACTION_COUNT)
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': bits must be 2, 3, 4, 5, 6 or 8", s);
     int m = 0;
@@ -133,6 +142,11 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
         t->bytes[c] = j->keep_bytes, t->err2[c] = 0, j->raw[c] = t->params * (stz_dtype_bits(t->dtype) / 8);
         return STZ_OK;
     }
+    int type = stz_action_ggml_type(d->action);
+    if (type >= 0 && j->cols % stz_ggml_block(type)) { /* rows not whole blocks: GGUF cannot hold it so */
+        t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
+        return STZ_OK;
+    }
     stz_qmem q;
     stz_err sub;
     uint64_t small = j->rows < j->cols ? j->rows : j->cols;
@@ -151,9 +165,12 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
     t->bytes[c] = 0, t->err2[c] = q.err2, j->raw[c] = 0;
     for (int k = 0; !st && k < STZ_PART_COUNT; k++) {
         uint64_t b = 0;
-        if (q.part[k] && !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], q.part[k], q.len[k], &b, err)))
-            t->bytes[c] += b, j->raw[c] += q.len[k];
+        if (q.part[k] && !T->gguf && !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], q.part[k], q.len[k], &b, err)))
+            t->bytes[c] += b;
+        j->raw[c] += q.part[k] ? q.len[k] : 0;
     }
+    if (T->gguf) /* the blocks, as the GGUF file holds them */
+        t->bytes[c] = gguf_padded(j->raw[c]);
     if (c == T->probe)
         t->probe_fmt = q.fmt;
     stz_qmem_free(&q);
@@ -235,7 +252,9 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
     stz_status st = p->imatrix && q->ndim >= 2 ? stz_imatrix_find(p->imatrix, q->name, q->cols, &j.w, err) : STZ_OK;
     if (!st)
         st = stz_reader_read(r, rt, 0, bytes, size, err);
-    if (!st)
+    if (!st && T->gguf) /* as export writes it: a matrix in its F16, BF16 or F32, the rest F32 */
+        j.keep_bytes = gguf_padded(q->numel * (q->ndim >= 2 && (q->dtype == STZ_DTYPE_F16 || q->dtype == STZ_DTYPE_BF16) ? 2 : 4));
+    else if (!st)
         st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, &j.keep_bytes, err);
     free(bytes);
     t->bytes[0] = j.keep_bytes;
@@ -265,6 +284,11 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
 {
     memset(T, 0, sizeof *T);
     T->pack = (stz_pack_params)STZ_PACK_PARAMS_DEFAULT;
+    T->gguf = p->gguf;
+    for (size_t c = 0; p->gguf && c < ncand; c++)
+        if (cand[c].d.action != STZ_ACTION_KEEP && stz_action_ggml_type(cand[c].d.action) < 0)
+            return stz_err_set(err, STZ_E_ARG, "candidate '%s' is not a type GGUF holds: with --gguf the candidates "
+                               "are keep and llama.cpp's types (%s)", cand[c].name, stz_tune_gguf_candidates + 5);
     stz_status st = set_candidates(T, cand, ncand, err);
     if (st)
         return st;
@@ -397,7 +421,7 @@ char *stz_tune_policy(const stz_tune *T, const char *description)
             if (c->d.svd_randomized)
                 cJSON_AddStringToObject(r, "method", "randomized");
             cJSON_AddStringToObject(r, "fallback", "keep");
-        } else if (c->d.action != STZ_ACTION_KEEP) {
+        } else if (c->d.action != STZ_ACTION_KEEP && stz_action_ggml_type(c->d.action) < 0) {
             cJSON_AddStringToObject(r, "method", stz_qmethod_name(c->d.method));
             cJSON_AddNumberToObject(r, "block_size", c->d.block_size);
             cJSON_AddStringToObject(r, "scale_dtype", stz_dtype_name(c->d.scale_dtype));

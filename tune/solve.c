@@ -132,7 +132,17 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
             cJSON_AddStringToObject(meta, name, val);
             continue;
         }
-        int bits = stz_action_bits(d->action);
+        int bits = stz_action_bits(d->action), type = stz_action_ggml_type(d->action);
+        if (type >= 0) { /* a llama.cpp type: its rows of blocks, scales inside */
+            uint64_t rb = stz_ggml_row_bytes(type, cols);
+            add_entry(h, t->name, STZ_DTYPE_U8, rows, rb, rows * rb, &off);
+            snprintf(val, sizeof val, "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":"
+                     "[%llu,%llu],\"packing\":\"" STZ_QUANT_GGML_PACKING "\"}", stz_action_name(d->action), bits,
+                     stz_ggml_block(type), stz_dtype_name(t->dtype), (unsigned long long)rows, (unsigned long long)cols);
+            snprintf(name, sizeof name, "stz.quant.%s", t->name);
+            cJSON_AddStringToObject(meta, name, val);
+            continue;
+        }
         uint64_t nb = stz_q_blocks(cols, d->block_size), ssz = stz_dtype_bits(d->scale_dtype) / 8;
         add_entry(h, t->name, stz_quant_values_dtype(bits, d->method), rows, stz_qf_row_bytes(bits, cols),
                   rows * stz_qf_row_bytes(bits, cols), &off);
@@ -169,7 +179,7 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
 static uint64_t fixed_bytes(const stz_tune *T)
 {
     uint64_t b = T->extra_bytes;
-    for (size_t f = 0; f < T->nfiles; f++)
+    for (size_t f = 0; !T->gguf && f < T->nfiles; f++) /* a GGUF header does not change with the choice */
         b += file_fixed_bytes(T, f);
     return b;
 }
