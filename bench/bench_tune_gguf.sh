@@ -55,4 +55,9 @@ for row in "iq4_nl 242432 0.0658 0.8" "iq4_nl-mix 258816 0.0422 0.5" "q5_0-mix 2
     awk -v n="$1" -v pb="$pb" -v pk="$pk" -v ab="$2" -v ak="$3" -v tb="$tb" -v tk="$tk" -v t="$4" \
         'BEGIN { printf "| %s | %d | %.4g | %d / %s | %d | %.4g | %.2fx | <= %sx |\n", n, pb, pk, ab, ak, tb, tk, tk / pk, t }'
 done
+"$STZ" quantize "$M" --policy gguf-mix4 -o "$WORK/mix4.safetensors" -f -q
+"$STZ" export --gguf "$WORK/mix4.safetensors" --tokenizer "$TOK" -o "$WORK/mix4.gguf" -f -q
+echo
+echo "The shipped gguf-mix4 policy, no importance matrix: $(wc -c <"$WORK/mix4.gguf") bytes, mean KL $(kl "$WORK/mix4.gguf")"
+echo "(against the IQ4_NL mix above with its importance matrix; the defaults target: <= 258816 bytes, KL <= 0.8x the mix)"
 rm -rf "$WORK"

@@ -183,6 +183,28 @@ static void test_builtin_policies(void **state)
             stz_policy_free(p);
             continue;
         }
+        if (!strcmp(name, "gguf-mix4")) { /* llama.cpp's types by role, with its fallbacks for narrow rows */
+            static const char *roles[] = {"model.embed_tokens.weight", "tok_embeddings.weight", "lm_head.weight",
+                                          "model.layers.3.self_attn.v_proj.weight", "layers.1.attention.wk.weight",
+                                          "model.layers.3.self_attn.q_proj.weight", "transformer.h.0.attn.c_attn.weight"};
+            static const stz_action wide[] = {STZ_ACTION_Q5_K, STZ_ACTION_Q5_K, STZ_ACTION_Q6_K, STZ_ACTION_Q6_K,
+                                              STZ_ACTION_Q5_K, STZ_ACTION_IQ4_NL, STZ_ACTION_IQ4_NL};
+            static const stz_action narrow[] = {STZ_ACTION_Q5_1, STZ_ACTION_Q5_1, STZ_ACTION_Q8_0, STZ_ACTION_Q8_0,
+                                                STZ_ACTION_Q5_1, STZ_ACTION_IQ4_NL, STZ_ACTION_IQ4_NL};
+            uint64_t sw[2] = {64, 512}, sn[2] = {512, 64}, so[2] = {64, 172}, s1[1] = {64};
+            for (int k = 0; k < 7; k++) {
+                stz_tensor t = mk(roles[k], STZ_DTYPE_F32, 2, sw);
+                assert_int_equal(stz_policy_decide(p, &t).action, wide[k]);
+                t = mk(roles[k], STZ_DTYPE_F32, 2, sn);
+                assert_int_equal(stz_policy_decide(p, &t).action, narrow[k]);
+                t = mk(roles[k], STZ_DTYPE_BF16, 2, so);
+                assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_BF16); /* no block type takes 172 */
+            }
+            stz_tensor t = mk("model.norm.weight", STZ_DTYPE_F32, 1, s1);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+            stz_policy_free(p);
+            continue;
+        }
         if (!strncmp(name, "gguf-", 5)) { /* exactly what GGUF's Q4_0 / Q8_0 blocks hold */
             uint64_t s2[2] = {512, 64}, s1[1] = {64};
             static const char *names[] = {"model.embed_tokens.weight", "lm_head.weight", "output.weight",
@@ -231,7 +253,7 @@ static void test_builtin_policies(void **state)
         }
         stz_policy_free(p);
     }
-    assert_int_equal(n, 8);
+    assert_int_equal(n, 9);
     stz_policy *p;
     stz_err err;
     assert_int_equal(stz_policy_load(&p, "no-such-policy", &err), STZ_E_IO);
