@@ -275,11 +275,13 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         return err->code; /* cli_model_config's error */
     if ((!found && (st = cli_no_config(t->model, &t->S, err))))
         return st;
-    stz_gguf_params gp = gguf_params(o);
-    stz_gguf_stats gs;
-    if (o->gguf && (st = cli_export_gguf(t->model, &t->S, &t->cfg, t->cfg_json, &gp, NULL, &gs, err)))
-        return st; /* before the long work: a model export cannot write */
-    t->gguf_keep = o->gguf ? gs.file_bytes : 0;
+    if (o->gguf) { /* before the long work: a model export cannot write */
+        stz_gguf_params gp = gguf_params(o);
+        stz_gguf_stats gs;
+        if ((st = cli_export_gguf(t->model, &t->S, &t->cfg, t->cfg_json, &gp, NULL, &gs, err)))
+            return st;
+        t->gguf_keep = gs.file_bytes;
+    }
     o->c.threads = o->c.threads ? o->c.threads : cli_ncores();
     if ((st = stz_fwd_open(&t->fwd, t->S.m, t->S.n, &t->cfg, t->model, o->c.threads, err)))
         return st;

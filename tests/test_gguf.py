@@ -777,13 +777,12 @@ def test_tune_gguf_row_lengths(tmp_path, cands):
     d.update(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
     (m / "config.json").write_text(json.dumps(d))
     rng = np.random.default_rng(3)
-    t = {"model.embed_tokens.weight": (64, 256), "lm_head.weight": (256, 64), "model.norm.weight": (64,),
+    t = {"model.embed_tokens.weight": (256, 64), "lm_head.weight": (256, 64), "model.norm.weight": (64,),
          "model.layers.0.input_layernorm.weight": (64,), "model.layers.0.post_attention_layernorm.weight": (64,),
          "model.layers.0.self_attn.q_proj.weight": (64, 64), "model.layers.0.self_attn.k_proj.weight": (32, 64),
          "model.layers.0.self_attn.v_proj.weight": (32, 64), "model.layers.0.self_attn.o_proj.weight": (64, 64),
          "model.layers.0.mlp.gate_proj.weight": (256, 64), "model.layers.0.mlp.up_proj.weight": (256, 64),
          "model.layers.0.mlp.down_proj.weight": (64, 256)}
-    t["model.embed_tokens.weight"] = (256, 64)
     save(m / "model.safetensors", {k: (rng.standard_normal(s) / 8).astype(np.float32) for k, s in t.items()})
     r = json.loads(stz("tune", m, "--gguf", "--candidates", cands, "--max-kl", "1", "-o",
                        tmp_path / "p.json", "--json", "--sequences", "2", "--seq-len", "16").stdout)

@@ -227,6 +227,28 @@ static stz_status keep_metadata(stz_tune *T, stz_qmodel *const *files, size_t nf
     return STZ_OK;
 }
 
+/* The bytes tensor q (rt in r) takes kept as it is: in the container (its
+ * stored bytes read and run through the chunk coder), or in the GGUF file
+ * as export writes it (a matrix in its F16, BF16 or F32, the rest F32). */
+static stz_status kept_bytes(const stz_tune *T, const stz_reader *r, const stz_tensor *rt, const stz_qtensor *q,
+                             uint64_t *out, stz_err *err)
+{
+    if (T->gguf) {
+        int half = q->ndim >= 2 && (q->dtype == STZ_DTYPE_F16 || q->dtype == STZ_DTYPE_BF16);
+        *out = gguf_padded(q->numel * (half ? 2 : 4));
+        return STZ_OK;
+    }
+    uint64_t size = rt->end - rt->begin;
+    uint8_t *bytes = malloc(size + 1);
+    if (!bytes)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
+    stz_status st = stz_reader_read(r, rt, 0, bytes, size, err);
+    if (!st)
+        st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, out, err);
+    free(bytes);
+    return st;
+}
+
 /* Tensor i of file f: its bytes kept as it is, and every candidate's bytes
  * and error on p->threads threads (raw: a scratch of one count per
  * candidate). */
@@ -237,26 +259,17 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
     const stz_qtensor *q = stz_qmodel_tensor(m, i);
     const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
     stz_tune_tensor *t = &T->t[T->nt++];
-    uint64_t size = rt->end - rt->begin;
     t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
     T->params += q->numel;
-    uint8_t *bytes = malloc(size + 1);
     float *x = NULL;
     t->name = strdup(q->name);
     t->bytes = calloc(T->ncand, sizeof *t->bytes), t->err2 = calloc(T->ncand, sizeof *t->err2);
-    if (!bytes || !t->name || !t->bytes || !t->err2) {
-        free(bytes);
+    if (!t->name || !t->bytes || !t->err2)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
-    }
     measure_job j = {T, t, NULL, NULL, q->rows, q->cols, 0, raw};
     stz_status st = p->imatrix && q->ndim >= 2 ? stz_imatrix_find(p->imatrix, q->name, q->cols, &j.w, err) : STZ_OK;
     if (!st)
-        st = stz_reader_read(r, rt, 0, bytes, size, err);
-    if (!st && T->gguf) /* as export writes it: a matrix in its F16, BF16 or F32, the rest F32 */
-        j.keep_bytes = gguf_padded(q->numel * (q->ndim >= 2 && (q->dtype == STZ_DTYPE_F16 || q->dtype == STZ_DTYPE_BF16) ? 2 : 4));
-    else if (!st)
-        st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, &j.keep_bytes, err);
-    free(bytes);
+        st = kept_bytes(T, r, rt, q, &j.keep_bytes, err);
     t->bytes[0] = j.keep_bytes;
     if (!st && !t->why && !(x = malloc(q->numel * sizeof *x)))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s' as F32", q->name);
