@@ -1,7 +1,7 @@
 #!/bin/sh
 # Scale: a Llama-3.1-8B-shaped BF16 model (stz synth llama-3.1-8b, ~16 GB)
 # as a Hugging Face directory of 4 shards, compressed and decompressed
-# (--lossless and --int4) with -T 2: time, MB/s, peak RSS, and the disk
+# (--lossless and --policy int4-nl) with -T 2: time, MB/s, peak RSS, and the disk
 # space used beyond the output (df of WORK's file system sampled every
 # 0.2 s during the run, peak minus the final figure). The same commands on
 # the Qwen2-0.5B-shaped model give the per-core throughput to compare, as
@@ -69,7 +69,7 @@ Q=$(stat -c %s q.safetensors)
 /usr/bin/time -f "%e %U %S" -o time "$STZ" compress --lossless q.safetensors -o q.stz -T 2 -q -f
 set -- $(cat time)
 ql=$(awk "BEGIN { printf \"%.0f\", $Q / $1 / 1e6 }") qlc=$(awk "BEGIN { printf \"%.0f\", $Q / ($2 + $3) / 1e6 }")
-/usr/bin/time -f "%e %U %S" -o time "$STZ" compress --int4 q.safetensors -o q.stz -T 2 -q -f
+/usr/bin/time -f "%e %U %S" -o time "$STZ" compress --policy int4-nl q.safetensors -o q.stz -T 2 -q -f
 set -- $(cat time)
 q4=$(awk "BEGIN { printf \"%.0f\", $Q / $1 / 1e6 }") q4c=$(awk "BEGIN { printf \"%.0f\", $Q / ($2 + $3) / 1e6 }")
 bl=$(awk "BEGIN { printf \"%.0f\", $IN / $c_lossless_cpu / 1e6 }")
@@ -86,6 +86,6 @@ for v in c_lossless_x d_lossless_x c_int4_x d_int4_x; do
     check "$v: $x MB of disk beyond the output (<= 64: a few chunks in flight)" "$x <= 64"
 done
 check "compress --lossless per core: $bl MB per CPU s >= 0.9 x the small model's $qlc" "$bl >= 0.9 * $qlc"
-check "compress --int4 per core: $b4 MB per CPU s >= 0.9 x the small model's $q4c" "$b4 >= 0.9 * $q4c"
+check "compress --policy int4-nl per core: $b4 MB per CPU s >= 0.9 x the small model's $q4c" "$b4 >= 0.9 * $q4c"
 rm -rf m c.int4 q.safetensors q.stz time peak
 exit $((fails > 0))

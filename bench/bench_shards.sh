@@ -40,7 +40,7 @@ echo "## Shards in parallel ($(nproc) cores, 4 shards of stz synth small, $(du -
 echo
 echo "| run | -T 1 (s) | -T 2 (s) | speed-up | outputs identical |"
 echo "|---|---|---|---|---|"
-for mode in --int4 --lossless; do
+for mode in "--policy int4-nl" --lossless; do
     a=$(best c1 "$STZ" compress $mode sh -o c1 -T 1 -q)
     b=$(best c2 "$STZ" compress $mode sh -o c2 -T 2 -q)
     same=$(diff -r c1 c2 >/dev/null && echo yes || echo NO)

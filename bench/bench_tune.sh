@@ -32,7 +32,7 @@ verdict() { # condition-in-awk description
 
 quality() { # MODEL LABEL
     m=$1 label=$2
-    "$STZ" compress --int4 "$m" -o u.stz -q -f
+    "$STZ" compress --policy int4-nl "$m" -o u.stz -q -f
     ub=$(stat -c %s u.stz)
     "$STZ" eval "$m" u.stz --forward --seq-len 64 --json -q >u.json
     uk=$(kl_of u.json)

@@ -82,12 +82,13 @@ static cJSON *parse_set(const char *text, stz_err *err)
 }
 
 /* --method / --block-size on every int2..int8 rule and default. asym
- * keeps its minimums in the scales' dtype, which cannot be U8: F16 then. */
-static void apply_quant_opts(cJSON *o, const cli_policy_opts *po)
+ * keeps its minimums in the scales' dtype, which cannot be U8: F16 then.
+ * Returns 1 if o is such a rule. */
+static int apply_quant_opts(cJSON *o, const cli_policy_opts *po)
 {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
     if (!cJSON_IsString(a) || strncmp(a->valuestring, "int", 3))
-        return;
+        return 0;
     if (po->method) {
         cJSON_DeleteItemFromObjectCaseSensitive(o, "method");
         cJSON_AddStringToObject(o, "method", po->method);
@@ -101,6 +102,7 @@ static void apply_quant_opts(cJSON *o, const cli_policy_opts *po)
         cJSON_DeleteItemFromObjectCaseSensitive(o, "block_size");
         cJSON_AddNumberToObject(o, "block_size", po->block_size);
     }
+    return 1;
 }
 
 stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err *err)
@@ -135,10 +137,9 @@ stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err 
         cJSON_AddStringToObject(o, "action", def->valuestring);
         cJSON_ReplaceItemInObjectCaseSensitive(root, "default", def = o);
     }
-    if (def)
-        apply_quant_opts(def, po);
+    int applied = def ? apply_quant_opts(def, po) : 0;
     for (cJSON *r = rules->child; r; r = r->next)
-        apply_quant_opts(r, po);
+        applied += apply_quant_opts(r, po);
     /* command-line rules come first, in the order given: first match wins */
     for (int i = po->nover - 1; i >= 0 && !st; i--) {
         cJSON *r;
@@ -150,9 +151,14 @@ stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err 
             st = err->code;
             break;
         }
-        apply_quant_opts(r, po);
+        applied += apply_quant_opts(r, po);
         cJSON_InsertItemInArray(rules, 0, r);
     }
+    if (!st && (po->method || po->block_size) && !applied)
+        st = stz_err_set(err, STZ_E_ARG,
+                         "--method/--block-size: %s has no int2..int8 rule to change (llama.cpp's types have their "
+                         "own blocks; --policy int4-nl is the nl policy of stz's own format)",
+                         po->policy ? po->policy : "the policy");
     char *merged = st ? NULL : cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (st)

@@ -14,6 +14,7 @@
  * lowers the error. Stored scales are rounded to F16 before the codes are
  * final, so the error measured is the error stored. */
 #include "ggml_types.h"
+#include "quant_vec.h"
 #include "core/stz_core.h"
 
 #include <math.h>
@@ -25,9 +26,12 @@
 
 #define QK 32
 #define QK_K 256
+#define GRID 5      /* grid scales on each side of the extreme's ... */
+#define SPAN 0.125f /* ... up to this far from it (relative) */
 
-/* The midpoints between neighbouring IQ4_NL levels (stz_iq4nl_levels). */
-static const float nl_mid[15] = {-115.5f, -93.5f, -74, -57, -42, -28.5f, -16, -4.5f, 7, 19, 31.5f, 45.5f, 61, 79, 101};
+/* The midpoints between neighbouring IQ4_NL levels (stz_iq4nl_levels;
+ * the 16th only pads the search's table). */
+static const float nl_mid[16] = {-115.5f, -93.5f, -74, -57, -42, -28.5f, -16, -4.5f, 7, 19, 31.5f, 45.5f, 61, 79, 101, INFINITY};
 
 /* How a (sub-)block's codes stand for values: y = D * level(q) + M, with
  * q in lo..hi; level(q) = q (uniform) or stz_iq4nl_levels[q] (nl). */
@@ -39,27 +43,54 @@ static inline float rnd(float v) { return (float)(int)(v + (v < 0 ? -0.5f : 0.5f
 static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
 static inline float level(const codes *c, int q) { return c->nl ? (float)stz_iq4nl_levels[q] : (float)q; }
 
-/* The nearest code of t = (x - M) / D. */
-static inline int code_of(const codes *c, float t)
+/* Lane-wise t clamped to lo..hi (C has no vector ?:). */
+#define vclamp(t, lo, hi)                                                                                              \
+    do {                                                                                                               \
+        v8i m_ = (t) < (lo);                                                                                           \
+        (t) = (v8f)((m_ & (v8i)((v8f){} + (lo))) | (~m_ & (v8i)(t)));                                                  \
+        m_ = (t) > (hi);                                                                                               \
+        (t) = (v8f)((m_ & (v8i)((v8f){} + (hi))) | (~m_ & (v8i)(t)));                                                  \
+    } while (0)
+
+/* The IQ4_NL levels as lanes 0-7 and 8-15. */
+static inline void nl_levels(v8f *l0, v8f *l1)
 {
-    if (!c->nl)
-        return (int)clampf(rnd(t), (float)c->lo, (float)c->hi);
-    int q = 0;
-    for (int j = 0; j < 15; j++)
-        q += t > nl_mid[j];
-    return q;
+    for (int j = 0; j < 8; j++)
+        (*l0)[j] = stz_iq4nl_levels[j], (*l1)[j] = stz_iq4nl_levels[j + 8];
 }
 
-/* Picks the nearest codes L for scale D and offset M; returns the error. */
+/* Picks the nearest codes L for scale D and offset M, eight at a time (nl:
+ * a binary search over the midpoints); returns the error, summed in 8
+ * lanes and then pairwise: a fixed order, so that the vectorised clones
+ * and the plain build give the same bits. n is a multiple of 8 (every
+ * (sub-)block is). */
 STZ_GQ_CLONES static float pick(const codes *c, const float *x, const float *w, int n, float D, float M, int8_t *L)
 {
-    float id = D != 0 ? 1.0f / D : 0, e = 0;
-    for (int i = 0; i < n; i++) {
-        int q = code_of(c, (x[i] - M) * id);
-        float r = x[i] - (D * level(c, q) + M);
-        L[i] = (int8_t)q, e += w[i] * r * r;
+    float id = D != 0 ? 1.0f / D : 0, lo = (float)c->lo, hi = (float)c->hi;
+    v8f e = {0}, m0 = {0}, m1 = {0}, l0 = {0}, l1 = {0};
+    if (c->nl)
+        memcpy(&m0, nl_mid, sizeof m0), memcpy(&m1, nl_mid + 8, sizeof m1), nl_levels(&l0, &l1);
+    for (int i = 0; i < n; i += 8) {
+        v8f xv, wv, t, l, r;
+        v8i q;
+        memcpy(&xv, x + i, sizeof xv), memcpy(&wv, w + i, sizeof wv);
+        t = (xv - M) * id;
+        if (c->nl) {
+            q = (t > nl_mid[7]) & 8;
+            q += (t > pick2(m0, m1, q + 3)) & 4;
+            q += (t > pick2(m0, m1, q + 1)) & 2;
+            q += (t > pick2(m0, m1, q)) & 1;
+            l = pick2(l0, l1, q);
+        } else {
+            vclamp(t, lo, hi);
+            q = __builtin_convertvector(t + (v8f)(((v8u)t & 0x80000000u) | 0x3f000000u), v8i); /* half away from 0 */
+            l = __builtin_convertvector(q, v8f);
+        }
+        r = xv - (D * l + M);
+        e += wv * r * r;
+        low_bytes(q, L + i);
     }
-    return e;
+    return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
 
 /* Weighted sums a (sub-)block's least squares need. */
@@ -67,15 +98,25 @@ typedef struct {
     double w, x, l, ll, xl; /* sum w, w x, w l, w l^2, w x l (l = level of the code) */
 } sums;
 
-static sums sums_of(const codes *c, const float *x, const float *w, int n, const int8_t *L)
+static inline double lanes_sum(v8f v) { return (((double)v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+/* Eight lanes of float sums (a (sub-)block is short), added in double in
+ * a fixed order. */
+STZ_GQ_CLONES static sums sums_of(const codes *c, const float *x, const float *w, int n, const int8_t *L)
 {
-    sums s = {0, 0, 0, 0, 0};
-    for (int i = 0; i < n; i++) {
-        double l = level(c, L[i]);
-        s.w += w[i], s.x += w[i] * x[i];
-        s.l += w[i] * l, s.ll += w[i] * l * l, s.xl += w[i] * x[i] * l;
+    typedef int8_t v8c __attribute__((vector_size(8)));
+    v8f sw = {0}, sx = {0}, sl = {0}, sll = {0}, sxl = {0}, l0 = {0}, l1 = {0};
+    if (c->nl)
+        nl_levels(&l0, &l1);
+    for (int i = 0; i < n; i += 8) {
+        v8f xv, wv, l, wl;
+        v8c lc;
+        memcpy(&xv, x + i, sizeof xv), memcpy(&wv, w + i, sizeof wv), memcpy(&lc, L + i, sizeof lc);
+        v8i q = __builtin_convertvector(lc, v8i);
+        l = c->nl ? pick2(l0, l1, q) : __builtin_convertvector(q, v8f), wl = wv * l;
+        sw += wv, sx += wv * xv, sl += wl, sll += wl * l, sxl += wl * xv;
     }
-    return s;
+    return (sums){lanes_sum(sw), lanes_sum(sx), lanes_sum(sl), lanes_sum(sll), lanes_sum(sxl)};
 }
 
 /* The least-squares D (and M if with_min; mmax caps M, for the k-quants'
@@ -140,8 +181,8 @@ STZ_GQ_CLONES static float fit(const codes *c, const float *x, const float *w, i
     float top_e[TOP] = {INFINITY, INFINITY, INFINITY}, top_d[TOP] = {0}, top_m[TOP] = {0};
     for (int side = 0; side < (with_min ? 1 : 2); side++) {
         float ext = level(c, side ? c->hi : c->lo); /* the code the extreme element maps near */
-        for (int k = -10; k <= 10; k++) {
-            float f = 1 + 0.0125f * (float)k, id, m0 = 0;
+        for (int k = -GRID; k <= GRID; k++) {
+            float f = 1 + SPAN * (float)k / GRID, id, m0 = 0;
             if (with_min)
                 id = (level(c, c->hi) - level(c, c->lo)) * f / (mx - mn), m0 = mn - level(c, c->lo) / id;
             else

@@ -5,6 +5,7 @@
 #include "core/stz_core.h"
 #include "stz_quant.h"
 #include "ggml_types.h"
+#include "quant_vec.h"
 
 #include <math.h>
 #include <string.h>
@@ -148,36 +149,6 @@ static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
  * Eight lanes (GCC's vector extensions: AVX-512 or AVX2 where the machine
  * has it, the same arithmetic in the same order without), then the rest one
  * by one in lane 0; a block is short enough for float sums. */
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
-typedef uint8_t v32b __attribute__((vector_size(32)));
-
-#ifdef __clang__ /* no variable shuffles (the fuzzing build): lane by lane, the same values */
-#define pick2(a, b, q)                                                                                                 \
-    ({                                                                                                                 \
-        v8f a_ = (a), b_ = (b), r_;                                                                                    \
-        v8i q_ = (q);                                                                                                  \
-        for (int j_ = 0; j_ < 8; j_++)                                                                                 \
-            r_[j_] = q_[j_] & 8 ? b_[q_[j_] & 7] : a_[q_[j_] & 7];                                                     \
-        r_;                                                                                                            \
-    })
-#define pick1(a, q) pick2(a, a, q)
-#define low_bytes(q, out)                                                                                              \
-    do {                                                                                                               \
-        for (int j_ = 0; j_ < 8; j_++)                                                                                 \
-            (out)[j_] = (uint8_t)(q)[j_];                                                                              \
-    } while (0)
-#else
-#define pick2(a, b, q) __builtin_shuffle(a, b, q)
-#define pick1(a, q) __builtin_shuffle(a, q)
-#define low_bytes(q, out) /* the low byte of each lane */                                                              \
-    do {                                                                                                               \
-        v32b c_ = __builtin_shuffle((v32b)(q), (v32b){0, 4, 8, 12, 16, 20, 24, 28});                                   \
-        memcpy(out, &c_, 8);                                                                                           \
-    } while (0)
-#endif
-
 #ifndef STZ_QF_CLONES /* tests/test_qformat.c builds this file once more without them */
 #define STZ_QF_CLONES STZ_CLONES("arch=x86-64-v4", "avx2", "default")
 #endif

@@ -169,7 +169,12 @@ has "$T/err" "lossless packs standard input" "compress says why quantizing needs
 
 # Policies, quantization, evaluation.
 expect_rc 0 "plan --int4" "$STZ" plan --int4 "$M"
-has "$T/out" "int4/32/nl/u8" "plan action column"
+has "$T/out" "iq4_nl" "plan action column: --int4 is llama.cpp's types"
+has "$T/out" "model.embed_tokens.weight  *BF16  *0  *q5_1 " "--int4 quantizes the embeddings (llama.cpp's fallback for 64-wide rows)"
+expect_rc 0 "plan --policy int4-nl" "$STZ" plan --policy int4-nl "$M"
+has "$T/out" "int4/32/nl/u8" "the old int4 as int4-nl"
+expect_rc 0 "plan --policy gguf-mix4" "$STZ" plan --policy gguf-mix4 "$M"
+has "$T/out" "iq4_nl" "gguf-mix4 is the new int4"
 has "$T/out" "predicted ratio" "plan totals"
 printf '{"default": "int8", "rules": [{"match": "nothing*", "action": "keep"}]}' >"$T/pol.json"
 expect_rc 0 "plan custom policy" "$STZ" plan --policy "$T/pol.json" "$M"
@@ -177,13 +182,16 @@ has "$T/out" "fewer than 2 dimensions" "plan says why 1-D tensors are kept"
 has "$T/err" "rule 0 ('nothing\*') matched no tensor" "plan warns about unused rules"
 expect_rc 0 "plan --json" "$STZ" plan --policy int8 --json "$M"
 has "$T/out" '"predicted_ratio"' "plan json"
-expect_rc 0 "plan --int4 --json" "$STZ" plan --int4 --json "$M"
+expect_rc 0 "plan --policy int4-nl --json" "$STZ" plan --policy int4-nl --json "$M"
 has "$T/out" '"method":[[:space:]]*"nl"' "plan json names the rule's method"
+expect_rc 1 "--int4 --method: no int rule to change" "$STZ" plan --int4 --method mse "$M"
+has "$T/err" "int4 has no int2..int8 rule to change" "--method on llama.cpp's types says so"
+expect_rc 0 "--int4 --set int8 --method" "$STZ" plan --int4 --set 'lm_head.weight=int8' --method mse "$M"
 printf '{"rules": [{"match": "x", "action": "int7"}]}' >"$T/bad.json"
 expect_rc 1 "plan with a bad policy" "$STZ" plan --policy "$T/bad.json" "$M"
 has "$T/err" "rule 0 ('x'): unknown action 'int7'" "policy error names the rule"
 expect_rc 2 "plan without policy" "$STZ" plan "$M"
-expect_rc 0 "quantize --int4" "$STZ" quantize --int4 "$M" -o "$T/q4.safetensors"
+expect_rc 0 "quantize --policy int4-nl" "$STZ" quantize --policy int4-nl "$M" -o "$T/q4.safetensors"
 has "$T/out" "tensors quantized" "quantize summary"
 expect_rc 0 "inspect quantized" "$STZ" inspect "$T/q4.safetensors"
 has "$T/out" "stz.quant.model.layers.0.mlp.up_proj.weight" "quantization metadata"
@@ -234,7 +242,8 @@ has "$T/out" "cosine vs original: weighted mean" "compress reports quality"
 expect_rc 1 "compress over existing" "$STZ" compress --int4 "$M" -o "$T/c4.stz"
 expect_rc 2 "compress without mode" "$STZ" compress "$M" -o "$T/x.stz"
 expect_rc 0 "decompress quantized" "$STZ" decompress "$T/c4.stz" -o "$T/c4.safetensors"
-cmp -s "$T/c4.safetensors" "$T/q4.safetensors" && ok || bad "decompress does not give back the packed quantized file"
+"$STZ" quantize --int4 "$M" -o "$T/q4g.safetensors" -q
+cmp -s "$T/c4.safetensors" "$T/q4g.safetensors" && ok || bad "decompress does not give back the packed quantized file"
 expect_rc 0 "decompress --dequantize" "$STZ" decompress "$T/c4.stz" --dequantize --dtype f32 -o "$T/c4p.safetensors"
 expect_rc 0 "inspect dequantized pipeline" "$STZ" inspect "$T/c4p.safetensors"
 has "$T/out" "model.layers.0.mlp.up_proj.weight  *F32 " "decompressed plain model"
@@ -263,17 +272,20 @@ has "$T/out" "sharded" "sharded summary"
 expect_rc 0 "decompress sharded lossless" "$STZ" decompress "$T/shl.stz" -o "$T/shl"
 diff -r "$T/sh" "$T/shl" >/dev/null && ok || bad "sharded lossless round trip differs"
 expect_rc 1 "sharded output exists" "$STZ" decompress "$T/shl.stz" -o "$T/shl" -f
-expect_rc 0 "compress sharded int4" "$STZ" compress --int4 "$T/sh" -o "$T/sh4.stz"
+expect_rc 0 "compress sharded int4-nl" "$STZ" compress --policy int4-nl "$T/sh" -o "$T/sh4.stz"
 has "$T/sh4.stz/model.safetensors.index.json" '"model.layers.0.mlp.up_proj.weight.scales":[[:space:]]*"model-00001-of-00002.safetensors"' "index lists new names"
 expect_rc 0 "decompress sharded --dequantize" "$STZ" decompress "$T/sh4.stz" --dequantize -o "$T/sh4p"
 has "$T/sh4p/model.safetensors.index.json" '"model.layers.0.mlp.up_proj.weight":[[:space:]]*"model-00001-of-00002.safetensors"' "index back to original names"
 grep -q "scales" "$T/sh4p/model.safetensors.index.json" && bad "dequantized index still lists scales" || ok
 expect_rc 0 "eval a dequantized shard" "$STZ" eval "$T/sh/model-00001-of-00002.safetensors" "$T/sh4p/model-00001-of-00002.safetensors" -q
 # shards in parallel: the same directory for any -T (shards at once, threads inside them)
-expect_rc 0 "compress sharded int4, -T 1" "$STZ" compress --int4 "$T/sh" -o "$T/sh4t1.stz" -T 1 -q
-expect_rc 0 "compress sharded int4, -T 3" "$STZ" compress --int4 "$T/sh" -o "$T/sh4t3.stz" -T 3 -q
+expect_rc 0 "compress sharded int4-nl, -T 1" "$STZ" compress --policy int4-nl "$T/sh" -o "$T/sh4t1.stz" -T 1 -q
+expect_rc 0 "compress sharded int4-nl, -T 3" "$STZ" compress --policy int4-nl "$T/sh" -o "$T/sh4t3.stz" -T 3 -q
 diff -r "$T/sh4t1.stz" "$T/sh4.stz" >/dev/null && diff -r "$T/sh4t3.stz" "$T/sh4.stz" >/dev/null && ok ||
     bad "sharded output depends on -T"
+expect_rc 0 "compress sharded int4, -T 1" "$STZ" compress --int4 "$T/sh" -o "$T/shg1.stz" -T 1 -q
+expect_rc 0 "compress sharded int4, -T 3" "$STZ" compress --int4 "$T/sh" -o "$T/shg3.stz" -T 3 -q
+diff -r "$T/shg1.stz" "$T/shg3.stz" >/dev/null && ok || bad "sharded --int4 (llama.cpp's types) depends on -T"
 expect_rc 0 "decompress sharded, -T 1" "$STZ" decompress "$T/sh4t3.stz" -o "$T/sh4t1d" -T 1 -q
 expect_rc 0 "decompress sharded, -T 2" "$STZ" decompress "$T/sh4t3.stz" -o "$T/sh4t2d" -T 2 -q
 diff -r "$T/sh4t1d" "$T/sh4t2d" >/dev/null && ok || bad "sharded decompress depends on -T"

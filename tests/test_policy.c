@@ -183,7 +183,7 @@ static void test_builtin_policies(void **state)
             stz_policy_free(p);
             continue;
         }
-        if (!strcmp(name, "gguf-mix4")) { /* llama.cpp's types by role, with its fallbacks for narrow rows */
+        if (!strcmp(name, "int4") || !strcmp(name, "gguf-mix4")) { /* llama.cpp's types by role, with its fallbacks for narrow rows */
             static const char *roles[] = {"model.embed_tokens.weight", "tok_embeddings.weight", "lm_head.weight",
                                           "model.layers.3.self_attn.v_proj.weight", "layers.1.attention.wk.weight",
                                           "model.layers.3.self_attn.q_proj.weight", "transformer.h.0.attn.c_attn.weight"};
@@ -199,6 +199,21 @@ static void test_builtin_policies(void **state)
                 assert_int_equal(stz_policy_decide(p, &t).action, narrow[k]);
                 t = mk(roles[k], STZ_DTYPE_BF16, 2, so);
                 assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_BF16); /* no block type takes 172 */
+            }
+            stz_tensor t = mk("model.norm.weight", STZ_DTYPE_F32, 1, s1);
+            assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
+            stz_policy_free(p);
+            continue;
+        }
+        if (!strcmp(name, "int8")) { /* Q8_0 everywhere, embeddings and head included; F16 where rows are not whole blocks */
+            uint64_t s2[2] = {512, 64}, so[2] = {64, 172}, s1[1] = {64};
+            static const char *names[] = {"model.embed_tokens.weight", "lm_head.weight", "tok_embeddings.weight",
+                                          "model.layers.3.self_attn.q_proj.weight", "layers.2.feed_forward.w1.weight"};
+            for (int k = 0; k < 5; k++) {
+                stz_tensor t = mk(names[k], STZ_DTYPE_F32, 2, s2);
+                assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_Q8_0);
+                t = mk(names[k], STZ_DTYPE_F32, 2, so);
+                assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_F16);
             }
             stz_tensor t = mk("model.norm.weight", STZ_DTYPE_F32, 1, s1);
             assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
@@ -241,7 +256,7 @@ static void test_builtin_policies(void **state)
             t = mk(lin[k], STZ_DTYPE_BF16, 2, s2);
             stz_action got = stz_policy_decide(p, &t).action;
             stz_action want = !strcmp(name, "lossless") ? STZ_ACTION_KEEP
-                              : !strcmp(name, "int8")   ? STZ_ACTION_INT8
+                              : !strcmp(name, "int8-b128") ? STZ_ACTION_INT8
                               : !strcmp(name, "int5")   ? STZ_ACTION_INT5
                                                         : STZ_ACTION_INT4;
             if (got != want)
@@ -253,7 +268,10 @@ static void test_builtin_policies(void **state)
         }
         stz_policy_free(p);
     }
-    assert_int_equal(n, 9);
+    assert_int_equal(n, 11);
+    /* the old names read the old rules */
+    const char *a = stz_policy_builtin_text("gguf-mix4"), *b = stz_policy_builtin_text("int4");
+    assert_true(a && b && !strcmp(a, b));
     stz_policy *p;
     stz_err err;
     assert_int_equal(stz_policy_load(&p, "no-such-policy", &err), STZ_E_IO);

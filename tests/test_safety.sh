@@ -12,8 +12,9 @@ MEMCAP="ulimit -v 400000;"
 
 "$STZ" synth tiny -o "$T/m.safetensors" -q
 M=$T/m.safetensors
-"$STZ" quantize --int4 "$M" -o "$T/q.safetensors" -q
-"$STZ" compress --int4 "$M" -o "$T/q.stz" -q
+# the nl file with .scales companions that the hostile-metadata checks edit
+"$STZ" quantize --policy int4-nl "$M" -o "$T/q.safetensors" -q
+"$STZ" compress --policy int4-nl "$M" -o "$T/q.stz" -q
 
 # 1. An output that is the input, by name, symlink or hard link: refused on
 # every path, the input unchanged.
@@ -187,10 +188,14 @@ has "$T/err" "svd factors do not match rank" "svd shapes"
 [ -e "$T/x.safetensors" ] && bad "output written for refused metadata" || ok
 # Values, scales and SVD factors must have the writer's shapes, not only its
 # element counts; one place for the scales; svd_method and scale_base known.
-"$STZ" quantize --int8 "$M" -o "$T/q8.safetensors" -q
+"$STZ" quantize --policy int8-b128 "$M" -o "$T/q8.safetensors" -q
 reshape "$T/q8.safetensors" "$T/tr.safetensors" "$W" '[64, 172]'
 expect_rc 1 "transposed codes" "$STZ" dequantize "$T/tr.safetensors" -o "$T/x.safetensors"
 has "$T/err" "values do not match the recorded shape" "names the shape"
+"$STZ" quantize --int8 "$M" -o "$T/g8.safetensors" -q # Q8_0 blocks: [172, 68] bytes
+reshape "$T/g8.safetensors" "$T/tr.safetensors" "$W" '[68, 172]'
+expect_rc 1 "transposed Q8_0 blocks" "$STZ" dequantize "$T/tr.safetensors" -o "$T/x.safetensors"
+has "$T/err" "$W" "names the tensor of the transposed blocks"
 reshape "$T/q8.safetensors" "$T/tr.safetensors" "$W.scales" '[172]'
 expect_rc 1 "flattened scales" "$STZ" dequantize "$T/tr.safetensors" -o "$T/x.safetensors"
 has "$T/err" "scales tensor '$W.scales' is missing or has the wrong dtype or size" "names the scales"
@@ -504,7 +509,7 @@ expect_rc 0 "plan an svd rule's fallback" "$STZ" plan --policy "$T/svdf.json" "$
 has "$T/out" "rank-60 factors would not be smaller: int4/32/mse instead" "the fallback's parameters shown"
 
 # 17. Command-line rules; shipped policies shown; conflicting flags refused.
-expect_rc 0 "--set and --keep" "$STZ" plan --int4 --keep 'model.layers.0.*' --set '*.down_proj.weight=int8:block_size=32' --json "$M"
+expect_rc 0 "--set and --keep" "$STZ" plan --policy int4-nl --keep 'model.layers.0.*' --set '*.down_proj.weight=int8:block_size=32' --json "$M"
 python3 - "$T/out" <<'PY' && ok || bad "--set/--keep decisions"
 import json, sys
 d = {t["name"]: t for t in json.load(open(sys.argv[1]))["tensors"]}
@@ -512,7 +517,7 @@ assert d["model.layers.0.mlp.up_proj.weight"]["action"] == "keep"
 assert d["model.layers.1.mlp.down_proj.weight"]["action"] == "int8" and d["model.layers.1.mlp.down_proj.weight"]["block_size"] == 32
 assert d["model.layers.1.mlp.up_proj.weight"]["action"] == "int4"
 PY
-expect_rc 0 "--method --block-size" "$STZ" plan --int4 --method mse --block-size 32 --json "$M"
+expect_rc 0 "--method --block-size" "$STZ" plan --policy int4-nl --method mse --block-size 32 --json "$M"
 has "$T/out" '"method":[[:space:]]*"mse"' "method applied"
 has "$T/out" '"block_size":[[:space:]]*32' "block size applied"
 expect_rc 2 "--int4 --int8" "$STZ" quantize --int4 --int8 "$M" -o "$T/x.safetensors"

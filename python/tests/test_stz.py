@@ -42,8 +42,10 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("py")
     m = d / "tiny.safetensors"
     run("synth", "tiny", "-o", m, "-q")
-    run("quantize", "--int4", m, "-o", d / "q.safetensors", "-q")
-    run("dequantize", d / "q.safetensors", "--dtype", "f32", "-o", d / "q.f32.safetensors", "-q")
+    run("quantize", "--int4", m, "-o", d / "q.safetensors", "-q")  # llama.cpp's types
+    run("quantize", "--policy", "int4-nl", m, "-o", d / "qnl.safetensors", "-q")  # stz's nl codes and .scales
+    for q in ("q", "qnl"):
+        run("dequantize", d / (q + ".safetensors"), "--dtype", "f32", "-o", d / (q + ".f32.safetensors"), "-q")
     run("compress", "--lossless", m, "-o", d / "m.stz", "-q")
     run("compress", "--int4", m, "-o", d / "q.stz", "-q")
     return d
@@ -56,13 +58,15 @@ def test_plain_file_equals_reference(files):
         assert got[k].dtype == np.float32 and np.array_equal(got[k], want[k]), k
 
 
-def test_quantized_file_equals_stz_dequantize(files):
-    got, want = stz.load_file(files / "q.safetensors"), raw_load(files / "q.f32.safetensors")
+@pytest.mark.parametrize("q", ["q", "qnl"])
+def test_quantized_file_equals_stz_dequantize(files, q):
+    got, want = stz.load_file(files / (q + ".safetensors")), raw_load(files / (q + ".f32.safetensors"))
     assert set(got) == set(want)
     for k in want:
         assert got[k].shape == want[k].shape and np.array_equal(got[k], want[k]), k
-    raw = stz.load_file(files / "q.safetensors", dequantize=False)
-    assert any(k.endswith(".scales") for k in raw) and raw["model.layers.0.mlp.up_proj.weight"].dtype == np.uint8
+    raw = stz.load_file(files / (q + ".safetensors"), dequantize=False)
+    assert any(k.endswith(".scales") for k in raw) == (q == "qnl")
+    assert raw["model.layers.0.mlp.up_proj.weight"].dtype == np.uint8
 
 
 def test_containers(files):
