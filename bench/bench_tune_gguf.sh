@@ -55,9 +55,12 @@ for row in "iq4_nl 242432 0.0658 0.8" "iq4_nl-mix 258816 0.0422 0.5" "q5_0-mix 2
     awk -v n="$1" -v pb="$pb" -v pk="$pk" -v ab="$2" -v ak="$3" -v tb="$tb" -v tk="$tk" -v t="$4" \
         'BEGIN { printf "| %s | %d | %.4g | %d / %s | %d | %.4g | %.2fx | <= %sx |\n", n, pb, pk, ab, ak, tb, tk, tk / pk, t }'
 done
-"$STZ" quantize "$M" --policy gguf-mix4 -o "$WORK/mix4.safetensors" -f -q
-"$STZ" export --gguf "$WORK/mix4.safetensors" --tokenizer "$TOK" -o "$WORK/mix4.gguf" -f -q
+"$STZ" compress "$M" --int4 -o "$WORK/int4.stz" -f -q
+"$STZ" export --gguf "$WORK/int4.stz" --tokenizer "$TOK" -o "$WORK/int4.gguf" -f -q
+ib=$(wc -c <"$WORK/int4.gguf") ik=$(kl "$WORK/int4.gguf")
 echo
-echo "The shipped gguf-mix4 policy, no importance matrix: $(wc -c <"$WORK/mix4.gguf") bytes, mean KL $(kl "$WORK/mix4.gguf")"
-echo "(against the IQ4_NL mix above with its importance matrix; the defaults target: <= 258816 bytes, KL <= 0.8x the mix)"
+echo "The shipped default: stz compress --int4, then stz export --gguf (no --requantize), no importance matrix:"
+awk -v b="$ib" -v k="$ik" 'BEGIN { printf "%d bytes (target <= 258816), mean KL %.4g = %.2fx the anchor IQ4_NL mix'"'"'s 0.0422 (target <= 0.8x): %s\n",
+    b, k, k / 0.0422, b <= 258816 && k <= 0.8 * 0.0422 ? "PASS" : "FAIL" }'
+
 rm -rf "$WORK"
