@@ -106,7 +106,7 @@ enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_
         {"block-size", required_argument, 0, CLI_OPT_BLOCK}, {"imatrix", required_argument, 0, CLI_OPT_IMATRIX}
 #define CLI_POLICY_HELP                                                                                        \
     "  --policy P          policy file or shipped name (stz policy list)\n"                                  \
-    "  --int8, --int4      the shipped int8 / int4 policies\n"                                               \
+    "  --int8, --int4      the shipped int8 / int4 policies: llama.cpp's Q8_0 / a Q5_K-Q6_K-IQ4_NL mix\n"        \
     "  --keep PATTERN      keep the tensors PATTERN matches (before the policy's rules)\n"                   \
     "  --set PAT=ACTION[:key=value...]  a rule before the policy's, e.g. 'lm_head.weight=int8:block_size=32'\n" \
     "  --method M          absmax, mse, full, asym, nl or nl-fit for every int2..int8 rule\n"                                         \

@@ -18,15 +18,15 @@ static const char plan_help[] =
     "the rule that matched (first match wins), the action, and the bytes\n"
     "before and after; then totals and the predicted ratio (before packing).\n"
     "Warns about rules that match no tensor. P is a policy file or a shipped\n"
-    "policy name: int8, int4, int4-small, lossless, gpt-neo-surgical.\n\n"
+    "policy name: int8, int4, int4-nl, int8-b128, int4-small, lossless, ... (stz policy list).\n\n"
  CLI_POLICY_HELP
     "  --json              print the plan as JSON\n"
     "  -h, --help   this text\n";
 
 static const char quantize_help[] =
     "usage: stz quantize (--policy P | --int8 | --int4) IN.safetensors -o OUT.safetensors [options]\n\n"
-    "Quantizes the tensors the policy selects to INT8 or INT4 (block-wise\n"
-    "absmax, or the lower-error \"mse\" method), tensor by tensor; kept tensors\n"
+    "Quantizes the tensors the policy selects to 2-8 bits (block-wise, stz's\n"
+    "methods or llama.cpp's types), tensor by tensor; kept tensors\n"
     "are copied byte for byte. OUT is a normal SafeTensors file whose\n"
     "__metadata__ records how each tensor was quantized (docs/FORMAT.md).\n\n"
     "  -o, --output FILE   where to write (required)\n"

@@ -98,7 +98,12 @@ typedef struct {
     double w, x, l, ll, xl; /* sum w, w x, w l, w l^2, w x l (l = level of the code) */
 } sums;
 
-static inline double lanes_sum(v8f v) { return (((double)v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+/* By pointer: a vector argument would pass in AVX registers from the avx2
+ * clone and in memory to a callee built without AVX when not inlined (-O0). */
+static inline double lanes_sum(const v8f *v)
+{
+    return (((double)(*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3])) + (((*v)[4] + (*v)[5]) + ((*v)[6] + (*v)[7]));
+}
 
 /* Eight lanes of float sums (a (sub-)block is short), added in double in
  * a fixed order. */
@@ -116,7 +121,7 @@ STZ_GQ_CLONES static sums sums_of(const codes *c, const float *x, const float *w
         l = c->nl ? pick2(l0, l1, q) : __builtin_convertvector(q, v8f), wl = wv * l;
         sw += wv, sx += wv * xv, sl += wl, sll += wl * l, sxl += wl * xv;
     }
-    return (sums){lanes_sum(sw), lanes_sum(sx), lanes_sum(sl), lanes_sum(sll), lanes_sum(sxl)};
+    return (sums){lanes_sum(&sw), lanes_sum(&sx), lanes_sum(&sl), lanes_sum(&sll), lanes_sum(&sxl)};
 }
 
 /* The least-squares D (and M if with_min; mmax caps M, for the k-quants'
