@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 int stz_pread_full(int fd, void *buf, size_t n, uint64_t off)
@@ -255,9 +256,11 @@ static void clear_dir_raw(int fd, int depth)
     }
 }
 
-void stz_tmp_cleanup_all(void)
+/* One pass over the tracked paths; 1 if a directory is left that is not
+ * empty. */
+static int cleanup_pass(void)
 {
-    int saved = errno;
+    int left = 0;
     for (int i = 0; i < TMP_SLOTS; i++) {
         char *p = tmp_slots[i];
         if (!p || unlink(p) == 0 || errno != EISDIR)
@@ -267,8 +270,21 @@ void stz_tmp_cleanup_all(void)
             clear_dir_raw(fd, 0);
             close(fd);
         }
-        rmdir(p);
+        left |= rmdir(p) != 0 && (errno == ENOTEMPTY || errno == EEXIST);
     }
+    return left;
+}
+
+/* Other threads run on while a signal handler cleans up: one that began a
+ * shard (or a copied file) just before the signal can put it into a
+ * temporary directory after the pass emptied it. The pass is repeated while
+ * a directory is left, every millisecond for up to a second, by when the
+ * threads have seen the first signal's interrupt and stopped. */
+void stz_tmp_cleanup_all(void)
+{
+    int saved = errno;
+    for (int pass = 0; pass < 1000 && cleanup_pass(); pass++)
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
     errno = saved;
 }
 

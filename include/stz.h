@@ -131,7 +131,8 @@ typedef int (*stz_progress_fn)(void *user, uint64_t done, uint64_t total);
  * directory and renamed at the end. stz_tmp_cleanup_all() removes the
  * temporary files and directories still open in this process; it is
  * async-signal-safe (system calls only, no allocation), so a SIGINT/SIGTERM
- * handler may call it before exiting.
+ * handler may call it before exiting. While other threads still put files
+ * into a temporary directory it empties it again, for up to a second.
  */
 STZ_API void stz_tmp_cleanup_all(void);
 
