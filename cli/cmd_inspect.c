@@ -1,5 +1,7 @@
 /* stz inspect: what a model file holds. */
 #include "cli.h"
+#include "gguf/gguf_layout.h"
+#include "pack/pack_internal.h"
 #include "stz_pack.h"
 #include "stz_model.h"
 #include "stz_pipeline.h"
@@ -210,14 +212,21 @@ static void print_table(const stz_reader *r)
         cli_print_meta(stz_reader_meta_key(r, i), stz_reader_meta_value(r, i));
 }
 
-/* Per-tensor and per-(dtype, plane) sums over a container's chunks. */
+/* Per-tensor and per-kind (dtype, or llama.cpp type) sums over a
+ * container's chunks: the planes of the transform of its first chunk, and
+ * apart (`other`) the chunks coded another way (zstd on the unsplit bytes,
+ * a GGUF tensor's padding). */
 typedef struct {
-    uint64_t bytes, stored, raw[STZ_MAX_PLANES], zipped[STZ_MAX_PLANES];
+    uint64_t bytes, stored, raw[STZ_MAX_PLANES], zipped[STZ_MAX_PLANES], other_raw, other_stored;
     unsigned codecs[STZ_MAX_PLANES]; /* bit mask of codecs used */
-    int nplanes;
+    int nplanes, set;
+    stz_xform xform;
+    int block_type;
 } tsum;
 
-static const char *const plane_names[STZ_XFORM_COUNT][STZ_MAX_PLANES] = {
+#define KINDS (STZ_DTYPE_COUNT + 256) /* dtypes, then ggml types */
+
+static const char *const plane_names[STZ_XFORM_GGML][STZ_MAX_PLANES] = {
     [STZ_XFORM_NONE] = {"bytes"},
     [STZ_XFORM_BF16] = {"exponent", "sign+mantissa"},
     [STZ_XFORM_F16] = {"exponent", "sign+mantissa-hi", "mantissa-lo"},
@@ -226,6 +235,13 @@ static const char *const plane_names[STZ_XFORM_COUNT][STZ_MAX_PLANES] = {
     [STZ_XFORM_BYTES4] = {"byte0", "byte1", "byte2", "byte3"},
     [STZ_XFORM_BYTES8] = {"byte0", "byte1", "byte2", "byte3", "byte4", "byte5", "byte6", "byte7"},
 };
+
+static const char *plane_name(const tsum *t, int k, char *buf, size_t cap)
+{
+    if (t->xform == STZ_XFORM_GGML)
+        return stz_blocks_plane_name(t->block_type, k, buf, cap);
+    return t->xform < STZ_XFORM_GGML && plane_names[t->xform][k] ? plane_names[t->xform][k] : "?";
+}
 
 static void codec_list(unsigned mask, char *buf, size_t cap)
 {
@@ -237,14 +253,45 @@ static void codec_list(unsigned mask, char *buf, size_t cap)
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
 
-/* A container's figures: per tensor and per dtype, bytes and stored bytes
- * of the whole and of each plane, and the codecs used. */
+/* A container's figures: per tensor and per kind, bytes and stored bytes
+ * of the whole and of each plane, and the codecs used. gguf: the original
+ * GGUF's header (its tensors' types and shapes, its keys), or NULL. */
 typedef struct {
     stz_container *c;
     const stz_reader *h;
+    stz_gguf *gguf;
+    const stz_gguf_tensor **gt; /* per tensor of h: the GGUF tensor of that name, or NULL */
     size_t nt;
-    tsum *ts, by_dtype[STZ_DTYPE_COUNT];
+    tsum *ts, by_kind[KINDS];
 } csum;
+
+static void add_chunk(tsum *t, const stz_chunk_info *ch, const stz_chunk_planes *pl)
+{
+    t->stored += ch->record_size, t->bytes += ch->raw_size;
+    if (!t->set)
+        t->set = 1, t->xform = pl->xform, t->block_type = pl->block_type, t->nplanes = pl->nplanes;
+    if (pl->xform != t->xform || pl->block_type != t->block_type) {
+        t->other_raw += ch->raw_size, t->other_stored += ch->record_size;
+        return;
+    }
+    for (int k = 0; k < pl->nplanes; k++) {
+        t->raw[k] += pl->raw[k], t->zipped[k] += pl->stored[k];
+        t->codecs[k] |= 1u << pl->codec[k];
+    }
+}
+
+/* The kind a tensor's sums go under, and its name. */
+static int kind_of(const csum *s, size_t i)
+{
+    const stz_gguf_tensor *g = s->gt ? s->gt[i] : NULL;
+    return g && stz_ggml_type_name(g->type) && (unsigned)g->type < 256 ? STZ_DTYPE_COUNT + g->type
+                                                                       : (int)stz_reader_tensor(s->h, i)->dtype;
+}
+
+static const char *kind_name(int k)
+{
+    return k < STZ_DTYPE_COUNT ? stz_dtype_name((stz_dtype)k) : stz_ggml_type_name(k - STZ_DTYPE_COUNT);
+}
 
 static stz_status sum_chunks(csum *s, stz_err *err)
 {
@@ -254,36 +301,80 @@ static stz_status sum_chunks(csum *s, stz_err *err)
         stz_status st = stz_container_planes(s->c, i, &pl, err);
         if (st)
             return st;
-        tsum *t = &s->ts[ch->tensor], *d = &s->by_dtype[stz_reader_tensor(s->h, ch->tensor)->dtype];
-        t->stored += ch->record_size, d->stored += ch->record_size;
-        t->bytes += ch->raw_size, d->bytes += ch->raw_size;
-        t->nplanes = d->nplanes = pl.nplanes;
-        for (int k = 0; k < pl.nplanes; k++) {
-            t->raw[k] += pl.raw[k], d->raw[k] += pl.raw[k];
-            t->zipped[k] += pl.stored[k], d->zipped[k] += pl.stored[k];
-            t->codecs[k] |= 1u << pl.codec[k], d->codecs[k] |= 1u << pl.codec[k];
-        }
+        add_chunk(&s->ts[ch->tensor], ch, &pl);
+        add_chunk(&s->by_kind[kind_of(s, ch->tensor)], ch, &pl);
     }
     return STZ_OK;
 }
 
-static cJSON *tensor_json(const stz_tensor *t, const tsum *ts)
+/* A GGUF container: its header, and each tensor's GGUF entry. */
+static stz_status open_gguf_view(csum *s, const char *path, stz_err *err)
+{
+    size_t len;
+    int gguf;
+    const uint8_t *img = stz_container_original_header(s->c, &len, &gguf);
+    if (!gguf)
+        return STZ_OK;
+    stz_status st = stz_gguf_parse_layout(&s->gguf, img, len, stz_container_original_size(s->c), path, err);
+    if (!st && !(s->gt = calloc(s->nt + 1, sizeof *s->gt)))
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", path, s->nt);
+    for (size_t i = 0; !st && i < stz_gguf_tensor_count(s->gguf); i++) {
+        const stz_gguf_tensor *t = stz_gguf_tensor_at(s->gguf, i);
+        long k = stz_reader_find(s->h, t->name);
+        if (k >= 0)
+            s->gt[k] = t;
+    }
+    return st;
+}
+
+/* Type and shape columns: the GGUF's (ne0 first) for a GGUF container. */
+static void type_and_shape(const csum *s, size_t i, const char **type, char *shape, size_t cap)
+{
+    const stz_tensor *t = stz_reader_tensor(s->h, i);
+    const stz_gguf_tensor *g = s->gt ? s->gt[i] : NULL;
+    *type = stz_dtype_name(t->dtype);
+    if (!g) {
+        shape_str(t, shape, cap);
+        return;
+    }
+    *type = stz_ggml_type_name(g->type) ? stz_ggml_type_name(g->type) : "?";
+    size_t o = (size_t)snprintf(shape, cap, "[");
+    for (uint32_t d = 0; d < g->ndim && o < cap; d++)
+        o += (size_t)snprintf(shape + o, cap - o, "%s%llu", d ? ", " : "", (unsigned long long)g->ne[d]);
+    if (o < cap)
+        snprintf(shape + o, cap - o, "]");
+}
+
+static cJSON *plane_json(const char *name, unsigned codecs, uint64_t raw, uint64_t stored)
 {
     char cod[64];
+    cJSON *q = cJSON_CreateObject();
+    codec_list(codecs, cod, sizeof cod);
+    cJSON_AddStringToObject(q, "name", name);
+    cJSON_AddStringToObject(q, "codec", cod);
+    cJSON_AddNumberToObject(q, "bytes", (double)raw);
+    cJSON_AddNumberToObject(q, "stored", (double)stored);
+    return q;
+}
+
+static cJSON *tensor_json(const csum *s, size_t i)
+{
+    char pn[32], shape[256];
+    const stz_tensor *t = stz_reader_tensor(s->h, i);
+    const tsum *ts = &s->ts[i];
+    const char *type;
     cJSON *e = cJSON_CreateObject(), *pls = cJSON_CreateArray();
+    type_and_shape(s, i, &type, shape, sizeof shape);
     cJSON_AddStringToObject(e, "name", t->name);
     cJSON_AddStringToObject(e, "dtype", stz_dtype_name(t->dtype));
+    if (s->gt && s->gt[i])
+        cJSON_AddStringToObject(e, "type", type);
     cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
     cJSON_AddNumberToObject(e, "stored", (double)ts->stored);
-    for (int k = 0; k < ts->nplanes; k++) {
-        cJSON *q = cJSON_CreateObject();
-        codec_list(ts->codecs[k], cod, sizeof cod);
-        cJSON_AddStringToObject(q, "name", plane_names[stz_xform_for_dtype(t->dtype)][k]);
-        cJSON_AddStringToObject(q, "codec", cod);
-        cJSON_AddNumberToObject(q, "bytes", (double)ts->raw[k]);
-        cJSON_AddNumberToObject(q, "stored", (double)ts->zipped[k]);
-        cJSON_AddItemToArray(pls, q);
-    }
+    for (int k = 0; k < ts->nplanes; k++)
+        cJSON_AddItemToArray(pls, plane_json(plane_name(ts, k, pn, sizeof pn), ts->codecs[k], ts->raw[k], ts->zipped[k]));
+    if (ts->other_raw)
+        cJSON_AddItemToArray(pls, plane_json("other", 0, ts->other_raw, ts->other_stored));
     cJSON_AddItemToObject(e, "planes", pls);
     return e;
 }
@@ -302,16 +393,17 @@ static cJSON *container_json(const csum *s, const char *path, int *rc)
     cJSON_AddNumberToObject(o, "ratio", ratio(orig, size));
     cJSON_AddNumberToObject(o, "chunk_size", stz_container_chunk_size(s->c));
     cJSON_AddNumberToObject(o, "chunks", (double)stz_container_chunk_count(s->c));
+    cJSON_AddStringToObject(o, "original_format", s->gguf ? "gguf" : "safetensors");
     for (size_t i = 0; i < s->nt; i++)
-        cJSON_AddItemToArray(arr, tensor_json(stz_reader_tensor(s->h, i), &s->ts[i]));
-    for (int d = 0; d < STZ_DTYPE_COUNT; d++) {
-        if (!s->by_dtype[d].stored)
+        cJSON_AddItemToArray(arr, tensor_json(s, i));
+    for (int d = 0; d < KINDS; d++) {
+        if (!s->by_kind[d].stored)
             continue;
         cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "bytes", (double)s->by_dtype[d].bytes);
-        cJSON_AddNumberToObject(e, "stored", (double)s->by_dtype[d].stored);
-        cJSON_AddNumberToObject(e, "ratio", ratio(s->by_dtype[d].bytes, s->by_dtype[d].stored));
-        cJSON_AddItemToObject(dts, stz_dtype_name((stz_dtype)d), e);
+        cJSON_AddNumberToObject(e, "bytes", (double)s->by_kind[d].bytes);
+        cJSON_AddNumberToObject(e, "stored", (double)s->by_kind[d].stored);
+        cJSON_AddNumberToObject(e, "ratio", ratio(s->by_kind[d].bytes, s->by_kind[d].stored));
+        cJSON_AddItemToObject(dts, kind_name(d), e);
     }
     cJSON_AddItemToObject(o, "tensors", arr);
     cJSON_AddItemToObject(o, "dtypes", dts);
@@ -319,47 +411,59 @@ static cJSON *container_json(const csum *s, const char *path, int *rc)
     cJSON *md = cJSON_CreateObject();
     for (size_t i = 0; i < stz_reader_meta_count(s->h); i++)
         cJSON_AddStringToObject(md, stz_reader_meta_key(s->h, i), stz_reader_meta_value(s->h, i));
+    for (size_t i = 0; s->gguf && i < stz_gguf_kv_count(s->gguf); i++)
+        cJSON_AddStringToObject(md, stz_gguf_kv_key(s->gguf, i), stz_gguf_kv_text(s->gguf, i));
     cJSON_AddItemToObject(o, "metadata", md);
     if (has_quant_meta(s->h) && quant_view(s->h, o, &err))
         *rc = cli_fail(&err), cJSON_Delete(o), o = NULL;
     return o;
 }
 
-/* The table of tensors, then the figures by dtype and plane. */
+static void print_planes(const tsum *t, const char *indent)
+{
+    char a[32], b[32], cod[64], pn[32];
+    for (int k = 0; k < t->nplanes; k++) {
+        codec_list(t->codecs[k], cod, sizeof cod);
+        if (indent)
+            printf("%s%-17s %18s -> %18s bytes  %.3fx  %s\n", indent, plane_name(t, k, pn, sizeof pn),
+                   cli_commas(a, t->raw[k]), cli_commas(b, t->zipped[k]), ratio(t->raw[k], t->zipped[k]), cod);
+        else
+            printf(" %s:%s %.2fx", plane_name(t, k, pn, sizeof pn), cod, ratio(t->raw[k], t->zipped[k]));
+    }
+    if (t->other_raw && indent)
+        printf("%s%-17s %18s -> %18s bytes  %.3fx\n", indent, "other", cli_commas(a, t->other_raw),
+               cli_commas(b, t->other_stored), ratio(t->other_raw, t->other_stored));
+    else if (t->other_raw)
+        printf(" other %.2fx", ratio(t->other_raw, t->other_stored));
+}
+
+/* The table of tensors, then the figures by kind and plane. */
 static void container_table(const csum *s)
 {
-    char a[32], b[32], shape[256], cod[64];
+    char a[32], b[32], shape[256];
+    const char *type;
     size_t w = 4;
     for (size_t i = 0; i < s->nt; i++)
         w = strlen(stz_reader_tensor(s->h, i)->name) > w ? strlen(stz_reader_tensor(s->h, i)->name) : w;
     w = w > 64 ? 64 : w;
-    printf("%-*s  %-7s  %-16s  %13s  %13s  %7s  planes (codec ratio)\n", (int)w, "name", "dtype", "shape", "bytes",
-           "stored", "ratio");
+    printf("%-*s  %-7s  %-16s  %13s  %13s  %7s  planes (codec ratio)\n", (int)w, "name", s->gguf ? "type" : "dtype",
+           "shape", "bytes", "stored", "ratio");
     for (size_t i = 0; i < s->nt; i++) {
         const stz_tensor *t = stz_reader_tensor(s->h, i);
-        const tsum *ts = &s->ts[i];
-        shape_str(t, shape, sizeof shape);
-        printf("%-*s  %-7s  %-16s  %13s  %13s  %6.3fx ", (int)w, t->name, stz_dtype_name(t->dtype), shape,
-               cli_commas(a, t->end - t->begin), cli_commas(b, ts->stored), ratio(t->end - t->begin, ts->stored));
-        for (int k = 0; k < ts->nplanes; k++) {
-            codec_list(ts->codecs[k], cod, sizeof cod);
-            printf(" %s:%s %.2fx", plane_names[stz_xform_for_dtype(t->dtype)][k], cod, ratio(ts->raw[k], ts->zipped[k]));
-        }
+        type_and_shape(s, i, &type, shape, sizeof shape);
+        printf("%-*s  %-7s  %-16s  %13s  %13s  %6.3fx ", (int)w, t->name, type, shape, cli_commas(a, t->end - t->begin),
+               cli_commas(b, s->ts[i].stored), ratio(t->end - t->begin, s->ts[i].stored));
+        print_planes(&s->ts[i], NULL);
         printf("\n");
     }
-    printf("\nby dtype and plane:\n");
-    for (int d = 0; d < STZ_DTYPE_COUNT; d++) {
-        const tsum *s2 = &s->by_dtype[d];
-        if (!s2->stored)
+    printf("\nby %s and plane:\n", s->gguf ? "type" : "dtype");
+    for (int d = 0; d < KINDS; d++) {
+        const tsum *k = &s->by_kind[d];
+        if (!k->stored)
             continue;
-        stz_xform x = stz_xform_for_dtype((stz_dtype)d);
-        printf("  %-7s %18s -> %18s bytes  %.3fx\n", stz_dtype_name((stz_dtype)d), cli_commas(a, s2->bytes),
-               cli_commas(b, s2->stored), ratio(s2->bytes, s2->stored));
-        for (int k = 0; k < s2->nplanes; k++) {
-            codec_list(s2->codecs[k], cod, sizeof cod);
-            printf("    %-17s %18s -> %18s bytes  %.3fx  %s\n", plane_names[x][k], cli_commas(a, s2->raw[k]),
-                   cli_commas(b, s2->zipped[k]), ratio(s2->raw[k], s2->zipped[k]), cod);
-        }
+        printf("  %-7s %18s -> %18s bytes  %.3fx\n", kind_name(d), cli_commas(a, k->bytes), cli_commas(b, k->stored),
+               ratio(k->bytes, k->stored));
+        print_planes(k, "    ");
     }
 }
 
@@ -372,7 +476,9 @@ static int inspect_container(const char *path, cJSON **json)
     s.h = stz_container_header(s.c);
     s.nt = stz_reader_count(s.h);
     int rc = CLI_OK;
-    if (!(s.ts = calloc(s.nt + 1, sizeof *s.ts))) {
+    if (open_gguf_view(&s, path, &err)) {
+        rc = cli_fail(&err);
+    } else if (!(s.ts = calloc(s.nt + 1, sizeof *s.ts))) {
         stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for %zu tensors' figures", path, s.nt);
         rc = cli_fail(&err);
     } else if (sum_chunks(&s, &err)) {
@@ -382,19 +488,24 @@ static int inspect_container(const char *path, cJSON **json)
     } else {
         char a[32], b[32];
         uint64_t orig = stz_container_original_size(s.c), size = stz_container_file_size(s.c);
-        printf("%s: stz container v%d, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n", path,
-               STZ_PACK_FORMAT_VERSION, s.nt, cli_commas(a, orig), cli_commas(b, size), ratio(orig, size),
+        printf("%s: stz container v%d%s, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n",
+               path, STZ_PACK_FORMAT_VERSION, s.gguf ? " of a GGUF file" : "", s.nt, cli_commas(a, orig),
+               cli_commas(b, size), ratio(orig, size),
                stz_container_chunk_count(s.c), stz_container_chunk_size(s.c),
                has_quant_meta(s.h) ? "lossy: holds a model quantized by stz (decompress --dequantize gives floats back)"
                                    : "lossless: unpacks to the original file byte for byte");
         container_table(&s);
-        printf("\nmetadata:%s\n", stz_reader_meta_count(s.h) ? "" : " (none)");
+        printf("\nmetadata:%s\n", stz_reader_meta_count(s.h) || s.gguf ? "" : " (none)");
         for (size_t i = 0; i < stz_reader_meta_count(s.h); i++)
             cli_print_meta(stz_reader_meta_key(s.h, i), stz_reader_meta_value(s.h, i));
+        for (size_t i = 0; s.gguf && i < stz_gguf_kv_count(s.gguf); i++)
+            cli_print_meta(stz_gguf_kv_key(s.gguf, i), stz_gguf_kv_text(s.gguf, i));
         if (has_quant_meta(s.h) && quant_view(s.h, NULL, &err))
             rc = cli_fail(&err);
     }
     free(s.ts);
+    free(s.gt);
+    stz_gguf_free(s.gguf);
     stz_container_free(s.c);
     return rc;
 }

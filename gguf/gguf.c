@@ -1,6 +1,7 @@
 /* GGUF: the key/value builder and a strict reader
  * (see stz_gguf.h). All integers in a GGUF file are little-endian. */
 #include "gguf_format.h"
+#include "gguf_layout.h"
 #include "core/stz_core.h"
 
 #include <errno.h>
@@ -110,6 +111,9 @@ struct stz_gguf {
     stz_gguf_tensor *t;
     size_t nt, t_cap;
     char **names;
+    int lenient;   /* stz_gguf_layout: any type, offset and alignment */
+    uint64_t data; /* where the data section starts */
+    uint64_t size; /* of the file */
 };
 
 typedef struct {
@@ -317,6 +321,8 @@ static stz_status read_tensor_info(stz_gguf *g, cur *c, const char *path, stz_er
     const stz_ggml_traits *ty = stz_ggml_traits_of(t->type);
     if (c->bad)
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info '%s' runs past the end of the file", path, t->name);
+    if (g->lenient && (!ty || t->ne[0] % ty->block || numel / ty->block > UINT64_MAX / ty->bytes))
+        return STZ_OK; /* a layout only: its size is not needed */
     if (!ty) /* its size is unknown, so nothing after it can be checked */
         return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown ggml type %u", path, t->name,
                            (unsigned)t->type);
@@ -387,10 +393,16 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     uint64_t data = (c->at + align - 1) / align * align;
     if (data > fsize)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its header", path);
+    g->data = data, g->size = fsize;
+    if (g->lenient) { /* offsets made absolute; those past the end of the file stay past it */
+        for (size_t i = 0; i < g->nt; i++)
+            g->t[i].offset = g->t[i].offset > UINT64_MAX - data ? UINT64_MAX : g->t[i].offset + data;
+        return STZ_OK;
+    }
     return check_data(g, data, align, path, fsize, err);
 }
 
-stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err)
+static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_err *err)
 {
     *out = NULL;
     int fd;
@@ -410,6 +422,7 @@ stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err)
             st = stz_err_set(err, STZ_E_IO, "%s: read failed", path);
         else {
             cur c = {buf, n, 0, 0};
+            g->lenient = lenient;
             st = parse(g, &c, path, fsize, err);
         }
         free(buf);
@@ -420,6 +433,82 @@ stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err)
         return st;
     }
     *out = g;
+    return STZ_OK;
+}
+
+stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 0, err); }
+stz_status stz_gguf_open_layout(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 1, err); }
+
+stz_status stz_gguf_parse_layout(stz_gguf **out, const uint8_t *img, size_t n, uint64_t fsize, const char *label,
+                                 stz_err *err)
+{
+    stz_gguf *g = calloc(1, sizeof *g);
+    if (!(*out = g))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the GGUF header");
+    g->lenient = 1;
+    cur c = {img, n, 0, 0};
+    stz_status st = parse(g, &c, label, fsize, err);
+    if (!st && g->data != n)
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: GGUF header of %zu bytes declares its data at %llu", label, n,
+                         (unsigned long long)g->data);
+    if (st) {
+        stz_gguf_free(g);
+        *out = NULL;
+    }
+    return st;
+}
+
+uint64_t stz_gguf_data_offset(const stz_gguf *g) { return g->data; }
+uint64_t stz_gguf_file_size(const stz_gguf *g) { return g->size; }
+
+static int by_start(const void *a, const void *b)
+{
+    const stz_gguf_tensor *x = *(const stz_gguf_tensor *const *)a, *y = *(const stz_gguf_tensor *const *)b;
+    return x->offset != y->offset ? (x->offset < y->offset ? -1 : 1) : (x < y ? -1 : x > y);
+}
+
+/* The stz dtype a ggml type's bytes are read as (U8 for blocks and types
+ * stz does not know). */
+static stz_dtype span_dtype(int type)
+{
+    switch (type) {
+    case 0: return STZ_DTYPE_F32;
+    case 1: return STZ_DTYPE_F16;
+    case 24: return STZ_DTYPE_I8;
+    case 25: return STZ_DTYPE_I16;
+    case 26: return STZ_DTYPE_I32;
+    case 27: return STZ_DTYPE_I64;
+    case 28: return STZ_DTYPE_F64;
+    case 30: return STZ_DTYPE_BF16;
+    default: return STZ_DTYPE_U8;
+    }
+}
+
+stz_status stz_gguf_spans(const stz_gguf *g, stz_span **out, size_t *n, stz_err *err)
+{
+    uint64_t fsize = g->size;
+    const stz_gguf_tensor **order = malloc((g->nt + 1) * sizeof *order);
+    stz_span *sp = malloc((g->nt + 2) * sizeof *sp);
+    if (!order || !sp) {
+        free(order), free(sp);
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu tensor spans", g->nt);
+    }
+    size_t k = 0, m = 0;
+    for (size_t i = 0; i < g->nt; i++)
+        if (g->t[i].offset <= fsize)
+            order[k++] = &g->t[i];
+    qsort(order, k, sizeof *order, by_start);
+    uint64_t first = k ? order[0]->offset : fsize;
+    if (first > g->data || !k) /* bytes no tensor claims before the first one (or no tensor at all) */
+        sp[m++] = (stz_span){STZ_DTYPE_U8, 0, first - g->data, "(data before the first tensor)", 0};
+    for (size_t i = 0; i < k; i++) {
+        uint64_t end = i + 1 < k ? order[i + 1]->offset : fsize;
+        int type = order[i]->type;
+        sp[m++] = (stz_span){span_dtype(type), order[i]->offset - g->data, end - g->data, order[i]->name,
+                             span_dtype(type) == STZ_DTYPE_U8 ? type : 0};
+    }
+    free(order);
+    *out = sp, *n = m;
     return STZ_OK;
 }
 

@@ -90,6 +90,7 @@ typedef enum {
     STZ_XFORM_BYTES2 = 4, /* byte planes of 2-byte elements */
     STZ_XFORM_BYTES4 = 5,
     STZ_XFORM_BYTES8 = 6,
+    STZ_XFORM_GGML = 7,   /* llama.cpp's blocks: a plane per field, the codes whole (planes: the block type's) */
     STZ_XFORM_COUNT
 } stz_xform;
 
@@ -109,6 +110,8 @@ typedef struct {
     stz_codec codec[STZ_MAX_PLANES];
     uint32_t stored[STZ_MAX_PLANES]; /* payload bytes per plane */
     uint32_t raw[STZ_MAX_PLANES];    /* plane bytes after decoding */
+    int block_type;                  /* STZ_XFORM_GGML: the ggml type of the blocks */
+    uint32_t phase;                  /* STZ_XFORM_GGML: where in a block the chunk starts */
 } stz_chunk_planes;
 
 /* Opens a container and checks its header, trailer, index and the original
@@ -124,6 +127,12 @@ STZ_API int stz_is_container(const char *path);
 STZ_API const stz_reader *stz_container_header(const stz_container *c);
 STZ_API uint64_t stz_container_file_size(const stz_container *c);     /* container */
 STZ_API uint64_t stz_container_original_size(const stz_container *c); /* unpacked */
+/* The original file's bytes before its data: a SafeTensors file's 8-byte
+ * length and JSON header, or a GGUF file's header (keys, tensor infos and
+ * padding); *gguf: 1 for a GGUF. A GGUF container's stz_container_header()
+ * lists the pieces its data section was cut into: each tensor with the
+ * padding after it, 1-D, U8 for llama.cpp's block types. */
+STZ_API const uint8_t *stz_container_original_header(const stz_container *c, size_t *len, int *gguf);
 STZ_API uint32_t stz_container_chunk_size(const stz_container *c);
 STZ_API size_t stz_container_chunk_count(const stz_container *c);
 STZ_API const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i);
@@ -186,7 +195,9 @@ STZ_API const char *stz_xform_name(stz_xform x);
 
 /* Transform used for a dtype. */
 STZ_API stz_xform stz_xform_for_dtype(stz_dtype d);
-/* Element width in bytes and plane count of a transform. */
+/* Element width in bytes and plane count of a transform (0 for
+ * STZ_XFORM_GGML, whose planes depend on the block type and the chunk's
+ * start, and which these split and merge functions do not do). */
 STZ_API unsigned stz_xform_width(stz_xform x);
 STZ_API unsigned stz_xform_planes(stz_xform x);
 /* Splits n bytes (a multiple of the width) into planes; plane k gets

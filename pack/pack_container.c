@@ -1,6 +1,8 @@
 /* Opening containers: the file header, the original SafeTensors header, the
  * index and trailer, all checked; chunk records' plane tables. */
 #include "pack_internal.h"
+#include "gguf/gguf_layout.h"
+#include "safetensors/st_reader.h"
 #include "safetensors/st_sink.h"
 
 #include <errno.h>
@@ -78,6 +80,21 @@ stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, 
 
 int stz_is_container(const char *path) { return stz_has_magic(path, STZ_MAGIC, 8); }
 
+/* The original GGUF's header, read leniently as pack read it, as c->hdr:
+ * a reader of its spans. */
+static stz_status gguf_header(stz_container *c, stz_err *err)
+{
+    stz_gguf *g = NULL;
+    stz_span *spans = NULL;
+    size_t n = 0;
+    stz_status st = stz_gguf_parse_layout(&g, c->header_img, c->header_len, c->orig_size, c->path, err);
+    if (!st && !(st = stz_gguf_spans(g, &spans, &n, err)))
+        st = stz_reader_open_spans(&c->hdr, c->path, 0, c->orig_size, c->header_len, spans, n, err);
+    free(spans);
+    stz_gguf_free(g);
+    return st;
+}
+
 /* 1 if n bytes at p are all zero: reserved fields must be, so that a later
  * version can give them a meaning that older readers refuse. */
 static int zeros(const uint8_t *p, size_t n)
@@ -109,8 +126,9 @@ stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err
     if (stz_le16(fh + 8) != STZ_PACK_FORMAT_VERSION)
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: container format version %u (this stz reads %u)", P,
                            stz_le16(fh + 8), STZ_PACK_FORMAT_VERSION);
-    if (!zeros(fh + 10, 2) || !zeros(fh + 41, 7))
+    if ((fh[10] & ~STZ_ORIG_GGUF) || fh[11] || !zeros(fh + 41, 7))
         return stz_err_set(err, STZ_E_FORMAT, "%s: reserved bytes of the file header are not zero", P);
+    c->gguf = fh[10] & STZ_ORIG_GGUF;
     c->chunk_size = stz_le32(fh + 12);
     c->orig_size = stz_le64(fh + 16);
     uint64_t hlen = stz_le64(fh + 24), stored = stz_le64(fh + 32);
@@ -145,7 +163,7 @@ stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err
     }
     if (XXH3_64bits(c->header_img, c->header_len) != stz_le64(fh + 48))
         BAD(STZ_E_CHECKSUM, "%s: original header checksum mismatch", P);
-    if ((st = stz_reader_open_header(&c->hdr, c->header_img, c->header_len, c->orig_size, P, err)))
+    if ((st = c->gguf ? gguf_header(c, err) : stz_reader_open_header(&c->hdr, c->header_img, c->header_len, c->orig_size, P, err)))
         goto cleanup;
     *head_end = FILE_HEADER_SIZE + stored;
 cleanup:
@@ -263,6 +281,11 @@ void stz_container_free(stz_container *c)
 const stz_reader *stz_container_header(const stz_container *c) { return c->hdr; }
 uint64_t stz_container_file_size(const stz_container *c) { return c->size; }
 uint64_t stz_container_original_size(const stz_container *c) { return c->orig_size; }
+const uint8_t *stz_container_original_header(const stz_container *c, size_t *len, int *gguf)
+{
+    *len = c->header_len, *gguf = c->gguf;
+    return c->header_img;
+}
 uint32_t stz_container_chunk_size(const stz_container *c) { return c->chunk_size; }
 size_t stz_container_chunk_count(const stz_container *c) { return c->n; }
 const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i) { return i < c->n ? &c->chunks[i] : NULL; }
@@ -277,9 +300,13 @@ stz_status stz_container_parse_record(const stz_container *c, size_t i, const ui
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): bad record magic", c->path, i, name);
     pl->xform = (stz_xform)rec[4];
     pl->nplanes = rec[5];
+    pl->block_type = pl->xform == STZ_XFORM_GGML ? rec[6] : 0;
+    pl->phase = pl->xform == STZ_XFORM_GGML ? stz_le32(rec + 12) : 0;
     unsigned w = stz_xform_width(pl->xform);
-    if (!w || (unsigned)pl->nplanes != stz_xform_planes(pl->xform) || stz_le32(rec + 8) != ch->raw_size ||
-        ch->raw_size % w || !zeros(rec + 6, 2) || !zeros(rec + 12, 4))
+    int np = pl->xform == STZ_XFORM_GGML ? stz_blocks_planes(pl->block_type, pl->phase, ch->raw_size, pl->raw)
+                                         : (int)stz_xform_planes(pl->xform);
+    if (!w || !np || pl->nplanes != np || stz_le32(rec + 8) != ch->raw_size || ch->raw_size % w || rec[7] ||
+        (pl->xform != STZ_XFORM_GGML && (rec[6] || !zeros(rec + 12, 4))))
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): invalid transform or size", c->path, i,
                            name);
     uint64_t total = RECORD_HEAD_SIZE + (uint64_t)pl->nplanes * PLANE_HEAD_SIZE;
@@ -287,7 +314,8 @@ stz_status stz_container_parse_record(const stz_container *c, size_t i, const ui
         const uint8_t *ph = rec + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
         pl->codec[k] = (stz_codec)ph[0];
         pl->stored[k] = stz_le32(ph + 4);
-        pl->raw[k] = ch->raw_size / w;
+        if (pl->xform != STZ_XFORM_GGML)
+            pl->raw[k] = ch->raw_size / w;
         total += pl->stored[k];
         if (pl->codec[k] >= STZ_CODEC_COUNT || !zeros(ph + 1, 3))
             return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): unknown codec %u or reserved bytes set",

@@ -19,10 +19,12 @@
 #define PLANE_HEAD_SIZE 8
 #define HEADER_CODEC_RAW 0
 #define HEADER_CODEC_ZSTD 3
+#define STZ_ORIG_GGUF 1 /* file header byte 10: the original is a GGUF file */
 
 /* Bytes of all planes of a chunk: F16's three planes of n/2 bytes take
- * 1.5x the chunk; no transform takes more. */
-static inline size_t stz_planes_bound(size_t chunk) { return chunk / 2 * 3 + 8; }
+ * 1.5x the chunk, ggml blocks whose 5-bit codes are kept one per byte up
+ * to 1.55x (plus two partial blocks); no transform takes more. */
+static inline size_t stz_planes_bound(size_t chunk) { return chunk / 8 * 13 + 512; }
 
 /* Largest record a chunk of `chunk` bytes can produce (every plane is at
  * most its raw size); records claiming more are corrupt. */
@@ -30,6 +32,22 @@ static inline size_t stz_record_bound(size_t chunk)
 {
     return RECORD_HEAD_SIZE + STZ_MAX_PLANES * PLANE_HEAD_SIZE + stz_planes_bound(chunk);
 }
+
+/* ---- transform 7: llama.cpp's blocks (blocks.c) ---- */
+
+/* 1 if the ggml type has a block layout here. */
+int stz_blocks_known(int type);
+/* Where in a block of `type` the byte at `offset` (from a block's start) falls. */
+uint32_t stz_blocks_phase(int type, uint64_t offset);
+/* The planes of a chunk of n bytes of `type` blocks starting `phase` bytes
+ * into a block: their count (0: no such type or phase) and raw sizes. */
+int stz_blocks_planes(int type, uint32_t phase, size_t n, uint32_t *raw);
+/* The chunk into its planes (sizes from stz_blocks_planes), and back. */
+void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p);
+void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst);
+/* Plane k's name ("d.lo", "qs", "codes", "partial": the partial blocks'
+ * bytes) into buf. */
+const char *stz_blocks_plane_name(int type, int k, char *buf, size_t cap);
 
 /* Per-thread encoder state. */
 typedef struct {
@@ -91,6 +109,7 @@ struct stz_container {
     uint64_t spos;          /* bytes read so far */
     uint8_t *tail;
     uint64_t tail_off;
+    int gguf;               /* the original is a GGUF file (header: its bytes before the data) */
 };
 
 typedef struct dec_buf_ {

@@ -37,8 +37,8 @@ stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf
     if (st)
         return st;
     const uint8_t *src = b->rec + RECORD_HEAD_SIZE + pl.nplanes * PLANE_HEAD_SIZE, *planes[STZ_MAX_PLANES];
-    for (int k = 0; k < pl.nplanes; k++) {
-        uint8_t *dst = b->planes + (size_t)k * pl.raw[k];
+    uint8_t *dst = b->planes;
+    for (int k = 0; k < pl.nplanes; k++, dst += pl.raw[k - 1]) {
         stz_err sub;
         planes[k] = dst;
         if (pl.codec[k] == STZ_CODEC_RAW && pl.stored[k] == pl.raw[k])
@@ -47,7 +47,10 @@ stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf
             return stz_err_set(err, st, "%s: chunk %zu (tensor '%s', plane %d): %s", c->path, i, name, k, sub.msg);
         src += pl.stored[k];
     }
-    stz_xform_merge(pl.xform, planes, ch->raw_size, b->raw);
+    if (pl.xform == STZ_XFORM_GGML)
+        stz_blocks_merge(pl.block_type, pl.phase, planes, ch->raw_size, b->raw);
+    else
+        stz_xform_merge(pl.xform, planes, ch->raw_size, b->raw);
     if (XXH3_64bits(b->raw, ch->raw_size) != stz_le64(b->rec + 16))
         return stz_err_set(err, STZ_E_CHECKSUM,
                            "%s: chunk %zu (tensor '%s', data bytes %llu-%llu): checksum mismatch, data is corrupt",

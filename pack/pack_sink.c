@@ -39,6 +39,11 @@ static stz_status sink_begin(void *user, const uint8_t *head, size_t len, const 
     if (!(c->spans = malloc((nt + 1) * sizeof *c->spans)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans");
     memcpy(c->spans, t, nt * sizeof *t);
+    stz_reader *hdr = NULL; /* the block types of the quantized tensors it declares */
+    stz_err ignored;
+    if (!stz_reader_open_header(&hdr, head, len, 0, c->label, &ignored))
+        stz_pack_writer_hints(c->spans, nt, hdr);
+    stz_reader_free(hdr);
     stz_status st = stz_pack_writer_plan_chunks(c, nt, err);
     if (st || (st = stz_pack_writer_write_head(c, head, len, err)))
         return st;
@@ -216,6 +221,9 @@ stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, 
     uint64_t hlen = stz_le64(len8);
     if (!st && got < 8)
         st = stz_err_set(err, STZ_E_TRUNCATED, "%s: ended after %zu bytes, before the header's length", label, got);
+    else if (!st && !memcmp(len8, "GGUF", 4))
+        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: a GGUF file: stz packs GGUF files named on the command line, "
+                         "not from a pipe", label);
     else if (!st && hlen > STZ_ST_MAX_HEADER)
         st = stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header length %llu exceeds the limit of %u bytes (not "
                          "SafeTensors?)", label, (unsigned long long)hlen, STZ_ST_MAX_HEADER);

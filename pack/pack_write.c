@@ -1,8 +1,16 @@
 /* stz_pack_file: SafeTensors -> container. */
 #include "pack_write.h"
 
+#include "gguf/gguf_layout.h"
+#include "safetensors/st_reader.h"
+#include "quant/ggml_types.h"
+#include "quant/quant_tensor.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define BEST_ZSTD_LEVEL 19
@@ -13,36 +21,102 @@
 /* zstd level of the trial on unsplit float bytes (plain zstd -3's). */
 #define LZ_TRIAL_LEVEL 3
 
-/* 1 if a sample of the chunk's elements (w bytes each) holds zeros or
- * repeats of the previous element often enough (1 in 16) for LZ matching
- * to beat the plane coder; trained weights have almost none. */
-static int lz_friendly(const uint8_t *raw, size_t n, size_t w)
+/* 1 if LZ matching may pay on the chunk: of the 4-byte words sampled
+ * every 64 bytes (all of them in chunks under 64 kB), at least 1 in 16 is
+ * the word last seen under its hash, which sees runs, zeros, repeated rows
+ * and values drawn from a small table (DFT bases, masks, pruned weights)
+ * wherever they are in the chunk. Trained weights, and the codes of
+ * quantized ones, almost never repeat a 4-byte word: for them the plane
+ * coder wins and the trial is skipped. About 16,000 lookups per MiB. */
+static int has_repeats(const uint8_t *raw, size_t n)
 {
-    size_t ne = n / w, hits = 0, samples = 0;
-    static const uint8_t zero[8];
-    for (size_t k = 0; k < 1024 && ne > 1; k++, samples++) {
-        size_t e = 1 + (uint64_t)k * (ne - 1) / 1024;
-        const uint8_t *p = raw + e * w;
-        hits += !memcmp(p, zero, w) || !memcmp(p, p - w, w);
+    uint32_t seen[4096];
+    memset(seen, 0, sizeof seen); /* a zero word counts as seen */
+    size_t step = n >= 65536 ? 64 : 4, hits = 0, samples = 0;
+    for (size_t i = 0; i + 4 <= n; i += step, samples++) {
+        uint32_t w = stz_le32(raw + i), h = (w * 2654435761u) >> 20;
+        hits += seen[h] == w;
+        seen[h] = w;
     }
     return samples && hits * 16 >= samples;
 }
 
+/* The chunk's planes into pbuf, per the record head h (transform, block
+ * type, phase) and raw sizes raw[np]; pointers to them in planes. */
+static void split_chunk(const uint8_t *h, const uint8_t *src, size_t n, const uint32_t *raw, int np, uint8_t *pbuf,
+                        uint8_t **planes)
+{
+    for (int k = 0; k < np; k++, pbuf += raw[k - 1])
+        planes[k] = pbuf;
+    if (h[4] == STZ_XFORM_GGML)
+        stz_blocks_split(h[6], stz_le32(h + 12), src, n, planes);
+    else
+        stz_xform_split((stz_xform)h[4], src, n, planes);
+}
+
+/* The record head for a chunk of n bytes of dtype (or of `block_type`
+ * blocks, `at` bytes from the tensor's start): transform, planes and their
+ * raw sizes. */
+static int chunk_head(uint8_t *h, stz_dtype dtype, int block_type, uint64_t at, size_t n, uint32_t *raw)
+{
+    stz_xform x = stz_xform_for_dtype(dtype);
+    int np = (int)stz_xform_planes(x);
+    memset(h, 0, RECORD_HEAD_SIZE);
+    memcpy(h, "STZC", 4);
+    if (stz_blocks_known(block_type)) {
+        uint32_t phase = stz_blocks_phase(block_type, at);
+        x = STZ_XFORM_GGML;
+        np = stz_blocks_planes(block_type, phase, n, raw);
+        h[6] = (uint8_t)block_type;
+        stz_put_le32(h + 12, phase);
+    } else if (n % stz_xform_width(x)) { /* a float span with odd bytes after it (a GGUF's padding) */
+        x = STZ_XFORM_NONE, np = 1;
+    }
+    if (x != STZ_XFORM_GGML)
+        for (int k = 0; k < np; k++)
+            raw[k] = (uint32_t)(n / stz_xform_width(x));
+    h[4] = (uint8_t)x;
+    h[5] = (uint8_t)np;
+    stz_put_le32(h + 8, (uint32_t)n);
+    return np;
+}
+
+/* The record rec[*len] of one plane holding all n bytes, coded with zstd
+ * at `level` (or Huffman, constant or raw where smaller); stored only when
+ * smaller than *len bytes. pbuf: scratch. */
+static stz_status try_unsplit(stz_plane_enc *enc, int level, const uint8_t *raw, size_t n, uint8_t *pbuf,
+                              size_t cap, uint8_t *rec, size_t *len, stz_err *err)
+{
+    stz_codec codec;
+    size_t stored;
+    stz_status st = stz_plane_encode(enc, level, raw, n, pbuf, cap, &codec, &stored, err);
+    if (st || RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored >= *len)
+        return st;
+    rec[4] = STZ_XFORM_NONE, rec[5] = 1, rec[6] = 0;
+    memset(rec + 12, 0, 4);
+    uint8_t *ph = rec + RECORD_HEAD_SIZE;
+    memset(ph, 0, PLANE_HEAD_SIZE);
+    ph[0] = (uint8_t)codec;
+    stz_put_le32(ph + 4, (uint32_t)stored);
+    memcpy(ph + PLANE_HEAD_SIZE, pbuf, stored);
+    *len = RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored;
+    return STZ_OK;
+}
+
 /* One chunk's record (without its hash) into rec: the planes of the
- * dtype's transform, each coded the cheapest way tried, or zstd on the
- * unsplit bytes where that is smaller. `whole` is the size of the tensor
- * the chunk belongs to. planes: stz_planes_bound(chunk) bytes of scratch. */
-static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, stz_dtype dtype, uint64_t whole,
+ * dtype's transform (or of the span's ggml blocks), each coded the
+ * cheapest way tried, or zstd on the unsplit bytes where that is smaller.
+ * `whole` is the size of the span the chunk belongs to, `at` the chunk's
+ * offset in it. pbuf: stz_planes_bound(chunk) bytes of scratch. */
+static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *span, uint64_t at,
                                const uint8_t *raw, size_t n, uint8_t *pbuf, uint8_t *rec, size_t *rec_len,
                                stz_err *err)
 {
-    stz_xform x = stz_xform_for_dtype(dtype);
-    unsigned np = stz_xform_planes(x);
-    size_t plane_len = n / stz_xform_width(x);
-    uint8_t *planes[STZ_MAX_PLANES];
-    for (unsigned k = 0; k < np; k++)
-        planes[k] = pbuf + k * plane_len;
-    stz_xform_split(x, raw, n, planes);
+    uint32_t sizes[STZ_MAX_PLANES];
+    uint8_t *planes[STZ_MAX_PLANES], *h = rec;
+    int np = chunk_head(h, span->dtype, span->block_type, at, n, sizes);
+    stz_xform x = (stz_xform)h[4];
+    split_chunk(h, raw, n, sizes, np, pbuf, planes);
 
     /* Matches find nothing in float weights (zstd -19 saved 55 bytes of
      * 661 MB on a BF16 model at 60x the time), so float planes get the
@@ -50,50 +124,42 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, stz
      * ids, masks) also try zstd with matches. */
     int is_float = x == STZ_XFORM_BF16 || x == STZ_XFORM_F16 || x == STZ_XFORM_F32;
     int zlevel = is_float ? 0 : p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : 1;
-    uint8_t *h = rec;
-    memcpy(h, "STZC", 4);
-    h[4] = (uint8_t)x;
-    h[5] = (uint8_t)np;
-    stz_put_le16(h + 6, 0);
-    stz_put_le32(h + 8, (uint32_t)n);
-    stz_put_le32(h + 12, 0);
-    size_t off = RECORD_HEAD_SIZE + np * PLANE_HEAD_SIZE, cap = stz_record_bound(p->chunk_size);
+    /* Codes of trained weights have no matches either: blocks try zstd
+     * only where repeats show (pruned rows, padding), since the trial costs
+     * 0.4x the time of the rest of their coding. */
+    if (x == STZ_XFORM_GGML && zlevel == 1 && !has_repeats(raw, n))
+        zlevel = 0;
+    size_t off = RECORD_HEAD_SIZE + (size_t)np * PLANE_HEAD_SIZE, cap = stz_record_bound(p->chunk_size);
     stz_status st;
-    for (unsigned k = 0; k < np; k++) {
+    for (int k = 0; k < np; k++) {
         stz_codec codec;
         size_t stored;
-        if ((st = stz_plane_encode(enc, zlevel, planes[k], plane_len, rec + off, cap - off, &codec, &stored, err)))
+        if ((st = stz_plane_encode(enc, zlevel, planes[k], sizes[k], rec + off, cap - off, &codec, &stored, err)))
             return st;
         uint8_t *ph = h + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
+        memset(ph, 0, PLANE_HEAD_SIZE);
         ph[0] = (uint8_t)codec;
-        ph[1] = ph[2] = ph[3] = 0;
         stz_put_le32(ph + 4, (uint32_t)stored);
         off += stored;
     }
     *rec_len = off;
+    /* Blocks of a small span (each plane's table and frame cost more than
+     * the split gains on a few kB), or whose planes did not shrink (codes
+     * kept whole take more room than packed): also the unsplit bytes. */
+    if (x == STZ_XFORM_GGML && (span->end - span->begin <= SMALL_TENSOR || p->level == STZ_PACK_BEST ||
+                                off > RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + n))
+        return try_unsplit(enc, p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : 1, raw, n, pbuf,
+                           stz_planes_bound(p->chunk_size), rec, rec_len, err);
     /* Float planes lose the runs and repeats LZ matching finds (pruned
-     * weights, mostly-zero tables, masks, embeddings with near-identical
-     * rows): where a sample shows them, for every small tensor (the trial
-     * costs next to nothing there, and small models are made of them), or
-     * always with --best, also try zstd on the unsplit bytes and keep the
-     * smaller record. */
-    if (is_float && (p->level == STZ_PACK_BEST || whole <= SMALL_TENSOR || lz_friendly(raw, n, stz_xform_width(x)))) {
-        uint8_t *trial = pbuf; /* free now: its bound exceeds a chunk */
-        stz_codec codec;
-        size_t stored;
-        int level = p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : LZ_TRIAL_LEVEL;
-        if ((st = stz_plane_encode(enc, level, raw, n, trial, stz_planes_bound(p->chunk_size), &codec, &stored, err)))
-            return st;
-        if (RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored < off) {
-            h[4] = STZ_XFORM_NONE, h[5] = 1;
-            uint8_t *ph = h + RECORD_HEAD_SIZE;
-            ph[0] = (uint8_t)codec;
-            ph[1] = ph[2] = ph[3] = 0;
-            stz_put_le32(ph + 4, (uint32_t)stored);
-            memcpy(h + RECORD_HEAD_SIZE + PLANE_HEAD_SIZE, trial, stored);
-            *rec_len = RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + stored;
-        }
-    }
+     * weights, mostly-zero tables, masks, DFT bases, embeddings with
+     * near-identical rows): where repeats show, for every small tensor (the
+     * trial costs next to nothing there, and small models are made of
+     * them), or always with --best, also try zstd on the unsplit bytes and
+     * keep the smaller record. The planes' buffer is free now: its bound
+     * exceeds a chunk. */
+    if (is_float && (p->level == STZ_PACK_BEST || span->end - span->begin <= SMALL_TENSOR || has_repeats(raw, n)))
+        return try_unsplit(enc, p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : LZ_TRIAL_LEVEL, raw, n, pbuf,
+                           stz_planes_bound(p->chunk_size), rec, rec_len, err);
     return STZ_OK;
 }
 
@@ -142,7 +208,7 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
         raw = b->raw;
     }
     stz_err sub;
-    st = encode_chunk(&b->enc, c->p, t->dtype, t->end - t->begin, raw, ch->raw_size, b->planes, b->rec, &b->rec_len,
+    st = encode_chunk(&b->enc, c->p, t, ch->data_offset - t->begin, raw, ch->raw_size, b->planes, b->rec, &b->rec_len,
                       &sub);
     c->hashes[i] = XXH3_64bits(raw, ch->raw_size);
     if (raw != b->raw)
@@ -179,9 +245,10 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, cons
     uint8_t *pbuf = malloc(stz_planes_bound(cs)), *rec = malloc(stz_record_bound(cs));
     if (!pbuf || !rec)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plane and record buffers");
+    stz_span span = {dtype, 0, n, "", 0};
     for (uint64_t off = 0; !st && off < n; off += cs) {
         size_t k = n - off < cs ? (size_t)(n - off) : cs, len;
-        if (!(st = encode_chunk(&enc, p, dtype, n, data + off, k, pbuf, rec, &len, err)))
+        if (!(st = encode_chunk(&enc, p, &span, off, data + off, k, pbuf, rec, &len, err)))
             *bytes += len + INDEX_ENTRY_SIZE;
     }
     free(pbuf), free(rec);
@@ -219,7 +286,7 @@ stz_status stz_pack_writer_write_head(pack_ctx *c, const uint8_t *img, size_t or
     int zipped = !ZSTD_isError(zs) && zs < orig;
     memcpy(fh, STZ_MAGIC, 8);
     stz_put_le16(fh + 8, STZ_PACK_FORMAT_VERSION);
-    stz_put_le16(fh + 10, 0);
+    fh[10] = c->flags;
     stz_put_le32(fh + 12, c->p->chunk_size);
     stz_put_le64(fh + 16, c->orig_size);
     stz_put_le64(fh + 24, orig);
@@ -350,14 +417,41 @@ void stz_pack_writer_close(pack_ctx *c)
     free(c->next_use), free(c->seq_of), free(c->src_r), free(c->src_t);
 }
 
+/* The ggml type of a quantized SafeTensors entry whose values are
+ * llama.cpp's blocks ({"method": "q4_k", ..., "packing": "ggml"}), or 0. A
+ * hint only: a wrong one costs room, never bytes (every chunk carries its
+ * hash). */
+static int block_hint(const stz_reader *r, const char *name)
+{
+    char key[512];
+    if (snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, name) >= (int)sizeof key)
+        return 0;
+    const char *json = stz_reader_meta_get(r, key);
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "method"), *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
+    int type = cJSON_IsString(m) && cJSON_IsString(pk) && !strcmp(pk->valuestring, STZ_QUANT_GGML_PACKING)
+                   ? stz_ggml_type_parse(m->valuestring)
+                   : 0;
+    cJSON_Delete(o);
+    return stz_blocks_known(type) ? type : 0;
+}
+
+void stz_pack_writer_hints(stz_span *spans, size_t n, const stz_reader *r)
+{
+    for (size_t i = 0; i < n && stz_reader_meta_count(r); i++)
+        spans[i].block_type = block_hint(r, spans[i].name);
+}
+
 stz_span *stz_pack_writer_spans(const stz_reader *r)
 {
     size_t nt = stz_reader_count(r);
     stz_span *sp = malloc((nt + 1) * sizeof *sp);
     for (size_t i = 0; sp && i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
-        sp[i] = (stz_span){t->dtype, t->begin, t->end, t->name};
+        sp[i] = (stz_span){t->dtype, t->begin, t->end, t->name, 0};
     }
+    if (sp)
+        stz_pack_writer_hints(sp, nt, r);
     return sp;
 }
 
@@ -370,34 +464,69 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
     return stz_err_in(err, pack_file(p, in, out, stats, err), in);
 }
 
+/* 1 if the file at path starts with GGUF's magic. */
+static int is_gguf(const char *path)
+{
+    int fd;
+    uint64_t size;
+    uint8_t m[4];
+    stz_err ignored;
+    if (stz_open_regular(path, &fd, &size, &ignored))
+        return 0;
+    int yes = size >= 4 && !stz_pread_full(fd, m, 4, 0) && !memcmp(m, "GGUF", 4);
+    close(fd);
+    return yes;
+}
+
+/* A GGUF file as a reader whose tensors are its spans (stz_gguf_spans),
+ * the spans (names the reader's), their count. */
+static stz_status open_gguf(const char *in, stz_reader **r, stz_span **spans, size_t *nt, stz_err *err)
+{
+    stz_gguf *g = NULL;
+    stz_status st = stz_gguf_open_layout(&g, in, err);
+    if (!st && !(st = stz_gguf_spans(g, spans, nt, err)) &&
+        !(st = stz_reader_open_spans(r, in, 1, stz_gguf_file_size(g), stz_gguf_data_offset(g), *spans, *nt, err)))
+        for (size_t i = 0; i < *nt; i++)
+            (*spans)[i].name = stz_reader_tensor(*r, i)->name;
+    stz_gguf_free(g);
+    return st;
+}
+
 static stz_status pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
                          stz_err *err)
 {
     pack_ctx c;
     stz_reader *r = NULL;
+    stz_span *spans = NULL;
     uint8_t *img = NULL;
-    stz_status st;
-    if ((st = stz_reader_open(&r, in, err)))
-        return st;
-    if (strcmp(out, "-") && (st = stz_refuse_input_as_output(in, out, err))) {
+    size_t nt = 0;
+    int gguf = is_gguf(in);
+    stz_status st = gguf ? open_gguf(in, &r, &spans, &nt, err) : stz_reader_open(&r, in, err);
+    if (!st && strcmp(out, "-"))
+        st = stz_refuse_input_as_output(in, out, err);
+    if (st) {
         stz_reader_free(r);
+        free(spans);
         return st;
     }
-    if ((st = stz_pack_writer_open(&c, p, out, 1, err)))
+    if ((st = stz_pack_writer_open(&c, p, out, 1, err))) {
+        free(spans);
         goto cleanup;
-    c.r = r, c.label = in;
-    size_t nt = stz_reader_count(r), hlen;
-    stz_reader_header(r, &hlen);
+    }
+    c.r = r, c.label = in, c.flags = gguf ? STZ_ORIG_GGUF : 0;
+    uint64_t hlen = stz_reader_data_offset(r); /* the original's bytes before its data: the header section */
     c.orig_size = stz_reader_file_size(r);
-    if (!(c.spans = stz_pack_writer_spans(r)) || !(img = malloc(8 + hlen))) {
+    c.spans = gguf ? spans : stz_pack_writer_spans(r);
+    nt = stz_reader_count(r);
+    if (!c.spans || hlen > SIZE_MAX || !(img = malloc((size_t)hlen))) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans and the header");
         goto cleanup;
     }
-    if ((st = stz_pack_writer_plan_chunks(&c, nt, err)) || (st = stz_reader_pread(r, 0, img, 8 + hlen, err)) ||
-        (st = stz_pack_writer_write_head(&c, img, 8 + hlen, err)))
+    if ((st = stz_pack_writer_plan_chunks(&c, nt, err)) || (st = stz_reader_pread(r, 0, img, (size_t)hlen, err)) ||
+        (st = stz_pack_writer_write_head(&c, img, (size_t)hlen, err)))
         goto cleanup;
     c.pl.progress = p->progress, c.pl.progress_user = p->progress_user;
-    c.pl.total = c.orig_size - stz_reader_data_offset(r);
+    c.pl.total = c.orig_size - hlen;
     if (!(st = stz_ordered_run(&c.pl, err)))
         st = stz_pack_writer_finish(&c, stats, err);
 cleanup:

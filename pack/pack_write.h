@@ -43,6 +43,7 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cv;
     uint64_t orig_size;    /* of the file packed */
+    uint8_t flags;         /* the file header's: STZ_ORIG_GGUF */
 } pack_ctx;
 
 /* Checks the parameters, opens the output, makes the thread buffers (with
@@ -57,7 +58,11 @@ stz_status stz_pack_writer_write_head(pack_ctx *c, const uint8_t *img, size_t or
 /* The index and trailer after the records, then the output renamed into place. */
 stz_status stz_pack_writer_finish(pack_ctx *c, stz_pack_stats *stats, stz_err *err);
 void stz_pack_writer_close(pack_ctx *c);
-/* The tensors of r as spans (malloc'd; NULL out of memory). */
+/* The tensors of r as spans (malloc'd; NULL out of memory), with the
+ * block types stz_pack_writer_hints finds. */
 stz_span *stz_pack_writer_spans(const stz_reader *r);
+/* Sets spans[i].block_type for the quantized tensors of r's metadata whose
+ * values are llama.cpp's blocks (the same names as r's tensors). */
+void stz_pack_writer_hints(stz_span *spans, size_t n, const stz_reader *r);
 
 #endif /* STZ_PACK_WRITE_H */

@@ -327,8 +327,7 @@ static stz_status check_offsets(stz_reader *r, stz_err *err)
     return STZ_OK;
 }
 
-/* The name index, which refuses a name that appears twice. */
-static stz_status index_names(stz_reader *r, stz_err *err)
+stz_status stz_st_index_names(stz_reader *r, stz_err *err)
 {
     size_t nt = r->ntensors;
     for (size_t i = 0; i < nt; i++)
@@ -348,7 +347,7 @@ stz_status stz_st_parse_header(stz_reader *r, stz_err *err)
     STZ_TRY(st, parse_json(r, &root, err));
     STZ_TRY(st, read_entries(r, root, err));
     STZ_TRY(st, check_offsets(r, err));
-    STZ_TRY(st, index_names(r, err));
+    STZ_TRY(st, stz_st_index_names(r, err));
 cleanup:
     cJSON_Delete(root);
     return st;

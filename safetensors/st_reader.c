@@ -127,6 +127,47 @@ stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size
     return STZ_OK;
 }
 
+stz_status stz_reader_open_spans(stz_reader **out, const char *label, int open, uint64_t file_size,
+                                 uint64_t data_offset, const stz_span *spans, size_t n, stz_err *err)
+{
+    *out = NULL;
+    stz_reader *r = reader_new(label);
+    size_t chars = 0;
+    for (size_t i = 0; i < n; i++)
+        chars += strlen(spans[i].name) + 1;
+    if (!r || !(r->tensors = calloc(n + 1, sizeof *r->tensors)) || !(r->by_name = calloc(n + 1, sizeof *r->by_name)) ||
+        !(r->shapes = calloc(n + 1, sizeof *r->shapes)) || !(r->names = malloc(chars + 1))) {
+        stz_reader_free(r);
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", label, n);
+    }
+    r->file_size = file_size, r->data_offset = data_offset, r->ntensors = n;
+    uint64_t size = file_size;
+    stz_status st = open ? stz_open_regular(label, &r->fd, &size, err) : STZ_OK;
+    if (!st && size != file_size)
+        st = stz_err_set(err, STZ_E_IO, "%s: the file changed size while it was read", label);
+    if (st) {
+        stz_reader_free(r);
+        return st;
+    }
+    char *name = r->names;
+    for (size_t i = 0; i < n; i++) {
+        stz_tensor *t = &r->tensors[i];
+        size_t len = strlen(spans[i].name) + 1;
+        t->name = memcpy(name, spans[i].name, len);
+        name += len;
+        t->dtype = spans[i].dtype;
+        t->begin = spans[i].begin, t->end = spans[i].end;
+        r->shapes[i] = t->numel = (t->end - t->begin) * 8 / stz_dtype_bits(t->dtype);
+        t->ndim = 1, t->shape = &r->shapes[i];
+    }
+    if ((st = stz_st_index_names(r, err))) {
+        stz_reader_free(r);
+        return st;
+    }
+    *out = r;
+    return STZ_OK;
+}
+
 void stz_reader_free(stz_reader *r)
 {
     if (!r)
@@ -152,7 +193,7 @@ const char *stz_reader_meta_key(const stz_reader *r, size_t i) { return i < r->n
 const char *stz_reader_meta_value(const stz_reader *r, size_t i) { return i < r->nmeta ? r->meta[2 * i + 1] : NULL; }
 const char *stz_reader_path(const stz_reader *r) { return r->path; }
 uint64_t stz_reader_file_size(const stz_reader *r) { return r->file_size; }
-uint64_t stz_reader_data_offset(const stz_reader *r) { return 8 + r->header_len; }
+uint64_t stz_reader_data_offset(const stz_reader *r) { return r->data_offset ? r->data_offset : 8 + r->header_len; }
 
 const uint8_t *stz_reader_header(const stz_reader *r, size_t *len)
 {

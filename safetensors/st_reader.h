@@ -22,6 +22,7 @@ struct stz_reader {
     char *names;            /* all names, in header order, in one block */
     char **meta;            /* key, value, key, value, ... */
     size_t nmeta;
+    uint64_t data_offset;   /* stz_reader_open_spans: where the data starts (0: after the header) */
     stz_read_fn source;     /* when set, reads go here (stz_reader_set_source) */
     void *source_user;
 };
@@ -33,5 +34,17 @@ stz_status stz_st_parse_header(stz_reader *r, stz_err *err);
  * header: what it is instead, when that can be told. */
 stz_status stz_st_not_safetensors(const stz_reader *r, const uint8_t *first, size_t n, stz_status code,
                                   const char *detail, stz_err *err);
+
+/* The name index, which refuses a name that appears twice. */
+stz_status stz_st_index_names(stz_reader *r, stz_err *err);
+
+/* A reader of a file in another format (a GGUF, for the container): its
+ * data section from data_offset to file_size, tiled by spans[n] (offsets
+ * relative to data_offset, in order), which become 1-D tensors of those
+ * names and dtypes; no metadata. `open`: reads come from the file at
+ * `label`, which must still be file_size bytes; else they go through
+ * stz_reader_set_source. */
+stz_status stz_reader_open_spans(stz_reader **out, const char *label, int open, uint64_t file_size,
+                                 uint64_t data_offset, const stz_span *spans, size_t n, stz_err *err);
 
 #endif /* STZ_ST_READER_H */

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "pack/pack_internal.h"
+#include "quant/ggml_types.h"
 #include "core/stz_core.h"
 #include "stz_pack.h"
 #include "stz_quant.h"
@@ -39,7 +40,7 @@ static void test_xform_same_bytes_without_avx2(void **state)
     static uint8_t src[N], a[8][N], b[8][N], back[N];
     for (size_t i = 0; i < N; i++)
         src[i] = (uint8_t)rnd();
-    for (int x = 0; x < STZ_XFORM_COUNT; x++) {
+    for (int x = 0; x < STZ_XFORM_GGML; x++) { /* ggml: test_blocks_roundtrip */
         unsigned w = stz_xform_width((stz_xform)x), np = stz_xform_planes((stz_xform)x);
         uint8_t *pa[8], *pb[8];
         for (unsigned k = 0; k < 8; k++)
@@ -86,11 +87,85 @@ static void test_xform_layouts(void **state)
     assert_int_equal(stz_xform_for_dtype(STZ_DTYPE_F4), STZ_XFORM_NONE);
 }
 
+/* The ggml block transform: every type it knows, random bytes (any bit
+ * pattern, so every field and code bit is covered), chunks starting at
+ * every place inside a block and of lengths around whole blocks: the
+ * planes give back the bytes. */
+static const int block_types[] = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23};
+
+static void test_blocks_roundtrip(void **state)
+{
+    (void)state;
+    enum { N = 3 * 210 + 7 };
+    static uint8_t src[N], planes[2 * N + 512], back[N];
+    for (size_t t = 0; t < sizeof block_types / sizeof *block_types; t++) {
+        int type = block_types[t];
+        uint32_t bs = stz_ggml_traits_of(type)->bytes, raw[STZ_MAX_PLANES];
+        assert_int_equal(stz_blocks_planes(type, bs, 10, raw), 0); /* a phase outside the block */
+        for (uint32_t phase = 0; phase < bs; phase += phase < 3 ? 1 : 5)
+            for (size_t n = 0; n <= N; n += n < 2 * bs + 3 ? 1 : 97) {
+                for (size_t i = 0; i < n; i++)
+                    src[i] = (uint8_t)rnd();
+                int np = stz_blocks_planes(type, phase, n, raw);
+                assert_true(np >= 2 && np <= STZ_MAX_PLANES);
+                uint8_t *p[STZ_MAX_PLANES], *at = planes;
+                size_t total = 0;
+                for (int k = 0; k < np; k++)
+                    p[k] = at, at += raw[k], total += raw[k];
+                assert_true(total <= stz_planes_bound(n < 65536 ? 65536 : n));
+                stz_blocks_split(type, phase, src, n, p);
+                memset(back, 0xA5, sizeof back);
+                stz_blocks_merge(type, phase, (const uint8_t *const *)p, n, back);
+                if (n && memcmp(src, back, n))
+                    fail_msg("ggml type %d, phase %u, %zu bytes: merge(split(x)) != x", type, phase, n);
+            }
+    }
+}
+
+/* The codes plane of the 5- and 6-bit types holds each element's whole
+ * code in element order: with scale 1 (and no minimum) llama.cpp's own
+ * dequantizer (written from ggml-common.h, quant/) gives code - offset. */
+static void test_blocks_codes_in_element_order(void **state)
+{
+    (void)state;
+    static const struct { int type; uint32_t n; int offset; } cases[] = {
+        {6, 32, 16}, {7, 32, 0}, {13, 256, 0}, {14, 256, 32}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const stz_ggml_traits *tr = stz_ggml_traits_of(cases[c].type);
+        uint8_t blk[256], planes[1024], *p[STZ_MAX_PLANES];
+        uint32_t raw[STZ_MAX_PLANES];
+        for (uint32_t i = 0; i < tr->bytes; i++)
+            blk[i] = (uint8_t)rnd();
+        switch (cases[c].type) {
+        case 6: stz_put_le16(blk, 0x3C00); break;                                 /* d = 1 */
+        case 7: stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0); break;       /* d = 1, m = 0 */
+        case 13:                                                                  /* d = 1, dmin = 0, */
+            stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0);                  /* 6-bit scales 1, mins 0 */
+            memset(blk + 4, 1, 4), memset(blk + 8, 0, 4), memset(blk + 12, 1, 4);
+            break;
+        default: memset(blk + 192, 1, 16), stz_put_le16(blk + 208, 0x3C00); break; /* scales 1, d = 1 */
+        }
+        int np = stz_blocks_planes(cases[c].type, 0, tr->bytes, raw);
+        uint8_t *at = planes;
+        for (int k = 0; k < np; k++)
+            p[k] = at, at += raw[k];
+        stz_blocks_split(cases[c].type, 0, blk, tr->bytes, p);
+        const uint8_t *codes = p[np - 2];
+        assert_int_equal(raw[np - 2], cases[c].n);
+        float y[256];
+        tr->dequantize_ref(blk, cases[c].n, y);
+        for (uint32_t j = 0; j < cases[c].n; j++)
+            if (y[j] != (float)(codes[j] - cases[c].offset))
+                fail_msg("%s element %u: ggml gives %g, the codes plane %d", tr->name, j, (double)y[j],
+                         codes[j] - cases[c].offset);
+    }
+}
+
 static void test_xform_roundtrip_odd_lengths(void **state)
 {
     (void)state;
     static const size_t lens[] = {0, 1, 2, 3, 5, 7, 15, 16, 17, 31, 33, 127, 255, 257, 1023, 4099};
-    for (int x = 0; x < STZ_XFORM_COUNT; x++) {
+    for (int x = 0; x < STZ_XFORM_GGML; x++) { /* ggml: test_blocks_roundtrip */
         unsigned w = stz_xform_width((stz_xform)x), np = stz_xform_planes((stz_xform)x);
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
             size_t n = lens[li] * w;
@@ -354,6 +429,39 @@ static void test_sparse_never_worse_than_zstd(void **state)
     free(raw), free(z), free(in);
 }
 
+/* A table whose values come from a small set scattered through the chunk
+ * (a DFT basis: cos(2 pi k n / N), N distinct values, no element equal to
+ * the one before it), larger than the size under which every chunk tries
+ * zstd: the hashed count of repeated words sees it, where a sample
+ * comparing neighbours did not (0.77x of zstd -3 before). One table: zstd
+ * on the whole file would also match across tensors (a sine table against
+ * its cosine), which separate chunks cannot. */
+static void test_tables_never_worse_than_zstd(void **state)
+{
+    fixture *f = *state;
+    char *in = tu_path(f->dir, "dft.safetensors");
+    stz_writer *w;
+    stz_err err;
+    uint64_t shape[2] = {257, 512};
+    assert_int_equal(stz_writer_open(&w, in, STZ_WRITE_FORCE, &err), STZ_OK);
+    assert_int_equal(stz_writer_add(w, "dft_real", STZ_DTYPE_F32, 2, shape, &err), STZ_OK);
+    for (uint64_t k = 0; k < shape[0]; k++)
+        for (uint64_t j = 0; j < shape[1]; j++)
+            write_f32(w, (float)cos(2 * 3.14159265358979323846 * (double)((k * j) % 512) / 512));
+    assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_writer_free(w);
+    size_t n;
+    uint8_t *raw = tu_read(in, &n);
+    size_t cap = ZSTD_compressBound(n);
+    uint8_t *z = malloc(cap);
+    size_t zs = ZSTD_compress(z, cap, raw, n, 3);
+    assert_false(ZSTD_isError(zs));
+    uint64_t packed = roundtrip(f->dir, in, 2, STZ_PACK_FAST, 1u << 20);
+    printf("DFT table F32: %zu bytes, zstd -3 %zu, stz %llu\n", n, zs, (unsigned long long)packed);
+    assert_true((double)packed <= (double)zs / 0.99);
+    free(raw), free(z), free(in);
+}
+
 /* A small tensor of 4-bit nl codes (the levels are used about equally:
  * 3.9 bits of entropy per code) saves well under zstd's 1/64 rule for
  * Huffman-coded literals at level 1, and is Huffman-coded all the same. */
@@ -526,6 +634,8 @@ int main(void)
         cmocka_unit_test(test_xform_layouts),
         cmocka_unit_test(test_xform_same_bytes_without_avx2),
         cmocka_unit_test(test_xform_roundtrip_odd_lengths),
+        cmocka_unit_test(test_blocks_roundtrip),
+        cmocka_unit_test(test_blocks_codes_in_element_order),
         cmocka_unit_test_setup_teardown(test_roundtrip_dtypes_and_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_corpus, setup, teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_shared, setup, teardown),
@@ -536,6 +646,7 @@ int main(void)
         cmocka_unit_test(test_container_corpus),
         cmocka_unit_test(test_small_plane_huffman),
         cmocka_unit_test_setup_teardown(test_sparse_never_worse_than_zstd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tables_never_worse_than_zstd, setup, teardown),
     };
     return cmocka_run_group_tests_name("pack", tests, NULL, NULL);
 }

@@ -1,0 +1,216 @@
+/* Transform 7 (ggml): llama.cpp's quantized blocks as planes, one per field
+ * of the block (docs/FORMAT.md): scale bytes, sub-block scales, codes. The
+ * codes of the 5- and 6-bit types are kept whole, one per byte: their low
+ * nibbles and high bits sit in different fields of the block, and split
+ * that way each part looks close to random (Q5_0: 4.96 bits per code) while
+ * the whole code does not (4.60). Bytes of partial blocks at the chunk's two
+ * ends go to a last plane as they are. */
+#include "pack_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+enum { CODES_NONE, CODES_Q5, CODES_Q5_K, CODES_Q6_K };
+
+typedef struct {
+    uint16_t off, len;
+} field;
+
+typedef struct {
+    int type;
+    uint16_t bytes;       /* of a block */
+    uint8_t nf;           /* fields copied byte for byte, each to its plane */
+    field f[6];
+    uint8_t codes;        /* CODES_*: whole codes into the plane after the fields */
+    uint16_t qh, qs, ncodes; /* where the codes' high bits and low nibbles start; codes per block */
+    const char *names;    /* of the planes, space-separated */
+} block_layout;
+
+#define D2(o) {o, 1}, {o + 1, 1} /* an F16 scale: its low byte (mantissa), its high byte (sign, exponent) */
+
+static const block_layout layouts[] = {
+    {2, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                   /* q4_0 */
+    {3, 20, 5, {D2(0), D2(2), {4, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi m.lo m.hi qs partial"},                            /* q4_1 */
+    {6, 22, 2, {D2(0)}, CODES_Q5, 2, 6, 32, "d.lo d.hi codes partial"},                                             /* q5_0 */
+    {7, 24, 4, {D2(0), D2(2)}, CODES_Q5, 4, 8, 32, "d.lo d.hi m.lo m.hi codes partial"},                                      /* q5_1 */
+    {8, 34, 3, {D2(0), {2, 32}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                   /* q8_0 */
+    {10, 84, 6, {{0, 16}, {16, 64}, D2(80), D2(82)}, CODES_NONE, 0, 0, 0, "scales qs d.lo d.hi dmin.lo dmin.hi partial"},               /* q2_k */
+    {11, 110, 5, {{0, 32}, {32, 64}, {96, 12}, D2(108)}, CODES_NONE, 0, 0, 0, "hmask qs scales d.lo d.hi partial"},           /* q3_k */
+    {12, 144, 6, {D2(0), D2(2), {4, 12}, {16, 128}}, CODES_NONE, 0, 0, 0, "d.lo d.hi dmin.lo dmin.hi scales qs partial"},               /* q4_k */
+    {13, 176, 5, {D2(0), D2(2), {4, 12}}, CODES_Q5_K, 16, 48, 256, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},                      /* q5_k */
+    {14, 210, 3, {{192, 16}, D2(208)}, CODES_Q6_K, 128, 0, 256, "scales d.lo d.hi codes partial"},                         /* q6_k */
+    {20, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                  /* iq4_nl */
+    {23, 136, 5, {D2(0), {2, 2}, {4, 4}, {8, 128}}, CODES_NONE, 0, 0, 0, "d.lo d.hi scales_h scales_l qs partial"},                /* iq4_xs */
+};
+
+static const block_layout *layout_of(int type)
+{
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++)
+        if (layouts[i].type == type)
+            return &layouts[i];
+    return NULL;
+}
+
+int stz_blocks_known(int type) { return layout_of(type) != NULL; }
+
+/* The codes of one block b into c, and back. Q5 (32-blocks): element j < 16
+ * in the low nibble of qs[j], j + 16 in its high one, bit 4 of element j in
+ * bit j of the little-endian word at qh. Q5_K: 64-element groups g, element
+ * l < 32 of a group in qs[32g + l]'s low nibble with high bit 2g of qh[l],
+ * element 32 + l in the high nibble with bit 2g + 1. Q6_K: two halves of 128,
+ * four 32-runs each from the low and high nibbles of ql[l] and ql[l + 32]
+ * with 2-bit pairs 0, 2, 4, 6 of qh[l] (ggml-common.h's layouts). */
+static void codes_split(const block_layout *L, const uint8_t *b, uint8_t *c)
+{
+    const uint8_t *qh = b + L->qh, *qs = b + L->qs;
+    if (L->codes == CODES_Q5) {
+        uint32_t h = stz_le32(qh);
+        for (int j = 0; j < 16; j++) {
+            c[j] = (uint8_t)((qs[j] & 15) | ((h >> j) & 1) << 4);
+            c[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
+        }
+    } else if (L->codes == CODES_Q5_K) {
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                c[64 * g + l] = (uint8_t)((qs[32 * g + l] & 15) | ((qh[l] >> (2 * g)) & 1) << 4);
+                c[64 * g + 32 + l] = (uint8_t)((qs[32 * g + l] >> 4) | ((qh[l] >> (2 * g + 1)) & 1) << 4);
+            }
+    } else {
+        const uint8_t *ql = b + L->qs;
+        for (int n = 0; n < 2; n++, ql += 64, qh += 32, c += 128)
+            for (int l = 0; l < 32; l++) {
+                c[l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
+                c[l + 32] = (uint8_t)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4);
+                c[l + 64] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+                c[l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+            }
+    }
+}
+
+/* Inverse of codes_split; bits above a code's width are dropped (a corrupt
+ * plane then fails the chunk's hash). */
+static void codes_merge(const block_layout *L, const uint8_t *c, uint8_t *b)
+{
+    uint8_t *qh = b + L->qh, *qs = b + L->qs;
+    if (L->codes == CODES_Q5) {
+        uint32_t h = 0;
+        for (int j = 0; j < 16; j++) {
+            qs[j] = (uint8_t)((c[j] & 15) | (c[j + 16] & 15) << 4);
+            h |= (uint32_t)((c[j] >> 4) & 1) << j | (uint32_t)((c[j + 16] >> 4) & 1) << (j + 16);
+        }
+        stz_put_le32(qh, h);
+    } else if (L->codes == CODES_Q5_K) {
+        memset(qh, 0, 32);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                uint8_t lo = c[64 * g + l], hi = c[64 * g + 32 + l];
+                qs[32 * g + l] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+                qh[l] |= (uint8_t)(((lo >> 4) & 1) << (2 * g) | ((hi >> 4) & 1) << (2 * g + 1));
+            }
+    } else {
+        uint8_t *ql = b + L->qs;
+        for (int n = 0; n < 2; n++, ql += 64, qh += 32, c += 128)
+            for (int l = 0; l < 32; l++) {
+                ql[l] = (uint8_t)((c[l] & 15) | (c[l + 64] & 15) << 4);
+                ql[l + 32] = (uint8_t)((c[l + 32] & 15) | (c[l + 96] & 15) << 4);
+                qh[l] = (uint8_t)((c[l] >> 4 & 3) | (c[l + 32] >> 4 & 3) << 2 | (c[l + 64] >> 4 & 3) << 4 |
+                                  (c[l + 96] >> 4 & 3) << 6);
+            }
+    }
+}
+
+/* A chunk of n bytes starting `phase` bytes into a block: *head bytes end
+ * that block, *m whole blocks follow, then *tail bytes of a block. */
+static void cut(const block_layout *L, uint32_t phase, size_t n, size_t *head, size_t *m, size_t *tail)
+{
+    size_t h = phase ? L->bytes - phase : 0;
+    *head = h < n ? h : n;
+    *m = (n - *head) / L->bytes;
+    *tail = n - *head - *m * L->bytes;
+}
+
+int stz_blocks_planes(int type, uint32_t phase, size_t n, uint32_t *raw)
+{
+    const block_layout *L = layout_of(type);
+    if (!L || phase >= L->bytes)
+        return 0;
+    size_t head, m, tail;
+    cut(L, phase, n, &head, &m, &tail);
+    int k = 0;
+    for (; k < L->nf; k++)
+        raw[k] = (uint32_t)(m * L->f[k].len);
+    if (L->codes)
+        raw[k++] = (uint32_t)(m * L->ncodes);
+    raw[k++] = (uint32_t)(head + tail);
+    return k;
+}
+
+/* m runs of len bytes, src + i * ss to dst + i * ds; constant lengths for
+ * the fields blocks have, so that each copy is a move or two. */
+#define RUNS(L)                                                                                                        \
+    case L:                                                                                                            \
+        for (size_t i = 0; i < m; i++)                                                                                 \
+            memcpy(dst + i * ds, src + i * ss, L);                                                                     \
+        break
+static void copy_runs(uint8_t *restrict dst, size_t ds, const uint8_t *restrict src, size_t ss, size_t len, size_t m)
+{
+    switch (len) {
+        RUNS(1);
+        RUNS(2);
+        RUNS(4);
+        RUNS(12);
+        RUNS(16);
+        RUNS(32);
+        RUNS(64);
+        RUNS(128);
+    default:
+        for (size_t i = 0; i < m; i++)
+            memcpy(dst + i * ds, src + i * ss, len);
+    }
+}
+
+void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p)
+{
+    const block_layout *L = layout_of(type);
+    size_t head, m, tail;
+    cut(L, phase, n, &head, &m, &tail);
+    const uint8_t *b = src + head;
+    for (int k = 0; k < L->nf; k++)
+        copy_runs(p[k], L->f[k].len, b + L->f[k].off, L->bytes, L->f[k].len, m);
+    for (size_t i = 0; L->codes && i < m; i++)
+        codes_split(L, b + i * L->bytes, p[L->nf] + i * L->ncodes);
+    uint8_t *rest = p[L->nf + (L->codes != 0)];
+    memcpy(rest, src, head);
+    memcpy(rest + head, b + m * L->bytes, tail);
+}
+
+void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst)
+{
+    const block_layout *L = layout_of(type);
+    size_t head, m, tail;
+    cut(L, phase, n, &head, &m, &tail);
+    uint8_t *b = dst + head;
+    for (int k = 0; k < L->nf; k++)
+        copy_runs(b + L->f[k].off, L->bytes, p[k], L->f[k].len, L->f[k].len, m);
+    for (size_t i = 0; L->codes && i < m; i++)
+        codes_merge(L, p[L->nf] + i * L->ncodes, b + i * L->bytes);
+    const uint8_t *rest = p[L->nf + (L->codes != 0)];
+    memcpy(dst, rest, head);
+    memcpy(b + m * L->bytes, rest + head, tail);
+}
+
+const char *stz_blocks_plane_name(int type, int k, char *buf, size_t cap)
+{
+    const block_layout *L = layout_of(type);
+    const char *s = L ? L->names : "";
+    for (; k > 0 && *s; k--)
+        s += strcspn(s, " ") + (s[strcspn(s, " ")] == ' ');
+    snprintf(buf, cap, "%.*s", (int)strcspn(s, " "), s);
+    return buf;
+}
+
+uint32_t stz_blocks_phase(int type, uint64_t offset)
+{
+    const block_layout *L = layout_of(type);
+    return L ? (uint32_t)(offset % L->bytes) : 0;
+}
