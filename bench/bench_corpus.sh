@@ -5,7 +5,8 @@
 # byte for byte. Files: stories260K BF16/F32 (shared data, when present),
 # stz synth's `small` model dense and pruned (--sparsity 0.5 and 2:4, BF16;
 # 0.5 in F32), and a zero-heavy F32 table (mel-filterbank-like triangles,
-# masks, an embedding with unused rows). Targets: stz >= 0.99x zstd -3's
+# masks, an embedding with unused rows), a speech front-end's DFT and
+# position tables. Targets: stz >= 0.99x zstd -3's
 # ratio, stz --best >= 0.99x zstd -19's.
 # Usage: bench/bench_corpus.sh [BUILD_DIR] [WORK_DIR]
 set -eu
@@ -24,9 +25,24 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", a / b }'; }
 "$STZ" synth small --sparsity 0.5 --dtype f32 -o "$WORK/small.sparse50.f32.safetensors" -q -f
 PY=python3 # one with numpy (Debian's python3-numpy)
 for p in /usr/bin/python3 python3; do "$p" -c "import numpy" 2>/dev/null && PY=$p && break; done
-"$PY" - "$WORK/tables.f32.safetensors" <<'P'
+"$PY" - "$WORK/tables.f32.safetensors" "$WORK/frontend.f32.safetensors" <<'P'
 import json, struct, sys
 import numpy as np
+
+
+def save(path, t):
+    """t's F32 tensors as a SafeTensors file."""
+    head, off, blobs = {}, 0, []
+    for name, v in t.items():
+        b = np.ascontiguousarray(v, "<f4").tobytes()
+        head[name] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 rng = np.random.default_rng(7)
 t = {}
 # mel filterbanks: triangles over FFT bins, zero elsewhere
@@ -49,15 +65,17 @@ t["embedding"] = e
 w = (rng.standard_normal((1024, 1024)) * 0.03).astype(np.float32)
 w[rng.random(w.shape) < 0.7] = 0
 t["pruned_proj"] = w
-head, off, blobs = {}, 0, []
-for name, v in t.items():
-    b = np.ascontiguousarray(v, "<f4").tobytes()
-    head[name] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
-    off += len(b)
-    blobs.append(b)
-h = json.dumps(head).encode()
-h += b" " * (-len(h) % 8)
-open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+save(sys.argv[1], t)
+# a speech front-end's tables: DFT bases (values from a small set, scattered: no element repeats
+# the one before it) and a sinusoidal position table
+t = {}
+for n_fft in (400, 512):
+    k, n = np.arange(n_fft // 2 + 1)[:, None], np.arange(n_fft)[None, :]
+    t["dft%d_real" % n_fft] = np.cos(2 * np.pi * ((k * n) % n_fft) / n_fft).astype(np.float32)
+    t["dft%d_imag" % n_fft] = (-np.sin(2 * np.pi * ((k * n) % n_fft) / n_fft)).astype(np.float32)
+ang = np.arange(1500)[:, None] / 10000 ** (np.arange(192)[None, :] / 191)
+t["positional_embedding"] = np.concatenate([np.sin(ang), np.cos(ang)], 1).astype(np.float32)
+save(sys.argv[2], t)
 P
 
 echo "## stz lossless corpus benchmark"
@@ -67,7 +85,7 @@ echo
 echo "| file | MB | stz | zstd -3 | stz / zstd -3 | stz --best | zstd -19 | --best / zstd -19 |"
 echo "|---|---|---|---|---|---|---|---|"
 set -- "$WORK/small.bf16.safetensors" "$WORK/small.sparse50.bf16.safetensors" "$WORK/small.2of4.bf16.safetensors" \
-    "$WORK/small.sparse50.f32.safetensors" "$WORK/tables.f32.safetensors"
+    "$WORK/small.sparse50.f32.safetensors" "$WORK/tables.f32.safetensors" "$WORK/frontend.f32.safetensors"
 [ -f "$DATA/stories260K.bf16.safetensors" ] && set -- "$DATA/stories260K.bf16.safetensors" \
     "$DATA/stories260K.f32.safetensors" "$@"
 for F in "$@"; do

@@ -6,7 +6,11 @@
 # by the default --int4 / --int8 (llama.cpp's types in SafeTensors), and
 # exported to GGUF (the --int4 mix, and a Q4_K_M-like mix: Q4_K, Q6_K for
 # the value and down projections and the embedding, llama.cpp's fallbacks
-# where rows are not whole 256-blocks). Speeds are the coder's on one
+# where rows are not whole 256-blocks), the Q4_K_M-like file again with its
+# blocks chosen by llama.cpp's own quantizer (bench/ggml_requant.c, built
+# against the ggml that bench/bench_ggml_types.sh builds; skipped without
+# it), and a Llama-3.2-1B-shaped model (3 layers), whose rows are all whole
+# 256-blocks, in the same mix. Speeds are the coder's on one
 # thread (best of RUNS, output to /dev/null: writing a file to tmpfs costs
 # the kernel as much again, for stz and zstd alike). Prints a Markdown table
 # and checks the targets of the lossless-for-quantized-models issue.
@@ -15,11 +19,14 @@
 # Needs: zstd, /usr/bin/time; about 6 GB in WORK_DIR (default /dev/shm/stz-bench-q).
 set -eu
 . "$(dirname "$0")/bench_lib.sh"
-BUILD=${1:-build}
+BUILD=$(cd "${1:-build}" && pwd)
 WORK=${2:-/dev/shm/stz-bench-q}
 RUNS=${3:-3}
-STZ=$(cd "$BUILD" && pwd)/stz
-DATA=$(cd "$(dirname "$0")/../../shared/data" 2>/dev/null && pwd || echo /nonexistent)
+STZ=$BUILD/stz
+HERE=$(cd "$(dirname "$0")" && pwd)
+DATA=$(cd "$HERE/../../shared/data" 2>/dev/null && pwd || echo /nonexistent)
+GG=${GGML_WORK:-/dev/shm/stz-bench-ggml} # bench_ggml_types.sh's work directory
+REQUANT=
 mkdir -p "$WORK"
 cd "$WORK"
 size() { stat -c %s "$1"; }
@@ -64,6 +71,18 @@ row() { # file label kind(st|gguf)
     rm -f o.stz o.back
 }
 
+q4km() { # source label tokenizer: the Q4_K_M-like GGUF rows
+    "$STZ" quantize "$1" -o q.safetensors -q -f --policy int4 --set 're:.*\.(v_proj|down_proj|wv|w2)\.weight=q6_k' \
+        --set 're:.*(embed_tokens|tok_embeddings)\.weight=q6_k' --set '*=q4_k'
+    "$STZ" export --gguf q.safetensors --tokenizer "$3" -o q.gguf -q -f
+    row q.gguf "$2 Q4_K_M-like GGUF" gguf
+    if [ -n "$REQUANT" ]; then
+        "$REQUANT" q.gguf q.llama.gguf >/dev/null
+        row q.llama.gguf "$2 Q4_K_M-like GGUF, llama.cpp's blocks" gguf
+    fi
+    rm -f q.safetensors q.gguf q.llama.gguf
+}
+
 model() { # source label
     src=$1 label=$2
     for m in absmax full mse asym nl; do
@@ -80,13 +99,14 @@ model() { # source label
     "$STZ" quantize "$src" -o q.safetensors -q -f --int4
     "$STZ" export --gguf q.safetensors --tokenizer "$3" -o q.gguf -q -f
     row q.gguf "$label --int4 as GGUF" gguf
-    "$STZ" quantize "$src" -o q.safetensors -q -f --policy int4 --set 're:.*\.(v_proj|down_proj|wv|w2)\.weight=q6_k' \
-        --set 're:.*(embed_tokens|tok_embeddings)\.weight=q6_k' --set '*=q4_k'
-    "$STZ" export --gguf q.safetensors --tokenizer "$3" -o q.gguf -q -f
-    row q.gguf "$label Q4_K_M-like GGUF" gguf
-    rm -f q.safetensors q.gguf
+    q4km "$src" "$label" "$3"
 }
 
+if [ -f "$GG/ggml-build/src/libggml-base.so" ] && [ -d "$GG/ggml-src/include" ]; then
+    cc -O2 -I"$HERE/../include" -I"$GG/ggml-src/include" "$HERE/ggml_requant.c" "$BUILD/libstz.a" \
+        "$GG/ggml-build/src/libggml-base.so" -Wl,-rpath,"$GG/ggml-build/src" $(pkg-config --libs libzstd libcjson libxxhash) \
+        -lopenblas -llapacke -lm -lpthread -o ggml_requant && REQUANT=$(pwd)/ggml_requant
+fi
 echo "## Lossless packing of quantized models"
 echo
 echo "$(date -u +%Y-%m-%d), $(nproc) cores; zstd $(zstd -V | grep -o 'v[0-9.]*'), stz $("$STZ" --version | cut -d' ' -f2); speeds best of $RUNS, one thread."
@@ -96,9 +116,22 @@ echo "|---|---|---|---|---|---|---|---|"
 "$STZ" synth qwen2-0.5b -o qwen.safetensors -q -f
 model qwen.safetensors "Qwen2-0.5B synthetic" tokenizer.json
 rm -f qwen.safetensors
+"$STZ" synth llama-1b --layers 3 -o llama.safetensors -q -f
+python3 - <<'P' # its tokenizer: the byte-level one, padded to Llama-3's 128,256 entries
+import json
+t = json.load(open("tokenizer.json"))
+v = t["model"]["vocab"]
+for i in range(len(v), 128256):
+    v["t%d" % i] = i
+t["added_tokens"] = []
+json.dump(t, open("tokenizer-llama.json", "w"))
+P
+q4km llama.safetensors "Llama-3.2-1B synthetic, 3 layers," tokenizer-llama.json
+rm -f llama.safetensors
 if [ -f "$DATA/stories260K.f32.safetensors" ]; then
     model "$DATA/stories260K.f32.safetensors" "stories260K" "$DATA/tok512.bin"
 fi
+[ -n "$REQUANT" ] || echo "(no ggml build in $GG: the rows with llama.cpp's blocks were skipped; run bench/bench_ggml_types.sh)"
 echo
 echo "Targets:"
 check "quantized SafeTensors: every file >= 1.03x zstd -19 (worst $worst_q)" "$worst_q >= 1.03"

@@ -63,9 +63,11 @@ STZ_API stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char 
 /* Predicting a container's size (stz tune): the bytes a tensor of `dtype`
  * holding data[n] takes in a container written with p (its chunk records
  * and index entries, exactly), and the container's fixed bytes for a
- * SafeTensors file whose JSON header is header[len]. */
-STZ_API stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const uint8_t *data, uint64_t n,
-                                 uint64_t *bytes, stz_err *err);
+ * SafeTensors file whose JSON header is header[len]. block_type: the ggml
+ * type (STZ_GGML_*) of the blocks data holds, as a quantized file's entry
+ * with "packing": "ggml" declares them; 0 for none. */
+STZ_API stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int block_type, const uint8_t *data,
+                                         uint64_t n, uint64_t *bytes, stz_err *err);
 STZ_API uint64_t stz_pack_fixed_bytes(const char *header, size_t len);
 
 /* ---- reading containers ---------------------------------------------- */

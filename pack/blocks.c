@@ -3,14 +3,20 @@
  * codes of the 5- and 6-bit types are kept whole, one per byte: their low
  * nibbles and high bits sit in different fields of the block, and split
  * that way each part looks close to random (Q5_0: 4.96 bits per code) while
- * the whole code does not (4.60). Bytes of partial blocks at the chunk's two
- * ends go to a last plane as they are. */
+ * the whole code does not (4.60). Q4_K's and Q5_K's codes are grouped by a
+ * class of their sub-block's zero point (dmin * min / (d * scale), the code
+ * that stands for 0), which shapes their distribution: coded per class they
+ * take 3.2% fewer bits (Q4_K: 3.71 bits per code, 3.84 in one stream). Bytes
+ * of partial blocks at the chunk's two ends go to a last plane as they are. */
 #include "pack_internal.h"
+#include "core/stz_core.h"
 
 #include <stdio.h>
 #include <string.h>
 
-enum { CODES_NONE, CODES_Q5, CODES_Q5_K, CODES_Q6_K };
+enum { CODES_NONE, CODES_Q5, CODES_Q4_K, CODES_Q5_K, CODES_Q6_K };
+
+#define CLASSES STZ_BLOCK_RUNS /* zero-point classes of the grouped codes */
 
 typedef struct {
     uint16_t off, len;
@@ -22,7 +28,7 @@ typedef struct {
     uint8_t nf;           /* fields copied byte for byte, each to its plane */
     field f[6];
     uint8_t codes;        /* CODES_*: whole codes into the plane after the fields */
-    uint16_t qh, qs, ncodes; /* where the codes' high bits and low nibbles start; codes per block */
+    uint16_t qh, qs, ncodes; /* where the codes' high bits and low nibbles start; codes plane bytes per block */
     const char *names;    /* of the planes, space-separated */
 } block_layout;
 
@@ -36,7 +42,7 @@ static const block_layout layouts[] = {
     {8, 34, 3, {D2(0), {2, 32}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                   /* q8_0 */
     {10, 84, 6, {{0, 16}, {16, 64}, D2(80), D2(82)}, CODES_NONE, 0, 0, 0, "scales qs d.lo d.hi dmin.lo dmin.hi partial"},               /* q2_k */
     {11, 110, 5, {{0, 32}, {32, 64}, {96, 12}, D2(108)}, CODES_NONE, 0, 0, 0, "hmask qs scales d.lo d.hi partial"},           /* q3_k */
-    {12, 144, 6, {D2(0), D2(2), {4, 12}, {16, 128}}, CODES_NONE, 0, 0, 0, "d.lo d.hi dmin.lo dmin.hi scales qs partial"},               /* q4_k */
+    {12, 144, 5, {D2(0), D2(2), {4, 12}}, CODES_Q4_K, 0, 16, 128, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},       /* q4_k */
     {13, 176, 5, {D2(0), D2(2), {4, 12}}, CODES_Q5_K, 16, 48, 256, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},                      /* q5_k */
     {14, 210, 3, {{192, 16}, D2(208)}, CODES_Q6_K, 128, 0, 256, "scales d.lo d.hi codes partial"},                         /* q6_k */
     {20, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                  /* iq4_nl */
@@ -63,7 +69,14 @@ int stz_blocks_known(int type) { return layout_of(type) != NULL; }
 static void codes_split(const block_layout *L, const uint8_t *b, uint8_t *c)
 {
     const uint8_t *qh = b + L->qh, *qs = b + L->qs;
-    if (L->codes == CODES_Q5) {
+    if (L->codes == CODES_Q4_K) { /* sub-block 2g: low nibbles of qs[32g..], 2g + 1: high; pairs of neighbours */
+        for (int g = 0; g < 4; g++)
+            for (int i = 0; i < 16; i++) {
+                uint8_t a = qs[32 * g + 2 * i], z = qs[32 * g + 2 * i + 1];
+                c[32 * g + i] = (uint8_t)((a & 15) | (z & 15) << 4);
+                c[32 * g + 16 + i] = (uint8_t)((a >> 4) | (z >> 4) << 4);
+            }
+    } else if (L->codes == CODES_Q5) {
         uint32_t h = stz_le32(qh);
         for (int j = 0; j < 16; j++) {
             c[j] = (uint8_t)((qs[j] & 15) | ((h >> j) & 1) << 4);
@@ -92,7 +105,14 @@ static void codes_split(const block_layout *L, const uint8_t *b, uint8_t *c)
 static void codes_merge(const block_layout *L, const uint8_t *c, uint8_t *b)
 {
     uint8_t *qh = b + L->qh, *qs = b + L->qs;
-    if (L->codes == CODES_Q5) {
+    if (L->codes == CODES_Q4_K) {
+        for (int g = 0; g < 4; g++)
+            for (int i = 0; i < 16; i++) {
+                uint8_t lo = c[32 * g + i], hi = c[32 * g + 16 + i];
+                qs[32 * g + 2 * i] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+                qs[32 * g + 2 * i + 1] = (uint8_t)((lo >> 4) | (hi >> 4) << 4);
+            }
+    } else if (L->codes == CODES_Q5) {
         uint32_t h = 0;
         for (int j = 0; j < 16; j++) {
             qs[j] = (uint8_t)((c[j] & 15) | (c[j + 16] & 15) << 4);
@@ -169,6 +189,111 @@ static void copy_runs(uint8_t *restrict dst, size_t ds, const uint8_t *restrict 
     }
 }
 
+/* ---- Q4_K / Q5_K: codes grouped by their sub-block's zero point ---- */
+
+static int grouped(const block_layout *L) { return L->codes == CODES_Q4_K || L->codes == CODES_Q5_K; }
+
+/* The class of each of a block's 8 sub-blocks, from its d and dmin (F16
+ * bits) and 12 bytes of 6-bit scales and minimums (ggml's get_scale_min_k4):
+ * where the value 0 falls, dmin * min / (d * scale) codes, in eighths of
+ * the code range (16 codes for Q4_K, 32 for Q5_K), the top class from its
+ * end up; 0 when that is not a number (a zero or non-finite scale). Exact
+ * everywhere: F16 values times 6-bit integers are exact in double, the one
+ * division is correctly rounded, the rest are powers of two. */
+static void zero_classes(uint16_t d16, uint16_t m16, const uint8_t *q, const block_layout *L, uint8_t *cls)
+{
+    double d = stz_f16_to_f32(d16), dm = stz_f16_to_f32(m16), span = L->codes == CODES_Q4_K ? 16 : 32;
+    for (int j = 0; j < 8; j++) {
+        int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+        double r = dm * mn / (d * sc);
+        cls[j] = !(r >= 0) ? 0 : r >= span ? CLASSES - 1 : (uint8_t)(r * CLASSES / span);
+    }
+}
+
+/* Block i's classes, from the chunk's bytes (b: the block) or its planes. */
+static void classes_raw(const block_layout *L, const uint8_t *b, uint8_t *cls)
+{
+    zero_classes(stz_le16(b), stz_le16(b + 2), b + 4, L, cls);
+}
+
+static void classes_planes(const block_layout *L, const uint8_t *const *p, size_t i, uint8_t *cls)
+{
+    zero_classes((uint16_t)(p[0][i] | p[1][i] << 8), (uint16_t)(p[2][i] | p[3][i] << 8), p[4] + 12 * i, L, cls);
+}
+
+/* Where each class's run starts in the codes plane of m blocks (from the
+ * raw blocks at b, or the planes p), and its length. */
+static void class_runs(const block_layout *L, const uint8_t *b, const uint8_t *const *p, size_t m, size_t *start,
+                       size_t *len)
+{
+    uint8_t cls[8];
+    size_t per = L->ncodes / 8;
+    memset(len, 0, CLASSES * sizeof *len);
+    for (size_t i = 0; i < m; i++) {
+        if (b)
+            classes_raw(L, b + i * L->bytes, cls);
+        else
+            classes_planes(L, p, i, cls);
+        for (int j = 0; j < 8; j++)
+            len[cls[j]] += per;
+    }
+    for (size_t k = 0, at = 0; k < CLASSES; at += len[k], k++)
+        start[k] = at;
+}
+
+int stz_blocks_segments(int type, uint32_t phase, const uint8_t *src, size_t n, size_t *len)
+{
+    const block_layout *L = layout_of(type);
+    size_t head, m, tail, start[CLASSES];
+    if (!L || !grouped(L))
+        return 0;
+    cut(L, phase, n, &head, &m, &tail);
+    class_runs(L, src + head, NULL, m, start, len);
+    return CLASSES;
+}
+
+/* The m blocks' codes into plane c: in block order, or grouped by class. */
+static void split_codes(const block_layout *L, const uint8_t *b, size_t m, uint8_t *c)
+{
+    if (!grouped(L)) {
+        for (size_t i = 0; i < m; i++)
+            codes_split(L, b + i * L->bytes, c + i * L->ncodes);
+        return;
+    }
+    size_t at[CLASSES], len[CLASSES], per = L->ncodes / 8;
+    uint8_t cls[8], one[256];
+    class_runs(L, b, NULL, m, at, len);
+    for (size_t i = 0; i < m; i++) {
+        classes_raw(L, b + i * L->bytes, cls);
+        codes_split(L, b + i * L->bytes, one);
+        for (int j = 0; j < 8; j++) {
+            memcpy(c + at[cls[j]], one + j * per, per);
+            at[cls[j]] += per;
+        }
+    }
+}
+
+static void merge_codes(const block_layout *L, const uint8_t *const *p, const uint8_t *c, size_t m, uint8_t *b)
+{
+    if (!grouped(L)) {
+        for (size_t i = 0; i < m; i++)
+            codes_merge(L, c + i * L->ncodes, b + i * L->bytes);
+        return;
+    }
+    size_t at[CLASSES], len[CLASSES], per = L->ncodes / 8;
+    uint8_t cls[8], one[256];
+    class_runs(L, NULL, p, m, at, len);
+    for (size_t i = 0; i < m; i++) {
+        classes_planes(L, p, i, cls);
+        for (int j = 0; j < 8; j++) {
+            memcpy(one + j * per, c + at[cls[j]], per);
+            at[cls[j]] += per;
+        }
+        codes_merge(L, one, b + i * L->bytes);
+    }
+}
+
 void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p)
 {
     const block_layout *L = layout_of(type);
@@ -177,8 +302,8 @@ void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, ui
     const uint8_t *b = src + head;
     for (int k = 0; k < L->nf; k++)
         copy_runs(p[k], L->f[k].len, b + L->f[k].off, L->bytes, L->f[k].len, m);
-    for (size_t i = 0; L->codes && i < m; i++)
-        codes_split(L, b + i * L->bytes, p[L->nf] + i * L->ncodes);
+    if (L->codes)
+        split_codes(L, b, m, p[L->nf]);
     uint8_t *rest = p[L->nf + (L->codes != 0)];
     memcpy(rest, src, head);
     memcpy(rest + head, b + m * L->bytes, tail);
@@ -192,8 +317,8 @@ void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t 
     uint8_t *b = dst + head;
     for (int k = 0; k < L->nf; k++)
         copy_runs(b + L->f[k].off, L->bytes, p[k], L->f[k].len, L->f[k].len, m);
-    for (size_t i = 0; L->codes && i < m; i++)
-        codes_merge(L, p[L->nf] + i * L->ncodes, b + i * L->bytes);
+    if (L->codes)
+        merge_codes(L, p, p[L->nf], m, b);
     const uint8_t *rest = p[L->nf + (L->codes != 0)];
     memcpy(dst, rest, head);
     memcpy(b + m * L->bytes, rest + head, tail);

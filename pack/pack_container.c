@@ -305,8 +305,10 @@ stz_status stz_container_parse_record(const stz_container *c, size_t i, const ui
     unsigned w = stz_xform_width(pl->xform);
     int np = pl->xform == STZ_XFORM_GGML ? stz_blocks_planes(pl->block_type, pl->phase, ch->raw_size, pl->raw)
                                          : (int)stz_xform_planes(pl->xform);
+    uint64_t at = ch->data_offset - stz_reader_tensor(c->hdr, ch->tensor)->begin; /* the chunk's offset in its span */
     if (!w || !np || pl->nplanes != np || stz_le32(rec + 8) != ch->raw_size || ch->raw_size % w || rec[7] ||
-        (pl->xform != STZ_XFORM_GGML && (rec[6] || !zeros(rec + 12, 4))))
+        (pl->xform != STZ_XFORM_GGML && (rec[6] || !zeros(rec + 12, 4))) ||
+        (pl->xform == STZ_XFORM_GGML && pl->phase != stz_blocks_phase(pl->block_type, at)))
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): invalid transform or size", c->path, i,
                            name);
     uint64_t total = RECORD_HEAD_SIZE + (uint64_t)pl->nplanes * PLANE_HEAD_SIZE;

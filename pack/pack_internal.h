@@ -45,6 +45,11 @@ int stz_blocks_planes(int type, uint32_t phase, size_t n, uint32_t *raw);
 /* The chunk into its planes (sizes from stz_blocks_planes), and back. */
 void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p);
 void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst);
+/* The codes plane of Q4_K and Q5_K chunks is grouped by class: the
+ * lengths of its STZ_BLOCK_RUNS runs into len (the plane encoder codes each
+ * with its own table); 0 for other types. */
+#define STZ_BLOCK_RUNS 8
+int stz_blocks_segments(int type, uint32_t phase, const uint8_t *src, size_t n, size_t *len);
 /* Plane k's name ("d.lo", "qs", "codes", "partial": the partial blocks'
  * bytes) into buf. */
 const char *stz_blocks_plane_name(int type, int k, char *buf, size_t cap);
@@ -67,6 +72,10 @@ void stz_plane_enc_free(stz_plane_enc *e);
  * level to also try (0: none). */
 stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
                             stz_codec *codec, size_t *stored, stz_err *err);
+/* The same, the Huffman coder's blocks (each with its own table) ending
+ * where each of the nseg runs of lengths seg[] (adding up to n) ends. */
+stz_status stz_plane_encode_runs(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, const size_t *seg,
+                                 int nseg, uint8_t *dst, size_t cap, stz_codec *codec, size_t *stored, stz_err *err);
 
 /* Decodes exactly n bytes. STZ_E_FORMAT if the payload does not decode to
  * exactly n bytes. */

@@ -124,17 +124,22 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
      * ids, masks) also try zstd with matches. */
     int is_float = x == STZ_XFORM_BF16 || x == STZ_XFORM_F16 || x == STZ_XFORM_F32;
     int zlevel = is_float ? 0 : p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : 1;
-    /* Codes of trained weights have no matches either: blocks try zstd
-     * only where repeats show (pruned rows, padding), since the trial costs
-     * 0.4x the time of the rest of their coding. */
-    if (x == STZ_XFORM_GGML && zlevel == 1 && !has_repeats(raw, n))
+    /* Codes of trained weights have no matches either: integer planes and
+     * blocks try zstd only where repeats show (ids, masks, pruned rows,
+     * padding), since the trial costs 0.4x the time of the rest of their
+     * coding. */
+    if (zlevel == 1 && !has_repeats(raw, n))
         zlevel = 0;
     size_t off = RECORD_HEAD_SIZE + (size_t)np * PLANE_HEAD_SIZE, cap = stz_record_bound(p->chunk_size);
+    size_t runs[STZ_BLOCK_RUNS]; /* Q4_K, Q5_K: the codes plane (before the partial blocks') by class */
+    int nruns = x == STZ_XFORM_GGML ? stz_blocks_segments(h[6], stz_le32(h + 12), raw, n, runs) : 0;
     stz_status st;
     for (int k = 0; k < np; k++) {
         stz_codec codec;
         size_t stored;
-        if ((st = stz_plane_encode(enc, zlevel, planes[k], sizes[k], rec + off, cap - off, &codec, &stored, err)))
+        int grouped = k == np - 2 && nruns;
+        if ((st = stz_plane_encode_runs(enc, zlevel, planes[k], sizes[k], grouped ? runs : NULL, grouped ? nruns : 0,
+                                        rec + off, cap - off, &codec, &stored, err)))
             return st;
         uint8_t *ph = h + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
         memset(ph, 0, PLANE_HEAD_SIZE);
@@ -233,8 +238,8 @@ uint64_t stz_pack_fixed_bytes(const char *header, size_t len)
     return FILE_HEADER_SIZE + zs + INDEX_HEAD_SIZE + TRAILER_SIZE;
 }
 
-stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const uint8_t *data, uint64_t n,
-                                 uint64_t *bytes, stz_err *err)
+stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int block_type, const uint8_t *data,
+                                 uint64_t n, uint64_t *bytes, stz_err *err)
 {
     *bytes = 0;
     size_t cs = p->chunk_size;
@@ -245,7 +250,7 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, cons
     uint8_t *pbuf = malloc(stz_planes_bound(cs)), *rec = malloc(stz_record_bound(cs));
     if (!pbuf || !rec)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plane and record buffers");
-    stz_span span = {dtype, 0, n, "", 0};
+    stz_span span = {dtype, 0, n, "", stz_blocks_known(block_type) ? block_type : 0};
     for (uint64_t off = 0; !st && off < n; off += cs) {
         size_t k = n - off < cs ? (size_t)(n - off) : cs, len;
         if (!(st = encode_chunk(&enc, p, &span, off, data + off, k, pbuf, rec, &len, err)))
@@ -484,6 +489,9 @@ static stz_status open_gguf(const char *in, stz_reader **r, stz_span **spans, si
 {
     stz_gguf *g = NULL;
     stz_status st = stz_gguf_open_layout(&g, in, err);
+    if (!st && stz_gguf_data_offset(g) > 8 + (uint64_t)STZ_ST_MAX_HEADER) /* what a reader accepts */
+        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: a GGUF header of %llu bytes (the container holds up to %u)", in,
+                         (unsigned long long)stz_gguf_data_offset(g), 8 + STZ_ST_MAX_HEADER);
     if (!st && !(st = stz_gguf_spans(g, spans, nt, err)) &&
         !(st = stz_reader_open_spans(r, in, 1, stz_gguf_file_size(g), stz_gguf_data_offset(g), *spans, *nt, err)))
         for (size_t i = 0; i < *nt; i++)

@@ -85,9 +85,15 @@ static int all_equal(const uint8_t *p, size_t n)
     return acc == 0;
 }
 
-static size_t huf_encode(stz_plane_enc *e, const uint8_t *src, size_t n, uint8_t *dst, size_t cap)
+/* Blocks of at most ZSTD_BLOCKSIZE_MAX literals, ending where each run of
+ * seg[nseg] ends (one run of n when nseg is 0). */
+static size_t huf_encode(stz_plane_enc *e, const uint8_t *src, size_t n, const size_t *seg, int nseg, uint8_t *dst,
+                         size_t cap)
 {
-    size_t nb = (n + ZSTD_BLOCKSIZE_MAX - 1) / ZSTD_BLOCKSIZE_MAX;
+    size_t nb = nseg ? (size_t)nseg : 1;
+    for (int k = 0; k < nseg; k++)
+        nb += seg[k] / ZSTD_BLOCKSIZE_MAX;
+    nb += n / ZSTD_BLOCKSIZE_MAX;
     if (nb > e->seq_cap) {
         ZSTD_Sequence *s = realloc(e->seqs, nb * sizeof *s);
         if (!s)
@@ -95,20 +101,29 @@ static size_t huf_encode(stz_plane_enc *e, const uint8_t *src, size_t n, uint8_t
         e->seqs = s;
         e->seq_cap = nb;
     }
-    for (size_t b = 0; b < nb; b++) {
-        size_t len = n - b * ZSTD_BLOCKSIZE_MAX < ZSTD_BLOCKSIZE_MAX ? n - b * ZSTD_BLOCKSIZE_MAX : ZSTD_BLOCKSIZE_MAX;
-        e->seqs[b] = (ZSTD_Sequence){.offset = 0, .litLength = (unsigned)len, .matchLength = 0, .rep = 0};
-    }
+    size_t b = 0;
+    for (int k = 0; k < (nseg ? nseg : 1); k++)
+        for (size_t left = nseg ? seg[k] : n; left;) {
+            size_t len = left < ZSTD_BLOCKSIZE_MAX ? left : ZSTD_BLOCKSIZE_MAX;
+            e->seqs[b++] = (ZSTD_Sequence){.offset = 0, .litLength = (unsigned)len, .matchLength = 0, .rep = 0};
+            left -= len;
+        }
     /* zstd stores a block's literals raw unless Huffman saves 1/64 of them
      * (1/256 from strategy btultra2 on); small planes, 4-bit codes say, often
      * save 2-3% after their table: let them, at a cost too small to see.
      * Large planes keep level 1's rule, which costs less CPU. */
-    ZSTD_CCtx_setParameter(e->huf, ZSTD_c_strategy, nb == 1 ? ZSTD_btultra2 : 0);
-    return ZSTD_compressSequences(e->huf, dst, cap, e->seqs, nb, src, n);
+    ZSTD_CCtx_setParameter(e->huf, ZSTD_c_strategy, b == 1 ? ZSTD_btultra2 : 0);
+    return ZSTD_compressSequences(e->huf, dst, cap, e->seqs, b, src, n);
 }
 
 stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
                             stz_codec *codec, size_t *stored, stz_err *err)
+{
+    return stz_plane_encode_runs(e, try_zstd, src, n, NULL, 0, dst, cap, codec, stored, err);
+}
+
+stz_status stz_plane_encode_runs(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, const size_t *seg,
+                                 int nseg, uint8_t *dst, size_t cap, stz_codec *codec, size_t *stored, stz_err *err)
 {
     *codec = STZ_CODEC_RAW;
     *stored = n;
@@ -141,7 +156,7 @@ stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, 
         e->scratch_cap = bound;
     }
     if (h < 7.9) {
-        size_t r = huf_encode(e, src, n, e->scratch, bound);
+        size_t r = huf_encode(e, src, n, seg, nseg, e->scratch, bound);
         if (ZSTD_isError(r))
             return stz_err_set(err, STZ_E_IO, "zstd literal coding failed: %s", ZSTD_getErrorName(r));
         if (r < *stored) {

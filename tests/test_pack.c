@@ -98,6 +98,7 @@ static void test_blocks_roundtrip(void **state)
     (void)state;
     enum { N = 3 * 210 + 7 };
     static uint8_t src[N], planes[2 * N + 512], back[N];
+    size_t regrouped = 0; /* chunks whose codes span several classes */
     for (size_t t = 0; t < sizeof block_types / sizeof *block_types; t++) {
         int type = block_types[t];
         uint32_t bs = stz_ggml_traits_of(type)->bytes, raw[STZ_MAX_PLANES];
@@ -113,6 +114,14 @@ static void test_blocks_roundtrip(void **state)
                 for (int k = 0; k < np; k++)
                     p[k] = at, at += raw[k], total += raw[k];
                 assert_true(total <= stz_planes_bound(n < 65536 ? 65536 : n));
+                size_t runs[STZ_BLOCK_RUNS], sum = 0, used = 0;
+                int nr = stz_blocks_segments(type, phase, src, n, runs);
+                assert_int_equal(nr, type == 12 || type == 13 ? STZ_BLOCK_RUNS : 0);
+                for (int k = 0; k < nr; k++)
+                    sum += runs[k], used += runs[k] > 0;
+                if (nr) /* the codes plane, by class */
+                    assert_true(sum == raw[np - 2]);
+                regrouped += used > 1;
                 stz_blocks_split(type, phase, src, n, p);
                 memset(back, 0xA5, sizeof back);
                 stz_blocks_merge(type, phase, (const uint8_t *const *)p, n, back);
@@ -120,16 +129,19 @@ static void test_blocks_roundtrip(void **state)
                     fail_msg("ggml type %d, phase %u, %zu bytes: merge(split(x)) != x", type, phase, n);
             }
     }
+    assert_true(regrouped > 100);
 }
 
 /* The codes plane of the 5- and 6-bit types holds each element's whole
- * code in element order: with scale 1 (and no minimum) llama.cpp's own
- * dequantizer (written from ggml-common.h, quant/) gives code - offset. */
+ * code in element order (Q4_K: two to a byte, the first in the low nibble):
+ * with scale 1 (and no minimum, so that every sub-block is in class 0 and
+ * the grouping keeps block order) llama.cpp's own dequantizer (written from
+ * ggml-common.h, quant/) gives code - offset. */
 static void test_blocks_codes_in_element_order(void **state)
 {
     (void)state;
     static const struct { int type; uint32_t n; int offset; } cases[] = {
-        {6, 32, 16}, {7, 32, 0}, {13, 256, 0}, {14, 256, 32}};
+        {6, 32, 16}, {7, 32, 0}, {12, 256, 0}, {13, 256, 0}, {14, 256, 32}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         const stz_ggml_traits *tr = stz_ggml_traits_of(cases[c].type);
         uint8_t blk[256], planes[1024], *p[STZ_MAX_PLANES];
@@ -139,6 +151,7 @@ static void test_blocks_codes_in_element_order(void **state)
         switch (cases[c].type) {
         case 6: stz_put_le16(blk, 0x3C00); break;                                 /* d = 1 */
         case 7: stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0); break;       /* d = 1, m = 0 */
+        case 12:
         case 13:                                                                  /* d = 1, dmin = 0, */
             stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0);                  /* 6-bit scales 1, mins 0 */
             memset(blk + 4, 1, 4), memset(blk + 8, 0, 4), memset(blk + 12, 1, 4);
@@ -151,13 +164,16 @@ static void test_blocks_codes_in_element_order(void **state)
             p[k] = at, at += raw[k];
         stz_blocks_split(cases[c].type, 0, blk, tr->bytes, p);
         const uint8_t *codes = p[np - 2];
-        assert_int_equal(raw[np - 2], cases[c].n);
+        int pairs = cases[c].type == 12;
+        assert_int_equal(raw[np - 2], cases[c].n >> pairs);
         float y[256];
         tr->dequantize_ref(blk, cases[c].n, y);
-        for (uint32_t j = 0; j < cases[c].n; j++)
-            if (y[j] != (float)(codes[j] - cases[c].offset))
+        for (uint32_t j = 0; j < cases[c].n; j++) {
+            int code = pairs ? codes[j / 2] >> (4 * (j % 2)) & 15 : codes[j];
+            if (y[j] != (float)(code - cases[c].offset))
                 fail_msg("%s element %u: ggml gives %g, the codes plane %d", tr->name, j, (double)y[j],
-                         codes[j] - cases[c].offset);
+                         code - cases[c].offset);
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 /* Writes tests/corpus/stz/: a small valid container and crafted variants
  * (forged sizes with recomputed checksums, so they pass the integrity
- * checks and reach the structural ones), plus MANIFEST with the status each
- * must produce. Build: make build; run: build/make_stz_corpus DIR. */
+ * checks and reach the structural ones), the same for a GGUF's container,
+ * plus MANIFEST with the status each must produce (old_writer.stz, a
+ * container from an earlier writer, is kept in the repository). Build: make build; run: build/make_stz_corpus DIR. */
 #include "pack/pack_internal.h"
 
 #include <stdio.h>
@@ -38,6 +39,59 @@ static uint8_t *load(const char *p, size_t *n)
         exit(1);
     fclose(f);
     return b;
+}
+
+/* A GGUF of one Q5_0 matrix of 300 kB (codes peaked as trained weights'
+ * are, so that its chunks keep the ggml transform; 64 kB chunks start
+ * inside blocks), packed; then its first record with a forged block type
+ * and a forged phase, which a reader must refuse. */
+static void gguf_cases(const char *src, const char *pk, const stz_pack_params *p)
+{
+    enum { ROWS = 436, COLS = 1024, BLOCKS = ROWS * COLS / 32 };
+    size_t hn = 4 + 4 + 8 + 8 + 8 + 1 + 4 + 16 + 4 + 8, data = (hn + 31) / 32 * 32, fn = data + (size_t)BLOCKS * 22;
+    uint8_t *g = calloc(1, fn), *at = g;
+    memcpy(at, "GGUF", 4), stz_put_le32(at + 4, 3), stz_put_le64(at + 8, 1), stz_put_le64(at + 16, 0);
+    at += 24;
+    stz_put_le64(at, 1), at[8] = 'w', stz_put_le32(at + 9, 2), stz_put_le64(at + 13, COLS), stz_put_le64(at + 21, ROWS);
+    stz_put_le32(at + 29, 6), stz_put_le64(at + 33, 0);
+    uint64_t x = 7;
+    for (size_t b = 0; b < BLOCKS; b++) {
+        uint8_t *blk = g + data + b * 22;
+        stz_put_le16(blk, 0x2e66);
+        uint32_t qh = 0;
+        for (int j = 0; j < 32; j++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            int c = 16 + (int)((x >> 60) & 3) - (int)((x >> 56) & 3) + (int)((x >> 52) & 1); /* 13..20 */
+            qh |= (uint32_t)(c >> 4) << j;
+            blk[6 + (j & 15)] |= (uint8_t)((c & 15) << (j < 16 ? 0 : 4));
+        }
+        stz_put_le32(blk + 2, qh);
+    }
+    FILE *f = fopen(src, "wb");
+    stz_err err;
+    if (!f || fwrite(g, 1, fn, f) != fn || fclose(f) || stz_pack_file(p, src, pk, NULL, &err)) {
+        fprintf(stderr, "gguf case failed\n");
+        exit(1);
+    }
+    size_t n;
+    uint8_t *v = load(pk, &n), *m = malloc(n);
+    remove(src);
+    remove(pk);
+    uint64_t ioff = stz_le64(v + n - TRAILER_SIZE);
+    const uint8_t *e1 = v + ioff + INDEX_HEAD_SIZE + INDEX_ENTRY_SIZE; /* the second chunk: it starts inside a block */
+    uint64_t r1 = stz_le64(e1 + 8);
+    if (v[r1 + 4] != STZ_XFORM_GGML || !stz_le32(v + r1 + 12)) {
+        fprintf(stderr, "gguf case: the second chunk is not a ggml record inside a block\n");
+        exit(1);
+    }
+    emit("valid_gguf.stz", "STZ_OK", v, n);
+    memcpy(m, v, n), m[r1 + 6] = 99;
+    emit("gguf_record_bad_type.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), stz_put_le32(m + r1 + 12, 22);
+    emit("gguf_record_bad_phase.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), stz_put_le32(m + r1 + 12, stz_le32(v + r1 + 12) + 1);
+    emit("gguf_record_other_phase.stz", "STZ_E_FORMAT", m, n);
+    free(v), free(m), free(g);
 }
 
 int main(int argc, char **argv)
@@ -141,8 +195,17 @@ int main(int argc, char **argv)
     emit("record_checksum_flip.stz", "STZ_E_CHECKSUM", m, n);
     RESET(); stz_put_le64(m + n - TRAILER_SIZE + 24, 12345);
     emit("whole_hash_wrong.stz", "STZ_E_CHECKSUM", m, n);
-    fclose(manifest);
+    RESET(); m[10] = STZ_ORIG_GGUF; REHASH_HEAD();
+    emit("flag_gguf_on_safetensors.stz", "STZ_E_FORMAT", m, n);
+    RESET(); m[10] = 2; REHASH_HEAD();
+    emit("flag_unknown.stz", "STZ_E_FORMAT", m, n);
     free(v);
     free(m);
+    gguf_cases(src, pk, &p);
+    /* kept, not written: valid.stz as the first writer made it (four F32
+     * planes where today's stores the small tensor's bytes unsplit), which
+     * every later reader must still read */
+    fprintf(manifest, "old_writer.stz STZ_OK\n");
+    fclose(manifest);
     return 0;
 }

@@ -165,7 +165,9 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
     t->bytes[c] = 0, t->err2[c] = q.err2, j->raw[c] = 0;
     for (int k = 0; !st && k < STZ_PART_COUNT; k++) {
         uint64_t b = 0;
-        if (q.part[k] && !T->gguf && !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], q.part[k], q.len[k], &b, err)))
+        int blocks = k == STZ_PART_VALUES && q.fmt.ggml ? q.fmt.ggml->type : 0; /* llama.cpp's blocks */
+        if (q.part[k] && !T->gguf &&
+            !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], blocks, q.part[k], q.len[k], &b, err)))
             t->bytes[c] += b;
         j->raw[c] += q.part[k] ? q.len[k] : 0;
     }
@@ -244,7 +246,7 @@ static stz_status kept_bytes(const stz_tune *T, const stz_reader *r, const stz_t
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
     stz_status st = stz_reader_read(r, rt, 0, bytes, size, err);
     if (!st)
-        st = stz_pack_tensor_bytes(&T->pack, q->dtype, bytes, size, out, err);
+        st = stz_pack_tensor_bytes(&T->pack, q->dtype, 0, bytes, size, out, err);
     free(bytes);
     return st;
 }
