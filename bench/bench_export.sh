@@ -7,6 +7,7 @@
 # export of the BF16 model itself at F16 and Q8_0.
 # Usage: bench/bench_export.sh [BUILD_DIR] [WORK_DIR]
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench-export}
 STZ=$(cd "$(dirname "$BUILD/stz")" && pwd)/stz
@@ -18,18 +19,7 @@ cat > config.json <<'J'
  "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": true,
  "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "bos_token_id": 151643, "eos_token_id": 151643}
 J
-# a byte-level BPE vocabulary (256 byte symbols, no merges) for the keys
-python3 - <<'P'
-import json
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b), cs.append(256 + n)
-        n += 1
-json.dump({"model": {"type": "BPE", "vocab": {chr(c): i for i, c in enumerate(cs)}, "merges": []},
-           "added_tokens": [{"id": 151643, "content": "<|endoftext|>", "special": True}]}, open("tokenizer.json", "w"))
-P
+byte_tokenizer tokenizer.json # for the keys
 "$STZ" compress q.safetensors --keep model.embed_tokens.weight \
     --set '*=int4:method=full:block_size=32:scale_dtype=F16:min_ndim=2' -o q4.stz -q -f
 best() { # best wall time and its peak RSS of 5 runs of a command

@@ -19,3 +19,19 @@ best_time() {
     rm -f best_time.txt
     echo "$b"
 }
+
+# byte_tokenizer FILE: a byte-level BPE tokenizer.json (256 byte symbols, no
+# merges; Qwen2's end-of-text token) for exporting generated models.
+byte_tokenizer() {
+    python3 - "$1" <<'P'
+import json, sys
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b), cs.append(256 + n)
+        n += 1
+json.dump({"model": {"type": "BPE", "vocab": {chr(c): i for i, c in enumerate(cs)}, "merges": []},
+           "added_tokens": [{"id": 151643, "content": "<|endoftext|>", "special": True}]}, open(sys.argv[1], "w"))
+P
+}

@@ -31,18 +31,7 @@ mkdir -p "$WORK"
 cd "$WORK"
 size() { stat -c %s "$1"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
-# a byte-level tokenizer for export (the generated model has none)
-python3 - <<'P'
-import json
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b), cs.append(256 + n)
-        n += 1
-json.dump({"model": {"type": "BPE", "vocab": {chr(c): i for i, c in enumerate(cs)}, "merges": []},
-           "added_tokens": [{"id": 151643, "content": "<|endoftext|>", "special": True}]}, open("tokenizer.json", "w"))
-P
+byte_tokenizer tokenizer.json # for export (the generated model has none)
 
 worst_q=99 worst_g=99 worst_gl=99 slow_p=0 slow_u=0
 row() { # file label kind(st|gguf)

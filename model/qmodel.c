@@ -102,7 +102,14 @@ static stz_status qmodel_open(stz_qmodel **out, const char *path, int gguf, stz_
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model");
     stz_status st;
     if (stz_is_container(path)) { /* its data decoded where it is read */
+        size_t len;
+        int packed_gguf = 0;
         if (!(st = stz_container_open(&m->container, path, err)))
+            stz_container_original_header(m->container, &len, &packed_gguf);
+        if (packed_gguf) /* its tensors are the GGUF's bytes, not values */
+            st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: holds a GGUF file: 'stz unpack' it and give the .gguf, or "
+                             "'stz decompress --dequantize' it to floats", path);
+        else if (!st)
             m->r = (stz_reader *)stz_container_data_reader(m->container);
     } else if (gguf || stz_is_gguf(path)) { /* the same */
         if (!(st = stz_gguf_view_open(&m->view, path, names, STZ_DTYPE_F32, err)))

@@ -6,12 +6,14 @@
  * the whole code does not (4.60). Q4_K's and Q5_K's codes are grouped by a
  * class of their sub-block's zero point (dmin * min / (d * scale), the code
  * that stands for 0), which shapes their distribution: coded per class they
- * take 3.2% fewer bits (Q4_K: 3.71 bits per code, 3.84 in one stream). Bytes
- * of partial blocks at the chunk's two ends go to a last plane as they are. */
+ * take 3.2% fewer bits (Q4_K: 3.71 bits per code, 3.84 in one stream);
+ * Q6_K's by their scale against the block's largest (0.5%). Bytes of
+ * partial blocks at the chunk's two ends go to a last plane as they are. */
 #include "pack_internal.h"
 #include "core/stz_core.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { CODES_NONE, CODES_Q5, CODES_Q4_K, CODES_Q5_K, CODES_Q6_K };
@@ -189,17 +191,24 @@ static void copy_runs(uint8_t *restrict dst, size_t ds, const uint8_t *restrict 
     }
 }
 
-/* ---- Q4_K / Q5_K: codes grouped by their sub-block's zero point ---- */
+/* ---- Q4_K, Q5_K, Q6_K: codes grouped by a class of their sub-block ---- */
 
-static int grouped(const block_layout *L) { return L->codes == CODES_Q4_K || L->codes == CODES_Q5_K; }
+static int grouped(const block_layout *L)
+{
+    return L->codes == CODES_Q4_K || L->codes == CODES_Q5_K || L->codes == CODES_Q6_K;
+}
 
-/* The class of each of a block's 8 sub-blocks, from its d and dmin (F16
- * bits) and 12 bytes of 6-bit scales and minimums (ggml's get_scale_min_k4):
- * where the value 0 falls, dmin * min / (d * scale) codes, in eighths of
- * the code range (16 codes for Q4_K, 32 for Q5_K), the top class from its
- * end up; 0 when that is not a number (a zero or non-finite scale). Exact
- * everywhere: F16 values times 6-bit integers are exact in double, the one
- * division is correctly rounded, the rest are powers of two. */
+/* Sub-blocks per block: 8 of 32 elements, Q6_K's 16 of 16. */
+static int subs(const block_layout *L) { return L->codes == CODES_Q6_K ? 16 : 8; }
+
+/* Q4_K, Q5_K: the class of each of a block's 8 sub-blocks, from its d and
+ * dmin (F16 bits) and 12 bytes of 6-bit scales and minimums (ggml's
+ * get_scale_min_k4): where the value 0 falls, dmin * min / (d * scale)
+ * codes, in eighths of the code range (16 codes for Q4_K, 32 for Q5_K), the
+ * top class from its end up; 0 when that is not a number (a zero or
+ * non-finite scale). Exact everywhere: F16 values times 6-bit integers are
+ * exact in double, the one division is correctly rounded, the rest are
+ * powers of two. */
 static void zero_classes(uint16_t d16, uint16_t m16, const uint8_t *q, const block_layout *L, uint8_t *cls)
 {
     double d = stz_f16_to_f32(d16), dm = stz_f16_to_f32(m16), span = L->codes == CODES_Q4_K ? 16 : 32;
@@ -211,15 +220,33 @@ static void zero_classes(uint16_t d16, uint16_t m16, const uint8_t *q, const blo
     }
 }
 
+/* Q6_K: the class of each of its 16 sub-blocks, the size of its 8-bit scale
+ * against the block's largest, |s| * 8 / (max |s| + 1): a sub-block whose
+ * scale is small next to the block's spreads its codes wider. */
+static void scale_classes(const uint8_t *sc, uint8_t *cls)
+{
+    int mx = 0;
+    for (int j = 0; j < 16; j++)
+        mx = abs((int8_t)sc[j]) > mx ? abs((int8_t)sc[j]) : mx;
+    for (int j = 0; j < 16; j++)
+        cls[j] = (uint8_t)(abs((int8_t)sc[j]) * CLASSES / (mx + 1));
+}
+
 /* Block i's classes, from the chunk's bytes (b: the block) or its planes. */
 static void classes_raw(const block_layout *L, const uint8_t *b, uint8_t *cls)
 {
-    zero_classes(stz_le16(b), stz_le16(b + 2), b + 4, L, cls);
+    if (L->codes == CODES_Q6_K)
+        scale_classes(b + 192, cls);
+    else
+        zero_classes(stz_le16(b), stz_le16(b + 2), b + 4, L, cls);
 }
 
 static void classes_planes(const block_layout *L, const uint8_t *const *p, size_t i, uint8_t *cls)
 {
-    zero_classes((uint16_t)(p[0][i] | p[1][i] << 8), (uint16_t)(p[2][i] | p[3][i] << 8), p[4] + 12 * i, L, cls);
+    if (L->codes == CODES_Q6_K) /* planes: scales, d.lo, d.hi, codes */
+        scale_classes(p[0] + 16 * i, cls);
+    else /* d.lo, d.hi, dmin.lo, dmin.hi, scales, codes */
+        zero_classes((uint16_t)(p[0][i] | p[1][i] << 8), (uint16_t)(p[2][i] | p[3][i] << 8), p[4] + 12 * i, L, cls);
 }
 
 /* Where each class's run starts in the codes plane of m blocks (from the
@@ -227,15 +254,16 @@ static void classes_planes(const block_layout *L, const uint8_t *const *p, size_
 static void class_runs(const block_layout *L, const uint8_t *b, const uint8_t *const *p, size_t m, size_t *start,
                        size_t *len)
 {
-    uint8_t cls[8];
-    size_t per = L->ncodes / 8;
+    uint8_t cls[16];
+    int ns = subs(L);
+    size_t per = L->ncodes / (size_t)ns;
     memset(len, 0, CLASSES * sizeof *len);
     for (size_t i = 0; i < m; i++) {
         if (b)
             classes_raw(L, b + i * L->bytes, cls);
         else
             classes_planes(L, p, i, cls);
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < ns; j++)
             len[cls[j]] += per;
     }
     for (size_t k = 0, at = 0; k < CLASSES; at += len[k], k++)
@@ -261,13 +289,14 @@ static void split_codes(const block_layout *L, const uint8_t *b, size_t m, uint8
             codes_split(L, b + i * L->bytes, c + i * L->ncodes);
         return;
     }
-    size_t at[CLASSES], len[CLASSES], per = L->ncodes / 8;
-    uint8_t cls[8], one[256];
+    int ns = subs(L);
+    size_t at[CLASSES], len[CLASSES], per = L->ncodes / (size_t)ns;
+    uint8_t cls[16], one[256];
     class_runs(L, b, NULL, m, at, len);
     for (size_t i = 0; i < m; i++) {
         classes_raw(L, b + i * L->bytes, cls);
         codes_split(L, b + i * L->bytes, one);
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < ns; j++) {
             memcpy(c + at[cls[j]], one + j * per, per);
             at[cls[j]] += per;
         }
@@ -281,12 +310,13 @@ static void merge_codes(const block_layout *L, const uint8_t *const *p, const ui
             codes_merge(L, c + i * L->ncodes, b + i * L->bytes);
         return;
     }
-    size_t at[CLASSES], len[CLASSES], per = L->ncodes / 8;
-    uint8_t cls[8], one[256];
+    int ns = subs(L);
+    size_t at[CLASSES], len[CLASSES], per = L->ncodes / (size_t)ns;
+    uint8_t cls[16], one[256];
     class_runs(L, NULL, p, m, at, len);
     for (size_t i = 0; i < m; i++) {
         classes_planes(L, p, i, cls);
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < ns; j++) {
             memcpy(one + j * per, c + at[cls[j]], per);
             at[cls[j]] += per;
         }

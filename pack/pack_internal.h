@@ -45,7 +45,7 @@ int stz_blocks_planes(int type, uint32_t phase, size_t n, uint32_t *raw);
 /* The chunk into its planes (sizes from stz_blocks_planes), and back. */
 void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p);
 void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst);
-/* The codes plane of Q4_K and Q5_K chunks is grouped by class: the
+/* The codes plane of Q4_K, Q5_K and Q6_K chunks is grouped by class: the
  * lengths of its STZ_BLOCK_RUNS runs into len (the plane encoder codes each
  * with its own table); 0 for other types. */
 #define STZ_BLOCK_RUNS 8

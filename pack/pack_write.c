@@ -131,7 +131,7 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
     if (zlevel == 1 && !has_repeats(raw, n))
         zlevel = 0;
     size_t off = RECORD_HEAD_SIZE + (size_t)np * PLANE_HEAD_SIZE, cap = stz_record_bound(p->chunk_size);
-    size_t runs[STZ_BLOCK_RUNS]; /* Q4_K, Q5_K: the codes plane (before the partial blocks') by class */
+    size_t runs[STZ_BLOCK_RUNS]; /* Q4_K, Q5_K, Q6_K: the codes plane (before the partial blocks') by class */
     int nruns = x == STZ_XFORM_GGML ? stz_blocks_segments(h[6], stz_le32(h + 12), raw, n, runs) : 0;
     stz_status st;
     for (int k = 0; k < np; k++) {

@@ -50,7 +50,7 @@ def test_every_type_exactly(tmp_path, typ):
     mats = [t for t in doc["tensors"] if t.get("type") == typ]
     assert len(mats) == 9, [t.get("type") for t in doc["tensors"]]
     planes = [p["name"] for p in mats[0]["planes"]]
-    assert planes[-1] == "partial" and ("codes" in planes) == (typ in ("q5_0", "q5_1", "q5_k", "q6_k")), planes
+    assert planes[-1] == "partial" and ("codes" in planes) == (typ in ("q4_k", "q5_0", "q5_1", "q5_k", "q6_k")), planes
     one = c.read_bytes()
     for opts in (("-T", "3"), ("--chunk-size", "65536", "-T", "2")):
         again = roundtrip(tmp_path, g, *opts)
@@ -131,3 +131,20 @@ def test_bad_input(tmp_path):
     stz("compress", "--lossless", good, "-o", out, "-q", "-f")
     stz("decompress", out, "-o", tmp_path / "d.gguf", "-q", "-f")
     assert sha(tmp_path / "d.gguf") == sha(good)
+
+
+def test_packed_gguf_as_a_model(tmp_path):
+    """A GGUF container is the GGUF's bytes, not a model: eval and export
+    refuse it and say what to do; decompress --dequantize gives the floats
+    stz dequantize gives from the GGUF itself."""
+    m = wide_dir(tmp_path)
+    quantize_dir(m, "q4_k")
+    g, c = tmp_path / "t.gguf", tmp_path / "t.gguf.stz"
+    stz("export", "--gguf", m, "-o", g, "-q")
+    stz("pack", g, "-o", c, "-q")
+    for args in (("eval", m / "model.safetensors", c), ("export", "--gguf", c, "-o", tmp_path / "x.gguf")):
+        r = stz(*args, ok=False)
+        assert r.returncode == 1 and "holds a GGUF file: 'stz unpack' it" in r.stderr, r.stderr
+    stz("decompress", "--dequantize", c, "-o", tmp_path / "a.safetensors", "-q")
+    stz("dequantize", g, "-o", tmp_path / "b.safetensors", "-q")
+    assert sha(tmp_path / "a.safetensors") == sha(tmp_path / "b.safetensors")

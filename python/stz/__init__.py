@@ -89,7 +89,11 @@ class safe_open:
         L, c = self._lib, ctypes.c_void_p()
         call(L.stz_container_open, ctypes.byref(c), os.fsencode(self.path))
         try:
-            n = ctypes.c_size_t()
+            n, gguf = ctypes.c_size_t(), ctypes.c_int()
+            L.stz_container_original_header(c, ctypes.byref(n), ctypes.byref(gguf))
+            if gguf.value:  # its tensors are the GGUF's bytes, not a model's
+                raise StzError("STZ_E_UNSUPPORTED", "%s: holds a GGUF file: unpack it (stz.decompress) and read the "
+                               ".gguf with stz's commands" % self.path)
             head = L.stz_reader_header(L.stz_container_header(c), ctypes.byref(n))
             image = np.empty(L.stz_container_original_size(c), dtype=np.uint8)
             image[:8] = np.frombuffer(struct.pack("<Q", n.value), dtype=np.uint8)

@@ -72,6 +72,7 @@ _SIGNATURES = [
     ("stz_container_free", None, [_P]),
     ("stz_container_header", _P, [_P]),
     ("stz_container_original_size", ctypes.c_uint64, [_P]),
+    ("stz_container_original_header", _P, [_P, ctypes.POINTER(_S), ctypes.POINTER(ctypes.c_int)]),
     ("stz_container_read_tensor", ctypes.c_int, [_P, ctypes.c_char_p, _P, _S, ctypes.c_int, _E]),
     ("stz_reader_header", _P, [_P, ctypes.POINTER(_S)]),
     ("stz_reader_open_mem", ctypes.c_int, [_PP, _P, _S, ctypes.c_char_p, _E]),
