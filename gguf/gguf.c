@@ -410,7 +410,9 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
     stz_status st = stz_open_regular(path, &fd, &fsize, err);
     if (st)
         return st;
-    /* the header: the first 16 MiB, more while it does not fit (vocabularies are large) */
+    /* the header: the first 16 MiB, more while it does not parse (vocabularies
+     * are large), up to 256 MiB: a header that fails for another reason must
+     * not read a 100 GB file into memory */
     stz_gguf *g = NULL;
     do {
         n = fsize < (n ? n * 4 : 16u << 20) ? fsize : (n ? n * 4 : 16u << 20);
@@ -426,7 +428,7 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
             st = parse(g, &c, path, fsize, err);
         }
         free(buf);
-    } while (st && st != STZ_E_NOMEM && st != STZ_E_IO && n < fsize);
+    } while (st && st != STZ_E_NOMEM && st != STZ_E_IO && n < fsize && n < (256u << 20));
     close(fd);
     if (st) {
         stz_gguf_free(g);

@@ -37,18 +37,31 @@ typedef struct {
 #define D2(o) {o, 1}, {o + 1, 1} /* an F16 scale: its low byte (mantissa), its high byte (sign, exponent) */
 
 static const block_layout layouts[] = {
-    {2, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                   /* q4_0 */
-    {3, 20, 5, {D2(0), D2(2), {4, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi m.lo m.hi qs partial"},                            /* q4_1 */
-    {6, 22, 2, {D2(0)}, CODES_Q5, 2, 6, 32, "d.lo d.hi codes partial"},                                             /* q5_0 */
-    {7, 24, 4, {D2(0), D2(2)}, CODES_Q5, 4, 8, 32, "d.lo d.hi m.lo m.hi codes partial"},                                      /* q5_1 */
-    {8, 34, 3, {D2(0), {2, 32}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                   /* q8_0 */
-    {10, 84, 6, {{0, 16}, {16, 64}, D2(80), D2(82)}, CODES_NONE, 0, 0, 0, "scales qs d.lo d.hi dmin.lo dmin.hi partial"},               /* q2_k */
-    {11, 110, 5, {{0, 32}, {32, 64}, {96, 12}, D2(108)}, CODES_NONE, 0, 0, 0, "hmask qs scales d.lo d.hi partial"},           /* q3_k */
-    {12, 144, 5, {D2(0), D2(2), {4, 12}}, CODES_Q4_K, 0, 16, 128, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},       /* q4_k */
-    {13, 176, 5, {D2(0), D2(2), {4, 12}}, CODES_Q5_K, 16, 48, 256, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},                      /* q5_k */
-    {14, 210, 3, {{192, 16}, D2(208)}, CODES_Q6_K, 128, 0, 256, "scales d.lo d.hi codes partial"},                         /* q6_k */
-    {20, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},                                  /* iq4_nl */
-    {23, 136, 5, {D2(0), {2, 2}, {4, 4}, {8, 128}}, CODES_NONE, 0, 0, 0, "d.lo d.hi scales_h scales_l qs partial"},                /* iq4_xs */
+    /* q4_0 */
+    {2, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},
+    /* q4_1 */
+    {3, 20, 5, {D2(0), D2(2), {4, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi m.lo m.hi qs partial"},
+    /* q5_0 */
+    {6, 22, 2, {D2(0)}, CODES_Q5, 2, 6, 32, "d.lo d.hi codes partial"},
+    /* q5_1 */
+    {7, 24, 4, {D2(0), D2(2)}, CODES_Q5, 4, 8, 32, "d.lo d.hi m.lo m.hi codes partial"},
+    /* q8_0 */
+    {8, 34, 3, {D2(0), {2, 32}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},
+    /* q2_k */
+    {10, 84, 6, {{0, 16}, {16, 64}, D2(80), D2(82)}, CODES_NONE, 0, 0, 0,
+     "scales qs d.lo d.hi dmin.lo dmin.hi partial"},
+    /* q3_k */
+    {11, 110, 5, {{0, 32}, {32, 64}, {96, 12}, D2(108)}, CODES_NONE, 0, 0, 0, "hmask qs scales d.lo d.hi partial"},
+    /* q4_k */
+    {12, 144, 5, {D2(0), D2(2), {4, 12}}, CODES_Q4_K, 0, 16, 128, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},
+    /* q5_k */
+    {13, 176, 5, {D2(0), D2(2), {4, 12}}, CODES_Q5_K, 16, 48, 256, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},
+    /* q6_k */
+    {14, 210, 3, {{192, 16}, D2(208)}, CODES_Q6_K, 128, 0, 256, "scales d.lo d.hi codes partial"},
+    /* iq4_nl */
+    {20, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},
+    /* iq4_xs */
+    {23, 136, 5, {D2(0), {2, 2}, {4, 4}, {8, 128}}, CODES_NONE, 0, 0, 0, "d.lo d.hi scales_h scales_l qs partial"},
 };
 
 static const block_layout *layout_of(int type)

@@ -1,5 +1,5 @@
-/* Opening containers: the file header, the original SafeTensors header, the
- * index and trailer, all checked; chunk records' plane tables. */
+/* Opening containers: the file header, the original SafeTensors (or GGUF)
+ * header, the index and trailer, all checked; chunk records' plane tables. */
 #include "pack_internal.h"
 #include "gguf/gguf_layout.h"
 #include "safetensors/st_reader.h"
@@ -163,7 +163,8 @@ stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err
     }
     if (XXH3_64bits(c->header_img, c->header_len) != stz_le64(fh + 48))
         BAD(STZ_E_CHECKSUM, "%s: original header checksum mismatch", P);
-    if ((st = c->gguf ? gguf_header(c, err) : stz_reader_open_header(&c->hdr, c->header_img, c->header_len, c->orig_size, P, err)))
+    st = c->gguf ? gguf_header(c, err) : stz_reader_open_header(&c->hdr, c->header_img, c->header_len, c->orig_size, P, err);
+    if (st)
         goto cleanup;
     *head_end = FILE_HEADER_SIZE + stored;
 cleanup:

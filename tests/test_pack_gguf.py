@@ -133,6 +133,24 @@ def test_bad_input(tmp_path):
     assert sha(tmp_path / "d.gguf") == sha(good)
 
 
+def test_bad_header_in_a_large_file(tmp_path):
+    """A large GGUF whose header is refused (a key twice) is refused without
+    reading the whole file into memory: the header is read in growing
+    slices up to 256 MiB, never past that (peak memory of a 1.5 GiB file
+    well under its size)."""
+    if not os.path.exists("/usr/bin/time"):
+        pytest.skip("no /usr/bin/time")
+    g = tmp_path / "big.gguf"
+    with open(g, "wb") as f:
+        f.write(gguf_bytes([(b"k", b"1"), (b"k", b"2")], [(b"w", 8, 32, 1, 34)]))
+        f.truncate(3 << 29)  # sparse
+    r = subprocess.run(["/usr/bin/time", "-f", "%M", os.environ.get("STZ", "build/stz"), "pack", g, "-o",
+                        tmp_path / "o.stz"], capture_output=True, text=True)
+    assert r.returncode == 1 and "key 'k' appears twice" in r.stderr, r.stderr
+    assert int(r.stderr.strip().splitlines()[-1]) < 600 * 1024, r.stderr
+    assert not (tmp_path / "o.stz").exists()
+
+
 def test_packed_gguf_as_a_model(tmp_path):
     """A GGUF container is the GGUF's bytes, not a model: eval and export
     refuse it and say what to do; decompress --dequantize gives the floats
