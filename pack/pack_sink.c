@@ -40,11 +40,12 @@ static stz_status sink_begin(void *user, const uint8_t *head, size_t len, const 
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor spans");
     memcpy(c->spans, t, nt * sizeof *t);
     stz_reader *hdr = NULL; /* the block types of the quantized tensors it declares */
-    stz_err ignored;
-    if (!stz_reader_open_header(&hdr, head, len, 0, c->label, &ignored))
-        stz_pack_writer_hints(c->spans, nt, hdr);
+    stz_status st = stz_reader_open_header(&hdr, head, len, 0, c->label, err);
+    if (st)
+        return st;
+    stz_pack_writer_hints(c->spans, nt, hdr);
     stz_reader_free(hdr);
-    stz_status st = stz_pack_writer_plan_chunks(c, nt, err);
+    st = stz_pack_writer_plan_chunks(c, nt, err);
     if (st || (st = stz_pack_writer_write_head(c, head, len, err)))
         return st;
     /* the producer runs ahead of every encoding thread, and goes on while they

@@ -6,7 +6,6 @@
 #include "quant/ggml_types.h"
 #include "quant/quant_tensor.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -422,22 +421,43 @@ void stz_pack_writer_close(pack_ctx *c)
     free(c->next_use), free(c->seq_of), free(c->src_r), free(c->src_t);
 }
 
+/* The string value of "key" in the JSON object text `json` (one without
+ * escapes in it), into buf[cap]; 0 when there is none. No allocation: a
+ * hint must not change with the memory at hand. */
+static int json_string(const char *json, const char *key, char *buf, size_t cap)
+{
+    size_t kl = strlen(key);
+    for (const char *p = json; (p = strchr(p, '"')); p++) {
+        if (strncmp(p + 1, key, kl) || p[1 + kl] != '"')
+            continue;
+        const char *q = p + 2 + kl + strspn(p + 2 + kl, " ");
+        if (*q != ':')
+            continue;
+        q += 1 + strspn(q + 1, " ");
+        size_t n = *q == '"' ? strcspn(q + 1, "\"") : cap;
+        if (n >= cap || q[1 + n] != '"')
+            return 0;
+        memcpy(buf, q + 1, n);
+        buf[n] = 0;
+        return 1;
+    }
+    return 0;
+}
+
 /* The ggml type of a quantized SafeTensors entry whose values are
  * llama.cpp's blocks ({"method": "q4_k", ..., "packing": "ggml"}), or 0. A
  * hint only: a wrong one costs room, never bytes (every chunk carries its
  * hash). */
 static int block_hint(const stz_reader *r, const char *name)
 {
-    char key[512];
+    char key[512], method[16], packing[16];
     if (snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, name) >= (int)sizeof key)
         return 0;
     const char *json = stz_reader_meta_get(r, key);
-    cJSON *o = json ? cJSON_Parse(json) : NULL;
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "method"), *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
-    int type = cJSON_IsString(m) && cJSON_IsString(pk) && !strcmp(pk->valuestring, STZ_QUANT_GGML_PACKING)
-                   ? stz_ggml_type_parse(m->valuestring)
-                   : 0;
-    cJSON_Delete(o);
+    if (!json || !json_string(json, "packing", packing, sizeof packing) || strcmp(packing, STZ_QUANT_GGML_PACKING) ||
+        !json_string(json, "method", method, sizeof method))
+        return 0;
+    int type = stz_ggml_type_parse(method);
     return stz_blocks_known(type) ? type : 0;
 }
 
