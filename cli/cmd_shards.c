@@ -251,10 +251,15 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
     const char *slash = strrchr(out, '/');
     int tl = snprintf(tmpdir, sizeof tmpdir, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - out) + 1 : 0, out,
                       slash ? slash + 1 : out);
-    if (!st && root && (tl < 0 || (size_t)tl >= sizeof tmpdir || !mkdtemp(tmpdir)))
+    /* tracked: a signal removes the directory itself if empty */
+    if (!st && root && (tl < 0 || (size_t)tl >= sizeof tmpdir || stz_tmp_make(tmpdir, 1, &track) < 0))
         st = stz_err_set(&err, STZ_E_IO, "%s: cannot create a temporary directory: %s", out, strerror(errno));
     cli_mpi_bcast(tmpdir, sizeof tmpdir, 0); /* every rank writes into rank 0's directory */
     if (cli_mpi_failed(st != STZ_OK, &err)) {
+        if (track >= 0) { /* made here; another rank failed */
+            stz_tmp_untrack(track);
+            rmdir(tmpdir);
+        }
         cli_model_dir_free(&m);
         return root ? cli_fail(&err) : CLI_ERROR;
     }
@@ -262,7 +267,6 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
         mode_t mask = umask(0);
         umask(mask);
         chmod(tmpdir, 0777 & ~mask); /* mkdtemp makes it 0700; the result is an ordinary directory */
-        track = stz_tmp_track(tmpdir); /* removes the directory itself if empty on a signal */
     }
     cJSON *wm = cJSON_GetObjectItemCaseSensitive(m.index, "weight_map");
     if (rewrite_index) { /* rebuilt from the converted shards' own tensors */

@@ -63,13 +63,13 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
                            "even with --force)", dir);
     char tmp[PATH_MAX], f[PATH_MAX + 64];
     const char *slash = strrchr(dir, '/');
+    int track = -1;
     if (snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - dir) + 1 : 0, dir,
-                 slash ? slash + 1 : dir) >= (int)sizeof tmp || !mkdtemp(tmp))
+                 slash ? slash + 1 : dir) >= (int)sizeof tmp || stz_tmp_make(tmp, 1, &track) < 0)
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
     mode_t mask = umask(0);
     umask(mask);
     chmod(tmp, 0777 & ~mask);
-    int track = stz_tmp_track(tmp);
     memset(st, 0, sizeof *st);
     cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
           *wm = cJSON_AddObjectToObject(index, "weight_map");

@@ -219,6 +219,18 @@ static void tmp_unregister(int slot)
 int stz_tmp_track(char *path) { return tmp_register(path); }
 void stz_tmp_untrack(int handle) { tmp_unregister(handle); }
 
+int stz_tmp_make(char *tmpl, int dir, int *handle)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int r = dir ? (mkdtemp(tmpl) ? 0 : -1) : mkstemp(tmpl), e = errno;
+    *handle = r < 0 ? -1 : tmp_register(tmpl);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    errno = e;
+    return r;
+}
+
 /* Empties the directory open at fd, in a signal handler: raw getdents64
  * into a stack buffer and unlinkat, no allocation; passes over it until a
  * pass removes nothing (removing entries moves the others). */
@@ -450,7 +462,7 @@ stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_er
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
     }
     snprintf(of->tmp_path, len + 32, "%.*s.%s.tmp-XXXXXX", (int)dirlen, path, path + dirlen);
-    of->fd = mkstemp(of->tmp_path);
+    of->fd = stz_tmp_make(of->tmp_path, 0, &of->slot);
     if (of->fd < 0) {
         int e = errno;
         free(of->tmp_path);
@@ -458,7 +470,6 @@ stz_status stz_outfile_open(stz_outfile *of, const char *path, int force, stz_er
         stz_outfile_abort(of);
         return stz_err_set(err, STZ_E_IO, "%s: cannot create temporary output: %s", path, strerror(e));
     }
-    of->slot = tmp_register(of->tmp_path);
     of->force = force;
     return STZ_OK;
 }

@@ -40,6 +40,11 @@ stz_status stz_err_in(stz_err *err, stz_status st, const char *path);
  * -1 when the table is full. The path must stay valid while tracked. */
 int stz_tmp_track(char *path);
 void stz_tmp_untrack(int handle);
+/* mkstemp (dir 0: returns the descriptor) or mkdtemp (dir 1: returns 0) on
+ * tmpl, tracked as stz_tmp_track does (*handle), with every signal held
+ * back from before the file exists until it is tracked, so that no signal
+ * can leave it behind; -1 (errno set) when it cannot be made. */
+int stz_tmp_make(char *tmpl, int dir, int *handle);
 
 /* 1 if a and b name the same existing file (same device and inode), else 0. */
 int stz_same_file(const char *a, const char *b);
