@@ -103,9 +103,8 @@ static void codes_split(const block_layout *L, const uint8_t *b, uint8_t *c)
                 c[64 * g + l] = (uint8_t)((qs[32 * g + l] & 15) | ((qh[l] >> (2 * g)) & 1) << 4);
                 c[64 * g + 32 + l] = (uint8_t)((qs[32 * g + l] >> 4) | ((qh[l] >> (2 * g + 1)) & 1) << 4);
             }
-    } else {
-        const uint8_t *ql = b + L->qs;
-        for (int n = 0; n < 2; n++, ql += 64, qh += 32, c += 128)
+    } else { /* Q6_K: qs is ql */
+        for (const uint8_t *ql = qs; ql < qs + 128; ql += 64, qh += 32, c += 128)
             for (int l = 0; l < 32; l++) {
                 c[l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
                 c[l + 32] = (uint8_t)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4);
@@ -142,9 +141,8 @@ static void codes_merge(const block_layout *L, const uint8_t *c, uint8_t *b)
                 qs[32 * g + l] = (uint8_t)((lo & 15) | (hi & 15) << 4);
                 qh[l] |= (uint8_t)(((lo >> 4) & 1) << (2 * g) | ((hi >> 4) & 1) << (2 * g + 1));
             }
-    } else {
-        uint8_t *ql = b + L->qs;
-        for (int n = 0; n < 2; n++, ql += 64, qh += 32, c += 128)
+    } else { /* Q6_K: qs is ql */
+        for (uint8_t *ql = qs; ql < qs + 128; ql += 64, qh += 32, c += 128)
             for (int l = 0; l < 32; l++) {
                 ql[l] = (uint8_t)((c[l] & 15) | (c[l + 64] & 15) << 4);
                 ql[l + 32] = (uint8_t)((c[l + 32] & 15) | (c[l + 96] & 15) << 4);
@@ -283,27 +281,17 @@ static void class_runs(const block_layout *L, const uint8_t *b, const uint8_t *c
         start[k] = at;
 }
 
-int stz_blocks_segments(int type, uint32_t phase, const uint8_t *src, size_t n, size_t *len)
-{
-    const block_layout *L = layout_of(type);
-    size_t head, m, tail, start[CLASSES];
-    if (!L || !grouped(L))
-        return 0;
-    cut(L, phase, n, &head, &m, &tail);
-    class_runs(L, src + head, NULL, m, start, len);
-    return CLASSES;
-}
-
-/* The m blocks' codes into plane c: in block order, or grouped by class. */
-static void split_codes(const block_layout *L, const uint8_t *b, size_t m, uint8_t *c)
+/* The m blocks' codes into plane c: in block order (returns 0), or
+ * grouped by class (returns CLASSES, the runs' lengths in len). */
+static int split_codes(const block_layout *L, const uint8_t *b, size_t m, uint8_t *c, size_t *len)
 {
     if (!grouped(L)) {
         for (size_t i = 0; i < m; i++)
             codes_split(L, b + i * L->bytes, c + i * L->ncodes);
-        return;
+        return 0;
     }
     int ns = subs(L);
-    size_t at[CLASSES], len[CLASSES], per = L->ncodes / (size_t)ns;
+    size_t at[CLASSES], per = L->ncodes / (size_t)ns;
     uint8_t cls[16], one[256];
     class_runs(L, b, NULL, m, at, len);
     for (size_t i = 0; i < m; i++) {
@@ -314,6 +302,7 @@ static void split_codes(const block_layout *L, const uint8_t *b, size_t m, uint8
             at[cls[j]] += per;
         }
     }
+    return CLASSES;
 }
 
 static void merge_codes(const block_layout *L, const uint8_t *const *p, const uint8_t *c, size_t m, uint8_t *b)
@@ -337,7 +326,7 @@ static void merge_codes(const block_layout *L, const uint8_t *const *p, const ui
     }
 }
 
-void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p)
+int stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p, size_t *runs)
 {
     const block_layout *L = layout_of(type);
     size_t head, m, tail;
@@ -345,11 +334,11 @@ void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, ui
     const uint8_t *b = src + head;
     for (int k = 0; k < L->nf; k++)
         copy_runs(p[k], L->f[k].len, b + L->f[k].off, L->bytes, L->f[k].len, m);
-    if (L->codes)
-        split_codes(L, b, m, p[L->nf]);
+    int nruns = L->codes ? split_codes(L, b, m, p[L->nf], runs) : 0;
     uint8_t *rest = p[L->nf + (L->codes != 0)];
     memcpy(rest, src, head);
     memcpy(rest + head, b + m * L->bytes, tail);
+    return nruns;
 }
 
 void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst)

@@ -42,14 +42,13 @@ uint32_t stz_blocks_phase(int type, uint64_t offset);
 /* The planes of a chunk of n bytes of `type` blocks starting `phase` bytes
  * into a block: their count (0: no such type or phase) and raw sizes. */
 int stz_blocks_planes(int type, uint32_t phase, size_t n, uint32_t *raw);
-/* The chunk into its planes (sizes from stz_blocks_planes), and back. */
-void stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p);
-void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst);
-/* The codes plane of Q4_K, Q5_K and Q6_K chunks is grouped by class: the
- * lengths of its STZ_BLOCK_RUNS runs into len (the plane encoder codes each
- * with its own table); 0 for other types. */
+/* The chunk into its planes (sizes from stz_blocks_planes), and back. The
+ * codes plane of Q4_K, Q5_K and Q6_K chunks is grouped by class: split
+ * returns STZ_BLOCK_RUNS and the runs' lengths in runs (the plane encoder
+ * codes each with its own table), 0 for other types. */
 #define STZ_BLOCK_RUNS 8
-int stz_blocks_segments(int type, uint32_t phase, const uint8_t *src, size_t n, size_t *len);
+int stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p, size_t *runs);
+void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst);
 /* Plane k's name ("d.lo", "qs", "codes", "partial": the partial blocks'
  * bytes) into buf. */
 const char *stz_blocks_plane_name(int type, int k, char *buf, size_t cap);

@@ -41,16 +41,17 @@ static int has_repeats(const uint8_t *raw, size_t n)
 }
 
 /* The chunk's planes into pbuf, per the record head h (transform, block
- * type, phase) and raw sizes raw[np]; pointers to them in planes. */
-static void split_chunk(const uint8_t *h, const uint8_t *src, size_t n, const uint32_t *raw, int np, uint8_t *pbuf,
-                        uint8_t **planes)
+ * type, phase) and raw sizes raw[np]; pointers to them in planes. Returns
+ * the runs of a grouped codes plane (stz_blocks_split), else 0. */
+static int split_chunk(const uint8_t *h, const uint8_t *src, size_t n, const uint32_t *raw, int np, uint8_t *pbuf,
+                       uint8_t **planes, size_t *runs)
 {
     for (int k = 0; k < np; k++, pbuf += raw[k - 1])
         planes[k] = pbuf;
     if (h[4] == STZ_XFORM_GGML)
-        stz_blocks_split(h[6], stz_le32(h + 12), src, n, planes);
-    else
-        stz_xform_split((stz_xform)h[4], src, n, planes);
+        return stz_blocks_split(h[6], stz_le32(h + 12), src, n, planes, runs);
+    stz_xform_split((stz_xform)h[4], src, n, planes);
+    return 0;
 }
 
 /* The record head for a chunk of n bytes of dtype (or of `block_type`
@@ -105,17 +106,18 @@ static stz_status try_unsplit(stz_plane_enc *enc, int level, const uint8_t *raw,
 /* One chunk's record (without its hash) into rec: the planes of the
  * dtype's transform (or of the span's ggml blocks), each coded the
  * cheapest way tried, or zstd on the unsplit bytes where that is smaller.
- * `whole` is the size of the span the chunk belongs to, `at` the chunk's
- * offset in it. pbuf: stz_planes_bound(chunk) bytes of scratch. */
+ * `at` is the chunk's offset in its span. pbuf: stz_planes_bound(chunk)
+ * bytes of scratch. */
 static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *span, uint64_t at,
                                const uint8_t *raw, size_t n, uint8_t *pbuf, uint8_t *rec, size_t *rec_len,
                                stz_err *err)
 {
     uint32_t sizes[STZ_MAX_PLANES];
     uint8_t *planes[STZ_MAX_PLANES], *h = rec;
+    size_t runs[STZ_BLOCK_RUNS]; /* Q4_K, Q5_K, Q6_K: the codes plane (before the partial blocks') by class */
     int np = chunk_head(h, span->dtype, span->block_type, at, n, sizes);
     stz_xform x = (stz_xform)h[4];
-    split_chunk(h, raw, n, sizes, np, pbuf, planes);
+    int nruns = split_chunk(h, raw, n, sizes, np, pbuf, planes, runs);
 
     /* Matches find nothing in float weights (zstd -19 saved 55 bytes of
      * 661 MB on a BF16 model at 60x the time), so float planes get the
@@ -130,8 +132,6 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
     if (zlevel == 1 && !has_repeats(raw, n))
         zlevel = 0;
     size_t off = RECORD_HEAD_SIZE + (size_t)np * PLANE_HEAD_SIZE, cap = stz_record_bound(p->chunk_size);
-    size_t runs[STZ_BLOCK_RUNS]; /* Q4_K, Q5_K, Q6_K: the codes plane (before the partial blocks') by class */
-    int nruns = x == STZ_XFORM_GGML ? stz_blocks_segments(h[6], stz_le32(h + 12), raw, n, runs) : 0;
     stz_status st;
     for (int k = 0; k < np; k++) {
         stz_codec codec;
