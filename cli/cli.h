@@ -297,9 +297,8 @@ stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err
 void cli_seqs_free(cli_seqs *q);
 
 int cmd_export(int argc, char **argv);
-/* GGUF files: detection by magic, and stz inspect's listing (JSON into
- * *json when json is not NULL). */
-int cli_is_gguf(const char *path);
+/* stz inspect's listing of a GGUF file (JSON into *json when json is not
+ * NULL); stz_is_gguf (gguf/gguf_layout.h) tells GGUF files apart. */
 struct cJSON;
 int cli_inspect_gguf(const char *path, struct cJSON **json);
 /* stz export --gguf of the model `in` (its files opened in set, its

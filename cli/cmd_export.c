@@ -185,18 +185,6 @@ fail:
 
 /* ---- stz inspect FILE.gguf --------------------------------------------------- */
 
-int cli_is_gguf(const char *path)
-{
-    int fd;
-    uint64_t size;
-    char m[4] = {0};
-    if (stz_open_regular(path, &fd, &size, NULL)) /* never blocks on a FIFO */
-        return 0;
-    ssize_t n = size >= 4 ? pread(fd, m, 4, 0) : 0;
-    close(fd);
-    return n == 4 && !memcmp(m, "GGUF", 4);
-}
-
 int cli_inspect_gguf(const char *path, cJSON **json)
 {
     stz_err err;

@@ -515,7 +515,7 @@ static int inspect_file(const char *path, cJSON **json)
 {
     if (stz_is_container(path))
         return inspect_container(path, json);
-    if (cli_is_gguf(path))
+    if (stz_is_gguf(path))
         return cli_inspect_gguf(path, json);
     stz_err err;
     stz_reader *r;

@@ -438,6 +438,8 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
     return STZ_OK;
 }
 
+int stz_is_gguf(const char *path) { return stz_has_magic(path, "GGUF", 4); }
+
 stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 0, err); }
 stz_status stz_gguf_open_layout(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 1, err); }
 

@@ -8,6 +8,9 @@
 #include "safetensors/st_sink.h"
 #include "stz_gguf.h"
 
+/* 1 when the file at path starts with GGUF's magic (model/, pack/ and the
+ * program tell GGUF files apart by it). */
+int stz_is_gguf(const char *path);
 /* Opens a GGUF file's header leniently. */
 stz_status stz_gguf_open_layout(stz_gguf **out, const char *path, stz_err *err);
 /* The same from img[n], a GGUF file's first n bytes, which must end where

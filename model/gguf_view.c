@@ -39,7 +39,6 @@ struct stz_gguf_view {
     uint8_t *conv;  /* a row in the view's dtype */
 };
 
-int stz_is_gguf(const char *path) { return stz_has_magic(path, "GGUF", 4); }
 
 static const char *kv_text(const stz_gguf *g, const char *key)
 {

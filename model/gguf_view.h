@@ -5,12 +5,10 @@
 #ifndef STZ_GGUF_VIEW_H
 #define STZ_GGUF_VIEW_H
 
+#include "gguf/gguf_layout.h" /* stz_is_gguf */
 #include "stz_model.h"
 
 typedef struct stz_gguf_view stz_gguf_view;
-
-/* 1 when the file at path starts with GGUF's magic. */
-int stz_is_gguf(const char *path);
 
 /* Opens the GGUF file `path` as a view whose tensors have dtype (F32, BF16
  * or F16; 1-D tensors always F32) and names in `names`. STZ_E_UNSUPPORTED

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #define BEST_ZSTD_LEVEL 19
@@ -489,20 +488,6 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
     return stz_err_in(err, pack_file(p, in, out, stats, err), in);
 }
 
-/* 1 if the file at path starts with GGUF's magic. */
-static int is_gguf(const char *path)
-{
-    int fd;
-    uint64_t size;
-    uint8_t m[4];
-    stz_err ignored;
-    if (stz_open_regular(path, &fd, &size, &ignored))
-        return 0;
-    int yes = size >= 4 && !stz_pread_full(fd, m, 4, 0) && !memcmp(m, "GGUF", 4);
-    close(fd);
-    return yes;
-}
-
 /* A GGUF file as a reader whose tensors are its spans (stz_gguf_spans),
  * the spans (names the reader's), their count. */
 static stz_status open_gguf(const char *in, stz_reader **r, stz_span **spans, size_t *nt, stz_err *err)
@@ -528,7 +513,7 @@ static stz_status pack_file(const stz_pack_params *p, const char *in, const char
     stz_span *spans = NULL;
     uint8_t *img = NULL;
     size_t nt = 0;
-    int gguf = is_gguf(in);
+    int gguf = stz_is_gguf(in);
     stz_status st = gguf ? open_gguf(in, &r, &spans, &nt, err) : stz_reader_open(&r, in, err);
     if (!st && strcmp(out, "-"))
         st = stz_refuse_input_as_output(in, out, err);
