@@ -82,6 +82,22 @@ int cli_stdout_ok(const char *cmd, cli_common *c);
  * shared option. */
 int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o);
 
+/* Token sequences (stz eval --forward, stz tune). */
+typedef struct {
+    int32_t *tok; /* nseq x stride */
+    size_t *lens, nseq, stride;
+} cli_seqs;
+typedef struct {
+    const char *path;   /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */
+    double nseq, len;   /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
+    double default_len, seed, temp, top_p;
+} cli_seq_opts;
+/* getopt_long codes and entries of the sequence options (--tokens,
+ * --sequences, --seq-len, --seed), and their help lines. */
+enum { CLI_OPT_TOKENS = 1150, CLI_OPT_SEQS, CLI_OPT_LEN, CLI_OPT_SEED };
+#define CLI_SEQ_LONG                                                                                            \
+    {"tokens", required_argument, 0, CLI_OPT_TOKENS}, {"sequences", required_argument, 0, CLI_OPT_SEQS},      \
+        {"seq-len", required_argument, 0, CLI_OPT_LEN}, {"seed", required_argument, 0, CLI_OPT_SEED}
 /* Policy options of plan, quantize and compress (docs/POLICY.md,
  * "Command-line rules"). */
 #define CLI_MAX_OVERRIDES 64
@@ -95,15 +111,20 @@ typedef struct {
     const char *method; /* --method for int8/int4 rules */
     int block_size;     /* --block-size, 0 if not given */
     const char *imatrix; /* --imatrix FILE: the importance the quantizers weigh errors by */
+    int feedback;        /* --feedback: "feedback": true on every block quantization rule */
+    cli_seq_opts so;     /* error feedback's calibration sequences */
+    const char *config;  /* --config: the model's configuration, for the forward pass */
 } cli_policy_opts;
 
 enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_SET, CLI_OPT_METHOD, CLI_OPT_BLOCK,
-       CLI_OPT_IMATRIX };
+       CLI_OPT_IMATRIX, CLI_OPT_FEEDBACK, CLI_OPT_CONFIG };
 #define CLI_POLICY_LONG                                                                                       \
     {"policy", required_argument, 0, CLI_OPT_POLICY}, {"int8", no_argument, 0, CLI_OPT_INT8},                \
         {"int4", no_argument, 0, CLI_OPT_INT4}, {"keep", required_argument, 0, CLI_OPT_KEEP},                \
         {"set", required_argument, 0, CLI_OPT_SET}, {"method", required_argument, 0, CLI_OPT_METHOD},        \
-        {"block-size", required_argument, 0, CLI_OPT_BLOCK}, {"imatrix", required_argument, 0, CLI_OPT_IMATRIX}
+        {"block-size", required_argument, 0, CLI_OPT_BLOCK}, {"imatrix", required_argument, 0, CLI_OPT_IMATRIX}, \
+        {"feedback", no_argument, 0, CLI_OPT_FEEDBACK}, {"config", required_argument, 0, CLI_OPT_CONFIG},       \
+        CLI_SEQ_LONG
 #define CLI_POLICY_HELP                                                                                        \
     "  --policy P          policy file or shipped name (stz policy list)\n"                                  \
     "  --int8, --int4      the shipped int8 / int4 policies: llama.cpp's Q8_0 / a Q5_K-Q6_K-IQ4_NL mix\n"        \
@@ -112,11 +133,28 @@ enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_
     "  --method M          absmax, mse, full, asym, nl or nl-fit for every int2..int8 rule\n"                                         \
     "  --block-size N      block size of every int8/int4 rule\n" \
     "  --imatrix FILE      importance matrix (stz imatrix, or llama.cpp's): every\n"                          \
-    "                      block's scales chosen for the least error weighted by it\n"
+    "                      block's scales chosen for the least error weighted by it\n"                    \
+    "  --feedback          error feedback (GPTQ) on every block quantization rule:\n"                      \
+    "                      layer by layer on sequences sampled from the model (or\n"                       \
+    "                      --tokens FILE; --sequences N (16), --seq-len L (256),\n"                       \
+    "                      --seed S; --config FILE: the model's config.json)\n"
 
+/* Error feedback's default sequences: 16 of 256 tokens sampled, seed 1. */
+#define CLI_FEEDBACK_SEQS {NULL, 16, 0, 256, 1, 1, 0.9}
+/* Bytes of F32 layers sampling keeps between steps for error feedback
+ * (stz_fwd_set_keep): its peak memory stays near the quantizing's. */
+#define CLI_FEEDBACK_KEEP ((uint64_t)256 << 20)
 /* Handles option c if it is a policy option: -1 handled, an exit status
  * (usage error), or -2 if not a policy option. */
 int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po);
+struct stz_policy;
+struct stz_feedback;
+/* Error feedback for `model` when the policy asks for it (*fb NULL when not;
+ * sequence options without such a rule are an error): the model opened for
+ * the forward pass, the sequences sampled or read, its layers quantized
+ * (stz_feedback_run), a progress line. */
+stz_status cli_feedback_open(const cli_policy_opts *po, struct stz_policy *pol, const char *model, int threads,
+                             int quiet, struct stz_feedback **fb, stz_err *err);
 /* 1 if any policy option was given. */
 static inline int cli_policy_given(const cli_policy_opts *po) { return po->policy || po->nover; }
 struct stz_policy;
@@ -264,22 +302,6 @@ int cli_model_config(const char *path, const cli_model_set *s, const char *confi
 /* The error for a model at path without a configuration: STZ_E_FORMAT
  * (give --config) for Llama-family tensor names, else STZ_E_UNSUPPORTED. */
 stz_status cli_no_config(const char *path, const cli_model_set *s, stz_err *err);
-/* Token sequences (stz eval --forward, stz tune). */
-typedef struct {
-    int32_t *tok; /* nseq x stride */
-    size_t *lens, nseq, stride;
-} cli_seqs;
-typedef struct {
-    const char *path;   /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */
-    double nseq, len;   /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
-    double default_len, seed, temp, top_p;
-} cli_seq_opts;
-/* getopt_long codes and entries of the sequence options (--tokens,
- * --sequences, --seq-len, --seed), and their help lines. */
-enum { CLI_OPT_TOKENS = 1150, CLI_OPT_SEQS, CLI_OPT_LEN, CLI_OPT_SEED };
-#define CLI_SEQ_LONG                                                                                            \
-    {"tokens", required_argument, 0, CLI_OPT_TOKENS}, {"sequences", required_argument, 0, CLI_OPT_SEQS},      \
-        {"seq-len", required_argument, 0, CLI_OPT_LEN}, {"seed", required_argument, 0, CLI_OPT_SEED}
 /* Handles option c if it is a sequence option: -1 handled, an exit status
  * (usage error), or -2 if not one. */
 int cli_seq_opt(const char *cmd, int c, cli_seq_opts *o);

@@ -26,6 +26,14 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
         return -1;
     case CLI_OPT_METHOD: po->method = optarg; return -1;
     case CLI_OPT_IMATRIX: po->imatrix = optarg; return -1;
+    case CLI_OPT_FEEDBACK: po->feedback = 1; return -1;
+    case CLI_OPT_CONFIG: po->config = optarg; return -1;
+    case CLI_OPT_TOKENS: case CLI_OPT_SEQS: case CLI_OPT_LEN: case CLI_OPT_SEED:
+        if (!po->so.default_len) {
+            const cli_seq_opts d = CLI_FEEDBACK_SEQS;
+            po->so = d;
+        }
+        return cli_seq_opt(cmd, c, &po->so);
     case CLI_OPT_BLOCK: {
         char *end;
         long v = strtol(optarg, &end, 10);
@@ -87,6 +95,11 @@ static cJSON *parse_set(const char *text, stz_err *err)
 static int apply_quant_opts(cJSON *o, const cli_policy_opts *po)
 {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
+    if (po->feedback && cJSON_IsString(a) &&
+        (!strncmp(a->valuestring, "int", 3) || a->valuestring[0] == 'q' || !strncmp(a->valuestring, "iq", 2))) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "feedback"); /* every block quantization */
+        cJSON_AddBoolToObject(o, "feedback", 1);
+    }
     if (!cJSON_IsString(a) || strncmp(a->valuestring, "int", 3))
         return 0;
     if (po->method) {
@@ -111,7 +124,7 @@ stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err 
     const char *src = po->policy ? po->policy : "{\"default\": \"keep\"}";
     struct stat sb;
     *out = NULL;
-    if (!po->nover && !po->method && !po->block_size)
+    if (!po->nover && !po->method && !po->block_size && !po->feedback)
         return stz_policy_load(out, po->policy, err);
     if (po->policy && stat(po->policy, &sb) == 0) {
         stz_status st = stz_read_text(po->policy, 64u << 20, &text, NULL, err);
@@ -168,7 +181,7 @@ stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err 
         snprintf(label, sizeof label, "%s with command-line rules (0..%d)", po->policy ? po->policy : "policy",
                  po->nover - 1);
     else
-        snprintf(label, sizeof label, "%s with --method/--block-size", po->policy ? po->policy : "policy");
+        snprintf(label, sizeof label, "%s with --method/--block-size/--feedback", po->policy ? po->policy : "policy");
     st = stz_policy_parse(out, merged, strlen(merged), label, err);
     free(merged);
     return st;

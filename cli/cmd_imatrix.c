@@ -2,6 +2,7 @@
  * pass; and --imatrix FILE of quantize, compress and tune, checked against
  * the model before any work. */
 #include "cli.h"
+#include "stz_feedback.h"
 #include "stz_imatrix.h"
 #include "stz_safetensors.h"
 
@@ -70,6 +71,21 @@ static int parse(int argc, char **argv, imatrix_opts *o)
     return cli_seq_check("imatrix", &o->so, &defaults);
 }
 
+/* The model at `model` opened for the forward pass (files in S). */
+static stz_status open_fwd(const char *model, const char *config, int threads, cli_model_set *S, stz_fwd **fwd,
+                           stz_err *err)
+{
+    stz_fwd_config cfg;
+    char from[4096];
+    stz_status st = cli_set_open(S, model, err);
+    int found = st ? 0 : cli_model_config(model, S, config, &cfg, from, NULL, err);
+    if (!st && found < 0)
+        st = err->code;
+    else if (!st && !found)
+        st = cli_no_config(model, S, err);
+    return st ? st : stz_fwd_open(fwd, S->m, S->n, &cfg, model, threads, err);
+}
+
 /* The model opened, its sequences run (sampled while collecting, or read
  * then run), the importance written to out. */
 static stz_status collect(const imatrix_opts *o, const char *model, const char *out, stz_imatrix **im, cli_seqs *q,
@@ -77,18 +93,8 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
 {
     cli_model_set S = {0};
     stz_fwd *fwd = NULL;
-    stz_fwd_config cfg;
-    char from[4096];
     stz_status st = stz_output_check(out, o->c.force, err);
-    if (!st)
-        st = cli_set_open(&S, model, err);
-    int found = st ? 0 : cli_model_config(model, &S, o->config, &cfg, from, NULL, err);
-    if (!st && found < 0)
-        st = err->code;
-    else if (!st && !found)
-        st = cli_no_config(model, &S, err);
-    if (!st && !(st = stz_fwd_open(&fwd, S.m, S.n, &cfg, model, o->c.threads, err)) &&
-        !(st = stz_imatrix_new(im, err))) {
+    if (!st && !(st = open_fwd(model, o->config, o->c.threads, &S, &fwd, err)) && !(st = stz_imatrix_new(im, err))) {
         int quiet = o->c.quiet || o->c.json;
         stz_fwd_set_imatrix(fwd, o->so.path ? NULL : *im); /* sampled: collected as they are sampled */
         st = cli_seqs_get(&o->so, fwd, model, quiet, q, source, err);
@@ -100,6 +106,43 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
             cli_progress_end(&prog);
         }
     }
+    stz_fwd_free(fwd);
+    cli_set_free(&S);
+    return st;
+}
+
+stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, int threads, int quiet,
+                             stz_feedback **fb, stz_err *err)
+{
+    *fb = NULL;
+    if (!stz_policy_feedback(pol))
+        return po->so.default_len || po->config
+                   ? stz_err_set(err, STZ_E_ARG, "--tokens, --sequences, --seq-len, --seed and --config are error "
+                                 "feedback's: give --feedback (or a rule with \"feedback\": true)")
+                   : STZ_OK;
+    const cli_seq_opts defaults = CLI_FEEDBACK_SEQS;
+    cli_seq_opts so = po->so.default_len ? po->so : defaults;
+    cli_model_set S = {0};
+    stz_fwd *fwd = NULL;
+    cli_seqs q = {0};
+    char source[64];
+    stz_status st = open_fwd(model, po->config, threads, &S, &fwd, err);
+    if (!st) {
+        stz_fwd_set_keep(fwd, CLI_FEEDBACK_KEEP); /* sampling's copies of the layers count in the peak too */
+        st = cli_seqs_get(&so, fwd, model, quiet, &q, source, err);
+    }
+    if (!st) {
+        cli_progress prog;
+        cli_progress_init(&prog, "feedback", quiet);
+        st = stz_feedback_run(fb, fwd, pol, q.tok, q.nseq, q.stride, q.lens, threads, cli_progress_cb, &prog, err);
+        cli_progress_end(&prog);
+    }
+    if (!st && !stz_feedback_count(*fb)) {
+        st = stz_err_set(err, STZ_E_ARG, "%s: the policy asks for error feedback, but on none of the model's matrices "
+                         "the forward pass reads", model);
+        stz_feedback_free(*fb), *fb = NULL;
+    }
+    cli_seqs_free(&q);
     stz_fwd_free(fwd);
     cli_set_free(&S);
     return st;

@@ -2,6 +2,7 @@
  * and back. Intermediate files live next to the output under a hidden
  * temporary name, tracked so that errors and signals remove them. */
 #include "cli.h"
+#include "stz_feedback.h"
 #include "stz_imatrix.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
@@ -138,6 +139,7 @@ typedef struct {
     const popts *o;
     stz_policy *pol;
     const stz_imatrix *im; /* --imatrix, or NULL */
+    stz_feedback *fb;      /* error feedback's results, or NULL */
     uint64_t in_bytes, out_bytes;
     stz_quant_stats qs;   /* summed over files: counts, min cosine */
     int64_t wfix;         /* sum of cosine x parameters in 1/65536: integers add up the same in any order */
@@ -175,6 +177,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
         qp.progress = cli_progress_cb;
         qp.progress_user = &prog;
         qp.imatrix = c->im;
+        qp.feedback = c->fb;
         if (!(s = stz_compress_file(&qp, &pp, c->pol, in, out, &qs, &ps, err))) {
             pthread_mutex_lock(&c->lock); /* shards may run at once */
             c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
@@ -273,6 +276,15 @@ int cmd_compress(int argc, char **argv)
         return cli_fail(&err);
     }
     c.im = im;
+    int fed = !o.lossless && stz_policy_feedback(c.pol);
+    if (fed && ((!sharded && strcmp(out, "-") && stz_output_check(out, o.c.force, &err)) || /* before the long work */
+                cli_feedback_open(&o.po, c.pol, in, o.c.threads ? o.c.threads : cli_ncores(), o.c.quiet || o.c.json,
+                                  &c.fb, &err))) {
+        stz_policy_free(c.pol);
+        stz_imatrix_free(im);
+        free(out);
+        return cli_fail(&err);
+    }
     int mpi = cli_mpi_size() > 1;
     if (mpi && !sharded) {
         rc = cli_mpi_rank() ? CLI_USAGE : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
@@ -295,6 +307,7 @@ int cmd_compress(int argc, char **argv)
     }
     stz_policy_free(c.pol);
     stz_imatrix_free(im);
+    stz_feedback_free(c.fb);
     pthread_mutex_destroy(&c.lock);
     if (rc != CLI_OK || cli_mpi_rank()) { /* rank 0 reports for all */
         free(out);

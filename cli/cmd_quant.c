@@ -1,5 +1,6 @@
 /* stz plan / quantize / dequantize. */
 #include "cli.h"
+#include "stz_feedback.h"
 #include "stz_imatrix.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
@@ -255,6 +256,9 @@ int cmd_plan(int argc, char **argv)
         return rc;
     if (!cli_policy_given(&o.po))
         return cli_usage_error("plan", "give --policy P, --int8, --int4 or --set");
+    if (o.po.feedback || o.po.so.default_len || o.po.config)
+        return cli_usage_error("plan", "--feedback and its sequence options change how blocks are quantized, not the "
+                               "plan: give them to quantize or compress");
     if (o.po.imatrix)
         return cli_usage_error("plan", "--imatrix changes how blocks are quantized, not the plan: give it to quantize "
                                "or compress");
@@ -307,14 +311,21 @@ int cmd_quantize(int argc, char **argv)
     stz_err err;
     stz_policy *pol;
     stz_imatrix *im = NULL;
+    stz_feedback *fb = NULL;
+    double t0 = cli_now();
     if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
-    if (cli_imatrix_open(o.po.imatrix, argv[optind], &im, &err)) {
+    if (cli_imatrix_open(o.po.imatrix, argv[optind], &im, &err) ||
+        (stz_policy_feedback(pol) && stz_output_check(o.c.out, o.c.force, &err)) || /* before the long work */
+        cli_feedback_open(&o.po, pol, argv[optind], o.c.threads ? o.c.threads : cli_ncores(), o.c.quiet || o.c.json,
+                          &fb, &err)) {
         stz_policy_free(pol);
+        stz_imatrix_free(im);
         return cli_fail(&err);
     }
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
     p.imatrix = im;
+    p.feedback = fb;
     p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
     p.threads = o.c.threads;
     cli_progress prog;
@@ -331,12 +342,21 @@ int cmd_quantize(int argc, char **argv)
         cli_policy_warn_unused(pol, names);
         stz_reader_free(names);
     }
+    size_t fed = fb ? stz_feedback_count(fb) : 0;
+    const char *skip_name;
+    size_t skipped = fb ? stz_feedback_skipped(fb, &skip_name) : 0;
+    if (skipped && !o.c.quiet && !s)
+        fprintf(stderr, "stz: note: %zu tensor(s) such as '%s' quantized without error feedback: no matrix product "
+                "reads them (an untied token embedding)\n", skipped, skip_name);
     stz_policy_free(pol);
     stz_imatrix_free(im);
+    stz_feedback_free(fb);
     if (s)
         return cli_fail(&err);
-    double secs = cli_now() - prog.start, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;
-    char a[32], b[32], r[32];
+    double secs = cli_now() - t0, ratio = st.out_bytes ? (double)st.in_bytes / (double)st.out_bytes : 0;
+    char a[32], b[32], r[32], fbs[64] = "";
+    if (fed)
+        snprintf(fbs, sizeof fbs, ", %zu with error feedback", fed);
     if (o.c.json) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "input", argv[optind]);
@@ -350,15 +370,16 @@ int cmd_quantize(int argc, char **argv)
         cJSON_AddNumberToObject(d, "weighted_cosine", st.weighted_cosine);
         cJSON_AddNumberToObject(d, "min_cosine", st.min_cosine);
         cJSON_AddStringToObject(d, "worst_tensor", st.worst);
+        cJSON_AddNumberToObject(d, "feedback_matrices", (double)fed);
         cJSON_AddNumberToObject(d, "seconds", secs);
         return cli_print_json(d);
     }
     if (!o.c.quiet)
-        printf("%s -> %s: %s -> %s bytes (%.3fx), %zu of %zu tensors quantized (%.1f%% of parameters) in %.2f s, "
+        printf("%s -> %s: %s -> %s bytes (%.3fx), %zu of %zu tensors quantized (%.1f%% of parameters)%s in %.2f s, "
                "%s/s\n",
                argv[optind], o.c.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized,
-               st.tensors, st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0, secs,
-               cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
+               st.tensors, st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0,
+               fbs, secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
     return CLI_OK;
 }
 

@@ -33,10 +33,14 @@ typedef struct {
      * each block quantization of a matrix the importance matrix names is
      * searched for the least error weighted by it */
     const struct stz_imatrix *imatrix;
+    /* tensors quantized with error feedback (stz_feedback.h; NULL: none):
+     * written as it holds them; a "feedback" rule's tensor it does not
+     * hold is quantized without */
+    struct stz_feedback *feedback;
 } stz_quant_params;
 
 #define STZ_SVD_HOLD_DEFAULT (256u << 20)
-#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0, NULL}
+#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0, NULL, NULL}
 
 typedef struct {
     uint64_t in_bytes, out_bytes;

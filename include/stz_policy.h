@@ -41,6 +41,9 @@ STZ_API void stz_policy_free(stz_policy *p);
  * safe to call from several threads. */
 STZ_API stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t);
 
+/* 1 if a rule (or the default) asks for error feedback ("feedback": true). */
+STZ_API int stz_policy_feedback(const stz_policy *p);
+
 /* The policy's rules: how many, and rule i's "match" pattern as written. */
 STZ_API size_t stz_policy_rule_count(const stz_policy *p);
 STZ_API const char *stz_policy_rule_pattern(const stz_policy *p, size_t i);

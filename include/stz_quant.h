@@ -88,6 +88,7 @@ typedef struct {
     uint32_t svd_power_iters; /* randomized: power iterations q (default 1) */
     uint32_t svd_oversample;  /* randomized: extra sketch columns (default 10) */
     stz_action fallback;     /* when factors would not be smaller: keep, int8 (default) or int4 */
+    int feedback;            /* block quantizations: "feedback": true, error feedback (stz_feedback.h) */
     int rule;                /* index of the deciding rule, -1 for the default */
     const char *reason;      /* static text when the action was overridden, else NULL */
 } stz_decision;
@@ -97,6 +98,9 @@ STZ_API const char *stz_action_name(stz_action a);
 /* Bits per value of a quantizing action (int2..int8; a ggml type's code
  * width: q4_k 4, q6_k 6, f16 16), 0 for keep and svd. */
 STZ_API int stz_action_bits(stz_action a);
+/* 1 for the block quantizations (int2..int8, q4_0..iq4_xs), 0 for keep,
+ * svd, f16 and bf16. */
+STZ_API int stz_action_is_block(stz_action a);
 /* The ggml type (STZ_GGML_*) of a ggml-type action, else -1; and the
  * action of a ggml type (STZ_ACTION_COUNT for a type stz does not write). */
 STZ_API int stz_action_ggml_type(stz_action a);
@@ -226,6 +230,20 @@ typedef struct {
 STZ_API stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
                                        uint64_t cols, stz_qmem *out, stz_err *err);
 STZ_API void stz_qmem_free(stz_qmem *q);
+
+/* stz_quantize_tensor of a block decision (int2..int8, a ggml block type)
+ * with error feedback (GPTQ): the columns are quantized in order and each
+ * rounding error is pushed onto the columns after it through the inverse
+ * of H, so that the layer's output error (W - Q) H (W - Q)^T is what falls,
+ * not each weight's. H: the cols x cols Gram matrix of the layer's inputs
+ * (sum over calibration tokens of x x^T, row-major), dampened by 1% of its
+ * mean diagonal; its diagonal also weighs the blocks' scale searches, and
+ * err2 / norm2. Same format and bytes layout as stz_quantize_tensor (the
+ * readers do not change), the same bytes for any `threads` (OpenBLAS is set
+ * to one thread). y: the values as read back, rows x cols (NULL: not
+ * wanted). STZ_E_ARG (svd, keep, floats), STZ_E_NUMERIC, STZ_E_LAPACK. */
+STZ_API stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, uint64_t rows,
+                                                uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err);
 
 /* ---- llama.cpp's tensor types (quant/ggml_types.c) ---------------------- */
 

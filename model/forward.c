@@ -159,8 +159,9 @@ stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, floa
         stz_status st = stz_qmodel_read_rows(m->files[at.f], at.i, r0 + r, k, d, err);
         if (st)
             return st;
-        if (m->probe && at.f == m->probe_at.f && at.i == m->probe_at.i &&
-            m->probe->perturb(m->probe->user, t->name, d, r0 + r, k, (size_t)t->cols))
+        if ((m->probe && at.f == m->probe_at.f && at.i == m->probe_at.i &&
+             m->probe->perturb(m->probe->user, t->name, d, r0 + r, k, (size_t)t->cols)) ||
+            (m->rewrite && m->rewrite->perturb(m->rewrite->user, t->name, d, r0 + r, k, (size_t)t->cols)))
             return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory perturbing '%s'", m->label, t->name);
         for (size_t i = 0; i < k * t->cols; i++)
             if (!isfinite(d[i]))
@@ -321,6 +322,13 @@ static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks,
     }
 }
 
+stz_status stz_forward_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
+                               size_t cols, stz_err *err)
+{
+    stz_status st = m->hess ? stz_feedback_observe(m, layer, roles, X, n, cols, err) : STZ_OK;
+    return st ? st : stz_imatrix_observe(m, layer, roles, k, X, n, cols, err);
+}
+
 /* The matrices that read each input, for the attached importance matrix. */
 static const int attn_in[3] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV}, out_in[1] = {STZ_ROLE_WO},
                  ffn_in[2] = {STZ_ROLE_GATE, STZ_ROLE_UP}, down_in[1] = {STZ_ROLE_DOWN}, head_in[1] = {STZ_ROLE_HEAD};
@@ -354,7 +362,7 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         float *kc = b->k + lk * nseq * b->cap * KD, *vc = b->v + lk * nseq * b->cap * KD;
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
-        if ((st = stz_imatrix_observe(m, l, attn_in, 3, xb, n, D, err)))
+        if ((st = stz_forward_observe(m, l, attn_in, 3, xb, n, D, err)))
             break;
         stz_forward_linear(q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);    /* (n, dim) @ wq^T -> (n, QD) */
         stz_forward_linear(kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD);   /* -> (n, KD) */
@@ -375,20 +383,20 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
             }
         else
             attend_rows(c, b, q, kc, vc, att, sc);
-        if ((st = stz_imatrix_observe(m, l, out_in, 1, att, n, QD, err)))
+        if ((st = stz_forward_observe(m, l, out_in, 1, att, n, QD, err)))
             break;
         stz_forward_linear(xb, att, w[STZ_ROLE_WO], w[STZ_ROLE_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_FNORM], D, c->norm_eps);
-        if ((st = stz_imatrix_observe(m, l, ffn_in, 2, xb, n, D, err)))
+        if ((st = stz_forward_observe(m, l, ffn_in, 2, xb, n, D, err)))
             break;
         stz_forward_linear(h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
         stz_forward_linear(h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
         for (size_t i = 0; i < n * F; i++)
             h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
-        if ((st = stz_imatrix_observe(m, l, down_in, 1, h1, n, F, err)))
+        if ((st = stz_forward_observe(m, l, down_in, 1, h1, n, F, err)))
             break;
         stz_forward_linear(xb, h1, w[STZ_ROLE_DOWN], NULL, n, F, D); /* (n, hidden) @ w2^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
@@ -426,7 +434,7 @@ stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err)
     for (size_t r = 0; !st && r < n; r++)
         stz_forward_rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
     if (!st)
-        st = stz_imatrix_observe(m, 0, head_in, 1, X, n, D, err);
+        st = stz_forward_observe(m, 0, head_in, 1, X, n, D, err);
     free(nw);
     return st;
 }

@@ -32,6 +32,8 @@ struct stz_fwd {
     const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
     loc probe_at;
     stz_imatrix *imatrix; /* stz_fwd_set_imatrix: every matrix's inputs are added to it */
+    struct stz_fb_hess *hess;   /* error feedback (calibrate.c): one layer's input Gram matrices collected */
+    const stz_fwd_probe *rewrite; /* error feedback: every tensor's rows, as read, go through rewrite->perturb */
 };
 
 /* A batch of rows: row r is the token at position pos[r] of sequence
@@ -73,7 +75,12 @@ void stz_forward_drop_kept(stz_fwd *m);
 /* The final norm of rows X (n, dim) in place (the head's input). */
 stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err);
 /* Adds X (n rows of cols), the input of matrices roles[0..k) of `layer`,
- * to the attached importance matrix (imatrix.c); nothing when none is. */
+ * to the attached importance matrix (imatrix.c) and Gram matrices
+ * (calibrate.c); nothing when none is. */
+stz_status stz_forward_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
+                               size_t cols, stz_err *err);
+stz_status stz_feedback_observe(stz_fwd *m, uint32_t layer, const int *roles, const float *X, size_t n, size_t cols,
+                                stz_err *err);
 stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
                                size_t cols, stz_err *err);
 

@@ -15,6 +15,7 @@
 #include "stz_safetensors.h"
 #include "stz_eval.h"
 #include "stz_imatrix.h"
+#include "stz_feedback.h"
 #include "stz_svd.h"
 #include "plan.h"
 
@@ -208,6 +209,28 @@ static stz_status write_blockwise(stz_writer *w, const stz_quant_plan *pl, const
         stz_qf_store_scales(&pl->fmt, v + i, k, buf);
         st = stz_writer_write(w, buf, k * sz, err);
     }
+    return st;
+}
+
+/* A tensor error feedback quantized (stz_feedback_take): its values,
+ * scales and minimums as it holds them; *taken = 0 when it does not. */
+static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *pl, stz_feedback *fb, int *taken,
+                            stz_err *err)
+{
+    stz_qmem q;
+    double cosine;
+    stz_status st = stz_feedback_take(fb, t->name, &pl->d, &q, &cosine, taken, err);
+    if (st || !*taken)
+        return st;
+    if ((pl->d.scale_dtype == STZ_DTYPE_U8 && q.fmt.scale_base != pl->fmt.scale_base) ||
+        (pl->d.method == STZ_QMETHOD_NL_FIT && memcmp(q.fmt.levels, pl->fmt.levels, sizeof q.fmt.levels)))
+        st = stz_err_set(err, STZ_E_ARG, "tensor '%s': quantized with feedback from other values than the file's "
+                         "(another model?)", t->name);
+    for (int k = STZ_PART_VALUES; !st && k <= STZ_PART_MINS; k++)
+        if (q.part[k])
+            st = stz_writer_write(w, q.part[k], q.len[k], err);
+    pl->cosine = cosine;
+    stz_qmem_free(&q);
     return st;
 }
 
@@ -408,6 +431,15 @@ static stz_status declare_outputs(qfile *j, const stz_quant_params *p, const stz
     return st;
 }
 
+/* A block-quantized tensor: as error feedback left it, or quantized now. */
+static stz_status write_block(qfile *j, const stz_quant_params *p, const stz_tensor *t, stz_quant_plan *x,
+                              stz_err *err)
+{
+    int taken = 0;
+    stz_status st = p->feedback && x->d.feedback ? write_fed(j->w, t, x, p->feedback, &taken, err) : STZ_OK;
+    return st || taken ? st : write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err);
+}
+
 /* Every tensor in file order: factors, quantized rows, or the bytes kept. */
 static stz_status stream_tensors(qfile *j, const stz_quant_params *p, stz_err *err)
 {
@@ -417,7 +449,7 @@ static stz_status stream_tensors(qfile *j, const stz_quant_params *p, stz_err *e
         const stz_tensor *t = stz_reader_tensor(j->r, i);
         stz_quant_plan *x = &j->pl[i];
         stz_status st = x->svd    ? stz_quant_write_svd(j->r, t, j->w, x, buf, err)
-                        : x->bits ? write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err)
+                        : x->bits ? write_block(j, p, t, x, err)
                                   : stz_quant_copy_tensor(j->w, j->r, t, buf, err);
         if (st)
             return st;

@@ -168,6 +168,10 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             else
                 return perr(err, p, where, pat, "fallback must be \"keep\", \"int8\" or \"int4\"", NULL, NULL);
             svd_key = key;
+        } else if (!strcmp(key, "feedback")) {
+            if (!cJSON_IsBool(k))
+                return perr(err, p, where, pat, "feedback must be true or false", NULL, NULL);
+            d->feedback = cJSON_IsTrue(k);
         } else if (!strcmp(key, "comment")) {
             continue;
         } else {
@@ -190,6 +194,9 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                     "\"F16\" or \"F32\", not \"U8\"", NULL, NULL);
     if ((d->method == STZ_QMETHOD_NL || d->method == STZ_QMETHOD_NL_FIT) && stz_action_bits(d->action) > 6)
         return perr(err, p, where, pat, "methods \"nl\" and \"nl-fit\" take 2 to 6 bits (int2..int6)", NULL, NULL);
+    if (d->feedback && !stz_action_is_block(d->action))
+        return perr(err, p, where, pat, "feedback applies to block quantizations (int2..int8, q4_0..iq4_xs), not '%s'",
+                    stz_action_name(d->action), NULL);
     if (rand_key && !d->svd_randomized)
         return perr(err, p, where, pat, "'%s' applies to method \"randomized\" only", rand_key, NULL);
     return STZ_OK;
@@ -502,7 +509,16 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
                        ? "rows are not whole 256-blocks: the 32-block type llama.cpp falls back to"
                        : "rows are not whole 32-blocks: a float type, as llama.cpp keeps them";
     }
+    d.feedback &= stz_action_is_block(d.action); /* kept, or a float type by the fallback */
     return d;
+}
+
+int stz_policy_feedback(const stz_policy *p)
+{
+    int any = p->def.feedback;
+    for (size_t i = 0; i < p->n; i++)
+        any |= p->rules[i].d.feedback;
+    return any;
 }
 
 size_t stz_policy_rule_count(const stz_policy *p) { return p->n; }

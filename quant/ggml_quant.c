@@ -14,6 +14,7 @@
  * lowers the error. Stored scales are rounded to F16 before the codes are
  * final, so the error measured is the error stored. */
 #include "ggml_types.h"
+#include "quant_tensor.h"
 #include "quant_vec.h"
 #include "core/stz_core.h"
 
@@ -251,27 +252,41 @@ static const codes C_Q4_0 = {-8, 7, 0}, C_Q5_0 = {-16, 15, 0}, C_Q8_0 = {-128, 1
  * written. */
 static const float ones[QK_K] = {[0 ... QK_K - 1] = 1.0f};
 
+/* A 32-block type's codes, whether it has a minimum, and its code width. */
+static const codes *codes32(int type, int *with_min, int *bits)
+{
+    *with_min = type == STZ_GGML_Q4_1 || type == STZ_GGML_Q5_1;
+    *bits = type == STZ_GGML_Q5_0 || type == STZ_GGML_Q5_1 ? 5 : 4;
+    return type == STZ_GGML_Q4_0 ? &C_Q4_0 : type == STZ_GGML_Q5_0 ? &C_Q5_0 : type == STZ_GGML_Q8_0 ? &C_Q8_0
+         : type == STZ_GGML_Q4_1 ? &C_Q4_1 : type == STZ_GGML_Q5_1 ? &C_Q5_1 : &C_NL;
+}
+
+/* A 32-block's header (d, and m) and codes L as the type stores them. */
+static void put_block32(int type, const codes *c, int with_min, int bits, float d, float m, const int8_t *L,
+                        uint8_t *out)
+{
+    stz_put_le16(out, stz_f32_to_f16(d));
+    if (type == STZ_GGML_Q8_0)
+        memcpy(out + 2, L, QK);
+    else if (type == STZ_GGML_IQ4_NL)
+        stz_ggml_put_nibbles(L, 0, 4, NULL, out + 2);
+    else if (with_min)
+        stz_put_le16(out + 2, stz_f32_to_f16(m)), stz_ggml_put_nibbles(L, 0, bits, out + 4, out + 4 + (bits == 5) * 4);
+    else
+        stz_ggml_put_nibbles(L, c->lo, bits, out + 2, out + 2 + (bits == 5) * 4);
+}
+
 int stz_ggml_quant32(int type, const float *x, const float *w, size_t n, uint8_t *out)
 {
-    const codes *c = type == STZ_GGML_Q4_0 ? &C_Q4_0 : type == STZ_GGML_Q5_0 ? &C_Q5_0 : type == STZ_GGML_Q8_0 ? &C_Q8_0
-                   : type == STZ_GGML_Q4_1 ? &C_Q4_1 : type == STZ_GGML_Q5_1 ? &C_Q5_1 : &C_NL;
-    int with_min = type == STZ_GGML_Q4_1 || type == STZ_GGML_Q5_1;
-    int bits = type == STZ_GGML_Q5_0 || type == STZ_GGML_Q5_1 ? 5 : 4;
+    int with_min, bits;
+    const codes *c = codes32(type, &with_min, &bits);
     size_t bb = stz_ggml_traits_of(type)->bytes;
     for (size_t b = 0; b < n / QK; b++, out += bb) {
         int8_t L[QK];
         float d, m;
         if (!isfinite(block32(c, x + b * QK, w ? w + b * QK : ones, with_min, &d, &m, L)))
             return -1;
-        stz_put_le16(out, stz_f32_to_f16(d));
-        if (type == STZ_GGML_Q8_0)
-            memcpy(out + 2, L, QK);
-        else if (type == STZ_GGML_IQ4_NL)
-            stz_ggml_put_nibbles(L, 0, 4, NULL, out + 2);
-        else if (with_min)
-            stz_put_le16(out + 2, stz_f32_to_f16(m)), stz_ggml_put_nibbles(L, 0, bits, out + 4, out + 4 + (bits == 5) * 4);
-        else
-            stz_ggml_put_nibbles(L, c->lo, bits, out + 2, out + 2 + (bits == 5) * 4);
+        put_block32(type, c, with_min, bits, d, m, L, out);
     }
     return 0;
 }
@@ -480,10 +495,15 @@ static void pack_k(int type, const kblock *kb, uint8_t *o)
     }
 }
 
+static const kspec *kspec_of(int type)
+{
+    return type == STZ_GGML_Q2_K ? &K_Q2 : type == STZ_GGML_Q3_K ? &K_Q3 : type == STZ_GGML_Q4_K ? &K_Q4
+         : type == STZ_GGML_Q5_K ? &K_Q5 : type == STZ_GGML_Q6_K ? &K_Q6 : &K_XS;
+}
+
 int stz_ggml_quant256(int type, const float *x, const float *w, size_t n, uint8_t *out)
 {
-    const kspec *k = type == STZ_GGML_Q2_K ? &K_Q2 : type == STZ_GGML_Q3_K ? &K_Q3 : type == STZ_GGML_Q4_K ? &K_Q4
-                   : type == STZ_GGML_Q5_K ? &K_Q5 : type == STZ_GGML_Q6_K ? &K_Q6 : &K_XS;
+    const kspec *k = kspec_of(type);
     size_t bb = stz_ggml_traits_of(type)->bytes;
     for (size_t b = 0; b < n / QK_K; b++, out += bb) {
         kblock kb;
@@ -491,5 +511,60 @@ int stz_ggml_quant256(int type, const float *x, const float *w, size_t n, uint8_
             return -1;
         pack_k(type, &kb, out);
     }
+    return 0;
+}
+
+/* ---- error feedback ------------------------------------------------------- */
+
+/* The code of x nearest D * level + M (pick's rule, one element). */
+static int nearest(const codes *c, float x, float D, float M)
+{
+    float t = (x - M) * (D != 0 ? 1.0f / D : 0);
+    if (c->nl) {
+        int q = 0;
+        while (q < 15 && t > nl_mid[q])
+            q++;
+        return q;
+    }
+    t = clampf(t, (float)c->lo, (float)c->hi);
+    return (int)rnd(t);
+}
+
+/* The codes of a block of n in order, each element's rounding error fed
+ * to the elements after it; sub-blocks of `sub` with scales D[j] and
+ * minimums M[j]. */
+static void sweep(const codes *c, float *x, int n, int sub, const float *D, const float *M, const float *U, size_t ldu,
+                  int8_t *L, float *E)
+{
+    for (int i = 0; i < n; i++) {
+        int j = i / sub;
+        L[i] = (int8_t)nearest(c, x[i], D[j], M[j]);
+        E[i] = stz_fb_step(x, (size_t)i, (size_t)n, D[j] * level(c, L[i]) + M[j], U, ldu);
+    }
+}
+
+int stz_ggml_block_feedback(int type, float *x, const float *w, const float *U, size_t ldu, uint8_t *out, float *E)
+{
+    w = w ? w : ones;
+    if (stz_ggml_block(type) == QK) {
+        int with_min, bits;
+        const codes *c = codes32(type, &with_min, &bits);
+        int8_t L[QK];
+        float d, m;
+        if (!isfinite(block32(c, x, w, with_min, &d, &m, L)))
+            return -1;
+        sweep(c, x, QK, QK, &d, &m, U, ldu, L, E);
+        put_block32(type, c, with_min, bits, d, m, L, out);
+        return 0;
+    }
+    const kspec *k = kspec_of(type);
+    kblock kb;
+    float D[16], M[16];
+    if (kquant(k, x, w, &kb))
+        return -1;
+    for (int j = 0; j < k->nsub; j++)
+        D[j] = kb.d * (float)kb.sc[j], M[j] = -kb.dmin * (float)kb.mn[j];
+    sweep(&k->c, x, QK_K, k->sub, D, M, U, ldu, kb.L, E);
+    pack_k(type, &kb, out);
     return 0;
 }

@@ -5,6 +5,7 @@
 #include "core/stz_core.h"
 #include "stz_quant.h"
 #include "ggml_types.h"
+#include "quant_tensor.h"
 #include "quant_vec.h"
 
 #include <math.h>
@@ -363,38 +364,81 @@ static void bw_put_codes(bitw *w, int bits, const uint8_t *c, size_t n)
         bw_put(w, bits, c[j]);
 }
 
+/* Block b's parameters (scale, and minimum for asym) for x[len], as the
+ * method chooses them; nl's search leaves the codes of a block of at most
+ * 256 in `codes` (*have = 1). -1: a scale cannot be stored. */
+static int block_params(const stz_qformat *f, const float *x, const float *wb, size_t len, float *scale, float *min,
+                        uint8_t *codes, int *have)
+{
+    uint8_t tmp[256];
+    *have = len <= sizeof tmp && f->method == STZ_QMETHOD_NL;
+    if (f->method == STZ_QMETHOD_ASYM)
+        return block_asym(f, x, wb, len, scale, min);
+    *scale = block_sym(f, x, wb, len, *have ? codes : NULL, *have ? tmp : NULL);
+    return isnan(*scale) ? -1 : 0;
+}
+
+/* The code of v in a block of scale s (inv: 1 / s, or 0; asym: minimum
+ * m), and its value. */
+static inline int block_code(const stz_qformat *f, int lo, int hi, float v, float s, float inv, float m, float *y)
+{
+    if (f->method == STZ_QMETHOD_ASYM) {
+        int u = clampi((int)rndf((v - m) * inv), 0, (1 << f->bits) - 1);
+        return *y = (float)u * s + m, u;
+    }
+    int q = code_of(f, lo, hi, v * inv);
+    *y = (f->method == STZ_QMETHOD_NL ? f->levels[q] : (float)q) * s;
+    return q;
+}
+
 int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
 {
     if (f->ggml)
         return stz_ggml_quantize_row(f->ggml->type, x, f->weights, n, q);
-    int lo, hi, top = (1 << f->bits) - 1;
-    uint8_t codes[256], tmp[256];
+    int lo, hi;
+    uint8_t codes[256];
     uniform_range(f, &lo, &hi);
     bitw w = {q, 0, 0};
     for (size_t b = 0, i = 0; i < n; b++, i += f->block) {
         size_t len = n - i < f->block ? n - i : f->block;
-        /* nl's search leaves the codes of a short block in `codes` */
-        int have = len <= sizeof codes && f->method == STZ_QMETHOD_NL;
-        const float *wb = f->weights ? f->weights + i : NULL; /* the block's importance */
-        if (f->method == STZ_QMETHOD_ASYM) {
-            if (block_asym(f, x + i, wb, len, &scales[b], &mins[b]))
-                return -1;
-        } else if (isnan(scales[b] = block_sym(f, x + i, wb, len, have ? codes : NULL, have ? tmp : NULL))) {
+        int have;
+        if (block_params(f, x + i, f->weights ? f->weights + i : NULL, len, &scales[b], mins ? &mins[b] : NULL,
+                         codes, &have))
             return -1;
-        }
         float inv = scales[b] != 0 ? 1.0f / scales[b] : 0.0f;
         for (size_t k = 0; k < len; k += sizeof codes) { /* pieces of a long block */
             size_t piece = len - k < sizeof codes ? len - k : sizeof codes;
-            for (size_t j = 0; !have && j < piece; j++) {
-                float v = x[i + k + j];
-                codes[j] = (uint8_t)(f->method == STZ_QMETHOD_ASYM ? clampi((int)rndf((v - mins[b]) * inv), 0, top)
-                                                                   : code_of(f, lo, hi, v * inv));
-            }
+            float m = mins ? mins[b] : 0.0f, y;
+            for (size_t j = 0; !have && j < piece; j++)
+                codes[j] = (uint8_t)block_code(f, lo, hi, x[i + k + j], scales[b], inv, m, &y);
             bw_put_codes(&w, f->bits, codes, piece);
         }
     }
     bw_flush(&w);
     return 0;
+}
+
+int stz_qf_block_feedback(const stz_qformat *f, float *x, const float *w, size_t len, const float *U, size_t ldu,
+                          uint8_t *codes, float *scale, float *min, float *E)
+{
+    int lo, hi, have;
+    uniform_range(f, &lo, &hi);
+    if (block_params(f, x, w, len, scale, min, codes, &have))
+        return -1;
+    float inv = *scale != 0 ? 1.0f / *scale : 0.0f;
+    for (size_t k = 0; k < len; k++) {
+        float y;
+        codes[k] = (uint8_t)block_code(f, lo, hi, x[k], *scale, inv, min ? *min : 0.0f, &y);
+        E[k] = stz_fb_step(x, k, len, y, U, ldu);
+    }
+    return 0;
+}
+
+void stz_qf_pack_codes(int bits, const uint8_t *codes, size_t n, uint8_t *q)
+{
+    bitw w = {q, 0, 0};
+    bw_put_codes(&w, bits, codes, n);
+    bw_flush(&w);
 }
 
 STZ_QF_CLONES void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales,

@@ -35,6 +35,11 @@ const char *stz_action_name(stz_action a)
     return t >= 0 ? stz_ggml_type_name(t) : (unsigned)a < STZ_ACTION_FIRST_GGML ? action_names[a] : "?";
 }
 
+int stz_action_is_block(stz_action a)
+{
+    return stz_action_bits(a) && a != STZ_ACTION_F16 && a != STZ_ACTION_BF16;
+}
+
 int stz_action_bits(stz_action a)
 {
     static const int bits[STZ_ACTION_FIRST_GGML] = {0, 8, 4, 0, 2, 3, 5, 6};
@@ -206,17 +211,12 @@ void stz_qmem_free(stz_qmem *q)
     memset(q, 0, sizeof *q);
 }
 
-stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
-                               uint64_t cols, stz_qmem *out, stz_err *err)
+stz_status stz_qtensor_begin(const stz_decision *d, const float *x, const float *weights, uint64_t rows, uint64_t cols,
+                             stz_qmem *out, float **sc, float **mn, stz_err *err)
 {
     memset(out, 0, sizeof *out);
+    *sc = *mn = NULL;
     stz_qformat *f = &out->fmt;
-    if (d->action == STZ_ACTION_SVD) {
-        stz_status st = svd_tensor(d, x, weights, (size_t)rows, (size_t)cols, out, err);
-        if (st)
-            stz_qmem_free(out);
-        return st;
-    }
     if (!stz_action_bits(d->action))
         return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
                            stz_action_name(d->action));
@@ -225,49 +225,82 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const floa
     if (f->ggml && cols % f->block)
         return stz_err_set(err, STZ_E_ARG, "rows of %llu are not whole blocks of %s (%u): use the type "
                            "stz_ggml_fallback gives", (unsigned long long)cols, f->ggml->name, f->block);
-    uint64_t n = rows * cols, nb = stz_q_blocks(cols, f->block), ns = rows * nb;
+    uint64_t n = rows * cols, ns = rows * stz_q_blocks(cols, f->block);
+    size_t bad = stz_quant_first_nonfinite(x, (size_t)n);
+    if (bad < n)
+        return stz_err_set(err, STZ_E_NUMERIC, "element %llu is %s; quantization needs finite values",
+                           (unsigned long long)bad, isnan(x[bad]) ? "NaN" : "infinite");
     float amax = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        if (!isfinite(x[i]))
-            return stz_err_set(err, STZ_E_NUMERIC, "element %llu is %s; quantization needs finite values",
-                               (unsigned long long)i, isnan(x[i]) ? "NaN" : "infinite");
+    for (uint64_t i = 0; i < n; i++)
         amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    }
     f->scale_base = amax > 0 ? amax : 1.0f;
-    stz_status fst = d->method == STZ_QMETHOD_NL_FIT ? stz_qf_fit_tensor(f, x, rows, cols, err) : STZ_OK;
-    if (fst)
-        return fst;
+    stz_status st = d->method == STZ_QMETHOD_NL_FIT ? stz_qf_fit_tensor(f, x, rows, cols, err) : STZ_OK;
+    if (st)
+        return st;
     int asym = d->method == STZ_QMETHOD_ASYM;
-    size_t rb = stz_qf_bytes(f, (size_t)cols), ssz = stz_dtype_bits(d->scale_dtype) / 8;
     out->dtype[STZ_PART_VALUES] = f->ggml ? STZ_DTYPE_U8 : stz_quant_values_dtype(f->bits, f->method);
     out->dtype[STZ_PART_SCALES] = out->dtype[STZ_PART_MINS] = d->scale_dtype;
-    out->len[STZ_PART_VALUES] = (size_t)rows * rb;
-    float *sc = malloc(ns * sizeof *sc + 1), *mn = asym ? malloc(ns * sizeof *mn + 1) : NULL,
-          *y = malloc(cols * sizeof *y + 1);
+    out->len[STZ_PART_VALUES] = (size_t)rows * stz_qf_bytes(f, (size_t)cols);
     out->part[STZ_PART_VALUES] = malloc(out->len[STZ_PART_VALUES] + 1);
-    stz_status st = STZ_OK;
-    if (!sc || (asym && !mn) || !y || !out->part[STZ_PART_VALUES])
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the codes and scales");
-    for (uint64_t r = 0; !st && r < rows; r++) {
-        const float *xr = x + r * cols;
-        float *s = sc + r * nb, *m = mn ? mn + r * nb : NULL;
-        uint8_t *q = out->part[STZ_PART_VALUES] + r * rb;
-        if (stz_qf_quantize_any(f, xr, (size_t)cols, q, s, m)) {
-            st = stz_err_set(err, STZ_E_NUMERIC, f->ggml ? "a block scale (or value) exceeds the F16 range"
-                                                          : "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"");
-            break;
-        }
-        stz_qf_dequantize_row(f, q, s, m, (size_t)cols, y);
-        add_error(out, xr, y, weights, 1, (size_t)cols);
+    *sc = malloc(ns * sizeof **sc + 1), *mn = asym ? malloc(ns * sizeof **mn + 1) : NULL;
+    if (!*sc || (asym && !*mn) || !out->part[STZ_PART_VALUES])
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the codes and scales");
+    return STZ_OK;
+}
+
+stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qmem *out, float *sc, float *mn,
+                           float *all, stz_err *err)
+{
+    const stz_qformat *f = &out->fmt;
+    uint64_t nb = stz_q_blocks(cols, f->block), ns = rows * nb;
+    size_t rb = stz_qf_bytes(f, (size_t)cols), ssz = stz_dtype_bits(out->dtype[STZ_PART_SCALES]) / 8;
+    float *y = all ? NULL : malloc(cols * sizeof *y + 1);
+    stz_status st = y || all ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for a row");
+    for (uint64_t r = 0; !st && r < rows; r++) { /* the error as the reader will see it */
+        float *yr = all ? all + r * cols : y;
+        stz_qf_dequantize_row(f, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn ? mn + r * nb : NULL,
+                              (size_t)cols, yr);
+        add_error(out, x + r * cols, yr, f->weights, 1, (size_t)cols);
     }
-    for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (asym ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
+    for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (mn ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
         out->len[k] = (size_t)ns * ssz;
         if (!(out->part[k] = malloc(out->len[k] + 1)))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales");
         else
             stz_qf_store_scales(f, k == STZ_PART_SCALES ? sc : mn, (size_t)ns, out->part[k]);
     }
-    free(sc), free(mn), free(y);
+    free(y);
+    return st;
+}
+
+const char *stz_qtensor_overflow(const stz_qformat *f)
+{
+    return f->ggml ? "a block scale (or value) exceeds the F16 range"
+                   : "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"";
+}
+
+stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
+                               uint64_t cols, stz_qmem *out, stz_err *err)
+{
+    if (d->action == STZ_ACTION_SVD) {
+        memset(out, 0, sizeof *out);
+        stz_status st = svd_tensor(d, x, weights, (size_t)rows, (size_t)cols, out, err);
+        if (st)
+            stz_qmem_free(out);
+        return st;
+    }
+    float *sc, *mn;
+    stz_status st = stz_qtensor_begin(d, x, weights, rows, cols, out, &sc, &mn, err);
+    const stz_qformat *f = &out->fmt;
+    uint64_t nb = stz_q_blocks(cols, f->block);
+    size_t rb = st ? 0 : stz_qf_bytes(f, (size_t)cols);
+    for (uint64_t r = 0; !st && r < rows; r++)
+        if (stz_qf_quantize_any(f, x + r * cols, (size_t)cols, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb,
+                                mn ? mn + r * nb : NULL))
+            st = stz_err_set(err, STZ_E_NUMERIC, "%s", stz_qtensor_overflow(f));
+    if (!st)
+        st = stz_qtensor_end(x, rows, cols, out, sc, mn, NULL, err);
+    free(sc), free(mn);
     if (st)
         stz_qmem_free(out);
     return st;

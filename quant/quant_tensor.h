@@ -19,6 +19,49 @@ size_t stz_quant_first_nonfinite(const float *x, size_t n);
  * stz_qf_quantize_row. -1 if a scale does not fit F16. */
 int stz_qf_quantize_any(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
 
+/* ---- error feedback (quant/feedback.c) ---- */
+
+/* Element k of a block x[len] stored as y: its error, divided by U[k][k],
+ * fed to the elements after it (x[j] -= e * U[k][j]); returns e. U: the
+ * block's rows of the upper Cholesky factor of the inverse Hessian, ldu
+ * apart. */
+static inline float stz_fb_step(float *x, size_t k, size_t len, float y, const float *U, size_t ldu)
+{
+    const float *u = U + k * ldu;
+    float e = (x[k] - y) / u[k];
+    for (size_t j = k + 1; j < len; j++)
+        x[j] -= e * u[j];
+    return e;
+}
+
+/* One block x[len] of a stz format (not ggml) with its errors fed forward:
+ * the block's scale (and minimum) chosen for x as stz_qf_quantize_row
+ * chooses it (importance w, NULL: 1), then the codes in order, each
+ * element's error fed to those after it (x changes); codes one per byte,
+ * E[k] the fed error of element k. -1: the scale cannot be stored. */
+int stz_qf_block_feedback(const stz_qformat *f, float *x, const float *w, size_t len, const float *U, size_t ldu,
+                          uint8_t *codes, float *scale, float *min, float *E);
+/* The same for one block of a ggml type (32 or 256 elements), written to
+ * out as the type stores it. */
+int stz_ggml_block_feedback(int type, float *x, const float *w, const float *U, size_t ldu, uint8_t *out, float *E);
+/* stz_quantize_tensor's start, shared with error feedback: out's format for
+ * decision d over x (checked finite; the U8 scales' base, nl-fit's
+ * codebook), its values allocated, and sc (and mn, asym) for the blocks'
+ * scales (and minimums) of every row; the caller frees sc and mn, and out
+ * on an error. */
+stz_status stz_qtensor_begin(const stz_decision *d, const float *x, const float *weights, uint64_t rows, uint64_t cols,
+                             stz_qmem *out, float **sc, float **mn, stz_err *err);
+/* Its end: the error of the quantized rows against x, measured as read
+ * back (all: the values read back, rows x cols; NULL: not kept), and the
+ * scales (and minimums) stored. */
+stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qmem *out, float *sc, float *mn,
+                           float *all, stz_err *err);
+/* What a row that cannot be stored (-1 from a quantizer) means for f. */
+const char *stz_qtensor_overflow(const stz_qformat *f);
+
+/* n codes (one per byte) as a row's bit string (stz_qf_row_bytes). */
+void stz_qf_pack_codes(int bits, const uint8_t *codes, size_t n, uint8_t *q);
+
 /* n per-block floats as the scale dtype stores them (U8: log codes under
  * the format's base). */
 void stz_qf_store_scales(const stz_qformat *f, const float *v, size_t n, uint8_t *dst);

@@ -16,7 +16,7 @@ ORDER = ["core", "safetensors", "svd", "quant", "policy", "gguf", "pack", "model
          "synth", "cli"]
 # each public header belongs to the folder that implements it
 PUBLIC = {"stz.h": "core", "stz_safetensors.h": "safetensors", "stz_svd.h": "svd", "stz_quant.h": "quant",
-          "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model", "stz_imatrix.h": "model",
+          "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model", "stz_imatrix.h": "model", "stz_feedback.h": "model",
           "stz_eval.h": "eval", "stz_pipeline.h": "pipeline", "stz_tune.h": "tune", "stz_gguf.h": "gguf",
           "stz_export.h": "export",
           "stz_synth.h": "synth", "stz_experimental.h": "core"}

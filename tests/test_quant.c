@@ -331,6 +331,106 @@ static void test_ggml_dequantizers(void **state)
     }
 }
 
+
+/* ---- error feedback ------------------------------------------------------ */
+
+/* A quantized tensor's values as a reader decodes its stored parts. */
+static void qmem_values(const stz_qmem *m, size_t rows, size_t cols, float *y)
+{
+    size_t rb = stz_qf_bytes(&m->fmt, cols), nb = stz_q_blocks(cols, m->fmt.block), ns = rows * nb;
+    float *sc = calloc(ns * 2 + 1, sizeof *sc), *mn = sc + ns;
+    for (int k = STZ_PART_SCALES; !m->fmt.ggml && k <= STZ_PART_MINS; k++)
+        for (size_t i = 0; m->part[k] && i < ns; i++) {
+            float *dst = k == STZ_PART_SCALES ? sc : mn;
+            if (m->dtype[k] == STZ_DTYPE_U8)
+                dst[i] = stz_qf_scale_value(m->fmt.scale_base, m->part[k][i]);
+            else
+                assert_int_equal(stz_to_f32(m->dtype[k], m->part[k] + i * (m->dtype[k] == STZ_DTYPE_F16 ? 2 : 4), 1,
+                                            dst + i, NULL), STZ_OK);
+        }
+    for (size_t r = 0; r < rows; r++)
+        stz_qf_dequantize_row(&m->fmt, m->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn + r * nb, cols, y + r * cols);
+    free(sc);
+}
+
+/* The layer's output error: sum over rows of (w - y)^T H (w - y). */
+static double output_error(const float *W, const float *Y, const float *H, size_t rows, size_t cols)
+{
+    double e = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < cols; i++)
+            for (size_t j = 0; j < cols; j++)
+                e += ((double)W[r * cols + i] - Y[r * cols + i]) * H[i * cols + j] * ((double)W[r * cols + j] - Y[r * cols + j]);
+    return e;
+}
+
+/* Error feedback, for stz's methods and llama.cpp's types: the layer's
+ * output error well under plain rounding's (weighted by the same
+ * importance) on inputs with correlated columns; the same bytes on 1 and 3
+ * threads; values as a reader decodes them; a column no token reached;
+ * NaN and non-block decisions refused. */
+static void test_feedback(void **state)
+{
+    (void)state;
+    enum { R = 40, C = 256, T = 1024 };
+    float *X = malloc(T * C * sizeof *X), *H = calloc(C * C, sizeof *H), *W = malloc(R * C * sizeof *W),
+          *y = malloc(R * C * sizeof *y), *yp = malloc(R * C * sizeof *yp), w[C];
+    for (int t = 0; t < T; t++) { /* neighbouring columns correlated, column scales 0.5..2.5 */
+        float prev = frand();
+        for (int j = 0; j < C; j++)
+            X[t * C + j] = (prev = 0.7f * prev + 0.7f * frand()) * (0.5f + 2.0f * (float)(j % 7) / 6);
+        X[t * C + 5] = 0; /* a dead input */
+    }
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < C; j++)
+            for (int t = 0; t < T; t++)
+                H[i * C + j] += X[t * C + i] * X[t * C + j];
+    for (int i = 0; i < C; i++)
+        w[i] = H[i * C + i];
+    for (int i = 0; i < R * C; i++)
+        W[i] = frand() * 0.05f;
+    const stz_decision ds[] = {
+        {.action = STZ_ACTION_INT3, .block_size = 32, .method = STZ_QMETHOD_MSE, .scale_dtype = STZ_DTYPE_F16},
+        {.action = STZ_ACTION_INT4, .block_size = 64, .method = STZ_QMETHOD_ASYM, .scale_dtype = STZ_DTYPE_F32},
+        {.action = STZ_ACTION_INT3, .block_size = 48, .method = STZ_QMETHOD_NL, .scale_dtype = STZ_DTYPE_U8},
+        {.action = STZ_ACTION_INT2, .block_size = 32, .method = STZ_QMETHOD_NL_FIT, .scale_dtype = STZ_DTYPE_F16},
+        {.action = STZ_ACTION_INT8, .block_size = 128, .method = STZ_QMETHOD_ABSMAX, .scale_dtype = STZ_DTYPE_F16},
+        {.action = STZ_ACTION_Q4_0}, {.action = STZ_ACTION_Q5_1}, {.action = STZ_ACTION_IQ4_NL},
+        {.action = STZ_ACTION_Q2_K}, {.action = STZ_ACTION_Q3_K}, {.action = STZ_ACTION_Q4_K},
+        {.action = STZ_ACTION_Q6_K}, {.action = STZ_ACTION_IQ4_XS}};
+    for (size_t k = 0; k < sizeof ds / sizeof *ds; k++) {
+        stz_qmem plain, fb, fb3;
+        stz_err err;
+        assert_int_equal(stz_quantize_tensor(&ds[k], W, w, R, C, &plain, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, R, C, 1, &fb, y, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, R, C, 3, &fb3, NULL, &err), STZ_OK);
+        for (int p = 0; p < STZ_PART_COUNT; p++) { /* the same layout as without feedback, the same bytes on 3 threads */
+            assert_int_equal(fb.len[p], plain.len[p]);
+            assert_int_equal(fb3.len[p], fb.len[p]);
+            if (fb.len[p])
+                assert_memory_equal(fb3.part[p], fb.part[p], fb.len[p]);
+        }
+        qmem_values(&fb, R, C, yp);
+        assert_memory_equal(yp, y, R * C * sizeof *y);
+        double ef = output_error(W, y, H, R, C);
+        qmem_values(&plain, R, C, yp);
+        double ep = output_error(W, yp, H, R, C);
+        print_message("  %-10s output error with feedback %.3g, without %.3g (%.2fx)\n",
+                      stz_action_name(ds[k].action), ef, ep, ef / ep);
+        if (!(ef < 0.8 * ep))
+            fail_msg("%s: feedback does not lower the output error enough (%g vs %g)", stz_action_name(ds[k].action), ef, ep);
+        stz_qmem_free(&plain), stz_qmem_free(&fb), stz_qmem_free(&fb3);
+    }
+    stz_qmem m;
+    stz_err err;
+    stz_decision svd = {.action = STZ_ACTION_SVD, .svd_rank = 4}, f16 = {.action = STZ_ACTION_F16};
+    assert_int_equal(stz_quantize_tensor_feedback(&svd, W, H, R, C, 1, &m, NULL, &err), STZ_E_ARG);
+    assert_int_equal(stz_quantize_tensor_feedback(&f16, W, H, R, C, 1, &m, NULL, &err), STZ_E_ARG);
+    W[77] = NAN;
+    assert_int_equal(stz_quantize_tensor_feedback(&ds[0], W, H, R, C, 1, &m, NULL, &err), STZ_E_NUMERIC);
+    free(X), free(H), free(W), free(y), free(yp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -341,6 +441,7 @@ int main(void)
         cmocka_unit_test(test_ggml_blocks_by_hand),
         cmocka_unit_test(test_ggml_table),
         cmocka_unit_test(test_ggml_dequantizers),
+        cmocka_unit_test(test_feedback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

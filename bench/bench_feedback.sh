@@ -1,0 +1,50 @@
+#!/bin/sh
+# Error feedback (--feedback) against plain rounding at the same stored
+# bytes: stories260K F32 (shared data), every matrix in one format, the
+# container's bytes (stz compress) and mean KL on 16 held-out sampled
+# sequences (seed 7; feedback calibrates on its own, seed 1); `stz tune
+# --size` at the feedback file's bytes beside it. Then the cost on the
+# generated Qwen2-0.5B-shaped model (2 threads, q4_k): seconds and peak
+# memory of quantize with and without feedback, and of `stz tune` at
+# the q4_k size. Figures in docs/BENCHMARKS.md, "Error feedback".
+# Usage: bench/bench_feedback.sh [BUILD_DIR] [WORK_DIR] [DATA_DIR]
+set -eu
+BUILD=${1:-build}
+WORK=${2:-/dev/shm/stz-bench}
+DATA=${3:-$(dirname "$0")/../../shared/data}
+STZ=$BUILD/stz
+M=$DATA/stories260K.f32.safetensors
+mkdir -p "$WORK"
+[ -f "$M" ] || { echo "skip: no $M"; exit 0; }
+kl() { "$STZ" eval --forward "$M" "$1" --sequences 16 --seed 7 --json | awk -F'[:,]' '/"mean"/ { gsub(/[ \t]/, "", $2); print $2; exit }'; }
+bytes() { wc -c < "$1" | tr -d ' '; }
+echo "## Error feedback on stories260K (F32, 260,032 parameters), every matrix in one format"
+echo
+echo "| format | bytes (plain) | KL plain | bytes (feedback) | bits/weight | KL feedback | ratio | tune --size, KL |"
+echo "|---|---|---|---|---|---|---|---|"
+for f in int2:block_size=32:method=nl int3:block_size=32:method=nl int3:block_size=32:method=asym q4_0 iq4_nl \
+         int4:block_size=32:method=nl q5_0; do
+    "$STZ" compress "$M" --set "*=$f" -o "$WORK/fb-plain.stz" -f -q
+    "$STZ" compress "$M" --set "*=$f" --feedback -o "$WORK/fb-fed.stz" -f -q
+    bp=$(bytes "$WORK/fb-plain.stz") bf=$(bytes "$WORK/fb-fed.stz")
+    kp=$(kl "$WORK/fb-plain.stz") kf=$(kl "$WORK/fb-fed.stz")
+    "$STZ" tune "$M" --size "$bf" -o "$WORK/fb-tune.json" -f -q
+    "$STZ" compress "$M" --policy "$WORK/fb-tune.json" -o "$WORK/fb-tune.stz" -f -q
+    kt=$(kl "$WORK/fb-tune.stz")
+    awk -v f="$f" -v bp="$bp" -v kp="$kp" -v bf="$bf" -v kf="$kf" -v bt="$(bytes "$WORK/fb-tune.stz")" -v kt="$kt" \
+        'BEGIN { printf "| %s | %d | %.4f | %d | %.2f | %.4f | %.2fx | %d, %.4f |\n", f, bp, kp, bf, bf * 8 / 260032, kf, kf / kp, bt, kt }'
+done
+Q=$WORK/qwen2-0.5b.safetensors
+"$STZ" synth qwen2-0.5b -o "$Q" -q -f
+run() { /usr/bin/time -f "%e %M" -o "$WORK/fb-time" "$@" >/dev/null; cat "$WORK/fb-time"; }
+echo
+echo "## Cost on the generated Qwen2-0.5B-shaped model (BF16, q4_k, 2 threads)"
+echo
+echo "| run | seconds | peak MiB |"
+echo "|---|---|---|"
+for fb in "" --feedback; do
+    set -- $(run "$STZ" quantize "$Q" --set '*=q4_k' $fb -T 2 -o "$WORK/fb-q.safetensors" -f -q)
+    echo "| quantize --set '*=q4_k' $fb | $1 | $(($2 / 1024)) |"
+done
+set -- $(run "$STZ" tune "$Q" --size "$(bytes "$WORK/fb-q.safetensors")" --gguf -T 2 -o "$WORK/fb-q.json" -f -q)
+echo "| tune --size (the q4_k file's bytes) --gguf | $1 | $(($2 / 1024)) |"

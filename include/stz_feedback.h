@@ -1,0 +1,64 @@
+/*
+ * stz_feedback.h - error feedback (GPTQ-style) with sequential calibration
+ * (docs/cli/quantize.md, "Error feedback").
+ *
+ * A policy rule with "feedback": true quantizes its matrices with
+ * stz_quantize_tensor_feedback (stz_quant.h): each rounding error is pushed
+ * onto the columns not yet quantized through the inverse Gram matrix of the
+ * layer's inputs. Those inputs come from stz's own forward pass over
+ * calibration sequences (sampled from the model, or given), layer by
+ * layer: layer l's inputs are collected with layers 0..l-1 already
+ * quantized, its matrices quantized, and the layer run again with them to
+ * give layer l + 1 its inputs. The results wait in an unlinked temporary
+ * file until stz_quantize_file / stz_compress_file write them
+ * (stz_quant_params.feedback); the format is the one the rule's action
+ * always writes, so every reader and export works unchanged.
+ *
+ * Memory: one layer's weights (F32, and quantized), one layer's Gram
+ * matrices (cols x cols floats per input: attention, its output, the
+ * feed-forward and its down projection), the calibration hidden states,
+ * and the largest matrix twice while it is quantized: not the model.
+ */
+#ifndef STZ_FEEDBACK_H
+#define STZ_FEEDBACK_H
+
+#include "stz.h"
+#include "stz_experimental.h"
+#include "stz_forward.h"
+#include "stz_policy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct stz_feedback stz_feedback;
+
+/* Runs m over nseq sequences (lens[s] tokens each, stride apart) layer by
+ * layer and quantizes with error feedback every matrix whose decision
+ * under `policy` says "feedback": true (the projections of each layer, and
+ * the output head; a tied head is the embedding). Other tensors are left
+ * to the pipeline; so is an untied token embedding, which no matrix
+ * product reads (stz_feedback_skipped counts such tensors). `threads`:
+ * the quantizers' threads (the bytes do not depend on it). Progress counts
+ * layers. */
+STZ_API stz_status stz_feedback_run(stz_feedback **out, stz_fwd *m, stz_policy *policy, const int32_t *tokens,
+                                    size_t nseq, size_t stride, const size_t *lens, int threads,
+                                    stz_fwd_progress progress, void *user, stz_err *err);
+STZ_API void stz_feedback_free(stz_feedback *fb);
+
+/* Matrices quantized with feedback; feedback rules' tensors left to plain
+ * quantization (no matrix input), and the first such tensor's name. */
+STZ_API size_t stz_feedback_count(const stz_feedback *fb);
+STZ_API size_t stz_feedback_skipped(const stz_feedback *fb, const char **example);
+
+/* Tensor `name` as quantized with feedback, read back into *out (the caller
+ * frees it with stz_qmem_free), and its cosine against the original;
+ * *found = 0 when fb does not hold it. STZ_E_ARG when it was quantized
+ * under another decision than d (another policy). */
+STZ_API stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decision *d, stz_qmem *out,
+                                     double *cosine, int *found, stz_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

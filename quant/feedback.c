@@ -1,0 +1,163 @@
+/* Error feedback (GPTQ, Frantar et al. 2022): the columns of a matrix are
+ * quantized in order, and each rounding error is pushed onto the columns
+ * not yet quantized, weighted by the inverse Hessian of the layer's inputs
+ * (H = sum over tokens of x x^T), so that the layer's outputs X W^T move
+ * as little as the format allows; the stored format does not change.
+ *
+ * With U the upper Cholesky factor of H^-1, quantizing column k of every
+ * row to q gives e = (w_k - q) / U[k][k], and w_j -= e * U[k][j] for every
+ * later column j. Blocks keep their parameters: when the sweep reaches a
+ * block, its scale (and minimum, sub-block scales) is chosen for the
+ * block's weights as they are then (stz's searches, weighted by diag(H)),
+ * and the block's codes follow one by one within it; the errors of a whole
+ * block then reach the later columns through one sgemm. Rows are
+ * independent: they go in pieces of FB_ROWS to the threads, each piece the
+ * same whatever the thread count, so the bytes do not depend on it. */
+#include "quant_tensor.h"
+#include "ggml_types.h"
+#include "core/stz_core.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FB_ROWS 32 /* rows per piece of work */
+
+/* U (n x n, upper, row-major floats) with U^T U = (H + damp * mean(diag H) * I)^-1,
+ * the columns no token reached (H[j][j] = 0) given the mean on the
+ * diagonal. With J the reversal of the columns and J H J = L L^T, U is
+ * J L^-1 J: one Cholesky factorization and one triangular inverse. The
+ * damping grows tenfold while H stays not positive definite (at most 1). */
+static stz_status factor(const float *H, size_t n, double damp, float *U, stz_err *err)
+{
+    double *A = malloc(n * n * sizeof *A + 1), mean = 0;
+    if (!A)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu x %zu Hessian", n, n);
+    for (size_t j = 0; j < n; j++)
+        mean += H[j * n + j] > 0 ? H[j * n + j] : 0;
+    mean = mean > 0 ? mean / (double)n : 1;
+    lapack_int info = 1, N = (lapack_int)n;
+    for (; info && damp <= 1; damp *= 10) {
+        for (size_t i = 0; i < n; i++) /* J H J, damped: the lower triangle */
+            for (size_t j = 0; j <= i; j++) {
+                size_t a = n - 1 - i, b = n - 1 - j;
+                A[i * n + j] = a == b ? (H[a * n + a] > 0 ? H[a * n + a] : mean) + damp * mean : H[a * n + b];
+            }
+        if (!(info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', N, A, N)))
+            info = LAPACKE_dtrtri(LAPACK_ROW_MAJOR, 'L', 'N', N, A, N);
+    }
+    for (size_t i = 0; !info && i < n; i++)
+        for (size_t j = 0; j < n; j++)
+            U[i * n + j] = j >= i ? (float)A[(n - 1 - i) * n + (n - 1 - j)] : 0.0f;
+    free(A);
+    return info ? stz_err_set(err, STZ_E_LAPACK, "the Hessian of %zu columns is not positive definite even damped",
+                              n)
+                : STZ_OK;
+}
+
+typedef struct {
+    float *W, *E;   /* the piece's rows as they are updated; a block's fed errors (FB_ROWS x G) */
+    uint8_t *codes; /* stz formats: the piece's codes, one per byte */
+} fb_slot;
+
+typedef struct {
+    const stz_qformat *f;
+    const float *x, *U, *w;
+    size_t rows, cols, G, nb, rb;
+    uint8_t *q;      /* the values, rows x rb */
+    float *sc, *mn;  /* stz formats: per row and block */
+    fb_slot *slot;
+} fb_job;
+
+/* One block of row r (of the piece at row r0) quantized with feedback. */
+static int fb_block(const fb_job *j, fb_slot *s, size_t r0, size_t r, size_t c0, size_t len)
+{
+    const float *U = j->U + c0 * j->cols + c0, *w = j->w + c0;
+    float *x = s->W + r * j->cols + c0, *E = s->E + r * j->G;
+    size_t b = c0 / j->G, row = r0 + r;
+    if (j->f->ggml)
+        return stz_ggml_block_feedback(j->f->ggml->type, x, w, U, j->cols,
+                                       j->q + row * j->rb + b * j->f->ggml->bytes, E);
+    return stz_qf_block_feedback(j->f, x, w, len, U, j->cols, s->codes + r * j->cols + c0, &j->sc[row * j->nb + b],
+                                 j->mn ? &j->mn[row * j->nb + b] : NULL, E);
+}
+
+static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
+{
+    fb_job *j = ctx;
+    fb_slot *s = &j->slot[tid];
+    size_t r0 = i * FB_ROWS, nr = j->rows - r0 < FB_ROWS ? j->rows - r0 : FB_ROWS, n = j->cols;
+    memcpy(s->W, j->x + r0 * n, nr * n * sizeof *s->W);
+    for (size_t c0 = 0; c0 < n; c0 += j->G) {
+        size_t len = n - c0 < j->G ? n - c0 : j->G, rest = n - c0 - len;
+        for (size_t r = 0; r < nr; r++)
+            if (fb_block(j, s, r0, r, c0, len))
+                return stz_err_set(err, STZ_E_NUMERIC, "row %zu: %s", r0 + r, stz_qtensor_overflow(j->f));
+        if (rest) /* the later columns: W[:, c0 + len:] -= E (nr x len) @ U[c0:c0 + len, c0 + len:] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nr, (int)rest, (int)len, -1.0f, s->E,
+                        (int)j->G, j->U + c0 * n + c0 + len, (int)n, 1.0f, s->W + c0 + len, (int)n);
+    }
+    for (size_t r = 0; !j->f->ggml && r < nr; r++)
+        stz_qf_pack_codes(j->f->bits, s->codes + r * n, n, j->q + (r0 + r) * j->rb);
+    return STZ_OK;
+}
+
+static stz_status fb_commit(void *ctx, int tid, size_t i, stz_err *err) { return (void)ctx, (void)tid, (void)i, (void)err, STZ_OK; }
+
+/* The pieces of rows on `threads` threads, each with its buffers. */
+static stz_status fb_run(fb_job *j, int threads, stz_err *err)
+{
+    threads = threads < 1 ? 1 : threads;
+    stz_status st = (j->slot = calloc((size_t)threads, sizeof *j->slot)) ? STZ_OK
+                    : stz_err_set(err, STZ_E_NOMEM, "out of memory for the feedback threads");
+    for (int t = 0; !st && t < threads; t++) {
+        fb_slot *s = &j->slot[t];
+        s->W = malloc(FB_ROWS * j->cols * sizeof *s->W), s->E = malloc(FB_ROWS * j->G * sizeof *s->E);
+        s->codes = j->f->ggml ? NULL : malloc(FB_ROWS * j->cols);
+        if (!s->W || !s->E || (!j->f->ggml && !s->codes))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows in feedback");
+    }
+    if (!st) {
+        stz_ordered pl = {.n = (j->rows + FB_ROWS - 1) / FB_ROWS, .threads = threads, .ctx = j, .work = fb_work,
+                          .commit = fb_commit};
+        st = stz_ordered_run(&pl, err);
+    }
+    for (int t = 0; j->slot && t < threads; t++)
+        free(j->slot[t].W), free(j->slot[t].E), free(j->slot[t].codes);
+    free(j->slot);
+    return st;
+}
+
+stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, uint64_t rows,
+                                        uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err)
+{
+    if (!stz_action_is_block(d->action))
+        return stz_err_set(err, STZ_E_ARG, "error feedback needs a block quantization, not '%s'",
+                           stz_action_name(d->action));
+    float *w = malloc(cols * sizeof *w + 1), *U = malloc(cols * cols * sizeof *U + 1), *sc = NULL, *mn = NULL;
+    stz_status st = w && U ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for a %llu x %llu Hessian",
+                                                 (unsigned long long)cols, (unsigned long long)cols);
+    for (uint64_t k = 0; !st && k < cols; k++) /* the block searches weigh by the columns' importance */
+        w[k] = H[k * cols + k] > 0 ? H[k * cols + k] : 0.0f;
+    if (!st)
+        st = stz_qtensor_begin(d, x, w, rows, cols, out, &sc, &mn, err);
+    stz_blas_threads(1); /* OpenBLAS's results depend on its thread count; the rows share the threads */
+    if (!st)
+        st = factor(H, (size_t)cols, 0.01, U, err);
+    if (!st) {
+        const stz_qformat *f = &out->fmt;
+        fb_job j = {.f = f, .x = x, .U = U, .w = w, .rows = (size_t)rows, .cols = (size_t)cols, .G = f->block,
+                    .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, (size_t)cols),
+                    .q = out->part[STZ_PART_VALUES], .sc = sc, .mn = mn};
+        st = fb_run(&j, threads, err);
+    }
+    if (!st)
+        st = stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
+    out->fmt.weights = NULL; /* w is freed */
+    free(w), free(U), free(sc), free(mn);
+    if (st)
+        stz_qmem_free(out);
+    return st;
+}

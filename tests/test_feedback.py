@@ -1,0 +1,105 @@
+"""Error feedback (--feedback, "feedback": true): the model's outputs
+closer to the original's than plain rounding at the same bytes, the same
+bytes on any thread count and through compress, readable and exportable
+as any quantized file, and its options refused where they mean nothing.
+Run with pytest; STZ names the stz binary."""
+import hashlib
+import json
+import os
+import re
+import subprocess
+
+import pytest
+from test_imatrix import stz, tiny  # noqa: F401  (the tiny model fixture)
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
+STORIES = os.path.join(DATA, "stories260K.f32.safetensors")
+INT3 = "*=int3:block_size=32:method=mse"
+
+
+def sha(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def kl(model, cand):
+    r = stz("eval", "--forward", model, cand, "--sequences", 16, "--seed", 7, "--json")
+    return json.loads(r.stdout)["kl"]["mean"]
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    if not os.path.exists(STORIES):
+        pytest.skip("shared data absent: %s" % STORIES)
+    d = tmp_path_factory.mktemp("feedback")
+    plain, fed = d / "plain.safetensors", d / "fed.safetensors"
+    stz("quantize", STORIES, "--set", INT3, "-o", plain, "-q")
+    r = stz("quantize", STORIES, "--set", INT3, "--feedback", "-T", 1, "-o", fed, "--json")
+    return d, plain, fed, json.loads(r.stdout)
+
+
+def test_lowers_kl_at_equal_bytes(stories):
+    d, plain, fed, doc = stories
+    # 5 layers x 7 matrices, the tied embedding as the head; w2's rows (172) are int3 blocks too
+    assert doc["feedback_matrices"] == 36
+    assert os.path.getsize(fed) == os.path.getsize(plain)
+    k_plain, k_fed = kl(STORIES, plain), kl(STORIES, fed)
+    print("KL plain %.4f, feedback %.4f" % (k_plain, k_fed))
+    assert k_fed < 0.75 * k_plain
+
+
+def test_same_bytes_any_threads_and_compress(stories):
+    d, plain, fed, doc = stories
+    t2, c = d / "t2.safetensors", d / "fed.stz"
+    stz("quantize", STORIES, "--set", INT3, "--feedback", "-T", 2, "-o", t2, "-q")
+    assert sha(t2) == sha(fed)
+    stz("compress", STORIES, "--set", INT3, "--feedback", "-T", 2, "-o", c, "-q")
+    stz("decompress", c, "-o", d / "back.safetensors", "-q")
+    assert sha(d / "back.safetensors") == sha(fed)
+
+
+def test_ggml_types_export_without_requantize(stories):
+    d, plain, fed, doc = stories
+    q = d / "q4.safetensors"
+    stz("quantize", STORIES, "--set", "*=q4_0", "--feedback", "-o", q, "-q")
+    stz("export", "--gguf", q, "--tokenizer", os.path.join(DATA, "tok512.bin"), "-o", d / "q4.gguf", "-q")
+    # the GGUF decodes to the values stz's dequantizer gives
+    stz("dequantize", q, "-o", d / "a.safetensors", "-q")
+    stz("dequantize", d / "q4.gguf", "--names", "llama2c", "-o", d / "b.safetensors", "-q")
+    r = stz("eval", d / "a.safetensors", d / "b.safetensors", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["min_cosine"] == 1.0
+
+
+def test_tokens_and_untied_embedding(tiny):  # noqa: F811
+    d, m, w, cfg, seqs = tiny
+    m, out = m / "model.safetensors", d / "fb.safetensors"
+    r = stz("quantize", m, "--set", "*=q4_0", "--feedback", "--tokens", d / "tokens.json", "-o", out, "--json")
+    doc = json.loads(r.stdout)
+    # 2 layers x 6 matrices (down's rows of 172 are no whole q4_0 blocks: F16) and the head; the untied
+    # embedding has no input to weigh by
+    assert doc["feedback_matrices"] == 13
+    r = stz("quantize", m, "--set", "*=q4_0", "--feedback", "--tokens", d / "tokens.json", "-o", out, "-f")
+    assert re.search(r"1 tensor\(s\) such as 'model.embed_tokens.weight' quantized without error feedback", r.stderr)
+
+
+def test_refused(tiny, tmp_path):  # noqa: F811
+    d, m, w, cfg, seqs = tiny
+    m, out = m / "model.safetensors", tmp_path / "o.safetensors"
+    r = stz("quantize", m, "--set", "*=q4_0", "--tokens", d / "tokens.json", "-o", out, ok=False)
+    assert "give --feedback" in r.stderr and not out.exists()
+    r = stz("plan", m, "--set", "*=q4_0", "--feedback", ok=False)
+    assert "not the plan" in r.stderr
+    pol = tmp_path / "p.json"
+    pol.write_text('{"default": "keep", "rules": [{"match": "*", "action": "keep", "feedback": true}]}')
+    r = stz("quantize", m, "--policy", pol, "-o", out, ok=False)
+    assert "feedback applies to block quantizations" in r.stderr
+    pol.write_text('{"default": "keep", "rules": [{"match": "*", "action": "q4_0", "feedback": 1}]}')
+    r = stz("quantize", m, "--policy", pol, "-o", out, ok=False)
+    assert "feedback must be true or false" in r.stderr
+    out.write_text("mine")  # an existing output is refused before the long work
+    r = stz("quantize", m, "--set", "*=q4_0", "--feedback", "--tokens", d / "tokens.json", "-o", out, ok=False)
+    assert out.read_text() == "mine"
+    # a model the forward pass cannot run
+    r = stz("quantize", STORIES if os.path.exists(STORIES) else m, "--set", "*=q4_0", "--feedback", "--config",
+            tmp_path / "missing.json", "-o", tmp_path / "x.safetensors", ok=False)
+    assert "missing.json" in r.stderr
