@@ -8,6 +8,7 @@
 # memory of quantize with and without feedback, and of `stz tune` at
 # the q4_k size. Figures in docs/BENCHMARKS.md, "Error feedback".
 # Usage: bench/bench_feedback.sh [BUILD_DIR] [WORK_DIR] [DATA_DIR]
+# (COST=0 in the environment: the stories260K table only)
 set -eu
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench}
@@ -34,6 +35,7 @@ for f in int2:block_size=32:method=nl int3:block_size=32:method=nl int3:block_si
     awk -v f="$f" -v bp="$bp" -v kp="$kp" -v bf="$bf" -v kf="$kf" -v bt="$(bytes "$WORK/fb-tune.stz")" -v kt="$kt" \
         'BEGIN { printf "| %s | %d | %.4f | %d | %.2f | %.4f | %.2fx | %d, %.4f |\n", f, bp, kp, bf, bf * 8 / 260032, kf, kf / kp, bt, kt }'
 done
+[ "${COST:-1}" = 0 ] && exit 0
 Q=$WORK/qwen2-0.5b.safetensors
 "$STZ" synth qwen2-0.5b -o "$Q" -q -f
 run() { /usr/bin/time -f "%e %M" -o "$WORK/fb-time" "$@" >/dev/null; cat "$WORK/fb-time"; }
