@@ -17,7 +17,8 @@
  * Memory: one layer's weights (F32, and quantized), one layer's Gram
  * matrices (cols x cols floats per input: attention, its output, the
  * feed-forward and its down projection), the calibration hidden states,
- * and the largest matrix twice while it is quantized: not the model.
+ * and the largest layer matrix twice while it is quantized (the head
+ * once): not the model.
  */
 #ifndef STZ_FEEDBACK_H
 #define STZ_FEEDBACK_H
@@ -52,11 +53,11 @@ STZ_API size_t stz_feedback_count(const stz_feedback *fb);
 STZ_API size_t stz_feedback_skipped(const stz_feedback *fb, const char **example);
 
 /* Tensor `name` as quantized with feedback, read back into *out (the caller
- * frees it with stz_qmem_free), and its cosine against the original;
+ * frees it with stz_qmem_free; its cosine against the original included);
  * *found = 0 when fb does not hold it. STZ_E_ARG when it was quantized
  * under another decision than d (another policy). */
 STZ_API stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decision *d, stz_qmem *out,
-                                     double *cosine, int *found, stz_err *err);
+                                     int *found, stz_err *err);
 
 #ifdef __cplusplus
 }

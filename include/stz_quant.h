@@ -217,6 +217,7 @@ typedef struct {
     size_t rank;        /* svd: the factors' rank */
     double err2, norm2; /* squared error of the dequantized values; squared norm of the original
                          * (both weighted by the columns' importance when given) */
+    double cosine;      /* of the dequantized values against the original, unweighted (1: both zero) */
     stz_qformat fmt;    /* as used: the U8 scales' base, nl-fit's fitted levels */
 } stz_qmem;
 

@@ -8,7 +8,6 @@
 #include "stz_feedback.h"
 
 #include <cblas.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,8 +87,7 @@ size_t stz_feedback_skipped(const stz_feedback *fb, const char **example)
     return fb->skipped;
 }
 
-static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decision *d, const stz_qmem *q, double cosine,
-                            stz_err *err)
+static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decision *d, const stz_qmem *q, stz_err *err)
 {
     if (fb->n == fb->cap) {
         size_t cap = fb->cap ? 2 * fb->cap : 32;
@@ -102,7 +100,7 @@ static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decisi
     memset(e, 0, sizeof *e);
     if (!(e->name = strdup(name)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the feedback results");
-    e->d = *d, e->fmt = q->fmt, e->err2 = q->err2, e->norm2 = q->norm2, e->cosine = cosine;
+    e->d = *d, e->fmt = q->fmt, e->err2 = q->err2, e->norm2 = q->norm2, e->cosine = q->cosine;
     e->fmt.weights = NULL;
     fb->n++;
     for (int k = 0; k < STZ_PART_COUNT; k++) {
@@ -114,8 +112,8 @@ static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decisi
     return STZ_OK;
 }
 
-stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decision *d, stz_qmem *out, double *cosine,
-                             int *found, stz_err *err)
+stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decision *d, stz_qmem *out, int *found,
+                             stz_err *err)
 {
     memset(out, 0, sizeof *out);
     *found = 0;
@@ -128,7 +126,7 @@ stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decis
         e->d.scale_dtype != d->scale_dtype)
         return stz_err_set(err, STZ_E_ARG, "tensor '%s' was quantized with feedback as %s, and is now asked as %s "
                            "(another policy?)", name, stz_action_name(e->d.action), stz_action_name(d->action));
-    out->fmt = e->fmt, out->err2 = e->err2, out->norm2 = e->norm2, *cosine = e->cosine;
+    out->fmt = e->fmt, out->err2 = e->err2, out->norm2 = e->norm2, out->cosine = e->cosine;
     for (int k = 0; k < STZ_PART_COUNT; k++) {
         out->dtype[k] = e->dtype[k], out->len[k] = e->len[k];
         if (!e->len[k])
@@ -211,14 +209,15 @@ static stz_status alloc_inputs(fb_run *R, stz_err *err)
     return STZ_OK;
 }
 
-/* Matrix i read whole, quantized with feedback, stored; its values as read back kept. */
+/* Matrix x read whole, quantized with feedback, stored; its values as
+ * read back kept for the layer's second run (the head has none). */
 static stz_status quantize_one(fb_run *R, fb_matrix *x, stz_err *err)
 {
     const stz_qtensor *t = stz_forward_tensor(R->m, x->at);
     size_t rows = (size_t)t->rows, cols = (size_t)t->cols;
     float *H = R->h.H[x->input], *W = malloc(rows * cols * sizeof *W + 1);
-    x->y = malloc(rows * cols * sizeof *x->y + 1);
-    if (!W || !x->y) {
+    x->y = x->input == IN_HEAD ? NULL : malloc(rows * cols * sizeof *x->y + 1);
+    if (!W || (x->input != IN_HEAD && !x->y)) {
         free(W);
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", t->name);
     }
@@ -231,10 +230,7 @@ static stz_status quantize_one(fb_run *R, fb_matrix *x, stz_err *err)
     if (!st && (st = stz_quantize_tensor_feedback(&x->d, W, H, rows, cols, R->threads, &q, x->y, &sub)))
         stz_err_set(err, st, "%s: tensor '%s': %s", R->m->label, t->name, sub.msg);
     if (!st) {
-        double dot = 0, a = 0, b = 0;
-        for (size_t i = 0; i < rows * cols; i++)
-            dot += (double)W[i] * x->y[i], a += (double)W[i] * W[i], b += (double)x->y[i] * x->y[i];
-        st = spill_put(R->fb, t->name, &x->d, &q, a > 0 && b > 0 ? dot / sqrt(a * b) : a == b, err);
+        st = spill_put(R->fb, t->name, &x->d, &q, err);
         stz_qmem_free(&q);
     }
     free(W);

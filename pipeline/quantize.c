@@ -218,8 +218,7 @@ static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *
                             stz_err *err)
 {
     stz_qmem q;
-    double cosine;
-    stz_status st = stz_feedback_take(fb, t->name, &pl->d, &q, &cosine, taken, err);
+    stz_status st = stz_feedback_take(fb, t->name, &pl->d, &q, taken, err);
     if (st || !*taken)
         return st;
     if ((pl->d.scale_dtype == STZ_DTYPE_U8 && q.fmt.scale_base != pl->fmt.scale_base) ||
@@ -229,7 +228,7 @@ static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *
     for (int k = STZ_PART_VALUES; !st && k <= STZ_PART_MINS; k++)
         if (q.part[k])
             st = stz_writer_write(w, q.part[k], q.len[k], err);
-    pl->cosine = cosine;
+    pl->cosine = q.cosine;
     stz_qmem_free(&q);
     return st;
 }

@@ -104,8 +104,6 @@ static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
     return STZ_OK;
 }
 
-static stz_status fb_commit(void *ctx, int tid, size_t i, stz_err *err) { return (void)ctx, (void)tid, (void)i, (void)err, STZ_OK; }
-
 /* The pieces of rows on `threads` threads, each with its buffers. */
 static stz_status fb_run(fb_job *j, int threads, stz_err *err)
 {
@@ -120,8 +118,7 @@ static stz_status fb_run(fb_job *j, int threads, stz_err *err)
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows in feedback");
     }
     if (!st) {
-        stz_ordered pl = {.n = (j->rows + FB_ROWS - 1) / FB_ROWS, .threads = threads, .ctx = j, .work = fb_work,
-                          .commit = fb_commit};
+        stz_ordered pl = {.n = (j->rows + FB_ROWS - 1) / FB_ROWS, .threads = threads, .ctx = j, .work = fb_work};
         st = stz_ordered_run(&pl, err);
     }
     for (int t = 0; j->slot && t < threads; t++)

@@ -158,16 +158,25 @@ stz_svd_params stz_svd_params_of(const stz_decision *d)
     return sp;
 }
 
+/* The sums of a cosine between x and y: x.y, x.x, y.y. */
+typedef struct {
+    double xy, xx, yy;
+} cos_sums;
+
 /* Adds rows of cols values x and their reconstruction y to the squared
- * error and norm, each column weighted by w[j] when given. */
-static void add_error(stz_qmem *out, const float *x, const float *y, const float *w, size_t rows, size_t cols)
+ * error and norm, each column weighted by w[j] when given, and to c. */
+static void add_error(stz_qmem *out, cos_sums *c, const float *x, const float *y, const float *w, size_t rows,
+                      size_t cols)
 {
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < cols; j++) {
-            double e = (double)x[r * cols + j] - y[r * cols + j], v = x[r * cols + j], wj = w ? w[j] : 1.0;
+            double v = x[r * cols + j], u = y[r * cols + j], e = v - u, wj = w ? w[j] : 1.0;
             out->err2 += wj * e * e, out->norm2 += wj * v * v;
+            c->xy += v * u, c->xx += v * v, c->yy += u * u;
         }
 }
+
+static double cosine_of(const cos_sums *c) { return c->xx > 0 && c->yy > 0 ? c->xy / sqrt(c->xx * c->yy) : c->xx == c->yy; }
 
 static stz_status svd_tensor(const stz_decision *d, const float *x, const float *w, size_t m, size_t n, stz_qmem *out,
                              stz_err *err)
@@ -196,8 +205,10 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, const float 
         st = stz_svd_q8_rebuild(Uq, Us, Sq, s_scale, Vq,
                                 Vs, m, n, rk, W, err);
     }
+    cos_sums c = {0};
     if (!st)
-        add_error(out, x, W, w, m, n);
+        add_error(out, &c, x, W, w, m, n);
+    out->cosine = cosine_of(&c);
     out->rank = rk;
     stz_svd_result_free(&f);
     free(Us), free(Vs), free(W);
@@ -256,12 +267,14 @@ stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qme
     size_t rb = stz_qf_bytes(f, (size_t)cols), ssz = stz_dtype_bits(out->dtype[STZ_PART_SCALES]) / 8;
     float *y = all ? NULL : malloc(cols * sizeof *y + 1);
     stz_status st = y || all ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for a row");
+    cos_sums c = {0};
     for (uint64_t r = 0; !st && r < rows; r++) { /* the error as the reader will see it */
         float *yr = all ? all + r * cols : y;
         stz_qf_dequantize_row(f, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn ? mn + r * nb : NULL,
                               (size_t)cols, yr);
-        add_error(out, x + r * cols, yr, f->weights, 1, (size_t)cols);
+        add_error(out, &c, x + r * cols, yr, f->weights, 1, (size_t)cols);
     }
+    out->cosine = cosine_of(&c);
     for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (mn ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
         out->len[k] = (size_t)ns * ssz;
         if (!(out->part[k] = malloc(out->len[k] + 1)))
