@@ -3,7 +3,9 @@
 # bytes: stories260K F32 (shared data), every matrix in one format, the
 # container's bytes (stz compress) and mean KL on 16 held-out sampled
 # sequences (seed 7; feedback calibrates on its own, seed 1); `stz tune
-# --size` at the feedback file's bytes beside it. Then the cost on the
+# --size` at the feedback file's bytes beside it. Then stz tune with and
+# without --feedback from 2.5 to 4.5 bits/weight, and at 2.5 the text each
+# model writes greedily beside the original's. Then the cost on the
 # generated Qwen2-0.5B-shaped model (2 threads, q4_k): seconds and peak
 # memory of quantize with and without feedback, and of `stz tune` at
 # the q4_k size. Figures in docs/BENCHMARKS.md, "Error feedback".
@@ -35,6 +37,42 @@ for f in int2:block_size=32:method=nl int3:block_size=32:method=nl int3:block_si
     awk -v f="$f" -v bp="$bp" -v kp="$kp" -v bf="$bf" -v kf="$kf" -v bt="$(bytes "$WORK/fb-tune.stz")" -v kt="$kt" \
         'BEGIN { printf "| %s | %d | %.4f | %d | %.2f | %.4f | %.2fx | %d, %.4f |\n", f, bp, kp, bf, bf * 8 / 260032, kf, kf / kp, bt, kt }'
 done
+echo
+echo "## The frontier: stz tune with and without --feedback (stories260K, container bytes)"
+echo
+echo "| bits/weight | tune bytes | tune KL | tune --feedback bytes | tune --feedback KL | ratio | target |"
+echo "|---|---|---|---|---|---|---|"
+for row in "2.5 -" "3.0 <=0.30" "3.5 <=0.112" "4.0 <=0.7x" "4.5 <=0.7x"; do
+    set -- $row
+    "$STZ" compress "$M" --tune --bits-per-weight "$1" -o "$WORK/fb-t.stz" -f -q
+    "$STZ" compress "$M" --tune --bits-per-weight "$1" --feedback -o "$WORK/fb-tf.stz" -f -q
+    awk -v b="$1" -v tb="$(bytes "$WORK/fb-t.stz")" -v tk="$(kl "$WORK/fb-t.stz")" -v fb="$(bytes "$WORK/fb-tf.stz")" \
+        -v fk="$(kl "$WORK/fb-tf.stz")" -v t="$2" \
+        'BEGIN { printf "| %s | %d | %.4f | %d | %.4f | %.2fx | %s |\n", b, tb, tk, fb, fk, fk / tk, t }'
+    [ "$1" = 2.5 ] && cp "$WORK/fb-t.stz" "$WORK/fb-t25.stz" && cp "$WORK/fb-tf.stz" "$WORK/fb-tf25.stz"
+done
+# the text each model writes greedily (64 tokens): the first model of stz
+# eval --forward samples the sequence; llama2.c's tokenizer decodes it
+text() {
+    "$STZ" eval --forward "$1" "$M" --temperature 0 --sequences 1 --seq-len 64 --save-tokens "$WORK/fb-tok.txt" -f -q \
+        >/dev/null
+    /usr/bin/python3 -c '
+import re, struct, sys
+b = open(sys.argv[1], "rb").read()
+pos, vocab = 4, []
+while pos < len(b):
+    n = struct.unpack_from("<fi", b, pos)[1]
+    vocab.append(b[pos + 8:pos + 8 + n].decode("utf-8", "replace")); pos += 8 + n
+ids = [int(t) for t in open(sys.argv[2]).read().split()]
+s = re.sub("<0x([0-9A-F]{2})>", lambda m: chr(int(m.group(1), 16)), "".join(vocab[i] for i in ids[1:]))
+print(s.replace("\n", " ").strip())' "$DATA/tok512.bin" "$WORK/fb-tok.txt"
+}
+echo
+echo "At 2.5 bits/weight, the text each writes greedily (64 tokens from BOS):"
+echo
+echo "- original: $(text "$M")"
+echo "- tune: $(text "$WORK/fb-t25.stz")"
+echo "- tune --feedback: $(text "$WORK/fb-tf25.stz")"
 [ "${COST:-1}" = 0 ] && exit 0
 Q=$WORK/qwen2-0.5b.safetensors
 "$STZ" synth qwen2-0.5b -o "$Q" -q -f

@@ -13,7 +13,8 @@
 # Q5_0); Q8_0. Their blocks are quantized by stz's search for those types,
 # whose weighted error is at or below llama.cpp's own quantizer's on these
 # tensors (bench/bench_ggml_types.sh): the peer figures are if anything
-# better than llama.cpp's. The issue's anchors (llama.cpp's own files in
+# better than llama.cpp's. tune --gguf runs twice: plain rounding, and with
+# --feedback (error feedback's candidates). The issue's anchors (llama.cpp's own files in
 # its harness) are printed beside them; each mix's size here is 224 bytes
 # below the anchor's (stz's GGUF header holds fewer keys).
 # Usage: bench/bench_tune_gguf.sh [BUILD_DIR] [WORK_DIR] [SHARED_DATA_DIR]
@@ -43,8 +44,8 @@ mix q4_k_m --set "$E=q8_0" --set 'layers.[24].attention.wv.weight=q8_0' --set '*
 mix q8_0 --set '*=q8_0'
 echo "## stz tune --gguf against llama.cpp's mixes (stories260K F32, same imatrix, 16 x 128 held-out tokens)"
 echo
-echo "| llama.cpp mix | its GGUF bytes | its mean KL | issue's anchor (bytes / KL) | tune --gguf bytes | tune --gguf mean KL | ratio | target |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| llama.cpp mix | its GGUF bytes | its mean KL | issue's anchor (bytes / KL) | tune --gguf bytes | tune --gguf mean KL | ratio | with --feedback: bytes | mean KL | ratio | target |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for row in "iq4_nl 242432 0.0658 0.8" "iq4_nl-mix 258816 0.0422 0.5" "q5_0-mix 280256 0.0112 0.5" \
            "q4_k_m 281792 0.0105 0.5" "q8_0 344576 0.000301 0.5"; do
     set -- $row
@@ -52,8 +53,11 @@ for row in "iq4_nl 242432 0.0658 0.8" "iq4_nl-mix 258816 0.0422 0.5" "q5_0-mix 2
     pb=$(wc -c <"$g") pk=$(kl "$g")
     "$STZ" compress "$M" --tune --gguf --size "$pb" --imatrix "$IM" --tokenizer "$TOK" -o "$WORK/tuned.gguf" -f -q
     tb=$(wc -c <"$WORK/tuned.gguf") tk=$(kl "$WORK/tuned.gguf")
-    awk -v n="$1" -v pb="$pb" -v pk="$pk" -v ab="$2" -v ak="$3" -v tb="$tb" -v tk="$tk" -v t="$4" \
-        'BEGIN { printf "| %s | %d | %.4g | %d / %s | %d | %.4g | %.2fx | <= %sx |\n", n, pb, pk, ab, ak, tb, tk, tk / pk, t }'
+    "$STZ" compress "$M" --tune --gguf --size "$pb" --imatrix "$IM" --feedback --tokenizer "$TOK" -o "$WORK/fed.gguf" -f -q
+    fb=$(wc -c <"$WORK/fed.gguf") fk=$(kl "$WORK/fed.gguf")
+    awk -v n="$1" -v pb="$pb" -v pk="$pk" -v ab="$2" -v ak="$3" -v tb="$tb" -v tk="$tk" -v fb="$fb" -v fk="$fk" -v t="$4" \
+        'BEGIN { printf "| %s | %d | %.4g | %d / %s | %d | %.4g | %.2fx | %d | %.4g | %.2fx | <= %sx |\n", n, pb, pk, ab, ak,
+                 tb, tk, tk / pk, fb, fk, fk / pk, t }'
 done
 "$STZ" compress "$M" --int4 -o "$WORK/int4.stz" -f -q
 "$STZ" export --gguf "$WORK/int4.stz" --tokenizer "$TOK" -o "$WORK/int4.gguf" -f -q

@@ -265,10 +265,11 @@ void cli_remove_tree(const char *dir);
 struct stz_policy;
 /* stz compress IN -o OUT with a loaded policy, as the command does (IN a
  * file or a sharded directory; a file OUT is replaced, a directory OUT
- * must not exist);
+ * must not exist), error feedback calibrated when the policy asks for it
+ * (its default sequences; config: the model's config.json, NULL: found);
  * *bytes: OUT's bytes (every file of a directory). */
 stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol,
-                               const struct stz_imatrix *im, int threads, int quiet,
+                               const struct stz_imatrix *im, const char *config, int threads, int quiet,
                                uint64_t *bytes, stz_err *err);
 
 

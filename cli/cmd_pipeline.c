@@ -217,8 +217,8 @@ static void mpi_gather(compress_ctx *c)
     cli_mpi_bcast(c->qs.worst, sizeof c->qs.worst, who);
 }
 
-stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, const stz_imatrix *im, int threads,
-                               int quiet, uint64_t *bytes, stz_err *err)
+stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, const stz_imatrix *im,
+                               const char *config, int threads, int quiet, uint64_t *bytes, stz_err *err)
 {
     popts o;
     memset(&o, 0, sizeof o);
@@ -227,14 +227,16 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
     compress_ctx c = {.o = &o, .pol = pol, .im = im};
     c.qs.min_cosine = 1;
     pthread_mutex_init(&c.lock, NULL);
-    stz_status st = STZ_OK;
-    if (cli_is_sharded_dir(in)) {
+    o.po.config = stz_policy_feedback(pol) ? config : NULL; /* (refused without feedback) */
+    stz_status st = cli_feedback_open(&o.po, pol, in, threads, quiet, &c.fb, err);
+    if (!st && cli_is_sharded_dir(in)) {
         if (cli_shards_run(in, out, "", ".stz", 1, threads, quiet, compress_one, &c) != CLI_OK)
             st = stz_err_set(err, STZ_E_IO, "%s: compressing the shards failed (above)", in);
-    } else {
+    } else if (!st) {
         st = compress_one(&c, in, out, threads, quiet, err);
     }
     pthread_mutex_destroy(&c.lock);
+    stz_feedback_free(c.fb);
     *bytes = st ? 0 : cli_path_bytes(out, 0);
     return st;
 }

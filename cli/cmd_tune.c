@@ -38,9 +38,14 @@ static const char tune_help[] =
     "  --imatrix FILE      importance matrix (stz imatrix): candidates quantized and\n"
     "                      their errors weighed with it (then quantize with it too)\n"
     "  --candidates LIST   comma-separated: keep, BITS:METHOD:BLOCK:SCALES,\n"
-    "                      svd:RANK and llama.cpp's types (q4_k, iq4_nl, f16, ...)\n"
+    "                      svd:RANK and llama.cpp's types (q4_k, iq4_nl, f16, ...);\n"
+    "                      a block candidate's name + \"+fb\": with error feedback\n"
     "                      (default keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,\n"
     "                      4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8)\n"
+    "  --feedback          every block candidate with error feedback (+fb): its\n"
+    "                      errors, and plain rounding's, measured on the layers'\n"
+    "                      outputs over 16 x 256 sampled tokens (seed 1); the policy\n"
+    "                      says \"feedback\": true (compress then calibrates again)\n"
     "  --gguf              sizes are the GGUF file's (stz export --gguf of the\n"
     "                      result); candidates keep and llama.cpp's types (default\n"
     "                      keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,\n"
@@ -83,7 +88,7 @@ static int number(const char *opt, const char *arg, double lo, double hi, double
 static int parse(int argc, char **argv, tune_opts *o)
 {
     enum { O_SIZE = 256, O_RATIO, O_BPW, O_MAXKL, O_CAND, O_IMATRIX, O_CONFIG, O_PLOT, O_NOVERIFY, O_TUNE,
-           O_SAVEPOL, O_GGUF, O_TOKENIZER, O_NAME };
+           O_SAVEPOL, O_GGUF, O_TOKENIZER, O_NAME, O_FEEDBACK };
     static const struct option opts[] = {
         {"size", required_argument, 0, O_SIZE},     {"ratio", required_argument, 0, O_RATIO},
         {"bits-per-weight", required_argument, 0, O_BPW}, {"max-kl", required_argument, 0, O_MAXKL},
@@ -92,7 +97,7 @@ static int parse(int argc, char **argv, tune_opts *o)
         {"plot", required_argument, 0, O_PLOT},     {"no-verify", no_argument, 0, O_NOVERIFY},
         {"tune", no_argument, 0, O_TUNE},           {"save-policy", required_argument, 0, O_SAVEPOL},
         {"gguf", no_argument, 0, O_GGUF},           {"tokenizer", required_argument, 0, O_TOKENIZER},
-        {"name", required_argument, 0, O_NAME},
+        {"name", required_argument, 0, O_NAME},     {"feedback", no_argument, 0, O_FEEDBACK},
         CLI_COMMON_LONG,                            {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
@@ -125,6 +130,7 @@ static int parse(int argc, char **argv, tune_opts *o)
         case O_GGUF: o->gguf = 1; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
         case O_NAME: o->name = optarg; break;
+        case O_FEEDBACK: o->feedback = 1; break;
         default:
             if ((rc = cli_seq_opt("tune", c, &o->so)) != -2) {
                 if (rc == -1)
@@ -232,7 +238,8 @@ static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *e
     if (!st && t->sharded)
         cli_remove_tree(container); /* the first round's */
     if (!st)
-        st = cli_compress_policy(t->in, container, pol, t->im, o->c.threads, o->c.quiet || o->c.json, &res->bytes, err);
+        st = cli_compress_policy(t->in, container, pol, t->im, o->config, o->c.threads, o->c.quiet || o->c.json,
+                                 &res->bytes, err);
     if (!st)
         st = cli_set_open(&C, container, err);
     if (!st && o->gguf && !(st = cli_export_gguf(t->model, &C, &t->cfg, t->cfg_json, &gp, out, &gs, err))) {
@@ -266,6 +273,11 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         (st = cli_set_open(&t->S, t->model, err)) || (st = stz_refuse_input_as_output(t->model, t->out, err)) ||
         (st = cli_imatrix_open(o->imatrix, t->model, &t->im, err)))
         return st;
+    for (size_t c = 0; o->feedback && c < t->ncand; c++)
+        if (stz_action_is_block(t->cand[c].d.action) && !t->cand[c].d.feedback) {
+            t->cand[c].d.feedback = 1;
+            strcat(t->cand[c].name, "+fb");
+        }
     t->sharded = cli_is_sharded_dir(t->model);
     if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
         t->in = stz_reader_path(stz_qmodel_reader(t->S.m[0]));
@@ -289,6 +301,33 @@ static stz_status tune_open(tune_run *t, stz_err *err)
     return cli_seqs_get(&o->so, t->fwd, t->model, o->c.quiet || o->c.json, &t->q, t->source, err);
 }
 
+/* With feedback candidates: the output errors, on the sequences error
+ * feedback calibrates on (so that they are compress's). */
+static stz_status tune_feedback(tune_run *t, stz_err *err)
+{
+    size_t c = 0;
+    while (c < t->ncand && !t->cand[c].d.feedback)
+        c++;
+    if (c == t->ncand)
+        return STZ_OK;
+    tune_opts *o = &t->o;
+    const cli_seq_opts so = CLI_FEEDBACK_SEQS;
+    cli_seqs q = {0};
+    char source[64];
+    cli_progress prog;
+    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog, t->im, o->gguf};
+    stz_fwd_set_keep(t->fwd, CLI_FEEDBACK_KEEP);
+    stz_status st = cli_seqs_get(&so, t->fwd, t->model, o->c.quiet || o->c.json, &q, source, err);
+    stz_fwd_set_keep(t->fwd, 0);
+    if (!st) {
+        cli_progress_init(&prog, "tune: feedback", o->c.quiet || o->c.json);
+        st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, q.stride, q.lens, &tp, err);
+        cli_progress_end(&prog);
+    }
+    cli_seqs_free(&q);
+    return st;
+}
+
 /* Every candidate measured on every matrix, every matrix's sensitivity
  * probed; then the budget in bytes or KL. */
 static stz_status tune_measure(tune_run *t, stz_err *err)
@@ -299,6 +338,8 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
     cli_progress_init(&prog, "tune: measure candidates", o->c.quiet || o->c.json);
     stz_status st = stz_tune_measure(&t->T, t->S.m, t->S.n, t->cand, t->ncand, &tp, err);
     cli_progress_end(&prog);
+    if (!st)
+        st = tune_feedback(t, err);
     if (st)
         return st;
     cli_progress_init(&prog, "tune: sensitivity", o->c.quiet || o->c.json);

@@ -16,6 +16,7 @@ typedef struct {
     const char *tokenizer, *name; /* --gguf: as stz export --gguf takes them */
     cli_seq_opts so;
     int verify, compress, gguf;
+    int feedback; /* --feedback: every block candidate with error feedback */
 } tune_opts;
 
 /* A policy compressed (and with --gguf exported) and run: its container's

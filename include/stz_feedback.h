@@ -32,6 +32,28 @@
 extern "C" {
 #endif
 
+/* What stz_forward_grams does with each matrix it reaches. */
+typedef struct {
+    /* 1: visit this 2-D tensor of the model (a layer's projection, the head) */
+    int (*wants)(void *user, const stz_qtensor *t);
+    /* W: its values (rows x cols, F32); H: the Gram matrix of its inputs over
+     * the sequences (cols x cols, symmetric); y: with rewrite, where to put
+     * the values the layer runs with from now on (NULL for the head) */
+    stz_status (*matrix)(void *user, const stz_qtensor *t, const float *W, const float *H, float *y, stz_err *err);
+    void *user;
+    int rewrite; /* 1: each layer runs again with its matrices' new values (sequential calibration) */
+} stz_gram_visitor;
+
+/* Runs m over nseq sequences (lens[s] tokens each, stride apart) layer by
+ * layer; in each layer, collects the Gram matrix of the inputs of every
+ * matrix v->wants and gives it to v->matrix; last, the head's (a tied
+ * head is the embedding), through the final norm. Without rewrite the
+ * model runs as it is; with it, layer l's inputs come from layers
+ * 0..l-1 as rewritten. Memory: one layer's Gram matrices and the largest
+ * matrix (twice with rewrite). Progress counts layers. */
+STZ_API stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                                     const stz_gram_visitor *v, stz_fwd_progress progress, void *user, stz_err *err);
+
 typedef struct stz_feedback stz_feedback;
 
 /* Runs m over nseq sequences (lens[s] tokens each, stride apart) layer by

@@ -218,6 +218,8 @@ typedef struct {
     double err2, norm2; /* squared error of the dequantized values; squared norm of the original
                          * (both weighted by the columns' importance when given) */
     double cosine;      /* of the dequantized values against the original, unweighted (1: both zero) */
+    double err_out;     /* error feedback: the layer's output error tr((W - Q) H (W - Q)^T), H dampened as
+                         * stz_quant_output_error dampens it; else 0 */
     stz_qformat fmt;    /* as used: the U8 scales' base, nl-fit's fitted levels */
 } stz_qmem;
 
@@ -239,12 +241,22 @@ STZ_API void stz_qmem_free(stz_qmem *q);
  * not each weight's. H: the cols x cols Gram matrix of the layer's inputs
  * (sum over calibration tokens of x x^T, row-major), dampened by 1% of its
  * mean diagonal; its diagonal also weighs the blocks' scale searches, and
- * err2 / norm2. Same format and bytes layout as stz_quantize_tensor (the
- * readers do not change), the same bytes for any `threads` (OpenBLAS is set
+ * err2 / norm2; the output error itself is out->err_out (exact: each error
+ * fed is a step of it). Same format and bytes layout as stz_quantize_tensor
+ * (the readers do not change), the same bytes for any `threads` (OpenBLAS is set
  * to one thread). y: the values as read back, rows x cols (NULL: not
  * wanted). STZ_E_ARG (svd, keep, floats), STZ_E_NUMERIC, STZ_E_LAPACK. */
 STZ_API stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, uint64_t rows,
                                                 uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err);
+
+/* The output error tr((x - y) H (x - y)^T) of rows x cols values x
+ * stored as y, for inputs of Gram matrix H (cols x cols, row-major, its
+ * upper triangle read) dampened as stz_quantize_tensor_feedback dampens it:
+ * what error feedback minimizes, comparable between any quantizations of
+ * x (feedback's own is its stz_qmem.err_out). The same for any `threads`
+ * (OpenBLAS is set to one thread). STZ_E_NOMEM. */
+STZ_API stz_status stz_quant_output_error(const float *x, const float *y, const float *H, uint64_t rows, uint64_t cols,
+                                          int threads, double *out, stz_err *err);
 
 /* ---- llama.cpp's tensor types (quant/ggml_types.c) ---------------------- */
 

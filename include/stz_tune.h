@@ -28,8 +28,10 @@ extern "C" {
 #endif
 
 typedef struct {
-    stz_decision d; /* keep, int2..int8 with method, block_size, scale_dtype, svd, or a ggml type */
-    char name[32];  /* "keep", BITS:METHOD:BLOCK:SCALES ("4:nl:32:U8"), "svd:64" or a type ("q4_k") */
+    stz_decision d; /* keep, int2..int8 with method, block_size, scale_dtype, svd, or a ggml type;
+                     * d.feedback: with error feedback (stz_tune_feedback) */
+    char name[32];  /* "keep", BITS:METHOD:BLOCK:SCALES ("4:nl:32:U8"), "svd:64" or a type ("q4_k"),
+                     * "+fb" after a block quantization's with feedback */
 } stz_tune_cand;
 
 /* The default candidates: keep, 8:absmax:32:F16, 6:nl:32:U8, 5:nl:32:U8,
@@ -44,7 +46,8 @@ STZ_API extern const char stz_tune_gguf_candidates[];
 /* Parses a comma-separated list of candidates ("keep",
  * BITS:METHOD:BLOCK:SCALES: bits 2-6 or 8, a method of stz_policy.h,
  * block 1..65536, scales F16, F32 or U8; svd:RANK[:randomized]; or a
- * llama.cpp type stz writes, "q4_k", "f16"...). STZ_E_ARG names the bad
+ * llama.cpp type stz writes, "q4_k", "f16"...; a block quantization's
+ * name followed by "+fb": with error feedback). STZ_E_ARG names the bad
  * one. */
 STZ_API stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err);
 
@@ -59,11 +62,13 @@ typedef struct {
                          * or with gguf its bytes in the GGUF file (padded to 32; UINT64_MAX: a type
                          * the row length does not allow); not tunable: bytes[0] is the kept tensor's */
     double *err2;       /* per candidate: squared error */
-    double norm2;       /* squared norm of the original */
+    double norm2;       /* squared norm of the original (fed: of its output, tr(W H W^T)) */
     double kl_probe;    /* measured KL with the probe candidate's error */
     double sens;        /* KL per unit of squared error */
     int choice;         /* chosen candidate (tunable), set by stz_tune_solve */
     stz_qformat probe_fmt; /* the probe candidate's format for this tensor (base, levels) */
+    int fed;            /* stz_tune_feedback reached it: err2 and norm2 are the layer's output's, and
+                         * feedback candidates are measured with feedback */
 } stz_tune_tensor;
 
 typedef struct {
@@ -105,6 +110,18 @@ typedef struct {
  * quantized by stz. */
 STZ_API stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
                             size_t ncand, const stz_tune_params *p, stz_err *err);
+/* Candidates with error feedback (a name ending in "+fb", stz_tune_cand.d
+ * .feedback): runs m over the calibration sequences (stz_forward_grams, the
+ * model as it is) and, for every tunable matrix it reaches, measures each
+ * candidate again by the layer's output error tr((W - Q) H (W - Q)^T)
+ * with H the Gram matrix of the matrix's inputs (stz_quant_output_error;
+ * feedback's own), feedback candidates quantized with feedback (their
+ * bytes too). Sensitivity is then KL per unit of output error. Matrices it
+ * does not reach (an untied embedding) keep the measure's figures, and
+ * their feedback candidates stand for plain rounding. Call between
+ * stz_tune_measure and stz_tune_probe. */
+STZ_API stz_status stz_tune_feedback(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+                                     const size_t *lens, const stz_tune_params *p, stz_err *err);
 /* Sensitivity of each tunable tensor on the given sequences. */
 STZ_API stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
                           const size_t *lens, const stz_tune_params *p, stz_err *err);

@@ -144,47 +144,41 @@ stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decis
     return STZ_OK;
 }
 
-/* ---- the calibration ------------------------------------------------------------ */
+/* ---- the walk, layer by layer --------------------------------------------------- */
 
-/* A matrix of the layer being quantized: its decision, and its values as
- * read back once quantized (the layer then runs with them). */
+/* A matrix of the layer being visited: its values as the layer then runs
+ * with them (rewrite; NULL: as read). */
 typedef struct {
     loc at;
-    stz_decision d;
     int input;
     float *y;
-} fb_matrix;
+} gram_matrix;
 
 typedef struct {
     stz_fwd *m;
-    stz_feedback *fb;
-    stz_policy *policy;
-    int threads;
-    fb_matrix mat[STZ_ROLE_PER_LAYER + 1];
+    const stz_gram_visitor *v;
+    gram_matrix mat[STZ_ROLE_PER_LAYER + 1];
     int nmat;
     struct stz_fb_hess h;
-} fb_run;
+} gram_run;
 
-/* The decision for the tensor at `at`: 1 when it asks for feedback. */
-static int wants_feedback(fb_run *R, loc at, stz_decision *d)
+static int wanted(gram_run *R, loc at)
 {
     const stz_qtensor *q = stz_forward_tensor(R->m, at);
-    stz_tensor t = {.name = q->name, .dtype = q->dtype, .ndim = q->ndim, .shape = q->shape, .numel = q->numel};
-    *d = stz_policy_decide(R->policy, &t);
-    return d->feedback && q->ndim == 2 && q->rows * stz_q_blocks(q->cols, d->block_size) > 1;
+    return q->ndim == 2 && R->v->wants(R->v->user, q);
 }
 
-/* Replaces the rows of the matrices quantized so far with their values as read back. */
+/* Replaces the rows of the matrices visited so far with their values as rewritten. */
 static int rewrite_rows(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
 {
-    fb_run *R = user;
+    gram_run *R = user;
     for (int i = 0; i < R->nmat; i++)
         if (R->mat[i].y && !strcmp(stz_forward_tensor(R->m, R->mat[i].at)->name, name))
             memcpy(rows, R->mat[i].y + r0 * cols, n * cols * sizeof *rows);
     return 0;
 }
 
-static void clear_layer(fb_run *R)
+static void clear_layer(gram_run *R)
 {
     for (int i = 0; i < R->nmat; i++)
         free(R->mat[i].y);
@@ -195,7 +189,7 @@ static void clear_layer(fb_run *R)
 }
 
 /* Gram matrices for the inputs the chosen matrices read. */
-static stz_status alloc_inputs(fb_run *R, stz_err *err)
+static stz_status alloc_inputs(gram_run *R, stz_err *err)
 {
     for (int i = 0; i < R->nmat; i++) {
         int g = R->mat[i].input;
@@ -209,83 +203,72 @@ static stz_status alloc_inputs(fb_run *R, stz_err *err)
     return STZ_OK;
 }
 
-/* Matrix x read whole, quantized with feedback, stored; its values as
- * read back kept for the layer's second run (the head has none). */
-static stz_status quantize_one(fb_run *R, fb_matrix *x, stz_err *err)
+/* Matrix x read whole and given to the visitor with its inputs' Gram
+ * matrix; its rewritten values kept for the layer's second run (the head
+ * has none). */
+static stz_status visit_one(gram_run *R, gram_matrix *x, stz_err *err)
 {
     const stz_qtensor *t = stz_forward_tensor(R->m, x->at);
     size_t rows = (size_t)t->rows, cols = (size_t)t->cols;
     float *H = R->h.H[x->input], *W = malloc(rows * cols * sizeof *W + 1);
-    x->y = x->input == IN_HEAD ? NULL : malloc(rows * cols * sizeof *x->y + 1);
-    if (!W || (x->input != IN_HEAD && !x->y)) {
+    x->y = R->v->rewrite && x->input != IN_HEAD ? malloc(rows * cols * sizeof *x->y + 1) : NULL;
+    if (!W || (R->v->rewrite && x->input != IN_HEAD && !x->y)) {
         free(W);
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", t->name);
     }
     for (size_t i = 0; i < cols; i++) /* ssyrk filled the upper triangle */
         for (size_t j = 0; j < i; j++)
             H[i * cols + j] = H[j * cols + i];
-    stz_qmem q;
     stz_status st = stz_forward_read_rows(R->m, x->at, 0, rows, W, err);
-    stz_err sub;
-    if (!st && (st = stz_quantize_tensor_feedback(&x->d, W, H, rows, cols, R->threads, &q, x->y, &sub)))
-        stz_err_set(err, st, "%s: tensor '%s': %s", R->m->label, t->name, sub.msg);
-    if (!st) {
-        st = spill_put(R->fb, t->name, &x->d, &q, err);
-        stz_qmem_free(&q);
-    }
+    if (!st)
+        st = R->v->matrix(R->v->user, t, W, H, x->y, err);
     free(W);
     return st;
 }
 
-/* Layer l: the inputs collected over X (the hidden states, restored after),
- * its chosen matrices quantized, then the layer run with them. */
-static stz_status feed_layer(fb_run *R, uint32_t l, float *X, float *Xin, const batch *b, size_t nseq, stz_err *err)
+/* Layer l: its chosen matrices' inputs collected over X as it runs, the
+ * matrices visited; with rewrite, X restored and the layer run again with
+ * their new values. */
+static stz_status walk_layer(gram_run *R, uint32_t l, float *X, float *Xin, const batch *b, size_t nseq, stz_err *err)
 {
     stz_fwd *m = R->m;
     size_t n = b->n * m->c.dim;
     for (int k = 0; k < STZ_ROLE_PER_LAYER; k++) {
         loc at = m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k];
-        fb_matrix *x = &R->mat[R->nmat];
-        if (at.f >= 0 && wants_feedback(R, at, &x->d))
-            x->at = at, x->input = input_of(k), R->nmat++;
+        if (at.f >= 0 && wanted(R, at))
+            R->mat[R->nmat].at = at, R->mat[R->nmat].input = input_of(k), R->nmat++;
     }
-    stz_status st = STZ_OK;
-    if (R->nmat) {
+    int rewrite = R->nmat && R->v->rewrite;
+    if (rewrite)
         memcpy(Xin, X, n * sizeof *X);
-        R->h.layer = l;
-        if (!(st = alloc_inputs(R, err))) {
-            m->hess = &R->h;
-            st = stz_forward_run_layers(m, X, b, nseq, l, l + 1, NULL, NULL, &(uint64_t){0}, 0, err);
-            m->hess = NULL;
-        }
-        for (int i = 0; !st && i < R->nmat; i++)
-            st = quantize_one(R, &R->mat[i], err);
-        memcpy(X, Xin, n * sizeof *X);
-    }
-    stz_fwd_probe rw = {.perturb = rewrite_rows, .user = R};
-    m->rewrite = &rw;
-    if (!st)
+    R->h.layer = l;
+    stz_status st = alloc_inputs(R, err);
+    if (!st) {
+        m->hess = &R->h;
         st = stz_forward_run_layers(m, X, b, nseq, l, l + 1, NULL, NULL, &(uint64_t){0}, 0, err);
-    m->rewrite = NULL;
+        m->hess = NULL;
+    }
+    for (int i = 0; !st && i < R->nmat; i++)
+        st = visit_one(R, &R->mat[i], err);
+    if (!st && rewrite) {
+        stz_fwd_probe rw = {.perturb = rewrite_rows, .user = R};
+        memcpy(X, Xin, n * sizeof *X);
+        m->rewrite = &rw;
+        st = stz_forward_run_layers(m, X, b, nseq, l, l + 1, NULL, NULL, &(uint64_t){0}, 0, err);
+        m->rewrite = NULL;
+    }
     clear_layer(R);
     return st;
 }
 
 /* The head (or the tied embedding) after the last layer: its input
- * collected through the final norm. An untied embedding asking for
- * feedback is counted as skipped. */
-static stz_status feed_head(fb_run *R, float *X, size_t n, stz_err *err)
+ * collected through the final norm. */
+static stz_status walk_head(gram_run *R, float *X, size_t n, stz_err *err)
 {
     stz_fwd *m = R->m;
-    fb_matrix *x = &R->mat[0];
-    loc emb = m->global[G_EMBED], head = m->global[G_HEAD];
-    int tied = emb.f == head.f && emb.i == head.i;
-    stz_decision d;
-    if (!tied && wants_feedback(R, emb, &d)) {
-        R->fb->skipped++;
-        snprintf(R->fb->skip_name, sizeof R->fb->skip_name, "%s", stz_forward_tensor(m, emb)->name);
-    }
-    if (head.f < 0 || !wants_feedback(R, head, &x->d))
+    gram_matrix *x = &R->mat[0];
+    loc head = m->global[G_HEAD];
+    if (head.f < 0 || !wanted(R, head))
         return STZ_OK;
     x->at = head, x->input = IN_HEAD, R->nmat = 1;
     stz_status st = alloc_inputs(R, err);
@@ -295,8 +278,77 @@ static stz_status feed_head(fb_run *R, float *X, size_t n, stz_err *err)
         m->hess = NULL;
     }
     if (!st)
-        st = quantize_one(R, x, err);
+        st = visit_one(R, x, err);
     clear_layer(R);
+    return st;
+}
+
+stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
+                             const stz_gram_visitor *v, stz_fwd_progress progress, void *user, stz_err *err)
+{
+    gram_run R = {.m = m, .v = v};
+    seq_rows S = {0};
+    float *X = NULL, *Xin = NULL;
+    if (v->rewrite)
+        stz_forward_drop_kept(m); /* layers run as read, so that the rewritten ones replace them */
+    stz_status st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &S, err);
+    size_t n = S.b.n, D = m->c.dim;
+    if (!st && (!(X = malloc((n * D + 1) * sizeof *X)) || !(Xin = malloc((n * D + 1) * sizeof *Xin))))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
+    stz_blas_threads(m->threads);
+    if (!st)
+        st = stz_forward_embed(m, S.tok, n, X, err);
+    for (uint32_t l = 0; !st && l < m->c.n_layers; l++) {
+        st = walk_layer(&R, l, X, Xin, &S.b, nseq, err);
+        stz_blas_threads(m->threads); /* the visitor may set one */
+        if (!st && progress && progress(user, l + 1, m->c.n_layers + 1))
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    }
+    if (!st)
+        st = walk_head(&R, X, n, err);
+    if (!st && progress && progress(user, m->c.n_layers + 1, m->c.n_layers + 1))
+        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    clear_layer(&R);
+    stz_blas_threads(m->threads);
+    stz_forward_rows_free(&S);
+    free(X), free(Xin);
+    return st;
+}
+
+/* ---- error feedback: the walk quantizing ---------------------------------------- */
+
+typedef struct {
+    stz_fwd *m;
+    stz_feedback *fb;
+    stz_policy *policy;
+    int threads;
+} fb_run;
+
+static stz_decision decide(const fb_run *R, const stz_qtensor *q)
+{
+    stz_tensor t = {.name = q->name, .dtype = q->dtype, .ndim = q->ndim, .shape = q->shape, .numel = q->numel};
+    return stz_policy_decide(R->policy, &t);
+}
+
+/* 1 when the tensor's decision asks for feedback (of more than one block). */
+static int fb_wants(void *user, const stz_qtensor *q)
+{
+    stz_decision d = decide(user, q);
+    return d.feedback && q->ndim == 2 && q->rows * stz_q_blocks(q->cols, d.block_size) > 1;
+}
+
+/* The matrix quantized with feedback, stored in the temporary file. */
+static stz_status fb_matrix(void *user, const stz_qtensor *t, const float *W, const float *H, float *y, stz_err *err)
+{
+    fb_run *R = user;
+    stz_decision d = decide(R, t);
+    stz_qmem q;
+    stz_err sub;
+    stz_status st = stz_quantize_tensor_feedback(&d, W, H, t->rows, t->cols, R->threads, &q, y, &sub);
+    if (st)
+        return stz_err_set(err, st, "%s: tensor '%s': %s", R->m->label, t->name, sub.msg);
+    st = spill_put(R->fb, t->name, &d, &q, err);
+    stz_qmem_free(&q);
     return st;
 }
 
@@ -322,35 +374,19 @@ stz_status stz_feedback_run(stz_feedback **out, stz_fwd *m, stz_policy *policy, 
                             stz_err *err)
 {
     fb_run R = {.m = m, .policy = policy, .threads = threads};
-    seq_rows S = {0};
-    float *X = NULL, *Xin = NULL;
+    stz_gram_visitor v = {fb_wants, fb_matrix, &R, 1};
     stz_status st = (R.fb = calloc(1, sizeof *R.fb)) && (R.fb->spill = spill_open())
                         ? STZ_OK
                         : stz_err_set(err, STZ_E_IO, "cannot create a temporary file for the feedback results");
-    stz_forward_drop_kept(m); /* layers run as read, so that the quantized ones replace them */
     if (!st)
-        st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &S, err);
-    size_t n = S.b.n, D = m->c.dim;
-    if (!st && (!(X = malloc((n * D + 1) * sizeof *X)) || !(Xin = malloc((n * D + 1) * sizeof *Xin))))
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
-    stz_blas_threads(m->threads);
-    if (!st)
-        st = stz_forward_embed(m, S.tok, n, X, err);
-    for (uint32_t l = 0; !st && l < m->c.n_layers; l++) {
-        st = feed_layer(&R, l, X, Xin, &S.b, nseq, err);
-        stz_blas_threads(m->threads); /* the quantizers set one */
-        if (!st && progress && progress(user, l + 1, m->c.n_layers + 1))
-            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-    }
-    if (!st)
-        st = feed_head(&R, X, n, err);
+        st = stz_forward_grams(m, tokens, nseq, stride, lens, &v, progress, user, err);
     if (!st && fflush(R.fb->spill)) /* read back with pread */
         st = stz_err_set(err, STZ_E_IO, "cannot write the feedback results to a temporary file (disk full?)");
-    if (!st && progress && progress(user, m->c.n_layers + 1, m->c.n_layers + 1))
-        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-    clear_layer(&R);
-    stz_forward_rows_free(&S);
-    free(X), free(Xin);
+    loc emb = m->global[G_EMBED], head = m->global[G_HEAD];
+    if (!st && (emb.f != head.f || emb.i != head.i) && emb.f >= 0 && fb_wants(&R, stz_forward_tensor(m, emb))) {
+        R.fb->skipped++; /* an untied embedding: no matrix product reads it */
+        snprintf(R.fb->skip_name, sizeof R.fb->skip_name, "%s", stz_forward_tensor(m, emb)->name);
+    }
     if (st) {
         stz_feedback_free(R.fb);
         R.fb = NULL;

@@ -24,6 +24,22 @@
 #include <string.h>
 
 #define FB_ROWS 32 /* rows per piece of work */
+#define FB_DAMP 0.01 /* of the mean diagonal, added to H's diagonal */
+
+/* The mean of H's positive diagonal (1 when none is). */
+static double mean_diag(const float *H, size_t n)
+{
+    double mean = 0;
+    for (size_t j = 0; j < n; j++)
+        mean += H[j * n + j] > 0 ? H[j * n + j] : 0;
+    return mean > 0 ? mean / (double)n : 1;
+}
+
+/* H[j][j] dampened: a column no token reached takes the mean. */
+static double damped_diag(const float *H, size_t n, size_t j, double mean, double damp)
+{
+    return (H[j * n + j] > 0 ? H[j * n + j] : mean) + damp * mean;
+}
 
 /* U (n x n, upper, row-major floats) with U^T U = (H + damp * mean(diag H) * I)^-1,
  * the columns no token reached (H[j][j] = 0) given the mean on the
@@ -32,18 +48,15 @@
  * damping grows tenfold while H stays not positive definite (at most 1). */
 static stz_status factor(const float *H, size_t n, double damp, float *U, stz_err *err)
 {
-    double *A = malloc(n * n * sizeof *A + 1), mean = 0;
+    double *A = malloc(n * n * sizeof *A + 1), mean = mean_diag(H, n);
     if (!A)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu x %zu Hessian", n, n);
-    for (size_t j = 0; j < n; j++)
-        mean += H[j * n + j] > 0 ? H[j * n + j] : 0;
-    mean = mean > 0 ? mean / (double)n : 1;
     lapack_int info = 1, N = (lapack_int)n;
     for (; info && damp <= 1; damp *= 10) {
         for (size_t i = 0; i < n; i++) /* J H J, damped: the lower triangle */
             for (size_t j = 0; j <= i; j++) {
                 size_t a = n - 1 - i, b = n - 1 - j;
-                A[i * n + j] = a == b ? (H[a * n + a] > 0 ? H[a * n + a] : mean) + damp * mean : H[a * n + b];
+                A[i * n + j] = a == b ? damped_diag(H, n, a, mean, damp) : H[a * n + b];
             }
         if (!(info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', N, A, N)))
             info = LAPACKE_dtrtri(LAPACK_ROW_MAJOR, 'L', 'N', N, A, N);
@@ -68,6 +81,7 @@ typedef struct {
     size_t rows, cols, G, nb, rb;
     uint8_t *q;      /* the values, rows x rb */
     float *sc, *mn;  /* stz formats: per row and block */
+    double *loss;    /* per piece: the output error, sum of the fed errors squared */
     fb_slot *slot;
 } fb_job;
 
@@ -92,9 +106,12 @@ static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
     memcpy(s->W, j->x + r0 * n, nr * n * sizeof *s->W);
     for (size_t c0 = 0; c0 < n; c0 += j->G) {
         size_t len = n - c0 < j->G ? n - c0 : j->G, rest = n - c0 - len;
-        for (size_t r = 0; r < nr; r++)
+        for (size_t r = 0; r < nr; r++) {
             if (fb_block(j, s, r0, r, c0, len))
                 return stz_err_set(err, STZ_E_NUMERIC, "row %zu: %s", r0 + r, stz_qtensor_overflow(j->f));
+            for (size_t k = 0; k < len; k++)
+                j->loss[i] += (double)s->E[r * j->G + k] * s->E[r * j->G + k];
+        }
         if (rest) /* the later columns: W[:, c0 + len:] -= E (nr x len) @ U[c0:c0 + len, c0 + len:] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nr, (int)rest, (int)len, -1.0f, s->E,
                         (int)j->G, j->U + c0 * n + c0 + len, (int)n, 1.0f, s->W + c0 + len, (int)n);
@@ -108,8 +125,10 @@ static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
 static stz_status fb_run(fb_job *j, int threads, stz_err *err)
 {
     threads = threads < 1 ? 1 : threads;
-    stz_status st = (j->slot = calloc((size_t)threads, sizeof *j->slot)) ? STZ_OK
-                    : stz_err_set(err, STZ_E_NOMEM, "out of memory for the feedback threads");
+    size_t pieces = (j->rows + FB_ROWS - 1) / FB_ROWS;
+    stz_status st = (j->slot = calloc((size_t)threads, sizeof *j->slot)) && (j->loss = calloc(pieces + 1, sizeof *j->loss))
+                        ? STZ_OK
+                        : stz_err_set(err, STZ_E_NOMEM, "out of memory for the feedback threads");
     for (int t = 0; !st && t < threads; t++) {
         fb_slot *s = &j->slot[t];
         s->W = malloc(FB_ROWS * j->cols * sizeof *s->W), s->E = malloc(FB_ROWS * j->G * sizeof *s->E);
@@ -118,13 +137,22 @@ static stz_status fb_run(fb_job *j, int threads, stz_err *err)
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows in feedback");
     }
     if (!st) {
-        stz_ordered pl = {.n = (j->rows + FB_ROWS - 1) / FB_ROWS, .threads = threads, .ctx = j, .work = fb_work};
+        stz_ordered pl = {.n = pieces, .threads = threads, .ctx = j, .work = fb_work};
         st = stz_ordered_run(&pl, err);
     }
     for (int t = 0; j->slot && t < threads; t++)
         free(j->slot[t].W), free(j->slot[t].E), free(j->slot[t].codes);
     free(j->slot);
     return st;
+}
+
+/* The sum of pieces' figures, in order (the same for any thread count). */
+static double sum_pieces(const double *v, size_t rows)
+{
+    double s = 0;
+    for (size_t i = 0; i < (rows + FB_ROWS - 1) / FB_ROWS; i++)
+        s += v[i];
+    return s;
 }
 
 stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, uint64_t rows,
@@ -142,13 +170,15 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
         st = stz_qtensor_begin(d, x, w, rows, cols, out, &sc, &mn, err);
     stz_blas_threads(1); /* OpenBLAS's results depend on its thread count; the rows share the threads */
     if (!st)
-        st = factor(H, (size_t)cols, 0.01, U, err);
+        st = factor(H, (size_t)cols, FB_DAMP, U, err);
     if (!st) {
         const stz_qformat *f = &out->fmt;
         fb_job j = {.f = f, .x = x, .U = U, .w = w, .rows = (size_t)rows, .cols = (size_t)cols, .G = f->block,
                     .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, (size_t)cols),
                     .q = out->part[STZ_PART_VALUES], .sc = sc, .mn = mn};
         st = fb_run(&j, threads, err);
+        out->err_out = st ? 0 : sum_pieces(j.loss, j.rows);
+        free(j.loss);
     }
     if (!st)
         st = stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
@@ -156,5 +186,61 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
     free(w), free(U), free(sc), free(mn);
     if (st)
         stz_qmem_free(out);
+    return st;
+}
+
+/* ---- the output error of any quantization -------------------------------------- */
+
+typedef struct {
+    const float *x, *y, *H; /* H dampened */
+    size_t rows, cols;
+    float **E, **F;         /* per thread: a piece's errors, and them times H */
+    double *loss;
+} oe_job;
+
+static stz_status oe_work(void *ctx, int tid, size_t i, stz_err *err)
+{
+    (void)err;
+    oe_job *j = ctx;
+    size_t r0 = i * FB_ROWS, nr = j->rows - r0 < FB_ROWS ? j->rows - r0 : FB_ROWS, n = nr * j->cols;
+    float *E = j->E[tid], *F = j->F[tid];
+    for (size_t k = 0; k < n; k++)
+        E[k] = j->x[r0 * j->cols + k] - j->y[r0 * j->cols + k];
+    cblas_ssymm(CblasRowMajor, CblasRight, CblasUpper, (int)nr, (int)j->cols, 1.0f, j->H, (int)j->cols, E,
+                (int)j->cols, 0.0f, F, (int)j->cols);
+    for (size_t k = 0; k < n; k++)
+        j->loss[i] += (double)E[k] * F[k];
+    return STZ_OK;
+}
+
+stz_status stz_quant_output_error(const float *x, const float *y, const float *H, uint64_t rows, uint64_t cols,
+                                  int threads, double *out, stz_err *err)
+{
+    size_t n = (size_t)cols, pieces = ((size_t)rows + FB_ROWS - 1) / FB_ROWS;
+    threads = threads < 1 ? 1 : threads;
+    oe_job j = {.x = x, .y = y, .rows = (size_t)rows, .cols = n};
+    float *Hd = malloc(n * n * sizeof *Hd + 1);
+    j.E = calloc((size_t)threads, sizeof *j.E), j.F = calloc((size_t)threads, sizeof *j.F);
+    j.loss = calloc(pieces + 1, sizeof *j.loss);
+    stz_status st = Hd && j.E && j.F && j.loss ? STZ_OK : STZ_E_NOMEM;
+    for (int t = 0; !st && t < threads; t++)
+        if (!(j.E[t] = malloc(FB_ROWS * n * sizeof *j.E[t])) || !(j.F[t] = malloc(FB_ROWS * n * sizeof *j.F[t])))
+            st = STZ_E_NOMEM;
+    if (st)
+        st = stz_err_set(err, st, "out of memory for the output error of %zu columns", n);
+    if (!st) {
+        double mean = mean_diag(H, n);
+        memcpy(Hd, H, n * n * sizeof *Hd);
+        for (size_t k = 0; k < n; k++)
+            Hd[k * n + k] = (float)damped_diag(H, n, k, mean, FB_DAMP);
+        j.H = Hd;
+        stz_blas_threads(1);
+        stz_ordered pl = {.n = pieces, .threads = threads, .ctx = &j, .work = oe_work};
+        st = stz_ordered_run(&pl, err);
+    }
+    *out = st ? 0 : sum_pieces(j.loss, j.rows);
+    for (int t = 0; j.E && j.F && t < threads; t++)
+        free(j.E[t]), free(j.F[t]);
+    free(j.E), free(j.F), free(j.loss), free(Hd);
     return st;
 }

@@ -179,7 +179,7 @@ static void add_error(stz_qmem *out, cos_sums *c, const float *x, const float *y
 static double cosine_of(const cos_sums *c) { return c->xx > 0 && c->yy > 0 ? c->xy / sqrt(c->xx * c->yy) : c->xx == c->yy; }
 
 static stz_status svd_tensor(const stz_decision *d, const float *x, const float *w, size_t m, size_t n, stz_qmem *out,
-                             stz_err *err)
+                             float *y, stz_err *err)
 {
     stz_svd_params sp = stz_svd_params_of(d);
     stz_svd_result f = {0};
@@ -190,7 +190,7 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, const float 
     static const stz_dtype dt[STZ_PART_COUNT] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8, STZ_DTYPE_F32};
     const size_t len[STZ_PART_COUNT] = {[STZ_PART_U] = m * rk, [STZ_PART_U_SCALES] = 4 * m, [STZ_PART_S] = rk,
                                         [STZ_PART_VH] = rk * n, [STZ_PART_VH_SCALES] = 4 * rk};
-    float *Us = malloc(m * sizeof *Us), *Vs = malloc(rk * sizeof *Vs), *W = malloc(m * n * sizeof *W), s_scale;
+    float *Us = malloc(m * sizeof *Us), *Vs = malloc(rk * sizeof *Vs), *W = y ? y : malloc(m * n * sizeof *W), s_scale;
     int got = 1;
     for (int k = 0; k < STZ_PART_COUNT; k++)
         got &= !!(out->part[k] = malloc(len[k] + 1)), out->len[k] = len[k], out->dtype[k] = dt[k];
@@ -211,7 +211,9 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, const float 
     out->cosine = cosine_of(&c);
     out->rank = rk;
     stz_svd_result_free(&f);
-    free(Us), free(Vs), free(W);
+    free(Us), free(Vs);
+    if (W != y)
+        free(W);
     return st;
 }
 
@@ -295,9 +297,15 @@ const char *stz_qtensor_overflow(const stz_qformat *f)
 stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
                                uint64_t cols, stz_qmem *out, stz_err *err)
 {
+    return stz_quantize_tensor_y(d, x, weights, rows, cols, out, NULL, err);
+}
+
+stz_status stz_quantize_tensor_y(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
+                                 uint64_t cols, stz_qmem *out, float *y, stz_err *err)
+{
     if (d->action == STZ_ACTION_SVD) {
         memset(out, 0, sizeof *out);
-        stz_status st = svd_tensor(d, x, weights, (size_t)rows, (size_t)cols, out, err);
+        stz_status st = svd_tensor(d, x, weights, (size_t)rows, (size_t)cols, out, y, err);
         if (st)
             stz_qmem_free(out);
         return st;
@@ -312,7 +320,7 @@ stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const floa
                                 mn ? mn + r * nb : NULL))
             st = stz_err_set(err, STZ_E_NUMERIC, "%s", stz_qtensor_overflow(f));
     if (!st)
-        st = stz_qtensor_end(x, rows, cols, out, sc, mn, NULL, err);
+        st = stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
     free(sc), free(mn);
     if (st)
         stz_qmem_free(out);

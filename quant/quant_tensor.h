@@ -19,6 +19,11 @@ size_t stz_quant_first_nonfinite(const float *x, size_t n);
  * stz_qf_quantize_row. -1 if a scale does not fit F16. */
 int stz_qf_quantize_any(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
 
+/* stz_quantize_tensor, with the values as read back in y (rows x cols;
+ * NULL: not wanted). */
+stz_status stz_quantize_tensor_y(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
+                                 uint64_t cols, stz_qmem *out, float *y, stz_err *err);
+
 /* ---- error feedback (quant/feedback.c) ---- */
 
 /* Element k of a block x[len] stored as y: its error, divided by U[k][k],

@@ -103,3 +103,42 @@ def test_refused(tiny, tmp_path):  # noqa: F811
     r = stz("quantize", STORIES if os.path.exists(STORIES) else m, "--set", "*=q4_0", "--feedback", "--config",
             tmp_path / "missing.json", "-o", tmp_path / "x.safetensors", ok=False)
     assert "missing.json" in r.stderr
+
+
+def test_tune_with_feedback(stories, tmp_path):
+    """stz tune --feedback: candidates measured by the layers' output errors,
+    the chosen ones with "feedback": true; the verified container is what
+    compress --policy makes of that policy, on any thread count; lower KL
+    than plain tune at the same budget."""
+    d = tmp_path
+    plain, fed, pol = d / "plain.stz", d / "fed.stz", d / "fed.json"
+    stz("compress", STORIES, "--tune", "--bits-per-weight", 3.5, "-o", plain, "-q")
+    r = stz("compress", STORIES, "--tune", "--bits-per-weight", 3.5, "--feedback", "--save-policy", pol, "-T", 2,
+            "-o", fed, "--json")
+    doc = json.loads(r.stdout)
+    assert doc["measured_bytes"] == os.path.getsize(fed) <= 3.5 * 260032 / 8
+    rules = json.loads(pol.read_text())["rules"]
+    assert len(rules) == 36 and all(x["feedback"] is True for x in rules)
+    assert all("+fb" in x["comment"] for x in rules)
+    again = d / "again.stz"
+    stz("compress", STORIES, "--policy", pol, "-T", 1, "-o", again, "-q")
+    assert sha(again) == sha(fed)
+    k_plain, k_fed = kl(STORIES, plain), kl(STORIES, fed)
+    print("tune at 3.5 bits/weight: KL plain %.4f, feedback %.4f" % (k_plain, k_fed))
+    assert k_fed < 0.85 * k_plain
+
+
+def test_tune_feedback_candidates(stories, tmp_path):
+    """A candidate NAME+fb mixes with plain ones (both measured on the
+    layers' outputs); +fb on what is not a block quantization is refused."""
+    pol = tmp_path / "p.json"
+    r = stz("tune", STORIES, "--bits-per-weight", 4.6, "--candidates", "keep,4:nl:32:U8,4:nl:32:U8+fb,q8_0",
+            "--no-verify", "-o", pol, "--json")
+    rules = json.loads(pol.read_text())["rules"]
+    # with feedback the same bytes carry a lower output error: plain 4-bit is never the better choice
+    assert not any(x["comment"].startswith("4:nl:32:U8:") for x in rules)
+    assert any(x.get("feedback") for x in rules)
+    assert json.loads(r.stdout)["met"] is True
+    for bad in ("keep+fb", "svd:4+fb", "f16+fb"):
+        r = stz("tune", STORIES, "--bits-per-weight", 4, "--candidates", bad, "-o", pol, "-f", ok=False)
+        assert "+fb" in r.stderr and "block quantizations" in r.stderr

@@ -364,11 +364,42 @@ static double output_error(const float *W, const float *Y, const float *H, size_
     return e;
 }
 
+/* output_error with H dampened as feedback dampens it: 1% of the mean
+ * diagonal added to it, a column no token reached given the mean. */
+static double damped_output_error(const float *W, const float *Y, const float *H, size_t rows, size_t cols)
+{
+    double mean = 0, e = output_error(W, Y, H, rows, cols);
+    for (size_t j = 0; j < cols; j++)
+        mean += H[j * cols + j];
+    mean /= (double)cols;
+    for (size_t j = 0; j < cols; j++)
+        for (size_t r = 0; r < rows; r++) {
+            double d = (double)W[r * cols + j] - Y[r * cols + j];
+            e += d * d * (0.01 * mean + (H[j * cols + j] > 0 ? 0 : mean));
+        }
+    return e;
+}
+
+/* The output error feedback reports (the sum of the errors it fed, each
+ * a step of it) and the one stz_quant_output_error computes (on 1 and 3
+ * threads, the same) against this test's own. */
+static void check_output_errors(const stz_qmem *fb, const float *W, const float *y, const float *H, size_t rows,
+                                size_t cols)
+{
+    double want = damped_output_error(W, y, H, rows, cols), got1, got3;
+    stz_err err;
+    assert_int_equal(stz_quant_output_error(W, y, H, rows, cols, 1, &got1, &err), STZ_OK);
+    assert_int_equal(stz_quant_output_error(W, y, H, rows, cols, 3, &got3, &err), STZ_OK);
+    assert_true(got1 == got3);
+    if (fabs(got1 - want) > 1e-4 * want || fabs(fb->err_out - want) > 1e-3 * want)
+        fail_msg("output error: computed %.9g, feedback's %.9g, expected %.9g", got1, fb->err_out, want);
+}
+
 /* Error feedback, for stz's methods and llama.cpp's types: the layer's
  * output error well under plain rounding's (weighted by the same
- * importance) on inputs with correlated columns; the same bytes on 1 and 3
- * threads; values as a reader decodes them; a column no token reached;
- * NaN and non-block decisions refused. */
+ * importance) on inputs with correlated columns, and the one it reports
+ * exact; the same bytes on 1 and 3 threads; values as a reader decodes
+ * them; a column no token reached; NaN and non-block decisions refused. */
 static void test_feedback(void **state)
 {
     (void)state;
@@ -413,6 +444,7 @@ static void test_feedback(void **state)
         qmem_values(&fb, R, C, yp);
         assert_memory_equal(yp, y, R * C * sizeof *y);
         double ef = output_error(W, y, H, R, C);
+        check_output_errors(&fb, W, y, H, R, C);
         qmem_values(&plain, R, C, yp);
         double ep = output_error(W, yp, H, R, C);
         print_message("  %-10s output error with feedback %.3g, without %.3g (%.2fx)\n",

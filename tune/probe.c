@@ -6,6 +6,7 @@
 #include "stz_tune.h"
 #include "gguf/gguf_format.h"
 #include "quant/quant_tensor.h"
+#include "tune_internal.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -22,6 +23,8 @@ const char stz_tune_gguf_candidates[] =
 
 /* ---- candidates ------------------------------------------------------------- */
 
+static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err);
+
 static stz_action action_of_bits(int bits)
 {
     switch (bits) {
@@ -35,9 +38,28 @@ static stz_action action_of_bits(int bits)
     }
 }
 
+/* A candidate NAME+fb: NAME's block quantization with error feedback. */
+static stz_status parse_fed(const char *s, stz_tune_cand *c, stz_err *err)
+{
+    char plain[32];
+    size_t n = strlen(s) - 3;
+    snprintf(plain, sizeof plain, "%.*s", (int)(n < sizeof plain ? n : sizeof plain - 1), s);
+    stz_status st = parse_one(plain, c, err);
+    if (st)
+        return st;
+    if (!stz_action_is_block(c->d.action))
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': error feedback (+fb) is for block quantizations, not '%s'",
+                           s, plain);
+    c->d.feedback = 1;
+    strcat(c->name, "+fb"); /* names are at most 28 characters before */
+    return STZ_OK;
+}
+
 static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
 {
     memset(c, 0, sizeof *c);
+    if (strlen(s) > 3 && !strcmp(s + strlen(s) - 3, "+fb"))
+        return parse_fed(s, c, err);
     c->d.rule = -1, c->d.scale_dtype = STZ_DTYPE_F16;
     if (!strcmp(s, "keep")) {
         c->d.action = STZ_ACTION_KEEP;
@@ -162,20 +184,29 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
     }
     if (st)
         return stz_err_set(err, st, "tensor '%s', candidate %s: %s", t->name, T->cand[c].name, sub.msg);
-    t->bytes[c] = 0, t->err2[c] = q.err2, j->raw[c] = 0;
-    for (int k = 0; !st && k < STZ_PART_COUNT; k++) {
-        uint64_t b = 0;
-        int blocks = k == STZ_PART_VALUES && q.fmt.ggml ? q.fmt.ggml->type : 0; /* llama.cpp's blocks */
-        if (q.part[k] && !T->gguf &&
-            !(st = stz_pack_tensor_bytes(&T->pack, q.dtype[k], blocks, q.part[k], q.len[k], &b, err)))
-            t->bytes[c] += b;
-        j->raw[c] += q.part[k] ? q.len[k] : 0;
-    }
-    if (T->gguf) /* the blocks, as the GGUF file holds them */
-        t->bytes[c] = gguf_padded(j->raw[c]);
+    t->err2[c] = q.err2;
+    st = stz_tune_cand_bytes(T, t, c, &q, &j->raw[c], err);
     if (c == T->probe)
         t->probe_fmt = q.fmt;
     stz_qmem_free(&q);
+    return st;
+}
+
+stz_status stz_tune_cand_bytes(const stz_tune *T, stz_tune_tensor *t, size_t c, const stz_qmem *q, uint64_t *raw,
+                               stz_err *err)
+{
+    stz_status st = STZ_OK;
+    t->bytes[c] = 0, *raw = 0;
+    for (int k = 0; !st && k < STZ_PART_COUNT; k++) {
+        uint64_t b = 0;
+        int blocks = k == STZ_PART_VALUES && q->fmt.ggml ? q->fmt.ggml->type : 0; /* llama.cpp's blocks */
+        if (q->part[k] && !T->gguf &&
+            !(st = stz_pack_tensor_bytes(&T->pack, q->dtype[k], blocks, q->part[k], q->len[k], &b, err)))
+            t->bytes[c] += b;
+        *raw += q->part[k] ? q->len[k] : 0;
+    }
+    if (T->gguf) /* the blocks, as the GGUF file holds them */
+        t->bytes[c] = gguf_padded(*raw);
     return st;
 }
 
@@ -338,7 +369,7 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
 
 /* ---- sensitivity ----------------------------------------------------------------- */
 
-static stz_tune_tensor *find_tensor(const stz_tune *T, const char *name)
+stz_tune_tensor *stz_tune_find(const stz_tune *T, const char *name)
 {
     for (size_t i = 0; i < T->nt; i++)
         if (!strcmp(T->t[i].name, name))
@@ -349,7 +380,7 @@ static stz_tune_tensor *find_tensor(const stz_tune *T, const char *name)
 static int probe_select(void *user, const char *name)
 {
     const stz_tune *T = user;
-    const stz_tune_tensor *t = find_tensor(T, name);
+    const stz_tune_tensor *t = stz_tune_find(T, name);
     return t && t->tunable && t->err2[T->probe] > 0 && isfinite(t->err2[T->probe]);
 }
 
@@ -357,7 +388,7 @@ static int probe_select(void *user, const char *name)
 static int probe_perturb(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
 {
     (void)r0;
-    const stz_tune_tensor *t = find_tensor(user, name);
+    const stz_tune_tensor *t = stz_tune_find(user, name);
     const stz_qformat *f = &t->probe_fmt;
     size_t nb = stz_q_blocks(cols, f->block);
     uint8_t *q = malloc(stz_qf_row_bytes(f->bits, cols) + 8);
@@ -378,7 +409,7 @@ static int probe_perturb(void *user, const char *name, float *rows, uint64_t r0,
 static void probe_result(void *user, const char *name, double kl)
 {
     const stz_tune *T = user;
-    stz_tune_tensor *t = find_tensor(T, name);
+    stz_tune_tensor *t = stz_tune_find(T, name);
     t->kl_probe = kl, t->sens = kl / t->err2[T->probe];
 }
 
@@ -441,6 +472,8 @@ char *stz_tune_policy(const stz_tune *T, const char *description)
             cJSON_AddNumberToObject(r, "block_size", c->d.block_size);
             cJSON_AddStringToObject(r, "scale_dtype", stz_dtype_name(c->d.scale_dtype));
         }
+        if (c->d.feedback && t->fed)
+            cJSON_AddBoolToObject(r, "feedback", 1);
         snprintf(comment, sizeof comment, "%s: %llu bytes, relative error %.4f, predicted KL %.3g", c->name,
                  (unsigned long long)t->bytes[t->choice], t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0,
                  t->sens * t->err2[t->choice]);

@@ -1,0 +1,83 @@
+/* stz tune with error feedback (stz_tune_feedback, stz_tune.h): the
+ * candidates of every matrix the forward pass reaches measured again by
+ * the layer's output error, feedback candidates quantized with feedback.
+ * Plain rounding and feedback then compare on what the layer computes,
+ * which is what feedback lowers (its weights' own error grows). */
+#include "core/stz_core.h"
+#include "quant/quant_tensor.h"
+#include "stz_feedback.h"
+#include "stz_imatrix.h"
+#include "tune_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    stz_tune *T;
+    const stz_tune_params *p;
+} fed_run;
+
+static int fed_wants(void *user, const stz_qtensor *q)
+{
+    const fed_run *R = user;
+    const stz_tune_tensor *t = stz_tune_find(R->T, q->name);
+    return t && t->tunable;
+}
+
+/* Candidate c of t measured on W (Y: scratch for its values): feedback's
+ * output error and bytes, or plain rounding's output error (its bytes are
+ * the measure's). */
+static stz_status measure_one(const fed_run *R, stz_tune_tensor *t, size_t c, const float *W, const float *w,
+                              const float *H, float *Y, stz_err *err)
+{
+    const stz_decision *d = &R->T->cand[c].d;
+    uint64_t rows = t->rows, cols = t->params / t->rows, raw;
+    int fed = d->feedback && stz_action_is_block(d->action);
+    stz_qmem q;
+    stz_err sub;
+    stz_status st = fed ? stz_quantize_tensor_feedback(d, W, H, rows, cols, R->p->threads, &q, NULL, &sub)
+                        : stz_quantize_tensor_y(d, W, w, rows, cols, &q, Y, &sub);
+    if (st == STZ_E_NUMERIC) { /* scales beyond F16: not a choice for this tensor */
+        t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
+        return STZ_OK;
+    }
+    if (st)
+        return stz_err_set(err, st, "tensor '%s', candidate %s: %s", t->name, R->T->cand[c].name, sub.msg);
+    if (fed) {
+        t->err2[c] = q.err_out;
+        st = stz_tune_cand_bytes(R->T, t, c, &q, &raw, err);
+    } else {
+        st = stz_quant_output_error(W, Y, H, rows, cols, R->p->threads, &t->err2[c], err);
+    }
+    stz_qmem_free(&q);
+    return st;
+}
+
+static stz_status fed_matrix(void *user, const stz_qtensor *q, const float *W, const float *H, float *y, stz_err *err)
+{
+    (void)y;
+    const fed_run *R = user;
+    stz_tune_tensor *t = stz_tune_find(R->T, q->name);
+    const float *w = NULL;
+    float *Y = calloc(q->numel + 1, sizeof *Y);
+    stz_status st = Y ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
+    if (!st && R->p->imatrix) /* plain candidates quantize as the measure did */
+        st = stz_imatrix_find(R->p->imatrix, q->name, q->cols, &w, err);
+    if (!st) /* the output's own squared norm: Y is all zeros */
+        st = stz_quant_output_error(W, Y, H, q->rows, q->cols, R->p->threads, &t->norm2, err);
+    for (size_t c = 0; !st && c < R->T->ncand; c++)
+        if (R->T->cand[c].d.action != STZ_ACTION_KEEP && t->bytes[c] != UINT64_MAX)
+            st = measure_one(R, t, c, W, w, H, Y, err);
+    t->fed = !st;
+    free(Y);
+    return st;
+}
+
+stz_status stz_tune_feedback(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+                             const size_t *lens, const stz_tune_params *p, stz_err *err)
+{
+    fed_run R = {T, p};
+    stz_gram_visitor v = {fed_wants, fed_matrix, &R, 0};
+    return stz_forward_grams(m, tokens, nseq, stride, lens, &v, p->progress, p->progress_user, err);
+}
