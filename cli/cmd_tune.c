@@ -274,10 +274,7 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         (st = cli_imatrix_open(o->imatrix, t->model, &t->im, err)))
         return st;
     for (size_t c = 0; o->feedback && c < t->ncand; c++)
-        if (stz_action_is_block(t->cand[c].d.action) && !t->cand[c].d.feedback) {
-            t->cand[c].d.feedback = 1;
-            strcat(t->cand[c].name, "+fb");
-        }
+        stz_tune_cand_feedback(&t->cand[c]); /* keep, svd and f16 stay as they are */
     t->sharded = cli_is_sharded_dir(t->model);
     if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
         t->in = stz_reader_path(stz_qmodel_reader(t->S.m[0]));
@@ -302,8 +299,9 @@ static stz_status tune_open(tune_run *t, stz_err *err)
 }
 
 /* With feedback candidates: the output errors, on the sequences error
- * feedback calibrates on (so that they are compress's). */
-static stz_status tune_feedback(tune_run *t, stz_err *err)
+ * feedback calibrates on (so that they are compress's); tp's progress
+ * line is prog. */
+static stz_status tune_feedback(tune_run *t, const stz_tune_params *tp, cli_progress *prog, stz_err *err)
 {
     size_t c = 0;
     while (c < t->ncand && !t->cand[c].d.feedback)
@@ -314,15 +312,13 @@ static stz_status tune_feedback(tune_run *t, stz_err *err)
     const cli_seq_opts so = CLI_FEEDBACK_SEQS;
     cli_seqs q = {0};
     char source[64];
-    cli_progress prog;
-    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog, t->im, o->gguf};
     stz_fwd_set_keep(t->fwd, CLI_FEEDBACK_KEEP);
     stz_status st = cli_seqs_get(&so, t->fwd, t->model, o->c.quiet || o->c.json, &q, source, err);
     stz_fwd_set_keep(t->fwd, 0);
     if (!st) {
-        cli_progress_init(&prog, "tune: feedback", o->c.quiet || o->c.json);
-        st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, q.stride, q.lens, &tp, err);
-        cli_progress_end(&prog);
+        cli_progress_init(prog, "tune: feedback", o->c.quiet || o->c.json);
+        st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, q.stride, q.lens, tp, err);
+        cli_progress_end(prog);
     }
     cli_seqs_free(&q);
     return st;
@@ -339,7 +335,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
     stz_status st = stz_tune_measure(&t->T, t->S.m, t->S.n, t->cand, t->ncand, &tp, err);
     cli_progress_end(&prog);
     if (!st)
-        st = tune_feedback(t, err);
+        st = tune_feedback(t, &tp, &prog, err);
     if (st)
         return st;
     cli_progress_init(&prog, "tune: sensitivity", o->c.quiet || o->c.json);

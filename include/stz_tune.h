@@ -51,6 +51,11 @@ STZ_API extern const char stz_tune_gguf_candidates[];
  * one. */
 STZ_API stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err);
 
+/* Makes candidate c its version with error feedback (d.feedback, "+fb"
+ * after its name): 1, or 0 when c is not a block quantization (unchanged).
+ * A candidate already with feedback stays as it is. */
+STZ_API int stz_tune_cand_feedback(stz_tune_cand *c);
+
 typedef struct {
     char *name;
     stz_dtype dtype;

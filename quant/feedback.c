@@ -192,12 +192,14 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
 /* ---- the output error of any quantization -------------------------------------- */
 
 typedef struct {
-    const float *x, *y, *H; /* H dampened */
+    const float *x, *y, *H; /* H as given */
+    double *damp;           /* per column: what dampening adds to H's diagonal */
     size_t rows, cols;
     float **E, **F;         /* per thread: a piece's errors, and them times H */
     double *loss;
 } oe_job;
 
+/* A piece of rows: sum of e H e^T over its rows' errors e, dampened. */
 static stz_status oe_work(void *ctx, int tid, size_t i, stz_err *err)
 {
     (void)err;
@@ -209,7 +211,7 @@ static stz_status oe_work(void *ctx, int tid, size_t i, stz_err *err)
     cblas_ssymm(CblasRowMajor, CblasRight, CblasUpper, (int)nr, (int)j->cols, 1.0f, j->H, (int)j->cols, E,
                 (int)j->cols, 0.0f, F, (int)j->cols);
     for (size_t k = 0; k < n; k++)
-        j->loss[i] += (double)E[k] * F[k];
+        j->loss[i] += (double)E[k] * F[k] + (double)E[k] * E[k] * j->damp[k % j->cols];
     return STZ_OK;
 }
 
@@ -218,11 +220,11 @@ stz_status stz_quant_output_error(const float *x, const float *y, const float *H
 {
     size_t n = (size_t)cols, pieces = ((size_t)rows + FB_ROWS - 1) / FB_ROWS;
     threads = threads < 1 ? 1 : threads;
-    oe_job j = {.x = x, .y = y, .rows = (size_t)rows, .cols = n};
-    float *Hd = malloc(n * n * sizeof *Hd + 1);
+    oe_job j = {.x = x, .y = y, .H = H, .rows = (size_t)rows, .cols = n};
+    j.damp = malloc(n * sizeof *j.damp + 1);
     j.E = calloc((size_t)threads, sizeof *j.E), j.F = calloc((size_t)threads, sizeof *j.F);
     j.loss = calloc(pieces + 1, sizeof *j.loss);
-    stz_status st = Hd && j.E && j.F && j.loss ? STZ_OK : STZ_E_NOMEM;
+    stz_status st = j.damp && j.E && j.F && j.loss ? STZ_OK : STZ_E_NOMEM;
     for (int t = 0; !st && t < threads; t++)
         if (!(j.E[t] = malloc(FB_ROWS * n * sizeof *j.E[t])) || !(j.F[t] = malloc(FB_ROWS * n * sizeof *j.F[t])))
             st = STZ_E_NOMEM;
@@ -230,10 +232,8 @@ stz_status stz_quant_output_error(const float *x, const float *y, const float *H
         st = stz_err_set(err, st, "out of memory for the output error of %zu columns", n);
     if (!st) {
         double mean = mean_diag(H, n);
-        memcpy(Hd, H, n * n * sizeof *Hd);
         for (size_t k = 0; k < n; k++)
-            Hd[k * n + k] = (float)damped_diag(H, n, k, mean, FB_DAMP);
-        j.H = Hd;
+            j.damp[k] = damped_diag(H, n, k, mean, FB_DAMP) - H[k * n + k];
         stz_blas_threads(1);
         stz_ordered pl = {.n = pieces, .threads = threads, .ctx = &j, .work = oe_work};
         st = stz_ordered_run(&pl, err);
@@ -241,6 +241,6 @@ stz_status stz_quant_output_error(const float *x, const float *y, const float *H
     *out = st ? 0 : sum_pieces(j.loss, j.rows);
     for (int t = 0; j.E && j.F && t < threads; t++)
         free(j.E[t]), free(j.F[t]);
-    free(j.E), free(j.F), free(j.loss), free(Hd);
+    free(j.E), free(j.F), free(j.loss), free(j.damp);
     return st;
 }

@@ -45,14 +45,20 @@ static stz_status parse_fed(const char *s, stz_tune_cand *c, stz_err *err)
     size_t n = strlen(s) - 3;
     snprintf(plain, sizeof plain, "%.*s", (int)(n < sizeof plain ? n : sizeof plain - 1), s);
     stz_status st = parse_one(plain, c, err);
-    if (st)
-        return st;
+    if (!st && !stz_tune_cand_feedback(c))
+        st = stz_err_set(err, STZ_E_ARG, "candidate '%s': error feedback (+fb) is for block quantizations, not '%s'",
+                         s, plain);
+    return st;
+}
+
+int stz_tune_cand_feedback(stz_tune_cand *c)
+{
     if (!stz_action_is_block(c->d.action))
-        return stz_err_set(err, STZ_E_ARG, "candidate '%s': error feedback (+fb) is for block quantizations, not '%s'",
-                           s, plain);
+        return 0;
+    if (!c->d.feedback)
+        strcat(c->name, "+fb"); /* names are at most 28 characters before */
     c->d.feedback = 1;
-    strcat(c->name, "+fb"); /* names are at most 28 characters before */
-    return STZ_OK;
+    return 1;
 }
 
 static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
