@@ -27,7 +27,7 @@ static const char tune_help[] =
     "(its error, and its bytes after the lossless stage or in the GGUF); each\n"
     "matrix's sensitivity with the forward pass; the budget is solved, then\n"
     "checked by compressing (and exporting) the model and running it\n"
-    "(corrected once if missed). Writes an ordinary policy\n"
+    "(corrected up to twice if missed). Writes an ordinary policy\n"
     "(stz compress --policy) and prints a report. Llama-family models only\n"
     "(those stz eval --forward runs), a file or a directory (sharded or not).\n\n"
     "BUDGET, one of:\n"
@@ -202,15 +202,15 @@ typedef struct {
     stz_tune_cand *cand;
     size_t ncand;
     stz_tune_solution sol;
-    stz_tune_point first; /* the prediction before the correction */
+    stz_tune_point first; /* the prediction before the corrections */
     char desc[512];
     char *policy;
     char *cfg_json;    /* config.json's text, for --gguf's export */
     uint64_t gguf_keep; /* --gguf: the GGUF file's bytes with every tensor kept */
     cli_tmpfile tc;
     cli_tmpfile tcc;   /* --gguf: the container exported */
-    measured m1, m2;
-    int have1, have2;
+    measured m1, m2;   /* the first verification's, the last correction's */
+    int have1, have2, corrections;
 } tune_run;
 
 static stz_gguf_params gguf_params(const tune_opts *o)
@@ -392,8 +392,10 @@ static stz_status tune_write_policy(tune_run *t, stz_err *err)
 }
 
 /* --verify: compress with the policy and run the model; when the budget is
- * missed, scale the prediction by what was measured, solve and verify once
- * more. */
+ * missed, solve and verify again with the prediction corrected by what was
+ * measured (KL scaled by measured / predicted; bytes: the first time less
+ * the difference, then less the overshoot), at most TUNE_CORRECTIONS times. */
+#define TUNE_CORRECTIONS 2
 static stz_status tune_verify(tune_run *t, stz_err *err)
 {
     tune_opts *o = &t->o;
@@ -402,18 +404,20 @@ static stz_status tune_verify(tune_run *t, stz_err *err)
     if (t->sharded) /* a name for the directory */
         unlink(o->gguf ? t->tcc.path : t->tc.path);
     stz_status st = verify(t, t->tc.path, &t->m1, err);
-    if (st)
-        return st;
-    t->have1 = 1;
-    if (!cli_tune_missed(o, &t->m1))
-        return STZ_OK;
+    t->have1 = !st;
+    double kl_scale = 1, value = o->value;
     t->first = t->sol.pred;
-    double kl_scale = o->kind == STZ_BUDGET_KL && t->sol.pred.kl > 0 ? t->m1.fwd.kl_mean / t->sol.pred.kl : 1;
-    double value = o->kind == STZ_BUDGET_KL ? o->value : o->value - ((double)t->m1.bytes - (double)t->sol.pred.bytes);
-    stz_tune_solution_free(&t->sol);
-    if (!(st = stz_tune_solve(&t->T, o->kind, value, kl_scale, &t->sol, err)) && !(st = tune_write_policy(t, err)))
-        st = verify(t, t->tc.path, &t->m2, err);
-    t->have2 = !st;
+    for (const measured *m = &t->m1; !st && t->corrections < TUNE_CORRECTIONS && cli_tune_missed(o, m); m = &t->m2) {
+        if (o->kind == STZ_BUDGET_KL)
+            kl_scale *= t->sol.pred.kl > 0 ? m->fwd.kl_mean / t->sol.pred.kl : 1;
+        else
+            value -= (double)m->bytes - (t->corrections ? o->value : (double)t->sol.pred.bytes);
+        stz_tune_solution_free(&t->sol);
+        if (!(st = stz_tune_solve(&t->T, o->kind, o->kind == STZ_BUDGET_KL ? o->value : value, kl_scale, &t->sol, err)) &&
+            !(st = tune_write_policy(t, err)))
+            st = verify(t, t->tc.path, &t->m2, err);
+        t->have2 = !st, t->corrections++;
+    }
     return st;
 }
 
@@ -440,14 +444,14 @@ static int tune_report(tune_run *t, const measured *fin)
 {
     tune_opts *o = &t->o;
     int rc = cli_tune_report(o, t->model, t->out, &t->T, &t->sol, &t->first, t->have1 ? &t->m1 : NULL,
-                             t->have2 ? &t->m2 : NULL, o->value, t->source);
+                             t->have2 ? &t->m2 : NULL, t->corrections, o->value, t->source);
     if (rc != CLI_ERROR && fin && o->kind == STZ_BUDGET_BYTES && !o->c.quiet && kl_far(t->sol.pred.kl, fin->fwd.kl_mean))
         fprintf(stderr, "stz: warning: the measured mean KL %.4g is %.1fx the predicted %.4g: at this budget the "
                 "tensors' errors do not add up as measured one by one; trust the measured figure\n",
                 fin->fwd.kl_mean, fin->fwd.kl_mean / t->sol.pred.kl, t->sol.pred.kl);
     if (rc == CLI_OK && fin && cli_tune_missed(o, fin)) {
-        fprintf(stderr, "stz: budget missed after one correction: measured %s %.6g against %g; the %s is written, "
-                "tighten the budget or add candidates\n", o->kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
+        fprintf(stderr, "stz: budget missed after %d corrections: measured %s %.6g against %g; the %s is written, "
+                "tighten the budget or add candidates\n", t->corrections, o->kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
                 o->kind == STZ_BUDGET_KL ? fin->fwd.kl_mean : (double)fin->bytes, o->value,
                 o->compress ? "container" : "policy");
         rc = 3;

@@ -32,9 +32,10 @@ int cli_tune_missed(const tune_opts *o, const measured *m);
  * names the sizes ("container", "GGUF file"). */
 stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
                                const measured *m, const char *what, int force, stz_err *err);
-/* The per-tensor table, the curve, the budget and the result (or --json); a CLI exit status. */
+/* The per-tensor table, the curve, the budget and the result (or --json); a CLI exit status.
+ * m1: the first verification; m2 (NULL: none): the last of `corrections`. */
 int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
                     const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
-                    double budget_bytes, const char *source);
+                    int corrections, double budget_bytes, const char *source);
 
 #endif /* STZ_CMD_TUNE_H */

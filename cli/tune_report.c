@@ -82,7 +82,7 @@ int cli_tune_missed(const tune_opts *o, const measured *m)
  * line per figure, from the same figures and in the same order. */
 int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
                   const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
-                  double budget_bytes, const char *source)
+                  int corrections, double budget_bytes, const char *source)
 {
     size_t idx[16], np = pick_points(s, 12, idx);
     const measured *m = m2 ? m2 : m1;
@@ -103,6 +103,7 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
             cJSON_AddNumberToObject(d, "measured_top1", m->fwd.top1);
             cJSON_AddNumberToObject(d, "measured_ppl_change", m->fwd.ppl_change);
             cJSON_AddBoolToObject(d, "corrected", m2 != NULL);
+            cJSON_AddNumberToObject(d, "corrections", m2 ? corrections : 0);
         }
         if (m2) {
             cJSON_AddNumberToObject(d, "first_predicted_bytes", (double)first->bytes);
@@ -155,8 +156,9 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
            o->kind == STZ_BUDGET_KL ? (snprintf(b, sizeof b, "mean KL <= %g", o->value), b)
                                     : (snprintf(b, sizeof b, "<= %.0f bytes", budget_bytes), b));
     if (m2)
-        printf("first choice:  predicted %s bytes, KL %.4g; measured %s bytes, KL %.4g: missed, corrected once\n",
-               cli_commas(a, first->bytes), first->kl, cli_commas(b, m1->bytes), m1->fwd.kl_mean);
+        printf("first choice:  predicted %s bytes, KL %.4g; measured %s bytes, KL %.4g: missed, corrected %s\n",
+               cli_commas(a, first->bytes), first->kl, cli_commas(b, m1->bytes), m1->fwd.kl_mean,
+               corrections > 1 ? "twice" : "once");
     printf("choice:        predicted %s bytes, KL %.4g", cli_commas(a, s->pred.bytes), s->pred.kl);
     if (m)
         printf("; measured %s bytes (%+.2f%%), KL %.4g (%+.1f%%), top-1 %.2f%%, perplexity %+.2f%%",

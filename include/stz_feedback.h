@@ -7,18 +7,20 @@
  * onto the columns not yet quantized through the inverse Gram matrix of the
  * layer's inputs. Those inputs come from stz's own forward pass over
  * calibration sequences (sampled from the model, or given), layer by
- * layer: layer l's inputs are collected with layers 0..l-1 already
- * quantized, its matrices quantized, and the layer run again with them to
- * give layer l + 1 its inputs. The results wait in an unlinked temporary
+ * layer, and within a layer input by input: each matrix's inputs are
+ * collected with the matrices before it already quantized, and with the
+ * original model's inputs beside them each matrix is first moved to its
+ * least-squares fit of the original outputs (stz_quantize_tensor_feedback's
+ * D); the layer then runs with them to give layer l + 1 its inputs. The results wait in an unlinked temporary
  * file until stz_quantize_file / stz_compress_file write them
  * (stz_quant_params.feedback); the format is the one the rule's action
  * always writes, so every reader and export works unchanged.
  *
- * Memory: one layer's weights (F32, and quantized), one layer's Gram
- * matrices (cols x cols floats per input: attention, its output, the
- * feed-forward and its down projection), the calibration hidden states,
- * and the largest layer matrix twice while it is quantized (the head
- * once): not the model.
+ * Memory: one layer's weights (F32, and quantized), one input's Gram
+ * matrix and drift (cols x cols floats each), the calibration hidden
+ * states twice (the original model's too) and the original model's inputs
+ * to one layer's matrices, and the largest layer matrix twice while it is
+ * quantized (the head once): not the model.
  */
 #ifndef STZ_FEEDBACK_H
 #define STZ_FEEDBACK_H
@@ -37,9 +39,13 @@ typedef struct {
     /* 1: visit this 2-D tensor of the model (a layer's projection, the head) */
     int (*wants)(void *user, const stz_qtensor *t);
     /* W: its values (rows x cols, F32); H: the Gram matrix of its inputs over
-     * the sequences (cols x cols, symmetric); y: with rewrite, where to put
-     * the values the layer runs with from now on (NULL for the head) */
-    stz_status (*matrix)(void *user, const stz_qtensor *t, const float *W, const float *H, float *y, stz_err *err);
+     * the sequences (cols x cols, symmetric); D: with rewrite, how the
+     * original model's inputs X differ from those, (X - Xq)^T Xq (cols x
+     * cols; NULL without rewrite and for a tied head); y: with rewrite,
+     * where to put the values the layer runs with from now on (NULL for
+     * the head) */
+    stz_status (*matrix)(void *user, const stz_qtensor *t, const float *W, const float *H, const float *D, float *y,
+                         stz_err *err);
     void *user;
     int rewrite; /* 1: each layer runs again with its matrices' new values (sequential calibration) */
 } stz_gram_visitor;
@@ -48,9 +54,13 @@ typedef struct {
  * layer; in each layer, collects the Gram matrix of the inputs of every
  * matrix v->wants and gives it to v->matrix; last, the head's (a tied
  * head is the embedding), through the final norm. Without rewrite the
- * model runs as it is; with it, layer l's inputs come from layers
- * 0..l-1 as rewritten. Memory: one layer's Gram matrices and the largest
- * matrix (twice with rewrite). Progress counts layers. */
+ * model runs as it is, once per layer; with it, input by input in the
+ * layer's order, each matrix's inputs come from the matrices before it as
+ * rewritten (earlier layers' and its own layer's), with D beside H: the
+ * original model runs alongside. Memory: one layer's Gram matrices and
+ * the largest matrix (with rewrite: one input's Gram matrix and drift, the
+ * original model's states and one layer's inputs, the largest matrix
+ * twice). Progress counts layers. */
 STZ_API stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                                      const stz_gram_visitor *v, stz_fwd_progress progress, void *user, stz_err *err);
 

@@ -244,10 +244,16 @@ STZ_API void stz_qmem_free(stz_qmem *q);
  * err2 / norm2; the output error itself is out->err_out (exact: each error
  * fed is a step of it). Same format and bytes layout as stz_quantize_tensor
  * (the readers do not change), the same bytes for any `threads` (OpenBLAS is set
- * to one thread). y: the values as read back, rows x cols (NULL: not
- * wanted). STZ_E_ARG (svd, keep, floats), STZ_E_NUMERIC, STZ_E_LAPACK. */
-STZ_API stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, uint64_t rows,
-                                                uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err);
+ * to one thread). D (NULL: none): when H is of the inputs a quantized
+ * model gives the layer (Xq, tokens x cols) and X are the original's,
+ * D = (X - Xq)^T Xq (cols x cols, row-major); the rows are first moved to
+ * x + x D H^-1, their least-squares fit of the original outputs X x^T
+ * through Xq (asymmetric calibration), and err_out is measured from there.
+ * y: the values as read back, rows x cols (NULL: not wanted). STZ_E_ARG
+ * (svd, keep, floats), STZ_E_NUMERIC, STZ_E_LAPACK. */
+STZ_API stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, const float *D,
+                                                uint64_t rows, uint64_t cols, int threads, stz_qmem *out, float *y,
+                                                stz_err *err);
 
 /* The output error tr((x - y) H (x - y)^T) of rows x cols values x
  * stored as y, for inputs of Gram matrix H (cols x cols, row-major, its

@@ -1,8 +1,10 @@
 /* Error feedback with sequential calibration (stz_feedback.h): the
  * forward pass layer by layer, each layer's input Gram matrices collected
  * (stz_feedback_observe, from the layers' observation points), its
- * matrices quantized by stz_quantize_tensor_feedback, the layer run again
- * with them; results kept in an unlinked temporary file. */
+ * matrices quantized by stz_quantize_tensor_feedback input by input, with
+ * the drift of their inputs from the original model's (which runs
+ * alongside), the layer run again with them; results kept in an unlinked
+ * temporary file. */
 #include "forward_internal.h"
 #include "quant/quant_tensor.h"
 #include "stz_feedback.h"
@@ -18,9 +20,14 @@
 enum { IN_ATTN, IN_OUT, IN_FFN, IN_DOWN, IN_HEAD, IN_COUNT };
 
 struct stz_fb_hess {
-    uint32_t layer; /* the layer whose inputs are collected */
-    float *H[IN_COUNT]; /* cols x cols, upper triangle (NULL: not wanted) */
-    size_t cols[IN_COUNT];
+    uint32_t layer;     /* the layer whose inputs are collected */
+    int only;           /* -1: every input; else the one collected */
+    int keep;           /* 1: the original model runs: its inputs are kept in X0 */
+    int stopped;        /* 1: `only` was collected and the run stopped there */
+    size_t cols[IN_COUNT]; /* of each input wanted (0: not wanted) */
+    float *H[IN_COUNT]; /* cols x cols, upper triangle */
+    float *D[IN_COUNT]; /* with X0: (X0 - X)^T X, cols x cols */
+    float *X0[IN_COUNT]; /* the original model's inputs, tokens x cols (taken by D) */
 };
 
 static int input_of(int role)
@@ -38,14 +45,28 @@ stz_status stz_feedback_observe(stz_fwd *m, uint32_t layer, const int *roles, co
                                 stz_err *err)
 {
     struct stz_fb_hess *h = m->hess;
-    int g = input_of(roles[0]);
-    if (!h->H[g] || (g != IN_HEAD && layer != h->layer))
+    int g = input_of(roles[0]), c = (int)cols;
+    if (!h->cols[g] || (g != IN_HEAD && layer != h->layer) || (h->only >= 0 && g != h->only))
         return STZ_OK;
     if (h->cols[g] != cols)
         return stz_err_set(err, STZ_E_SHAPE, "%s: an input of %zu columns where %zu were expected", m->label, cols,
                            h->cols[g]);
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)cols, (int)n, 1.0f, X, (int)cols, 1.0f, h->H[g], (int)cols);
-    return STZ_OK;
+    if (h->keep) {
+        memcpy(h->X0[g], X, n * cols * sizeof *X);
+        return STZ_OK;
+    }
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, c, (int)n, 1.0f, X, c, 1.0f, h->H[g], c);
+    if (h->X0[g]) {
+        for (size_t i = 0; i < n * cols; i++)
+            h->X0[g][i] -= X[i];
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c, c, (int)n, 1.0f, h->X0[g], c, X, c, 0.0f, h->D[g], c);
+        free(h->X0[g]);
+        h->X0[g] = NULL;
+    }
+    if (h->only < 0)
+        return STZ_OK;
+    h->stopped = 1; /* the rest of the layer is not needed */
+    return stz_err_set(err, STZ_E_INTERRUPTED, "stopped after the input collected");
 }
 
 /* ---- the results, in an unlinked temporary file ------------------------------- */
@@ -158,7 +179,8 @@ typedef struct {
     stz_fwd *m;
     const stz_gram_visitor *v;
     gram_matrix mat[STZ_ROLE_PER_LAYER + 1];
-    int nmat;
+    int nmat, drifted; /* drifted: a matrix was rewritten, the original model's states differ */
+    size_t n;          /* positions */
     struct stz_fb_hess h;
 } gram_run;
 
@@ -178,33 +200,40 @@ static int rewrite_rows(void *user, const char *name, float *rows, uint64_t r0, 
     return 0;
 }
 
+static void free_input(gram_run *R, int g)
+{
+    free(R->h.H[g]), free(R->h.D[g]), free(R->h.X0[g]);
+    R->h.H[g] = R->h.D[g] = R->h.X0[g] = NULL;
+}
+
 static void clear_layer(gram_run *R)
 {
     for (int i = 0; i < R->nmat; i++)
         free(R->mat[i].y);
     for (int g = 0; g < IN_COUNT; g++)
-        free(R->h.H[g]);
+        free_input(R, g);
     memset(R->mat, 0, sizeof R->mat), memset(&R->h, 0, sizeof R->h);
     R->nmat = 0;
 }
 
-/* Gram matrices for the inputs the chosen matrices read. */
-static stz_status alloc_inputs(gram_run *R, stz_err *err)
+/* Input g's Gram matrix (and with D, the difference's), zeroed. */
+static stz_status alloc_gram(gram_run *R, int g, int with_D, stz_err *err)
 {
-    for (int i = 0; i < R->nmat; i++) {
-        int g = R->mat[i].input;
-        size_t c = (size_t)stz_forward_tensor(R->m, R->mat[i].at)->cols;
-        if (R->h.H[g])
-            continue;
-        if (!(R->h.H[g] = calloc(c * c + 1, sizeof *R->h.H[g])))
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu x %zu Gram matrix", c, c);
-        R->h.cols[g] = c;
-    }
+    size_t c = R->h.cols[g];
+    if (!(R->h.H[g] = calloc(c * c + 1, sizeof *R->h.H[g])) || (with_D && !(R->h.D[g] = malloc(c * c * sizeof(float)))))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu x %zu Gram matrix", c, c);
     return STZ_OK;
 }
 
+/* The inputs the chosen matrices read: their widths. */
+static void mark_inputs(gram_run *R)
+{
+    for (int i = 0; i < R->nmat; i++)
+        R->h.cols[R->mat[i].input] = (size_t)stz_forward_tensor(R->m, R->mat[i].at)->cols;
+}
+
 /* Matrix x read whole and given to the visitor with its inputs' Gram
- * matrix; its rewritten values kept for the layer's second run (the head
+ * matrices; its rewritten values kept for the layer's next runs (the head
  * has none). */
 static stz_status visit_one(gram_run *R, gram_matrix *x, stz_err *err)
 {
@@ -221,62 +250,128 @@ static stz_status visit_one(gram_run *R, gram_matrix *x, stz_err *err)
             H[i * cols + j] = H[j * cols + i];
     stz_status st = stz_forward_read_rows(R->m, x->at, 0, rows, W, err);
     if (!st)
-        st = R->v->matrix(R->v->user, t, W, H, x->y, err);
+        st = R->v->matrix(R->v->user, t, W, H, R->h.D[x->input], x->y, err);
     free(W);
     return st;
 }
 
-/* Layer l: its chosen matrices' inputs collected over X as it runs, the
- * matrices visited; with rewrite, X restored and the layer run again with
- * their new values. */
-static stz_status walk_layer(gram_run *R, uint32_t l, float *X, float *Xin, const batch *b, size_t nseq, stz_err *err)
+/* Layer l over X in place, the matrices visited so far as rewritten; a
+ * run collecting one input stops there (X is then left part way). */
+static stz_status run_layer(gram_run *R, uint32_t l, float *X, const batch *b, size_t nseq, stz_err *err)
+{
+    stz_fwd_probe rw = {.perturb = rewrite_rows, .user = R};
+    R->m->rewrite = R->v->rewrite ? &rw : NULL;
+    R->h.stopped = 0;
+    stz_status st = stz_forward_run_layers(R->m, X, b, nseq, l, l + 1, NULL, NULL, &(uint64_t){0}, 0, err);
+    R->m->rewrite = NULL;
+    return st == STZ_E_INTERRUPTED && R->h.stopped ? STZ_OK : st;
+}
+
+/* Without rewrite: one run collects every input, then the matrices are visited. */
+static stz_status visit_as_read(gram_run *R, uint32_t l, float *X, const batch *b, size_t nseq, stz_err *err)
+{
+    stz_status st = STZ_OK;
+    for (int g = 0; !st && g < IN_COUNT; g++)
+        st = R->h.cols[g] ? alloc_gram(R, g, 0, err) : STZ_OK;
+    R->h.only = -1;
+    if (!st)
+        st = run_layer(R, l, X, b, nseq, err);
+    for (int i = 0; !st && i < R->nmat; i++)
+        st = visit_one(R, &R->mat[i], err);
+    return st;
+}
+
+/* With rewrite: the original model's layer runs on X0, keeping its
+ * inputs; then input by input in the layer's order, the layer runs on X
+ * (from Xin) with the matrices rewritten so far, collecting that input's
+ * Gram matrix and its difference from the original's, and the matrices
+ * reading it are visited. Each matrix thus sees the inputs the rewritten
+ * model gives it, and how they drifted from the original's. */
+static stz_status visit_rewriting(gram_run *R, uint32_t l, float *X, float *Xin, float *X0, const batch *b,
+                                  size_t nseq, stz_err *err)
+{
+    stz_status st = STZ_OK;
+    for (int g = 0; !st && g < IN_HEAD; g++)
+        if (R->h.cols[g] && !(R->h.X0[g] = malloc(R->n * R->h.cols[g] * sizeof(float) + 1)))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", R->n);
+    R->h.keep = 1, R->h.only = -1;
+    if (!st)
+        st = run_layer(R, l, X0, b, nseq, err);
+    R->h.keep = 0;
+    memcpy(Xin, X, R->n * R->m->c.dim * sizeof *X);
+    for (int g = 0; !st && g < IN_HEAD; g++) {
+        if (!R->h.cols[g])
+            continue;
+        R->h.only = g;
+        memcpy(X, Xin, R->n * R->m->c.dim * sizeof *X);
+        if (!(st = alloc_gram(R, g, 1, err)))
+            st = run_layer(R, l, X, b, nseq, err);
+        for (int i = 0; !st && i < R->nmat; i++)
+            st = R->mat[i].input == g ? visit_one(R, &R->mat[i], err) : STZ_OK;
+        free_input(R, g);
+    }
+    R->drifted = 1;
+    return st;
+}
+
+/* Layer l: its chosen matrices visited with their inputs' Gram matrices;
+ * with rewrite, X (and the original model's states X0) carried to the
+ * next layer. */
+static stz_status walk_layer(gram_run *R, uint32_t l, float *X, float *Xin, float *X0, const batch *b, size_t nseq,
+                             stz_err *err)
 {
     stz_fwd *m = R->m;
-    size_t n = b->n * m->c.dim;
     for (int k = 0; k < STZ_ROLE_PER_LAYER; k++) {
         loc at = m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k];
         if (at.f >= 0 && wanted(R, at))
             R->mat[R->nmat].at = at, R->mat[R->nmat].input = input_of(k), R->nmat++;
     }
-    int rewrite = R->nmat && R->v->rewrite;
-    if (rewrite)
-        memcpy(Xin, X, n * sizeof *X);
+    mark_inputs(R);
     R->h.layer = l;
-    stz_status st = alloc_inputs(R, err);
-    if (!st) {
-        m->hess = &R->h;
-        st = stz_forward_run_layers(m, X, b, nseq, l, l + 1, NULL, NULL, &(uint64_t){0}, 0, err);
-        m->hess = NULL;
-    }
-    for (int i = 0; !st && i < R->nmat; i++)
-        st = visit_one(R, &R->mat[i], err);
-    if (!st && rewrite) {
-        stz_fwd_probe rw = {.perturb = rewrite_rows, .user = R};
-        memcpy(X, Xin, n * sizeof *X);
-        m->rewrite = &rw;
-        st = stz_forward_run_layers(m, X, b, nseq, l, l + 1, NULL, NULL, &(uint64_t){0}, 0, err);
-        m->rewrite = NULL;
+    m->hess = &R->h;
+    stz_status st = !R->v->rewrite ? visit_as_read(R, l, X, b, nseq, err)
+                    : R->nmat      ? visit_rewriting(R, l, X, Xin, X0, b, nseq, err)
+                                   : STZ_OK;
+    m->hess = NULL;
+    if (!st && R->v->rewrite) { /* the layer as rewritten carries X on */
+        if (R->nmat)
+            memcpy(X, Xin, R->n * m->c.dim * sizeof *X);
+        st = run_layer(R, l, X, b, nseq, err);
+        if (!st && !R->nmat && R->drifted)
+            st = run_layer(R, l, X0, b, nseq, err);
+        else if (!st && !R->nmat)
+            memcpy(X0, X, R->n * m->c.dim * sizeof *X);
     }
     clear_layer(R);
     return st;
 }
 
 /* The head (or the tied embedding) after the last layer: its input
- * collected through the final norm. */
-static stz_status walk_head(gram_run *R, float *X, size_t n, stz_err *err)
+ * collected through the final norm; an untied head with rewrite also sees
+ * the original model's (a tied one is the embedding too, which the
+ * original's inputs do not describe). */
+static stz_status walk_head(gram_run *R, float *X, float *X0, stz_err *err)
 {
     stz_fwd *m = R->m;
     gram_matrix *x = &R->mat[0];
-    loc head = m->global[G_HEAD];
+    loc head = m->global[G_HEAD], emb = m->global[G_EMBED];
+    int untied = emb.f != head.f || emb.i != head.i;
     if (head.f < 0 || !wanted(R, head))
         return STZ_OK;
     x->at = head, x->input = IN_HEAD, R->nmat = 1;
-    stz_status st = alloc_inputs(R, err);
-    if (!st) {
-        m->hess = &R->h;
-        st = stz_forward_final_norm(m, X, n, err);
-        m->hess = NULL;
-    }
+    mark_inputs(R);
+    int with_D = R->v->rewrite && untied && R->drifted;
+    stz_status st = alloc_gram(R, IN_HEAD, with_D, err);
+    if (!st && with_D && !(R->h.X0[IN_HEAD] = malloc(R->n * m->c.dim * sizeof(float) + 1)))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", R->n);
+    m->hess = &R->h;
+    R->h.only = -1, R->h.keep = with_D;
+    if (!st && with_D)
+        st = stz_forward_final_norm(m, X0, R->n, err);
+    R->h.keep = 0;
+    if (!st)
+        st = stz_forward_final_norm(m, X, R->n, err);
+    m->hess = NULL;
     if (!st)
         st = visit_one(R, x, err);
     clear_layer(R);
@@ -288,30 +383,33 @@ stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
 {
     gram_run R = {.m = m, .v = v};
     seq_rows S = {0};
-    float *X = NULL, *Xin = NULL;
+    float *X = NULL, *Xin = NULL, *X0 = NULL;
     if (v->rewrite)
         stz_forward_drop_kept(m); /* layers run as read, so that the rewritten ones replace them */
     stz_status st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &S, err);
-    size_t n = S.b.n, D = m->c.dim;
-    if (!st && (!(X = malloc((n * D + 1) * sizeof *X)) || (v->rewrite && !(Xin = malloc((n * D + 1) * sizeof *Xin)))))
+    size_t n = R.n = S.b.n, D = m->c.dim;
+    if (!st && (!(X = malloc((n * D + 1) * sizeof *X)) ||
+                (v->rewrite && (!(Xin = malloc((n * D + 1) * sizeof *Xin)) || !(X0 = malloc((n * D + 1) * sizeof *X0))))))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
     stz_blas_threads(m->threads);
     if (!st)
         st = stz_forward_embed(m, S.tok, n, X, err);
+    if (!st && X0)
+        memcpy(X0, X, n * D * sizeof *X);
     for (uint32_t l = 0; !st && l < m->c.n_layers; l++) {
-        st = walk_layer(&R, l, X, Xin, &S.b, nseq, err);
+        st = walk_layer(&R, l, X, Xin, X0, &S.b, nseq, err);
         stz_blas_threads(m->threads); /* the visitor may set one */
         if (!st && progress && progress(user, l + 1, m->c.n_layers + 1))
             st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     }
     if (!st)
-        st = walk_head(&R, X, n, err);
+        st = walk_head(&R, X, X0, err);
     if (!st && progress && progress(user, m->c.n_layers + 1, m->c.n_layers + 1))
         st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     clear_layer(&R);
     stz_blas_threads(m->threads);
     stz_forward_rows_free(&S);
-    free(X), free(Xin);
+    free(X), free(Xin), free(X0);
     return st;
 }
 
@@ -338,13 +436,14 @@ static int fb_wants(void *user, const stz_qtensor *q)
 }
 
 /* The matrix quantized with feedback, stored in the temporary file. */
-static stz_status fb_matrix(void *user, const stz_qtensor *t, const float *W, const float *H, float *y, stz_err *err)
+static stz_status fb_matrix(void *user, const stz_qtensor *t, const float *W, const float *H, const float *D, float *y,
+                            stz_err *err)
 {
     fb_run *R = user;
     stz_decision d = decide(R, t);
     stz_qmem q;
     stz_err sub;
-    stz_status st = stz_quantize_tensor_feedback(&d, W, H, t->rows, t->cols, R->threads, &q, y, &sub);
+    stz_status st = stz_quantize_tensor_feedback(&d, W, H, D, t->rows, t->cols, R->threads, &q, y, &sub);
     if (st)
         return stz_err_set(err, st, "%s: tensor '%s': %s", R->m->label, t->name, sub.msg);
     st = spill_put(R->fb, t->name, &d, &q, err);

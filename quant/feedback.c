@@ -12,7 +12,15 @@
  * and the block's codes follow one by one within it; the errors of a whole
  * block then reach the later columns through one sgemm. Rows are
  * independent: they go in pieces of FB_ROWS to the threads, each piece the
- * same whatever the thread count, so the bytes do not depend on it. */
+ * same whatever the thread count, so the bytes do not depend on it.
+ *
+ * With D (asymmetric calibration, as GPTAQ, Li et al. 2025): the inputs
+ * the quantized model gives the layer (Xq, whose Gram matrix is H) are not
+ * the original model's (X), and what should be kept is the original
+ * output X W^T. Its least-squares fit through Xq is W (X^T Xq) H^-1 =
+ * W + W D H^-1 with D = (X - Xq)^T Xq; the rows are moved there (H^-1
+ * dampened, as U^T U) before the sweep, whose output error then measures
+ * against the original outputs. */
 #include "quant_tensor.h"
 #include "ggml_types.h"
 #include "core/stz_core.h"
@@ -72,12 +80,13 @@ static stz_status factor(const float *H, size_t n, double damp, float *U, stz_er
 
 typedef struct {
     float *W, *E;   /* the piece's rows as they are updated; a block's fed errors (FB_ROWS x G) */
+    float *Z;       /* with D: the piece's move (FB_ROWS x cols) */
     uint8_t *codes; /* stz formats: the piece's codes, one per byte */
 } fb_slot;
 
 typedef struct {
     const stz_qformat *f;
-    const float *x, *U, *w;
+    const float *x, *U, *w, *D;
     size_t rows, cols, G, nb, rb;
     uint8_t *q;      /* the values, rows x rb */
     float *sc, *mn;  /* stz formats: per row and block */
@@ -98,12 +107,26 @@ static int fb_block(const fb_job *j, fb_slot *s, size_t r0, size_t r, size_t c0,
                                  j->mn ? &j->mn[row * j->nb + b] : NULL, E);
 }
 
+/* The piece's nr rows W moved to their fit of the original outputs:
+ * W += ((W D) U^T) U. */
+static void fb_move(const fb_job *j, fb_slot *s, size_t nr)
+{
+    int n = (int)j->cols, r = (int)nr;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, n, n, 1.0f, s->W, n, j->D, n, 0.0f, s->Z, n);
+    cblas_strmm(CblasRowMajor, CblasRight, CblasUpper, CblasTrans, CblasNonUnit, r, n, 1.0f, j->U, n, s->Z, n);
+    cblas_strmm(CblasRowMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, r, n, 1.0f, j->U, n, s->Z, n);
+    for (size_t k = 0; k < nr * j->cols; k++)
+        s->W[k] += s->Z[k];
+}
+
 static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
 {
     fb_job *j = ctx;
     fb_slot *s = &j->slot[tid];
     size_t r0 = i * FB_ROWS, nr = j->rows - r0 < FB_ROWS ? j->rows - r0 : FB_ROWS, n = j->cols;
     memcpy(s->W, j->x + r0 * n, nr * n * sizeof *s->W);
+    if (j->D)
+        fb_move(j, s, nr);
     for (size_t c0 = 0; c0 < n; c0 += j->G) {
         size_t len = n - c0 < j->G ? n - c0 : j->G, rest = n - c0 - len;
         for (size_t r = 0; r < nr; r++) {
@@ -133,7 +156,8 @@ static stz_status fb_run(fb_job *j, int threads, stz_err *err)
         fb_slot *s = &j->slot[t];
         s->W = malloc(FB_ROWS * j->cols * sizeof *s->W), s->E = malloc(FB_ROWS * j->G * sizeof *s->E);
         s->codes = j->f->ggml ? NULL : malloc(FB_ROWS * j->cols);
-        if (!s->W || !s->E || (!j->f->ggml && !s->codes))
+        s->Z = j->D ? malloc(FB_ROWS * j->cols * sizeof *s->Z) : NULL;
+        if (!s->W || !s->E || (!j->f->ggml && !s->codes) || (j->D && !s->Z))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows in feedback");
     }
     if (!st) {
@@ -141,7 +165,7 @@ static stz_status fb_run(fb_job *j, int threads, stz_err *err)
         st = stz_ordered_run(&pl, err);
     }
     for (int t = 0; j->slot && t < threads; t++)
-        free(j->slot[t].W), free(j->slot[t].E), free(j->slot[t].codes);
+        free(j->slot[t].W), free(j->slot[t].E), free(j->slot[t].codes), free(j->slot[t].Z);
     free(j->slot);
     return st;
 }
@@ -155,8 +179,9 @@ static double sum_pieces(const double *v, size_t rows)
     return s;
 }
 
-stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, uint64_t rows,
-                                        uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err)
+stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, const float *D,
+                                        uint64_t rows, uint64_t cols, int threads, stz_qmem *out, float *y,
+                                        stz_err *err)
 {
     if (!stz_action_is_block(d->action))
         return stz_err_set(err, STZ_E_ARG, "error feedback needs a block quantization, not '%s'",
@@ -173,7 +198,7 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
         st = factor(H, (size_t)cols, FB_DAMP, U, err);
     if (!st) {
         const stz_qformat *f = &out->fmt;
-        fb_job j = {.f = f, .x = x, .U = U, .w = w, .rows = (size_t)rows, .cols = (size_t)cols, .G = f->block,
+        fb_job j = {.f = f, .x = x, .U = U, .w = w, .D = D, .rows = (size_t)rows, .cols = (size_t)cols, .G = f->block,
                     .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, (size_t)cols),
                     .q = out->part[STZ_PART_VALUES], .sc = sc, .mn = mn};
         st = fb_run(&j, threads, err);

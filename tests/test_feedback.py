@@ -44,7 +44,7 @@ def test_lowers_kl_at_equal_bytes(stories):
     assert os.path.getsize(fed) == os.path.getsize(plain)
     k_plain, k_fed = kl(STORIES, plain), kl(STORIES, fed)
     print("KL plain %.4f, feedback %.4f" % (k_plain, k_fed))
-    assert k_fed < 0.75 * k_plain
+    assert k_fed < 0.55 * k_plain  # 0.43x with asymmetric calibration, 0.60x without
 
 
 def test_same_bytes_any_threads_and_compress(stories):
@@ -125,7 +125,21 @@ def test_tune_with_feedback(stories, tmp_path):
     assert sha(again) == sha(fed)
     k_plain, k_fed = kl(STORIES, plain), kl(STORIES, fed)
     print("tune at 3.5 bits/weight: KL plain %.4f, feedback %.4f" % (k_plain, k_fed))
-    assert k_fed < 0.85 * k_plain
+    assert k_fed < 0.65 * k_plain  # 0.55x with asymmetric calibration, 0.73x without
+
+
+def test_tune_corrected_twice(stories, tmp_path):
+    """At 3.0 bits/weight with feedback the first correction of a missed
+    budget still misses (feedback's calibration moves the codes tune
+    measured): the second, by the overshoot, meets it, and the report says
+    what was done."""
+    out = tmp_path / "t3.stz"
+    budget = 3.0 * 260032 / 8
+    r = stz("compress", STORIES, "--tune", "--bits-per-weight", 3.0, "--feedback", "-o", out, "--json")
+    doc = json.loads(r.stdout)
+    print({k: doc[k] for k in ("corrections", "first_measured_bytes", "measured_bytes", "met")})
+    assert doc["met"] is True and doc["measured_bytes"] == os.path.getsize(out) <= budget
+    assert doc["corrected"] is True and doc["corrections"] == 2 and doc["first_measured_bytes"] > budget
 
 
 def test_tune_feedback_candidates(stories, tmp_path):

@@ -433,8 +433,8 @@ static void test_feedback(void **state)
         stz_qmem plain, fb, fb3;
         stz_err err;
         assert_int_equal(stz_quantize_tensor(&ds[k], W, w, R, C, &plain, &err), STZ_OK);
-        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, R, C, 1, &fb, y, &err), STZ_OK);
-        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, R, C, 3, &fb3, NULL, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, NULL, R, C, 1, &fb, y, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, NULL, R, C, 3, &fb3, NULL, &err), STZ_OK);
         for (int p = 0; p < STZ_PART_COUNT; p++) { /* the same layout as without feedback, the same bytes on 3 threads */
             assert_int_equal(fb.len[p], plain.len[p]);
             assert_int_equal(fb3.len[p], fb.len[p]);
@@ -456,11 +456,79 @@ static void test_feedback(void **state)
     stz_qmem m;
     stz_err err;
     stz_decision svd = {.action = STZ_ACTION_SVD, .svd_rank = 4}, f16 = {.action = STZ_ACTION_F16};
-    assert_int_equal(stz_quantize_tensor_feedback(&svd, W, H, R, C, 1, &m, NULL, &err), STZ_E_ARG);
-    assert_int_equal(stz_quantize_tensor_feedback(&f16, W, H, R, C, 1, &m, NULL, &err), STZ_E_ARG);
+    assert_int_equal(stz_quantize_tensor_feedback(&svd, W, H, NULL, R, C, 1, &m, NULL, &err), STZ_E_ARG);
+    assert_int_equal(stz_quantize_tensor_feedback(&f16, W, H, NULL, R, C, 1, &m, NULL, &err), STZ_E_ARG);
     W[77] = NAN;
-    assert_int_equal(stz_quantize_tensor_feedback(&ds[0], W, H, R, C, 1, &m, NULL, &err), STZ_E_NUMERIC);
+    assert_int_equal(stz_quantize_tensor_feedback(&ds[0], W, H, NULL, R, C, 1, &m, NULL, &err), STZ_E_NUMERIC);
     free(X), free(H), free(W), free(y), free(yp);
+}
+
+/* ||Xq Y^T - X W^T||^2: how far rows Y on inputs Xq are from rows W on X. */
+static double drift_error(const float *X, const float *Xq, const float *W, const float *Y, size_t T, size_t rows,
+                          size_t cols)
+{
+    double e = 0;
+    for (size_t t = 0; t < T; t++)
+        for (size_t r = 0; r < rows; r++) {
+            double d = 0;
+            for (size_t j = 0; j < cols; j++)
+                d += (double)Xq[t * cols + j] * Y[r * cols + j] - (double)X[t * cols + j] * W[r * cols + j];
+            e += d * d;
+        }
+    return e;
+}
+
+/* Asymmetric calibration (D): when the inputs drifted from X to Xq, the
+ * rows quantized with D keep the original outputs X W^T far better than
+ * without; a D of zeros changes no byte; the same bytes on 1 and 3 threads. */
+static void test_feedback_drift(void **state)
+{
+    (void)state;
+    enum { R = 24, C = 256, T = 768 };
+    float *X = malloc(T * C * sizeof *X), *Xq = malloc(T * C * sizeof *Xq), *H = calloc(C * C, sizeof *H),
+          *D = calloc(C * C, sizeof *D), *Z = calloc(C * C, sizeof *Z), *W = malloc(R * C * sizeof *W),
+          *y = malloc(R * C * sizeof *y), *yn = malloc(R * C * sizeof *yn);
+    for (int t = 0; t < T; t++) {
+        float prev = frand();
+        for (int j = 0; j < C; j++) { /* correlated columns; Xq: X scaled per column, plus noise */
+            X[t * C + j] = prev = 0.7f * prev + 0.7f * frand();
+            Xq[t * C + j] = X[t * C + j] * (1.0f + 0.15f * (float)(j % 5 - 2)) + 0.1f * frand();
+        }
+    }
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < C; j++)
+            for (int t = 0; t < T; t++) {
+                H[i * C + j] += Xq[t * C + i] * Xq[t * C + j];
+                D[i * C + j] += (X[t * C + i] - Xq[t * C + i]) * Xq[t * C + j];
+            }
+    for (int i = 0; i < R * C; i++)
+        W[i] = frand() * 0.05f;
+    const stz_decision ds[] = {
+        {.action = STZ_ACTION_INT3, .block_size = 32, .method = STZ_QMETHOD_MSE, .scale_dtype = STZ_DTYPE_F16},
+        {.action = STZ_ACTION_Q4_K}, {.action = STZ_ACTION_IQ4_NL}};
+    for (size_t k = 0; k < sizeof ds / sizeof *ds; k++) {
+        stz_qmem a, a3, n, z;
+        stz_err err;
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, D, R, C, 1, &a, y, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, D, R, C, 3, &a3, NULL, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, NULL, R, C, 1, &n, yn, &err), STZ_OK);
+        assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, Z, R, C, 1, &z, NULL, &err), STZ_OK);
+        for (int p = 0; p < STZ_PART_COUNT; p++) {
+            assert_int_equal(a3.len[p], a.len[p]);
+            if (a.len[p])
+                assert_memory_equal(a3.part[p], a.part[p], a.len[p]);
+            assert_int_equal(z.len[p], n.len[p]);
+            if (n.len[p])
+                assert_memory_equal(z.part[p], n.part[p], n.len[p]);
+        }
+        double ea = drift_error(X, Xq, W, y, T, R, C), en = drift_error(X, Xq, W, yn, T, R, C);
+        print_message("  %-10s drift: outputs' error with D %.4g, without %.4g (%.2fx)\n", stz_action_name(ds[k].action),
+                      ea, en, ea / en);
+        if (!(ea < 0.5 * en))
+            fail_msg("%s: D does not keep the original outputs (%g vs %g)", stz_action_name(ds[k].action), ea, en);
+        stz_qmem_free(&a), stz_qmem_free(&a3), stz_qmem_free(&n), stz_qmem_free(&z);
+    }
+    free(X), free(Xq), free(H), free(D), free(Z), free(W), free(y), free(yn);
 }
 
 int main(void)
@@ -474,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_ggml_table),
         cmocka_unit_test(test_ggml_dequantizers),
         cmocka_unit_test(test_feedback),
+        cmocka_unit_test(test_feedback_drift),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,7 +36,7 @@ static stz_status measure_one(const fed_run *R, stz_tune_tensor *t, size_t c, co
     int fed = d->feedback && stz_action_is_block(d->action);
     stz_qmem q;
     stz_err sub;
-    stz_status st = fed ? stz_quantize_tensor_feedback(d, W, H, rows, cols, R->p->threads, &q, NULL, &sub)
+    stz_status st = fed ? stz_quantize_tensor_feedback(d, W, H, NULL, rows, cols, R->p->threads, &q, NULL, &sub)
                         : stz_quantize_tensor_y(d, W, w, rows, cols, &q, Y, &sub);
     if (st == STZ_E_NUMERIC) { /* scales beyond F16: not a choice for this tensor */
         t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
@@ -54,9 +54,10 @@ static stz_status measure_one(const fed_run *R, stz_tune_tensor *t, size_t c, co
     return st;
 }
 
-static stz_status fed_matrix(void *user, const stz_qtensor *q, const float *W, const float *H, float *y, stz_err *err)
+static stz_status fed_matrix(void *user, const stz_qtensor *q, const float *W, const float *H, const float *D, float *y,
+                             stz_err *err)
 {
-    (void)y;
+    (void)D, (void)y; /* no rewrite: the inputs are the model's own */
     const fed_run *R = user;
     stz_tune_tensor *t = stz_tune_find(R->T, q->name);
     const float *w = NULL;
