@@ -10,7 +10,8 @@
 # memory of quantize with and without feedback, and of `stz tune` at
 # the q4_k size. Figures in docs/BENCHMARKS.md, "Error feedback".
 # Usage: bench/bench_feedback.sh [BUILD_DIR] [WORK_DIR] [DATA_DIR]
-# (COST=0 in the environment: the stories260K table only)
+# (COST=0 in the environment: the stories260K tables only; COST=only: the
+# cost part only)
 set -eu
 BUILD=${1:-build}
 WORK=${2:-/dev/shm/stz-bench}
@@ -21,6 +22,7 @@ mkdir -p "$WORK"
 [ -f "$M" ] || { echo "skip: no $M"; exit 0; }
 kl() { "$STZ" eval --forward "$M" "$1" --sequences 16 --seed 7 --json | awk -F'[:,]' '/"mean"/ { gsub(/[ \t]/, "", $2); print $2; exit }'; }
 bytes() { wc -c < "$1" | tr -d ' '; }
+stories() {
 echo "## Error feedback on stories260K (F32, 260,032 parameters), every matrix in one format"
 echo
 echo "| format | bytes (plain) | KL plain | bytes (feedback) | bits/weight | KL feedback | ratio | tune --size, KL |"
@@ -73,6 +75,8 @@ echo
 echo "- original: $(text "$M")"
 echo "- tune: $(text "$WORK/fb-t25.stz")"
 echo "- tune --feedback: $(text "$WORK/fb-tf25.stz")"
+}
+[ "${COST:-1}" = only ] || stories
 [ "${COST:-1}" = 0 ] && exit 0
 Q=$WORK/qwen2-0.5b.safetensors
 "$STZ" synth qwen2-0.5b -o "$Q" -q -f
@@ -86,5 +90,5 @@ for fb in "" --feedback; do
     set -- $(run "$STZ" quantize "$Q" --set '*=q4_k' $fb -T 2 -o "$WORK/fb-q.safetensors" -f -q)
     echo "| quantize --set '*=q4_k' $fb | $1 | $(($2 / 1024)) |"
 done
-set -- $(run "$STZ" tune "$Q" --size "$(bytes "$WORK/fb-q.safetensors")" --gguf -T 2 -o "$WORK/fb-q.json" -f -q)
-echo "| tune --size (the q4_k file's bytes) --gguf | $1 | $(($2 / 1024)) |"
+set -- $(run "$STZ" tune "$Q" --size "$(bytes "$WORK/fb-q.safetensors")" -T 2 -o "$WORK/fb-q.json" -f -q)
+echo "| tune --size (the q4_k file's bytes) | $1 | $(($2 / 1024)) |"

@@ -393,8 +393,8 @@ static stz_status tune_write_policy(tune_run *t, stz_err *err)
 
 /* --verify: compress with the policy and run the model; when the budget is
  * missed, solve and verify again with the prediction corrected by what was
- * measured (KL scaled by measured / predicted; bytes: the first time less
- * the difference, then less the overshoot), at most TUNE_CORRECTIONS times. */
+ * measured (KL scaled by measured / predicted; bytes: the budget less the
+ * last choice's measured - predicted), at most TUNE_CORRECTIONS times. */
 #define TUNE_CORRECTIONS 2
 static stz_status tune_verify(tune_run *t, stz_err *err)
 {
@@ -411,7 +411,7 @@ static stz_status tune_verify(tune_run *t, stz_err *err)
         if (o->kind == STZ_BUDGET_KL)
             kl_scale *= t->sol.pred.kl > 0 ? m->fwd.kl_mean / t->sol.pred.kl : 1;
         else
-            value -= (double)m->bytes - (t->corrections ? o->value : (double)t->sol.pred.bytes);
+            value = o->value - ((double)m->bytes - (double)t->sol.pred.bytes);
         stz_tune_solution_free(&t->sol);
         if (!(st = stz_tune_solve(&t->T, o->kind, o->kind == STZ_BUDGET_KL ? o->value : value, kl_scale, &t->sol, err)) &&
             !(st = tune_write_policy(t, err)))

@@ -246,9 +246,10 @@ STZ_API void stz_qmem_free(stz_qmem *q);
  * (the readers do not change), the same bytes for any `threads` (OpenBLAS is set
  * to one thread). D (NULL: none): when H is of the inputs a quantized
  * model gives the layer (Xq, tokens x cols) and X are the original's,
- * D = (X - Xq)^T Xq (cols x cols, row-major); the rows are first moved to
- * x + x D H^-1, their least-squares fit of the original outputs X x^T
- * through Xq (asymmetric calibration), and err_out is measured from there.
+ * D = (X - Xq)^T Xq (cols x cols, row-major); the rows are first moved 3/4
+ * of the way to x + x D H^-1, their least-squares fit of the original
+ * outputs X x^T through Xq (asymmetric calibration; the fit is measured,
+ * the whole move over-corrects), and err_out is measured from there.
  * y: the values as read back, rows x cols (NULL: not wanted). STZ_E_ARG
  * (svd, keep, floats), STZ_E_NUMERIC, STZ_E_LAPACK. */
 STZ_API stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, const float *D,

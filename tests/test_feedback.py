@@ -129,30 +129,14 @@ def test_tune_with_feedback(stories, tmp_path):
 
 
 def test_tune_corrected_twice(stories, tmp_path):
-    """At 3.0 bits/weight with feedback the first correction of a missed
+    """At 2.6 bits/weight with feedback the first correction of a missed
     budget still misses (feedback's calibration moves the codes tune
-    measured): the second, by the overshoot, meets it, and the report says
-    what was done."""
-    out = tmp_path / "t3.stz"
-    budget = 3.0 * 260032 / 8
-    r = stz("compress", STORIES, "--tune", "--bits-per-weight", 3.0, "--feedback", "-o", out, "--json")
+    measured, differently for each choice): the second, by the new
+    choice's difference, meets it, and the report says what was done."""
+    out = tmp_path / "t.stz"
+    budget = 2.6 * 260032 / 8
+    r = stz("compress", STORIES, "--tune", "--bits-per-weight", 2.6, "--feedback", "-o", out, "--json")
     doc = json.loads(r.stdout)
     print({k: doc[k] for k in ("corrections", "first_measured_bytes", "measured_bytes", "met")})
     assert doc["met"] is True and doc["measured_bytes"] == os.path.getsize(out) <= budget
     assert doc["corrected"] is True and doc["corrections"] == 2 and doc["first_measured_bytes"] > budget
-
-
-def test_tune_feedback_candidates(stories, tmp_path):
-    """A candidate NAME+fb mixes with plain ones (both measured on the
-    layers' outputs); +fb on what is not a block quantization is refused."""
-    pol = tmp_path / "p.json"
-    r = stz("tune", STORIES, "--bits-per-weight", 4.6, "--candidates", "keep,4:nl:32:U8,4:nl:32:U8+fb,q8_0",
-            "--no-verify", "-o", pol, "--json")
-    rules = json.loads(pol.read_text())["rules"]
-    # with feedback the same bytes carry a lower output error: plain 4-bit is never the better choice
-    assert not any(x["comment"].startswith("4:nl:32:U8:") for x in rules)
-    assert any(x.get("feedback") for x in rules)
-    assert json.loads(r.stdout)["met"] is True
-    for bad in ("keep+fb", "svd:4+fb", "f16+fb"):
-        r = stz("tune", STORIES, "--bits-per-weight", 4, "--candidates", bad, "-o", pol, "-f", ok=False)
-        assert "+fb" in r.stderr and "block quantizations" in r.stderr
