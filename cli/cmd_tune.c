@@ -271,10 +271,9 @@ static stz_status tune_open(tune_run *t, stz_err *err)
             st = stz_output_check(outs[k], o->c.force, err);
     if (st || (st = stz_tune_parse_candidates(o->candidates, &t->cand, &t->ncand, err)) ||
         (st = cli_set_open(&t->S, t->model, err)) || (st = stz_refuse_input_as_output(t->model, t->out, err)) ||
-        (st = cli_imatrix_open(o->imatrix, t->model, &t->im, err)))
+        (st = cli_imatrix_open(o->imatrix, t->model, &t->im, err)) ||
+        (o->feedback && (st = stz_tune_cands_feedback(t->cand, t->ncand, err)))) /* keep, svd and f16 stay */
         return st;
-    for (size_t c = 0; o->feedback && c < t->ncand; c++)
-        stz_tune_cand_feedback(&t->cand[c]); /* keep, svd and f16 stay as they are */
     t->sharded = cli_is_sharded_dir(t->model);
     if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
         t->in = stz_reader_path(stz_qmodel_reader(t->S.m[0]));

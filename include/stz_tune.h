@@ -56,6 +56,10 @@ STZ_API stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **o
  * A candidate already with feedback stays as it is. */
 STZ_API int stz_tune_cand_feedback(stz_tune_cand *c);
 
+/* stz_tune_cand_feedback on each of the n candidates (tune --feedback);
+ * STZ_E_ARG when two become the same (NAME and NAME+fb both listed). */
+STZ_API stz_status stz_tune_cands_feedback(stz_tune_cand *c, size_t n, stz_err *err);
+
 typedef struct {
     char *name;
     stz_dtype dtype;

@@ -140,3 +140,23 @@ def test_tune_corrected_twice(stories, tmp_path):
     print({k: doc[k] for k in ("corrections", "first_measured_bytes", "measured_bytes", "met")})
     assert doc["met"] is True and doc["measured_bytes"] == os.path.getsize(out) <= budget
     assert doc["corrected"] is True and doc["corrections"] == 2 and doc["first_measured_bytes"] > budget
+
+
+def test_tune_feedback_candidates(stories, tmp_path):
+    """A candidate NAME+fb mixes with plain ones (both measured on the
+    layers' outputs); +fb on what is not a block quantization is refused,
+    and so is NAME beside NAME+fb under --feedback (the same candidate)."""
+    pol = tmp_path / "p.json"
+    r = stz("tune", STORIES, "--bits-per-weight", 4.6, "--candidates", "keep,4:nl:32:U8,4:nl:32:U8+fb,q8_0",
+            "--no-verify", "-o", pol, "--json")
+    rules = json.loads(pol.read_text())["rules"]
+    # with feedback the same bytes carry a lower output error: plain 4-bit is never the better choice
+    assert not any(x["comment"].startswith("4:nl:32:U8:") for x in rules)
+    assert any(x.get("feedback") for x in rules)
+    assert json.loads(r.stdout)["met"] is True
+    for bad in ("keep+fb", "svd:4+fb", "f16+fb"):
+        r = stz("tune", STORIES, "--bits-per-weight", 4, "--candidates", bad, "-o", pol, "-f", ok=False)
+        assert "+fb" in r.stderr and "block quantizations" in r.stderr
+    r = stz("tune", STORIES, "--bits-per-weight", 4, "--candidates", "keep,4:nl:32:U8,4:nl:32:U8+fb", "--feedback",
+            "-o", pol, "-f", ok=False)
+    assert r.returncode == 1 and "candidate '4:nl:32:U8+fb' is listed twice (with --feedback" in r.stderr

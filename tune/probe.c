@@ -23,6 +23,25 @@ const char stz_tune_gguf_candidates[] =
 
 /* ---- candidates ------------------------------------------------------------- */
 
+/* STZ_E_ARG when candidate k's name is one of those before it. */
+static stz_status refuse_twice(const stz_tune_cand *c, size_t k, const char *why, stz_err *err)
+{
+    for (size_t j = 0; j < k; j++)
+        if (!strcmp(c[j].name, c[k].name))
+            return stz_err_set(err, STZ_E_ARG, "candidate '%s' is listed twice%s", c[k].name, why);
+    return STZ_OK;
+}
+
+stz_status stz_tune_cands_feedback(stz_tune_cand *c, size_t n, stz_err *err)
+{
+    stz_status st = STZ_OK;
+    for (size_t k = 0; !st && k < n; k++) {
+        stz_tune_cand_feedback(&c[k]);
+        st = refuse_twice(c, k, " (with --feedback, NAME is NAME+fb)", err);
+    }
+    return st;
+}
+
 static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err);
 
 static stz_action action_of_bits(int bits)
@@ -125,14 +144,7 @@ stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size
     for (char *tok = st ? NULL : strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         while (*tok == ' ')
             tok++;
-        if ((st = parse_one(tok, &c[k], err)))
-            break;
-        for (size_t j = 0; j < k; j++)
-            if (!strcmp(c[j].name, c[k].name)) {
-                st = stz_err_set(err, STZ_E_ARG, "candidate '%s' is listed twice", c[k].name);
-                break;
-            }
-        if (st)
+        if ((st = parse_one(tok, &c[k], err)) || (st = refuse_twice(c, k, "", err)))
             break;
         k++;
     }
