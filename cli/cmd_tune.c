@@ -412,8 +412,7 @@ static stz_status tune_verify(tune_run *t, stz_err *err)
         else
             value = o->value - ((double)m->bytes - (double)t->sol.pred.bytes);
         stz_tune_solution_free(&t->sol);
-        if (!(st = stz_tune_solve(&t->T, o->kind, o->kind == STZ_BUDGET_KL ? o->value : value, kl_scale, &t->sol, err)) &&
-            !(st = tune_write_policy(t, err)))
+        if (!(st = stz_tune_solve(&t->T, o->kind, value, kl_scale, &t->sol, err)) && !(st = tune_write_policy(t, err)))
             st = verify(t, t->tc.path, &t->m2, err);
         t->have2 = !st, t->corrections++;
     }
@@ -450,7 +449,8 @@ static int tune_report(tune_run *t, const measured *fin)
                 fin->fwd.kl_mean, fin->fwd.kl_mean / t->sol.pred.kl, t->sol.pred.kl);
     if (rc == CLI_OK && fin && cli_tune_missed(o, fin)) {
         fprintf(stderr, "stz: budget missed after %d corrections: measured %s %.6g against %g; the %s is written, "
-                "tighten the budget or add candidates\n", t->corrections, o->kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
+                "tighten the budget or add candidates\n", t->corrections,
+                o->kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
                 o->kind == STZ_BUDGET_KL ? fin->fwd.kl_mean : (double)fin->bytes, o->value,
                 o->compress ? "container" : "policy");
         rc = 3;

@@ -388,8 +388,9 @@ stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
         stz_forward_drop_kept(m); /* layers run as read, so that the rewritten ones replace them */
     stz_status st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &S, err);
     size_t n = R.n = S.b.n, D = m->c.dim;
-    if (!st && (!(X = malloc((n * D + 1) * sizeof *X)) ||
-                (v->rewrite && (!(Xin = malloc((n * D + 1) * sizeof *Xin)) || !(X0 = malloc((n * D + 1) * sizeof *X0))))))
+    int ok = !st && (X = malloc((n * D + 1) * sizeof *X)) &&
+             (!v->rewrite || ((Xin = malloc((n * D + 1) * sizeof *Xin)) && (X0 = malloc((n * D + 1) * sizeof *X0))));
+    if (!st && !ok)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
     stz_blas_threads(m->threads);
     if (!st)

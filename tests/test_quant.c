@@ -522,8 +522,8 @@ static void test_feedback_drift(void **state)
                 assert_memory_equal(z.part[p], n.part[p], n.len[p]);
         }
         double ea = drift_error(X, Xq, W, y, T, R, C), en = drift_error(X, Xq, W, yn, T, R, C);
-        print_message("  %-10s drift: outputs' error with D %.4g, without %.4g (%.2fx)\n", stz_action_name(ds[k].action),
-                      ea, en, ea / en);
+        print_message("  %-10s drift: outputs' error with D %.4g, without %.4g (%.2fx)\n",
+                      stz_action_name(ds[k].action), ea, en, ea / en);
         if (!(ea < 0.5 * en))
             fail_msg("%s: D does not keep the original outputs (%g vs %g)", stz_action_name(ds[k].action), ea, en);
         stz_qmem_free(&a), stz_qmem_free(&a3), stz_qmem_free(&n), stz_qmem_free(&z);
