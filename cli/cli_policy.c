@@ -95,8 +95,7 @@ static cJSON *parse_set(const char *text, stz_err *err)
 static int apply_quant_opts(cJSON *o, const cli_policy_opts *po)
 {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
-    if (po->feedback && cJSON_IsString(a) &&
-        (!strncmp(a->valuestring, "int", 3) || a->valuestring[0] == 'q' || !strncmp(a->valuestring, "iq", 2))) {
+    if (po->feedback && stz_action_is_block(stz_action_of_name(cJSON_GetStringValue(a)))) {
         cJSON_DeleteItemFromObjectCaseSensitive(o, "feedback"); /* every block quantization */
         cJSON_AddBoolToObject(o, "feedback", 1);
     }

@@ -95,6 +95,9 @@ typedef struct {
 
 /* Names as policies write them: "int4", "svd", "q4_k"...; "absmax", "nl"... ("?" out of range). */
 STZ_API const char *stz_action_name(stz_action a);
+/* The action named `name` as stz_action_name writes it; STZ_ACTION_COUNT
+ * when none is (or name is NULL). */
+STZ_API stz_action stz_action_of_name(const char *name);
 /* Bits per value of a quantizing action (int2..int8; a ggml type's code
  * width: q4_k 4, q6_k 6, f16 16), 0 for keep and svd. */
 STZ_API int stz_action_bits(stz_action a);

@@ -81,15 +81,12 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                 return perr(err, p, where, pat, "optional must be true or false", NULL, NULL);
             r->optional = cJSON_IsTrue(k);
         } else if (!strcmp(key, "action")) {
-            int a = -1;
-            for (int j = 0; j < STZ_ACTION_COUNT && cJSON_IsString(k); j++)
-                if (!strcmp(k->valuestring, stz_action_name((stz_action)j)))
-                    a = j;
-            if (a < 0)
+            stz_action a = stz_action_of_name(cJSON_GetStringValue(k));
+            if (a == STZ_ACTION_COUNT)
                 return perr(err, p, where, pat, "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd; "
                             "llama.cpp's q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
                             "f16, bf16)", cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
-            d->action = (stz_action)a;
+            d->action = a;
         } else if (!strcmp(key, "block_size")) {
             if (!whole_in(k, 1, 1 << 20, &v))
                 return perr(err, p, where, pat, "block_size must be a whole number in [1, 1048576]", NULL, NULL);

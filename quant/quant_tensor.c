@@ -35,6 +35,14 @@ const char *stz_action_name(stz_action a)
     return t >= 0 ? stz_ggml_type_name(t) : (unsigned)a < STZ_ACTION_FIRST_GGML ? action_names[a] : "?";
 }
 
+stz_action stz_action_of_name(const char *name)
+{
+    for (int a = 0; name && a < STZ_ACTION_COUNT; a++)
+        if (!strcmp(name, stz_action_name((stz_action)a)))
+            return (stz_action)a;
+    return STZ_ACTION_COUNT;
+}
+
 int stz_action_is_block(stz_action a)
 {
     return stz_action_bits(a) && a != STZ_ACTION_F16 && a != STZ_ACTION_BF16;
