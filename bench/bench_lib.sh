@@ -35,3 +35,14 @@ json.dump({"model": {"type": "BPE", "vocab": {chr(c): i for i, c in enumerate(cs
            "added_tokens": [{"id": 151643, "content": "<|endoftext|>", "special": True}]}, open(sys.argv[1], "w"))
 P
 }
+# ggml_requant BUILD OUT: builds bench/ggml_requant.c (llama.cpp's own
+# quantizer rewriting a GGUF's blocks) as OUT against the ggml that
+# bench_ggml_types.sh built in $GGML_WORK (default /dev/shm/stz-bench-ggml)
+# and prints OUT; prints nothing when there is no such build.
+ggml_requant() {
+    gg=${GGML_WORK:-/dev/shm/stz-bench-ggml} here=$(cd "$(dirname "$0")" && pwd)
+    [ -f "$gg/ggml-build/src/libggml-base.so" ] && [ -d "$gg/ggml-src/include" ] || return 0
+    cc -O2 -I"$here/../include" -I"$gg/ggml-src/include" "$here/ggml_requant.c" "$1/libstz.a" \
+        "$gg/ggml-build/src/libggml-base.so" -Wl,-rpath,"$gg/ggml-build/src" $(pkg-config --libs libzstd libcjson libxxhash) \
+        -lopenblas -llapacke -lm -lpthread -o "$2" && echo "$2"
+}

@@ -25,9 +25,8 @@ RUNS=${3:-3}
 STZ=$BUILD/stz
 HERE=$(cd "$(dirname "$0")" && pwd)
 DATA=$(cd "$HERE/../../shared/data" 2>/dev/null && pwd || echo /nonexistent)
-GG=${GGML_WORK:-/dev/shm/stz-bench-ggml} # bench_ggml_types.sh's work directory
-REQUANT=
 mkdir -p "$WORK"
+REQUANT=$(ggml_requant "$BUILD" "$WORK/ggml_requant")
 cd "$WORK"
 size() { stat -c %s "$1"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
@@ -91,11 +90,6 @@ model() { # source label
     q4km "$src" "$label" "$3"
 }
 
-if [ -f "$GG/ggml-build/src/libggml-base.so" ] && [ -d "$GG/ggml-src/include" ]; then
-    cc -O2 -I"$HERE/../include" -I"$GG/ggml-src/include" "$HERE/ggml_requant.c" "$BUILD/libstz.a" \
-        "$GG/ggml-build/src/libggml-base.so" -Wl,-rpath,"$GG/ggml-build/src" $(pkg-config --libs libzstd libcjson libxxhash) \
-        -lopenblas -llapacke -lm -lpthread -o ggml_requant && REQUANT=$(pwd)/ggml_requant
-fi
 echo "## Lossless packing of quantized models"
 echo
 echo "$(date -u +%Y-%m-%d), $(nproc) cores; zstd $(zstd -V | grep -o 'v[0-9.]*'), stz $("$STZ" --version | cut -d' ' -f2); speeds best of $RUNS, one thread."
@@ -120,7 +114,7 @@ rm -f llama.safetensors
 if [ -f "$DATA/stories260K.f32.safetensors" ]; then
     model "$DATA/stories260K.f32.safetensors" "stories260K" "$DATA/tok512.bin"
 fi
-[ -n "$REQUANT" ] || echo "(no ggml build in $GG: the rows with llama.cpp's blocks were skipped; run bench/bench_ggml_types.sh)"
+[ -n "$REQUANT" ] || echo "(no ggml build in ${GGML_WORK:-/dev/shm/stz-bench-ggml}: the rows with llama.cpp's blocks were skipped; run bench/bench_ggml_types.sh)"
 echo
 echo "Targets:"
 check "quantized SafeTensors: every file >= 1.03x zstd -19 (worst $worst_q)" "$worst_q >= 1.03"

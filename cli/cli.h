@@ -150,11 +150,19 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po);
 struct stz_policy;
 struct stz_feedback;
 /* Error feedback for `model` when the policy asks for it (*fb NULL when not;
- * sequence options without such a rule are an error): the model opened for
- * the forward pass, the sequences sampled or read, its layers quantized
+ * sequence options without such a rule are an error): `out` checked first
+ * (stz_output_check; not when NULL or "-"), so that the long work is not
+ * done for an output that would be refused; then the model opened for the
+ * forward pass, the sequences sampled or read, its layers quantized
  * (stz_feedback_run), a progress line. */
-stz_status cli_feedback_open(const cli_policy_opts *po, struct stz_policy *pol, const char *model, int threads,
-                             int quiet, struct stz_feedback **fb, stz_err *err);
+stz_status cli_feedback_open(const cli_policy_opts *po, struct stz_policy *pol, const char *model, const char *out,
+                             int force, int threads, int quiet, struct stz_feedback **fb, stz_err *err);
+struct stz_fwd;
+/* Error feedback's calibration sequences: so's (the defaults,
+ * CLI_FEEDBACK_SEQS, when so is NULL or was not given), sampled with at
+ * most CLI_FEEDBACK_KEEP of layers kept (they count in feedback's peak). */
+stz_status cli_feedback_seqs(const cli_seq_opts *so, struct stz_fwd *fwd, const char *model, int quiet, cli_seqs *q,
+                             stz_err *err);
 /* 1 if any policy option was given. */
 static inline int cli_policy_given(const cli_policy_opts *po) { return po->policy || po->nover; }
 struct stz_policy;

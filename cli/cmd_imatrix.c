@@ -111,8 +111,19 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
     return st;
 }
 
-stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, int threads, int quiet,
-                             stz_feedback **fb, stz_err *err)
+stz_status cli_feedback_seqs(const cli_seq_opts *so, stz_fwd *fwd, const char *model, int quiet, cli_seqs *q,
+                             stz_err *err)
+{
+    const cli_seq_opts defaults = CLI_FEEDBACK_SEQS;
+    char source[64];
+    stz_fwd_set_keep(fwd, CLI_FEEDBACK_KEEP);
+    stz_status st = cli_seqs_get(so && so->default_len ? so : &defaults, fwd, model, quiet, q, source, err);
+    stz_fwd_set_keep(fwd, 0);
+    return st;
+}
+
+stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, const char *out,
+                             int force, int threads, int quiet, stz_feedback **fb, stz_err *err)
 {
     *fb = NULL;
     if (!stz_policy_feedback(pol))
@@ -120,17 +131,14 @@ stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const c
                    ? stz_err_set(err, STZ_E_ARG, "--tokens, --sequences, --seq-len, --seed and --config are error "
                                  "feedback's: give --feedback (or a rule with \"feedback\": true)")
                    : STZ_OK;
-    const cli_seq_opts defaults = CLI_FEEDBACK_SEQS;
-    cli_seq_opts so = po->so.default_len ? po->so : defaults;
     cli_model_set S = {0};
     stz_fwd *fwd = NULL;
     cli_seqs q = {0};
-    char source[64];
-    stz_status st = open_fwd(model, po->config, threads, &S, &fwd, err);
-    if (!st) {
-        stz_fwd_set_keep(fwd, CLI_FEEDBACK_KEEP); /* sampling's copies of the layers count in the peak too */
-        st = cli_seqs_get(&so, fwd, model, quiet, &q, source, err);
-    }
+    stz_status st = out && strcmp(out, "-") ? stz_output_check(out, force, err) : STZ_OK; /* before the long work */
+    if (!st)
+        st = open_fwd(model, po->config, threads, &S, &fwd, err);
+    if (!st)
+        st = cli_feedback_seqs(&po->so, fwd, model, quiet, &q, err);
     if (!st) {
         cli_progress prog;
         cli_progress_init(&prog, "feedback", quiet);

@@ -228,7 +228,7 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
     c.qs.min_cosine = 1;
     pthread_mutex_init(&c.lock, NULL);
     o.po.config = stz_policy_feedback(pol) ? config : NULL; /* (refused without feedback) */
-    stz_status st = cli_feedback_open(&o.po, pol, in, threads, quiet, &c.fb, err);
+    stz_status st = cli_feedback_open(&o.po, pol, in, NULL, 1, threads, quiet, &c.fb, err);
     if (!st && cli_is_sharded_dir(in)) {
         if (cli_shards_run(in, out, "", ".stz", 1, threads, quiet, compress_one, &c) != CLI_OK)
             st = stz_err_set(err, STZ_E_IO, "%s: compressing the shards failed (above)", in);
@@ -278,10 +278,8 @@ int cmd_compress(int argc, char **argv)
         return cli_fail(&err);
     }
     c.im = im;
-    int fed = !o.lossless && stz_policy_feedback(c.pol);
-    if (fed && ((!sharded && strcmp(out, "-") && stz_output_check(out, o.c.force, &err)) || /* before the long work */
-                cli_feedback_open(&o.po, c.pol, in, o.c.threads ? o.c.threads : cli_ncores(), o.c.quiet || o.c.json,
-                                  &c.fb, &err))) {
+    if (!o.lossless && cli_feedback_open(&o.po, c.pol, in, sharded ? NULL : out, o.c.force,
+                                         o.c.threads ? o.c.threads : cli_ncores(), o.c.quiet || o.c.json, &c.fb, &err)) {
         stz_policy_free(c.pol);
         stz_imatrix_free(im);
         free(out);

@@ -316,9 +316,8 @@ int cmd_quantize(int argc, char **argv)
     if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
     if (cli_imatrix_open(o.po.imatrix, argv[optind], &im, &err) ||
-        (stz_policy_feedback(pol) && stz_output_check(o.c.out, o.c.force, &err)) || /* before the long work */
-        cli_feedback_open(&o.po, pol, argv[optind], o.c.threads ? o.c.threads : cli_ncores(), o.c.quiet || o.c.json,
-                          &fb, &err)) {
+        cli_feedback_open(&o.po, pol, argv[optind], o.c.out, o.c.force, o.c.threads ? o.c.threads : cli_ncores(),
+                          o.c.quiet || o.c.json, &fb, &err)) {
         stz_policy_free(pol);
         stz_imatrix_free(im);
         return cli_fail(&err);

@@ -308,12 +308,8 @@ static stz_status tune_feedback(tune_run *t, const stz_tune_params *tp, cli_prog
     if (c == t->ncand)
         return STZ_OK;
     tune_opts *o = &t->o;
-    const cli_seq_opts so = CLI_FEEDBACK_SEQS;
     cli_seqs q = {0};
-    char source[64];
-    stz_fwd_set_keep(t->fwd, CLI_FEEDBACK_KEEP);
-    stz_status st = cli_seqs_get(&so, t->fwd, t->model, o->c.quiet || o->c.json, &q, source, err);
-    stz_fwd_set_keep(t->fwd, 0);
+    stz_status st = cli_feedback_seqs(NULL, t->fwd, t->model, o->c.quiet || o->c.json, &q, err);
     if (!st) {
         cli_progress_init(prog, "tune: feedback", o->c.quiet || o->c.json);
         st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, q.stride, q.lens, tp, err);

@@ -14,6 +14,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A row at most, and a tensor as floats at most (its offsets are JSON
+ * numbers, exact up to 2^53). */
+#define VIEW_MAX_COLS ((uint64_t)1 << 27)
+#define VIEW_MAX_BYTES ((uint64_t)1 << 53)
+
 /* One tensor of the view. */
 typedef struct {
     const stz_gguf_tensor *g;
@@ -197,6 +202,9 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
                                "%s: tensor '%s': ggml type %s cannot be read yet (stz reads f32, f16, bf16, q4_0, "
                                "q4_1, q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl and iq4_xs)",
                                v->path, t->g->name, t->tr ? t->tr->name : "?");
+        if (t->cols > VIEW_MAX_COLS || (t->rows && t->cols > VIEW_MAX_BYTES / 4 / t->rows))
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows of %llu elements, beyond what stz reads as "
+                               "floats", v->path, t->g->name, (unsigned long long)t->rows, (unsigned long long)t->cols);
         if ((t->hd && (t->hd % 2 || (t->g->ndim == 1 ? t->cols : t->rows) % t->hd)))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows are not whole heads", v->path, t->g->name,
                                (unsigned long long)t->rows);

@@ -287,6 +287,11 @@ static stz_status add_read(stz_imatrix *im, const char *path, const char *name, 
         if (!(sum[j] >= 0) || !isfinite(sum[j]))
             return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': column %llu holds %g, not a sum of squares", path,
                                name, (unsigned long long)j, sum[j]);
+    double total = (e ? e->tokens : 0) + tokens;
+    for (uint64_t j = 0; j < cols && total > 0; j++) /* the mean squares, as floats */
+        if (!isfinite((float)(((e ? e->sum[j] : 0) + sum[j]) / total)))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': column %llu's mean square (%g over %g tokens) "
+                               "is beyond a float", path, name, (unsigned long long)j, sum[j], tokens);
     if (!e && !(e = entry_for(im, name, cols)))
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name);
     for (uint64_t j = 0; j < cols; j++)

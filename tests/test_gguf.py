@@ -742,6 +742,11 @@ def test_gguf_types_not_read_yet(tmp_path):
     assert not out.exists()
     r = stz("dequantize", g, "-o", out, "--names", "tf", ok=False)
     assert r.returncode == 2 and "--names takes hf, llama2c or gguf" in r.stderr
+    # rows of 2^40 elements (none of them, so the file holds it) beside a real tensor: refused, not allocated
+    g.write_bytes(gguf_bytes([], [(b"a.weight", 0, 1 << 40, 0, 0), (b"b.weight", 0, 32, 2, 256)]))
+    r = stz("dequantize", g, "-o", out, ok=False)
+    assert r.returncode == 1 and "tensor 'a.weight': 0 rows of 1099511627776 elements, beyond what stz reads" in r.stderr
+    assert not out.exists()
 
 
 def test_super_blocks_read(tmp_path):
