@@ -149,7 +149,7 @@ static int parse_llama2c(stz_fwd_config *c, const cJSON *root, const char *label
         get_real(root, "norm_eps", 0, 1, 1e-5, &c->norm_eps, label, err))
         return -1;
     c->head_dim = c->dim / c->n_heads;
-    c->bos = 1;
+    c->bos = c->vocab > 1; /* token 1, when there is one */
     c->tied = get_bool(root, "shared_classifier", 1);
     c->rope_interleaved = 1;
     return 0;
