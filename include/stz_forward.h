@@ -57,6 +57,9 @@ STZ_API stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t 
                         const char *label, int threads, stz_err *err);
 STZ_API void stz_fwd_free(stz_fwd *m);
 STZ_API const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
+/* The token embedding's name; *tied (when not NULL) is 1 when the output
+ * head is that embedding. */
+STZ_API const char *stz_fwd_embedding(const stz_fwd *m, int *tied);
 /* The tensor-name layout of a checkpoint, told by its token embedding: 1
  * Hugging Face's (model.embed_tokens.weight), 0 llama2.c's
  * (tok_embeddings.weight), -1 neither (not a model stz_fwd_open runs). */

@@ -70,14 +70,17 @@ typedef struct {
     uint64_t *bytes;    /* per candidate: container bytes of the stored tensors (records + index entries),
                          * or with gguf its bytes in the GGUF file (padded to 32; UINT64_MAX: a type
                          * the row length does not allow); not tunable: bytes[0] is the kept tensor's */
-    double *err2;       /* per candidate: squared error */
+    double *err2;       /* per candidate: squared error (the token embedding's block candidates, after
+                         * stz_tune_probe: their probed KL over sens) */
     double norm2;       /* squared norm of the original (fed: of its output, tr(W H W^T)) */
     double kl_probe;    /* measured KL with the probe candidate's error */
     double sens;        /* KL per unit of squared error */
     int choice;         /* chosen candidate (tunable), set by stz_tune_solve */
-    stz_qformat probe_fmt; /* the probe candidate's format for this tensor (base, levels) */
+    stz_qformat *fmt;   /* per block candidate: its format for this tensor as measured (base, levels) */
     int fed;            /* stz_tune_feedback reached it: err2 and norm2 are the layer's output's, and
                          * feedback candidates are measured with feedback */
+    double *plain_out;  /* a tied head that stz_tune_feedback reached: per feedback candidate, plain
+                         * rounding's output error in its format (NULL otherwise) */
 } stz_tune_tensor;
 
 typedef struct {
@@ -131,7 +134,10 @@ STZ_API stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_
  * stz_tune_measure and stz_tune_probe. */
 STZ_API stz_status stz_tune_feedback(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
                                      const size_t *lens, const stz_tune_params *p, stz_err *err);
-/* Sensitivity of each tunable tensor on the given sequences. */
+/* Sensitivity of each tunable tensor on the given sequences; then the
+ * token embedding's offered block candidates probed each in its own
+ * format (its err2 becomes their KL over its sensitivity; a tied head's
+ * feedback candidates' scaled by feedback's gain, err2 / plain_out). */
 STZ_API stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
                           const size_t *lens, const stz_tune_params *p, stz_err *err);
 STZ_API void stz_tune_free(stz_tune *T);

@@ -40,6 +40,29 @@ same "$T/p.json" "$T/p2.json" "policy for -T 1 and -T 2"
 awk -v t="$(num "$T/t.json" mean)" -v u="$(num "$T/u.json" mean)" 'BEGIN { exit !(t < u) }' && ok ||
     bad "tuned KL $(num "$T/t.json" mean) not below int4's $(num "$T/u.json" mean) at the same size"
 
+# The token embedding's prediction is its own KL, measured: the model with
+# only the embedding as tune chose it, on the sequences tune measures on.
+if command -v python3 >/dev/null; then
+    python3 - "$T/rep.json" "$T/p.json" "$T/e.json" >"$T/emb" <<'P'
+import json, sys
+rep, pol = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+name = "model.embed_tokens.weight"
+t = next(t for t in rep["tensors"] if t["name"] == name)
+pol["rules"] = [r for r in pol["rules"] if r["match"] == name]
+pol["default"] = "keep"
+json.dump(pol, open(sys.argv[3], "w"))
+print(t["choice"], t.get("predicted_kl", 0))
+P
+    read -r echoice epred <"$T/emb"
+    if [ "$echoice" = keep ]; then
+        bad "tune kept the embedding at the int4 size: nothing to compare"
+    else
+        "$STZ" compress --policy "$T/e.json" "$T/m.safetensors" -o "$T/e.stz" -q
+        "$STZ" eval "$T/m.safetensors" "$T/e.stz" --forward --sequences 4 --seq-len 64 --json -q >"$T/ek.json"
+        within "$epred" "$(num "$T/ek.json" mean)" 0.005 "the embedding's predicted KL ($echoice)"
+    fi
+fi
+
 # A KL budget: met, smallest container.
 expect_rc 0 "tune --max-kl" "$STZ" tune "$T/m.safetensors" --max-kl 0.01 -o "$T/k.json" --json
 k=$(num "$T/out" measured_kl)

@@ -156,7 +156,7 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
                          stz_dtype_name(t->dtype), (unsigned long long)rows, (unsigned long long)cols, t->name,
                          stz_dtype_name(d->scale_dtype));
         if (d->scale_dtype == STZ_DTYPE_U8 && n > 0 && (size_t)n < sizeof val)
-            n += snprintf(val + n, sizeof val - (size_t)n, ",\"scale_base\":%.17g", t->probe_fmt.scale_base);
+            n += snprintf(val + n, sizeof val - (size_t)n, ",\"scale_base\":%.17g", t->fmt[T->probe].scale_base);
         if (d->method == STZ_QMETHOD_NL_FIT && n > 0 && (size_t)n < sizeof val) /* 2^bits levels, 6 digits or so */
             for (int k = 0; k < 1 << bits && (size_t)n + 16 < sizeof val; k++)
                 n += snprintf(val + n, sizeof val - (size_t)n, "%s%d", k ? "," : ",\"levels\":[", 1000 * k - 32767);
