@@ -354,8 +354,8 @@ static stz_status walk_head(gram_run *R, float *X, float *X0, stz_err *err)
 {
     stz_fwd *m = R->m;
     gram_matrix *x = &R->mat[0];
-    loc head = m->global[G_HEAD], emb = m->global[G_EMBED];
-    int untied = emb.f != head.f || emb.i != head.i;
+    loc head = m->global[G_HEAD];
+    int untied = !stz_forward_tied(m);
     if (head.f < 0 || !wanted(R, head))
         return STZ_OK;
     x->at = head, x->input = IN_HEAD, R->nmat = 1;
@@ -482,8 +482,8 @@ stz_status stz_feedback_run(stz_feedback **out, stz_fwd *m, stz_policy *policy, 
         st = stz_forward_grams(m, tokens, nseq, stride, lens, &v, progress, user, err);
     if (!st && fflush(R.fb->spill)) /* read back with pread */
         st = stz_err_set(err, STZ_E_IO, "cannot write the feedback results to a temporary file (disk full?)");
-    loc emb = m->global[G_EMBED], head = m->global[G_HEAD];
-    if (!st && (emb.f != head.f || emb.i != head.i) && emb.f >= 0 && fb_wants(&R, stz_forward_tensor(m, emb))) {
+    loc emb = m->global[G_EMBED];
+    if (!st && !stz_forward_tied(m) && emb.f >= 0 && fb_wants(&R, stz_forward_tensor(m, emb))) {
         R.fb->skipped++; /* an untied embedding: no matrix product reads it */
         snprintf(R.fb->skip_name, sizeof R.fb->skip_name, "%s", stz_forward_tensor(m, emb)->name);
     }

@@ -15,10 +15,9 @@ const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m) { return &m->c; }
 
 const char *stz_fwd_embedding(const stz_fwd *m, int *tied)
 {
-    loc e = m->global[G_EMBED], h = m->global[G_HEAD];
     if (tied)
-        *tied = e.f == h.f && e.i == h.i;
-    return stz_forward_tensor(m, e)->name;
+        *tied = stz_forward_tied(m);
+    return stz_forward_tensor(m, m->global[G_EMBED])->name;
 }
 
 static int find(const stz_fwd *m, const char *name, loc *at)

@@ -58,6 +58,11 @@ typedef struct {
 } seq_rows;
 
 const stz_qtensor *stz_forward_tensor(const stz_fwd *m, loc at);
+/* 1 when the output head is the token embedding (tied embeddings). */
+static inline int stz_forward_tied(const stz_fwd *m)
+{
+    return m->global[G_HEAD].f == m->global[G_EMBED].f && m->global[G_HEAD].i == m->global[G_EMBED].i;
+}
 stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *dst, stz_err *err);
 void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps);
 void stz_forward_linear(float *Y, const float *X, const float *W, const float *b, size_t n, size_t in, size_t out);

@@ -475,7 +475,7 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
                              const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err)
 {
     loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
-    int tied = hd.f == emb.f && hd.i == emb.i;
+    int tied = stz_forward_tied(m);
     probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user};
     stz_status st = probe_setup(&ps, tokens, nseq, stride, lens, err);
     size_t n = ps.n;
