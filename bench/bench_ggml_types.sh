@@ -2,7 +2,9 @@
 # stz's quantizers for llama.cpp's types against ggml's own, side by side
 # (bench/ggml_types_bench.c): importance-weighted error and speed on one
 # thread, and whether ggml's to_float reads stz's blocks to stz's values
-# bit for bit. The 32-block types on stories260K's 31 matrices (when
+# bit for bit; and for the types stz reads but does not write, ggml's
+# to_float against stz's dequantizer on ggml's own blocks and random bytes.
+# The 32-block types on stories260K's 31 matrices (when
 # ../shared/data is there), the 256-block types on the generated
 # Qwen2-0.5B-shaped model's first two layers (its 4864-wide down_proj rows;
 # the other rows, 896 wide, are not whole 256-blocks). ggml is built here
@@ -47,3 +49,5 @@ for imatrix in "" --no-imatrix; do
     echo "-- generated Qwen2-0.5B, layers 0-1 (256-blocks)"
     "$WORK/ggml_types_bench" "$WORK/qwen2.safetensors" $imatrix q2_k q3_k q4_k q5_k q6_k iq4_xs
 done
+echo "== read only: ggml's to_float against stz's dequantizer (ggml's blocks of each tensor, and random bytes)"
+"$WORK/ggml_types_bench" "$WORK/qwen2.safetensors" --read tq1_0 tq2_0 mxfp4 nvfp4

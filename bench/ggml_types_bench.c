@@ -10,7 +10,10 @@
  * spread of a real importance matrix; the same array for both, as
  * llama-quantize --imatrix passes it. With --no-imatrix both quantize
  * unweighted (ggml's reference quantizers, stz's plain squared error).
- * Usage: ggml_types_bench MODEL [--no-imatrix] TYPE... (built by
+ * With --read, types stz reads but does not write (tq1_0, tq2_0, mxfp4,
+ * nvfp4): ggml's to_float against stz's dequantizer, bit for bit, on
+ * ggml's own blocks of every tensor and on as many rows of random bytes.
+ * Usage: ggml_types_bench MODEL [--no-imatrix | --read] TYPE... (built by
  * bench/bench_ggml_types.sh against a ggml snapshot; not part of the build). */
 #include "ggml.h"
 #include "stz_quant.h"
@@ -82,29 +85,64 @@ static void one(int type, const float *x, size_t rows, size_t cols, const float 
     free(qs), free(qg), free(ys), free(yg);
 }
 
+/* The type named s, read-only ones too; -1 for none. */
+static int type_named(const char *s)
+{
+    for (int t = 0; t < 64; t++)
+        if (stz_ggml_type_name(t) && !strcmp(stz_ggml_type_name(t), s))
+            return t;
+    return -1;
+}
+
+/* Rows of a read-only type: ggml's blocks of x, then random bytes; the
+ * rows where stz's values differ from ggml's to_float in any bit. */
+static size_t read_rows(int type, const float *x, size_t rows, size_t cols, uint64_t *seed)
+{
+    size_t rb = (size_t)stz_ggml_row_bytes(type, cols), bad = 0;
+    uint8_t *q = malloc(2 * rows * rb);
+    float *ys = malloc(cols * sizeof *ys), *yg = malloc(cols * sizeof *yg);
+    ggml_quantize_chunk((enum ggml_type)type, x, q, 0, (int64_t)rows, (int64_t)cols, NULL);
+    for (size_t i = rows * rb; i < 2 * rows * rb; i++)
+        q[i] = (uint8_t)((*seed = *seed * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+    const struct ggml_type_traits *tr = ggml_get_type_traits((enum ggml_type)type);
+    for (size_t r = 0; r < 2 * rows; r++) {
+        stz_ggml_dequantize_row(type, q + r * rb, cols, ys);
+        tr->to_float(q + r * rb, yg, (int64_t)cols);
+        bad += memcmp(ys, yg, cols * sizeof *ys) != 0;
+    }
+    free(q), free(ys), free(yg);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: ggml_types_bench MODEL [--no-imatrix] TYPE...\n");
         return 2;
     }
-    int use_w = strcmp(argv[2], "--no-imatrix") != 0, first = use_w ? 2 : 3;
+    int use_w = strcmp(argv[2], "--no-imatrix") != 0, reading = !strcmp(argv[2], "--read");
+    int first = use_w && !reading ? 2 : 3;
     stz_reader *r;
     stz_err err;
     if (stz_reader_open(&r, argv[1], &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
-    printf("%-7s %8s %12s %14s %14s %10s %10s %9s\n", "type", "tensors", "weights", "err stz/ggml", "time stz/ggml",
-           "stz Mw/s", "ggml Mw/s", "inexact");
+    if (reading)
+        printf("%-7s %8s %10s %9s\n", "type", "tensors", "rows", "inexact");
+    else
+        printf("%-7s %8s %12s %14s %14s %10s %10s %9s\n", "type", "tensors", "weights", "err stz/ggml",
+               "time stz/ggml", "stz Mw/s", "ggml Mw/s", "inexact");
     for (int a = first; a < argc; a++) {
-        int type = stz_ggml_type_parse(argv[a]);
+        int type = reading ? type_named(argv[a]) : stz_ggml_type_parse(argv[a]);
         if (type < 0) {
             fprintf(stderr, "unknown type %s\n", argv[a]);
             return 2;
         }
         ggml_quantize_init((enum ggml_type)type);
         totals t = {0};
+        size_t nrows = 0;
+        uint64_t seed = 7;
         for (size_t i = 0; i < stz_reader_count(r); i++) {
             const stz_tensor *tn = stz_reader_tensor(r, i);
             if (tn->ndim != 2 || tn->shape[1] % stz_ggml_block(type))
@@ -119,11 +157,18 @@ int main(int argc, char **argv)
             uint64_t s = 1000 + i;
             for (size_t j = 0; j < cols; j++)
                 w[j] = (float)exp(1.5 * normal(&s));
-            one(type, x, rows, cols, use_w ? w : NULL, &t);
+            if (reading)
+                t.mismatched += read_rows(type, x, rows, cols, &seed), t.tensors++, nrows += 2 * rows;
+            else
+                one(type, x, rows, cols, use_w ? w : NULL, &t);
             free(raw), free(x), free(w);
         }
         if (!t.tensors) {
             printf("%-7s  (no tensor with rows of whole blocks)\n", argv[a]);
+            continue;
+        }
+        if (reading) {
+            printf("%-7s %8zu %10zu %9zu\n", argv[a], t.tensors, nrows, t.mismatched);
             continue;
         }
         printf("%-7s %8zu %12.0f %14.4f %14.3f %10.2f %10.2f %9zu\n", argv[a], t.tensors, t.weights, t.e_stz / t.e_ggml,

@@ -200,7 +200,7 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
         if (!t->tr || !t->tr->dequantize_ref)
             return stz_err_set(err, STZ_E_UNSUPPORTED,
                                "%s: tensor '%s': ggml type %s cannot be read yet (stz reads f32, f16, bf16, q4_0, "
-                               "q4_1, q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl and iq4_xs)",
+                               "q4_1, q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4 and nvfp4)",
                                v->path, t->g->name, t->tr ? t->tr->name : "?");
         if (t->cols > VIEW_MAX_COLS || (t->rows && t->cols > VIEW_MAX_BYTES / 4 / t->rows))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows of %llu elements, beyond what stz reads as "

@@ -254,6 +254,84 @@ static void deq_iq4_xs(const uint8_t *in, size_t n, float *y)
     }
 }
 
+/* ---- read only: the ternary types and the FP4 ones ------------------------ */
+
+/* TQ2_0: qs[64], d; element e is the bits 2 * ((e % 128) / 32) of byte
+ * 32 * (e / 128) + e % 32, and y = (q - 1) d. */
+static void deq_tq2_0(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / QK_K; b++, in += 66) {
+        float d = stz_f16_to_f32(stz_le16(in + 64));
+        for (int e = 0; e < QK_K; e++)
+            *y++ = (float)(((in[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3) - 1) * d;
+    }
+}
+
+/* The trit k (0 the most significant) of a TQ1_0 byte q: the byte holds
+ * ceil(t * 256 / 243) for five trits t read as a base-3 fraction, so the
+ * trit is the integer part of 3 * (q * 3^k mod 256) / 256. */
+static inline int trit(uint8_t q, int k)
+{
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    return (int)(((unsigned)(uint8_t)(q * pow3[k]) * 3) >> 8);
+}
+
+/* TQ1_0: qs[48] (the first 32 bytes five trits each, trit k of byte m
+ * element 32 k + m; the next 16 the same by 16s from element 160), qh[4]
+ * (four trits each, trit k of byte m element 240 + 4 k + m), d. */
+static void deq_tq1_0(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / QK_K; b++, in += 54, y += QK_K) {
+        float d = stz_f16_to_f32(stz_le16(in + 52));
+        for (int k = 0; k < 5; k++)
+            for (int m = 0; m < 32; m++)
+                y[32 * k + m] = (float)(trit(in[m], k) - 1) * d;
+        for (int k = 0; k < 5; k++)
+            for (int m = 0; m < 16; m++)
+                y[160 + 16 * k + m] = (float)(trit(in[32 + m], k) - 1) * d;
+        for (int k = 0; k < 4; k++)
+            for (int m = 0; m < 4; m++)
+                y[240 + 4 * k + m] = (float)(trit(in[48 + m], k) - 1) * d;
+    }
+}
+
+/* E2M1 (FP4) values doubled, by code (ggml's kvalues_mxfp4). */
+static const int8_t fp4_levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2 * half elements from the nibbles qs[half] (j low, j + half high) at the FP4
+ * levels times d. */
+static void fp4_nibbles(const uint8_t *qs, int half, float d, float *y)
+{
+    for (int j = 0; j < half; j++)
+        y[j] = (float)fp4_levels[qs[j] & 0xF] * d, y[j + half] = (float)fp4_levels[qs[j] >> 4] * d;
+}
+
+/* MXFP4: e (E8M0: 2^(e - 127), halved for the doubled levels), qs[16]. */
+static void deq_mxfp4(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / 32; b++, in += 17, y += 32)
+        fp4_nibbles(in + 1, 16, ldexpf(1.0f, (int)in[0] - 128), y);
+}
+
+/* UE4M3 (4 exponent bits, bias 7, 3 mantissa bits; 0 and 0x7f are 0),
+ * halved for the doubled levels. */
+static float ue4m3_half(uint8_t x)
+{
+    int e = (x >> 3) & 0xF, m = x & 7;
+    if (x == 0 || x == 0x7F)
+        return 0.0f;
+    return (e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m, -9)) * 0.5f;
+}
+
+/* NVFP4: d[4] (UE4M3, one per sub-block of 16), qs[32] (8 bytes per
+ * sub-block, element j in byte j's low nibble, j + 8 in its high one). */
+static void deq_nvfp4(const uint8_t *in, size_t n, float *y)
+{
+    for (size_t b = 0; b < n / 64; b++, in += 36)
+        for (int s = 0; s < 4; s++, y += 16)
+            fp4_nibbles(in + 4 + 8 * s, 8, ue4m3_half(in[s]), y);
+}
+
 /* ---- the table --------------------------------------------------------- */
 
 /* Floats: converted (F16 past its range is an error, as a scale would be). */
@@ -273,7 +351,7 @@ static int conv_bf16(int t, const float *x, const float *w, size_t n, uint8_t *o
 #define Q256 stz_ggml_quant256
 
 /* Every ggml type a GGUF file may hold. 31-33 and 36-38 were withdrawn
- * from GGUF files. */
+ * from GGUF files. Read but not written: tq1_0, tq2_0, mxfp4, nvfp4. */
 static const stz_ggml_traits types[] = {
     {STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32, conv_f32, 32},
     {STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16},
@@ -304,9 +382,10 @@ static const stz_ggml_traits types[] = {
     {28, "f64", 1, 8, NULL, NULL, NULL, 0},
     {29, "iq1_m", 256, 56, NULL, NULL, NULL, 0},
     {STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16},
-    {34, "tq1_0", 256, 54, NULL, NULL, NULL, 0},
-    {35, "tq2_0", 256, 66, NULL, NULL, NULL, 0},
-    {39, "mxfp4", 32, 17, NULL, NULL, NULL, 0},
+    {34, "tq1_0", 256, 54, NULL, deq_tq1_0, NULL, 0},
+    {35, "tq2_0", 256, 66, NULL, deq_tq2_0, NULL, 0},
+    {39, "mxfp4", 32, 17, NULL, deq_mxfp4, NULL, 0},
+    {40, "nvfp4", 64, 36, NULL, deq_nvfp4, NULL, 0},
 };
 #define NTYPES (sizeof types / sizeof types[0])
 

@@ -43,8 +43,9 @@ BLOCK = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34), 6: (32, 22), 2: (32, 18)
 DECODED = (0, 1, 30, 8, 6, 2, 7, 20)
 
 
-def read_gguf(path):
-    b = open(path, "rb").read()
+def parse_gguf(b):
+    """GGUF bytes b: its keys, tensor infos (name, ne, type, offset), where
+    the keys end and where the data section starts (alignment 32)."""
     at = 0
 
     def take(fmt):
@@ -76,12 +77,18 @@ def read_gguf(path):
         k = string()
         kv[k] = value(take("<I"))
     infos = []
+    keys_end = at
     for _ in range(nt):
         name = string()
         nd = take("<I")
         ne = [take("<Q") for _ in range(nd)]
         infos.append((name, ne, take("<I"), take("<Q")))
-    data = (at + 31) // 32 * 32
+    return kv, infos, keys_end, (at + 31) // 32 * 32
+
+
+def read_gguf(path):
+    b = open(path, "rb").read()
+    kv, infos, _, data = parse_gguf(b)
     tensors = {}
     for name, ne, t, off in infos:
         n = int(np.prod(ne))
@@ -764,6 +771,140 @@ def test_super_blocks_read(tmp_path):
     assert list(w) == ["model.layers.0.mlp.down_proj.weight"]
     v = w["model.layers.0.mlp.down_proj.weight"]
     assert v.shape == (3, 512) and np.all(v == -27.0)
+
+
+# ---- types stz reads but does not write: the ternary and FP4 types ----------------------
+
+READ_ONLY = {"tq1_0": (34, 256, 54), "tq2_0": (35, 256, 66), "mxfp4": (39, 32, 17), "nvfp4": (40, 64, 36)}
+FP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)  # E2M1, doubled
+
+
+def f16_bytes(v):
+    return np.asarray(v, np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def read_only_blocks(typ, nblocks, rng, scale):
+    """nblocks blocks of `typ` as ggml's encoders lay them out, random codes,
+    values about `scale` in magnitude."""
+    if typ in ("tq1_0", "tq2_0"):
+        t = rng.integers(0, 3, (nblocks, 256))  # -1, 0, 1 as 0, 1, 2
+        d = f16_bytes(rng.uniform(1.0, 1.5, nblocks) * scale)
+        if typ == "tq2_0":  # element e: bits 2 ((e % 128) / 32) of byte 32 (e / 128) + e % 32
+            qs = np.zeros((nblocks, 64), np.uint8)
+            for e in range(256):
+                qs[:, 32 * (e // 128) + e % 32] |= (t[:, e] << (2 * ((e % 128) // 32))).astype(np.uint8)
+            return np.concatenate([qs, d], 1)
+
+        def pack(digits, extra=0):  # trits read as a base-3 fraction, first the most significant: ceil(v 256 / 243)
+            v = np.zeros(digits[0].shape, np.int64)
+            for g in digits:
+                v = v * 3 + g
+            return ((v * 3 ** extra * 256 + 242) // 243).astype(np.uint8)
+        return np.concatenate([pack([t[:, 32 * k:32 * k + 32] for k in range(5)]),
+                               pack([t[:, 160 + 16 * k:176 + 16 * k] for k in range(5)]),
+                               pack([t[:, 240 + 4 * k:244 + 4 * k] for k in range(4)], extra=1), d], 1)
+    per = READ_ONLY[typ][1]
+    qs = rng.integers(0, 256, (nblocks, per // 2), dtype=np.uint8)
+    if typ == "mxfp4":  # E8M0: 2^(e - 127), halved for the doubled levels
+        e = np.round(np.log2(scale / 4) + 128 + rng.integers(-1, 2, (nblocks, 1))).astype(np.uint8)
+        return np.concatenate([e, qs], 1)
+    # nvfp4: a UE4M3 scale per 16 (bias 7, 3 mantissa bits), halved
+    ex = np.clip(np.round(np.log2(scale / 2) + 7), 1, 14).astype(np.uint8)
+    return np.concatenate([(ex << 3) | rng.integers(0, 8, (nblocks, 4), dtype=np.uint8), qs], 1)
+
+
+def decode_read_only(typ, raw, n):
+    """ggml's values of n elements of `typ`, written from the block layouts."""
+    _, per, nb = READ_ONLY[typ]
+    blk = np.asarray(raw, np.uint8).reshape(-1, nb)
+    if typ in ("tq1_0", "tq2_0"):
+        d = blk[:, nb - 2:].copy().view("<f2").astype(np.float32)
+        if typ == "tq2_0":
+            e = np.arange(256)
+            t = (blk[:, 32 * (e // 128) + e % 32] >> (2 * ((e % 128) // 32))) & 3
+        else:
+            def digit(b, k):  # trit k of a byte: the integer part of 3 frac(b 3^k / 256)
+                return ((b.astype(np.int64) * 3 ** k % 256) * 3) >> 8
+            t = np.concatenate([digit(blk[:, :32], k) for k in range(5)] + [digit(blk[:, 32:48], k) for k in range(5)] +
+                               [digit(blk[:, 48:52], k) for k in range(4)], 1)
+        return ((t.astype(np.float32) - 1) * d).reshape(n)
+    if typ == "mxfp4":
+        d = np.ldexp(np.float32(1), blk[:, :1].astype(np.int32) - 128).astype(np.float32)
+        return (FP4[np.concatenate([blk[:, 1:] & 15, blk[:, 1:] >> 4], 1)] * d).reshape(n)
+    out = np.empty((len(blk), 64), np.float32)
+    for s in range(4):
+        c = blk[:, s].astype(np.int32)
+        ex, man = (c >> 3) & 15, c & 7
+        d = np.where(ex > 0, np.ldexp(1 + man / 8.0, ex - 7), np.ldexp(man.astype(np.float64), -9)) * 0.5
+        d[(c == 0) | (c == 0x7F)] = 0
+        q = blk[:, 4 + 8 * s:12 + 8 * s]
+        out[:, 16 * s:16 * s + 16] = FP4[np.concatenate([q & 15, q >> 4], 1)] * d[:, None].astype(np.float32)
+    return out.reshape(n)
+
+
+@pytest.mark.parametrize("typ", sorted(READ_ONLY))
+def test_read_only_types(tmp_path, typ):
+    """llama.cpp's ternary (TQ1_0, TQ2_0) and FP4 (MXFP4, NVFP4) types, which
+    llama-quantize writes and stz does not: `stz dequantize` gives exactly
+    the values of an independent decoder written from their block layouts,
+    for every code and scale the blocks hold (random ones, trits packed as
+    ggml's encoder packs them)."""
+    code, per, nb = READ_ONLY[typ]
+    rng = np.random.default_rng(code)
+    rows, cols = 3, 512
+    blocks = read_only_blocks(typ, rows * cols // per, rng, 0.05)
+    if typ == "tq1_0":  # any byte decodes: the ones ggml's encoder never writes too
+        blocks[0, :52] = np.arange(256 - 52, 256)
+    img = gguf_bytes([(b"general.architecture", b"qwen2")], [(b"blk.0.ffn_down.weight", code, cols, rows, blocks.size)])
+    g = tmp_path / "t.gguf"
+    g.write_bytes(img[:len(img) - (blocks.size + 31) // 32 * 32] + blocks.tobytes() + bytes(-blocks.size % 32))
+    out = tmp_path / "o.safetensors"
+    stz("dequantize", g, "-o", out, "-q")
+    v = load_f32(out)["model.layers.0.mlp.down_proj.weight"]
+    want = decode_read_only(typ, blocks, rows * cols).reshape(rows, cols)
+    assert v.shape == (rows, cols) and np.array_equal(v, want)
+    assert len(np.unique(v)) > (2 if typ.startswith("tq") else 20)
+
+
+def retype_gguf(src, dst, typ, rng):
+    """src's GGUF with every matrix but the token embedding replaced by
+    random blocks of `typ` (values of about 1 / sqrt(columns))."""
+    b = src.read_bytes()
+    _, infos, keys_end, data = parse_gguf(b)
+    code, per, nb = READ_ONLY[typ]
+    head, body = bytearray(b[:keys_end]), bytearray()
+    for name, ne, t, off in infos:
+        if len(ne) == 2 and name != "token_embd.weight":
+            raw, t = read_only_blocks(typ, ne[0] * ne[1] // per, rng, 1.5 / np.sqrt(ne[0])).tobytes(), code
+        else:
+            raw = b[data + off:data + off + int(np.prod(ne)) // BLOCK[t][0] * BLOCK[t][1]]
+        head += struct.pack("<Q", len(name)) + name.encode() + struct.pack("<I", len(ne))
+        head += struct.pack("<%dQIQ" % len(ne), *ne, t, len(body))
+        body += raw + bytes(-len(raw) % 32)
+    dst.write_bytes(bytes(head) + bytes(-len(head) % 32) + bytes(body))
+
+
+@need_engine
+@pytest.mark.parametrize("typ", ["tq1_0", "tq2_0", "mxfp4"])
+def test_llama_cpp_reads_like_stz(tmp_path, typ):
+    """A model whose matrices are in a type stz reads but does not write:
+    llama.cpp's logits match stz's forward pass on `stz dequantize` of the
+    same file within llama.cpp's activation rounding (the tolerance of
+    test_llama_cpp_runs_every_type), and are far from the model's before
+    its matrices were replaced. (NVFP4 is newer than the pinned engine.)"""
+    m = wide_dir(tmp_path)
+    f32, g, back = tmp_path / "f.gguf", tmp_path / "t.gguf", tmp_path / "back.safetensors"
+    stz("export", "--gguf", m, "-o", f32, "-q")
+    retype_gguf(f32, g, typ, np.random.default_rng(READ_ONLY[typ][0]))
+    stz("dequantize", g, "-o", back, "-q")
+    tokens = list(range(250, 256)) + list(range(58))
+    got, _ = run_engine(tmp_path, g, tokens)
+    mine = stz_logits(back, tokens, m / "config.json")
+    before = stz_logits(m / "model.safetensors", tokens, m / "config.json")
+    d = np.abs(got - mine)
+    spread = mine.max() - mine.min()
+    assert d.mean() < 0.004 * spread and (got.argmax(1) == mine.argmax(1)).mean() >= 0.85, (d.mean(), spread)
+    assert np.abs(got - before).mean() > 8 * d.mean()
 
 
 # ---- stz tune --gguf ----------------------------------------------------------------
