@@ -119,11 +119,18 @@ typedef struct {
     /* the result for `name`: mean KL(unperturbed || perturbed), nats per token */
     void (*result)(void *user, const char *name, double kl);
     void *user;
+    /* optional: the token embedding, when selected, is measured `variants`
+     * times (0 or 1: once), variant(user, k) called before run k, so that
+     * several perturbations of it share one unperturbed run */
+    size_t variants;
+    void (*variant)(void *user, size_t k);
 } stz_fwd_probe;
 
 /* Runs the model on the sequences once unperturbed, then once per matrix
- * the probe selects with that matrix perturbed as it is read, and reports
- * each KL to probe->result (layers before the matrix are run once). */
+ * the probe selects with that matrix perturbed as it is read (the
+ * embedding once per variant), and reports each KL to probe->result
+ * (layers before the matrix are run once; none past the last one
+ * selected). */
 STZ_API stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                              const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err);
 

@@ -407,21 +407,24 @@ static stz_status probe_setup(probe_state *ps, const int32_t *tokens, size_t nse
     return st;
 }
 
-/* Progress units: layers run, a head counting as one. */
-static uint64_t probe_total(const stz_fwd *m, const stz_fwd_probe *probe, int want_emb, int tied)
+/* The embedding's runs: once per variant. */
+static size_t emb_runs(const stz_fwd_probe *probe) { return probe->variants > 1 ? probe->variants : 1; }
+
+/* Progress units: layers run, a head counting as one; *walk: whether the
+ * layers must be walked (a layer matrix, or a separate head, selected). */
+static uint64_t probe_total(const stz_fwd *m, const stz_fwd_probe *probe, int want_emb, int want_head, int *walk)
 {
     size_t L = m->c.n_layers;
-    uint64_t total = L + 1 + (want_emb ? L + 1 : 0);
+    uint64_t total = L + 1 + (want_emb ? emb_runs(probe) * (L + 1) : 0);
+    *walk = want_head;
     for (size_t l = 0; l < L; l++) {
         int any = 0;
         for (size_t k = 0; k < MATS; k++)
             if (probe->select(probe->user, stz_forward_tensor(m, m->layer[l * STZ_ROLE_PER_LAYER + mats[k]])->name))
-                total += 1, any = 1;
-        total += any ? L - l - 1 + 1 + 1 : 1; /* the later layers and the head once; layer l itself */
+                total += 1, any = 1, *walk = 1;
+        total += any ? L - l - 1 + 1 : 0; /* the later layers and the head once */
     }
-    if (!tied && probe->select(probe->user, stz_forward_tensor(m, m->global[G_HEAD])->name))
-        total++;
-    return total;
+    return total + (*walk ? L : 0) + want_head; /* each layer itself, walked once */
 }
 
 /* Layer by layer: layer l once per selected matrix with that matrix
@@ -481,24 +484,28 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     size_t n = ps.n;
     const char *names[MATS];
     names[0] = st ? NULL : stz_forward_tensor(m, emb)->name;
-    int want_emb = !st && probe->select(probe->user, names[0]);
+    int want_emb = !st && probe->select(probe->user, names[0]), walk = 0;
+    const char *head = st || tied ? NULL : stz_forward_tensor(m, hd)->name;
+    int want_head = head && probe->select(probe->user, head);
     if (!st)
-        ps.total = probe_total(m, probe, want_emb, tied);
+        ps.total = probe_total(m, probe, want_emb, want_head, &walk);
     stz_blas_threads(m->threads);
     if (!st && !(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
         st = run_streams(&ps, 1, 0, NULL, 1, err); /* the reference */
-    if (!st && want_emb) {
+    for (size_t k = 0; !st && want_emb && k < emb_runs(probe); k++) {
+        if (probe->variant)
+            probe->variant(probe->user, k);
         m->probe = probe, m->probe_at = emb;
         if (!(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
             st = run_streams(&ps, 1, 0, names, 0, err);
         m->probe = NULL;
     }
-    if (!st)
+    if (!st && walk)
         st = stz_forward_embed(m, ps.R.tok, n, ps.X, err);
-    if (!st)
+    if (!st && walk)
         st = probe_layers(&ps, nseq, names, err);
-    if (!st && !tied && probe->select(probe->user, names[0] = stz_forward_tensor(m, hd)->name))
-        st = probe_head(&ps, names[0], err);
+    if (!st && want_head)
+        st = probe_head(&ps, head, err);
     m->probe = NULL;
     stz_forward_rows_free(&ps.R), stz_forward_rows_free(&ps.W);
     free(ps.idx), free(ps.next), free(ps.X), free(ps.P), free(ps.S), free(ps.store), free(ps.rs), free(ps.kl);

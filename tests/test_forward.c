@@ -276,6 +276,30 @@ static void probe_result(void *user, const char *name, double kl)
     c->kl[c->n++] = kl;
 }
 
+/* Variants of the embedding's probe: k = 1 leaves its rows as they are. */
+typedef struct {
+    probe_ctx *c;
+    const char *emb;
+    size_t k;
+    double kl[3];
+} variant_ctx;
+
+static int variant_select(void *user, const char *name) { return !strcmp(((variant_ctx *)user)->emb, name); }
+
+static int variant_rows(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
+{
+    variant_ctx *v = user;
+    return v->k == 1 ? 0 : probe_rows(v->c, name, rows, r0, n, cols);
+}
+
+static void variant_result(void *user, const char *name, double kl)
+{
+    variant_ctx *v = user;
+    (void)name, v->kl[v->k] = kl;
+}
+
+static void variant_set(void *user, size_t k) { ((variant_ctx *)user)->k = k; }
+
 static void test_probe_matches_compare(void **state)
 {
     (void)state;
@@ -300,7 +324,7 @@ static void test_probe_matches_compare(void **state)
     assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 3, 1.0, 0.9, tok, NULL, NULL, &err), STZ_OK);
     probe_ctx c = {0};
     assert_int_equal(stz_qmodel_open(&c.q4, q, &err), STZ_OK);
-    stz_fwd_probe pr = {probe_all, probe_rows, probe_result, &c};
+    stz_fwd_probe pr = {.select = probe_all, .perturb = probe_rows, .result = probe_result, .user = &c};
     assert_int_equal(stz_fwd_probe_run(m.f, tok, NSEQ, LEN, lens, &pr, NULL, NULL, &err), STZ_OK);
     assert_true(c.n == 1 + 7 || c.n == 1 + 7 + 1); /* embedding, 7 per layer, a separate head */
     for (int k = 0; k < c.n; k += k == 0 ? 1 : 3) { /* the embedding, q, o, down, the head */
@@ -317,6 +341,14 @@ static void test_probe_matches_compare(void **state)
         if (!(r.kl_mean > 0) || fabs(c.kl[k] / r.kl_mean - 1) > 1e-3)
             fail_msg("%s: probe KL %.6g, compare KL %.6g", c.names[k], c.kl[k], r.kl_mean);
     }
+    /* the embedding alone, three times after one unperturbed run: INT4, as
+     * it is, INT4 again: the first run's KL, 0, the same KL */
+    variant_ctx v = {&c, c.names[0], 0, {-1, -1, -1}};
+    stz_fwd_probe pv = {.select = variant_select, .perturb = variant_rows, .result = variant_result, .user = &v,
+                        .variants = 3, .variant = variant_set};
+    assert_int_equal(stz_fwd_probe_run(m.f, tok, NSEQ, LEN, lens, &pv, NULL, NULL, &err), STZ_OK);
+    if (v.kl[0] != c.kl[0] || v.kl[1] != 0 || v.kl[2] != c.kl[0])
+        fail_msg("variants: %.9g %.9g %.9g, the probe's %.9g", v.kl[0], v.kl[1], v.kl[2], c.kl[0]);
     stz_qmodel_free(c.q4);
     close_model(&m);
     unlink(p), unlink(q), unlink(one);

@@ -442,8 +442,9 @@ static void probe_result(void *user, const char *name, double kl)
 /* The token embedding probed once per block candidate. */
 typedef struct {
     const stz_tune_tensor *t;
-    size_t c;  /* the candidate probed */
-    double kl; /* its result */
+    size_t *cand; /* the candidates probed, in order */
+    double *kl;   /* their results */
+    size_t k;     /* the one being probed */
 } emb_probe;
 
 static int emb_select(void *user, const char *name) { return !strcmp(((emb_probe *)user)->t->name, name); }
@@ -452,10 +453,16 @@ static int emb_perturb(void *user, const char *name, float *rows, uint64_t r0, s
 {
     (void)name, (void)r0;
     const emb_probe *e = user;
-    return perturb_rows(&e->t->fmt[e->c], rows, n, cols);
+    return perturb_rows(&e->t->fmt[e->cand[e->k]], rows, n, cols);
 }
 
-static void emb_result(void *user, const char *name, double kl) { (void)name, ((emb_probe *)user)->kl = kl; }
+static void emb_result(void *user, const char *name, double kl)
+{
+    emb_probe *e = user;
+    (void)name, e->kl[e->k] = kl;
+}
+
+static void emb_variant(void *user, size_t k) { ((emb_probe *)user)->k = k; }
 
 /* The token embedding's offered block candidates each probed with its own
  * format (the matrix that is read for the input, and for the output too
@@ -470,26 +477,30 @@ static stz_status probe_embedding(stz_tune *T, stz_fwd *m, const int32_t *tokens
     stz_tune_tensor *t = stz_tune_find(T, stz_fwd_embedding(m, NULL));
     if (!t || !t->tunable || !(t->sens > 0))
         return STZ_OK;
-    emb_probe e = {t, 0, 0};
-    stz_fwd_probe pr = {emb_select, emb_perturb, emb_result, &e};
-    stz_status st = STZ_OK;
+    emb_probe e = {t, calloc(T->noffered + 1, sizeof *e.cand), calloc(T->noffered + 1, sizeof *e.kl), 0};
+    stz_fwd_probe pr = {.select = emb_select, .perturb = emb_perturb, .result = emb_result, .user = &e,
+                        .variant = emb_variant};
+    stz_status st = e.cand && e.kl ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the embedding's probes");
     for (size_t c = 0; !st && c < T->noffered; c++) {
         const stz_decision *d = &T->cand[c].d;
-        if (!stz_action_is_block(d->action) || t->bytes[c] == UINT64_MAX || !isfinite(t->err2[c]))
-            continue;
-        e.c = c;
-        st = stz_fwd_probe_run(m, tokens, nseq, stride, lens, &pr, p->progress, p->progress_user, err);
-        double gain = d->feedback && t->plain_out && t->plain_out[c] > 0 ? t->err2[c] / t->plain_out[c] : 1;
-        if (!st)
-            t->err2[c] = e.kl * gain / t->sens;
+        if (stz_action_is_block(d->action) && t->bytes[c] != UINT64_MAX && isfinite(t->err2[c]))
+            e.cand[pr.variants++] = c;
     }
+    if (!st && pr.variants) /* one unperturbed run for all of them */
+        st = stz_fwd_probe_run(m, tokens, nseq, stride, lens, &pr, p->progress, p->progress_user, err);
+    for (size_t k = 0; !st && k < pr.variants; k++) {
+        size_t c = e.cand[k];
+        double gain = T->cand[c].d.feedback && t->plain_out && t->plain_out[c] > 0 ? t->err2[c] / t->plain_out[c] : 1;
+        t->err2[c] = e.kl[k] * gain / t->sens;
+    }
+    free(e.cand), free(e.kl);
     return st;
 }
 
 stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
                           const size_t *lens, const stz_tune_params *p, stz_err *err)
 {
-    stz_fwd_probe pr = {probe_select, probe_perturb, probe_result, T};
+    stz_fwd_probe pr = {.select = probe_select, .perturb = probe_perturb, .result = probe_result, .user = T};
     stz_status st = stz_fwd_probe_run(m, tokens, nseq, stride, lens, &pr, p->progress, p->progress_user, err);
     return st ? st : probe_embedding(T, m, tokens, nseq, stride, lens, p, err);
 }
