@@ -13,8 +13,12 @@ Gram matrices from 16 sampled sequences (seed 1). Prints, at 3, 2 and 4 bits:
   calibrate  sequential calibration: the layer's inputs collected in one
              run (stz's walk before), with and without the drift correction
              W + W D H^-1, D = (X - Xq)^T Xq; and input by input with it
+  codebooks  plain rounding (no feedback) to one codebook for all
+             matrices, of scalars, pairs or quadruples of elements scaled
+             by their block's largest magnitude (k-means, 2^(bits x dim)
+             entries): what vector codebooks could gain over scalar ones
 
-Usage: /usr/bin/python3 bench/feedback_probe.py [SHARED_DATA_DIR] [rotation|act-order|calibrate ...]
+Usage: /usr/bin/python3 bench/feedback_probe.py [SHARED_DATA_DIR] [rotation|act-order|calibrate|codebooks ...]
 (needs numpy; sampling the sequences takes a few minutes, cached in $TMPDIR)."""
 import json
 import os
@@ -215,6 +219,39 @@ def sequential(L, by_input, drift):
     return kl(wq)
 
 
+def blocks_scaled(W, dim):
+    """W's blocks of 32 over their largest magnitude, as points of dim elements; the scales."""
+    B = W.reshape(-1, 32)
+    s = np.abs(B).max(1, keepdims=True)
+    s[s == 0] = 1
+    return (B / s).reshape(-1, dim), s
+
+
+def nearest(P, C):
+    out = np.empty(len(P), np.int64)
+    for i in range(0, len(P), 8192):
+        Q = P[i:i + 8192]
+        out[i:i + 8192] = ((Q * Q).sum(1)[:, None] - 2 * Q @ C.T + (C * C).sum(1)[None, :]).argmin(1)
+    return out
+
+
+def codebook_kl(bits, dim):
+    """Every layer matrix rounded to one k-means codebook fitted to all of them."""
+    P = np.concatenate([blocks_scaled(w[n], dim)[0] for n in MATS])
+    C = P[np.random.default_rng(0).choice(len(P), 2 ** (bits * dim), replace=False)].copy()
+    for _ in range(25):
+        a = nearest(P, C)
+        for j in range(len(C)):
+            if (a == j).any():
+                C[j] = P[a == j].mean(0)
+    wq, err = dict(w), 0
+    for n in MATS:
+        Q, s = blocks_scaled(w[n], dim)
+        wq[n] = (C[nearest(Q, C)].reshape(-1, 32) * s).reshape(w[n].shape)
+        err += ((wq[n] - w[n]) ** 2).sum() / (w[n] ** 2).sum() / len(MATS)
+    return err, kl(wq)
+
+
 what = sys.argv[2:] or ["rotation", "act-order", "calibrate"]
 for L, bits in ((8, 3), (4, 2), (16, 4)):
     if "rotation" in what:
@@ -223,6 +260,11 @@ for L, bits in ((8, 3), (4, 2), (16, 4)):
     if "act-order" in what:
         print("%d bits, act-order: dynamic groups %.4f, static groups %.4f, static + act-order %.4f" %
               (bits, one_shot(L), one_shot(L, static=True), one_shot(L, static=True, act=True)), flush=True)
+    if "codebooks" in what:
+        for dim in (1, 2, 4):
+            if 2 ** (bits * dim) <= 4096:
+                print("%d bits, codebook of %d-element points: relative squared error %.4f, KL %.4f" %
+                      ((bits, dim) + codebook_kl(bits, dim)), flush=True)
     if "calibrate" in what:
         print("%d bits, sequential: layer at once %.4f, with drift %.4f; input by input %.4f, with drift %.4f" %
               (bits, sequential(L, False, False), sequential(L, False, True), sequential(L, True, False),
