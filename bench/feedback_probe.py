@@ -17,8 +17,10 @@ Gram matrices from 16 sampled sequences (seed 1). Prints, at 3, 2 and 4 bits:
              matrices, of scalars, pairs or quadruples of elements scaled
              by their block's largest magnitude (k-means, 2^(bits x dim)
              entries): what vector codebooks could gain over scalar ones
+  codebooks-feedback  the same codebooks of scalars and pairs under error
+             feedback, input by input with the drift correction
 
-Usage: /usr/bin/python3 bench/feedback_probe.py [SHARED_DATA_DIR] [rotation|act-order|calibrate|codebooks ...]
+Usage: /usr/bin/python3 bench/feedback_probe.py [SHARED_DATA_DIR] [rotation|act-order|calibrate|codebooks|codebooks-feedback ...]
 (needs numpy; sampling the sequences takes a few minutes, cached in $TMPDIR)."""
 import json
 import os
@@ -235,8 +237,8 @@ def nearest(P, C):
     return out
 
 
-def codebook_kl(bits, dim):
-    """Every layer matrix rounded to one k-means codebook fitted to all of them."""
+def fit_codebook(bits, dim):
+    """One k-means codebook of 2^(bits dim) points fitted to every layer matrix's scaled blocks."""
     P = np.concatenate([blocks_scaled(w[n], dim)[0] for n in MATS])
     C = P[np.random.default_rng(0).choice(len(P), 2 ** (bits * dim), replace=False)].copy()
     for _ in range(25):
@@ -244,6 +246,48 @@ def codebook_kl(bits, dim):
         for j in range(len(C)):
             if (a == j).any():
                 C[j] = P[a == j].mean(0)
+    return C
+
+
+def gptq_codebook(W, H, C, dim, G=32):
+    """Error feedback onto codebook C: each block's scale (its largest magnitude
+    as updated) at the block, then dim columns at a time to their nearest
+    point, each column's error fed on in turn."""
+    n = W.shape[1]
+    W = W.copy()
+    U = np.linalg.cholesky(np.linalg.inv(H + 0.01 * np.mean(np.diag(H)) * np.eye(n))).T
+    Y = np.empty_like(W)
+    for c in range(0, n, G):
+        e = min(n, c + G)
+        s = np.abs(W[:, c:e]).max(1)
+        s[s == 0] = 1
+        E = np.zeros((W.shape[0], e - c))
+        for k in range(c, e, dim):
+            Y[:, k:k + dim] = C[nearest(W[:, k:k + dim] / s[:, None], C)] * s[:, None]
+            for j in range(k, k + dim):
+                E[:, j - c] = (W[:, j] - Y[:, j]) / U[j, j]
+                W[:, j + 1:e] -= np.outer(E[:, j - c], U[j, j + 1:e])
+        W[:, e:] -= E @ U[c:e, e:]
+    return Y
+
+
+def sequential_codebook(C, dim):
+    """sequential(by_input, drift) with gptq_codebook."""
+    wq = dict(w)
+    for lg in LAYER_GROUPS:
+        for g in lg:
+            Xq, X = inputs(wq, g), inputs(w, g)
+            for n in g:
+                H = Xq[n].T @ Xq[n]
+                Dm = (X[n] - Xq[n]).T @ Xq[n]
+                Wm = w[n] + w[n] @ Dm @ np.linalg.inv(H + 0.01 * np.mean(np.diag(H)) * np.eye(H.shape[0]))
+                wq[n] = gptq_codebook(Wm, H, C, dim)
+    return kl(wq)
+
+
+def codebook_kl(bits, dim):
+    """Every layer matrix rounded to one k-means codebook fitted to all of them."""
+    C = fit_codebook(bits, dim)
     wq, err = dict(w), 0
     for n in MATS:
         Q, s = blocks_scaled(w[n], dim)
@@ -265,6 +309,10 @@ for L, bits in ((8, 3), (4, 2), (16, 4)):
             if 2 ** (bits * dim) <= 4096:
                 print("%d bits, codebook of %d-element points: relative squared error %.4f, KL %.4f" %
                       ((bits, dim) + codebook_kl(bits, dim)), flush=True)
+    if "codebooks-feedback" in what:
+        for dim in (1, 2):
+            print("%d bits, codebook of %d-element points, error feedback (input by input, drift): KL %.4f" %
+                  (bits, dim, sequential_codebook(fit_codebook(bits, dim), dim)), flush=True)
     if "calibrate" in what:
         print("%d bits, sequential: layer at once %.4f, with drift %.4f; input by input %.4f, with drift %.4f" %
               (bits, sequential(L, False, False), sequential(L, False, True), sequential(L, True, False),
