@@ -3,6 +3,7 @@
  * error feedback): any byte string is the text. Whatever parses must
  * describe a model the forward pass can size: non-zero widths, whole and
  * even heads, and finite RoPE frequencies. */
+#include "fuzz_util.h"
 #include "stz_forward.h"
 
 #include <math.h>
@@ -21,9 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     stz_err err;
     stz_status st = stz_fwd_config_parse(&c, text, "config.json", &err);
     free(text);
-    if (st != STZ_OK && (err.code != st || !err.msg[0]))
-        abort(); /* a failure must say why */
-    if (st != STZ_OK)
+    if (fuzz_failed(st, &err)) /* a failure must say why */
         return 0;
     if (!c.dim || !c.hidden || !c.n_layers || !c.vocab || !c.n_kv_heads || c.n_heads % c.n_kv_heads ||
         !c.head_dim || c.head_dim % 2 || c.bos < 0 || (uint32_t)c.bos >= c.vocab)

@@ -4,7 +4,7 @@
  * chooses (llama.cpp's own, llama2.c's or Hugging Face's, which undoes
  * export's q/k permutation). Whatever opens must read every tensor of up
  * to 2^20 values, row by row, or fail saying why. */
-#include "fuzz_memfd.h"
+#include "fuzz_util.h"
 #include "stz_model.h"
 
 #include <stdio.h>
@@ -23,8 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     stz_err err;
     stz_qmodel *m;
     stz_status st = stz_qmodel_open_gguf(&m, path, names[data[0] % 3], &err);
-    if (st != STZ_OK && (err.code != st || !err.msg[0]))
-        abort(); /* a failure must say why */
+    fuzz_failed(st, &err); /* a failure must say why */
     for (size_t i = 0; st == STZ_OK && i < stz_qmodel_count(m); i++) {
         const stz_qtensor *t = stz_qmodel_tensor(m, i);
         if (t->numel > (1u << 20) || !t->rows)

@@ -3,7 +3,7 @@
  * read through a memfd. Whatever loads must give every entry a name and
  * columns, and find each entry again, its weights non-negative and finite
  * (none when no token or no column weighs: nothing to weigh by). */
-#include "fuzz_memfd.h"
+#include "fuzz_util.h"
 #include "stz_imatrix.h"
 
 #include <math.h>
@@ -20,8 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     stz_err err;
     stz_imatrix *im;
     stz_status st = stz_imatrix_load(&im, path, &err);
-    if (st != STZ_OK && (err.code != st || !err.msg[0]))
-        abort(); /* a failure must say why */
+    fuzz_failed(st, &err); /* a failure must say why */
     if (st == STZ_OK) {
         for (size_t i = 0; i < stz_imatrix_count(im); i++) {
             uint64_t cols;

@@ -3,7 +3,7 @@
  * verifies must also unpack to exactly its declared size; and the decoder
  * of piped containers (stz_unpack_stream, reading the memfd in order) must
  * agree with the file decoder on every input. */
-#include "fuzz_memfd.h"
+#include "fuzz_util.h"
 #include "stz_pack.h"
 
 #include <stdio.h>
@@ -20,8 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     stz_err err;
     stz_status st = stz_verify_file(&p, path, &err);
-    if (st != STZ_OK && (err.code != st || !err.msg[0]))
-        abort(); /* a failure must say why */
+    fuzz_failed(st, &err); /* a failure must say why */
     stz_container *c;
     if (stz_container_open(&c, path, &err) == STZ_OK) {
         stz_chunk_planes pl;
