@@ -226,18 +226,19 @@ static void deq_q6_k(const uint8_t *in, size_t n, float *y)
 
 const int8_t stz_iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-/* 32 elements at the level of each nibble (element j low, j + 16 high) times dl. */
-static void iq4_nibbles(const uint8_t *qs, float dl, float *y)
+/* 2 * half elements from the nibbles qs[half] (element j low, j + half
+ * high), each the level its nibble indexes times d. */
+static void nibble_levels(const int8_t *levels, const uint8_t *qs, int half, float d, float *y)
 {
-    for (int j = 0; j < 16; j++)
-        y[j] = dl * (float)stz_iq4nl_levels[qs[j] & 0xF], y[j + 16] = dl * (float)stz_iq4nl_levels[qs[j] >> 4];
+    for (int j = 0; j < half; j++)
+        y[j] = d * (float)levels[qs[j] & 0xF], y[j + half] = d * (float)levels[qs[j] >> 4];
 }
 
 /* IQ4_NL: d, 16 bytes of nibbles. */
 static void deq_iq4_nl(const uint8_t *in, size_t n, float *y)
 {
     for (size_t b = 0; b < n / STZ_GGML_QK; b++, in += 18, y += STZ_GGML_QK)
-        iq4_nibbles(in + 2, stz_f16_to_f32(stz_le16(in)), y);
+        nibble_levels(stz_iq4nl_levels, in + 2, 16, stz_f16_to_f32(stz_le16(in)), y);
 }
 
 /* IQ4_XS: d, scales_h (2 high bits per sub-block), scales_l[4] (4 low
@@ -249,7 +250,7 @@ static void deq_iq4_xs(const uint8_t *in, size_t n, float *y)
         unsigned sh = stz_le16(in + 2);
         for (int ib = 0; ib < 8; ib++, y += 32) {
             int ls = ((in[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (int)((sh >> (2 * ib)) & 3) << 4;
-            iq4_nibbles(in + 8 + 16 * ib, d * (float)(ls - 32), y);
+            nibble_levels(stz_iq4nl_levels, in + 8 + 16 * ib, 16, d * (float)(ls - 32), y);
         }
     }
 }
@@ -298,19 +299,11 @@ static void deq_tq1_0(const uint8_t *in, size_t n, float *y)
 /* E2M1 (FP4) values doubled, by code (ggml's kvalues_mxfp4). */
 static const int8_t fp4_levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-/* 2 * half elements from the nibbles qs[half] (j low, j + half high) at the FP4
- * levels times d. */
-static void fp4_nibbles(const uint8_t *qs, int half, float d, float *y)
-{
-    for (int j = 0; j < half; j++)
-        y[j] = (float)fp4_levels[qs[j] & 0xF] * d, y[j + half] = (float)fp4_levels[qs[j] >> 4] * d;
-}
-
 /* MXFP4: e (E8M0: 2^(e - 127), halved for the doubled levels), qs[16]. */
 static void deq_mxfp4(const uint8_t *in, size_t n, float *y)
 {
     for (size_t b = 0; b < n / 32; b++, in += 17, y += 32)
-        fp4_nibbles(in + 1, 16, ldexpf(1.0f, (int)in[0] - 128), y);
+        nibble_levels(fp4_levels, in + 1, 16, ldexpf(1.0f, (int)in[0] - 128), y);
 }
 
 /* UE4M3 (4 exponent bits, bias 7, 3 mantissa bits; 0 and 0x7f are 0),
@@ -329,7 +322,7 @@ static void deq_nvfp4(const uint8_t *in, size_t n, float *y)
 {
     for (size_t b = 0; b < n / 64; b++, in += 36)
         for (int s = 0; s < 4; s++, y += 16)
-            fp4_nibbles(in + 4 + 8 * s, 8, ue4m3_half(in[s]), y);
+            nibble_levels(fp4_levels, in + 4 + 8 * s, 8, ue4m3_half(in[s]), y);
 }
 
 /* ---- the table --------------------------------------------------------- */
