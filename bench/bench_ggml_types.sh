@@ -14,6 +14,7 @@
 # bench skips when there is none. Never part of the build or the tests.
 # Usage: bench/bench_ggml_types.sh [BUILD_DIR] [WORK_DIR]
 set -eu
+. "$(dirname "$0")/bench_lib.sh"
 BUILD=$(cd "${1:-build}" && pwd)
 WORK=${2:-/dev/shm/stz-bench-ggml}
 SRC=${GGML_SRC:-/work/.mirror/ggml-org+ggml/repo}
@@ -34,9 +35,7 @@ fi
 cmake -S "$G" -B "$WORK/ggml-build" -DCMAKE_BUILD_TYPE=Release -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF \
     -DGGML_NATIVE=ON >/dev/null
 cmake --build "$WORK/ggml-build" --target ggml-base -j2 >/dev/null
-cc -O2 -I"$HERE/../include" -I"$G/include" "$HERE/ggml_types_bench.c" "$BUILD/libstz.a" \
-    "$WORK/ggml-build/src/libggml-base.so" -Wl,-rpath,"$WORK/ggml-build/src" \
-    $(pkg-config --libs libzstd libcjson libxxhash) -lopenblas -llapacke -lm -lpthread -o "$WORK/ggml_types_bench"
+ggml_cc ggml_types_bench.c "$BUILD" "$G/include" "$WORK/ggml-build/src" "$WORK/ggml_types_bench"
 "$BUILD/stz" synth qwen2-0.5b --layers 2 -o "$WORK/qwen2.safetensors" -q -f
 for imatrix in "" --no-imatrix; do
     echo "== ${imatrix:-with the same importance weights}"

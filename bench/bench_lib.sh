@@ -40,9 +40,15 @@ P
 # bench_ggml_types.sh built in $GGML_WORK (default /dev/shm/stz-bench-ggml)
 # and prints OUT; prints nothing when there is no such build.
 ggml_requant() {
-    gg=${GGML_WORK:-/dev/shm/stz-bench-ggml} here=$(cd "$(dirname "$0")" && pwd)
+    gg=${GGML_WORK:-/dev/shm/stz-bench-ggml}
     [ -f "$gg/ggml-build/src/libggml-base.so" ] && [ -d "$gg/ggml-src/include" ] || return 0
-    cc -O2 -I"$here/../include" -I"$gg/ggml-src/include" "$here/ggml_requant.c" "$1/libstz.a" \
-        "$gg/ggml-build/src/libggml-base.so" -Wl,-rpath,"$gg/ggml-build/src" $(pkg-config --libs libzstd libcjson libxxhash) \
-        -lopenblas -llapacke -lm -lpthread -o "$2" && echo "$2"
+    ggml_cc ggml_requant.c "$1" "$gg/ggml-src/include" "$gg/ggml-build/src" "$2" && echo "$2"
+}
+# ggml_cc FILE.c BUILD INCLUDE LIBDIR OUT: the bench program bench/FILE.c
+# built as OUT against stz's library in BUILD, ggml's headers in INCLUDE
+# and its libggml-base in LIBDIR.
+ggml_cc() {
+    here=$(cd "$(dirname "$0")" && pwd)
+    cc -O2 -I"$here/../include" -I"$3" "$here/$1" "$2/libstz.a" "$4/libggml-base.so" -Wl,-rpath,"$4" \
+        $(pkg-config --libs libzstd libcjson libxxhash) -lopenblas -llapacke -lm -lpthread -o "$5"
 }
