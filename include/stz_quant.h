@@ -310,8 +310,9 @@ STZ_API uint32_t stz_ggml_block(int type);
  * range. */
 STZ_API int stz_ggml_quantize_row(int type, const float *x, const float *w, size_t n, uint8_t *out);
 /* The values of n elements (whole blocks) of a row of `type`, exactly as
- * llama.cpp's to_float gives them. Returns 0, or -1 for a type stz does
- * not read. */
+ * llama.cpp's to_float gives them (for the iq1-iq3 types, llama.cpp's own
+ * to_float, from the libggml-base that STZ_GGML_LIB names or the library
+ * path finds). Returns 0, or -1 for a type stz does not read. */
 STZ_API int stz_ggml_dequantize_row(int type, const uint8_t *in, size_t n, float *y);
 /* The type llama.cpp's quantize falls back to when a row of n elements is
  * not whole blocks of `type`: the 32-block type for a 256-block one (q2_k,

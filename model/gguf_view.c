@@ -142,7 +142,7 @@ static stz_status decode_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz
     if (e)
         return stz_err_set(err, STZ_E_IO, "%s: tensor '%s': cannot read row %llu", v->path, t->g->name,
                            (unsigned long long)gr);
-    t->tr->dequantize_ref(v->raw, (size_t)t->cols, v->row);
+    stz_ggml_decode(t->tr, v->raw, (size_t)t->cols, v->row);
     if (t->hd && t->g->ndim == 1) { /* a bias: elements within each head */
         memcpy(v->all, v->row, (size_t)t->cols * sizeof *v->all);
         for (uint64_t i = 0; i < t->cols; i++)
@@ -197,11 +197,13 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
         vtensor *t = &v->t[v->n];
         if (map_tensor(v, i, names, permute, heads, kv ? kv : heads, t))
             continue;
-        if (!t->tr || !t->tr->dequantize_ref)
+        char why[768];
+        if (!t->tr || !stz_ggml_can_decode(t->tr, why, sizeof why))
             return stz_err_set(err, STZ_E_UNSUPPORTED,
-                               "%s: tensor '%s': ggml type %s cannot be read yet (stz reads f32, f16, bf16, q4_0, "
-                               "q4_1, q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4 and nvfp4)",
-                               v->path, t->g->name, t->tr ? t->tr->name : "?");
+                               "%s: tensor '%s': ggml type %s cannot be read: %s (stz reads f32, f16, bf16, q4_0, q4_1, "
+                               "q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4 and nvfp4, and the "
+                               "iq1-iq3 types through llama.cpp's library)",
+                               v->path, t->g->name, t->tr ? t->tr->name : "?", t->tr ? why : "unknown type number");
         if (t->cols > VIEW_MAX_COLS || (t->rows && t->cols > VIEW_MAX_BYTES / 4 / t->rows))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows of %llu elements, beyond what stz reads as "
                                "floats", v->path, t->g->name, (unsigned long long)t->rows, (unsigned long long)t->cols);

@@ -4,6 +4,7 @@
 #include "core/stz_core.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- floats ---------------------------------------------------------- */
@@ -344,41 +345,42 @@ static int conv_bf16(int t, const float *x, const float *w, size_t n, uint8_t *o
 #define Q256 stz_ggml_quant256
 
 /* Every ggml type a GGUF file may hold. 31-33 and 36-38 were withdrawn
- * from GGUF files. Read but not written: tq1_0, tq2_0, mxfp4, nvfp4. */
+ * from GGUF files. Read but not written: tq1_0, tq2_0, mxfp4, nvfp4, and
+ * through llama.cpp's library the IQ1-IQ3 types. */
 static const stz_ggml_traits types[] = {
-    {STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32, conv_f32, 32},
-    {STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16},
-    {STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0, Q32, 4},
-    {STZ_GGML_Q4_1, "q4_1", 32, 20, NULL, deq_q4_1, Q32, 4},
-    {STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0, Q32, 5},
-    {STZ_GGML_Q5_1, "q5_1", 32, 24, NULL, deq_q5_1, Q32, 5},
-    {STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0, Q32, 8},
-    {9, "q8_1", 32, 36, NULL, NULL, NULL, 0},
-    {STZ_GGML_Q2_K, "q2_k", 256, 84, NULL, deq_q2_k, Q256, 2},
-    {STZ_GGML_Q3_K, "q3_k", 256, 110, NULL, deq_q3_k, Q256, 3},
-    {STZ_GGML_Q4_K, "q4_k", 256, 144, NULL, deq_q4_k, Q256, 4},
-    {STZ_GGML_Q5_K, "q5_k", 256, 176, NULL, deq_q5_k, Q256, 5},
-    {STZ_GGML_Q6_K, "q6_k", 256, 210, NULL, deq_q6_k, Q256, 6},
-    {15, "q8_k", 256, 292, NULL, NULL, NULL, 0},
-    {16, "iq2_xxs", 256, 66, NULL, NULL, NULL, 0},
-    {17, "iq2_xs", 256, 74, NULL, NULL, NULL, 0},
-    {18, "iq3_xxs", 256, 98, NULL, NULL, NULL, 0},
-    {19, "iq1_s", 256, 50, NULL, NULL, NULL, 0},
-    {STZ_GGML_IQ4_NL, "iq4_nl", 32, 18, NULL, deq_iq4_nl, Q32, 4},
-    {21, "iq3_s", 256, 110, NULL, NULL, NULL, 0},
-    {22, "iq2_s", 256, 82, NULL, NULL, NULL, 0},
-    {STZ_GGML_IQ4_XS, "iq4_xs", 256, 136, NULL, deq_iq4_xs, Q256, 4},
-    {24, "i8", 1, 1, NULL, NULL, NULL, 0},
-    {25, "i16", 1, 2, NULL, NULL, NULL, 0},
-    {26, "i32", 1, 4, NULL, NULL, NULL, 0},
-    {27, "i64", 1, 8, NULL, NULL, NULL, 0},
-    {28, "f64", 1, 8, NULL, NULL, NULL, 0},
-    {29, "iq1_m", 256, 56, NULL, NULL, NULL, 0},
-    {STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16},
-    {34, "tq1_0", 256, 54, NULL, deq_tq1_0, NULL, 0},
-    {35, "tq2_0", 256, 66, NULL, deq_tq2_0, NULL, 0},
-    {39, "mxfp4", 32, 17, NULL, deq_mxfp4, NULL, 0},
-    {40, "nvfp4", 64, 36, NULL, deq_nvfp4, NULL, 0},
+    {STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32, conv_f32, 32, 0},
+    {STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16, 0},
+    {STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0, Q32, 4, 0},
+    {STZ_GGML_Q4_1, "q4_1", 32, 20, NULL, deq_q4_1, Q32, 4, 0},
+    {STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0, Q32, 5, 0},
+    {STZ_GGML_Q5_1, "q5_1", 32, 24, NULL, deq_q5_1, Q32, 5, 0},
+    {STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0, Q32, 8, 0},
+    {9, "q8_1", 32, 36, NULL, NULL, NULL, 0, 0},
+    {STZ_GGML_Q2_K, "q2_k", 256, 84, NULL, deq_q2_k, Q256, 2, 0},
+    {STZ_GGML_Q3_K, "q3_k", 256, 110, NULL, deq_q3_k, Q256, 3, 0},
+    {STZ_GGML_Q4_K, "q4_k", 256, 144, NULL, deq_q4_k, Q256, 4, 0},
+    {STZ_GGML_Q5_K, "q5_k", 256, 176, NULL, deq_q5_k, Q256, 5, 0},
+    {STZ_GGML_Q6_K, "q6_k", 256, 210, NULL, deq_q6_k, Q256, 6, 0},
+    {15, "q8_k", 256, 292, NULL, NULL, NULL, 0, 0},
+    {16, "iq2_xxs", 256, 66, NULL, NULL, NULL, 0, 1},
+    {17, "iq2_xs", 256, 74, NULL, NULL, NULL, 0, 1},
+    {18, "iq3_xxs", 256, 98, NULL, NULL, NULL, 0, 1},
+    {19, "iq1_s", 256, 50, NULL, NULL, NULL, 0, 1},
+    {STZ_GGML_IQ4_NL, "iq4_nl", 32, 18, NULL, deq_iq4_nl, Q32, 4, 0},
+    {21, "iq3_s", 256, 110, NULL, NULL, NULL, 0, 1},
+    {22, "iq2_s", 256, 82, NULL, NULL, NULL, 0, 1},
+    {STZ_GGML_IQ4_XS, "iq4_xs", 256, 136, NULL, deq_iq4_xs, Q256, 4, 0},
+    {24, "i8", 1, 1, NULL, NULL, NULL, 0, 0},
+    {25, "i16", 1, 2, NULL, NULL, NULL, 0, 0},
+    {26, "i32", 1, 4, NULL, NULL, NULL, 0, 0},
+    {27, "i64", 1, 8, NULL, NULL, NULL, 0, 0},
+    {28, "f64", 1, 8, NULL, NULL, NULL, 0, 0},
+    {29, "iq1_m", 256, 56, NULL, NULL, NULL, 0, 1},
+    {STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16, 0},
+    {34, "tq1_0", 256, 54, NULL, deq_tq1_0, NULL, 0, 0},
+    {35, "tq2_0", 256, 66, NULL, deq_tq2_0, NULL, 0, 0},
+    {39, "mxfp4", 32, 17, NULL, deq_mxfp4, NULL, 0, 0},
+    {40, "nvfp4", 64, 36, NULL, deq_nvfp4, NULL, 0, 0},
 };
 #define NTYPES (sizeof types / sizeof types[0])
 
@@ -430,12 +432,31 @@ int stz_ggml_quantize_row(int type, const float *x, const float *w, size_t n, ui
     return t && t->quantize && n % t->block == 0 ? t->quantize(type, x, w, n, out) : -1;
 }
 
+int stz_ggml_can_decode(const stz_ggml_traits *t, char *why, size_t n)
+{
+    if (t->dequantize_ref || (t->lib && stz_ggml_lib_decoder(t, why, n)))
+        return 1;
+    if (!t->lib)
+        snprintf(why, n, "stz has no decoder for it");
+    return 0;
+}
+
+void stz_ggml_decode(const stz_ggml_traits *t, const uint8_t *in, size_t n, float *y)
+{
+    char why[512];
+    if (t->dequantize_ref)
+        t->dequantize_ref(in, n, y);
+    else
+        stz_ggml_lib_decoder(t, why, sizeof why)(in, y, (int64_t)n);
+}
+
 int stz_ggml_dequantize_row(int type, const uint8_t *in, size_t n, float *y)
 {
     const stz_ggml_traits *t = stz_ggml_traits_of(type);
-    if (!t || !t->dequantize_ref || n % t->block)
+    char why[512];
+    if (!t || n % t->block || !stz_ggml_can_decode(t, why, sizeof why))
         return -1;
-    t->dequantize_ref(in, n, y);
+    stz_ggml_decode(t, in, n, y);
     return 0;
 }
 

@@ -30,7 +30,23 @@ typedef struct stz_ggml_traits {
      * scale passes F16's range. NULL: stz does not write the type. */
     int (*quantize)(int type, const float *x, const float *w, size_t n, uint8_t *out);
     int bits;         /* the code width stz's actions give it (q4_k 4, f16 16) */
+    int lib;          /* 1: decoded by llama.cpp's own library (ggml_lib.c) */
 } stz_ggml_traits;
+
+/* ggml's to_float: k elements (whole blocks) of packed rows x into y. */
+typedef void (*stz_ggml_to_float)(const void *x, float *y, int64_t k);
+
+/* 1 when stz decodes type t: its own decoder, or llama.cpp's when t->lib;
+ * 0 with why (n bytes) saying why not. */
+int stz_ggml_can_decode(const stz_ggml_traits *t, char *why, size_t n);
+
+/* The values of n elements (whole blocks) of packed rows of a type
+ * stz_ggml_can_decode accepted. */
+void stz_ggml_decode(const stz_ggml_traits *t, const uint8_t *in, size_t n, float *y);
+
+/* llama.cpp's to_float for t (a t->lib type), from a libggml-base loaded
+ * at run time (ggml_lib.c); NULL with why saying what is missing. */
+stz_ggml_to_float stz_ggml_lib_decoder(const stz_ggml_traits *t, char *why, size_t n);
 
 /* The traits of a ggml type, or NULL for a number ggml does not have. */
 const stz_ggml_traits *stz_ggml_traits_of(int type);

@@ -4,6 +4,9 @@ exported models run in llama.cpp (node-llama-cpp's prebuilt CPU build from
 npm; those cases skip when it cannot be installed). Run with pytest; STZ
 names the stz binary, FWD_LOGITS the test helper giving stz's own logits,
 STZ_SHARED_DATA the reference data (cases that need it skip without it)."""
+import ctypes
+import ctypes.util
+import glob
 import json
 import os
 import re
@@ -27,8 +30,9 @@ LILY = "Once upon a time, there was a little girl named Lily."
 need_data = pytest.mark.skipif(not (os.path.exists(F32) and os.path.exists(TOK)), reason="no shared data")
 
 
-def stz(*args, ok=True):
-    r = subprocess.run([STZ, *map(str, args)], capture_output=True, text=True)
+def stz(*args, ok=True, env=None):
+    r = subprocess.run([STZ, *map(str, args)], capture_output=True, text=True,
+                       env={**os.environ, **env} if env else None)
     if ok:
         assert r.returncode == 0, r.stderr
     return r
@@ -739,13 +743,14 @@ def test_eval_reads_gguf(tmp_path):
 
 
 def test_gguf_types_not_read_yet(tmp_path):
-    """A GGUF tensor of a type stz cannot decode yet is refused by name and
+    """A GGUF tensor of a type stz cannot decode is refused by name and
     type; nothing is written; a wrong --names is a usage error."""
     g = tmp_path / "k.gguf"
-    g.write_bytes(gguf_bytes([], [(b"blk.0.ffn_down.weight", 16, 256, 3, 3 * 66)]))  # iq2_xxs
+    g.write_bytes(gguf_bytes([], [(b"blk.0.ffn_down.weight", 15, 256, 3, 3 * 292)]))  # q8_k
     out = tmp_path / "o.safetensors"
     r = stz("dequantize", g, "-o", out, ok=False)
-    assert r.returncode == 1 and "tensor 'blk.0.ffn_down.weight': ggml type iq2_xxs cannot be read yet" in r.stderr
+    assert r.returncode == 1 and ("tensor 'blk.0.ffn_down.weight': ggml type q8_k cannot be read: stz has no decoder "
+                                  "for it") in r.stderr
     assert not out.exists()
     r = stz("dequantize", g, "-o", out, "--names", "tf", ok=False)
     assert r.returncode == 2 and "--names takes hf, llama2c or gguf" in r.stderr
@@ -866,16 +871,22 @@ def test_read_only_types(tmp_path, typ):
     assert len(np.unique(v)) > (2 if typ.startswith("tq") else 20)
 
 
-def retype_gguf(src, dst, typ, rng):
+def retype_gguf(src, dst, typ, rng, lib=None):
     """src's GGUF with every matrix but the token embedding replaced by
-    random blocks of `typ` (values of about 1 / sqrt(columns))."""
+    blocks of `typ` holding values of about 1 / sqrt(columns): random
+    blocks packed as ggml's encoders pack them, or for the types decoded
+    through llama.cpp's library `lib`, random values quantized by it."""
     b = src.read_bytes()
     _, infos, keys_end, data = parse_gguf(b)
-    code, per, nb = READ_ONLY[typ]
     head, body = bytearray(b[:keys_end]), bytearray()
     for name, ne, t, off in infos:
         if len(ne) == 2 and name != "token_embd.weight":
-            raw, t = read_only_blocks(typ, ne[0] * ne[1] // per, rng, 1.5 / np.sqrt(ne[0])).tobytes(), code
+            scale = 1.5 / np.sqrt(ne[0])
+            if typ in LIB_TYPES:
+                raw, t = ggml_quantize(lib, typ, rng.standard_normal((ne[1], ne[0])) * scale), LIB_TYPES[typ][0]
+            else:
+                code, per, _ = READ_ONLY[typ]
+                raw, t = read_only_blocks(typ, ne[0] * ne[1] // per, rng, scale).tobytes(), code
         else:
             raw = b[data + off:data + off + int(np.prod(ne)) // BLOCK[t][0] * BLOCK[t][1]]
         head += struct.pack("<Q", len(name)) + name.encode() + struct.pack("<I", len(ne))
@@ -884,19 +895,126 @@ def retype_gguf(src, dst, typ, rng):
     dst.write_bytes(bytes(head) + bytes(-len(head) % 32) + bytes(body))
 
 
-@need_engine
-@pytest.mark.parametrize("typ", ["tq1_0", "tq2_0", "mxfp4"])
-def test_llama_cpp_reads_like_stz(tmp_path, typ):
-    """A model whose matrices are in a type stz reads but does not write:
-    llama.cpp's logits match stz's forward pass on `stz dequantize` of the
-    same file within llama.cpp's activation rounding (the tolerance of
-    test_llama_cpp_runs_every_type), and are far from the model's before
-    its matrices were replaced. (NVFP4 is newer than the pinned engine.)"""
+# ---- the types decoded through llama.cpp's own library ----------------------------
+
+LIB_TYPES = {"iq2_xxs": (16, 66), "iq2_xs": (17, 74), "iq3_xxs": (18, 98), "iq1_s": (19, 50), "iq3_s": (21, 110),
+             "iq2_s": (22, 82), "iq1_m": (29, 56)}  # ggml's number, bytes per block of 256
+
+
+def ggml_lib():
+    """llama.cpp's libggml-base from node-llama-cpp's build, or None."""
+    if engine() is None:
+        return None
+    found = glob.glob(os.path.join(NODE_DIR, "node_modules", "@node-llama-cpp", "*", "bins", "*", "libggml-base.so"))
+    return found[0] if found else None
+
+
+need_lib = pytest.mark.skipif(ggml_lib() is None, reason="no llama.cpp library (node-llama-cpp not installable)")
+
+
+class GgmlTraits(ctypes.Structure):  # the leading fields of ggml.h's struct ggml_type_traits
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
+                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool),
+                ("to_float", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64))]
+
+
+def ggml_quantize(lib, typ, x):
+    """x (rows, cols) quantized to typ by ggml itself (importance 1), as bytes."""
+    g = ctypes.CDLL(lib)
+    g.ggml_quantize_chunk.restype = ctypes.c_size_t
+    g.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                      ctypes.c_int64, ctypes.c_void_p]
+    x = np.ascontiguousarray(x, np.float32)
+    rows, cols = x.shape
+    out, imatrix = np.zeros(rows * cols // 256 * LIB_TYPES[typ][1], np.uint8), np.ones(cols, np.float32)
+    assert g.ggml_quantize_chunk(LIB_TYPES[typ][0], x.ctypes.data, out.ctypes.data, 0, rows, cols,
+                                 imatrix.ctypes.data) == out.size
+    return out.tobytes()
+
+
+def ggml_to_float(lib, typ, raw, n):
+    """ggml's own values of n elements of typ's blocks raw."""
+    g = ctypes.CDLL(lib)
+    g.ggml_get_type_traits.restype, g.ggml_get_type_traits.argtypes = ctypes.POINTER(GgmlTraits), [ctypes.c_int]
+    src, y = np.frombuffer(raw, np.uint8).copy(), np.zeros(n, np.float32)
+    g.ggml_get_type_traits(LIB_TYPES[typ][0]).contents.to_float(src.ctypes.data, y.ctypes.data, n)
+    return y
+
+
+@need_lib
+@pytest.mark.parametrize("typ", sorted(LIB_TYPES))
+def test_codebook_types_read_through_llama_cpp(tmp_path, typ):
+    """The IQ1-IQ3 types (values from ggml's codebook tables, which stz
+    does not copy) are read through the libggml-base STZ_GGML_LIB names:
+    every matrix equals ggml's to_float of its blocks, bit for bit (GGUF
+    names, rows as stored), the embedding and norms as before."""
+    lib = ggml_lib()
     m = wide_dir(tmp_path)
     f32, g, back = tmp_path / "f.gguf", tmp_path / "t.gguf", tmp_path / "back.safetensors"
     stz("export", "--gguf", m, "-o", f32, "-q")
-    retype_gguf(f32, g, typ, np.random.default_rng(READ_ONLY[typ][0]))
-    stz("dequantize", g, "-o", back, "-q")
+    retype_gguf(f32, g, typ, np.random.default_rng(LIB_TYPES[typ][0]), lib)
+    stz("dequantize", g, "-o", back, "--names", "gguf", "-q", env={"STZ_GGML_LIB": lib})
+    b, got, seen = g.read_bytes(), load_f32(back), 0
+    _, infos, _, data = parse_gguf(b)
+    for name, ne, t, off in infos:
+        if t == LIB_TYPES[typ][0]:
+            raw = b[data + off:data + off + ne[0] * ne[1] // 256 * LIB_TYPES[typ][1]]
+            want = ggml_to_float(lib, typ, raw, ne[0] * ne[1]).reshape(ne[1], ne[0])
+            assert np.array_equal(got[name], want) and np.abs(want).max() > 0, name
+            seen += 1
+        elif t == 0:
+            assert np.array_equal(got[name].ravel(), np.frombuffer(b[data + off:data + off + 4 * int(np.prod(ne))],
+                                                                   np.float32)), name
+    assert seen == 8  # the layer's seven matrices and the head
+
+
+def test_codebook_types_need_llama_cpp(tmp_path):
+    """Without a usable libggml-base the IQ1-IQ3 types are refused, naming
+    the tensor, the type and what is missing: none loaded (STZ_GGML_LIB
+    empty), a path that does not load, a library that is not ggml's, and
+    one whose traits do not describe the type as ggml-common.h does."""
+    g, out = tmp_path / "k.gguf", tmp_path / "o.safetensors"
+    g.write_bytes(gguf_bytes([], [(b"blk.0.ffn_down.weight", 16, 256, 3, 3 * 66)]))  # iq2_xxs
+    cases = [("", "STZ_GGML_LIB is empty, so none is loaded"),
+             (str(tmp_path / "none.so"), "STZ_GGML_LIB=%s cannot be loaded" % (tmp_path / "none.so"))]
+    zstd = ctypes.util.find_library("zstd")
+    if zstd:
+        cases.append((zstd, "%s has no ggml_get_type_traits" % zstd))
+    if shutil.which("cc"):
+        (tmp_path / "fake.c").write_text(
+            "#include <stdint.h>\n#include <stddef.h>\n"
+            "struct t { const char *n; int64_t b, i; size_t s; _Bool q; void *f; };\n"
+            "static void f(void) {}\n"
+            "static struct t x = {\"iq2_xxs\", 256, 0, 64, 1, (void *)f};\n"
+            "const struct t *ggml_get_type_traits(int type) { (void)type; return &x; }\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "fake.so", tmp_path / "fake.c"], check=True)
+        cases.append((str(tmp_path / "fake.so"), "%s does not describe iq2_xxs as ggml-common.h does (blocks of 256 "
+                      "elements in 66 bytes)" % (tmp_path / "fake.so")))
+    for lib, why in cases:
+        r = stz("dequantize", g, "-o", out, ok=False, env={"STZ_GGML_LIB": lib})
+        assert r.returncode == 1, r.stderr
+        assert ("tensor 'blk.0.ffn_down.weight': ggml type iq2_xxs cannot be read: its values come from ggml's "
+                "codebook tables, which stz takes from llama.cpp's libggml-base: " + why) in r.stderr, r.stderr
+        assert not out.exists()
+
+
+@need_engine
+@pytest.mark.parametrize("typ", ["tq1_0", "tq2_0", "mxfp4"] + sorted(LIB_TYPES))
+def test_llama_cpp_reads_like_stz(tmp_path, typ):
+    """A model whose matrices are in a type stz reads but does not write
+    (the IQ1-IQ3 ones through llama.cpp's library): llama.cpp's logits match
+    stz's forward pass on `stz dequantize` of the same file within
+    llama.cpp's activation rounding (the tolerance of
+    test_llama_cpp_runs_every_type), and are far from the model's before
+    its matrices were replaced. (NVFP4 is newer than the pinned engine.)"""
+    lib = ggml_lib() if typ in LIB_TYPES else None
+    if typ in LIB_TYPES and not lib:
+        pytest.skip("no libggml-base in node-llama-cpp's build")
+    m = wide_dir(tmp_path)
+    f32, g, back = tmp_path / "f.gguf", tmp_path / "t.gguf", tmp_path / "back.safetensors"
+    stz("export", "--gguf", m, "-o", f32, "-q")
+    retype_gguf(f32, g, typ, np.random.default_rng((LIB_TYPES.get(typ) or READ_ONLY[typ])[0]), lib)
+    stz("dequantize", g, "-o", back, "-q", env={"STZ_GGML_LIB": lib} if lib else None)
     tokens = list(range(250, 256)) + list(range(58))
     got, _ = run_engine(tmp_path, g, tokens)
     mine = stz_logits(back, tokens, m / "config.json")

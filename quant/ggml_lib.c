@@ -1,0 +1,75 @@
+/* llama.cpp's own decoders for the ggml types whose values come from
+ * ggml's codebook tables (iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs,
+ * iq3_s: about 34 kB of grid constants chosen from data, which stz does
+ * not copy). They are taken from a libggml-base loaded at run time, the
+ * library llama.cpp builds and installs: STZ_GGML_LIB names it (empty: none
+ * is loaded); unset, the library path is searched for libggml-base.so.
+ * The library's traits must describe each type as ggml-common.h does
+ * (name, elements and bytes per block), or it is not used. */
+#include "ggml_types.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The leading fields of ggml.h's struct ggml_type_traits, the same in every
+ * ggml that has ggml_get_type_traits (since October 2024). */
+typedef struct {
+    const char *type_name;
+    int64_t blck_size, blck_size_interleave;
+    size_t type_size;
+    bool is_quantized;
+    stz_ggml_to_float to_float;
+} ggml_traits_head;
+
+static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
+static const ggml_traits_head *(*lib_traits)(int type);
+static char lib_name[256], lib_why[512];
+
+static void lib_load(void)
+{
+    const char *env = getenv("STZ_GGML_LIB"), *tried[] = {"libggml-base.so", "libggml-base.so.0"};
+    void *h = NULL;
+    if (env && !*env) {
+        snprintf(lib_why, sizeof lib_why, "STZ_GGML_LIB is empty, so none is loaded");
+        return;
+    }
+    for (size_t i = 0; !h && i < (env ? 1 : 2); i++) {
+        snprintf(lib_name, sizeof lib_name, "%s", env ? env : tried[i]);
+        h = dlopen(lib_name, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) {
+        if (env)
+            snprintf(lib_why, sizeof lib_why, "STZ_GGML_LIB=%s cannot be loaded (%s)", env, dlerror());
+        else
+            snprintf(lib_why, sizeof lib_why, "no libggml-base.so on the library path; set STZ_GGML_LIB to one");
+        return;
+    }
+    *(void **)&lib_traits = dlsym(h, "ggml_get_type_traits");
+    if (!lib_traits) {
+        snprintf(lib_why, sizeof lib_why, "%s has no ggml_get_type_traits (not llama.cpp's libggml-base of October "
+                 "2024 or later)", lib_name);
+        dlclose(h);
+    }
+}
+
+stz_ggml_to_float stz_ggml_lib_decoder(const stz_ggml_traits *t, char *why, size_t n)
+{
+    const char *lead = "its values come from ggml's codebook tables, which stz takes from llama.cpp's libggml-base";
+    pthread_once(&lib_once, lib_load);
+    if (!lib_traits) {
+        snprintf(why, n, "%s: %s", lead, lib_why);
+        return NULL;
+    }
+    const ggml_traits_head *g = lib_traits(t->type);
+    if (!g || !g->type_name || strcmp(g->type_name, t->name) || g->blck_size != (int64_t)t->block ||
+        g->type_size != t->bytes || !g->to_float) {
+        snprintf(why, n, "%s: %s does not describe %s as ggml-common.h does (blocks of %u elements in %u bytes)", lead,
+                 lib_name, t->name, t->block, t->bytes);
+        return NULL;
+    }
+    return g->to_float;
+}
