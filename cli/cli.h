@@ -274,11 +274,12 @@ struct stz_policy;
 /* stz compress IN -o OUT with a loaded policy, as the command does (IN a
  * file or a sharded directory; a file OUT is replaced, a directory OUT
  * must not exist), error feedback calibrated when the policy asks for it
- * (its default sequences; config: the model's config.json, NULL: found);
- * *bytes: OUT's bytes (every file of a directory). */
+ * (on so's sequences, NULL: its default ones; config: the model's
+ * config.json, NULL: found); *bytes: OUT's bytes (every file of a
+ * directory). */
 stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol,
-                               const struct stz_imatrix *im, const char *config, int threads, int quiet,
-                               uint64_t *bytes, stz_err *err);
+                               const struct stz_imatrix *im, const cli_seq_opts *so, const char *config, int threads,
+                               int quiet, uint64_t *bytes, stz_err *err);
 
 
 struct stz_qmodel;

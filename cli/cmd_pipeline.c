@@ -218,7 +218,8 @@ static void mpi_gather(compress_ctx *c)
 }
 
 stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, const stz_imatrix *im,
-                               const char *config, int threads, int quiet, uint64_t *bytes, stz_err *err)
+                               const cli_seq_opts *so, const char *config, int threads, int quiet, uint64_t *bytes,
+                               stz_err *err)
 {
     popts o;
     memset(&o, 0, sizeof o);
@@ -228,6 +229,8 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
     c.qs.min_cosine = 1;
     pthread_mutex_init(&c.lock, NULL);
     o.po.config = stz_policy_feedback(pol) ? config : NULL; /* (refused without feedback) */
+    if (so)
+        o.po.so = *so;
     stz_status st = cli_feedback_open(&o.po, pol, in, NULL, 1, threads, quiet, &c.fb, err);
     if (!st && cli_is_sharded_dir(in)) {
         if (cli_shards_run(in, out, "", ".stz", 1, threads, quiet, compress_one, &c) != CLI_OK)

@@ -44,8 +44,9 @@ static const char tune_help[] =
     "                      4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8)\n"
     "  --feedback          every block candidate with error feedback (+fb): its\n"
     "                      errors, and plain rounding's, measured on the layers'\n"
-    "                      outputs over 16 x 256 sampled tokens (seed 1); the policy\n"
-    "                      says \"feedback\": true (compress then calibrates again)\n"
+    "                      outputs over 16 x 256 sampled tokens (seed 1; --tokens\n"
+    "                      FILE's when given); the policy says \"feedback\": true\n"
+    "                      (compress then calibrates again)\n"
     "  --gguf              sizes are the GGUF file's (stz export --gguf of the\n"
     "                      result); candidates keep and llama.cpp's types (default\n"
     "                      keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,\n"
@@ -53,7 +54,8 @@ static const char tune_help[] =
     "                      rows are whole blocks of it; compress --tune writes the GGUF\n"
     "  --tokenizer FILE    --gguf: the tokenizer, as stz export --gguf takes it\n"
     "  --name NAME         --gguf: the GGUF's general.name\n"
-    "  --tokens FILE       sequences to measure on (as stz eval --forward)\n"
+    "  --tokens FILE       sequences to measure on (as stz eval --forward); error\n"
+    "                      feedback calibrates on them too (then quantize with it)\n"
     "  --sequences N       sequences to sample from the model (default 4)\n"
     "  --seq-len L         tokens per sampled sequence (default 64)\n"
     "  --seed S            sampling seed (default 1)\n"
@@ -220,6 +222,13 @@ static stz_gguf_params gguf_params(const tune_opts *o)
     return p;
 }
 
+/* The sequences error feedback calibrates on: --tokens FILE's when given
+ * (tune measures on them too), else NULL, its default sampled ones. */
+static const cli_seq_opts *feedback_seqs(const tune_opts *o)
+{
+    return o->so.path ? &o->so : NULL;
+}
+
 /* Compresses the model (a file or a sharded directory) with the policy
  * into `out` (--gguf: into the container t->tcc, exported to `out` as
  * GGUF) and runs what `out` holds against the original on the same
@@ -238,8 +247,8 @@ static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *e
     if (!st && t->sharded)
         cli_remove_tree(container); /* the first round's */
     if (!st)
-        st = cli_compress_policy(t->in, container, pol, t->im, o->config, o->c.threads, o->c.quiet || o->c.json,
-                                 &res->bytes, err);
+        st = cli_compress_policy(t->in, container, pol, t->im, feedback_seqs(o), o->config, o->c.threads,
+                                 o->c.quiet || o->c.json, &res->bytes, err);
     if (!st)
         st = cli_set_open(&C, container, err);
     if (!st && o->gguf && !(st = cli_export_gguf(t->model, &C, &t->cfg, t->cfg_json, &gp, out, &gs, err))) {
@@ -297,19 +306,25 @@ static stz_status tune_open(tune_run *t, stz_err *err)
     return cli_seqs_get(&o->so, t->fwd, t->model, o->c.quiet || o->c.json, &t->q, t->source, err);
 }
 
+/* 1 if a candidate is quantized with error feedback. */
+static int any_feedback(const tune_run *t)
+{
+    for (size_t c = 0; c < t->ncand; c++)
+        if (t->cand[c].d.feedback)
+            return 1;
+    return 0;
+}
+
 /* With feedback candidates: the output errors, on the sequences error
  * feedback calibrates on (so that they are compress's); tp's progress
  * line is prog. */
 static stz_status tune_feedback(tune_run *t, const stz_tune_params *tp, cli_progress *prog, stz_err *err)
 {
-    size_t c = 0;
-    while (c < t->ncand && !t->cand[c].d.feedback)
-        c++;
-    if (c == t->ncand)
+    if (!any_feedback(t))
         return STZ_OK;
     tune_opts *o = &t->o;
     cli_seqs q = {0};
-    stz_status st = cli_feedback_seqs(NULL, t->fwd, t->model, o->c.quiet || o->c.json, &q, err);
+    stz_status st = cli_feedback_seqs(feedback_seqs(o), t->fwd, t->model, o->c.quiet || o->c.json, &q, err);
     if (!st) {
         cli_progress_init(prog, "tune: feedback", o->c.quiet || o->c.json);
         st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, q.stride, q.lens, tp, err);
@@ -484,9 +499,11 @@ static int tune_run_all(tune_run *t, stz_err *err)
         return tune_unmet(t);
     snprintf(t->desc, sizeof t->desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model, o->budget_opt,
              o->kind == STZ_BUDGET_KL ? o->max_kl : o->size ? o->size : o->ratio ? o->ratio : o->bpw, o->candidates);
-    if (o->imatrix) { /* the figures hold with the importance the candidates were quantized with */
+    int fb_tokens = feedback_seqs(o) && any_feedback(t);
+    if (o->imatrix || fb_tokens) { /* the figures hold with the importance and calibration the candidates had */
         size_t n = strlen(t->desc);
-        snprintf(t->desc + n, sizeof t->desc - n, "; quantize with --imatrix %.200s", o->imatrix);
+        snprintf(t->desc + n, sizeof t->desc - n, "; quantize with%s%.200s%s%.200s", o->imatrix ? " --imatrix " : "",
+                 o->imatrix ? o->imatrix : "", fb_tokens ? " --tokens " : "", fb_tokens ? o->so.path : "");
     }
     if (tune_write_policy(t, err) || (o->verify && tune_verify(t, err)))
         return cli_fail(err);

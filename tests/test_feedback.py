@@ -128,6 +128,23 @@ def test_tune_with_feedback(stories, tmp_path):
     assert k_fed < 0.65 * k_plain  # 0.55x with asymmetric calibration, 0.73x without
 
 
+def test_tune_feedback_on_token_file(stories, tmp_path):
+    """tune --feedback --tokens FILE: error feedback calibrates on FILE's
+    sequences too (tune measures on them), the policy says to quantize
+    with it, and compress --policy with the same --tokens gives the
+    verified container byte for byte; the default calibration another."""
+    tok, fed, pol = tmp_path / "tok.txt", tmp_path / "fed.stz", tmp_path / "fed.json"
+    stz("eval", "--forward", STORIES, STORIES, "--sequences", 8, "--seq-len", 256, "--seed", 11, "--save-tokens", tok,
+        "-q")
+    stz("compress", STORIES, "--tune", "--bits-per-weight", 3.5, "--feedback", "--tokens", tok, "--save-policy", pol,
+        "-o", fed, "-q")
+    assert json.loads(pol.read_text())["description"].endswith("; quantize with --tokens %s" % tok)
+    same, other = tmp_path / "same.stz", tmp_path / "other.stz"
+    stz("compress", STORIES, "--policy", pol, "--tokens", tok, "-o", same, "-q")
+    stz("compress", STORIES, "--policy", pol, "-o", other, "-q")
+    assert sha(same) == sha(fed) != sha(other)
+
+
 def test_tune_corrected_twice(stories, tmp_path):
     """At 2.6 bits/weight with feedback the first correction of a missed
     budget still misses (feedback's calibration moves the codes tune
