@@ -25,9 +25,25 @@ typedef struct {
     stz_ggml_to_float to_float;
 } ggml_traits_head;
 
+#define MAX_TYPE 64 /* above every ggml type number */
+
 static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
 static const ggml_traits_head *(*lib_traits)(int type);
+static stz_ggml_to_float lib_fn[MAX_TYPE]; /* the checked decoders, by type */
 static char lib_name[256], lib_why[512];
+
+/* The library's to_float for every type stz decodes through it, each kept
+ * only if the library describes the type as ggml-common.h does. */
+static void lib_check(void)
+{
+    for (int type = 0; type < MAX_TYPE; type++) {
+        const stz_ggml_traits *t = stz_ggml_traits_of(type);
+        const ggml_traits_head *g = t && t->lib ? lib_traits(type) : NULL;
+        if (g && g->type_name && !strcmp(g->type_name, t->name) && g->blck_size == (int64_t)t->block &&
+            g->type_size == t->bytes)
+            lib_fn[type] = g->to_float;
+    }
+}
 
 static void lib_load(void)
 {
@@ -53,23 +69,21 @@ static void lib_load(void)
         snprintf(lib_why, sizeof lib_why, "%s has no ggml_get_type_traits (not llama.cpp's libggml-base of October "
                  "2024 or later)", lib_name);
         dlclose(h);
+        return;
     }
+    lib_check();
 }
 
 stz_ggml_to_float stz_ggml_lib_decoder(const stz_ggml_traits *t, char *why, size_t n)
 {
     const char *lead = "its values come from ggml's codebook tables, which stz takes from llama.cpp's libggml-base";
     pthread_once(&lib_once, lib_load);
-    if (!lib_traits) {
+    if (t->type >= 0 && t->type < MAX_TYPE && lib_fn[t->type])
+        return lib_fn[t->type];
+    if (!lib_traits)
         snprintf(why, n, "%s: %s", lead, lib_why);
-        return NULL;
-    }
-    const ggml_traits_head *g = lib_traits(t->type);
-    if (!g || !g->type_name || strcmp(g->type_name, t->name) || g->blck_size != (int64_t)t->block ||
-        g->type_size != t->bytes || !g->to_float) {
+    else
         snprintf(why, n, "%s: %s does not describe %s as ggml-common.h does (blocks of %u elements in %u bytes)", lead,
                  lib_name, t->name, t->block, t->bytes);
-        return NULL;
-    }
-    return g->to_float;
+    return NULL;
 }

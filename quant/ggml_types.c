@@ -443,18 +443,16 @@ int stz_ggml_can_decode(const stz_ggml_traits *t, char *why, size_t n)
 
 void stz_ggml_decode(const stz_ggml_traits *t, const uint8_t *in, size_t n, float *y)
 {
-    char why[512];
     if (t->dequantize_ref)
         t->dequantize_ref(in, n, y);
     else
-        stz_ggml_lib_decoder(t, why, sizeof why)(in, y, (int64_t)n);
+        stz_ggml_lib_decoder(t, NULL, 0)(in, y, (int64_t)n);
 }
 
 int stz_ggml_dequantize_row(int type, const uint8_t *in, size_t n, float *y)
 {
     const stz_ggml_traits *t = stz_ggml_traits_of(type);
-    char why[512];
-    if (!t || n % t->block || !stz_ggml_can_decode(t, why, sizeof why))
+    if (!t || n % t->block || !stz_ggml_can_decode(t, NULL, 0))
         return -1;
     stz_ggml_decode(t, in, n, y);
     return 0;

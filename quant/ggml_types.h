@@ -37,7 +37,7 @@ typedef struct stz_ggml_traits {
 typedef void (*stz_ggml_to_float)(const void *x, float *y, int64_t k);
 
 /* 1 when stz decodes type t: its own decoder, or llama.cpp's when t->lib;
- * 0 with why (n bytes) saying why not. */
+ * 0 with why (n bytes; NULL and 0 when not wanted) saying why not. */
 int stz_ggml_can_decode(const stz_ggml_traits *t, char *why, size_t n);
 
 /* The values of n elements (whole blocks) of packed rows of a type
@@ -45,7 +45,8 @@ int stz_ggml_can_decode(const stz_ggml_traits *t, char *why, size_t n);
 void stz_ggml_decode(const stz_ggml_traits *t, const uint8_t *in, size_t n, float *y);
 
 /* llama.cpp's to_float for t (a t->lib type), from a libggml-base loaded
- * at run time (ggml_lib.c); NULL with why saying what is missing. */
+ * and checked once, at the first call (ggml_lib.c); NULL with why (n
+ * bytes; NULL and 0 when not wanted) saying what is missing. */
 stz_ggml_to_float stz_ggml_lib_decoder(const stz_ggml_traits *t, char *why, size_t n);
 
 /* The traits of a ggml type, or NULL for a number ggml does not have. */
