@@ -19,6 +19,18 @@ Gram matrices from 16 sampled sequences (seed 1). Prints, at 3, 2 and 4 bits:
              entries): what vector codebooks could gain over scalar ones
   codebooks-feedback  the same codebooks of scalars and pairs under error
              feedback, input by input with the drift correction
+  trellis    error feedback (input by input, drift) where each input's
+             column is coded by a bitshift trellis (QTIP, Tseng et al.
+             2024): a stream of bits, B per weight, each weight the value
+             of the last L bits' state (a fixed pseudo-random Gaussian
+             table, nothing stored), the stream chosen by Viterbi; each
+             weight scaled by its block's RMS (blocks of 32 inputs).
+             TRELLIS_L: state bits (8,12); TRELLIS_CARRY: 0 each column's
+             stream starts anywhere (L - B more bits per column), 1 it goes
+             on from the previous column's last state, 2 tail-biting (the
+             stream read as a circle: exactly B bits per weight);
+             TRELLIS_SCALE: the scale over the RMS (1); TRELLIS_CODE: the
+             state's value (trellis_code); PROBE_BITS: the widths (3,2,4)
 
 Usage: /usr/bin/python3 bench/feedback_probe.py [SHARED_DATA_DIR] [rotation|act-order|calibrate|codebooks|codebooks-feedback ...]
 (needs numpy; sampling the sequences takes a few minutes, cached in $TMPDIR)."""
@@ -271,8 +283,8 @@ def gptq_codebook(W, H, C, dim, G=32):
     return Y
 
 
-def sequential_codebook(C, dim):
-    """sequential(by_input, drift) with gptq_codebook."""
+def sequential_with(quant):
+    """sequential(by_input, drift) with quant(W, H) for gptq."""
     wq = dict(w)
     for lg in LAYER_GROUPS:
         for g in lg:
@@ -281,8 +293,82 @@ def sequential_codebook(C, dim):
                 H = Xq[n].T @ Xq[n]
                 Dm = (X[n] - Xq[n]).T @ Xq[n]
                 Wm = w[n] + w[n] @ Dm @ np.linalg.inv(H + 0.01 * np.mean(np.diag(H)) * np.eye(H.shape[0]))
-                wq[n] = gptq_codebook(Wm, H, C, dim)
+                wq[n] = quant(Wm, H)
     return kl(wq)
+
+
+def sequential_codebook(C, dim):
+    return sequential_with(lambda W, H: gptq_codebook(W, H, C, dim))
+
+
+def trellis_code(L):
+    """State -> value: the 2^L quantiles of a unit Gaussian in a fixed random
+    order; TRELLIS_CODE=1mad: QTIP's computed code, the sum of the four bytes
+    of 34038481 s + 76625530 mod 2^32, centred and scaled to unit variance."""
+    if os.environ.get("TRELLIS_CODE") == "1mad":
+        x = (np.arange(1 << L, dtype=np.uint64) * 34038481 + 76625530) & 0xFFFFFFFF
+        return (sum((x >> (8 * i)) & 255 for i in range(4)).astype(np.float64) - 510) / np.sqrt(4 * (256 ** 2 - 1) / 12)
+    from statistics import NormalDist
+    q = np.array([NormalDist().inv_cdf((i + 0.5) / (1 << L)) for i in range(1 << L)])
+    return q[np.random.default_rng(0).permutation(1 << L)]
+
+
+def viterbi(x, sc, code, L, B, start=None, tail=None):
+    """The values of the bitshift trellis (states of L bits, B new bits per
+    step; from state start, or any) closest to x, each state's value times
+    sc; the last state. tail: the stream is circular, its first state's
+    top L - B bits are tail and so are its last state's low ones."""
+    S, n = 1 << L, len(x)
+    cost = (x[0] - sc[0] * code) ** 2
+    if start is not None or tail is not None:
+        succ = ((start << B) | np.arange(1 << B)) & (S - 1) if tail is None else (tail << B) | np.arange(1 << B)
+        keep, cost = cost[succ], np.full(S, np.inf)
+        cost[succ] = keep
+    back = np.empty((n, S >> B), np.int64)
+    low = np.arange(S >> B)
+    for t in range(1, n):
+        c2 = cost.reshape(1 << B, S >> B)
+        hi = c2.argmin(0)
+        back[t] = hi
+        cost = np.repeat(c2[hi, low], 1 << B) + (x[t] - sc[t] * code) ** 2
+    st = np.empty(n, np.int64)
+    if tail is not None:
+        cost = np.where((np.arange(S) & ((1 << (L - B)) - 1)) == tail, cost, np.inf)
+    st[-1] = cost.argmin()
+    for t in range(n - 1, 0, -1):
+        st[t - 1] = (back[t][st[t] >> B] << (L - B)) | (st[t] >> B)
+    return code[st] * sc, st
+
+
+def gptq_trellis(W, H, code, L, B, alpha, carry, G=32):
+    """gptq_codebook with each input's column (all rows) coded by the
+    trellis; carry as TRELLIS_CARRY (module doc)."""
+    n, last = W.shape[1], None
+    W = W.copy()
+    U = np.linalg.cholesky(np.linalg.inv(H + 0.01 * np.mean(np.diag(H)) * np.eye(n))).T
+    Y = np.empty_like(W)
+    for c in range(0, n, G):
+        e = min(n, c + G)
+        s = np.sqrt((W[:, c:e] ** 2).mean(1)) * alpha
+        s[s == 0] = 1
+        E = np.zeros((W.shape[0], e - c))
+        for j in range(c, e):
+            if carry == 2:  # tail-biting (QTIP's): the free path of the column rotated by half, its state where
+                h = len(s) // 2  # the column ends; then the circular path through that state's low bits
+                _, st = viterbi(np.roll(W[:, j], -h), np.roll(s, -h), code, L, B)
+                Y[:, j], _ = viterbi(W[:, j], s, code, L, B, tail=int(st[len(s) - 1 - h]) & ((1 << (L - B)) - 1))
+            else:
+                Y[:, j], st = viterbi(W[:, j], s, code, L, B, last if carry else None)
+                last = int(st[-1])
+            E[:, j - c] = (W[:, j] - Y[:, j]) / U[j, j]
+            W[:, j + 1:e] -= np.outer(E[:, j - c], U[j, j + 1:e])
+        W[:, e:] -= E @ U[c:e, e:]
+    return Y
+
+
+def sequential_trellis(L, B, alpha, carry):
+    code = trellis_code(L)
+    return sequential_with(lambda W, H: gptq_trellis(W, H, code, L, B, alpha, carry))
 
 
 def codebook_kl(bits, dim):
@@ -298,6 +384,8 @@ def codebook_kl(bits, dim):
 
 what = sys.argv[2:] or ["rotation", "act-order", "calibrate"]
 for L, bits in ((8, 3), (4, 2), (16, 4)):
+    if str(bits) not in os.environ.get("PROBE_BITS", "3,2,4").split(","):
+        continue
     if "rotation" in what:
         print("%d bits, rotation: none %.4f, orthogonal %.4f, hadamard %.4f" %
               (bits, one_shot(L), one_shot(L, rotate="orthogonal"), one_shot(L, rotate="hadamard")), flush=True)
@@ -313,6 +401,13 @@ for L, bits in ((8, 3), (4, 2), (16, 4)):
         for dim in (1, 2):
             print("%d bits, codebook of %d-element points, error feedback (input by input, drift): KL %.4f" %
                   (bits, dim, sequential_codebook(fit_codebook(bits, dim), dim)), flush=True)
+    if "trellis" in what:
+        for Lt in [int(v) for v in os.environ.get("TRELLIS_L", "8,12").split(",")]:
+            for alpha in [float(v) for v in os.environ.get("TRELLIS_SCALE", "1").split(",")]:
+                for carry in [int(v) for v in os.environ.get("TRELLIS_CARRY", "0,1").split(",")]:
+                    print("%d bits, trellis of %d-bit states, scale %.2f x RMS, %s, error feedback: KL %.4f" %
+                          (bits, Lt, alpha, ("free start", "carried", "tail-biting")[carry],
+                           sequential_trellis(Lt, bits, alpha, carry)), flush=True)
     if "calibrate" in what:
         print("%d bits, sequential: layer at once %.4f, with drift %.4f; input by input %.4f, with drift %.4f" %
               (bits, sequential(L, False, False), sequential(L, False, True), sequential(L, True, False),
