@@ -25,14 +25,15 @@ Gram matrices from 16 sampled sequences (seed 1). Prints, at 3, 2 and 4 bits:
              of the last L bits' state (a fixed pseudo-random Gaussian
              table, nothing stored), the stream chosen by Viterbi; each
              weight scaled by its block's RMS (blocks of 32 inputs).
-             TRELLIS_L: state bits (8,12); TRELLIS_CARRY: 0 each column's
+             TRELLIS_L: state bits (12,16); TRELLIS_CARRY: 0 each column's
              stream starts anywhere (L - B more bits per column), 1 it goes
-             on from the previous column's last state, 2 tail-biting (the
-             stream read as a circle: exactly B bits per weight);
+             on from the previous column's last state, 2 (the default)
+             tail-biting (the stream read as a circle: exactly B bits per
+             weight);
              TRELLIS_SCALE: the scale over the RMS (1); TRELLIS_CODE: the
              state's value (trellis_code); PROBE_BITS: the widths (3,2,4)
 
-Usage: /usr/bin/python3 bench/feedback_probe.py [SHARED_DATA_DIR] [rotation|act-order|calibrate|codebooks|codebooks-feedback ...]
+Usage: /usr/bin/python3 bench/feedback_probe.py [SHARED_DATA_DIR] [rotation|act-order|calibrate|codebooks|codebooks-feedback|trellis ...]
 (needs numpy; sampling the sequences takes a few minutes, cached in $TMPDIR)."""
 import json
 import os
@@ -316,8 +317,8 @@ def trellis_code(L):
 def viterbi(x, sc, code, L, B, start=None, tail=None):
     """The values of the bitshift trellis (states of L bits, B new bits per
     step; from state start, or any) closest to x, each state's value times
-    sc; the last state. tail: the stream is circular, its first state's
-    top L - B bits are tail and so are its last state's low ones."""
+    sc; the states. tail: the stream is circular, its first state's top
+    L - B bits are tail and so are its last state's low ones."""
     S, n = 1 << L, len(x)
     cost = (x[0] - sc[0] * code) ** 2
     if start is not None or tail is not None:
@@ -402,9 +403,9 @@ for L, bits in ((8, 3), (4, 2), (16, 4)):
             print("%d bits, codebook of %d-element points, error feedback (input by input, drift): KL %.4f" %
                   (bits, dim, sequential_codebook(fit_codebook(bits, dim), dim)), flush=True)
     if "trellis" in what:
-        for Lt in [int(v) for v in os.environ.get("TRELLIS_L", "8,12").split(",")]:
+        for Lt in [int(v) for v in os.environ.get("TRELLIS_L", "12,16").split(",")]:
             for alpha in [float(v) for v in os.environ.get("TRELLIS_SCALE", "1").split(",")]:
-                for carry in [int(v) for v in os.environ.get("TRELLIS_CARRY", "0,1").split(",")]:
+                for carry in [int(v) for v in os.environ.get("TRELLIS_CARRY", "2").split(",")]:
                     print("%d bits, trellis of %d-bit states, scale %.2f x RMS, %s, error feedback: KL %.4f" %
                           (bits, Lt, alpha, ("free start", "carried", "tail-biting")[carry],
                            sequential_trellis(Lt, bits, alpha, carry)), flush=True)
