@@ -262,26 +262,33 @@ def fit_codebook(bits, dim):
     return C
 
 
-def gptq_codebook(W, H, C, dim, G=32):
-    """Error feedback onto codebook C: each block's scale (its largest magnitude
-    as updated) at the block, then dim columns at a time to their nearest
-    point, each column's error fed on in turn."""
+def gptq_columns(W, H, scale, quant, dim=1, G=32):
+    """Error feedback onto any code: each block's scales scale(block) (rows)
+    from W as updated at the block, then dim columns at a time coded by
+    quant(columns, scales), each column's error fed on in turn."""
     n = W.shape[1]
     W = W.copy()
     U = np.linalg.cholesky(np.linalg.inv(H + 0.01 * np.mean(np.diag(H)) * np.eye(n))).T
     Y = np.empty_like(W)
     for c in range(0, n, G):
         e = min(n, c + G)
-        s = np.abs(W[:, c:e]).max(1)
+        s = scale(W[:, c:e])
         s[s == 0] = 1
         E = np.zeros((W.shape[0], e - c))
         for k in range(c, e, dim):
-            Y[:, k:k + dim] = C[nearest(W[:, k:k + dim] / s[:, None], C)] * s[:, None]
+            Y[:, k:k + dim] = quant(W[:, k:k + dim], s)
             for j in range(k, k + dim):
                 E[:, j - c] = (W[:, j] - Y[:, j]) / U[j, j]
                 W[:, j + 1:e] -= np.outer(E[:, j - c], U[j, j + 1:e])
         W[:, e:] -= E @ U[c:e, e:]
     return Y
+
+
+def gptq_codebook(W, H, C, dim):
+    """Error feedback onto codebook C: each block's scale its largest
+    magnitude, dim columns at a time to their nearest point."""
+    return gptq_columns(W, H, lambda b: np.abs(b).max(1),
+                        lambda x, s: C[nearest(x / s[:, None], C)] * s[:, None], dim)
 
 
 def sequential_with(quant):
@@ -341,30 +348,24 @@ def viterbi(x, sc, code, L, B, start=None, tail=None):
     return code[st] * sc, st
 
 
-def gptq_trellis(W, H, code, L, B, alpha, carry, G=32):
-    """gptq_codebook with each input's column (all rows) coded by the
-    trellis; carry as TRELLIS_CARRY (module doc)."""
-    n, last = W.shape[1], None
-    W = W.copy()
-    U = np.linalg.cholesky(np.linalg.inv(H + 0.01 * np.mean(np.diag(H)) * np.eye(n))).T
-    Y = np.empty_like(W)
-    for c in range(0, n, G):
-        e = min(n, c + G)
-        s = np.sqrt((W[:, c:e] ** 2).mean(1)) * alpha
-        s[s == 0] = 1
-        E = np.zeros((W.shape[0], e - c))
-        for j in range(c, e):
-            if carry == 2:  # tail-biting (QTIP's): the free path of the column rotated by half, its state where
-                h = len(s) // 2  # the column ends; then the circular path through that state's low bits
-                _, st = viterbi(np.roll(W[:, j], -h), np.roll(s, -h), code, L, B)
-                Y[:, j], _ = viterbi(W[:, j], s, code, L, B, tail=int(st[len(s) - 1 - h]) & ((1 << (L - B)) - 1))
-            else:
-                Y[:, j], st = viterbi(W[:, j], s, code, L, B, last if carry else None)
-                last = int(st[-1])
-            E[:, j - c] = (W[:, j] - Y[:, j]) / U[j, j]
-            W[:, j + 1:e] -= np.outer(E[:, j - c], U[j, j + 1:e])
-        W[:, e:] -= E @ U[c:e, e:]
-    return Y
+def gptq_trellis(W, H, code, L, B, alpha, carry):
+    """Error feedback with each input's column (all rows) coded by the
+    trellis, each block's scale alpha times its RMS; carry as TRELLIS_CARRY
+    (module doc)."""
+    last = None
+
+    def column(x, s):
+        nonlocal last
+        x = x[:, 0]
+        if carry == 2:  # tail-biting (QTIP's): the free path of the column rotated by half, its state where
+            h = len(s) // 2  # the column ends; then the circular path through that state's low bits
+            _, st = viterbi(np.roll(x, -h), np.roll(s, -h), code, L, B)
+            y, _ = viterbi(x, s, code, L, B, tail=int(st[len(s) - 1 - h]) & ((1 << (L - B)) - 1))
+        else:
+            y, st = viterbi(x, s, code, L, B, last if carry else None)
+            last = int(st[-1])
+        return y[:, None]
+    return gptq_columns(W, H, lambda b: np.sqrt((b ** 2).mean(1)) * alpha, column)
 
 
 def sequential_trellis(L, B, alpha, carry):
