@@ -76,7 +76,44 @@ echo "- original: $(text "$M")"
 echo "- tune: $(text "$WORK/fb-t25.stz")"
 echo "- tune --feedback: $(text "$WORK/fb-tf25.stz")"
 }
-[ "${COST:-1}" = only ] || stories
+# The method "trellis" against "nl" on the layer matrices (the embedding kept:
+# its nl codes pack below 3 bits, a trellis stream's do not), same bytes.
+trellis() {
+echo
+echo "## The trellis method against nl, every layer matrix (stories260K, container bytes)"
+echo
+echo "| format | nl bytes | nl KL | nl KL feedback | trellis bytes | trellis KL | trellis KL feedback | ratio (feedback) |"
+echo "|---|---|---|---|---|---|---|---|"
+for f in int2:block_size=32 int3:block_size=32 int3:block_size=32:scale_dtype=U8 int4:block_size=32; do
+    for m in nl trellis; do
+        "$STZ" compress "$M" --set "layers.*=$f:method=$m" -o "$WORK/fb-$m.stz" -f -q
+        "$STZ" compress "$M" --set "layers.*=$f:method=$m" --feedback -o "$WORK/fb-$m-fed.stz" -f -q
+    done
+    awk -v f="$f" -v nb="$(bytes "$WORK/fb-nl.stz")" -v np="$(kl "$WORK/fb-nl.stz")" -v nf="$(kl "$WORK/fb-nl-fed.stz")" \
+        -v tb="$(bytes "$WORK/fb-trellis.stz")" -v tp="$(kl "$WORK/fb-trellis.stz")" \
+        -v tf="$(kl "$WORK/fb-trellis-fed.stz")" \
+        'BEGIN { printf "| %s | %d | %.4f | %.4f | %d | %.4f | %.4f | %.2fx |\n", f, nb, np, nf, tb, tp, tf, tf / nf }'
+done
+echo
+echo "## stz tune --feedback with trellis candidates added (stories260K, container bytes)"
+echo
+echo "| bits/weight | tune --feedback bytes | KL | with trellis candidates: bytes | KL | ratio | target |"
+echo "|---|---|---|---|---|---|---|"
+cands="keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8"
+cands="$cands,4:trellis:32:F16,4:trellis:32:U8,3:trellis:64:F16,3:trellis:32:F16,3:trellis:64:U8,3:trellis:32:U8"
+cands="$cands,3:trellis:16:U8,2:trellis:64:F16,2:trellis:32:F16,2:trellis:32:U8"
+for row in "3.0 <=0.30" "3.5 <=0.112"; do
+    set -- $row
+    "$STZ" compress "$M" --tune --bits-per-weight "$1" --feedback -o "$WORK/fb-tf.stz" -f -q
+    "$STZ" compress "$M" --tune --bits-per-weight "$1" --feedback --candidates "$cands" -o "$WORK/fb-tt.stz" -f -q
+    awk -v b="$1" -v fb="$(bytes "$WORK/fb-tf.stz")" -v fk="$(kl "$WORK/fb-tf.stz")" -v tb="$(bytes "$WORK/fb-tt.stz")" \
+        -v tk="$(kl "$WORK/fb-tt.stz")" -v t="$2" \
+        'BEGIN { printf "| %s | %d | %.4f | %d | %.4f | %.2fx | %s |\n", b, fb, fk, tb, tk, tk / fk, t }'
+done
+}
+[ "${COST:-1}" = only ] || [ "${TRELLIS:-1}" = only ] || stories
+[ "${COST:-1}" = only ] || trellis
+[ "${TRELLIS:-1}" = only ] && exit 0
 [ "${COST:-1}" = 0 ] && exit 0
 Q=$WORK/qwen2-0.5b.safetensors
 "$STZ" synth qwen2-0.5b -o "$Q" -q -f

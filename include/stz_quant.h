@@ -63,7 +63,11 @@ typedef enum {
  * mse: symmetric, the scale searched for the lowest squared error;
  * asym: scale and minimum per block, codes 0..2^bits - 1;
  * nl: a non-uniform codebook of 2^bits levels (a fixed one), scale searched;
- * nl-fit: nl with the codebook fitted to each tensor. */
+ * nl-fit: nl with the codebook fitted to each tensor;
+ * trellis: 2 to 4 bits, each column of a segment of rows one circular
+ *          stream of codes whose last 12 bits pick a value (QTIP's bitshift
+ *          trellis, docs/FORMAT.md "Trellis codes"): same bytes as the
+ *          width's codes, lower error. */
 typedef enum {
     STZ_QMETHOD_ABSMAX = 0,
     STZ_QMETHOD_MSE = 1,
@@ -71,6 +75,7 @@ typedef enum {
     STZ_QMETHOD_ASYM = 3,
     STZ_QMETHOD_NL = 4,
     STZ_QMETHOD_NL_FIT = 5, /* nl with the codebook fitted to each tensor (stored in the file) */
+    STZ_QMETHOD_TRELLIS = 6,
     STZ_QMETHOD_COUNT
 } stz_qmethod;
 typedef enum { STZ_NONFINITE_ERROR = 0, STZ_NONFINITE_KEEP = 1 } stz_nonfinite;

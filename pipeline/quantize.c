@@ -212,25 +212,52 @@ static stz_status write_blockwise(stz_writer *w, const stz_quant_plan *pl, const
     return st;
 }
 
-/* A tensor error feedback quantized (stz_feedback_take): its values,
- * scales and minimums as it holds them; *taken = 0 when it does not. */
+/* A tensor quantized in memory: its values, scales and minimums, checked
+ * to be in the format the plan declared (freed). */
+static stz_status write_qmem(stz_writer *w, const stz_tensor *t, stz_quant_plan *pl, stz_qmem *q, stz_err *err)
+{
+    stz_status st = STZ_OK;
+    if ((pl->d.scale_dtype == STZ_DTYPE_U8 && q->fmt.scale_base != pl->fmt.scale_base) ||
+        (pl->d.method == STZ_QMETHOD_NL_FIT && memcmp(q->fmt.levels, pl->fmt.levels, sizeof q->fmt.levels)))
+        st = stz_err_set(err, STZ_E_ARG, "tensor '%s': quantized with feedback from other values than the file's "
+                         "(another model?)", t->name);
+    for (int k = STZ_PART_VALUES; !st && k <= STZ_PART_MINS; k++)
+        if (q->part[k])
+            st = stz_writer_write(w, q->part[k], q->len[k], err);
+    pl->cosine = q->cosine;
+    stz_qmem_free(q);
+    return st;
+}
+
+/* A tensor error feedback quantized (stz_feedback_take), as it holds it;
+ * *taken = 0 when it does not. */
 static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *pl, stz_feedback *fb, int *taken,
                             stz_err *err)
 {
     stz_qmem q;
     stz_status st = stz_feedback_take(fb, t->name, &pl->d, &q, taken, err);
-    if (st || !*taken)
-        return st;
-    if ((pl->d.scale_dtype == STZ_DTYPE_U8 && q.fmt.scale_base != pl->fmt.scale_base) ||
-        (pl->d.method == STZ_QMETHOD_NL_FIT && memcmp(q.fmt.levels, pl->fmt.levels, sizeof q.fmt.levels)))
-        st = stz_err_set(err, STZ_E_ARG, "tensor '%s': quantized with feedback from other values than the file's "
-                         "(another model?)", t->name);
-    for (int k = STZ_PART_VALUES; !st && k <= STZ_PART_MINS; k++)
-        if (q.part[k])
-            st = stz_writer_write(w, q.part[k], q.len[k], err);
-    pl->cosine = q.cosine;
-    stz_qmem_free(&q);
-    return st;
+    return st || !*taken ? st : write_qmem(w, t, pl, &q, err);
+}
+
+/* A trellis without feedback: the whole tensor read and quantized at once
+ * (each value depends on its segment's rows). */
+static stz_status write_trellis(stz_writer *w, const stz_reader *r, const stz_tensor *t, stz_quant_plan *pl,
+                                int threads, stz_err *err)
+{
+    size_t n = (size_t)(pl->rows * pl->cols), esz = stz_dtype_bits(t->dtype) / 8;
+    uint8_t *raw = malloc(n * esz + 1);
+    float *x = malloc(n * sizeof *x + 1);
+    stz_status st = raw && x ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s'", t->name);
+    if (!st && !(st = stz_reader_read(r, t, 0, raw, n * esz, err)))
+        st = stz_to_f32(t->dtype, raw, n, x, err);
+    free(raw);
+    stz_qmem q;
+    stz_err sub;
+    if (!st && (st = stz_trellis_tensor(&pl->d, x, pl->fmt.weights, pl->rows, pl->cols, threads, &q, NULL, &sub)))
+        st = stz_err_set(err, st, "%s: tensor '%s': %s%s", stz_reader_path(r), t->name, sub.msg,
+                         st == STZ_E_NUMERIC ? " (or \"nonfinite\": \"keep\" in the policy rule)" : "");
+    free(x);
+    return st ? st : write_qmem(w, t, pl, &q, err);
 }
 
 /* Streams one quantized tensor: values row batch by row batch on
@@ -313,6 +340,10 @@ static stz_status plan_tensors(qfile *j, stz_policy *policy, const stz_imatrix *
         x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
         if (t->ndim < 2) /* include_1d: one row */
             x->rows = 1, x->cols = t->numel, x->nblocks = stz_q_blocks(t->numel, x->d.block_size);
+        if (x->d.method == STZ_QMETHOD_TRELLIS && !stz_trellis_fits(x->bits, x->rows)) {
+            x->d.method = STZ_QMETHOD_NL, x->d.reason = "too few rows for a trellis: nl";
+            stz_quant_plan_format(x);
+        }
         else if (im && !x->svd) {
             stz_status st = stz_imatrix_find(im, t->name, x->cols, &x->fmt.weights, err);
             if (st)
@@ -436,7 +467,10 @@ static stz_status write_block(qfile *j, const stz_quant_params *p, const stz_ten
 {
     int taken = 0;
     stz_status st = p->feedback && x->d.feedback ? write_fed(j->w, t, x, p->feedback, &taken, err) : STZ_OK;
-    return st || taken ? st : write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err);
+    if (st || taken)
+        return st;
+    return x->fmt.method == STZ_QMETHOD_TRELLIS ? write_trellis(j->w, j->r, t, x, j->nslots, err)
+                                                : write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err);
 }
 
 /* Every tensor in file order: factors, quantized rows, or the bytes kept. */

@@ -105,8 +105,8 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             else if (cJSON_IsString(k) && (!strcmp(k->valuestring, "exact") || !strcmp(k->valuestring, "randomized")))
                 svd_key = "method", d->svd_randomized = k->valuestring[0] == 'r';
             else
-                return perr(err, p, where, pat, "method must be \"absmax\", \"mse\", \"full\", \"asym\", \"nl\" "
-                            "or \"nl-fit\" (int2..int8), \"exact\" or \"randomized\" (svd)", NULL, NULL);
+                return perr(err, p, where, pat, "method must be \"absmax\", \"mse\", \"full\", \"asym\", \"nl\", "
+                            "\"nl-fit\" or \"trellis\" (int2..int8), \"exact\" or \"randomized\" (svd)", NULL, NULL);
         } else if (!strcmp(key, "nonfinite")) {
             if (cJSON_IsString(k) && !strcmp(k->valuestring, "error"))
                 d->nonfinite = STZ_NONFINITE_ERROR;
@@ -191,6 +191,9 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                     "\"F16\" or \"F32\", not \"U8\"", NULL, NULL);
     if ((d->method == STZ_QMETHOD_NL || d->method == STZ_QMETHOD_NL_FIT) && stz_action_bits(d->action) > 6)
         return perr(err, p, where, pat, "methods \"nl\" and \"nl-fit\" take 2 to 6 bits (int2..int6)", NULL, NULL);
+    if (d->method == STZ_QMETHOD_TRELLIS && d->action != STZ_ACTION_KEEP &&
+        (stz_action_bits(d->action) < 2 || stz_action_bits(d->action) > 4 || stz_action_ggml_type(d->action) >= 0))
+        return perr(err, p, where, pat, "method \"trellis\" takes 2 to 4 bits (int2..int4)", NULL, NULL);
     if (d->feedback && !stz_action_is_block(d->action))
         return perr(err, p, where, pat, "feedback applies to block quantizations (int2..int8, q4_0..iq4_xs), not '%s'",
                     stz_action_name(d->action), NULL);

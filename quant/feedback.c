@@ -20,7 +20,12 @@
  * output X W^T. Its least-squares fit through Xq is W (X^T Xq) H^-1 =
  * W + W D H^-1 with D = (X - Xq)^T Xq; the rows are moved there (H^-1
  * dampened, as U^T U), FB_DRIFT of the way, before the sweep, whose
- * output error then measures from there. */
+ * output error then measures from there.
+ *
+ * A trellis (trellis.c) codes a whole column of a segment of rows at once:
+ * its pieces are the segments, and within a block the columns go in
+ * order, each column's errors fed to the block's later columns; without U
+ * the same sweep quantizes a trellis with no feedback. */
 #include "quant_tensor.h"
 #include "ggml_types.h"
 #include "core/stz_core.h"
@@ -80,15 +85,19 @@ static stz_status factor(const float *H, size_t n, double damp, float *U, stz_er
 }
 
 typedef struct {
-    float *W, *E;   /* the piece's rows as they are updated; a block's fed errors (FB_ROWS x G) */
-    float *Z;       /* with D: the piece's move (FB_ROWS x cols) */
+    float *W, *E;   /* the piece's rows as they are updated; a block's fed errors (rows x G) */
+    float *Z;       /* with D: the piece's move (rows x cols) */
     uint8_t *codes; /* stz formats: the piece's codes, one per byte */
+    stz_trellis_work *tw; /* trellis: Viterbi's buffers, and a column's values, scales, codes */
+    float *col;
+    uint8_t *ccol;
 } fb_slot;
 
 typedef struct {
     const stz_qformat *f;
-    const float *x, *U, *w, *D;
+    const float *x, *U, *w, *D; /* U NULL: no feedback (a trellis) */
     size_t rows, cols, G, nb, rb;
+    size_t most;     /* rows of the largest piece */
     uint8_t *q;      /* the values, rows x rb */
     float *sc, *mn;  /* stz formats: per row and block */
     double *loss;    /* per piece: the output error, sum of the fed errors squared */
@@ -106,6 +115,45 @@ static int fb_block(const fb_job *j, fb_slot *s, size_t r0, size_t r, size_t c0,
                                        j->q + row * j->rb + b * j->f->ggml->bytes, E);
     return stz_qf_block_feedback(j->f, x, w, len, U, j->cols, s->codes + r * j->cols + c0, &j->sc[row * j->nb + b],
                                  j->mn ? &j->mn[row * j->nb + b] : NULL, E);
+}
+
+/* A trellis block: columns [c0, c0 + len) of the piece's nr rows (from
+ * row r0), each row's scale from its values as they are, then column by
+ * column, each column's errors fed to the block's later columns. */
+static int tr_block(const fb_job *j, fb_slot *s, size_t r0, size_t nr, size_t c0, size_t len)
+{
+    size_t n = j->cols, b = c0 / j->G;
+    float *xc = s->col, *sc = xc + j->most, *yc = sc + j->most;
+    for (size_t r = 0; r < nr; r++)
+        if (isnan(sc[r] = j->sc[(r0 + r) * j->nb + b] = stz_trellis_scale(j->f, s->W + r * n + c0, len)))
+            return -1;
+    for (size_t k = 0; k < len; k++) {
+        for (size_t r = 0; r < nr; r++)
+            xc[r] = s->W[r * n + c0 + k];
+        stz_trellis_column(s->tw, j->f->bits, xc, sc, nr, s->ccol, yc);
+        for (size_t r = 0; r < nr; r++) {
+            s->codes[r * n + c0 + k] = s->ccol[r];
+            s->E[r * j->G + k] = j->U ? stz_fb_step(s->W + r * n + c0, k, len, yc[r], j->U + c0 * n + c0, n)
+                                      : xc[r] - yc[r];
+        }
+    }
+    return 0;
+}
+
+/* Piece i's rows: FB_ROWS from i * FB_ROWS, or a trellis segment. */
+static void piece_rows(const fb_job *j, size_t i, size_t *r0, size_t *nr)
+{
+    if (j->f->method == STZ_QMETHOD_TRELLIS) {
+        uint64_t a, b;
+        stz_trellis_segment(j->rows, (uint64_t)i * STZ_TRELLIS_ROWS, &a, &b);
+        *r0 = (size_t)a, *nr = (size_t)(b - a);
+    } else
+        *r0 = i * FB_ROWS, *nr = j->rows - *r0 < FB_ROWS ? j->rows - *r0 : FB_ROWS;
+}
+
+static size_t piece_count(const stz_qformat *f, size_t rows)
+{
+    return f->method == STZ_QMETHOD_TRELLIS ? stz_trellis_segments(rows) : (rows + FB_ROWS - 1) / FB_ROWS;
 }
 
 /* The piece's nr rows W moved FB_DRIFT of the way to their fit of the
@@ -128,19 +176,22 @@ static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
 {
     fb_job *j = ctx;
     fb_slot *s = &j->slot[tid];
-    size_t r0 = i * FB_ROWS, nr = j->rows - r0 < FB_ROWS ? j->rows - r0 : FB_ROWS, n = j->cols;
+    size_t r0, nr, n = j->cols;
+    piece_rows(j, i, &r0, &nr);
     memcpy(s->W, j->x + r0 * n, nr * n * sizeof *s->W);
     if (j->D)
         fb_move(j, s, nr);
     for (size_t c0 = 0; c0 < n; c0 += j->G) {
         size_t len = n - c0 < j->G ? n - c0 : j->G, rest = n - c0 - len;
+        if (s->tw && tr_block(j, s, r0, nr, c0, len))
+            return stz_err_set(err, STZ_E_NUMERIC, "rows %zu-%zu: %s", r0, r0 + nr - 1, stz_qtensor_overflow(j->f));
         for (size_t r = 0; r < nr; r++) {
-            if (fb_block(j, s, r0, r, c0, len))
+            if (!s->tw && fb_block(j, s, r0, r, c0, len))
                 return stz_err_set(err, STZ_E_NUMERIC, "row %zu: %s", r0 + r, stz_qtensor_overflow(j->f));
             for (size_t k = 0; k < len; k++)
                 j->loss[i] += (double)s->E[r * j->G + k] * s->E[r * j->G + k];
         }
-        if (rest) /* the later columns: W[:, c0 + len:] -= E (nr x len) @ U[c0:c0 + len, c0 + len:] */
+        if (rest && j->U) /* the later columns: W[:, c0 + len:] -= E (nr x len) @ U[c0:c0 + len, c0 + len:] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nr, (int)rest, (int)len, -1.0f, s->E,
                         (int)j->G, j->U + c0 * n + c0 + len, (int)n, 1.0f, s->W + c0 + len, (int)n);
     }
@@ -153,16 +204,19 @@ static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
 static stz_status fb_run(fb_job *j, int threads, stz_err *err)
 {
     threads = threads < 1 ? 1 : threads;
-    size_t pieces = (j->rows + FB_ROWS - 1) / FB_ROWS;
+    size_t pieces = piece_count(j->f, j->rows), m = j->most;
+    int tr = j->f->method == STZ_QMETHOD_TRELLIS;
     stz_status st = (j->slot = calloc((size_t)threads, sizeof *j->slot)) && (j->loss = calloc(pieces + 1, sizeof *j->loss))
                         ? STZ_OK
                         : stz_err_set(err, STZ_E_NOMEM, "out of memory for the feedback threads");
     for (int t = 0; !st && t < threads; t++) {
         fb_slot *s = &j->slot[t];
-        s->W = malloc(FB_ROWS * j->cols * sizeof *s->W), s->E = malloc(FB_ROWS * j->G * sizeof *s->E);
-        s->codes = j->f->ggml ? NULL : malloc(FB_ROWS * j->cols);
-        s->Z = j->D ? malloc(FB_ROWS * j->cols * sizeof *s->Z) : NULL;
-        if (!s->W || !s->E || (!j->f->ggml && !s->codes) || (j->D && !s->Z))
+        s->W = malloc(m * j->cols * sizeof *s->W), s->E = malloc(m * j->G * sizeof *s->E);
+        s->codes = j->f->ggml ? NULL : malloc(m * j->cols);
+        s->Z = j->D ? malloc(m * j->cols * sizeof *s->Z) : NULL;
+        if (tr)
+            s->tw = stz_trellis_work_new(), s->col = malloc(3 * m * sizeof *s->col), s->ccol = malloc(m);
+        if (!s->W || !s->E || (!j->f->ggml && !s->codes) || (j->D && !s->Z) || (tr && (!s->tw || !s->col || !s->ccol)))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows in feedback");
     }
     if (!st) {
@@ -170,18 +224,49 @@ static stz_status fb_run(fb_job *j, int threads, stz_err *err)
         st = stz_ordered_run(&pl, err);
     }
     for (int t = 0; j->slot && t < threads; t++)
-        free(j->slot[t].W), free(j->slot[t].E), free(j->slot[t].codes), free(j->slot[t].Z);
+        free(j->slot[t].W), free(j->slot[t].E), free(j->slot[t].codes), free(j->slot[t].Z),
+            stz_trellis_work_free(j->slot[t].tw), free(j->slot[t].col), free(j->slot[t].ccol);
     free(j->slot);
     return st;
 }
 
-/* The sum of pieces' figures, in order (the same for any thread count). */
-static double sum_pieces(const double *v, size_t rows)
+/* The sum of n pieces' figures, in order (the same for any thread count). */
+static double sum_pieces(const double *v, size_t n)
 {
     double s = 0;
-    for (size_t i = 0; i < (rows + FB_ROWS - 1) / FB_ROWS; i++)
+    for (size_t i = 0; i < n; i++)
         s += v[i];
     return s;
+}
+
+/* The sweep over rows x cols values x, their format begun by
+ * stz_qtensor_begin (sc, mn), with U (NULL: no feedback), then the end. */
+static stz_status sweep(const float *x, const float *U, const float *w, const float *D, size_t rows, size_t cols,
+                        int threads, stz_qmem *out, float *sc, float *mn, float *y, stz_err *err)
+{
+    const stz_qformat *f = &out->fmt;
+    fb_job j = {.f = f, .x = x, .U = U, .w = w, .D = D, .rows = rows, .cols = cols, .G = f->block,
+                .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, cols),
+                .q = out->part[STZ_PART_VALUES], .sc = sc, .mn = mn,
+                .most = f->method == STZ_QMETHOD_TRELLIS ? 2 * STZ_TRELLIS_ROWS : FB_ROWS};
+    j.most = j.most < rows ? j.most : rows;
+    stz_status st = fb_run(&j, threads, err);
+    out->err_out = st || !U ? 0 : sum_pieces(j.loss, piece_count(f, rows));
+    free(j.loss);
+    return st ? st : stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
+}
+
+stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
+                              uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err)
+{
+    float *sc, *mn;
+    stz_status st = stz_qtensor_begin(d, x, weights, rows, cols, out, &sc, &mn, err);
+    if (!st)
+        st = sweep(x, NULL, weights, NULL, (size_t)rows, (size_t)cols, threads, out, sc, mn, y, err);
+    free(sc), free(mn);
+    if (st)
+        stz_qmem_free(out);
+    return st;
 }
 
 stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, const float *H, const float *D,
@@ -201,17 +286,8 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
     stz_blas_threads(1); /* OpenBLAS's results depend on its thread count; the rows share the threads */
     if (!st)
         st = factor(H, (size_t)cols, FB_DAMP, U, err);
-    if (!st) {
-        const stz_qformat *f = &out->fmt;
-        fb_job j = {.f = f, .x = x, .U = U, .w = w, .D = D, .rows = (size_t)rows, .cols = (size_t)cols, .G = f->block,
-                    .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, (size_t)cols),
-                    .q = out->part[STZ_PART_VALUES], .sc = sc, .mn = mn};
-        st = fb_run(&j, threads, err);
-        out->err_out = st ? 0 : sum_pieces(j.loss, j.rows);
-        free(j.loss);
-    }
     if (!st)
-        st = stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
+        st = sweep(x, U, w, D, (size_t)rows, (size_t)cols, threads, out, sc, mn, y, err);
     out->fmt.weights = NULL; /* w is freed */
     free(w), free(U), free(sc), free(mn);
     if (st)
@@ -268,7 +344,7 @@ stz_status stz_quant_output_error(const float *x, const float *y, const float *H
         stz_ordered pl = {.n = pieces, .threads = threads, .ctx = &j, .work = oe_work};
         st = stz_ordered_run(&pl, err);
     }
-    *out = st ? 0 : sum_pieces(j.loss, j.rows);
+    *out = st ? 0 : sum_pieces(j.loss, pieces);
     for (int t = 0; j.E && j.F && t < threads; t++)
         free(j.E[t]), free(j.F[t]);
     free(j.E), free(j.F), free(j.loss), free(j.damp);

@@ -70,6 +70,8 @@ static float store_scale(const stz_qformat *f, float s)
     return scale_value(f->scale_base, scale_code(f->scale_base, s));
 }
 
+float stz_qf_store_scale(const stz_qformat *f, float s) { return store_scale(f, s); }
+
 /* The nearest stored scale at or above |s| in magnitude, same sign. */
 static float store_scale_up(const stz_qformat *f, float s)
 {

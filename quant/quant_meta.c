@@ -170,8 +170,8 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                          t->name, unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
         goto done;
     }
-    for (int j = 0; j < STZ_QMETHOD_NL_FIT && cJSON_IsString(meth); j++) /* nl-fit is stored as nl + levels */
-        if (!strcmp(meth->valuestring, stz_qmethod_name((stz_qmethod)j)))
+    for (int j = 0; j < STZ_QMETHOD_COUNT && cJSON_IsString(meth); j++) /* nl-fit is stored as nl + levels */
+        if (j != STZ_QMETHOD_NL_FIT && !strcmp(meth->valuestring, stz_qmethod_name((stz_qmethod)j)))
             m = j;
     for (int a = STZ_ACTION_FIRST_GGML; a < STZ_ACTION_COUNT && cJSON_IsString(meth) && m < 0; a++)
         if (!strcmp(meth->valuestring, stz_action_name((stz_action)a))) {
@@ -193,7 +193,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     }
     qi->fmt.method = (stz_qmethod)m;
     if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || bits->valuedouble != nb || nb < 2 || nb > 8 || nb == 7 ||
-        ((m == STZ_QMETHOD_NL) && nb > 6) || !cJSON_IsNumber(blk) || blk->valuedouble < 1 ||
+        ((m == STZ_QMETHOD_NL) && nb > 6) || (m == STZ_QMETHOD_TRELLIS && nb > 4) || !cJSON_IsNumber(blk) || blk->valuedouble < 1 ||
         blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) ||
         !float_origin(qi->dtype) ||
         !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) ||
@@ -266,6 +266,25 @@ static stz_status svd_load(const stz_reader *r, qinfo *qi, stz_err *err)
     return st;
 }
 
+/* Rows [row, row + nr) of a trellis entry (their scales in sc): the codes
+ * of their segments read, then decoded. */
+static stz_status trellis_rows(const stz_reader *r, const qinfo *qi, uint64_t row, size_t nr, const float *sc, float *f,
+                               stz_err *err)
+{
+    uint64_t a, b, a2, b2;
+    stz_trellis_segment(qi->rows, row, &a, &b);
+    stz_trellis_segment(qi->rows, row + nr - 1, &a2, &b2);
+    size_t rb = stz_qf_row_bytes(qi->bits, (size_t)qi->cols);
+    uint8_t *codes = malloc((size_t)(b2 - a) * rb + 1);
+    stz_status st = codes ? stz_reader_read(r, qi->t, a * rb, codes, (size_t)(b2 - a) * rb, err)
+                          : stz_err_set(err, STZ_E_NOMEM, "out of memory for the codes of '%s'", qi->name);
+    if (!st && stz_trellis_dequantize_rows(&qi->fmt, codes, a, qi->rows, row, nr, sc, (size_t)qi->cols, f))
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: tensor '%s': out of memory decoding rows", stz_reader_path(r),
+                         qi->name);
+    free(codes);
+    return st;
+}
+
 stz_status stz_qi_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_t nr, uint8_t *raw,
                        uint8_t *sbytes, float *sc, float *f, stz_err *err)
 {
@@ -295,7 +314,8 @@ stz_status stz_qi_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_t nr, 
         return st;
     }
     float *mn = sc + nsc; /* asym: the minimums after the scales */
-    stz_status st = stz_reader_read(r, qi->t, row * rb, raw, nr * rb, err);
+    int tr = qi->fmt.method == STZ_QMETHOD_TRELLIS;
+    stz_status st = tr ? STZ_OK : stz_reader_read(r, qi->t, row * rb, raw, nr * rb, err);
     if (st)
         return st;
     const stz_tensor *src[2] = {qi->sc, qi->mn};
@@ -311,6 +331,8 @@ stz_status stz_qi_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_t nr, 
     }
     if (!qi->sc)
         sc[0] = qi->scalar, mn[0] = qi->scalar_min;
+    if (tr)
+        return trellis_rows(r, qi, row, nr, sc, f, err);
     for (size_t k = 0; k < nr; k++)
         stz_qf_dequantize_row(&qi->fmt, raw + k * rb, sc + k * qi->nblocks, mn + k * qi->nblocks, (size_t)qi->cols,
                               f + k * qi->cols);

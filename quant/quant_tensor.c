@@ -55,7 +55,8 @@ int stz_action_bits(stz_action a)
     return t >= 0 ? stz_ggml_traits_of(t)->bits : (unsigned)a < STZ_ACTION_FIRST_GGML ? bits[a] : 0;
 }
 
-static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit"};
+static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit",
+                                                                  "trellis"};
 const char *stz_qmethod_name(stz_qmethod m) { return (unsigned)m < STZ_QMETHOD_COUNT ? method_names[m] : "?"; }
 
 size_t stz_quant_first_nonfinite(const float *x, size_t n)
@@ -246,6 +247,10 @@ stz_status stz_qtensor_begin(const stz_decision *d, const float *x, const float 
     if (f->ggml && cols % f->block)
         return stz_err_set(err, STZ_E_ARG, "rows of %llu are not whole blocks of %s (%u): use the type "
                            "stz_ggml_fallback gives", (unsigned long long)cols, f->ggml->name, f->block);
+    if (f->method == STZ_QMETHOD_TRELLIS && !stz_trellis_fits(f->bits, rows))
+        return stz_err_set(err, STZ_E_ARG, "method \"trellis\" takes int2..int4 matrices of at least %d rows, not "
+                           "%d bits and %llu rows", STZ_TRELLIS_L / (f->bits >= 2 ? f->bits : 2), f->bits,
+                           (unsigned long long)rows);
     uint64_t n = rows * cols, ns = rows * stz_q_blocks(cols, f->block);
     size_t bad = stz_quant_first_nonfinite(x, (size_t)n);
     if (bad < n)
@@ -280,8 +285,12 @@ stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qme
     cos_sums c = {0};
     for (uint64_t r = 0; !st && r < rows; r++) { /* the error as the reader will see it */
         float *yr = all ? all + r * cols : y;
-        stz_qf_dequantize_row(f, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn ? mn + r * nb : NULL,
-                              (size_t)cols, yr);
+        if (f->method != STZ_QMETHOD_TRELLIS)
+            stz_qf_dequantize_row(f, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn ? mn + r * nb : NULL,
+                                  (size_t)cols, yr);
+        else if (stz_trellis_dequantize_rows(f, out->part[STZ_PART_VALUES], 0, rows, r, 1, sc + r * nb, (size_t)cols,
+                                             yr))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a row");
         add_error(out, &c, x + r * cols, yr, f->weights, 1, (size_t)cols);
     }
     out->cosine = cosine_of(&c);
@@ -318,6 +327,8 @@ stz_status stz_quantize_tensor_y(const stz_decision *d, const float *x, const fl
             stz_qmem_free(out);
         return st;
     }
+    if (d->method == STZ_QMETHOD_TRELLIS)
+        return stz_trellis_tensor(d, x, weights, rows, cols, 1, out, y, err);
     float *sc, *mn;
     stz_status st = stz_qtensor_begin(d, x, weights, rows, cols, out, &sc, &mn, err);
     const stz_qformat *f = &out->fmt;

@@ -61,11 +61,51 @@ stz_status stz_qtensor_begin(const stz_decision *d, const float *x, const float 
  * scales (and minimums) stored. */
 stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qmem *out, float *sc, float *mn,
                            float *all, stz_err *err);
+/* stz_quantize_tensor_y of a trellis decision, on `threads` threads (the
+ * same bytes for any). */
+stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
+                              uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err);
 /* What a row that cannot be stored (-1 from a quantizer) means for f. */
 const char *stz_qtensor_overflow(const stz_qformat *f);
 
 /* n codes (one per byte) as a row's bit string (stz_qf_row_bytes). */
 void stz_qf_pack_codes(int bits, const uint8_t *codes, size_t n, uint8_t *q);
+
+/* The stored scale nearest s, same sign (NAN: F16 cannot hold it). */
+float stz_qf_store_scale(const stz_qformat *f, float s);
+
+/* ---- the method "trellis" (quant/trellis.c) ---- */
+#define STZ_TRELLIS_L 12      /* bits of a state */
+#define STZ_TRELLIS_ROWS 128  /* rows of a segment; the last one takes the rest */
+
+/* code() of a state: an integer in [-510, 510]. */
+int stz_trellis_code(uint32_t state);
+/* 1 when a matrix of `rows` rows can be stored as a trellis of `bits` (2..4)
+ * bits: every segment at least L / bits rows. */
+int stz_trellis_fits(int bits, uint64_t rows);
+/* Segments of a matrix of `rows` rows; the rows [*begin, *end) of the one
+ * holding row r. */
+size_t stz_trellis_segments(uint64_t rows);
+void stz_trellis_segment(uint64_t rows, uint64_t r, uint64_t *begin, uint64_t *end);
+/* The stored scale of a block x[len] of a column of rows, for f: its RMS
+ * over the standard deviation of code() / 256 (NAN: F16 cannot hold it). */
+float stz_trellis_scale(const stz_qformat *f, const float *x, size_t len);
+
+/* One thread's Viterbi buffers, for segments of up to 2 STZ_TRELLIS_ROWS rows. */
+typedef struct stz_trellis_work stz_trellis_work;
+stz_trellis_work *stz_trellis_work_new(void);
+void stz_trellis_work_free(stz_trellis_work *w);
+/* The circular stream of n (>= L / bits) codes nearest a segment's column
+ * x, row t's values sc[t] * code() / 256: the codes one per byte, the values in y
+ * (exactly as read back). */
+void stz_trellis_column(stz_trellis_work *w, int bits, const float *x, const float *sc, size_t n, uint8_t *codes,
+                        float *y);
+/* Rows [r0, r0 + nr) of a trellis matrix of `rows` x cols values into y:
+ * q holds the codes of rows q0 on (stz_qf_row_bytes each) including every
+ * row of those rows' segments; scales: the nr rows' block scales. -1: out
+ * of memory. */
+int stz_trellis_dequantize_rows(const stz_qformat *f, const uint8_t *q, uint64_t q0, uint64_t rows, uint64_t r0,
+                                size_t nr, const float *scales, size_t cols, float *y);
 
 /* n per-block floats as the scale dtype stores them (U8: log codes under
  * the format's base). */

@@ -10,6 +10,7 @@
 #include "stz_eval.h"
 #include "core/stz_core.h"
 #include "quant/ggml_types.h"
+#include "quant/quant_tensor.h"
 #include "stz_policy.h"
 #include "stz_pack.h"
 #include "stz_pipeline.h"
@@ -348,7 +349,9 @@ static void qmem_values(const stz_qmem *m, size_t rows, size_t cols, float *y)
                 assert_int_equal(stz_to_f32(m->dtype[k], m->part[k] + i * (m->dtype[k] == STZ_DTYPE_F16 ? 2 : 4), 1,
                                             dst + i, NULL), STZ_OK);
         }
-    for (size_t r = 0; r < rows; r++)
+    if (m->fmt.method == STZ_QMETHOD_TRELLIS)
+        assert_int_equal(stz_trellis_dequantize_rows(&m->fmt, m->part[STZ_PART_VALUES], 0, rows, 0, rows, sc, cols, y), 0);
+    for (size_t r = 0; m->fmt.method != STZ_QMETHOD_TRELLIS && r < rows; r++)
         stz_qf_dequantize_row(&m->fmt, m->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn + r * nb, cols, y + r * cols);
     free(sc);
 }
@@ -426,6 +429,8 @@ static void test_feedback(void **state)
         {.action = STZ_ACTION_INT3, .block_size = 48, .method = STZ_QMETHOD_NL, .scale_dtype = STZ_DTYPE_U8},
         {.action = STZ_ACTION_INT2, .block_size = 32, .method = STZ_QMETHOD_NL_FIT, .scale_dtype = STZ_DTYPE_F16},
         {.action = STZ_ACTION_INT8, .block_size = 128, .method = STZ_QMETHOD_ABSMAX, .scale_dtype = STZ_DTYPE_F16},
+        {.action = STZ_ACTION_INT3, .block_size = 32, .method = STZ_QMETHOD_TRELLIS, .scale_dtype = STZ_DTYPE_F16},
+        {.action = STZ_ACTION_INT2, .block_size = 64, .method = STZ_QMETHOD_TRELLIS, .scale_dtype = STZ_DTYPE_U8},
         {.action = STZ_ACTION_Q4_0}, {.action = STZ_ACTION_Q5_1}, {.action = STZ_ACTION_IQ4_NL},
         {.action = STZ_ACTION_Q2_K}, {.action = STZ_ACTION_Q3_K}, {.action = STZ_ACTION_Q4_K},
         {.action = STZ_ACTION_Q6_K}, {.action = STZ_ACTION_IQ4_XS}};
@@ -461,6 +466,97 @@ static void test_feedback(void **state)
     W[77] = NAN;
     assert_int_equal(stz_quantize_tensor_feedback(&ds[0], W, H, NULL, R, C, 1, &m, NULL, &err), STZ_E_NUMERIC);
     free(X), free(H), free(W), free(y), free(yp);
+}
+
+/* ---- the method "trellis" ------------------------------------------------ */
+
+/* code() as docs/FORMAT.md defines it. */
+static float trellis_value(uint32_t s)
+{
+    uint32_t x = s * 34038481u + 76625530u;
+    return (float)((int)((x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)) - 510) / 256.0f;
+}
+
+/* The squared error of a circular stream c[n] of `bits`-bit codes against
+ * x (scales sc), decoded as docs/FORMAT.md says; its values into y. */
+static double stream_error(const uint8_t *c, size_t n, int bits, const float *x, const float *sc, float *y)
+{
+    double e = 0;
+    for (size_t t = 0; t < n; t++) {
+        uint32_t s = 0;
+        for (int i = STZ_TRELLIS_L / bits - 1; i >= 0; i--)
+            s = s << bits | c[(t + n * (size_t)i - (size_t)i) % n];
+        y[t] = trellis_value(s) * sc[t];
+        e += ((double)x[t] - y[t]) * ((double)x[t] - y[t]);
+    }
+    return e;
+}
+
+/* A segment's column against every stream of its length (3 bits, 6 rows:
+ * 2^18): the codes decode to the values it gives, and no stream that ends
+ * on the same last 9 bits (the circular path's tail) is nearer. Then a
+ * matrix of two segments (128 + 172 rows): the same bytes on 1 and 3
+ * threads, with and without feedback, decoded as the quantizer saw it;
+ * too few rows refused. */
+static void test_trellis(void **state)
+{
+    (void)state;
+    enum { N = 6, B = 3 };
+    float x[N], sc[N], y[N], yr[N];
+    uint8_t codes[N], c[N];
+    stz_trellis_work *w = stz_trellis_work_new();
+    assert_non_null(w);
+    for (int trial = 0; trial < 4; trial++) {
+        for (int t = 0; t < N; t++)
+            x[t] = frand(), sc[t] = trial & 1 ? 1.5f : 0.5f + 0.25f * (float)t;
+        stz_trellis_column(w, B, x, sc, N, codes, y);
+        double got = stream_error(codes, N, B, x, sc, yr), best = INFINITY;
+        assert_memory_equal(y, yr, sizeof y);
+        for (uint32_t v = 0; v < 1u << (N * B); v++) {
+            for (int t = 0; t < N; t++)
+                c[t] = (uint8_t)((v >> (B * t)) & 7);
+            if (!memcmp(c + N - 3, codes + N - 3, 3))
+                best = fmin(best, stream_error(c, N, B, x, sc, yr));
+        }
+        if (got > best * (1 + 1e-5))
+            fail_msg("trial %d: the trellis path's error %.9g, the best stream with its tail %.9g", trial, got, best);
+    }
+    stz_trellis_work_free(w);
+
+    enum { R = 300, C = 40 };
+    float *W = malloc(R * C * sizeof *W), *H = calloc(C * C, sizeof *H), *Y = malloc(R * C * sizeof *Y),
+          *Yr = malloc(R * C * sizeof *Yr);
+    for (int i = 0; i < R * C; i++)
+        W[i] = frand() * 0.05f;
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < C; j++)
+            H[i * C + j] = (i == j ? 2.0f : 0.0f) + 1.0f / (float)(1 + abs(i - j));
+    stz_decision d = {.action = STZ_ACTION_INT3, .block_size = 16, .method = STZ_QMETHOD_TRELLIS,
+                      .scale_dtype = STZ_DTYPE_U8};
+    stz_qmem a, b;
+    stz_err err;
+    assert_int_equal(stz_trellis_segments(R), 2);
+    for (int fed = 0; fed < 2; fed++) {
+        if (fed) {
+            assert_int_equal(stz_quantize_tensor_feedback(&d, W, H, NULL, R, C, 1, &a, Y, &err), STZ_OK);
+            assert_int_equal(stz_quantize_tensor_feedback(&d, W, H, NULL, R, C, 3, &b, NULL, &err), STZ_OK);
+        } else {
+            assert_int_equal(stz_quantize_tensor_y(&d, W, NULL, R, C, &a, Y, &err), STZ_OK);
+            assert_int_equal(stz_trellis_tensor(&d, W, NULL, R, C, 3, &b, NULL, &err), STZ_OK);
+        }
+        assert_int_equal(a.len[STZ_PART_VALUES], R * stz_qf_row_bytes(3, C));
+        for (int p = 0; p < STZ_PART_COUNT; p++) {
+            assert_int_equal(a.len[p], b.len[p]);
+            if (a.len[p])
+                assert_memory_equal(a.part[p], b.part[p], a.len[p]);
+        }
+        qmem_values(&a, R, C, Yr);
+        assert_memory_equal(Yr, Y, R * C * sizeof *Y);
+        assert_true(a.cosine > 0.95);
+        stz_qmem_free(&a), stz_qmem_free(&b);
+    }
+    assert_int_equal(stz_quantize_tensor(&d, W, NULL, 3, C, &a, &err), STZ_E_ARG);
+    free(W), free(H), free(Y), free(Yr);
 }
 
 /* ||Xq Y^T - X W^T||^2: how far rows Y on inputs Xq are from rows W on X. */
@@ -542,6 +638,7 @@ int main(void)
         cmocka_unit_test(test_ggml_table),
         cmocka_unit_test(test_ggml_dequantizers),
         cmocka_unit_test(test_feedback),
+        cmocka_unit_test(test_trellis),
         cmocka_unit_test(test_feedback_drift),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

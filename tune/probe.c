@@ -118,7 +118,7 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
     while (m < STZ_QMETHOD_COUNT && strcmp(method, stz_qmethod_name((stz_qmethod)m)))
         m++;
     if (m == STZ_QMETHOD_COUNT)
-        return stz_err_set(err, STZ_E_ARG, "candidate '%s': method must be absmax, mse, full, asym, nl or nl-fit", s);
+        return stz_err_set(err, STZ_E_ARG, "candidate '%s': method must be absmax, mse, full, asym, nl, nl-fit or trellis", s);
     if (!block || block > 65536)
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': block size must be 1..65536", s);
     if (!strcasecmp(scales, "F16") || !strcasecmp(scales, "F32") || !strcasecmp(scales, "U8"))
@@ -402,10 +402,26 @@ static int probe_select(void *user, const char *name)
     return t && t->tunable && t->err2[T->probe] > 0 && isfinite(t->err2[T->probe]);
 }
 
+/* A trellis's n rows become their quantized and dequantized selves, as a
+ * matrix of their own (its segments from the first of them; too few rows
+ * for one: rounded by nl of the width instead); -1: out of memory. */
+static int perturb_trellis(const stz_qformat *f, float *rows, size_t n, size_t cols)
+{
+    stz_decision d = {.action = action_of_bits(f->bits), .block_size = f->block, .scale_dtype = f->scale_dtype,
+                      .method = stz_trellis_fits(f->bits, n) ? STZ_QMETHOD_TRELLIS : STZ_QMETHOD_NL};
+    stz_qmem q;
+    stz_err ignored;
+    stz_status st = stz_quantize_tensor_y(&d, rows, f->weights, n, cols, &q, rows, &ignored);
+    stz_qmem_free(&q);
+    return st == STZ_E_NOMEM ? -1 : 0;
+}
+
 /* Each of n rows becomes its quantized and dequantized self in format f
  * (stz's or a llama.cpp type's); -1: out of memory. */
 static int perturb_rows(const stz_qformat *f, float *rows, size_t n, size_t cols)
 {
+    if (f->method == STZ_QMETHOD_TRELLIS)
+        return perturb_trellis(f, rows, n, cols);
     size_t nb = stz_q_blocks(cols, f->block);
     uint8_t *q = malloc((f->ggml ? stz_ggml_row_bytes(f->ggml->type, cols) : stz_qf_row_bytes(f->bits, cols)) + 8);
     float *s = malloc(2 * nb * sizeof *s);
@@ -483,7 +499,9 @@ static stz_status probe_embedding(stz_tune *T, stz_fwd *m, const int32_t *tokens
     stz_status st = e.cand && e.kl ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the embedding's probes");
     for (size_t c = 0; !st && c < T->noffered; c++) {
         const stz_decision *d = &T->cand[c].d;
-        if (stz_action_is_block(d->action) && t->bytes[c] != UINT64_MAX && isfinite(t->err2[c]))
+        if (d->method == STZ_QMETHOD_TRELLIS) /* lookups read single rows; a trellis value needs its segment's */
+            t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
+        else if (stz_action_is_block(d->action) && t->bytes[c] != UINT64_MAX && isfinite(t->err2[c]))
             e.cand[pr.variants++] = c;
     }
     if (!st && pr.variants) /* one unperturbed run for all of them */
