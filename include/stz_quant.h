@@ -114,6 +114,10 @@ STZ_API int stz_action_is_block(stz_action a);
 STZ_API int stz_action_ggml_type(stz_action a);
 STZ_API stz_action stz_action_of_ggml_type(int type);
 STZ_API const char *stz_qmethod_name(stz_qmethod m);
+/* 1 when a matrix of `rows` rows can be stored with the method "trellis"
+ * at `bits` bits: 2 to 4 bits, at least 12 / bits rows (a policy gives a
+ * tensor with fewer the method "nl" instead). */
+STZ_API int stz_trellis_fits(int bits, uint64_t rows);
 
 /* Blocks in a row of n elements. */
 static inline size_t stz_q_blocks(size_t n, size_t block) { return (n + block - 1) / block; }

@@ -340,10 +340,6 @@ static stz_status plan_tensors(qfile *j, stz_policy *policy, const stz_imatrix *
         x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
         if (t->ndim < 2) /* include_1d: one row */
             x->rows = 1, x->cols = t->numel, x->nblocks = stz_q_blocks(t->numel, x->d.block_size);
-        if (x->d.method == STZ_QMETHOD_TRELLIS && !stz_trellis_fits(x->bits, x->rows)) {
-            x->d.method = STZ_QMETHOD_NL, x->d.reason = "too few rows for a trellis: nl";
-            stz_quant_plan_format(x);
-        }
         else if (im && !x->svd) {
             stz_status st = stz_imatrix_find(im, t->name, x->cols, &x->fmt.weights, err);
             if (st)

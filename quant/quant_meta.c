@@ -272,6 +272,8 @@ static stz_status trellis_rows(const stz_reader *r, const qinfo *qi, uint64_t ro
                                stz_err *err)
 {
     uint64_t a, b, a2, b2;
+    if (!nr)
+        return STZ_OK;
     stz_trellis_segment(qi->rows, row, &a, &b);
     stz_trellis_segment(qi->rows, row + nr - 1, &a2, &b2);
     size_t rb = stz_qf_row_bytes(qi->bits, (size_t)qi->cols);

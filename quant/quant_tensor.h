@@ -80,9 +80,6 @@ float stz_qf_store_scale(const stz_qformat *f, float s);
 
 /* code() of a state: an integer in [-510, 510]. */
 int stz_trellis_code(uint32_t state);
-/* 1 when a matrix of `rows` rows can be stored as a trellis of `bits` (2..4)
- * bits: every segment at least L / bits rows. */
-int stz_trellis_fits(int bits, uint64_t rows);
 /* Segments of a matrix of `rows` rows; the rows [*begin, *end) of the one
  * holding row r. */
 size_t stz_trellis_segments(uint64_t rows);

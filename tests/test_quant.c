@@ -556,6 +556,8 @@ static void test_trellis(void **state)
         stz_qmem_free(&a), stz_qmem_free(&b);
     }
     assert_int_equal(stz_quantize_tensor(&d, W, NULL, 3, C, &a, &err), STZ_E_ARG);
+    assert_true(stz_trellis_fits(3, 4) && !stz_trellis_fits(3, 3) && stz_trellis_fits(2, 6) && !stz_trellis_fits(2, 5));
+    assert_true(!stz_trellis_fits(5, 1000) && !stz_trellis_fits(1, 1000));
     free(W), free(H), free(Y), free(Yr);
 }
 
