@@ -244,13 +244,8 @@ static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *
 static stz_status write_trellis(stz_writer *w, const stz_reader *r, const stz_tensor *t, stz_quant_plan *pl,
                                 int threads, stz_err *err)
 {
-    size_t n = (size_t)(pl->rows * pl->cols), esz = stz_dtype_bits(t->dtype) / 8;
-    uint8_t *raw = malloc(n * esz + 1);
-    float *x = malloc(n * sizeof *x + 1);
-    stz_status st = raw && x ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s'", t->name);
-    if (!st && !(st = stz_reader_read(r, t, 0, raw, n * esz, err)))
-        st = stz_to_f32(t->dtype, raw, n, x, err);
-    free(raw);
+    float *x;
+    stz_status st = stz_quant_read_f32(r, t, pl, &x, err);
     stz_qmem q;
     stz_err sub;
     if (!st && (st = stz_trellis_tensor(&pl->d, x, pl->fmt.weights, pl->rows, pl->cols, threads, &q, NULL, &sub)))

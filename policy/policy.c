@@ -509,7 +509,7 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
                        ? "rows are not whole 256-blocks: the 32-block type llama.cpp falls back to"
                        : "rows are not whole 32-blocks: a float type, as llama.cpp keeps them";
     }
-    if (d.method == STZ_QMETHOD_TRELLIS && stz_action_is_block(d.action) && type < 0 &&
+    if (d.method == STZ_QMETHOD_TRELLIS && stz_action_is_block(d.action) &&
         !stz_trellis_fits(stz_action_bits(d.action), row ? t->numel / row : 0))
         d.method = STZ_QMETHOD_NL, d.reason = "too few rows for a trellis (12 / bits): nl";
     d.feedback &= stz_action_is_block(d.action); /* kept, or a float type by the fallback */

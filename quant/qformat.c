@@ -443,6 +443,18 @@ void stz_qf_pack_codes(int bits, const uint8_t *codes, size_t n, uint8_t *q)
     bw_flush(&w);
 }
 
+void stz_qf_unpack_codes(int bits, const uint8_t *q, size_t n, uint8_t *codes)
+{
+    uint32_t acc = 0;
+    int have = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (have < bits)
+            acc = acc << 8 | *q++, have += 8;
+        have -= bits;
+        codes[i] = (uint8_t)((acc >> have) & ((1u << bits) - 1));
+    }
+}
+
 STZ_QF_CLONES void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales,
                                          const float *mins, size_t n, float *y)
 {

@@ -280,18 +280,22 @@ stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qme
     const stz_qformat *f = &out->fmt;
     uint64_t nb = stz_q_blocks(cols, f->block), ns = rows * nb;
     size_t rb = stz_qf_bytes(f, (size_t)cols), ssz = stz_dtype_bits(out->dtype[STZ_PART_SCALES]) / 8;
-    float *y = all ? NULL : malloc(cols * sizeof *y + 1);
+    int tr = f->method == STZ_QMETHOD_TRELLIS; /* read a segment at a time */
+    float *y = all ? NULL : malloc((tr ? 2 * STZ_TRELLIS_ROWS : 1) * cols * sizeof *y + 1);
     stz_status st = y || all ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for a row");
     cos_sums c = {0};
-    for (uint64_t r = 0; !st && r < rows; r++) { /* the error as the reader will see it */
+    for (uint64_t r = 0, a, b; !st && r < rows; r = b) { /* the error as the reader will see it */
         float *yr = all ? all + r * cols : y;
-        if (f->method != STZ_QMETHOD_TRELLIS)
+        b = r + 1;
+        if (tr)
+            stz_trellis_segment(rows, r, &a, &b);
+        if (!tr)
             stz_qf_dequantize_row(f, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn ? mn + r * nb : NULL,
                                   (size_t)cols, yr);
-        else if (stz_trellis_dequantize_rows(f, out->part[STZ_PART_VALUES], 0, rows, r, 1, sc + r * nb, (size_t)cols,
-                                             yr))
-            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a row");
-        add_error(out, &c, x + r * cols, yr, f->weights, 1, (size_t)cols);
+        else if (stz_trellis_dequantize_rows(f, out->part[STZ_PART_VALUES], 0, rows, r, (size_t)(b - r), sc + r * nb,
+                                             (size_t)cols, yr))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a segment's rows");
+        add_error(out, &c, x + r * cols, yr, f->weights, (size_t)(b - r), (size_t)cols);
     }
     out->cosine = cosine_of(&c);
     for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (mn ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */

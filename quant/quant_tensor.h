@@ -68,8 +68,9 @@ stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float
 /* What a row that cannot be stored (-1 from a quantizer) means for f. */
 const char *stz_qtensor_overflow(const stz_qformat *f);
 
-/* n codes (one per byte) as a row's bit string (stz_qf_row_bytes). */
+/* n codes (one per byte) as a row's bit string (stz_qf_row_bytes), and back. */
 void stz_qf_pack_codes(int bits, const uint8_t *codes, size_t n, uint8_t *q);
+void stz_qf_unpack_codes(int bits, const uint8_t *q, size_t n, uint8_t *codes);
 
 /* The stored scale nearest s, same sign (NAN: F16 cannot hold it). */
 float stz_qf_store_scale(const stz_qformat *f, float s);

@@ -170,25 +170,20 @@ float stz_trellis_scale(const stz_qformat *f, const float *x, size_t len)
     return stz_qf_store_scale(f, (float)(sqrt(ss / (double)(len ? len : 1)) * TR_ALPHA / TR_CODE_SD));
 }
 
-/* n codes of `bits` bits from a row's bit string, first highest. */
-static void unpack_codes(int bits, const uint8_t *q, size_t n, uint8_t *out)
+/* Shifts row r's codes (q holds rows from q0) into each column's state. */
+static void shift_in(int bits, const uint8_t *q, uint64_t q0, uint64_t r, size_t cols, uint8_t *c, uint16_t *st)
 {
-    uint32_t acc = 0;
-    int have = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (have < bits)
-            acc = acc << 8 | *q++, have += 8;
-        have -= bits;
-        out[i] = (uint8_t)((acc >> have) & ((1u << bits) - 1));
-    }
+    stz_qf_unpack_codes(bits, q + (r - q0) * stz_qf_row_bytes(bits, cols), cols, c);
+    for (size_t x = 0; x < cols; x++)
+        st[x] = (uint16_t)((st[x] << bits | c[x]) & (TR_STATES - 1));
 }
 
 int stz_trellis_dequantize_rows(const stz_qformat *f, const uint8_t *q, uint64_t q0, uint64_t rows, uint64_t r0,
                                 size_t nr, const float *scales, size_t cols, float *y)
 {
     int bits = f->bits, k = STZ_TRELLIS_L / bits;
-    size_t rb = stz_qf_row_bytes(bits, cols), nb = stz_q_blocks(cols, f->block);
-    uint8_t *c = malloc((size_t)k * cols + 1);
+    size_t nb = stz_q_blocks(cols, f->block);
+    uint8_t *c = malloc(cols + 1);
     uint16_t *st = malloc(cols * sizeof *st + 1);
     if (!c || !st) {
         free(c), free(st);
@@ -197,13 +192,12 @@ int stz_trellis_dequantize_rows(const stz_qformat *f, const uint8_t *q, uint64_t
     for (size_t i = 0; i < nr; i++) {
         uint64_t r = r0 + i, a, b;
         stz_trellis_segment(rows, r, &a, &b);
-        for (int j = 0; j < k; j++) /* row r - j, around the segment */
-            unpack_codes(bits, q + (a + (r - a + (uint64_t)j * (b - a) - (uint64_t)j) % (b - a) - q0) * rb, cols,
-                         c + (size_t)j * cols);
-        memset(st, 0, cols * sizeof *st);
-        for (int j = k - 1; j >= 0; j--)
-            for (size_t x = 0; x < cols; x++)
-                st[x] = (uint16_t)(st[x] << bits | c[(size_t)j * cols + x]);
+        if (i == 0 || r == a) { /* a run starts: the states of rows r - k + 1 .. r - 1, around the segment */
+            memset(st, 0, cols * sizeof *st);
+            for (uint64_t j = (uint64_t)k - 1; j >= 1; j--)
+                shift_in(bits, q, q0, a + (r - a + j * (b - a - 1)) % (b - a), cols, c, st);
+        }
+        shift_in(bits, q, q0, r, cols, c, st);
         const float *s = scales + i * nb;
         for (size_t x = 0; x < cols; x++)
             y[i * cols + x] = (float)stz_trellis_code(st[x]) / 256.0f * s[x / f->block];

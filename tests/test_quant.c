@@ -552,6 +552,11 @@ static void test_trellis(void **state)
         }
         qmem_values(&a, R, C, Yr);
         assert_memory_equal(Yr, Y, R * C * sizeof *Y);
+        float s100[100 * 3]; /* rows 100-199 alone: from inside a segment, across into the next */
+        for (int i = 0; i < 100 * 3; i++)
+            s100[i] = stz_qf_scale_value(a.fmt.scale_base, a.part[STZ_PART_SCALES][100 * 3 + i]);
+        assert_int_equal(stz_trellis_dequantize_rows(&a.fmt, a.part[STZ_PART_VALUES], 0, R, 100, 100, s100, C, Yr), 0);
+        assert_memory_equal(Yr, Y + 100 * C, 100 * C * sizeof *Y);
         assert_true(a.cosine > 0.95);
         stz_qmem_free(&a), stz_qmem_free(&b);
     }
