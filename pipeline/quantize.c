@@ -152,6 +152,15 @@ typedef struct {
     stz_metrics_acc acc;
 } qjob;
 
+/* Element `at` of tensor t is v, NaN or infinite: the error. */
+static stz_status nonfinite(const stz_reader *r, const stz_tensor *t, uint64_t at, float v, stz_err *err)
+{
+    return stz_err_set(err, STZ_E_NUMERIC,
+                       "%s: tensor '%s': element %llu is %s; quantization needs finite values "
+                       "(or \"nonfinite\": \"keep\" in the policy rule)",
+                       stz_reader_path(r), t->name, (unsigned long long)at, isnan(v) ? "NaN" : "infinite");
+}
+
 static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
 {
     qjob *j = ctx;
@@ -169,11 +178,7 @@ static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
         return st;
     size_t bad = stz_quant_first_nonfinite(s->f, n);
     if (bad < n)
-        return stz_err_set(err, STZ_E_NUMERIC,
-                           "%s: tensor '%s': element %llu is %s; quantization needs finite values "
-                           "(or \"nonfinite\": \"keep\" in the policy rule)",
-                           stz_reader_path(j->r), t->name, (unsigned long long)(row * pl->cols + bad),
-                           isnan(s->f[bad]) ? "NaN" : "infinite");
+        return nonfinite(j->r, t, row * pl->cols + bad, s->f[bad], err);
     for (size_t k = 0; k < nr; k++) {
         const float *x = s->f + k * pl->cols;
         float *s_row = j->sc + (row + k) * pl->nblocks, *m_row = j->mn ? j->mn + (row + k) * pl->nblocks : NULL;
@@ -239,20 +244,63 @@ static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *
     return st || !*taken ? st : write_qmem(w, t, pl, &q, err);
 }
 
-/* A trellis without feedback: the whole tensor read and quantized at once
- * (each value depends on its segment's rows). */
-static stz_status write_trellis(stz_writer *w, const stz_reader *r, const stz_tensor *t, stz_quant_plan *pl,
-                                int threads, stz_err *err)
+/* A trellis's rows [a, b), whole segments, read (in, x), quantized into q
+ * and the scales sc (the tensor's), and measured as read back (a segment
+ * at a time in y) into acc. */
+static stz_status trellis_batch(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *pl, uint64_t a,
+                                uint64_t b, int threads, uint8_t *in, float *x, float *y, uint8_t *q, float *sc,
+                                stz_metrics_acc *acc, stz_err *err)
 {
-    float *x;
-    stz_status st = stz_quant_read_f32(r, t, pl, &x, err);
-    stz_qmem q;
+    size_t esz = stz_dtype_bits(t->dtype) / 8, nr = (size_t)(b - a), cols = (size_t)pl->cols, n = nr * cols;
+    float *s = sc + a * pl->nblocks;
     stz_err sub;
-    if (!st && (st = stz_trellis_tensor(&pl->d, x, pl->fmt.weights, pl->rows, pl->cols, threads, &q, NULL, &sub)))
-        st = stz_err_set(err, st, "%s: tensor '%s': %s%s", stz_reader_path(r), t->name, sub.msg,
-                         st == STZ_E_NUMERIC ? " (or \"nonfinite\": \"keep\" in the policy rule)" : "");
-    free(x);
-    return st ? st : write_qmem(w, t, pl, &q, err);
+    stz_status st;
+    if ((st = stz_reader_read(r, t, a * cols * esz, in, n * esz, err)) || (st = stz_to_f32(t->dtype, in, n, x, err)))
+        return st;
+    size_t bad = stz_quant_first_nonfinite(x, n);
+    if (bad < n)
+        return nonfinite(r, t, a * cols + bad, x[bad], err);
+    if ((st = stz_trellis_rows(&pl->fmt, x, nr, cols, (size_t)a, threads, q, s, &sub)))
+        return stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(r), t->name, sub.msg);
+    for (uint64_t u = 0, v, skip; u < nr; u = v) { /* a segment at a time, into y */
+        stz_trellis_segment(nr, u, &skip, &v);
+        if (stz_trellis_dequantize_rows(&pl->fmt, q, 0, nr, u, (size_t)(v - u), s + u * pl->nblocks, cols, y))
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows of '%s'", t->name);
+        stz_metrics_add(acc, x + u * cols, y, (size_t)(v - u) * cols);
+    }
+    return STZ_OK;
+}
+
+/* A trellis without feedback, streamed: batches of whole segments (each
+ * value depends on its segment's rows; at least one per thread) read,
+ * quantized and written in turn, then the scales, held for the tensor as
+ * write_quantized holds them. */
+static stz_status write_trellis(stz_writer *w, const stz_reader *r, const stz_tensor *t, stz_quant_plan *pl,
+                                qslot *slot, int threads, stz_err *err)
+{
+    size_t cols = (size_t)pl->cols, esz = stz_dtype_bits(t->dtype) / 8, rb = stz_qf_bytes(&pl->fmt, cols);
+    size_t segs = stz_trellis_segments(pl->rows), per = STZ_QUANT_BATCH_BYTES / esz / cols / STZ_TRELLIS_ROWS;
+    per = per > (size_t)threads ? per : (size_t)threads;
+    size_t most = (per + 1) * STZ_TRELLIS_ROWS, nsc = (size_t)(pl->rows * pl->nblocks); /* the last segment is longer */
+    most = most < pl->rows ? most : (size_t)pl->rows;
+    uint8_t *in = malloc(most * cols * esz + 1), *q = malloc(most * rb + 1);
+    float *x = malloc(most * cols * sizeof *x + 1), *y = malloc(2 * STZ_TRELLIS_ROWS * cols * sizeof *y + 1),
+          *sc = malloc(nsc * sizeof *sc + 1);
+    stz_metrics_acc acc = {0};
+    stz_status st = in && q && x && y && sc ? STZ_OK
+                                            : stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows of '%s'", t->name);
+    for (size_t s0 = 0; !st && s0 < segs; s0 += per) {
+        uint64_t a, b, skip;
+        stz_trellis_segment(pl->rows, s0 * STZ_TRELLIS_ROWS, &a, &skip);
+        stz_trellis_segment(pl->rows, ((s0 + per < segs ? s0 + per : segs) - 1) * STZ_TRELLIS_ROWS, &skip, &b);
+        if (!(st = trellis_batch(r, t, pl, a, b, threads, in, x, y, q, sc, &acc, err)))
+            st = stz_writer_write(w, q, (size_t)(b - a) * rb, err);
+    }
+    if (!st && pl->scales_name)
+        st = write_blockwise(w, pl, sc, nsc, slot[0].in, err);
+    pl->cosine = stz_metrics_finish(&acc).cosine;
+    free(in), free(q), free(x), free(y), free(sc);
+    return st;
 }
 
 /* Streams one quantized tensor: values row batch by row batch on
@@ -460,7 +508,7 @@ static stz_status write_block(qfile *j, const stz_quant_params *p, const stz_ten
     stz_status st = p->feedback && x->d.feedback ? write_fed(j->w, t, x, p->feedback, &taken, err) : STZ_OK;
     if (st || taken)
         return st;
-    return x->fmt.method == STZ_QMETHOD_TRELLIS ? write_trellis(j->w, j->r, t, x, j->nslots, err)
+    return x->fmt.method == STZ_QMETHOD_TRELLIS ? write_trellis(j->w, j->r, t, x, j->slot, j->nslots, err)
                                                 : write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err);
 }
 

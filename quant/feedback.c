@@ -96,7 +96,7 @@ typedef struct {
 typedef struct {
     const stz_qformat *f;
     const float *x, *U, *w, *D; /* U NULL: no feedback (a trellis) */
-    size_t rows, cols, G, nb, rb;
+    size_t rows, cols, first, G, nb, rb; /* first: the number of row 0 in messages */
     size_t most;     /* rows of the largest piece */
     uint8_t *q;      /* the values, rows x rb */
     float *sc, *mn;  /* stz formats: per row and block */
@@ -184,10 +184,11 @@ static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
     for (size_t c0 = 0; c0 < n; c0 += j->G) {
         size_t len = n - c0 < j->G ? n - c0 : j->G, rest = n - c0 - len;
         if (s->tw && tr_block(j, s, r0, nr, c0, len))
-            return stz_err_set(err, STZ_E_NUMERIC, "rows %zu-%zu: %s", r0, r0 + nr - 1, stz_qtensor_overflow(j->f));
+            return stz_err_set(err, STZ_E_NUMERIC, "rows %zu-%zu: %s", j->first + r0, j->first + r0 + nr - 1,
+                               stz_qtensor_overflow(j->f));
         for (size_t r = 0; r < nr; r++) {
             if (!s->tw && fb_block(j, s, r0, r, c0, len))
-                return stz_err_set(err, STZ_E_NUMERIC, "row %zu: %s", r0 + r, stz_qtensor_overflow(j->f));
+                return stz_err_set(err, STZ_E_NUMERIC, "row %zu: %s", j->first + r0 + r, stz_qtensor_overflow(j->f));
             for (size_t k = 0; k < len; k++)
                 j->loss[i] += (double)s->E[r * j->G + k] * s->E[r * j->G + k];
         }
@@ -239,21 +240,39 @@ static double sum_pieces(const double *v, size_t n)
     return s;
 }
 
+/* The job of a sweep over rows x cols values x in format f (U NULL: no
+ * feedback), its codes into q, its blocks' scales (and minimums) into sc
+ * (mn); rows numbered from `first` in its messages. */
+static fb_job job_of(const stz_qformat *f, const float *x, const float *U, const float *w, const float *D, size_t rows,
+                     size_t cols, size_t first, uint8_t *q, float *sc, float *mn)
+{
+    fb_job j = {.f = f, .x = x, .U = U, .w = w, .D = D, .rows = rows, .cols = cols, .first = first, .G = f->block,
+                .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, cols), .q = q, .sc = sc, .mn = mn,
+                .most = f->method == STZ_QMETHOD_TRELLIS ? 2 * STZ_TRELLIS_ROWS : FB_ROWS};
+    j.most = j.most < rows ? j.most : rows;
+    return j;
+}
+
 /* The sweep over rows x cols values x, their format begun by
  * stz_qtensor_begin (sc, mn), with U (NULL: no feedback), then the end. */
 static stz_status sweep(const float *x, const float *U, const float *w, const float *D, size_t rows, size_t cols,
                         int threads, stz_qmem *out, float *sc, float *mn, float *y, stz_err *err)
 {
     const stz_qformat *f = &out->fmt;
-    fb_job j = {.f = f, .x = x, .U = U, .w = w, .D = D, .rows = rows, .cols = cols, .G = f->block,
-                .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, cols),
-                .q = out->part[STZ_PART_VALUES], .sc = sc, .mn = mn,
-                .most = f->method == STZ_QMETHOD_TRELLIS ? 2 * STZ_TRELLIS_ROWS : FB_ROWS};
-    j.most = j.most < rows ? j.most : rows;
+    fb_job j = job_of(f, x, U, w, D, rows, cols, 0, out->part[STZ_PART_VALUES], sc, mn);
     stz_status st = fb_run(&j, threads, err);
     out->err_out = st || !U ? 0 : sum_pieces(j.loss, piece_count(f, rows));
     free(j.loss);
     return st ? st : stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
+}
+
+stz_status stz_trellis_rows(const stz_qformat *f, const float *x, size_t rows, size_t cols, size_t first, int threads,
+                            uint8_t *q, float *sc, stz_err *err)
+{
+    fb_job j = job_of(f, x, NULL, f->weights, NULL, rows, cols, first, q, sc, NULL);
+    stz_status st = fb_run(&j, threads, err);
+    free(j.loss);
+    return st;
 }
 
 stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,

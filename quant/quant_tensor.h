@@ -65,6 +65,13 @@ stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qme
  * same bytes for any). */
 stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
                               uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err);
+/* A trellis's rows x cols values x (whole segments, as a tensor of `rows`
+ * rows cuts them) in format f (its scale base and importance set), on
+ * `threads` threads: the codes into q (rows x stz_qf_bytes), the blocks'
+ * scales into sc (rows x blocks), as stored. Rows are numbered from
+ * `first` in messages. */
+stz_status stz_trellis_rows(const stz_qformat *f, const float *x, size_t rows, size_t cols, size_t first, int threads,
+                            uint8_t *q, float *sc, stz_err *err);
 /* What a row that cannot be stored (-1 from a quantizer) means for f. */
 const char *stz_qtensor_overflow(const stz_qformat *f);
 

@@ -10,7 +10,7 @@ import re
 import subprocess
 
 import pytest
-from test_imatrix import stz, tiny  # noqa: F401  (the tiny model fixture)
+from test_imatrix import STZ, stz, tiny  # noqa: F401  (the tiny model fixture)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 STORIES = os.path.join(DATA, "stories260K.f32.safetensors")
@@ -177,3 +177,37 @@ def test_tune_feedback_candidates(stories, tmp_path):
     r = stz("tune", STORIES, "--bits-per-weight", 4, "--candidates", "keep,4:nl:32:U8,4:nl:32:U8+fb", "--feedback",
             "-o", pol, "-f", ok=False)
     assert r.returncode == 1 and "candidate '4:nl:32:U8+fb' is listed twice (with --feedback" in r.stderr
+
+
+def peak_kb(*args):
+    """stz's peak resident memory (kB) over one run, by /usr/bin/time."""
+    r = subprocess.run(["/usr/bin/time", "-f", "%M", STZ] + [str(a) for a in args],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return int(r.stderr.strip().splitlines()[-1])
+
+
+def test_trellis_streams(tmp_path):
+    """A plain trellis streams: batches of whole segments (384 rows of 4096:
+    three segments, in batches of 2 on two threads, of 3 on three) give the
+    same bytes, and a tensor three times as large peaks at nearly the same
+    memory (when the whole tensor was read at once, it grew by 25 MB)."""
+    np = pytest.importorskip("numpy")
+    import st_files
+    rng = np.random.default_rng(5)
+    small, large = tmp_path / "s.safetensors", tmp_path / "l.safetensors"
+    st_files.save(small, {"w": rng.standard_normal((384, 4096)) * 0.02})
+    st_files.save(large, {"w": rng.standard_normal((1152, 4096)) * 0.02})
+    rule = "w=int2:method=trellis"
+    stz("quantize", small, "--set", rule, "-T", 2, "-o", tmp_path / "s2.safetensors", "-q")
+    if os.environ.get("STZ_SANITIZED") or not os.path.exists("/usr/bin/time"):
+        stz("quantize", small, "--set", rule, "-T", 3, "-o", tmp_path / "s3.safetensors", "-q")
+        print("memory not measured (sanitized build, or no /usr/bin/time)")
+    else:
+        kb_small = peak_kb("quantize", small, "--set", rule, "-T", 3, "-o", tmp_path / "s3.safetensors", "-q")
+        kb_large = peak_kb("quantize", large, "--set", rule, "-T", 3, "-o", tmp_path / "l3.safetensors", "-q")
+        print("peak %d kB for 6 MiB, %d kB for 18 MiB" % (kb_small, kb_large))
+        assert kb_large - kb_small < 8 * 1024
+    assert sha(tmp_path / "s2.safetensors") == sha(tmp_path / "s3.safetensors")
+    t, _ = st_files.load(tmp_path / "s2.safetensors", dtypes=("U8", "F16"))
+    assert t["w"].shape == (384, 4096 * 2 // 8)
