@@ -95,17 +95,14 @@ for f in int2:block_size=32 int3:block_size=32 int3:block_size=32:scale_dtype=U8
         'BEGIN { printf "| %s | %d | %.4f | %.4f | %d | %.4f | %.4f | %.2fx |\n", f, nb, np, nf, tb, tp, tf, tf / nf }'
 done
 echo
-echo "## stz tune --feedback with trellis candidates added (stories260K, container bytes)"
+echo "## stz tune --feedback with the trellis candidates added (--candidates default,trellis; stories260K, container bytes)"
 echo
 echo "| bits/weight | tune --feedback bytes | KL | with trellis candidates: bytes | KL | ratio | target |"
 echo "|---|---|---|---|---|---|---|"
-cands="keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8"
-cands="$cands,4:trellis:32:F16,4:trellis:32:U8,3:trellis:64:F16,3:trellis:32:F16,3:trellis:64:U8,3:trellis:32:U8"
-cands="$cands,3:trellis:16:U8,2:trellis:64:F16,2:trellis:32:F16,2:trellis:32:U8"
 for row in "3.0 <=0.30" "3.5 <=0.112"; do
     set -- $row
     "$STZ" compress "$M" --tune --bits-per-weight "$1" --feedback -o "$WORK/fb-tf.stz" -f -q
-    "$STZ" compress "$M" --tune --bits-per-weight "$1" --feedback --candidates "$cands" -o "$WORK/fb-tt.stz" -f -q
+    "$STZ" compress "$M" --tune --bits-per-weight "$1" --feedback --candidates default,trellis -o "$WORK/fb-tt.stz" -f -q
     awk -v b="$1" -v fb="$(bytes "$WORK/fb-tf.stz")" -v fk="$(kl "$WORK/fb-tf.stz")" -v tb="$(bytes "$WORK/fb-tt.stz")" \
         -v tk="$(kl "$WORK/fb-tt.stz")" -v t="$2" \
         'BEGIN { printf "| %s | %d | %.4f | %d | %.4f | %.2fx | %s |\n", b, fb, fk, tb, tk, tk / fk, t }'

@@ -43,7 +43,13 @@ STZ_API extern const char stz_tune_default_candidates[];
  * q2_k. */
 STZ_API extern const char stz_tune_gguf_candidates[];
 
-/* Parses a comma-separated list of candidates ("keep",
+/* Trellis candidates for 2-4 bits (about 2.5 µs per weight each to
+ * measure): 4:trellis:64:U8, 3:trellis:128:U8, 3:trellis:64:U8,
+ * 2:trellis:128:U8, 2:trellis:64:U8. */
+STZ_API extern const char stz_tune_trellis_candidates[];
+
+/* Parses a comma-separated list of candidates ("default", "gguf" and
+ * "trellis" stand for the lists above; "keep",
  * BITS:METHOD:BLOCK:SCALES: bits 2-6 or 8, a method of stz_policy.h,
  * block 1..65536, scales F16, F32 or U8; svd:RANK[:randomized]; or a
  * llama.cpp type stz writes, "q4_k", "f16"...; a block quantization's

@@ -131,6 +131,16 @@ expect_rc 3 "KL 0 without keep" "$STZ" tune "$T/m.safetensors" --max-kl 0 --cand
 [ -e "$T/no.json" ] && bad "an infeasible budget wrote a policy" || ok
 ls -A "$T" | grep -q "^\.no\.json" && bad "temporary files left" || ok
 
+# Named lists: "default,trellis" is the two lists spelled out: the same rules.
+expect_rc 0 "named lists" "$STZ" tune "$T/m.safetensors" --bits-per-weight 3 --candidates default,trellis -o "$T/n1.json" -q
+expect_rc 0 "lists spelled out" "$STZ" tune "$T/m.safetensors" --bits-per-weight 3 -o "$T/n2.json" -q --candidates \
+    keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8,4:trellis:64:U8,3:trellis:128:U8,3:trellis:64:U8,2:trellis:128:U8,2:trellis:64:U8
+grep -v '"description"' "$T/n1.json" >"$T/n1.rules" && grep -v '"description"' "$T/n2.json" >"$T/n2.rules"
+cmp -s "$T/n1.rules" "$T/n2.rules" && ok || bad "default,trellis differs from its lists spelled out"
+grep -q '"trellis"' "$T/n1.json" && ok || bad "no trellis chosen at 3 bits/weight"
+expect_rc 1 "a list and one of its candidates" "$STZ" tune "$T/m.safetensors" --size 1M --candidates default,keep -o "$T/x.json"
+has "$T/err" "'keep' is listed twice" "names the candidate listed twice"
+
 # Refusals.
 sum=$(cksum <"$T/p.json")
 expect_rc 1 "existing output" "$STZ" tune "$T/m.safetensors" --size "$budget" -o "$T/p.json"

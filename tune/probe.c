@@ -20,6 +20,41 @@ const char stz_tune_default_candidates[] =
     "keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8";
 const char stz_tune_gguf_candidates[] =
     "keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,iq4_xs,q3_k,q2_k";
+const char stz_tune_trellis_candidates[] =
+    "4:trellis:64:U8,3:trellis:128:U8,3:trellis:64:U8,2:trellis:128:U8,2:trellis:64:U8";
+
+/* The lists a candidate list may name. */
+static const struct {
+    const char *name, *list;
+} sets[] = {{"default", stz_tune_default_candidates},
+            {"gguf", stz_tune_gguf_candidates},
+            {"trellis", stz_tune_trellis_candidates}};
+
+/* list with every set's name replaced by its candidates (malloc'd; NULL:
+ * out of memory). */
+static char *expand_sets(const char *list)
+{
+    size_t most = 0, entries = 1, ns = sizeof sets / sizeof *sets;
+    for (size_t k = 0; k < ns; k++)
+        most = strlen(sets[k].list) > most ? strlen(sets[k].list) : most;
+    for (const char *p = list; *p; p++)
+        entries += *p == ',';
+    char *out = malloc(strlen(list) + entries * most + 1), *o = out;
+    for (const char *p = list; out && *p;) {
+        size_t len = strcspn(p, ","), k = 0, skip = strspn(p, " ");
+        while (k < ns && (len - skip != strlen(sets[k].name) || strncmp(p + skip, sets[k].name, len - skip)))
+            k++;
+        const char *put = k < ns ? sets[k].list : p;
+        size_t n = k < ns ? strlen(put) : len;
+        memcpy(o, put, n), o += n;
+        p += len;
+        if (*p == ',')
+            *o++ = *p++;
+    }
+    if (out)
+        *o = 0;
+    return out;
+}
 
 /* ---- candidates ------------------------------------------------------------- */
 
@@ -111,7 +146,7 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
     char method[16], scales[8];
     if (sscanf(s, "%d:%15[^:]:%u:%7s%n", &bits, method, &block, scales, &used) != 4 || s[used])
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep, BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8), "
-                           "svd:RANK or a llama.cpp type (q4_k, iq4_nl, f16, ...)", s);
+                           "svd:RANK, a llama.cpp type (q4_k, iq4_nl, f16, ...) or a list's name (default, gguf, trellis)", s);
     if ((c->d.action = action_of_bits(bits)) == STZ_ACTION_COUNT)
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': bits must be 2, 3, 4, 5, 6 or 8", s);
     int m = 0;
@@ -137,8 +172,8 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
 stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size_t *n, stz_err *err)
 {
     *out = NULL, *n = 0;
-    char *copy = strdup(list), *save = NULL;
-    stz_tune_cand *c = calloc(strlen(list) / 2 + 2, sizeof *c); /* every entry takes 2 characters or more */
+    char *copy = expand_sets(list), *save = NULL;
+    stz_tune_cand *c = copy ? calloc(strlen(copy) / 2 + 2, sizeof *c) : NULL; /* every entry takes 2 characters or more */
     stz_status st = copy && c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidate list");
     size_t k = 0;
     for (char *tok = st ? NULL : strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
