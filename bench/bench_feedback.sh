@@ -126,3 +126,7 @@ for fb in "" --feedback; do
 done
 set -- $(run "$STZ" tune "$Q" --size "$(bytes "$WORK/fb-q.safetensors")" -T 2 -o "$WORK/fb-q.json" -f -q)
 echo "| tune --size (the q4_k file's bytes) | $1 | $(($2 / 1024)) |"
+# a 3-bit trellis on every layer matrix, as tune --candidates default,trellis chooses it
+tr='model.layers.*=int3:block_size=64:method=trellis:scale_dtype=U8'
+set -- $(run "$STZ" quantize "$Q" --set "$tr" --feedback -T 2 -o "$WORK/fb-q.safetensors" -f -q)
+echo "| quantize --set '$tr' --feedback | $1 | $(($2 / 1024)) |"
