@@ -73,19 +73,6 @@ static stz_status amax_work(void *ctx, int tid, size_t i, stz_err *err)
     return st;
 }
 
-stz_status stz_quant_read_f32(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *x, float **W,
-                              stz_err *err)
-{
-    size_t m = (size_t)x->rows, n = (size_t)x->cols, esz = stz_dtype_bits(t->dtype) / 8;
-    uint8_t *raw = malloc(m * n * esz + 1);
-    *W = malloc(m * n * sizeof **W + 1);
-    stz_status st = raw && *W ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s' (%zu x %zu)", t->name, m, n);
-    if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)))
-        st = stz_to_f32(t->dtype, raw, m * n, *W, err);
-    free(raw);
-    return st;
-}
-
 void stz_quant_plan_keep_nonfinite(stz_quant_plan *x)
 {
     x->svd = 0, x->bits = 0, x->d.action = STZ_ACTION_KEEP, x->d.reason = "holds NaN/Inf (kept by the policy)";

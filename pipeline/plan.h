@@ -50,11 +50,6 @@ stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_
                                stz_err *err);
 /* A tensor whose rule keeps it when it holds NaN/Inf, and which does. */
 void stz_quant_plan_keep_nonfinite(stz_quant_plan *x);
-/* Tensor t's rows x cols values (x's row shape) as F32 into *W, malloc'd:
- * the caller frees it, also after an error. For what needs a whole tensor
- * at once (SVD, a trellis). */
-stz_status stz_quant_read_f32(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *x, float **W,
-                              stz_err *err);
 void stz_quant_plan_free(stz_quant_plan *x);
 struct cJSON;
 /* Stores a tensor's entry o (then deleted) as __metadata__["stz.quant.NAME"];

@@ -217,31 +217,25 @@ static stz_status write_blockwise(stz_writer *w, const stz_quant_plan *pl, const
     return st;
 }
 
-/* A tensor quantized in memory: its values, scales and minimums, checked
- * to be in the format the plan declared (freed). */
-static stz_status write_qmem(stz_writer *w, const stz_tensor *t, stz_quant_plan *pl, stz_qmem *q, stz_err *err)
-{
-    stz_status st = STZ_OK;
-    if ((pl->d.scale_dtype == STZ_DTYPE_U8 && q->fmt.scale_base != pl->fmt.scale_base) ||
-        (pl->d.method == STZ_QMETHOD_NL_FIT && memcmp(q->fmt.levels, pl->fmt.levels, sizeof q->fmt.levels)))
-        st = stz_err_set(err, STZ_E_ARG, "tensor '%s': quantized with feedback from other values than the file's "
-                         "(another model?)", t->name);
-    for (int k = STZ_PART_VALUES; !st && k <= STZ_PART_MINS; k++)
-        if (q->part[k])
-            st = stz_writer_write(w, q->part[k], q->len[k], err);
-    pl->cosine = q->cosine;
-    stz_qmem_free(q);
-    return st;
-}
-
-/* A tensor error feedback quantized (stz_feedback_take), as it holds it;
- * *taken = 0 when it does not. */
+/* A tensor error feedback quantized (stz_feedback_take): its values,
+ * scales and minimums as it holds them; *taken = 0 when it does not. */
 static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *pl, stz_feedback *fb, int *taken,
                             stz_err *err)
 {
     stz_qmem q;
     stz_status st = stz_feedback_take(fb, t->name, &pl->d, &q, taken, err);
-    return st || !*taken ? st : write_qmem(w, t, pl, &q, err);
+    if (st || !*taken)
+        return st;
+    if ((pl->d.scale_dtype == STZ_DTYPE_U8 && q.fmt.scale_base != pl->fmt.scale_base) ||
+        (pl->d.method == STZ_QMETHOD_NL_FIT && memcmp(q.fmt.levels, pl->fmt.levels, sizeof q.fmt.levels)))
+        st = stz_err_set(err, STZ_E_ARG, "tensor '%s': quantized with feedback from other values than the file's "
+                         "(another model?)", t->name);
+    for (int k = STZ_PART_VALUES; !st && k <= STZ_PART_MINS; k++)
+        if (q.part[k])
+            st = stz_writer_write(w, q.part[k], q.len[k], err);
+    pl->cosine = q.cosine;
+    stz_qmem_free(&q);
+    return st;
 }
 
 /* A trellis's rows [a, b), whole segments, read (in, x), quantized into q

@@ -51,9 +51,13 @@ static stz_status svd_quality(const float *W, stz_quant_plan *x, stz_err *err)
 static stz_status factor(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *x,
                          float **W, stz_svd_result *f, int *bad, stz_err *err)
 {
-    size_t m = (size_t)x->rows, n = (size_t)x->cols;
-    stz_status st = stz_quant_read_f32(r, t, x, W, err);
-    *bad = 0;
+    size_t m = (size_t)x->rows, n = (size_t)x->cols, esz = stz_dtype_bits(t->dtype) / 8;
+    uint8_t *raw = malloc(m * n * esz + 1);
+    *W = malloc(m * n * sizeof **W + 1), *bad = 0;
+    stz_status st = raw && *W ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s' (%zu x %zu)", t->name, m, n);
+    if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)))
+        st = stz_to_f32(t->dtype, raw, m * n, *W, err);
+    free(raw);
     size_t at = st ? m * n : stz_quant_first_nonfinite(*W, m * n);
     if (at < m * n) {
         if (x->d.nonfinite == STZ_NONFINITE_KEEP) {
