@@ -392,14 +392,17 @@ stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
              (!v->rewrite || ((Xin = malloc((n * D + 1) * sizeof *Xin)) && (X0 = malloc((n * D + 1) * sizeof *X0))));
     if (!st && !ok)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
-    stz_blas_threads(m->threads);
+    /* OpenBLAS's products change with its thread count on some kernels
+       (AVX-512's): one thread, so that error feedback gives the same bytes
+       for any -T (the visitors' own work runs on -T threads) */
+    stz_blas_threads(1);
     if (!st)
         st = stz_forward_embed(m, S.tok, n, X, err);
     if (!st && X0)
         memcpy(X0, X, n * D * sizeof *X);
     for (uint32_t l = 0; !st && l < m->c.n_layers; l++) {
         st = walk_layer(&R, l, X, Xin, X0, &S.b, nseq, err);
-        stz_blas_threads(m->threads); /* the visitor may set one */
+        stz_blas_threads(1); /* the visitor may set one */
         if (!st && progress && progress(user, l + 1, m->c.n_layers + 1))
             st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     }
