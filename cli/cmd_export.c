@@ -64,6 +64,11 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
         cJSON_AddNumberToObject(d, "requantized", (double)s->requantized);
         cJSON_AddNumberToObject(d, "requantize_max_rel_error", s->requant_max_err);
         cJSON_AddNumberToObject(d, "f16_fallback", (double)s->fallback);
+        if (s->ffn_to) {
+            cJSON *w = cJSON_AddObjectToObject(d, "ffn_widened");
+            cJSON_AddNumberToObject(w, "from", (double)s->ffn_from);
+            cJSON_AddNumberToObject(w, "to", (double)s->ffn_to);
+        }
         cJSON_AddNumberToObject(d, "seconds", secs);
         return cli_print_json(d);
     }
@@ -80,6 +85,9 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
     if (s->requantized)
         printf("  %zu quantized tensors requantized: largest relative error %.4g (%s)\n", s->requantized,
                s->requant_max_err, s->requant_worst);
+    if (s->ffn_to)
+        printf("  FFN widened from %llu to %llu units (zero rows and columns) for ffn_down's padded blocks\n",
+               (unsigned long long)s->ffn_from, (unsigned long long)s->ffn_to);
     if (s->fallback)
         printf("  %zu tensors written as floats (F16; F32 for quantized values): rows not a multiple of 32 "
                "(first: %s)\n", s->fallback, s->fallback_first);

@@ -2,6 +2,7 @@
  * size or quality budget, verify by compressing and running the model,
  * correct once. */
 #include "cmd_tune.h"
+#include "gguf/gguf_format.h"
 #include "stz_imatrix.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
@@ -209,6 +210,7 @@ typedef struct {
     char *policy;
     char *cfg_json;    /* config.json's text, for --gguf's export */
     uint64_t gguf_keep; /* --gguf: the GGUF file's bytes with every tensor kept */
+    uint64_t gguf_widen; /* --gguf: what its header grows by with a widened FFN */
     cli_tmpfile tc;
     cli_tmpfile tcc;   /* --gguf: the container exported */
     measured m1, m2;   /* the first verification's, the last correction's */
@@ -298,6 +300,7 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         if ((st = cli_export_gguf(t->model, &t->S, &t->cfg, t->cfg_json, &gp, NULL, &gs, err)))
             return st;
         t->gguf_keep = gs.file_bytes;
+        t->gguf_widen = gguf_padded(gs.header_bytes + STZ_GGUF_KEY_FFN_BYTES) - gguf_padded(gs.header_bytes);
     }
     o->c.threads = o->c.threads ? o->c.threads : cli_ncores();
     if ((st = stz_fwd_open(&t->fwd, t->S.m, t->S.n, &t->cfg, t->model, o->c.threads, err)))
@@ -359,6 +362,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
         for (size_t i = 0; i < t->T.nt; i++)
             kept += t->T.t[i].bytes[0];
         t->T.extra_bytes = t->gguf_keep > kept ? t->gguf_keep - kept : 0;
+        t->T.widen_header = t->gguf_widen;
     } else if (t->sharded) { /* the index and the other files of the directory come along */
         t->T.extra_bytes = (uint64_t)model_bytes;
         for (size_t f = 0; f < t->S.n; f++)

@@ -98,13 +98,24 @@ static stz_status raw_rows(exporter *x, etensor *e, uint64_t row, size_t nr, siz
     return STZ_OK;
 }
 
+/* Rows of `from` values widened in place to `to`, zeros after them (a
+ * widened FFN's down projection). */
+static void widen(float *v, size_t nr, size_t from, size_t to)
+{
+    for (size_t k = nr; from < to && k-- > 0;) {
+        memmove(v + k * to, v + k * from, from * sizeof *v);
+        memset(v + k * to + from, 0, (to - from) * sizeof *v);
+    }
+}
+
 /* The other kinds: rows as floats (dequantized, and with the scales for
  * K_REPACK), quantized to a block type as ggml does if asked, packed;
  * err2 / ref2 sum the requantization error. */
+
 static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, size_t hd, double *err2, double *ref2,
                              stz_err *err)
 {
-    size_t cols = (size_t)e->cols, nb = cols / STZ_GGML_QK, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
+    size_t cols = (size_t)e->ne[0], nb = cols / STZ_GGML_QK, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
     float *v = x->f, *s = x->sc;
     stz_status st = STZ_OK;
     if (e->kind == K_ROPE) { /* llama.cpp divides the unscaled frequencies by these factors */
@@ -116,6 +127,8 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
             v[i] = x->g[i] / v[i];
     } else if ((st = stz_qmodel_read_rows_scales(e->m, e->i, row, nr, v, e->kind == K_REPACK ? s : NULL, err)))
         return st;
+    if (e->ndim == 2)
+        widen(v, nr, (size_t)e->cols, cols);
     if (e->heads) { /* 2-D: whole rows; 1-D: the elements */
         permute(v, x->g, e->ndim == 1 ? cols : nr, (e->ndim == 1 ? 1 : cols) * 4, hd), v = x->g;
         if (e->kind == K_REPACK)
@@ -208,7 +221,7 @@ static stz_status mapped_tensor(exporter *x, etensor *e, int *done, stz_err *err
                 st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a chunk buffer");
     }
     if (!st && !(st = stz_container_tensor_map(ct, e->q->name, nt, map_chunk, &mp, err)))
-        x->of.pos += e->bytes, *done = 1;
+        x->of.pos += e->rows * stz_ggml_row_bytes(e->type, e->ne[0]), *done = 1;
     for (int t = 0; mp.buf && t < nt; t++)
         free(mp.buf[t]);
     free(mp.buf), free(mp.scales);
@@ -227,16 +240,17 @@ static stz_status advance(exporter *x, uint64_t n, stz_err *err)
 stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err)
 {
     int mapped = 0;
+    size_t cols = (size_t)e->ne[0], rb = (size_t)stz_ggml_row_bytes(e->type, cols);
+    uint64_t pad_rows = e->ndim == 2 ? e->ne[1] - e->rows : 0; /* a widened FFN's zero units */
     stz_status st = mapped_tensor(x, e, &mapped, err);
     if (!st && mapped)
-        st = advance(x, e->bytes, err);
-    size_t cols = (size_t)e->cols, rb = (size_t)stz_ggml_row_bytes(e->type, cols);
+        st = advance(x, e->rows * rb, err);
     size_t hd = e->heads ? (size_t)(e->rows * (e->ndim == 1 ? e->cols : 1) / e->heads) : 1;
     size_t batch = (16u << 20) / (cols * 4) + 1; /* 16 MB of floats */
     if (e->heads && e->ndim == 2)
         batch = (batch + hd - 1) / hd * hd;
     batch = batch < e->rows ? batch : (size_t)e->rows;
-    if (!st && !mapped)
+    if (!st && (!mapped || pad_rows))
         st = reserve(x, batch, cols, err);
     double err2 = 0, ref2 = 0;
     for (uint64_t row = 0; !st && !mapped && row < e->rows; row += batch) {
@@ -246,6 +260,11 @@ stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err)
         if (!st && !(st = stz_outfile_write(&x->of, x->out, nr * rb, err)))
             st = advance(x, nr * rb, err);
     }
+    if (!st && pad_rows)
+        memset(x->out, 0, rb); /* zero blocks decode to 0 in every type */
+    for (uint64_t k = 0; !st && k < pad_rows; k++)
+        if (!(st = stz_outfile_write(&x->of, x->out, rb, err)))
+            st = advance(x, rb, err);
     if (!st && e->kind == K_REQUANT) {
         double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
         if (!x->stats->requantized++ || rel > x->stats->requant_max_err) {

@@ -74,7 +74,9 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
             e->kind = K_COPY;
     }
     int fb = block_type(e->type) ? stz_ggml_fallback(e->type, e->cols) : e->type;
-    if (fb != e->type && fb != STZ_GGML_F16) {
+    if (e->kind == K_COPY && e->role == STZ_ROLE_DOWN && stz_ggml_block(e->type) == STZ_GGML_QK) {
+        /* padded 32-blocks ("pad"): the FFN is widened to them (widen_ffn) */
+    } else if (fb != e->type && fb != STZ_GGML_F16) {
         e->type = fb; /* a 256-block type on rows of whole 32-blocks: llama.cpp's fallback */
     } else if (fb != e->type) {
         /* no block type takes such rows: F16 as llama.cpp does, or F32 for
@@ -111,6 +113,7 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
                 continue; /* biases, a tied head: stz_fwd_open checked what is required */
             e->q = stz_qmodel_tensor(e->m, e->i);
             snprintf(e->name, sizeof e->name, stz_roles[r].gguf, l - 1);
+            e->role = (int)r;
             e->rows = e->q->rows, e->cols = e->q->cols;
             e->ndim = e->q->ndim >= 2 ? 2 : 1;
             e->ne[0] = e->cols, e->ne[1] = e->rows;
@@ -130,6 +133,34 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
         e->ne[0] = e->cols = c->head_dim / 2, e->rows = 1;
     }
     return STZ_OK;
+}
+
+/* A down projection stored in padded 32-blocks ("pad") cannot be cut to
+ * the FFN's width, so the FFN grows to the blocks' instead: zero rows
+ * after the gate and up projections (whole zero blocks decode to 0 in
+ * every type, so the new units output silu(0) * 0 = 0) and zero columns
+ * after any down projection not stored so. The model computes the same. */
+static void widen_ffn(exporter *x)
+{
+    uint64_t from = x->c->hidden, to = from;
+    for (size_t i = 0; i < x->n; i++) {
+        const etensor *e = &x->t[i];
+        if (e->role == STZ_ROLE_DOWN && e->kind == K_COPY && e->cols % stz_ggml_block(e->type))
+            to = (e->cols + STZ_GGML_QK - 1) / STZ_GGML_QK * STZ_GGML_QK;
+    }
+    if (to == from)
+        return;
+    for (size_t i = 0; i < x->n; i++) {
+        etensor *e = &x->t[i];
+        if ((e->role == STZ_ROLE_GATE || e->role == STZ_ROLE_UP) && e->ndim == 2 && e->rows == from)
+            e->ne[1] = to;
+        else if (e->role == STZ_ROLE_DOWN && e->cols == from) {
+            e->ne[0] = to;
+            if (!(e->kind == K_COPY && block_type(e->type)))
+                e->kind = K_FLOAT; /* floats, widened as they are written */
+        }
+    }
+    x->stats->ffn_from = from, x->stats->ffn_to = to;
 }
 
 /* ---- metadata -------------------------------------------------------------- */
@@ -249,6 +280,7 @@ static void build_header(exporter *x, const gbuf *kv, gbuf *head, stz_gguf_stats
         stats->tensors[e->type]++, stats->bytes[e->type] += e->bytes;
         stats->repacked += e->kind == K_REPACK || e->kind == K_RAW || (e->kind == K_COPY && e->q->bits);
     }
+    stats->header_bytes = head->n;
     gb_pad(head);
     x->total = off;
 }
@@ -274,8 +306,13 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     STZ_TRY(st, find_tokenizer(p, dir, model_path, tok, sizeof tok, err));
     STZ_TRY(st, model_name(p, model_path, name, sizeof name, err));
     uint32_t ftype = file_type(&x);
-    put_hparams(&kv, c, arch, name);
+    widen_ffn(&x);
+    stz_fwd_config wide = *c;
+    wide.hidden = (uint32_t)(stats->ffn_to ? stats->ffn_to : c->hidden);
+    put_hparams(&kv, &wide, arch, name);
     kv_u32(&kv, "general.file_type", ftype);
+    if (stats->ffn_to) /* the model's own width, for readers that take the zero units out (stz) */
+        kv_u32(&kv, STZ_GGUF_KEY_FFN, c->hidden);
     STZ_TRY(st, gguf_vocab(&kv, tok, arch, config_json, c->vocab, err));
     build_header(&x, &kv, &head, stats);
     if (kv.oom || head.oom) {

@@ -20,8 +20,8 @@ typedef struct {
     size_t i;
     const stz_qtensor *q;
     uint32_t ndim;
-    uint64_t ne[2], rows, cols;
-    int type, kind;
+    uint64_t ne[2], rows, cols; /* ne: in the GGUF file; rows, cols: as stored (fewer with a widened FFN) */
+    int type, kind, role;
     uint32_t heads; /* rows to reorder in this many heads (0: none) */
     uint64_t offset, bytes;
 } etensor;

@@ -7,6 +7,10 @@
 #include "stz_gguf.h"
 
 #define GGUF_ALIGN 32
+/* stz export: the FFN width before it widened it with zero units (export/gguf_export.c) */
+#define STZ_GGUF_KEY_FFN "stz.feed_forward_length"
+/* That key-value pair's bytes in the header: key length and text, type, u32 */
+#define STZ_GGUF_KEY_FFN_BYTES (8 + sizeof STZ_GGUF_KEY_FFN - 1 + 4 + 4)
 
 /* A tensor's n bytes as a GGUF file holds them: padded to GGUF_ALIGN. */
 static inline uint64_t gguf_padded(uint64_t n) { return (n + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN; }

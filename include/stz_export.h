@@ -49,6 +49,9 @@ typedef struct {
     char requant_worst[256];
     size_t fallback;     /* tensors written F16 because rows are not a multiple of 32 */
     char fallback_first[256];
+    uint64_t ffn_from, ffn_to; /* the FFN widened with zero units from ffn_from to ffn_to (0: not), so that
+                                  down projections stored in padded 32-blocks ("pad") are whole rows */
+    uint64_t header_bytes; /* the header before its padding to the data's alignment */
     uint64_t file_bytes;
     char arch[16];       /* "llama" or "qwen2" */
 } stz_gguf_stats;

@@ -94,6 +94,8 @@ typedef struct {
     uint32_t svd_oversample;  /* randomized: extra sketch columns (default 10) */
     stz_action fallback;     /* when factors would not be smaller: keep, int8 (default) or int4 */
     int feedback;            /* block quantizations: "feedback": true, error feedback (stz_feedback.h) */
+    int pad;                 /* llama.cpp's types: "pad": true, rows that are not whole 32-blocks keep a
+                                32-block type, the last block of each row zero-padded (docs/FORMAT.md) */
     int rule;                /* index of the deciding rule, -1 for the default */
     const char *reason;      /* static text when the action was overridden, else NULL */
 } stz_decision;
@@ -305,7 +307,8 @@ typedef enum {
  * "auto" is STZ_GGML_AUTO). */
 STZ_API const char *stz_ggml_type_name(int type);
 STZ_API int stz_ggml_type_parse(const char *s);
-/* Bytes of a row of n elements of `type` (n a multiple of its block). */
+/* Bytes of a row of n elements of `type`: whole blocks, the last one
+ * padded when n is not a multiple of the block (stz_qf_quantize_row). */
 STZ_API uint64_t stz_ggml_row_bytes(int type, uint64_t n);
 /* Elements per block of `type` (1 for floats, 0 for an unknown number). */
 STZ_API uint32_t stz_ggml_block(int type);

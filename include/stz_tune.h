@@ -87,7 +87,12 @@ typedef struct {
                          * feedback candidates are measured with feedback */
     double *plain_out;  /* a tied head that stz_tune_feedback reached: per feedback candidate, plain
                          * rounding's output error in its format (NULL otherwise) */
+    int ffn;            /* STZ_TUNE_FFN_DOWN: a down projection whose rows are not whole 32-blocks, offered
+                         * llama.cpp's 32-block types with each row's last block padded ("pad"), for which
+                         * export widens the FFN; STZ_TUNE_FFN_IN: a gate or up projection it widens */
 } stz_tune_tensor;
+
+enum { STZ_TUNE_FFN_IN = 1, STZ_TUNE_FFN_DOWN = 2 };
 
 typedef struct {
     stz_tune_cand *cand;   /* the candidates offered, then the probe's format if it is not one of them */
@@ -100,6 +105,8 @@ typedef struct {
     uint64_t extra_bytes;  /* bytes besides the containers (a sharded directory's index and other files),
                             * or with gguf besides the tensors' bytes[0] (the GGUF header): the caller sets it */
     int gguf;              /* bytes count a GGUF file (stz_tune_params.gguf) */
+    uint64_t widen_header; /* with gguf: what the GGUF header grows by when export widens the FFN (its
+                            * stz.feed_forward_length key): the caller sets it */
     char **meta;           /* per file, its __metadata__ as a JSON object (the quantized file keeps it) */
     size_t nfiles;
 } stz_tune;

@@ -6,6 +6,7 @@
 #include "roles.h"
 #include "safetensors/st_sink.h"
 #include "stz_gguf.h"
+#include "gguf/gguf_format.h"
 
 #include <cjson/cJSON.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@ typedef struct {
     const stz_ggml_traits *tr;
     char name[256];
     uint64_t rows, cols, rb; /* rb: bytes of a GGUF row */
+    uint64_t gcols;          /* elements of a GGUF row: cols, or more in a widened FFN's down projection */
     uint64_t hd;             /* export's permutation undone: rows (2-D) or elements (1-D) per head; 0: none */
     stz_dtype dtype;
     uint64_t begin, end;     /* in the view's data section */
@@ -42,6 +44,7 @@ struct stz_gguf_view {
     uint8_t *raw;   /* a GGUF row */
     float *row, *all; /* a decoded row; a whole 1-D tensor */
     uint8_t *conv;  /* a row in the view's dtype */
+    uint64_t ffn, ffn_wide; /* an FFN stz export widened from ffn to ffn_wide units (0: none) */
 };
 
 
@@ -77,11 +80,15 @@ static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, 
     else
         snprintf(t->name, sizeof t->name, "%s", g->name);
     t->g = g, t->tr = stz_ggml_traits_of(g->type);
-    t->cols = g->ne[0];
+    t->cols = t->gcols = g->ne[0];
     t->rows = 1;
     for (uint32_t d = 1; d < g->ndim; d++)
         t->rows *= g->ne[d];
     t->rb = stz_ggml_row_bytes(g->type, t->cols);
+    if (v->ffn && g->ndim == 2 && (role == STZ_ROLE_GATE || role == STZ_ROLE_UP) && t->rows == v->ffn_wide)
+        t->rows = v->ffn; /* stz export's zero units taken out */
+    else if (v->ffn && g->ndim == 2 && role == STZ_ROLE_DOWN && t->cols == v->ffn_wide)
+        t->cols = v->ffn;
     uint64_t h = role >= 0 && permute && stz_roles[role].perm ? (stz_roles[role].perm == 1 ? heads : kv_heads) : 0;
     t->hd = h ? (g->ndim == 1 ? t->cols : t->rows) / h : 0;
     return 0;
@@ -99,7 +106,7 @@ static stz_status build_header(stz_gguf_view *v, const char *arch, stz_err *err)
         vtensor *t = &v->t[i];
         cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *offs = cJSON_CreateArray();
         for (uint32_t d = t->g->ndim; d-- > 0;)
-            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->g->ne[d]));
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)(t->g->ndim != 2 ? t->g->ne[d] : d ? t->rows : t->cols)));
         size_t esz = stz_dtype_bits(t->dtype) / 8;
         t->begin = at, t->end = at + t->rows * t->cols * esz, at = t->end;
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)t->begin));
@@ -142,7 +149,7 @@ static stz_status decode_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz
     if (e)
         return stz_err_set(err, STZ_E_IO, "%s: tensor '%s': cannot read row %llu", v->path, t->g->name,
                            (unsigned long long)gr);
-    stz_ggml_decode(t->tr, v->raw, (size_t)t->cols, v->row);
+    stz_ggml_decode(t->tr, v->raw, (size_t)t->gcols, v->row);
     if (t->hd && t->g->ndim == 1) { /* a bias: elements within each head */
         memcpy(v->all, v->row, (size_t)t->cols * sizeof *v->all);
         for (uint64_t i = 0; i < t->cols; i++)
@@ -188,6 +195,11 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
 static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtype, const char *arch, stz_err *err)
 {
     int permute = names == STZ_NAMES_HF && !strcmp(arch, "llama");
+    const char *ffn = kv_text(v->g, STZ_GGUF_KEY_FFN);
+    v->ffn_wide = arch_u64(v->g, arch, "feed_forward_length");
+    v->ffn = ffn && names >= 0 ? strtoull(ffn, NULL, 10) : 0;
+    if (v->ffn >= v->ffn_wide) /* nothing to take out */
+        v->ffn = 0;
     uint64_t heads = arch_u64(v->g, arch, "attention.head_count"), kv = arch_u64(v->g, arch, "attention.head_count_kv");
     size_t nt = stz_gguf_tensor_count(v->g);
     uint64_t maxcols = 1, maxrb = 1;
@@ -211,7 +223,7 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows are not whole heads", v->path, t->g->name,
                                (unsigned long long)t->rows);
         t->dtype = t->g->ndim == 1 ? STZ_DTYPE_F32 : dtype;
-        maxcols = t->cols > maxcols ? t->cols : maxcols, maxrb = t->rb > maxrb ? t->rb : maxrb;
+        maxcols = t->gcols > maxcols ? t->gcols : maxcols, maxrb = t->rb > maxrb ? t->rb : maxrb;
         v->n++;
     }
     v->raw = malloc(maxrb), v->row = malloc(maxcols * sizeof *v->row), v->all = malloc(maxcols * sizeof *v->all);

@@ -1,6 +1,7 @@
 /* Policy engine: parse JSON rules, decide an action per tensor. */
 #include "core/stz_core.h"
 #include "stz_policy.h"
+#include "quant/ggml_types.h"
 
 #include <cjson/cJSON.h>
 #include <fnmatch.h>
@@ -169,6 +170,10 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             if (!cJSON_IsBool(k))
                 return perr(err, p, where, pat, "feedback must be true or false", NULL, NULL);
             d->feedback = cJSON_IsTrue(k);
+        } else if (!strcmp(key, "pad")) {
+            if (!cJSON_IsBool(k))
+                return perr(err, p, where, pat, "pad must be true or false", NULL, NULL);
+            d->pad = cJSON_IsTrue(k);
         } else if (!strcmp(key, "comment")) {
             continue;
         } else {
@@ -194,6 +199,9 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
     if (d->method == STZ_QMETHOD_TRELLIS && d->action != STZ_ACTION_KEEP &&
         (stz_action_bits(d->action) < 2 || stz_action_bits(d->action) > 4 || stz_action_ggml_type(d->action) >= 0))
         return perr(err, p, where, pat, "method \"trellis\" takes 2 to 4 bits (int2..int4)", NULL, NULL);
+    if (d->pad && (stz_action_ggml_type(d->action) < 0 || !stz_action_is_block(d->action)))
+        return perr(err, p, where, pat, "pad applies to llama.cpp's block types (q4_0..iq4_xs), not '%s'",
+                    stz_action_name(d->action), NULL);
     if (d->feedback && !stz_action_is_block(d->action))
         return perr(err, p, where, pat, "feedback applies to block quantizations (int2..int8, q4_0..iq4_xs), not '%s'",
                     stz_action_name(d->action), NULL);
@@ -502,7 +510,12 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
         d.action = STZ_ACTION_KEEP;
     int type = stz_action_ggml_type(d.action), fb;
     uint64_t row = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel;
-    if (type >= 0 && (fb = stz_ggml_fallback(type, row)) != type) { /* as llama.cpp's quantize */
+    if (type >= 0 && d.pad && row % STZ_GGML_QK) { /* a 32-block type, each row's last block padded */
+        fb = stz_ggml_block(type) == STZ_GGML_QK ? type : stz_ggml_fallback(type, STZ_GGML_QK);
+        d.reason = fb != type ? "rows are not whole 32-blocks: padded, in the 32-block type llama.cpp falls back to"
+                              : NULL;
+        d.action = stz_action_of_ggml_type(fb);
+    } else if (type >= 0 && (fb = stz_ggml_fallback(type, row)) != type) { /* as llama.cpp's quantize */
         fb = fb == STZ_GGML_F16 && t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16 : fb;
         d.action = stz_action_of_ggml_type(fb);
         d.reason = stz_ggml_block(type) == 256 && fb != STZ_GGML_F16 && fb != STZ_GGML_BF16

@@ -104,15 +104,38 @@ typedef struct {
     fb_slot *slot;
 } fb_job;
 
+/* A row's partial last 32-block of a ggml type (qformat.c's ggml_row):
+ * x[len] and its importance zero-padded, U's len x len corner with an
+ * identity for the padding, so that the padding is coded but weighs and
+ * feeds nothing. */
+static int ggml_partial_feedback(int type, float *x, const float *w, size_t len, const float *U, size_t ldu,
+                                 uint8_t *out, float *E)
+{
+    float px[STZ_GGML_QK] = {0}, pw[STZ_GGML_QK] = {0}, pU[STZ_GGML_QK * STZ_GGML_QK] = {0}, pE[STZ_GGML_QK];
+    for (size_t a = 0; a < STZ_GGML_QK; a++) {
+        pU[a * STZ_GGML_QK + a] = 1;
+        for (size_t k = a; a < len && k < len; k++)
+            pU[a * STZ_GGML_QK + k] = U[a * ldu + k];
+    }
+    for (size_t k = 0; k < len; k++)
+        px[k] = x[k], pw[k] = w ? w[k] : 1.0f;
+    if (stz_ggml_block_feedback(type, px, pw, pU, STZ_GGML_QK, out, pE))
+        return -1;
+    memcpy(x, px, len * sizeof *x), memcpy(E, pE, len * sizeof *E);
+    return 0;
+}
+
 /* One block of row r (of the piece at row r0) quantized with feedback. */
 static int fb_block(const fb_job *j, fb_slot *s, size_t r0, size_t r, size_t c0, size_t len)
 {
     const float *U = j->U + c0 * j->cols + c0, *w = j->w + c0;
     float *x = s->W + r * j->cols + c0, *E = s->E + r * j->G;
     size_t b = c0 / j->G, row = r0 + r;
+    uint8_t *out = j->q + row * j->rb + b * (j->f->ggml ? j->f->ggml->bytes : 0);
+    if (j->f->ggml && len < j->G)
+        return ggml_partial_feedback(j->f->ggml->type, x, w, len, U, j->cols, out, E);
     if (j->f->ggml)
-        return stz_ggml_block_feedback(j->f->ggml->type, x, w, U, j->cols,
-                                       j->q + row * j->rb + b * j->f->ggml->bytes, E);
+        return stz_ggml_block_feedback(j->f->ggml->type, x, w, U, j->cols, out, E);
     return stz_qf_block_feedback(j->f, x, w, len, U, j->cols, s->codes + r * j->cols + c0, &j->sc[row * j->nb + b],
                                  j->mn ? &j->mn[row * j->nb + b] : NULL, E);
 }

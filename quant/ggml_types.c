@@ -417,7 +417,7 @@ int stz_ggml_type_parse(const char *s)
 uint64_t stz_ggml_row_bytes(int type, uint64_t n)
 {
     const stz_ggml_traits *t = stz_ggml_traits_of(type);
-    return t ? n / t->block * t->bytes : 0;
+    return t ? (n + t->block - 1) / t->block * t->bytes : 0;
 }
 
 uint32_t stz_ggml_block(int type)

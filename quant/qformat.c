@@ -393,10 +393,28 @@ static inline int block_code(const stz_qformat *f, int lo, int hi, float v, floa
     return q;
 }
 
+/* A row of a 32-block type whose last block is partial: the whole blocks,
+ * then the rest zero-padded, the padding weighted 0 (its values are never
+ * read: stz's reader drops them, and the FFN's padded units that export
+ * adds are zero, so llama.cpp multiplies them by 0). */
+static int ggml_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q)
+{
+    int type = f->ggml->type;
+    size_t whole = n / f->block * f->block, rest = n - whole;
+    if (!rest || f->block != STZ_GGML_QK)
+        return stz_ggml_quantize_row(type, x, f->weights, n, q);
+    if (whole && stz_ggml_quantize_row(type, x, f->weights, whole, q))
+        return -1;
+    float px[STZ_GGML_QK] = {0}, pw[STZ_GGML_QK] = {0};
+    for (size_t k = 0; k < rest; k++)
+        px[k] = x[whole + k], pw[k] = f->weights ? f->weights[whole + k] : 1.0f;
+    return stz_ggml_quantize_row(type, px, pw, STZ_GGML_QK, q + stz_ggml_row_bytes(type, whole));
+}
+
 int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins)
 {
     if (f->ggml)
-        return stz_ggml_quantize_row(f->ggml->type, x, f->weights, n, q);
+        return ggml_row(f, x, n, q);
     int lo, hi;
     uint8_t codes[256];
     uniform_range(f, &lo, &hi);
@@ -458,8 +476,14 @@ void stz_qf_unpack_codes(int bits, const uint8_t *q, size_t n, uint8_t *codes)
 STZ_QF_CLONES void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales,
                                          const float *mins, size_t n, float *y)
 {
-    if (f->ggml) {
-        stz_ggml_dequantize_row(f->ggml->type, q, n, y);
+    if (f->ggml) { /* a partial last block (ggml_row): its first values */
+        size_t whole = n / f->block * f->block;
+        float last[256];
+        stz_ggml_dequantize_row(f->ggml->type, q, whole, y);
+        if (whole < n) {
+            stz_ggml_dequantize_row(f->ggml->type, q + stz_ggml_row_bytes(f->ggml->type, whole), f->block, last);
+            memcpy(y + whole, last, (n - whole) * sizeof *y);
+        }
         return;
     }
     int bits = f->bits, sh = 32 - bits, have = 0;

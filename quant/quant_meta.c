@@ -131,7 +131,7 @@ static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, cons
     stz_status st = parse_shape(r, t, sh, qi, err);
     if (st)
         return st;
-    if (!qi->numel || qi->cols % g->block || t->dtype != STZ_DTYPE_U8 ||
+    if (!qi->numel || (qi->cols % g->block && g->block != STZ_GGML_QK) || t->dtype != STZ_DTYPE_U8 ||
         !same_layout(t, qi, stz_ggml_row_bytes(type, qi->cols)))
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s values do not match the recorded shape as %s blocks",
                            P, t->name, stz_dtype_name(t->dtype), g->name);

@@ -244,7 +244,7 @@ stz_status stz_qtensor_begin(const stz_decision *d, const float *x, const float 
                            stz_action_name(d->action));
     stz_qf_of_decision(d, f);
     f->weights = weights;
-    if (f->ggml && cols % f->block)
+    if (f->ggml && cols % f->block && f->block != STZ_GGML_QK) /* 32-blocks: the last one padded */
         return stz_err_set(err, STZ_E_ARG, "rows of %llu are not whole blocks of %s (%u): use the type "
                            "stz_ggml_fallback gives", (unsigned long long)cols, f->ggml->name, f->block);
     if (f->method == STZ_QMETHOD_TRELLIS && !stz_trellis_fits(f->bits, rows))

@@ -152,18 +152,21 @@ def check_python(where, code, cwd, env):
            '{"match":"i","action":"int2","method":"full","block_size":4},' \
            '{"match":"j","action":"int3","method":"trellis","block_size":16,"scale_dtype":"U8"},' \
            '{"match":"k","action":"int2","method":"trellis","block_size":32},' + \
+           '{"match":"p_q5_1","action":"q5_1","pad":true},{"match":"p_q4_k","action":"q4_k","pad":true},' + \
            ','.join('{"match":"g_%s","action":"%s"}' % (t, t) for t in GGML_TYPES) + ']}'
     setup = [
         # a model with one tensor per storage case: int4 blocks, int8 mse,
         # svd factors, one block per row (a single 'scale'), int3 nl with U8
         # scales, int5 asym (minimums), int6 nl-fit (stored levels), a single
         # U8 scale, int2 full; trellis int3 over two segments (128 + 172 rows) and
-        # int2 over one of 7 rows; each of llama.cpp's types (g_TYPE); a kept BF16 tensor
+        # int2 over one of 7 rows; each of llama.cpp's types (g_TYPE); rows of 100 in
+        # padded 32-blocks (p_TYPE: q5_1, and q4_k as its stand-in q5_0); a kept BF16 tensor
         py + " -c \"import numpy as np, json, struct; r = np.random.default_rng(1);"
         " t = {'a': r.standard_normal((8, 96)), 'b': r.standard_normal((16, 100)), 'c': r.standard_normal((24, 40)),"
         " 'd': r.standard_normal((1, 200)), 'e': r.standard_normal((10, 70)), 'f': r.standard_normal((12, 33)),"
         " 'g': r.standard_normal((300, 64)), 'h': r.standard_normal((1, 20)), 'i': r.standard_normal((5, 9)),"
-        " 'j': r.standard_normal((300, 40)), 'k': r.standard_normal((7, 33))};"
+        " 'j': r.standard_normal((300, 40)), 'k': r.standard_normal((7, 33)),"
+        " 'p_q5_1': r.standard_normal((3, 100)), 'p_q4_k': r.standard_normal((5, 100))};"
         " t.update(('g_' + k, r.standard_normal((3, 512)) * 0.1) for k in %r);" % (GGML_TYPES,) +
         " h = {}; data = b''\n"
         "for k, v in t.items():\n"

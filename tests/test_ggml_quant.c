@@ -190,6 +190,47 @@ static void test_tensor_rows(void **state)
     assert_int_equal(stz_ggml_quantize_row(9 /* q8_1 */, x, NULL, 32, (uint8_t[64]){0}), -1);
 }
 
+/* Rows that are not whole 32-blocks ("pad"): the whole blocks as a row of
+ * them, then the rest zero-padded with importance 0; read back, the first
+ * values of the decoded blocks. 256-block types refuse such rows. */
+static void test_padded_rows(void **state)
+{
+    (void)state;
+    static const size_t widths[] = {1, 31, 33, 100, 172};
+    float x[3 * 172], y[172], full[192], px[32], pw[32];
+    for (int i = 0; i < 3 * 172; i++)
+        x[i] = frand();
+    for (size_t k = 0; k < NTYPES; k++)
+        for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+            size_t n = widths[wi], whole = n / 32 * 32, rb = (size_t)stz_ggml_row_bytes(types[k], n);
+            stz_decision d = {.action = stz_action_of_ggml_type(types[k]), .pad = 1};
+            stz_qmem m;
+            stz_err err;
+            stz_status st = stz_quantize_tensor(&d, x, NULL, 3, n, &m, &err);
+            if (stz_ggml_block(types[k]) == 256) {
+                assert_int_equal(st, STZ_E_ARG);
+                continue;
+            }
+            assert_int_equal(st, STZ_OK);
+            assert_int_equal(rb, (n + 31) / 32 * stz_ggml_traits_of(types[k])->bytes);
+            assert_int_equal(m.len[STZ_PART_VALUES], 3 * rb);
+            for (int r = 0; r < 3; r++) {
+                const uint8_t *row = m.part[STZ_PART_VALUES] + r * rb;
+                uint8_t q[6 * 34];
+                memset(px, 0, sizeof px), memset(pw, 0, sizeof pw);
+                for (size_t i = whole; i < n; i++)
+                    px[i - whole] = x[r * n + i], pw[i - whole] = 1;
+                assert_int_equal(whole ? stz_ggml_quantize_row(types[k], x + r * n, NULL, whole, q) : 0, 0);
+                assert_int_equal(stz_ggml_quantize_row(types[k], px, pw, 32, q + stz_ggml_row_bytes(types[k], whole)), 0);
+                assert_memory_equal(q, row, rb);
+                stz_qf_dequantize_row(&m.fmt, row, NULL, NULL, n, y);
+                assert_int_equal(stz_ggml_dequantize_row(types[k], row, (n + 31) / 32 * 32, full), 0);
+                assert_memory_equal(y, full, n * sizeof *y);
+            }
+            stz_qmem_free(&m);
+        }
+}
+
 /* The type llama.cpp's quantize falls back to for rows that are not whole blocks. */
 static void test_fallback(void **state)
 {
@@ -233,7 +274,7 @@ int main(void)
         cmocka_unit_test(test_representable_blocks), cmocka_unit_test(test_hard_blocks),
         cmocka_unit_test(test_error_bounds),         cmocka_unit_test(test_weights_steer),
         cmocka_unit_test(test_tensor_rows),          cmocka_unit_test(test_fallback),
-        cmocka_unit_test(test_clones_same_bytes),
+        cmocka_unit_test(test_clones_same_bytes),    cmocka_unit_test(test_padded_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

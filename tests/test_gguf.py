@@ -461,6 +461,49 @@ def test_llama_cpp_runs_quantized_like_stz(tmp_path, kind):
     assert np.abs(got - full).mean() > (5 if "4" in kind else 1.2) * d.mean()
 
 
+@need_data
+@need_engine
+@pytest.mark.parametrize("mix", ["q4_0", "mixed"])
+def test_llama_cpp_runs_padded_ffn(tmp_path, mix):
+    """"pad": true keeps the 172-wide ffn_down in a 32-block type, each row's
+    last block zero-padded; export widens the FFN to 192 units (zero rows
+    after gate and up, feed_forward_length 192, the model's own 172 under
+    stz.feed_forward_length), and llama.cpp runs it to stz's forward pass on
+    the quantized SafeTensors file; stz reads the GGUF back to the same
+    values, the zero units taken out. Only the down projections are
+    quantized, so llama.cpp's 8-bit rounding of activations touches one
+    product per layer: measured mean |difference| 0.035, largest 0.30
+    (logits span ~30); a padding read in the wrong place moves the logits
+    by whole units. "mixed": Q8_0, and q5_k asked for (padded, in Q5_1,
+    llama.cpp's fallback: a minimum, so the padding does not decode to 0),
+    one down projection kept in F32 (its columns widened with zeros)."""
+    sets = (["--set", "*.w2.weight=q4_0:pad=true"] if mix == "q4_0" else
+            ["--set", "layers.[02].feed_forward.w2.weight=q8_0:pad=true",
+             "--set", "layers.[13].feed_forward.w2.weight=q5_k:pad=true"])
+    q, out = tmp_path / "q.safetensors", tmp_path / "q.gguf"
+    stz("quantize", F32, "-o", q, "-q", *sets)
+    rep = json.loads(stz("export", "--gguf", q, "--tokenizer", TOK, "-o", out, "--json").stdout)
+    assert rep["ffn_widened"] == {"from": 172, "to": 192} and rep["f16_fallback"] == 0 and rep["requantized"] == 0
+    kv, t = read_gguf(out)
+    assert kv["llama.feed_forward_length"] == 192 and kv["stz.feed_forward_length"] == 172
+    want = {"q4_0": {0: 2}, "mixed": {0: 8, 1: 7, 2: 8, 3: 7, 4: 0}}[mix]
+    for l in range(5):
+        v, typ = t["blk.%d.ffn_down.weight" % l]
+        assert typ == want.get(l, 2) and v.shape[0] == 64, (l, typ, v.shape)
+        g, _ = t["blk.%d.ffn_gate.weight" % l]
+        assert g.shape == (192, 64) and not g[172:].any() and g[:172].any()
+    ref = json.load(open(os.path.join(DATA, "stories260K.greedy.json")))["tokens"]
+    got, _ = run_engine(tmp_path, out, ref)
+    mine = stz_logits(q, ref)
+    d = np.abs(got - mine)
+    assert d.mean() < 0.05 and d.max() < 0.4 and (got.argmax(1) == mine.argmax(1)).mean() >= 0.98
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    stz("dequantize", q, "-o", a, "--dtype", "f32", "-q")
+    stz("dequantize", out, "-o", b, "--dtype", "f32", "--names", "llama2c", "-q")
+    wa, wb = load_f32(a), load_f32(b)
+    assert wa.keys() == wb.keys() and all(np.array_equal(wa[n], wb[n]) for n in wa)
+
+
 def tiny_tokenizer():
     """A byte-level BPE tokenizer.json for stz synth's 256-token model: 250
     byte symbols, three merges, two tokens past them and one special token."""
@@ -1036,11 +1079,13 @@ NO_TYPE = {v: k for k, v in TYPE_NO.items()}
 @pytest.mark.parametrize("budget", ["258816", "300000"])
 def test_tune_gguf_file(tmp_path, budget):
     """compress --tune --gguf writes the GGUF: no larger than the budget,
-    its bytes predicted exactly, every matrix in a type its row length
-    allows (the 172-wide ffn_down only in F16 or F32, no super-block type
-    on these 64- and 172-wide rows), the verified KL the one stz eval
-    measures on the file; the policy saved quantizes and exports to the
-    same file byte for byte, with no --requantize."""
+    its bytes predicted exactly (the widened FFN's zero units and key
+    included), every matrix in a type its row length allows (no
+    super-block type on these 64- and 172-wide rows; the 172-wide ffn_down
+    in F16/F32, or in padded 32-blocks with the FFN widened to 192), the
+    verified KL the one stz eval measures on the file; the policy saved
+    quantizes and exports to the same file byte for byte, with no
+    --requantize."""
     g, pol = tmp_path / "t.gguf", tmp_path / "p.json"
     rep = json.loads(stz("compress", F32, "--tune", "--gguf", "--size", budget, "--tokenizer", TOK, "--name", "s",
                          "-o", g, "--save-policy", pol, "--json").stdout)
@@ -1049,12 +1094,16 @@ def test_tune_gguf_file(tmp_path, budget):
     kv, t = read_gguf(g)
     types = {NO_TYPE[typ] for v, typ in t.values() if v.ndim == 2}
     assert len(types) >= 2, types  # a mix, not one type
+    wide = kv["llama.feed_forward_length"] == 192
+    assert wide == any(typ not in (0, 1) for n, (v, typ) in t.items() if "ffn_down" in n)
+    assert kv.get("stz.feed_forward_length") == (172 if wide else None)
     for name, (v, typ) in t.items():
         if name.endswith(".weight") and v.ndim == 2 and typ not in (0, 1):
             cols = v.shape[1] if typ in DECODED else v.shape[1] // BLOCK[typ][1] * BLOCK[typ][0]
-            assert cols % BLOCK_OF[NO_TYPE[typ]] == 0 and cols == 64, (name, NO_TYPE[typ])
-        if "ffn_down" in name:
-            assert typ in (0, 1), name
+            assert cols % BLOCK_OF[NO_TYPE[typ]] == 0 and cols == (192 if "ffn_down" in name else 64), name
+            assert BLOCK_OF[NO_TYPE[typ]] == 32 or "ffn_down" not in name, name
+        if "ffn_gate" in name or "ffn_up" in name:
+            assert v.shape[0] == (192 if wide else 172) and not v[172:].any(), name
     ev = json.loads(stz("eval", "--forward", F32, g, "--sequences", "4", "--seq-len", "64", "--json").stdout)
     assert ev["kl"]["mean"] == pytest.approx(rep["measured_kl"], rel=1e-9)
     q, again = tmp_path / "q.safetensors", tmp_path / "again.gguf"

@@ -156,6 +156,36 @@ static void test_policy_randomized_keys(void **state)
     stz_policy_free(p);
 }
 
+/* "pad": rows that are not whole 32-blocks keep a 32-block type (a
+ * 256-block type its stand-in), not F16; whole rows are as without it. */
+static void test_policy_pad(void **state)
+{
+    (void)state;
+    static const char json[] = "{\"rules\": [{\"match\": \"a\", \"action\": \"q5_1\", \"pad\": true}, "
+                               "{\"match\": \"b\", \"action\": \"q4_k\", \"pad\": true}, "
+                               "{\"match\": \"c\", \"action\": \"q4_k\"}]}";
+    stz_policy *p;
+    stz_err err;
+    assert_int_equal(stz_policy_parse(&p, json, sizeof json - 1, "t", &err), STZ_OK);
+    uint64_t odd[2] = {64, 172}, w32[2] = {64, 64}, w256[2] = {4, 512};
+    const struct { const char *name; const uint64_t *shape; stz_action want; int reason; } cases[] = {
+        {"a", odd, STZ_ACTION_Q5_1, 0},  {"b", odd, STZ_ACTION_Q5_0, 1},  {"c", odd, STZ_ACTION_F16, 1},
+        {"b", w32, STZ_ACTION_Q5_0, 1},  {"b", w256, STZ_ACTION_Q4_K, 0}, {"a", w32, STZ_ACTION_Q5_1, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        stz_tensor t = mk(cases[k].name, STZ_DTYPE_F32, 2, cases[k].shape);
+        stz_decision d = stz_policy_decide(p, &t);
+        assert_int_equal(d.action, cases[k].want);
+        assert_int_equal(d.reason != NULL, cases[k].reason);
+    }
+    stz_policy_free(p);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int4\", \"pad\": true}]}",
+                        "pad applies to llama.cpp's block types", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"f16\", \"pad\": true}]}",
+                        "pad applies to llama.cpp's block types", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"q4_0\", \"pad\": 1}]}",
+                        "pad must be true or false", NULL);
+}
+
 static void test_builtin_policies(void **state)
 {
     (void)state;
@@ -285,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_policy_errors),
         cmocka_unit_test(test_builtin_policies),
         cmocka_unit_test(test_policy_randomized_keys),
+        cmocka_unit_test(test_policy_pad),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

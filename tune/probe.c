@@ -6,6 +6,8 @@
 #include "stz_tune.h"
 #include "gguf/gguf_format.h"
 #include "quant/quant_tensor.h"
+#include "quant/ggml_types.h"
+#include "model/roles.h"
 #include "tune_internal.h"
 
 #include <cjson/cJSON.h>
@@ -218,7 +220,8 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
         return STZ_OK;
     }
     int type = stz_action_ggml_type(d->action);
-    if (type >= 0 && j->cols % stz_ggml_block(type)) { /* rows not whole blocks: GGUF cannot hold it so */
+    if (type >= 0 && j->cols % stz_ggml_block(type) &&
+        !(t->ffn == STZ_TUNE_FFN_DOWN && stz_ggml_block(type) == STZ_GGML_QK)) { /* GGUF cannot hold it so */
         t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
         return STZ_OK;
     }
@@ -260,6 +263,18 @@ stz_status stz_tune_cand_bytes(const stz_tune *T, stz_tune_tensor *t, size_t c, 
     if (T->gguf) /* the blocks, as the GGUF file holds them */
         t->bytes[c] = gguf_padded(*raw);
     return st;
+}
+
+/* Its part in a widened FFN (stz_tune_tensor.ffn), or 0. */
+static int ffn_part(const stz_qtensor *q)
+{
+    unsigned layer;
+    int r = stz_role_find(q->name, STZ_NAMES_LLAMA2C, &layer);
+    r = r >= 0 ? r : stz_role_find(q->name, STZ_NAMES_HF, &layer);
+    if (q->ndim != 2)
+        return 0;
+    return r == STZ_ROLE_DOWN && q->cols % STZ_GGML_QK ? STZ_TUNE_FFN_DOWN
+         : r == STZ_ROLE_GATE || r == STZ_ROLE_UP   ? STZ_TUNE_FFN_IN : 0;
 }
 
 /* Why a tensor takes no candidate, or NULL. */
@@ -345,6 +360,7 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
     const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
     stz_tune_tensor *t = &T->t[T->nt++];
     t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
+    t->ffn = ffn_part(q);
     T->params += q->numel;
     float *x = NULL;
     t->name = strdup(q->name);
@@ -612,6 +628,8 @@ char *stz_tune_policy(const stz_tune *T, const char *description)
         }
         if (c->d.feedback && t->fed)
             cJSON_AddBoolToObject(r, "feedback", 1);
+        if (t->ffn == STZ_TUNE_FFN_DOWN && stz_action_ggml_type(c->d.action) >= 0 && stz_action_is_block(c->d.action))
+            cJSON_AddBoolToObject(r, "pad", 1);
         snprintf(comment, sizeof comment, "%s: %llu bytes, relative error %.4f, predicted KL %.3g", c->name,
                  (unsigned long long)t->bytes[t->choice], t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0,
                  t->sens * t->err2[t->choice]);

@@ -6,6 +6,8 @@
 #include "stz_safetensors.h"
 #include "stz_tune.h"
 #include "quant/quant_tensor.h"
+#include "quant/ggml_types.h"
+#include "gguf/gguf_format.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -176,9 +178,41 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
     return b;
 }
 
+/* The GGUF type export writes tensor t's candidate c in (-1: t kept). */
+static int gguf_type(const stz_tune *T, const stz_tune_tensor *t, int c)
+{
+    int type = c < 0 ? -1 : stz_action_ggml_type(T->cand[c].d.action);
+    return type >= 0 ? type : t->dtype == STZ_DTYPE_F16 ? STZ_GGML_F16 : t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16
+                                                                                                  : STZ_GGML_F32;
+}
+
+/* With gguf: what export's widening of the FFN adds (its widen_ffn) when
+ * a down projection takes a 32-block type on rows that are not whole
+ * blocks: the header's key, zero rows after the gate and up projections,
+ * zero columns after the down projections written as floats. */
+static uint64_t widened_bytes(const stz_tune *T)
+{
+    uint64_t to = 0, add = T->widen_header;
+    for (size_t i = 0; i < T->nt; i++) {
+        const stz_tune_tensor *t = &T->t[i];
+        if (t->ffn == STZ_TUNE_FFN_DOWN && t->tunable && stz_ggml_block(gguf_type(T, t, t->choice)) > 1)
+            to = (t->params / t->rows + STZ_GGML_QK - 1) / STZ_GGML_QK * STZ_GGML_QK;
+    }
+    for (size_t i = 0; to && i < T->nt; i++) {
+        const stz_tune_tensor *t = &T->t[i];
+        int c = t->tunable ? t->choice : -1, type = gguf_type(T, t, c);
+        uint64_t rows = t->rows, cols = t->params / t->rows;
+        if (!t->ffn || (t->ffn == STZ_TUNE_FFN_DOWN && stz_ggml_block(type) > 1))
+            continue; /* no FFN part, or already written in whole padded blocks */
+        *(t->ffn == STZ_TUNE_FFN_IN ? &rows : &cols) = to;
+        add += gguf_padded(rows * stz_ggml_row_bytes(type, cols)) - t->bytes[c < 0 ? 0 : c];
+    }
+    return to ? add : 0;
+}
+
 static uint64_t fixed_bytes(const stz_tune *T)
 {
-    uint64_t b = T->extra_bytes;
+    uint64_t b = T->extra_bytes + (T->gguf ? widened_bytes(T) : 0);
     for (size_t f = 0; !T->gguf && f < T->nfiles; f++) /* a GGUF header does not change with the choice */
         b += file_fixed_bytes(T, f);
     return b;
