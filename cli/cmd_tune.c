@@ -52,7 +52,10 @@ static const char tune_help[] =
     "                      result); candidates keep and llama.cpp's types (default\n"
     "                      keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,\n"
     "                      iq4_xs,q3_k,q2_k), a type offered to the matrices whose\n"
-    "                      rows are whole blocks of it; compress --tune writes the GGUF\n"
+    "                      rows are whole blocks of it, and 32-block types in padded\n"
+    "                      blocks to down projections whose rows are not (export\n"
+    "                      widens the FFN); compress --tune writes the GGUF\n"
+    "  --no-pad            no padded blocks: the model's own FFN width\n"
     "  --tokenizer FILE    --gguf: the tokenizer, as stz export --gguf takes it\n"
     "  --name NAME         --gguf: the GGUF's general.name\n"
     "  --tokens FILE       sequences to measure on (as stz eval --forward); error\n"
@@ -91,7 +94,7 @@ static int number(const char *opt, const char *arg, double lo, double hi, double
 static int parse(int argc, char **argv, tune_opts *o)
 {
     enum { O_SIZE = 256, O_RATIO, O_BPW, O_MAXKL, O_CAND, O_IMATRIX, O_CONFIG, O_PLOT, O_NOVERIFY, O_TUNE,
-           O_SAVEPOL, O_GGUF, O_TOKENIZER, O_NAME, O_FEEDBACK };
+           O_SAVEPOL, O_GGUF, O_TOKENIZER, O_NAME, O_FEEDBACK, O_NOPAD };
     static const struct option opts[] = {
         {"size", required_argument, 0, O_SIZE},     {"ratio", required_argument, 0, O_RATIO},
         {"bits-per-weight", required_argument, 0, O_BPW}, {"max-kl", required_argument, 0, O_MAXKL},
@@ -101,6 +104,7 @@ static int parse(int argc, char **argv, tune_opts *o)
         {"tune", no_argument, 0, O_TUNE},           {"save-policy", required_argument, 0, O_SAVEPOL},
         {"gguf", no_argument, 0, O_GGUF},           {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"name", required_argument, 0, O_NAME},     {"feedback", no_argument, 0, O_FEEDBACK},
+        {"no-pad", no_argument, 0, O_NOPAD},
         CLI_COMMON_LONG,                            {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
@@ -134,6 +138,7 @@ static int parse(int argc, char **argv, tune_opts *o)
         case O_TOKENIZER: o->tokenizer = optarg; break;
         case O_NAME: o->name = optarg; break;
         case O_FEEDBACK: o->feedback = 1; break;
+        case O_NOPAD: o->no_pad = 1; break;
         default:
             if ((rc = cli_seq_opt("tune", c, &o->so)) != -2) {
                 if (rc == -1)
@@ -343,7 +348,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
 {
     tune_opts *o = &t->o;
     cli_progress prog;
-    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog, t->im, o->gguf};
+    stz_tune_params tp = {o->c.threads, cli_progress_cb, &prog, t->im, o->gguf, o->no_pad};
     cli_progress_init(&prog, "tune: measure candidates", o->c.quiet || o->c.json);
     stz_status st = stz_tune_measure(&t->T, t->S.m, t->S.n, t->cand, t->ncand, &tp, err);
     cli_progress_end(&prog);

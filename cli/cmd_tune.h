@@ -17,6 +17,7 @@ typedef struct {
     cli_seq_opts so;
     int verify, compress, gguf;
     int feedback; /* --feedback: every block candidate with error feedback */
+    int no_pad;   /* --no-pad: down projections only in types that take their rows whole */
 } tune_opts;
 
 /* A policy compressed (and with --gguf exported) and run: its container's

@@ -73,10 +73,10 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
         if (!block_type(e->type) && e->type == float_type(q->dtype) && q->dtype != STZ_DTYPE_F64)
             e->kind = K_COPY;
     }
-    int fb = block_type(e->type) ? stz_ggml_fallback(e->type, e->cols) : e->type;
-    if (e->kind == K_COPY && e->role == STZ_ROLE_DOWN && stz_ggml_block(e->type) == STZ_GGML_QK) {
-        /* padded 32-blocks ("pad"): the FFN is widened to them (widen_ffn) */
-    } else if (fb != e->type && fb != STZ_GGML_F16) {
+    /* a down projection in padded 32-blocks ("pad") stays: widen_ffn widens the FFN to them */
+    int padded = e->kind == K_COPY && e->role == STZ_ROLE_DOWN && stz_ggml_block(e->type) == STZ_GGML_QK;
+    int fb = block_type(e->type) && !padded ? stz_ggml_fallback(e->type, e->cols) : e->type;
+    if (fb != e->type && fb != STZ_GGML_F16) {
         e->type = fb; /* a 256-block type on rows of whole 32-blocks: llama.cpp's fallback */
     } else if (fb != e->type) {
         /* no block type takes such rows: F16 as llama.cpp does, or F32 for

@@ -123,6 +123,9 @@ typedef struct {
      * model): candidates keep and ggml types only, a type offered only
      * to tensors whose rows are whole blocks of it */
     int gguf;
+    /* 1: no padded 32-blocks offered to down projections (stz_tune_tensor.ffn),
+     * so that a GGUF keeps the model's FFN width */
+    int no_pad;
 } stz_tune_params;
 
 /* The format whose error probes each matrix's sensitivity: the shipped

@@ -1076,6 +1076,21 @@ NO_TYPE = {v: k for k, v in TYPE_NO.items()}
 
 
 @need_data
+def test_tune_gguf_no_pad(tmp_path):
+    """--no-pad: the down projections only in what takes their 172-wide rows
+    whole (keep, f16), so the FFN keeps its width; without it the same
+    budget pads them."""
+    for flag, padded in (("--no-pad", 0), (None, 5)):
+        pol = tmp_path / "p.json"
+        stz("tune", F32, "--gguf", "--size", 258816, "--tokenizer", TOK, "-o", pol, "-q", "-f", "--no-verify",
+            *([flag] if flag else []))
+        rules = json.loads(pol.read_text())["rules"]
+        down = [r for r in rules if "w2" in r["match"]]
+        assert len(down) == 5 and sum(r.get("pad", False) for r in down) == padded, down
+        assert all(r["action"] in ("keep", "f16") for r in down) == (not padded), down
+
+
+@need_data
 @pytest.mark.parametrize("budget", ["258816", "300000"])
 def test_tune_gguf_file(tmp_path, budget):
     """compress --tune --gguf writes the GGUF: no larger than the budget,

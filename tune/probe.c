@@ -360,7 +360,7 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
     const stz_tensor *rt = stz_reader_tensor(r, (size_t)stz_reader_find(r, q->name));
     stz_tune_tensor *t = &T->t[T->nt++];
     t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
-    t->ffn = ffn_part(q);
+    t->ffn = p->no_pad ? 0 : ffn_part(q);
     T->params += q->numel;
     float *x = NULL;
     t->name = strdup(q->name);

@@ -301,7 +301,19 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
         /* the header grew with the choice: step back until the whole fits */
         while (out->met && napplied && (double)stz_tune_bytes(T) > value) {
             const segment *g = &seg[applied[--napplied]];
-            T->t[g->t].choice = g->from;
+            T->t[g->t].choice = g->from, at[g->t] = g->step - 1;
+        }
+        /* a widened FFN is kilobytes that no tensor's steps see: what the
+           steps back left, filled with the next steps that fit */
+        for (size_t s = 0; out->met && T->gguf && s < nseg; s++) {
+            const segment *g = &seg[s];
+            if (at[g->t] + 1 != g->step)
+                continue;
+            T->t[g->t].choice = g->to;
+            if ((double)stz_tune_bytes(T) > value)
+                T->t[g->t].choice = g->from;
+            else
+                at[g->t] = g->step;
         }
     } else if (!st) {
         for (size_t s = 0; kl > value && s < nseg; s++)
