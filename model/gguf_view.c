@@ -158,6 +158,25 @@ static stz_status decode_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz
     return STZ_OK;
 }
 
+/* A widened FFN's units taken out of gate or up projection t must be the
+ * zero rows stz export wrote: anything else would change what the model
+ * computes once they are gone. */
+static stz_status zero_units(stz_gguf_view *v, const vtensor *t, stz_err *err)
+{
+    uint64_t all = t->g->ndim == 2 ? t->g->ne[1] : t->rows;
+    for (uint64_t r = t->rows; r < all; r++) {
+        stz_status st = decode_row(v, t, r, err);
+        for (uint64_t i = 0; !st && i < t->gcols; i++)
+            if (v->row[i] != 0)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': row %llu is not zero, but %s (%llu) says "
+                                   "the FFN's units past it are stz export's padding", v->path, t->g->name,
+                                   (unsigned long long)r, STZ_GGUF_KEY_FFN, (unsigned long long)v->ffn);
+        if (st)
+            return st;
+    }
+    return STZ_OK;
+}
+
 /* The reader's source: n bytes at file offset off of the view. */
 static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_err *err)
 {
@@ -231,7 +250,10 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
     if (!v->raw || !v->row || !v->all || !v->conv)
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rows of %llu elements", v->path,
                            (unsigned long long)maxcols);
-    return STZ_OK;
+    stz_status st = STZ_OK;
+    for (size_t i = 0; !st && i < v->n; i++)
+        st = zero_units(v, &v->t[i], err);
+    return st;
 }
 
 stz_status stz_gguf_view_open(stz_gguf_view **out, const char *path, stz_names names, stz_dtype dtype, stz_err *err)

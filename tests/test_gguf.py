@@ -502,6 +502,16 @@ def test_llama_cpp_runs_padded_ffn(tmp_path, mix):
     stz("dequantize", out, "-o", b, "--dtype", "f32", "--names", "llama2c", "-q")
     wa, wb = load_f32(a), load_f32(b)
     assert wa.keys() == wb.keys() and all(np.array_equal(wa[n], wb[n]) for n in wa)
+    # a unit past stz.feed_forward_length that is not zero is not padding: refused, not dropped
+    raw = bytearray(out.read_bytes())
+    _, infos, _, data = parse_gguf(bytes(raw))
+    name, ne, typ, off = next(i for i in infos if i[0] == "blk.3.ffn_up.weight")
+    assert typ == 0 and ne == [64, 192]  # F32 (kept): 256 bytes a row
+    raw[data + off + 180 * 256:data + off + 180 * 256 + 4] = np.float32(0.5).tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(raw))
+    r = stz("dequantize", bad, "-o", tmp_path / "c.safetensors", ok=False)
+    assert r.returncode == 1 and "'blk.3.ffn_up.weight': row 180 is not zero" in r.stderr, r.stderr
 
 
 def tiny_tokenizer():
