@@ -43,9 +43,7 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
         return t->end - t->begin;
     uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;
     if (type >= 0) /* the type's blocks, scales inside */
-        return rows * stz_ggml_row_bytes(d->pad && stz_ggml_block(type) == STZ_GGML_QK ? type
-                                                                                      : stz_ggml_fallback(type, cols),
-                                         cols);
+        return rows * stz_ggml_row_bytes(stz_ggml_fit(type, cols, d->pad), cols);
     uint64_t blocks = rows * stz_q_blocks(cols, d->block_size), per = stz_dtype_bits(d->scale_dtype) / 8;
     per *= d->method == STZ_QMETHOD_ASYM ? 2 : 1; /* scale and minimum */
     return rows * stz_qf_row_bytes(bits, cols) + (blocks > 1 ? blocks * per : 0);

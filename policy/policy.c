@@ -510,15 +510,12 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
         d.action = STZ_ACTION_KEEP;
     int type = stz_action_ggml_type(d.action), fb;
     uint64_t row = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel;
-    if (type >= 0 && d.pad && row % STZ_GGML_QK) { /* a 32-block type, each row's last block padded */
-        fb = stz_ggml_block(type) == STZ_GGML_QK ? type : stz_ggml_fallback(type, STZ_GGML_QK);
-        d.reason = fb != type ? "rows are not whole 32-blocks: padded, in the 32-block type llama.cpp falls back to"
-                              : NULL;
-        d.action = stz_action_of_ggml_type(fb);
-    } else if (type >= 0 && (fb = stz_ggml_fallback(type, row)) != type) { /* as llama.cpp's quantize */
+    if (type >= 0 && (fb = stz_ggml_fit(type, row, d.pad)) != type) { /* as llama.cpp's quantize, or padded */
         fb = fb == STZ_GGML_F16 && t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16 : fb;
         d.action = stz_action_of_ggml_type(fb);
-        d.reason = stz_ggml_block(type) == 256 && fb != STZ_GGML_F16 && fb != STZ_GGML_BF16
+        d.reason = d.pad && row % STZ_GGML_QK
+                       ? "rows are not whole 32-blocks: padded, in the 32-block type llama.cpp falls back to"
+                   : stz_ggml_block(type) == 256 && fb != STZ_GGML_F16 && fb != STZ_GGML_BF16
                        ? "rows are not whole 256-blocks: the 32-block type llama.cpp falls back to"
                        : "rows are not whole 32-blocks: a float type, as llama.cpp keeps them";
     }

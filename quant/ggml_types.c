@@ -458,6 +458,13 @@ int stz_ggml_dequantize_row(int type, const uint8_t *in, size_t n, float *y)
     return 0;
 }
 
+int stz_ggml_fit(int type, uint64_t n, int pad)
+{
+    if (pad && stz_ggml_is_block(type) && n % STZ_GGML_QK)
+        return stz_ggml_block(type) == STZ_GGML_QK ? type : stz_ggml_fallback(type, STZ_GGML_QK);
+    return stz_ggml_fallback(type, n);
+}
+
 int stz_ggml_fallback(int type, uint64_t n)
 {
     uint32_t b = stz_ggml_block(type);

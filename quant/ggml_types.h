@@ -54,6 +54,11 @@ const stz_ggml_traits *stz_ggml_traits_of(int type);
 
 /* 1 for the block types stz writes (blocks over 1, a quantizer). */
 int stz_ggml_is_block(int type);
+/* The type a row of n elements of `type` is stored in: stz_ggml_fallback's,
+ * or with pad (a policy's "pad": true), when n is not whole 32-blocks, a
+ * 32-block type (`type`, or a 256-block type's 32-block stand-in) whose
+ * last block per row is zero-padded. */
+int stz_ggml_fit(int type, uint64_t n, int pad);
 
 /* IQ4_NL's 16 non-uniform levels (ggml-common.h's kvalues_iq4nl): IQ4_NL,
  * IQ4_XS and stz's 4-bit nl codebook. */
