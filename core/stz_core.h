@@ -238,4 +238,47 @@ stz_status stz_ordered_run(stz_ordered *p, stz_err *err);
  * the forward pass). */
 void stz_blas_threads(int n);
 
+/* ---- products with the same bits everywhere (matmul.c) ------------------ */
+
+/* Y (n, out; rows ldy apart) = X (n, k; ldx) @ W (out, k; ldw)^T. Each
+ * output: 16 partial sums s[m] of x[p] * w[p] over p = m (mod 16), in order
+ * of p, then s[m] + s[m + 8], + 4, + 2, + 1; the same bits on every CPU,
+ * instruction set and thread count (threads split the outputs). */
+void stz_mm_nt(float *Y, size_t ldy, const float *X, size_t ldx, const float *W, size_t ldw, size_t n, size_t k,
+               size_t out, int threads);
+/* Y (n, out; ldy) = (add ? Y : 0) + A (n, k) @ B (k, out; ldb), A's element
+ * (i, p) at A[i * ai + p * ap] (ai = 1, ap = lda for A^T). Each output takes
+ * its products one at a time in order of p, so a sum split over calls
+ * (add = 1) gives the bits of one call. */
+void stz_mm_nn(float *Y, size_t ldy, const float *A, size_t ai, size_t ap, const float *B, size_t ldb, size_t n,
+               size_t k, size_t out, int add, int threads);
+/* H (c, c) += X (n, c)^T @ X, as stz_mm_nn (the upper triangle computed,
+ * mirrored to the lower: a symmetric H). */
+void stz_mm_gram(float *H, const float *X, size_t n, size_t c, int threads);
+/* Shapes of a product: only the upper or lower triangle of Y (n == out) is
+ * wanted (tiles wholly on the other side are skipped); B is lower
+ * triangular (the products of its zeros above the diagonal, which add
+ * nothing, are left out). */
+enum { STZ_MM_FULL = 0, STZ_MM_UPPER = 1, STZ_MM_LOWER = 2, STZ_MM_LOWER_B = 4 };
+/* stz_mm_nn in double, on the tiles `shape` (STZ_MM_*) asks for. */
+void stz_mm_nn_d(double *Y, size_t ldy, const double *A, size_t ai, size_t ap, const double *B, size_t ldb, size_t n,
+                 size_t k, size_t out, int add, int shape, int threads);
+/* The Cholesky factor L (L L^T = A) of A (n x n, row-major, its lower
+ * triangle read), in place in A's lower triangle; the same bits as the
+ * unblocked right-looking algorithm (each element's products taken in
+ * order), whatever the threads. 0, -1 if A is not positive definite, -2
+ * out of memory. */
+int stz_cholesky(double *A, size_t n, int threads);
+/* X (n x n) = L^-1 for L lower triangular (n x n, its lower triangle read):
+ * row i of X is -(L[i, :i] @ X[:i, :]) / L[i][i], the products in order. */
+void stz_tri_inverse(const double *L, double *X, size_t n, int threads);
+/* The dot product of a and b (k floats) in stz_mm_nt's order. */
+float stz_dot(const float *a, const float *b, size_t k);
+/* The instruction set the products run on: "avx512", "avx2" or "generic";
+ * STZ_KERNELS (for tests) picks a lower one. Every one gives the same bits. */
+const char *stz_mm_kernels(void);
+/* Makes the products run on the copy `name` ("generic", "avx2", "avx512");
+ * -1 (nothing changed) when this CPU cannot run it. For tests. */
+int stz_mm_use(const char *name);
+
 #endif /* STZ_CORE_H */

@@ -161,7 +161,7 @@ STZ_API void stz_interrupt_clear(void);
  * only: it is the program's command layer. Process-wide effects, as in the
  * program: cJSON's allocation hooks are set to stz's (cJSON_InitHooks, so
  * that an allocation failure inside cJSON is reported), and commands that
- * use OpenBLAS set its thread count to their -T.
+ * factor an SVD set OpenBLAS's thread count.
  */
 STZ_API int stz_command(int argc, const char *const *argv, char **json, stz_err *err);
 STZ_API void stz_command_free(char *json);

@@ -11,7 +11,9 @@
  *
  * Memory: the model runs one layer at a time over all positions of all
  * sequences; one layer's weights (dequantized to F32) and the activations
- * are held, never the whole model. Matrix products use OpenBLAS sgemm.
+ * are held, never the whole model. Matrix products and functions are
+ * stz's own, with the same bits on every CPU and thread count
+ * (docs/ARCHITECTURE.md, "Same bits everywhere").
  */
 #ifndef STZ_FORWARD_H
 #define STZ_FORWARD_H
@@ -51,8 +53,8 @@ typedef struct stz_fwd stz_fwd;
 
 /* A model over the files of one checkpoint (shards), which the caller
  * keeps open. Checks that every tensor the config needs is there with the
- * right shape. `threads` is given to OpenBLAS: the model's runs set its
- * (process-wide) thread count to it. */
+ * right shape. `threads`: the threads its products run on (the results do
+ * not depend on it). */
 STZ_API stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
                         const char *label, int threads, stz_err *err);
 STZ_API void stz_fwd_free(stz_fwd *m);

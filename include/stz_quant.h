@@ -257,8 +257,8 @@ STZ_API void stz_qmem_free(stz_qmem *q);
  * mean diagonal; its diagonal also weighs the blocks' scale searches, and
  * err2 / norm2; the output error itself is out->err_out (exact: each error
  * fed is a step of it). Same format and bytes layout as stz_quantize_tensor
- * (the readers do not change), the same bytes for any `threads` (OpenBLAS is set
- * to one thread). D (NULL: none): when H is of the inputs a quantized
+ * (the readers do not change), the same bytes for any `threads` and CPU
+ * (stz's own products and factorisations). D (NULL: none): when H is of the inputs a quantized
  * model gives the layer (Xq, tokens x cols) and X are the original's,
  * D = (X - Xq)^T Xq (cols x cols, row-major); the rows are first moved 3/4
  * of the way to x + x D H^-1, their least-squares fit of the original
@@ -275,7 +275,7 @@ STZ_API stz_status stz_quantize_tensor_feedback(const stz_decision *d, const flo
  * upper triangle read) dampened as stz_quantize_tensor_feedback dampens it:
  * what error feedback minimizes, comparable between any quantizations of
  * x (feedback's own is its stz_qmem.err_out). The same for any `threads`
- * (OpenBLAS is set to one thread). STZ_E_NOMEM. */
+ * and CPU. STZ_E_NOMEM. */
 STZ_API stz_status stz_quant_output_error(const float *x, const float *y, const float *H, uint64_t rows, uint64_t cols,
                                           int threads, double *out, stz_err *err);
 

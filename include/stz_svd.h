@@ -51,7 +51,8 @@ STZ_API stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_
                           stz_err *err);
 STZ_API void stz_svd_result_free(stz_svd_result *res);
 
-/* W (m x n) = U (m x r) @ diag(S) @ Vh (r x n), with cblas_sgemm. Pass m
+/* W (m x n) = U (m x r) @ diag(S) @ Vh (r x n), the same bits on every CPU
+ * (stz's products, not OpenBLAS: reading SVD factors back is exact). Pass m
  * rows of U to rebuild those rows of W. STZ_E_NOMEM if its m x r work
  * buffer cannot be allocated (W is then untouched). */
 STZ_API stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r,

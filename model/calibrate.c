@@ -9,7 +9,6 @@
 #include "quant/quant_tensor.h"
 #include "stz_feedback.h"
 
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +44,7 @@ stz_status stz_feedback_observe(stz_fwd *m, uint32_t layer, const int *roles, co
                                 stz_err *err)
 {
     struct stz_fb_hess *h = m->hess;
-    int g = input_of(roles[0]), c = (int)cols;
+    int g = input_of(roles[0]);
     if (!h->cols[g] || (g != IN_HEAD && layer != h->layer) || (h->only >= 0 && g != h->only))
         return STZ_OK;
     if (h->cols[g] != cols)
@@ -55,11 +54,12 @@ stz_status stz_feedback_observe(stz_fwd *m, uint32_t layer, const int *roles, co
         memcpy(h->X0[g], X, n * cols * sizeof *X);
         return STZ_OK;
     }
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, c, (int)n, 1.0f, X, c, 1.0f, h->H[g], c);
+    stz_mm_gram(h->H[g], X, n, cols, m->threads); /* H (cols, cols) += X^T X */
     if (h->X0[g]) {
         for (size_t i = 0; i < n * cols; i++)
             h->X0[g][i] -= X[i];
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c, c, (int)n, 1.0f, h->X0[g], c, X, c, 0.0f, h->D[g], c);
+        /* D (cols, cols) = (X0 - X)^T (cols, n) @ X (n, cols) */
+        stz_mm_nn(h->D[g], cols, h->X0[g], 1, cols, X, cols, cols, n, cols, 0, m->threads);
         free(h->X0[g]);
         h->X0[g] = NULL;
     }
@@ -392,17 +392,12 @@ stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
              (!v->rewrite || ((Xin = malloc((n * D + 1) * sizeof *Xin)) && (X0 = malloc((n * D + 1) * sizeof *X0))));
     if (!st && !ok)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
-    /* OpenBLAS's products change with its thread count on some kernels
-       (AVX-512's): one thread, so that error feedback gives the same bytes
-       for any -T (the visitors' own work runs on -T threads) */
-    stz_blas_threads(1);
     if (!st)
         st = stz_forward_embed(m, S.tok, n, X, err);
     if (!st && X0)
         memcpy(X0, X, n * D * sizeof *X);
     for (uint32_t l = 0; !st && l < m->c.n_layers; l++) {
         st = walk_layer(&R, l, X, Xin, X0, &S.b, nseq, err);
-        stz_blas_threads(1); /* the visitor may set one */
         if (!st && progress && progress(user, l + 1, m->c.n_layers + 1))
             st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     }
@@ -411,7 +406,6 @@ stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     if (!st && progress && progress(user, m->c.n_layers + 1, m->c.n_layers + 1))
         st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     clear_layer(&R);
-    stz_blas_threads(m->threads);
     stz_forward_rows_free(&S);
     free(X), free(Xin), free(X0);
     return st;

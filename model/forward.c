@@ -2,8 +2,10 @@
  * over every position of a batch (see stz_forward.h). */
 #include "forward_internal.h"
 
-#include <cblas.h>
+#include "core/stz_math.h"
+
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,7 +62,7 @@ static stz_status need(stz_fwd *m, const char *name, uint64_t d0, uint64_t d1, i
 void stz_fwd_rope_frequencies(const stz_fwd_config *c, float *f)
 {
     for (uint32_t i = 0; i < c->head_dim / 2; i++) {
-        double freq = pow(c->rope_theta, -2.0 * i / c->head_dim);
+        double freq = stz_pow(c->rope_theta, -2.0 * i / c->head_dim);
         if (c->rope_scaling == STZ_ROPE_LINEAR)
             freq /= c->rope_factor;
         else if (c->rope_scaling == STZ_ROPE_LLAMA3) { /* Llama 3.1's smoothed NTK-by-parts rule */
@@ -218,32 +220,28 @@ void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, dou
 }
 
 /* Y (n, out; rows ldy apart) = X (n, in) @ W (out, in)^T + b */
-static void linear_ld(float *Y, size_t ldy, const float *X, const float *W, const float *b, size_t n, size_t in,
-                      size_t out)
+static void linear_ld(const stz_fwd *m, float *Y, size_t ldy, const float *X, const float *W, const float *b, size_t n,
+                      size_t in, size_t out)
 {
-    if (n <= 8) /* a few rows (sampling a token at a time): sgemm would repack all of W, sgemv streams it */
-        for (size_t r = 0; r < n; r++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)out, (int)in, 1.0f, W, (int)in, X + r * in, 1, 0.0f,
-                        Y + r * ldy, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, X, (int)in, W, (int)in,
-                    0.0f, Y, (int)ldy);
+    stz_mm_nt(Y, ldy, X, in, W, in, n, in, out, m->threads);
     for (size_t r = 0; b && r < n; r++)
         for (size_t j = 0; j < out; j++)
             Y[r * ldy + j] += b[j];
 }
 
-void stz_forward_linear(float *Y, const float *X, const float *W, const float *b, size_t n, size_t in, size_t out)
+void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n,
+                        size_t in, size_t out)
 {
-    linear_ld(Y, out, X, W, b, n, in, out);
+    linear_ld(m, Y, out, X, W, b, n, in, out);
 }
 
 static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos)
 {
     size_t hd = m->c.head_dim, half = hd / 2;
     for (size_t i = 0; i < half; i++) {
-        double a = (double)pos * m->inv_freq[i];
-        float c = (float)cos(a), s = (float)sin(a);
+        double sd, cd;
+        stz_sincos((double)pos * m->inv_freq[i], &sd, &cd);
+        float c = (float)cd, s = (float)sd;
         for (size_t h = 0; h < nheads; h++) {
             float *x = v + h * hd;
             size_t i0 = m->c.rope_interleaved ? 2 * i : i, i1 = m->c.rope_interleaved ? 2 * i + 1 : i + half;
@@ -270,7 +268,7 @@ static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q,
             const float *qh = q + r * QD + h * hd;
             size_t g = h / group * hd;
             float mx = -INFINITY;
-            for (size_t t = 0; t < P; t++) {
+            for (size_t t = 0; t < P; t++) { /* the products attend_seq takes, in its order */
                 float s = 0;
                 for (size_t i = 0; i < hd; i++)
                     s += qh[i] * ks[t * KD + g + i];
@@ -279,7 +277,7 @@ static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q,
             }
             double sum = 0;
             for (size_t t = 0; t < P; t++)
-                sum += sc[t] = expf(sc[t] - mx);
+                sum += sc[t] = stz_expf(sc[t] - mx);
             float *o = att + r * QD + h * hd, inv = (float)(1 / sum);
             memset(o, 0, hd * sizeof *o);
             for (size_t t = 0; t < P; t++) {
@@ -293,38 +291,40 @@ static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q,
 
 #define QUERY_BLOCK 256
 
-/* Causal attention of a whole sequence (positions 0..L-1) through sgemm,
- * QUERY_BLOCK queries at a time. q, att: L rows of QD; ks, vs: the
- * sequence's caches; S: QUERY_BLOCK x L floats. */
+/* Causal attention of a whole sequence (positions 0..L-1) as products,
+ * QUERY_BLOCK queries at a time, the same bits as attend_rows. q, att: L
+ * rows of QD; ks, vs: the sequence's caches; S: QUERY_BLOCK x L floats,
+ * then the keys of a group transposed, head_dim x L. */
 static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks, const float *vs, size_t L, float *att,
-                       float *S)
+                       float *S, int threads)
 {
     size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
            group = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = 1.0f / sqrtf((float)hd), *Kt = S + QUERY_BLOCK * L;
     for (size_t h = 0; h < c->n_heads; h++) {
         size_t g = h / group * hd;
+        for (size_t t = 0; h % group == 0 && t < L; t++) /* Kt (hd, L) = k[0:L, g]^T */
+            for (size_t i = 0; i < hd; i++)
+                Kt[i * L + t] = ks[t * KD + g + i];
         for (size_t t0 = 0; t0 < L; t0 += QUERY_BLOCK) {
             size_t nq = L - t0 < QUERY_BLOCK ? L - t0 : QUERY_BLOCK, P = t0 + nq;
-            /* S (nq, P) = q[t0:P, h] (nq, hd) @ k[0:P, g] (P, hd)^T * scale */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)P, (int)hd, scale, q + t0 * QD + h * hd,
-                        (int)QD, ks + g, (int)KD, 0.0f, S, (int)P);
+            /* S (nq, P) = q[t0:P, h] (nq, hd) @ Kt[:, 0:P] (hd, P), then * scale */
+            stz_mm_nn(S, P, q + t0 * QD + h * hd, QD, 1, Kt, L, nq, hd, P, 0, threads);
             for (size_t i = 0; i < nq; i++) {
                 float *row = S + i * P, mx = -INFINITY;
                 size_t valid = t0 + i + 1;
                 for (size_t t = 0; t < valid; t++)
-                    mx = row[t] > mx ? row[t] : mx;
+                    mx = (row[t] *= scale) > mx ? row[t] : mx;
                 double sum = 0;
                 for (size_t t = 0; t < valid; t++)
-                    sum += row[t] = expf(row[t] - mx);
+                    sum += row[t] = stz_expf(row[t] - mx);
                 float inv = (float)(1 / sum);
                 for (size_t t = 0; t < valid; t++)
                     row[t] *= inv;
                 memset(row + valid, 0, (P - valid) * sizeof *row);
             }
             /* att[t0:P, h] (nq, hd) = S (nq, P) @ v[0:P, g] (P, hd) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)hd, (int)P, 1.0f, S, (int)P, vs + g,
-                        (int)KD, 0.0f, att + t0 * QD + h * hd, (int)QD);
+            stz_mm_nn(att + t0 * QD + h * hd, QD, S, P, 1, vs + g, KD, nq, P, hd, 0, threads);
         }
     }
 }
@@ -353,7 +353,7 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
     float *xb = malloc(n * (QD > D ? QD : D) * sizeof *xb), *q = malloc(n * QD * sizeof *q),
           *kv = malloc(n * 2 * KD * sizeof *kv), *att = malloc(n * QD * sizeof *att),
           *h1 = malloc(n * F * sizeof *h1), *h3 = malloc(n * F * sizeof *h3),
-          *sc = malloc((b->layers == 1 ? QUERY_BLOCK : 1) * maxpos * sizeof *sc);
+          *sc = malloc((b->layers == 1 ? QUERY_BLOCK + hd : 1) * maxpos * sizeof *sc);
     stz_status st = STZ_OK;
     if (!xb || !q || !kv || !att || !h1 || !h3 || !sc)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
@@ -371,9 +371,9 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
         if ((st = stz_forward_observe(m, l, attn_in, 3, xb, n, D, err)))
             break;
-        stz_forward_linear(q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);    /* (n, dim) @ wq^T -> (n, QD) */
-        stz_forward_linear(kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD);   /* -> (n, KD) */
-        stz_forward_linear(kv + n * KD, xb, w[STZ_ROLE_WV], w[STZ_ROLE_BV], n, D, KD);
+        stz_forward_linear(m, q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);    /* (n, dim) @ wq^T -> (n, QD) */
+        stz_forward_linear(m, kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD);   /* -> (n, KD) */
+        stz_forward_linear(m, kv + n * KD, xb, w[STZ_ROLE_WV], w[STZ_ROLE_BV], n, D, KD);
         for (size_t r = 0; r < n; r++) {
             rope(m, q + r * QD, c->n_heads, b->pos[r]);
             rope(m, kv + r * KD, c->n_kv_heads, b->pos[r]);
@@ -386,26 +386,26 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
                 for (L = 1; r0 + L < n && b->seq[r0 + L] == b->seq[r0]; L++)
                     ;
                 attend_seq(c, q + r0 * QD, kc + b->seq[r0] * b->cap * KD, vc + b->seq[r0] * b->cap * KD, L,
-                           att + r0 * QD, sc);
+                           att + r0 * QD, sc, m->threads);
             }
         else
             attend_rows(c, b, q, kc, vc, att, sc);
         if ((st = stz_forward_observe(m, l, out_in, 1, att, n, QD, err)))
             break;
-        stz_forward_linear(xb, att, w[STZ_ROLE_WO], w[STZ_ROLE_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
+        stz_forward_linear(m, xb, att, w[STZ_ROLE_WO], w[STZ_ROLE_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_FNORM], D, c->norm_eps);
         if ((st = stz_forward_observe(m, l, ffn_in, 2, xb, n, D, err)))
             break;
-        stz_forward_linear(h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
-        stz_forward_linear(h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
+        stz_forward_linear(m, h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
+        stz_forward_linear(m, h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
         for (size_t i = 0; i < n * F; i++)
-            h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
+            h1[i] = stz_silu(h1[i]) * h3[i];
         if ((st = stz_forward_observe(m, l, down_in, 1, h1, n, F, err)))
             break;
-        stz_forward_linear(xb, h1, w[STZ_ROLE_DOWN], NULL, n, F, D); /* (n, hidden) @ w2^T -> (n, dim) */
+        stz_forward_linear(m, xb, h1, w[STZ_ROLE_DOWN], NULL, n, F, D); /* (n, hidden) @ w2^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
         if (progress && progress(user, ++*done, total))
@@ -460,7 +460,7 @@ stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_e
         size_t k = V - v0 < step ? V - v0 : step;
         const float *h = m->keep_head ? m->keep_head + v0 * D : w;
         if (m->keep_head || !(st = stz_forward_read_rows(m, m->global[G_HEAD], v0, k, w, err)))
-            linear_ld(logits + v0, V, X, h, NULL, n, D, k);
+            linear_ld(m, logits + v0, V, X, h, NULL, n, D, k);
     }
     for (size_t i = 0; !st && i < n * V; i++)
         if (!isfinite(logits[i]))
@@ -529,7 +529,6 @@ stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t
     stz_status st = !lens || !X ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations") : STZ_OK;
     for (size_t s = 0; !st && s < nseq; s++)
         lens[s] = len;
-    stz_blas_threads(m->threads);
     if (!st)
         st = stz_forward_hidden_states(m, tokens, nseq, len, lens, X, NULL, NULL, &done, 0, err);
     if (!st)

@@ -65,7 +65,8 @@ static inline int stz_forward_tied(const stz_fwd *m)
 }
 stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *dst, stz_err *err);
 void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps);
-void stz_forward_linear(float *Y, const float *X, const float *W, const float *b, size_t n, size_t in, size_t out);
+void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n,
+                        size_t in, size_t out);
 stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
                                stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err);
 stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, size_t n, float *X, stz_err *err);

@@ -2,7 +2,8 @@
  * models on the same tokens, and the per-matrix sensitivity probe. */
 #include "forward_internal.h"
 
-#include <cblas.h>
+#include "core/stz_math.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,7 @@ static int32_t pick(const float *l, size_t V, double temperature, double top_p, 
         return (int32_t)best;
     double sum = 0;
     for (size_t i = 0; i < V; i++)
-        sum += c[i].p = exp((l[i] - l[best]) / temperature), c[i].id = (int32_t)i;
+        sum += c[i].p = stz_exp((l[i] - l[best]) / temperature), c[i].id = (int32_t)i;
     /* tokens below (1 - top_p) / (V - 1) can never be in the nucleus (llama2.c's cut) */
     size_t n = 0;
     double cut = V > 1 ? (1 - top_p) / (double)(V - 1) : 0;
@@ -105,7 +106,6 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
     stz_status st = !m->keep || !k || !v || !X || !logits || !pos || !seq || !tok || !cd || !rng
                         ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the sampling buffers")
                         : STZ_OK;
-    stz_blas_threads(m->threads);
     for (size_t s = 0; !st && s < nseq; s++)
         tokens[s * len] = c->bos, seq[s] = (uint32_t)s, rng[s] = seed ^ (0x632BE59BD9B4E019ull * (s + 1));
     for (size_t p = 0; !st && p + 1 < len; p++) {
@@ -156,17 +156,17 @@ static void fold_slice(row_stats *rs, const float *LA, const float *LB, size_t n
                 mxb = lb[i], ib = i;
         }
         if (!v0 || mxa > x->ma) { /* rescale to the new maximum */
-            double f = v0 ? exp(x->ma - mxa) : 0;
+            double f = v0 ? stz_exp(x->ma - mxa) : 0;
             x->sa *= f, x->ta *= f, x->ma = mxa, x->arg_a = (uint32_t)(v0 + ia);
         }
         if (!v0 || mxb > x->mb) {
-            x->sb *= v0 ? exp(x->mb - mxb) : 0;
+            x->sb *= v0 ? stz_exp(x->mb - mxb) : 0;
             x->mb = mxb, x->arg_b = (uint32_t)(v0 + ib);
         }
         double sa = 0, ta = 0, sb = 0;
         for (size_t i = 0; i < k; i++) {
-            double e = exp((double)la[i] - x->ma);
-            sa += e, ta += e * ((double)la[i] - lb[i]), sb += exp((double)lb[i] - x->mb);
+            double e = stz_exp((double)la[i] - x->ma);
+            sa += e, ta += e * ((double)la[i] - lb[i]), sb += stz_exp((double)lb[i] - x->mb);
         }
         x->sa += sa, x->ta += ta, x->sb += sb;
         if ((size_t)next[r] >= v0 && (size_t)next[r] < v0 + k)
@@ -201,10 +201,10 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
         /* L (n, k) = X (n, dim) @ head[v0:v0+k] (k, dim)^T, for each model */
         if ((st = stz_forward_read_rows(ref, ref->global[G_HEAD], v0, k, W, err)))
             break;
-        stz_forward_linear(LA, XA, W, NULL, n, D, k);
+        stz_forward_linear(ref, LA, XA, W, NULL, n, D, k);
         if ((st = stz_forward_read_rows(cand, cand->global[G_HEAD], v0, k, W, err)))
             break;
-        stz_forward_linear(LB, XB, W, NULL, n, D, k);
+        stz_forward_linear(cand, LB, XB, W, NULL, n, D, k);
         for (size_t i = 0; i < n * k; i++)
             if (!isfinite(LA[i]) || !isfinite(LB[i])) {
                 st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite",
@@ -225,7 +225,7 @@ static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_
     size_t agree = 0;
     for (size_t r = 0; r < scored; r++) {
         const row_stats *x = &rs[r];
-        double lse_a = x->ma + log(x->sa), lse_b = x->mb + log(x->sb), d = x->ta / x->sa - lse_a + lse_b;
+        double lse_a = x->ma + stz_log(x->sa), lse_b = x->mb + stz_log(x->sb), d = x->ta / x->sa - lse_a + lse_b;
         d = d < 0 ? 0 : d; /* rounding can leave -1e-17 for identical rows */
         kl[r] = d, sum += d, sum2 += d * d, agree += x->arg_a == x->arg_b;
         nll_a += lse_a - x->next_a, nll_b += lse_b - x->next_b;
@@ -235,7 +235,7 @@ static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_
 #define PCT(q) kl[(size_t)((q) * (double)(scored - 1) + 0.5)]
     *out = (stz_fwd_report){scored, mean, sqrt(var > 0 ? var : 0) / sqrt((double)scored), PCT(0.5), PCT(0.95),
                             PCT(0.99), kl[scored - 1], (double)agree / (double)scored,
-                            exp(nll_a / (double)scored), exp(nll_b / (double)scored), 0};
+                            stz_exp(nll_a / (double)scored), stz_exp(nll_b / (double)scored), 0};
 #undef PCT
     out->ppl_change = out->ppl_cand / out->ppl_ref - 1;
 }
@@ -258,10 +258,8 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
     row_stats *rs = calloc(n + 1, sizeof *rs);
     double *kl = malloc((n + 1) * sizeof *kl);
     stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations and scores") : STZ_OK;
-    stz_blas_threads(ref->threads);
     if (!st)
         st = stz_forward_hidden_states(ref, tokens, nseq, stride, lens, XA, progress, user, &done, total, err);
-    stz_blas_threads(cand->threads);
     if (!st)
         st = stz_forward_hidden_states(cand, tokens, nseq, stride, lens, XB, progress, user, &done, total, err);
     /* keep the rows whose next token is given: token t of sequence s predicts t + 1 */
@@ -328,7 +326,7 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
         size_t k = V - v0 < step ? V - v0 : step;
         if ((st = stz_forward_read_rows(m, m->global[G_HEAD], v0, k, W, err)))
             break;
-        stz_forward_linear(L, ps->S, W, NULL, rows, D, k);
+        stz_forward_linear(m, L, ps->S, W, NULL, rows, D, k);
         for (size_t i = 0; i < rows * k; i++)
             if (!isfinite(L[i])) {
                 st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite%s",
@@ -489,7 +487,6 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     int want_head = head && probe->select(probe->user, head);
     if (!st)
         ps.total = probe_total(m, probe, want_emb, want_head, &walk);
-    stz_blas_threads(m->threads);
     if (!st && !(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
         st = run_streams(&ps, 1, 0, NULL, 1, err); /* the reference */
     for (size_t k = 0; !st && want_emb && k < emb_runs(probe); k++) {

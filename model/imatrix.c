@@ -175,7 +175,6 @@ stz_status stz_imatrix_collect(stz_imatrix *im, stz_fwd *m, const int32_t *token
     stz_status st = STZ_OK;
     stz_imatrix *was = m->imatrix;
     m->imatrix = im;
-    stz_blas_threads(m->threads);
     for (size_t s0 = 0, s1; !st && s0 < nseq; s0 = s1) {
         size_t rows = lens[s0];
         for (s1 = s0 + 1; s1 < nseq && rows + lens[s1] <= COLLECT_ROWS; s1++)

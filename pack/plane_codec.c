@@ -1,5 +1,6 @@
 /* Plane codecs: raw, constant, Huffman-only zstd frames, full zstd frames. */
 #include "pack_internal.h"
+#include "core/stz_math.h"
 
 #include <math.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
@@ -43,7 +44,7 @@ double stz_entropy8(const uint8_t *src, size_t n, uint64_t hist[256])
         uint64_t c = (uint64_t)h[0][s] + h[1][s] + h[2][s] + h[3][s];
         hist[s] = c;
         if (c)
-            bits -= (double)c * log2((double)c / (double)n);
+            bits -= (double)c * stz_log2((double)c / (double)n);
     }
     return n ? bits / (double)n : 0;
 }

@@ -30,8 +30,6 @@
 #include "ggml_types.h"
 #include "core/stz_core.h"
 
-#include <cblas.h>
-#include <lapacke.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,30 +56,31 @@ static double damped_diag(const float *H, size_t n, size_t j, double mean, doubl
 /* U (n x n, upper, row-major floats) with U^T U = (H + damp * mean(diag H) * I)^-1,
  * the columns no token reached (H[j][j] = 0) given the mean on the
  * diagonal. With J the reversal of the columns and J H J = L L^T, U is
- * J L^-1 J: one Cholesky factorization and one triangular inverse. The
+ * J L^-1 J: one Cholesky factorization and one triangular inverse, in
+ * double, with the same bits on every machine (core/matmul.c). The
  * damping grows tenfold while H stays not positive definite (at most 1). */
-static stz_status factor(const float *H, size_t n, double damp, float *U, stz_err *err)
+static stz_status factor(const float *H, size_t n, double damp, float *U, int threads, stz_err *err)
 {
-    double *A = malloc(n * n * sizeof *A + 1), mean = mean_diag(H, n);
-    if (!A)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu x %zu Hessian", n, n);
-    lapack_int info = 1, N = (lapack_int)n;
-    for (; info && damp <= 1; damp *= 10) {
+    double *A = malloc(n * n * sizeof *A + 1), *X = malloc(n * n * sizeof *X + 1), mean = mean_diag(H, n);
+    int bad = A && X ? -1 : -2;
+    for (; bad == -1 && damp <= 1; damp *= 10) {
         for (size_t i = 0; i < n; i++) /* J H J, damped: the lower triangle */
             for (size_t j = 0; j <= i; j++) {
                 size_t a = n - 1 - i, b = n - 1 - j;
                 A[i * n + j] = a == b ? damped_diag(H, n, a, mean, damp) : H[a * n + b];
             }
-        if (!(info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', N, A, N)))
-            info = LAPACKE_dtrtri(LAPACK_ROW_MAJOR, 'L', 'N', N, A, N);
+        bad = stz_cholesky(A, n, threads);
     }
-    for (size_t i = 0; !info && i < n; i++)
+    if (!bad)
+        stz_tri_inverse(A, X, n, threads);
+    for (size_t i = 0; !bad && i < n; i++)
         for (size_t j = 0; j < n; j++)
-            U[i * n + j] = j >= i ? (float)A[(n - 1 - i) * n + (n - 1 - j)] : 0.0f;
-    free(A);
-    return info ? stz_err_set(err, STZ_E_LAPACK, "the Hessian of %zu columns is not positive definite even damped",
-                              n)
-                : STZ_OK;
+            U[i * n + j] = j >= i ? (float)X[(n - 1 - i) * n + (n - 1 - j)] : 0.0f;
+    free(A), free(X);
+    if (bad == -2)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu x %zu Hessian", n, n);
+    return bad ? stz_err_set(err, STZ_E_LAPACK, "the Hessian of %zu columns is not positive definite even damped", n)
+               : STZ_OK;
 }
 
 typedef struct {
@@ -187,12 +186,13 @@ static size_t piece_count(const stz_qformat *f, size_t rows)
  * int3 mse), half of it 0.95-1.01x. */
 static void fb_move(const fb_job *j, fb_slot *s, size_t nr)
 {
-    int n = (int)j->cols, r = (int)nr;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, n, n, 1.0f, s->W, n, j->D, n, 0.0f, s->Z, n);
-    cblas_strmm(CblasRowMajor, CblasRight, CblasUpper, CblasTrans, CblasNonUnit, r, n, 1.0f, j->U, n, s->Z, n);
-    cblas_strmm(CblasRowMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, r, n, FB_DRIFT, j->U, n, s->Z, n);
-    for (size_t k = 0; k < nr * j->cols; k++)
-        s->W[k] += s->Z[k];
+    size_t n = j->cols;
+    float *Z = s->Z, *Z2 = s->Z + nr * n;
+    stz_mm_nn(Z, n, s->W, n, 1, j->D, n, nr, n, n, 0, 1);  /* Z (nr, n) = W (nr, n) @ D (n, n) */
+    stz_mm_nt(Z2, n, Z, n, j->U, n, nr, n, n, 1);           /* Z2 = Z @ U^T */
+    stz_mm_nn(Z, n, Z2, n, 1, j->U, n, nr, n, n, 0, 1);     /* Z = Z2 @ U */
+    for (size_t k = 0; k < nr * n; k++)
+        s->W[k] += FB_DRIFT * Z[k];
 }
 
 static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
@@ -215,9 +215,11 @@ static stz_status fb_work(void *ctx, int tid, size_t i, stz_err *err)
             for (size_t k = 0; k < len; k++)
                 j->loss[i] += (double)s->E[r * j->G + k] * s->E[r * j->G + k];
         }
-        if (rest && j->U) /* the later columns: W[:, c0 + len:] -= E (nr x len) @ U[c0:c0 + len, c0 + len:] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nr, (int)rest, (int)len, -1.0f, s->E,
-                        (int)j->G, j->U + c0 * n + c0 + len, (int)n, 1.0f, s->W + c0 + len, (int)n);
+        if (rest && j->U) { /* the later columns: W[:, c0 + len:] += -E (nr x len) @ U[c0:c0 + len, c0 + len:] */
+            for (size_t k = 0; k < nr * j->G; k++)
+                s->E[k] = -s->E[k];
+            stz_mm_nn(s->W + c0 + len, n, s->E, j->G, 1, j->U + c0 * n + c0 + len, n, nr, len, rest, 1, 1);
+        }
     }
     for (size_t r = 0; !j->f->ggml && r < nr; r++)
         stz_qf_pack_codes(j->f->bits, s->codes + r * n, n, j->q + (r0 + r) * j->rb);
@@ -237,7 +239,7 @@ static stz_status fb_run(fb_job *j, int threads, stz_err *err)
         fb_slot *s = &j->slot[t];
         s->W = malloc(m * j->cols * sizeof *s->W), s->E = malloc(m * j->G * sizeof *s->E);
         s->codes = j->f->ggml ? NULL : malloc(m * j->cols);
-        s->Z = j->D ? malloc(m * j->cols * sizeof *s->Z) : NULL;
+        s->Z = j->D ? malloc(2 * m * j->cols * sizeof *s->Z) : NULL;
         if (tr)
             s->tw = stz_trellis_work_new(), s->col = malloc(3 * m * sizeof *s->col), s->ccol = malloc(m);
         if (!s->W || !s->E || (!j->f->ggml && !s->codes) || (j->D && !s->Z) || (tr && (!s->tw || !s->col || !s->ccol)))
@@ -325,9 +327,8 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
         w[k] = H[k * cols + k] > 0 ? H[k * cols + k] : 0.0f;
     if (!st)
         st = stz_qtensor_begin(d, x, w, rows, cols, out, &sc, &mn, err);
-    stz_blas_threads(1); /* OpenBLAS's results depend on its thread count; the rows share the threads */
     if (!st)
-        st = factor(H, (size_t)cols, FB_DAMP, U, err);
+        st = factor(H, (size_t)cols, FB_DAMP, U, threads, err);
     if (!st)
         st = sweep(x, U, w, D, (size_t)rows, (size_t)cols, threads, out, sc, mn, y, err);
     out->fmt.weights = NULL; /* w is freed */
@@ -340,7 +341,8 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
 /* ---- the output error of any quantization -------------------------------------- */
 
 typedef struct {
-    const float *x, *y, *H; /* H as given */
+    const float *x, *y;
+    float *H;               /* H made symmetric from its upper triangle */
     double *damp;           /* per column: what dampening adds to H's diagonal */
     size_t rows, cols;
     float **E, **F;         /* per thread: a piece's errors, and them times H */
@@ -356,8 +358,7 @@ static stz_status oe_work(void *ctx, int tid, size_t i, stz_err *err)
     float *E = j->E[tid], *F = j->F[tid];
     for (size_t k = 0; k < n; k++)
         E[k] = j->x[r0 * j->cols + k] - j->y[r0 * j->cols + k];
-    cblas_ssymm(CblasRowMajor, CblasRight, CblasUpper, (int)nr, (int)j->cols, 1.0f, j->H, (int)j->cols, E,
-                (int)j->cols, 0.0f, F, (int)j->cols);
+    stz_mm_nt(F, j->cols, E, j->cols, j->H, j->cols, nr, j->cols, j->cols, 1); /* F (nr, n) = E @ H (H = H^T) */
     for (size_t k = 0; k < n; k++)
         j->loss[i] += (double)E[k] * F[k] + (double)E[k] * E[k] * j->damp[k % j->cols];
     return STZ_OK;
@@ -368,11 +369,11 @@ stz_status stz_quant_output_error(const float *x, const float *y, const float *H
 {
     size_t n = (size_t)cols, pieces = ((size_t)rows + FB_ROWS - 1) / FB_ROWS;
     threads = threads < 1 ? 1 : threads;
-    oe_job j = {.x = x, .y = y, .H = H, .rows = (size_t)rows, .cols = n};
-    j.damp = malloc(n * sizeof *j.damp + 1);
+    oe_job j = {.x = x, .y = y, .rows = (size_t)rows, .cols = n};
+    j.damp = malloc(n * sizeof *j.damp + 1), j.H = malloc(n * n * sizeof *j.H + 1);
     j.E = calloc((size_t)threads, sizeof *j.E), j.F = calloc((size_t)threads, sizeof *j.F);
     j.loss = calloc(pieces + 1, sizeof *j.loss);
-    stz_status st = j.damp && j.E && j.F && j.loss ? STZ_OK : STZ_E_NOMEM;
+    stz_status st = j.damp && j.H && j.E && j.F && j.loss ? STZ_OK : STZ_E_NOMEM;
     for (int t = 0; !st && t < threads; t++)
         if (!(j.E[t] = malloc(FB_ROWS * n * sizeof *j.E[t])) || !(j.F[t] = malloc(FB_ROWS * n * sizeof *j.F[t])))
             st = STZ_E_NOMEM;
@@ -382,13 +383,15 @@ stz_status stz_quant_output_error(const float *x, const float *y, const float *H
         double mean = mean_diag(H, n);
         for (size_t k = 0; k < n; k++)
             j.damp[k] = damped_diag(H, n, k, mean, FB_DAMP) - H[k * n + k];
-        stz_blas_threads(1);
+        for (size_t a = 0; a < n; a++)
+            for (size_t b = a; b < n; b++)
+                j.H[a * n + b] = j.H[b * n + a] = H[a * n + b];
         stz_ordered pl = {.n = pieces, .threads = threads, .ctx = &j, .work = oe_work};
         st = stz_ordered_run(&pl, err);
     }
     *out = st ? 0 : sum_pieces(j.loss, pieces);
     for (int t = 0; j.E && j.F && t < threads; t++)
         free(j.E[t]), free(j.F[t]);
-    free(j.E), free(j.F), free(j.loss), free(j.damp);
+    free(j.E), free(j.F), free(j.loss), free(j.damp), free(j.H);
     return st;
 }

@@ -2,6 +2,7 @@
  * shaped like trained weights. See stz_synth.h. */
 #include "synth_internal.h"
 #include "stz_safetensors.h"
+#include "core/stz_math.h"
 
 #include <math.h>
 #include <sys/stat.h>
@@ -32,9 +33,10 @@ static inline void normal2(uint64_t r, float *a, float *b)
 {
     float u1 = ((float)(r & 0xffffff) + 1.0f) * (1.0f / 16777217.0f);
     float u2 = (float)((r >> 24) & 0xffffff) * (1.0f / 16777216.0f);
-    float m = sqrtf(-2.0f * logf(u1)), s, c;
-    sincosf(6.2831853f * u2, &s, &c);
-    *a = m * c, *b = m * s;
+    float m = sqrtf(-2.0f * (float)stz_log(u1));
+    double s, c;
+    stz_sincos(6.2831853f * u2, &s, &c);
+    *a = m * (float)c, *b = m * (float)s;
 }
 
 static float normal1(uint64_t *st)
@@ -102,7 +104,7 @@ static inline float value_at(const job *j, uint64_t e, float z)
 {
     switch (j->t->kind) {
     case K_NORM:
-        return expf(0.15f * z) * j->base;
+        return stz_expf(0.15f * z) * j->base;
     case K_BIAS:
         return j->base * z;
     default: {
@@ -194,9 +196,9 @@ static void make_factors(const spec *t, uint64_t seed, float *row, float *col)
     uint64_t st = mix(seed, 0xfacade);
     uint64_t rows = t->shape[0], cols = t->shape[1];
     for (uint64_t i = 0; i < rows; i++)
-        row[i] = expf(0.15f * normal1(&st));
+        row[i] = stz_expf(0.15f * normal1(&st));
     for (uint64_t i = 0; i < cols; i++) {
-        col[i] = expf(0.10f * normal1(&st));
+        col[i] = stz_expf(0.10f * normal1(&st));
         if (t->kind == K_LINEAR && (wyrand(&st) % 200) == 0)
             col[i] *= 2.0f + 1.0f * (float)(wyrand(&st) % 1000) / 1000.0f;
     }
@@ -225,10 +227,10 @@ static size_t make_lowrank(const spec *t, uint64_t seed, float base, float *la, 
     R = R < LR_MAX ? R : LR_MAX;
     double norm = 0;
     for (size_t k = 0; k < R; k++)
-        norm += pow((double)(k + 1), -2.0 * LR_ALPHA);
+        norm += stz_pow((double)(k + 1), -2.0 * LR_ALPHA);
     uint64_t st = mix(seed, 0x10ad);
     for (size_t k = 0; k < R; k++) {
-        float sk = base * sqrtf((1 - LR_NOISE) / (float)norm) * powf((float)(k + 1), -LR_ALPHA);
+        float sk = base * sqrtf((1 - LR_NOISE) / (float)norm) * (float)stz_pow((double)(k + 1), -LR_ALPHA);
         for (size_t r = 0; r < rows; r++)
             la[r * R + k] = sk * normal1(&st);
         for (size_t c = 0; c < cols; c++)
@@ -390,7 +392,7 @@ static void synth_stats(const synth_run *g, size_t written, uint64_t total, stz_
         stats->exp_hist[b] = g->hist[b];
         if (g->hist[b]) {
             double q = (double)g->hist[b] / (double)params;
-            h -= q * log2(q);
+            h -= q * stz_log2(q);
         }
     }
     stats->exp_entropy_bits = h;

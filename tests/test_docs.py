@@ -14,6 +14,9 @@ Usage: test_docs.py STZ REPO_ROOT [SHARED_DATA_DIR]
 - Blocks that name ../shared/data/ (the real weights, as seen from the
   repository) run only when SHARED_DATA_DIR holds them; they are skipped
   otherwise.
+- STZ_DOCS_UPDATE=1 (for a change that moves figures on purpose): an output
+  that differs, and has no "..." line, is written into the document instead
+  of failing; review the diff.
 - ```python blocks of FORMAT.md are run by a Python with numpy, then checked
   against stz (check_python below); other ```python blocks use the stz
   package and must print only True (run_python).
@@ -30,7 +33,8 @@ import tempfile
 STZ, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 DATA = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else os.path.join(ROOT, "..", "shared", "data")
 HAVE_DATA = os.path.isfile(os.path.join(DATA, "stories260K.f32.safetensors"))
-failures, ran = [], 0
+failures, ran, updates = [], 0, []
+UPDATE = os.environ.get("STZ_DOCS_UPDATE") == "1"
 
 
 def blocks(path):
@@ -65,20 +69,23 @@ def matches(want, got):
     return bool(got) and norm(want[0]) == norm(got[0]) and matches(want[1:], got[1:])
 
 
-def run_block(where, lines, cwd, env):
+def run_block(where, lines, cwd, env, path, first):
+    """lines: a block's, the first at line `first` of path."""
     global ran
     cmds = []
-    for line in lines:
+    for i, line in enumerate(lines):
         if line.startswith("$ "):
-            cmds.append((line[2:], []))
+            cmds.append((line[2:], [], first + i + 1))
         elif cmds:
             cmds[-1][1].append(line)
-    for cmd, want in cmds:
+    for cmd, want, at in cmds:
         ran += 1
         p = subprocess.run(["sh", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
         got = p.stdout.splitlines() + p.stderr.splitlines()
         want_error = any(w.startswith(("stz: error:", "stz: check failed:")) for w in want)
-        if (p.returncode != 0) != want_error or not matches(want, got):
+        if (p.returncode != 0) == want_error and not matches(want, got) and UPDATE and "..." not in want:
+            updates.append((path, at, len(want), got))
+        elif (p.returncode != 0) != want_error or not matches(want, got):
             failures.append("%s: $ %s\n  exit %d\n  wanted:\n    %s\n  got:\n    %s" % (
                 where, cmd, p.returncode, "\n    ".join(want), "\n    ".join(got)))
 
@@ -233,9 +240,14 @@ def main():
                     if not HAVE_DATA and any("shared/data/" in l for l in lines):
                         print("skip: %s: needs the weights in %s" % (where, DATA))
                         continue
-                    run_block(where, lines, work, env)
+                    run_block(where, lines, work, env, path, line)
     finally:
         shutil.rmtree(top, ignore_errors=True)
+    for path, at, n, got in sorted(updates, reverse=True):  # from the bottom, so line numbers hold
+        text = open(path, encoding="utf-8").read().split("\n")
+        text[at - 1:at - 1 + n] = got
+        open(path, "w", encoding="utf-8").write("\n".join(text))
+        print("updated: %s:%d" % (os.path.relpath(path, ROOT), at))
     for f in failures:
         print("FAIL: " + f)
     print("docs: %d examples run, %d failed" % (ran, len(failures)))
