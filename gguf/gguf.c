@@ -465,6 +465,8 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     if ((st = no_duplicates(g, path, err)))
         return st;
     uint64_t data = (c->at + align - 1) / align * align;
+    if (data > fsize && !nt && c->at <= fsize) /* keys only, without the padding: llama.cpp loads it too */
+        data = fsize;
     if (data > fsize)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its header", path);
     g->data = data, g->size = fsize;

@@ -284,3 +284,38 @@ def test_alignment_must_be_u32(tmp_path):
         assert r.returncode == 1 and "general.alignment is of type" in r.stderr, r.stderr
     g.write_bytes(gguf([(b"general.alignment", struct.pack("<II", 4, 32))]))
     assert run("inspect", g).returncode == 0
+
+
+def test_keys_only_gguf_packs(tmp_path):
+    """Finding 6: a GGUF of keys and no tensors (llama.cpp loads it), with
+    or without the padding after its header, was refused by pack."""
+    for name, pad in (("padded", True), ("unpadded", False)):
+        g = tmp_path / (name + ".gguf")
+        b = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string(b"general.name") + struct.pack("<I", 8) + string(b"k")
+        g.write_bytes(b + (bytes(-len(b) % 32) if pad else b""))
+        c, back = tmp_path / (name + ".stz"), tmp_path / (name + ".back.gguf")
+        for cmd in (["inspect", g], ["pack", g, "-o", c, "-q"], ["verify", c], ["unpack", c, "-o", back, "-q"]):
+            r = run(*cmd)
+            assert r.returncode == 0, (name, cmd, r.stderr)
+        assert back.read_bytes() == g.read_bytes()
+
+
+def test_tokens_only_decimal_ids(tiny, tmp_path):
+    """Finding 6: --tokens took hex, exponents, signs, fractions, text after
+    a NUL and text after the JSON array; only decimal whole numbers now."""
+    m = tiny[1]
+    bad = {"hex.txt": b"0x10 2 3\n", "exp.txt": b"1e1 2 3\n", "sign.txt": b"+1 2 3\n", "minus0.txt": b"-0 2 3\n",
+           "frac.txt": b"1.0 2 3\n", "nul.txt": b"1 2 3\0 junk\n", "big.txt": b"1 2147483648\n",
+           "after.json": b"[[1, 2, 3]] [[4, 5]]", "exp.json": b"[[1, 2e0, 3]]", "minus0.json": b"[[1, -0, 3]]",
+           "nul.json": b"[[1, 2, 3]]\0[[4"}
+    for fname, content in bad.items():
+        p = tmp_path / fname
+        p.write_bytes(content)
+        r = run("imatrix", m, "--tokens", p, "-o", tmp_path / "im.gguf", "-f")
+        assert r.returncode == 1 and str(p) in r.stderr, (fname, r.stderr)
+        assert not (tmp_path / "im.gguf").exists()
+    for fname, content in (("ok.txt", b"1 2 3\n 4\t5 \n"), ("ok.json", b" [[1, 2, 3], [4, 5]]\n")):
+        p = tmp_path / fname
+        p.write_bytes(content)
+        r = run("imatrix", m, "--tokens", p, "-o", tmp_path / "im.gguf", "-f")
+        assert r.returncode == 0, (fname, r.stderr)
