@@ -319,3 +319,19 @@ def test_tokens_only_decimal_ids(tiny, tmp_path):
         p.write_bytes(content)
         r = run("imatrix", m, "--tokens", p, "-o", tmp_path / "im.gguf", "-f")
         assert r.returncode == 0, (fname, r.stderr)
+
+
+def test_long_names_whole(tmp_path):
+    """Finding 6: names cut at 255 bytes: export's --name (general.name),
+    and a GGUF tensor's name read back by dequantize --names gguf."""
+    m = hf_dir(tmp_path, "llama")
+    g, name = tmp_path / "m.gguf", "n" * 300
+    assert run("export", "--gguf", m, "-o", g, "-q", "--name", name).returncode == 0
+    kv, _, _, _ = parse_gguf(g.read_bytes())
+    assert kv["general.name"] == name
+    long = "t" * 300 + ".weight"
+    g.write_bytes(gguf([], [(long.encode(), 32, 2)]))
+    out = tmp_path / "t.safetensors"
+    r = run("dequantize", g, "-o", out, "-q", "--names", "gguf")
+    assert r.returncode == 0, r.stderr
+    assert list(load_f32(out)) == [long]
