@@ -512,7 +512,7 @@ static stz_status gguf_read(stz_gguf **out, int fd, uint64_t fsize, const char *
     return STZ_OK;
 }
 
-static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_err *err)
+static stz_status gguf_open(stz_gguf **out, const char *path, stz_err *err)
 {
     int fd;
     uint64_t fsize;
@@ -520,7 +520,7 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
     stz_status st = stz_open_regular(path, &fd, &fsize, err);
     if (st)
         return st;
-    st = gguf_read(out, fd, fsize, path, lenient, err);
+    st = gguf_read(out, fd, fsize, path, 0, err);
     close(fd);
     return st;
 }
@@ -528,6 +528,11 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
 stz_status stz_gguf_read_fd(stz_gguf **out, int fd, uint64_t fsize, const char *path, stz_err *err)
 {
     return gguf_read(out, fd, fsize, path, 0, err);
+}
+
+stz_status stz_gguf_read_layout_fd(stz_gguf **out, int fd, uint64_t fsize, const char *path, stz_err *err)
+{
+    return gguf_read(out, fd, fsize, path, 1, err);
 }
 
 int stz_gguf_kv_uint(const stz_gguf *g, const char *key, uint64_t *v)
@@ -542,8 +547,7 @@ int stz_gguf_kv_uint(const stz_gguf *g, const char *key, uint64_t *v)
 
 int stz_is_gguf(const char *path) { return stz_has_magic(path, "GGUF", 4); }
 
-stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 0, err); }
-stz_status stz_gguf_open_layout(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 1, err); }
+stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, err); }
 
 stz_status stz_gguf_parse_layout(stz_gguf **out, const uint8_t *img, size_t n, uint64_t fsize, const char *label,
                                  stz_err *err)
