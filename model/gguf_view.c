@@ -215,11 +215,11 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
 static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtype, const char *arch, stz_err *err)
 {
     int permute = names == STZ_NAMES_HF && !strcmp(arch, "llama");
-    uint64_t heads, kv;
-    stz_status st;
-    if ((st = arch_u64(v, arch, "feed_forward_length", &v->ffn_wide, err)) ||
-        (st = arch_u64(v, arch, "attention.head_count", &heads, err)) ||
-        (st = arch_u64(v, arch, "attention.head_count_kv", &kv, err)))
+    uint64_t heads = 0, kv = 0;
+    stz_status st = STZ_OK; /* the keys read only where they are used: GGUF's own names need none */
+    if ((names >= 0 && (st = arch_u64(v, arch, "feed_forward_length", &v->ffn_wide, err))) ||
+        (permute && ((st = arch_u64(v, arch, "attention.head_count", &heads, err)) ||
+                     (st = arch_u64(v, arch, "attention.head_count_kv", &kv, err)))))
         return st;
     if (names < 0 || stz_gguf_kv_uint(v->g, STZ_GGUF_KEY_FFN, &v->ffn) <= 0 || v->ffn >= v->ffn_wide)
         v->ffn = 0; /* nothing to take out */

@@ -268,6 +268,8 @@ def test_per_layer_head_counts(tmp_path):
     differ.write_bytes(set_key(b, "llama.attention.head_count", u32_array([heads] + [heads * 2] * (layers - 1))))
     r = run("dequantize", differ, "-o", tmp_path / "d.safetensors", "-q")
     assert r.returncode == 1 and "key 'llama.attention.head_count'" in r.stderr and "differ" in r.stderr, r.stderr
+    r = run("dequantize", differ, "-o", tmp_path / "d.safetensors", "-q", "--names", "gguf")  # no un-permutation
+    assert r.returncode == 0, r.stderr
     many = tmp_path / "many.gguf"
     many.write_bytes(set_key(b, "llama.attention.head_count", struct.pack("<II", 4, 4096)))
     r = run("dequantize", many, "-o", tmp_path / "h.safetensors", "-q")
