@@ -88,12 +88,13 @@ static size_t name_hash(const char *s)
 
 static entry *lookup(const stz_imatrix *im, const char *name)
 {
-    for (size_t h = im->nslot ? name_hash(name) & (im->nslot - 1) : 0; im->nslot; h = (h + 1) & (im->nslot - 1)) {
+    if (!im->nslot)
+        return NULL;
+    for (size_t h = name_hash(name) & (im->nslot - 1);; h = (h + 1) & (im->nslot - 1)) { /* never full */
         size_t k = im->slot[h];
         if (!k || !strcmp(im->e[k - 1].name, name))
             return k ? &im->e[k - 1] : NULL;
     }
-    return NULL;
 }
 
 static void index_put(size_t *slot, size_t nslot, const char *name, size_t k)
