@@ -534,8 +534,8 @@ static stz_status check_entries(const stz_imatrix *im, const char *path, stz_err
 {
     for (size_t i = 0; i < im->n; i++)
         if (!im->e[i].usable)
-            return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': its importance is zero in every column (%g "
-                               "tokens)", path, im->e[i].name, im->e[i].tokens);
+            return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': %s, so it weighs nothing", path, im->e[i].name,
+                               im->e[i].tokens > 0 ? "its importance is zero in every column" : "a token count of 0");
     return STZ_OK;
 }
 
