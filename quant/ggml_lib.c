@@ -3,10 +3,11 @@
  * iq3_s: about 34 kB of grid constants chosen from data, which stz does
  * not copy). They are taken from a libggml-base loaded at run time, the
  * library llama.cpp builds and installs: STZ_GGML_LIB names it by an
- * absolute path (empty: none is loaded; a relative one is refused, as it
- * would load whatever the current directory holds); unset, the system's
- * library path is searched for libggml-base.so by that bare name (never
- * the current directory: no RUNPATH entry of stz's is empty or relative).
+ * absolute path or a bare file name (empty: none is loaded; a relative path
+ * such as ./x.so is refused, as it would load whatever the current
+ * directory holds); unset, libggml-base.so. A bare name is searched for in
+ * the system's library path only (never the current directory: no RUNPATH
+ * entry of stz's is empty or relative).
  * The library's traits must describe each type as ggml-common.h does
  * (name, elements and bytes per block), or it is not used. */
 #include "ggml_types.h"
@@ -68,9 +69,9 @@ static void lib_load(void)
         lib_refuse("STZ_GGML_LIB is empty, so none is loaded");
         return;
     }
-    if (env && *env != '/') {
-        lib_refuse("STZ_GGML_LIB=%s is not an absolute path (a relative one would load from the current directory)",
-                   env);
+    if (env && *env != '/' && strchr(env, '/')) {
+        lib_refuse("STZ_GGML_LIB=%s is a relative path, which would load from the current directory: give an "
+                   "absolute path or a bare library name", env);
         return;
     }
     for (size_t i = 0; !h && i < (env ? 1 : 2); i++)

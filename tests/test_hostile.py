@@ -189,8 +189,9 @@ def iq2_gguf(path):
 @pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler")
 def test_no_library_from_the_current_directory(tmp_path):
     """Finding 4b: with STZ_GGML_LIB unset, decoding an iq2 tensor loaded
-    ./libggml-base.so; a relative STZ_GGML_LIB is refused; a path over 255
-    bytes is loaded whole, not cut."""
+    ./libggml-base.so; a bare STZ_GGML_LIB is looked for in the system's
+    library path only, a relative path is refused; a path over 255 bytes is
+    loaded whole, not cut."""
     iq2_gguf(tmp_path / "k.gguf")
     (tmp_path / "evil.c").write_text(
         "#include <stdio.h>\n__attribute__((constructor)) static void f(void) {"
@@ -200,9 +201,13 @@ def test_no_library_from_the_current_directory(tmp_path):
     r = run("dequantize", "k.gguf", "-o", "o.safetensors", cwd=tmp_path)
     assert not (tmp_path / "LOADED").exists(), "a library in the current directory was loaded"
     assert r.returncode == 1 and "ggml type iq2_xxs cannot be read" in r.stderr, r.stderr
-    r = run("dequantize", "k.gguf", "-o", "o.safetensors", cwd=tmp_path, env={"STZ_GGML_LIB": "libggml-base.so"})
+    for lib in ("libggml-base.so", "libggml-base.so.0"):  # a bare name: the system's library path only
+        r = run("dequantize", "k.gguf", "-o", "o.safetensors", cwd=tmp_path, env={"STZ_GGML_LIB": lib})
+        assert not (tmp_path / "LOADED").exists(), lib
+        assert r.returncode == 1 and "STZ_GGML_LIB=%s cannot be loaded" % lib in r.stderr, r.stderr
+    r = run("dequantize", "k.gguf", "-o", "o.safetensors", cwd=tmp_path, env={"STZ_GGML_LIB": "./libggml-base.so"})
     assert not (tmp_path / "LOADED").exists()
-    assert r.returncode == 1 and "STZ_GGML_LIB=libggml-base.so is not an absolute path" in r.stderr, r.stderr
+    assert r.returncode == 1 and "STZ_GGML_LIB=./libggml-base.so is a relative path" in r.stderr, r.stderr
     deep = tmp_path
     while len(str(deep)) < 300:
         deep = deep / ("d" * 60)
