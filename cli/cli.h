@@ -327,6 +327,11 @@ stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, in
 /* Writes them one per line (-f replaces; else an existing file is refused). */
 stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err *err);
 void cli_seqs_free(cli_seqs *q);
+/* --tokens' text[0..len) (NUL-terminated; changed while read), path naming
+ * it in errors: one sequence per line, or a JSON array of arrays, of
+ * decimal ids below 2^31 (no sign, exponent, fraction, hex, NUL, nothing
+ * after the JSON), at least 2 per sequence. q is the caller's to free. */
+stz_status cli_tokens_parse(char *text, size_t len, const char *path, cli_seqs *q, stz_err *err);
 
 int cmd_export(int argc, char **argv);
 /* stz inspect's listing of a GGUF file (JSON into *json when json is not

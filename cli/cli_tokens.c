@@ -77,12 +77,108 @@ static stz_status check_seq(const char *path, size_t where, const char *what, si
     return STZ_OK;
 }
 
-static stz_status id_of(const char *path, size_t where, const char *what, double v, int32_t *id, stz_err *err)
+/* A token id of the line form: decimal digits only (no sign, exponent,
+ * fraction or hex), below 2^31, then white space or the line's end. *end:
+ * where it stops. */
+static stz_status id_of(const char *path, size_t line, const char *c, const char **end, int32_t *id, stz_err *err)
 {
-    if (!(v >= 0 && v < 2147483648.0) || v != floor(v))
-        return stz_err_set(err, STZ_E_FORMAT, "%s: %s %zu: '%g' is not a token id", path, what, where, v);
-    *id = (int32_t)v;
+    uint64_t v = 0;
+    const char *d = c;
+    for (; *d >= '0' && *d <= '9' && v < ((uint64_t)1 << 31); d++)
+        v = v * 10 + (uint64_t)(*d - '0');
+    if (d == c || v >= ((uint64_t)1 << 31) || (*d && !isspace((unsigned char)*d))) {
+        int w = (int)strcspn(c, " \t\r\n\v\f");
+        return stz_err_set(err, STZ_E_FORMAT, "%s: line %zu: '%.*s' is not a token id (a decimal whole number below "
+                           "2^31)", path, line, w > 20 ? 20 : w, c);
+    }
+    *end = d, *id = (int32_t)v;
     return STZ_OK;
+}
+
+/* The JSON form: an array of arrays of ids, nothing but brackets, commas,
+ * digits and white space in it, nothing after it. */
+static stz_status parse_json(const char *text, size_t len, const char *path, int32_t *v, cli_seqs *q, stz_err *err)
+{
+    size_t bad = strspn(text, "[],0123456789 \t\r\n");
+    if (bad < len)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: byte %zu ('%c'): token ids are decimal whole numbers in an array "
+                           "of arrays", path, bad, isprint((unsigned char)text[bad]) ? text[bad] : '?');
+    const char *rest = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &rest, 0), *s;
+    stz_status st = STZ_OK;
+    if (!cJSON_IsArray(root) || !rest || rest[strspn(rest, " \t\r\n")])
+        st = stz_err_set(err, STZ_E_JSON, "%s: not valid JSON (an array of arrays of token ids)", path);
+    size_t i = 0, used = 0;
+    cJSON *arr = st ? NULL : root;
+    cJSON_ArrayForEach(s, arr)
+    {
+        size_t n = 0;
+        cJSON *t;
+        i++;
+        if (!cJSON_IsArray(s)) {
+            st = stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu is not an array of token ids", path, i);
+            break;
+        }
+        cJSON_ArrayForEach(t, s) /* whole numbers below 2^31: the characters were checked above */
+        {
+            if (!cJSON_IsNumber(t) || !(t->valuedouble < 2147483648.0)) {
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu: a token id past 2^31 or not a number", path, i);
+                break;
+            }
+            v[used + n++] = (int32_t)t->valuedouble;
+        }
+        if (st || (st = check_seq(path, i, "sequence", n, err)) || (st = seqs_count(q, n, err)))
+            break;
+        used += n;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+/* The line form: one sequence per line, ids apart by white space. */
+static stz_status parse_lines(char *text, size_t len, const char *path, int32_t *v, cli_seqs *q, stz_err *err)
+{
+    stz_status st = STZ_OK;
+    size_t line = 0, used = 0;
+    for (char *s = text; !st && s < text + len; line++) {
+        char *eol = memchr(s, '\n', (size_t)(text + len - s));
+        eol = eol ? eol : text + len;
+        *eol = 0;
+        size_t n = 0;
+        for (const char *c = s; !st;) {
+            while (isspace((unsigned char)*c))
+                c++;
+            if (!*c)
+                break;
+            if (!(st = id_of(path, line + 1, c, &c, &v[used + n], err)))
+                n++;
+        }
+        if (!st && n && !(st = check_seq(path, line + 1, "line", n, err)) && !(st = seqs_count(q, n, err)))
+            used += n;
+        s = eol + 1;
+    }
+    return st;
+}
+
+stz_status cli_tokens_parse(char *text, size_t len, const char *path, cli_seqs *q, stz_err *err)
+{
+    memset(q, 0, sizeof *q);
+    const char *nul = memchr(text, 0, len);
+    if (nul)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: byte %zu is a NUL: token ids are text", path, (size_t)(nul - text));
+    int32_t *v = malloc((len / 2 + 2) * sizeof *v); /* every id takes 2 characters or more */
+    if (!v)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tokens");
+    stz_status st = text[strspn(text, " \t\r\n")] == '[' ? parse_json(text, len, path, v, q, err)
+                                                         : parse_lines(text, len, path, v, q, err);
+    if (!st && !q->nseq)
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: no token sequence in it", path);
+    if (!st)
+        st = seqs_layout(q, v, err);
+    free(v);
+    if (st)
+        cli_seqs_free(q);
+    return st;
 }
 
 /* --tokens: one sequence per line, or a JSON array of arrays. */
@@ -93,72 +189,7 @@ static stz_status read_tokens(const char *path, cli_seqs *q, stz_err *err)
     stz_status st = stz_read_text(path, 1u << 30, &text, &len, err);
     if (st)
         return st;
-    int32_t *v = malloc((len / 2 + 2) * sizeof *v); /* every id takes 2 characters or more */
-    size_t used = 0;                                   /* ids of the sequences so far, in v */
-    if (!v)
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tokens");
-    const char *p = text;
-    while (!st && isspace((unsigned char)*p))
-        p++;
-    if (!st && *p == '[') {
-        cJSON *root = cJSON_ParseWithLength(text, len), *s;
-        if (!cJSON_IsArray(root))
-            st = stz_err_set(err, STZ_E_JSON, "%s: not valid JSON (an array of arrays of token ids)", path);
-        size_t i = 0;
-        cJSON *arr = st ? NULL : root;
-        cJSON_ArrayForEach(s, arr)
-        {
-            size_t n = 0;
-            cJSON *t;
-            i++;
-            if (!cJSON_IsArray(s)) {
-                st = stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu is not an array of token ids", path, i);
-                break;
-            }
-            cJSON_ArrayForEach(t, s)
-            {
-                if (!cJSON_IsNumber(t) || (st = id_of(path, i, "sequence", t->valuedouble, &v[used + n++], err))) {
-                    st = st ? st : stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu holds something other than "
-                                                                  "token ids", path, i);
-                    break;
-                }
-            }
-            if (st || (st = check_seq(path, i, "sequence", n, err)) || (st = seqs_count(q, n, err)))
-                break;
-            used += n;
-        }
-        cJSON_Delete(root);
-    } else {
-        size_t line = 0;
-        for (char *s = text; !st && s < text + len; line++) {
-            char *eol = memchr(s, '\n', (size_t)(text + len - s)), *end;
-            eol = eol ? eol : text + len;
-            *eol = 0;
-            size_t n = 0;
-            for (char *c = s; !st;) {
-                while (isspace((unsigned char)*c))
-                    c++;
-                if (!*c)
-                    break;
-                errno = 0;
-                double d = strtod(c, &end);
-                if (end == c || (*end && !isspace((unsigned char)*end))) {
-                    st = stz_err_set(err, STZ_E_FORMAT, "%s: line %zu: '%.20s' is not a token id", path, line + 1, c);
-                    break;
-                }
-                st = id_of(path, line + 1, "line", d, &v[used + n++], err);
-                c = end;
-            }
-            if (!st && n && !(st = check_seq(path, line + 1, "line", n, err)) && !(st = seqs_count(q, n, err)))
-                used += n;
-            s = eol + 1;
-        }
-    }
-    if (!st && !q->nseq)
-        st = stz_err_set(err, STZ_E_FORMAT, "%s: no token sequence in it", path);
-    if (!st)
-        st = seqs_layout(q, v, err);
-    free(v);
+    st = cli_tokens_parse(text, len, path, q, err);
     free(text);
     return st;
 }

@@ -220,27 +220,28 @@ static stz_status qwen2_biases(const exporter *x, stz_err *err)
 }
 
 /* The tokenizer: --tokenizer, else the model directory's tokenizer.json. */
-static stz_status find_tokenizer(const stz_gguf_params *p, const char *dir, const char *model_path, char *tok,
-                                 size_t cap, stz_err *err)
+/* The tokenizer's path (*tok, malloc'd: a path of any length, never cut). */
+static stz_status find_tokenizer(const stz_gguf_params *p, const char *dir, const char *model_path, char **tok,
+                                 stz_err *err)
 {
-    if (p->tokenizer)
-        snprintf(tok, cap, "%s", p->tokenizer);
-    else if (snprintf(tok, cap, "%s/tokenizer.json", dir), access(tok, F_OK))
+    if (p->tokenizer ? !(*tok = strdup(p->tokenizer)) : asprintf(tok, "%s/tokenizer.json", dir) < 0)
+        return *tok = NULL, stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
+    if (!p->tokenizer && access(*tok, F_OK))
         return stz_err_set(err, STZ_E_ARG, "%s: no tokenizer (no %s): give one with --tokenizer FILE (a "
-                                           "tokenizer.json, or a llama2.c tokenizer .bin)", model_path, tok);
+                                           "tokenizer.json, or a llama2.c tokenizer .bin)", model_path, *tok);
     return STZ_OK;
 }
 
 /* general.name: --name, else the model file's name without its extension. */
-static stz_status model_name(const stz_gguf_params *p, const char *model_path, char *name, size_t cap, stz_err *err)
+static stz_status model_name(const stz_gguf_params *p, const char *model_path, char **name, stz_err *err)
 {
     char *copy = strdup(model_path);
-    if (!copy)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
-    snprintf(name, cap, "%s", p->name ? p->name : basename(copy));
+    *name = copy ? strdup(p->name ? p->name : basename(copy)) : NULL;
     free(copy);
-    if (!p->name && strchr(name + 1, '.'))
-        *strchr(name + 1, '.') = 0;
+    if (!*name)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
+    if (!p->name && strchr(*name + 1, '.'))
+        *strchr(*name + 1, '.') = 0;
     return STZ_OK;
 }
 
@@ -293,7 +294,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     memset(stats, 0, sizeof *stats);
     cJSON *cfg = cJSON_Parse(config_json ? config_json : "{}");
     gbuf kv = {0}, head = {0};
-    char tok[4096], name[256];
+    char *tok = NULL, *name = NULL;
     stz_status st = STZ_OK;
     const char *mt = model_type(cfg);
     const char *arch = !strncmp(mt, "qwen2", 5) ? "qwen2" : "llama";
@@ -303,8 +304,8 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     STZ_TRY(st, plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err));
     if (!strcmp(arch, "qwen2"))
         STZ_TRY(st, qwen2_biases(&x, err));
-    STZ_TRY(st, find_tokenizer(p, dir, model_path, tok, sizeof tok, err));
-    STZ_TRY(st, model_name(p, model_path, name, sizeof name, err));
+    STZ_TRY(st, find_tokenizer(p, dir, model_path, &tok, err));
+    STZ_TRY(st, model_name(p, model_path, &name, err));
     uint32_t ftype = file_type(&x);
     widen_ffn(&x);
     stz_fwd_config wide = *c;
@@ -332,7 +333,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
 cleanup:
     stz_outfile_abort(&x.of);
     free(x.f), free(x.g), free(x.sc), free(x.sg), free(x.q), free(x.out), free(x.t);
-    free(kv.p), free(head.p);
+    free(kv.p), free(head.p), free(tok), free(name);
     cJSON_Delete(cfg);
     return st;
 }

@@ -102,6 +102,9 @@ void gb_pad(gbuf *b)
 
 typedef struct {
     char *key, *text;
+    uint32_t type;  /* GV_*, GV_ARR for arrays */
+    int whole;      /* num is the value: an integer, or an integer array's every element */
+    uint64_t num;
 } gkv;
 
 struct stz_gguf {
@@ -156,78 +159,147 @@ static char *rd_str(cur *c)
     return rd_str_len(c, &len);
 }
 
-/* A name (key or tensor name) must be text: no NUL, no control character. */
-/* A string value as display text: quoted, NUL bytes as \x00 (other control
- * characters are the printer's to escape), cut after 200 bytes. */
-static void string_text(const char *s, size_t len, char *o, size_t cap)
+/* ---- values as text ------------------------------------------------------ */
+
+/* Display text of a value is built in a growing buffer (a gbuf ending in a
+ * NUL once done), so nothing from the file can overrun a fixed one; it stays
+ * short because strings are cut after STR_SHOWN bytes and arrays after
+ * ARR_SHOWN elements, each cut marked. */
+#define STR_SHOWN 200
+#define ARR_SHOWN 4
+
+static void tb_text(gbuf *b, const char *s) { gb_bytes(b, s, strlen(s)); }
+
+/* A string value: quoted, NUL and control characters escaped as the
+ * program escapes them (\a to \r by name, others \xHH), cut after STR_SHOWN
+ * bytes with "..." after it. */
+static void string_text(gbuf *b, const char *s, size_t len)
 {
-    size_t k = 0;
-    o[k++] = '"';
-    for (size_t i = 0; i < len && i < 200 && k + 6 < cap; i++)
-        k += s[i] ? (size_t)(o[k] = s[i], 1) : (size_t)snprintf(o + k, cap - k, "\\x00");
-    snprintf(o + k, cap - k, "\"");
+    tb_text(b, "\"");
+    for (size_t i = 0; i < len && i < STR_SHOWN; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        char esc[8];
+        if (ch >= 7 && ch <= 13)
+            snprintf(esc, sizeof esc, "\\%c", "abtnvfr"[ch - 7]), tb_text(b, esc);
+        else if (ch < 0x20 || ch == 0x7f)
+            snprintf(esc, sizeof esc, "\\x%02x", ch), tb_text(b, esc);
+        else
+            gb_bytes(b, &ch, 1);
+    }
+    tb_text(b, len > STR_SHOWN ? "\"..." : "\"");
 }
 
 static const int vsize[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
-/* One scalar of type t as text appended to o (cap bytes). */
-static void scalar_text(cur *c, uint32_t t, char *o, size_t cap)
+/* A scalar read as a whole number: 1 with *v for the integer types (and bool),
+ * 0 for floats; negative numbers are not whole numbers of a count. */
+static int scalar_uint(uint32_t t, uint64_t raw, uint64_t *v)
 {
+    switch (t) {
+    case GV_I8: *v = (uint64_t)(int64_t)(int8_t)raw; return (int8_t)raw >= 0;
+    case GV_I16: *v = (uint64_t)(int64_t)(int16_t)raw; return (int16_t)raw >= 0;
+    case GV_I32: *v = (uint64_t)(int64_t)(int32_t)raw; return (int32_t)raw >= 0;
+    case GV_I64: *v = raw; return (int64_t)raw >= 0;
+    case GV_F32: case GV_F64: case GV_STR: return 0;
+    default: *v = raw; return 1;
+    }
+}
+
+/* One scalar of type t read from c, appended to b as text; *raw its bits
+ * (0 for strings). */
+static void scalar_text(cur *c, uint32_t t, gbuf *b, uint64_t *raw)
+{
+    *raw = 0;
     if (t == GV_STR) {
         size_t len = 0;
         char *s = rd_str_len(c, &len);
-        string_text(s ? s : "", len, o, cap);
+        if (s)
+            string_text(b, s, len);
         free(s);
         return;
     }
-    uint64_t v = rd(c, vsize[t]);
+    uint64_t v = *raw = rd(c, vsize[t]);
+    char o[40]; /* a number's text: at most 24 characters */
     float f;
     double d;
     switch (t) {
-    case GV_F32: memcpy(&f, &(uint32_t){(uint32_t)v}, 4), snprintf(o, cap, "%.9g", f); break;
-    case GV_F64: memcpy(&d, &v, 8), snprintf(o, cap, "%.17g", d); break;
-    case GV_BOOL: snprintf(o, cap, "%s", v ? "true" : "false"); break;
-    case GV_I8: snprintf(o, cap, "%d", (int8_t)v); break;
-    case GV_I16: snprintf(o, cap, "%d", (int16_t)v); break;
-    case GV_I32: snprintf(o, cap, "%d", (int32_t)v); break;
-    case GV_I64: snprintf(o, cap, "%lld", (long long)v); break;
-    default: snprintf(o, cap, "%llu", (unsigned long long)v);
+    case GV_F32: memcpy(&f, &(uint32_t){(uint32_t)v}, 4), snprintf(o, sizeof o, "%.9g", f); break;
+    case GV_F64: memcpy(&d, &v, 8), snprintf(o, sizeof o, "%.17g", d); break;
+    case GV_BOOL: snprintf(o, sizeof o, "%s", v ? "true" : "false"); break;
+    case GV_I8: snprintf(o, sizeof o, "%d", (int8_t)v); break;
+    case GV_I16: snprintf(o, sizeof o, "%d", (int16_t)v); break;
+    case GV_I32: snprintf(o, sizeof o, "%d", (int32_t)v); break;
+    case GV_I64: snprintf(o, sizeof o, "%lld", (long long)v); break;
+    default: snprintf(o, sizeof o, "%llu", (unsigned long long)v);
     }
+    tb_text(b, o);
 }
 
 static const char *const vname[13] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64"};
 
-/* The value of a pair as text: scalars as themselves, arrays as
- * "[N x type: first, second, third, ...]". */
-static char *value_text(cur *c)
+/* The rest of an array of n elements of type et, after its first ARR_SHOWN:
+ * skipped (strings read one by one, to check they lie in the file), integers
+ * compared with e's whole number while they all equal it. */
+static void array_rest(cur *c, gkv *e, uint32_t et, uint64_t n)
 {
-    char o[1024], one[256];
-    uint32_t t = (uint32_t)rd(c, 4);
-    if (c->bad || t > GV_F64)
-        return c->bad = 1, NULL;
-    if (t != GV_ARR) {
-        scalar_text(c, t, o, sizeof o);
-        return c->bad ? NULL : strdup(o);
+    if (n > ARR_SHOWN && et != GV_STR && !e->whole) { /* nothing to compare: its size was checked */
+        c->at += (size_t)(n - ARR_SHOWN) * (size_t)vsize[et];
+        return;
     }
-    uint32_t et = (uint32_t)rd(c, 4);
-    uint64_t n = rd(c, 8);
-    if (c->bad || et > GV_F64 || et == GV_ARR || (et != GV_STR && n > (c->n - c->at) / (uint64_t)vsize[et]) ||
-        (et == GV_STR && n > (c->n - c->at) / 8))
-        return c->bad = 1, NULL;
-    int len = snprintf(o, sizeof o, "[%llu x %s", (unsigned long long)n, vname[et]);
-    for (uint64_t i = 0; i < n && !c->bad; i++) {
-        if (i < 4) {
-            scalar_text(c, et, one, sizeof one);
-            len += snprintf(o + len, sizeof o - (size_t)len, "%s %s", i ? "," : ":", one);
-        } else if (et == GV_STR) {
+    for (uint64_t i = ARR_SHOWN; i < n && !c->bad; i++) {
+        uint64_t raw, v = 0;
+        if (et == GV_STR) {
             free(rd_str(c));
-        } else {
-            c->at += (size_t)(n - i) * (size_t)vsize[et]; /* checked above */
-            break;
+            continue;
         }
+        raw = rd(c, vsize[et]);
+        e->whole = e->whole && scalar_uint(et, raw, &v) && v == e->num;
     }
-    snprintf(o + len, sizeof o - (size_t)len, "%s]", n > 4 ? ", ..." : "");
-    return c->bad ? NULL : strdup(o);
+}
+
+/* The value of pair e as text (e->text): scalars as themselves, arrays as
+ * "[N x type: first, second, third, fourth, ...]"; its type, and as a whole
+ * number (e->whole) an integer scalar or an integer array whose elements
+ * are all equal. */
+static void value_text(cur *c, gkv *e)
+{
+    gbuf b = {0};
+    uint64_t raw = 0, v = 0;
+    uint32_t t = e->type = (uint32_t)rd(c, 4);
+    if (c->bad || t > GV_F64) {
+        c->bad = c->bad ? c->bad : 1;
+        return;
+    }
+    if (t != GV_ARR) {
+        scalar_text(c, t, &b, &raw);
+        e->whole = scalar_uint(t, raw, &e->num);
+    } else {
+        uint32_t et = (uint32_t)rd(c, 4);
+        uint64_t n = rd(c, 8);
+        if (c->bad || et > GV_F64 || et == GV_ARR || n > (c->n - c->at) / (uint64_t)(et == GV_STR ? 8 : vsize[et])) {
+            c->bad = 1;
+            return;
+        }
+        char head[64];
+        snprintf(head, sizeof head, "[%llu x %s", (unsigned long long)n, vname[et]);
+        tb_text(&b, head);
+        e->whole = n > 0 && et != GV_STR && et != GV_F32 && et != GV_F64;
+        for (uint64_t i = 0; i < n && i < ARR_SHOWN && !c->bad; i++) {
+            tb_text(&b, i ? ", " : ": ");
+            scalar_text(c, et, &b, &raw);
+            e->whole = e->whole && scalar_uint(et, raw, &v) && (!i || v == e->num);
+            e->num = v;
+        }
+        array_rest(c, e, et, n);
+        tb_text(&b, n > ARR_SHOWN ? ", ...]" : "]");
+    }
+    gb_bytes(&b, "", 1);
+    if (b.oom && !c->bad)
+        c->bad = 2;
+    if (c->bad)
+        free(b.p);
+    else
+        e->text = (char *)b.p;
 }
 
 void stz_gguf_free(stz_gguf *g)
@@ -277,15 +349,20 @@ static stz_status read_kvs(stz_gguf *g, cur *c, uint64_t nkv, uint64_t *align, c
     for (; g->nkv < nkv; g->nkv++) {
         gkv *e = &g->kv[g->nkv];
         size_t at = c->at, klen = 0;
-        if (!(e->key = rd_str_len(c, &klen)) || !(e->text = value_text(c)))
+        if ((e->key = rd_str_len(c, &klen)))
+            value_text(c, e);
+        if (!e->key || !e->text)
             return stz_err_set(err, c->bad == 2 ? STZ_E_NOMEM : STZ_E_FORMAT,
                                "%s: key/value pair %zu (at byte %zu) runs past the end of the file or has an "
                                "unknown type", path, g->nkv, at);
         if (stz_control_char(e->key, klen))
             return stz_err_set(err, STZ_E_FORMAT, "%s: key/value pair %zu (at byte %zu): the key has a NUL or "
                                "control character", path, g->nkv, at);
-        if (!strcmp(e->key, "general.alignment")) {
-            *align = strtoull(e->text, NULL, 10);
+        if (!strcmp(e->key, "general.alignment")) { /* llama.cpp reads it as a u32 only */
+            if (e->type != GV_U32)
+                return stz_err_set(err, STZ_E_FORMAT, "%s: general.alignment is of type %s, not u32", path,
+                                   e->type == GV_ARR ? "array" : vname[e->type]);
+            *align = e->num;
             if (!*align || (*align & (*align - 1)) || *align > 65536)
                 return stz_err_set(err, STZ_E_FORMAT, "%s: general.alignment %s is not a power of two", path, e->text);
         }
@@ -391,6 +468,8 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     if ((st = no_duplicates(g, path, err)))
         return st;
     uint64_t data = (c->at + align - 1) / align * align;
+    if (data > fsize && !nt && c->at <= fsize) /* keys only, without the padding: llama.cpp loads it too */
+        data = fsize;
     if (data > fsize)
         return stz_err_set(err, STZ_E_TRUNCATED, "%s: the file ends inside its header", path);
     g->data = data, g->size = fsize;
@@ -402,14 +481,12 @@ static stz_status parse(stz_gguf *g, cur *c, const char *path, uint64_t fsize, s
     return check_data(g, data, align, path, fsize, err);
 }
 
-static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_err *err)
+/* The header of the GGUF file open at fd (fsize bytes), read through fd. */
+static stz_status gguf_read(stz_gguf **out, int fd, uint64_t fsize, const char *path, int lenient, stz_err *err)
 {
     *out = NULL;
-    int fd;
-    uint64_t fsize, n = 0;
-    stz_status st = stz_open_regular(path, &fd, &fsize, err);
-    if (st)
-        return st;
+    uint64_t n = 0;
+    stz_status st;
     /* the header: the first 16 MiB, more while it does not parse (vocabularies
      * are large), up to 256 MiB: a header that fails for another reason must
      * not read a 100 GB file into memory */
@@ -417,6 +494,7 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
     do {
         n = fsize < (n ? n * 4 : 16u << 20) ? fsize : (n ? n * 4 : 16u << 20);
         stz_gguf_free(g);
+        g = NULL;
         uint8_t *buf = malloc(n + 1);
         if (!buf || !(g = calloc(1, sizeof *g)))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the GGUF header");
@@ -429,7 +507,6 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
         }
         free(buf);
     } while (st && st != STZ_E_NOMEM && st != STZ_E_IO && n < fsize && n < (256u << 20));
-    close(fd);
     if (st) {
         stz_gguf_free(g);
         return st;
@@ -438,10 +515,42 @@ static stz_status gguf_open(stz_gguf **out, const char *path, int lenient, stz_e
     return STZ_OK;
 }
 
+static stz_status gguf_open(stz_gguf **out, const char *path, stz_err *err)
+{
+    int fd;
+    uint64_t fsize;
+    *out = NULL;
+    stz_status st = stz_open_regular(path, &fd, &fsize, err);
+    if (st)
+        return st;
+    st = gguf_read(out, fd, fsize, path, 0, err);
+    close(fd);
+    return st;
+}
+
+stz_status stz_gguf_read_fd(stz_gguf **out, int fd, uint64_t fsize, const char *path, stz_err *err)
+{
+    return gguf_read(out, fd, fsize, path, 0, err);
+}
+
+stz_status stz_gguf_read_layout_fd(stz_gguf **out, int fd, uint64_t fsize, const char *path, stz_err *err)
+{
+    return gguf_read(out, fd, fsize, path, 1, err);
+}
+
+int stz_gguf_kv_uint(const stz_gguf *g, const char *key, uint64_t *v)
+{
+    for (size_t i = 0; i < g->nkv; i++)
+        if (!strcmp(g->kv[i].key, key)) {
+            *v = g->kv[i].num;
+            return g->kv[i].whole ? 1 : -1;
+        }
+    return 0;
+}
+
 int stz_is_gguf(const char *path) { return stz_has_magic(path, "GGUF", 4); }
 
-stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 0, err); }
-stz_status stz_gguf_open_layout(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, 1, err); }
+stz_status stz_gguf_open(stz_gguf **out, const char *path, stz_err *err) { return gguf_open(out, path, err); }
 
 stz_status stz_gguf_parse_layout(stz_gguf **out, const uint8_t *img, size_t n, uint64_t fsize, const char *label,
                                  stz_err *err)

@@ -44,5 +44,15 @@ void kv_str(gbuf *b, const char *key, const char *v);
 /* An array header: element type and count; the caller appends elements. */
 void kv_arr(gbuf *b, const char *key, uint32_t type, uint64_t n);
 
+/* Reads the GGUF file open at fd (fsize bytes; path names it in errors) as
+ * stz_gguf_open does, through fd only: a caller that reads the tensors'
+ * data through the same descriptor sees one file, even if path is
+ * replaced meanwhile. fd stays the caller's. */
+stz_status stz_gguf_read_fd(stz_gguf **out, int fd, uint64_t fsize, const char *path, stz_err *err);
+/* Key `key` as a whole number: 1 with *v (an integer of any width that is
+ * not negative, or an array of them whose elements are all equal, as
+ * llama.cpp writes per-layer values), 0 when g has no such key, -1 when it
+ * holds something else (a float, a string, elements that differ). */
+int stz_gguf_kv_uint(const stz_gguf *g, const char *key, uint64_t *v);
 
 #endif

@@ -33,8 +33,10 @@ STZ_API uint32_t stz_gguf_version(const stz_gguf *g);
 STZ_API size_t stz_gguf_tensor_count(const stz_gguf *g);
 STZ_API const stz_gguf_tensor *stz_gguf_tensor_at(const stz_gguf *g, size_t i);
 STZ_API size_t stz_gguf_kv_count(const stz_gguf *g);
-/* Key i, and its value as short text (strings quoted; arrays as
- * "[N x type: first, ..., fourth, ...]"). */
+/* Key i, and its value as short text: strings quoted, NUL and control
+ * characters escaped (\a to \r by name, others \xHH), cut after 200 bytes
+ * with "..." after the closing quote; arrays as
+ * "[N x type: first, ..., fourth, ...]". Owned by g. */
 STZ_API const char *stz_gguf_kv_key(const stz_gguf *g, size_t i);
 STZ_API const char *stz_gguf_kv_text(const stz_gguf *g, size_t i);
 

@@ -56,8 +56,10 @@ STZ_API const char *stz_imatrix_dataset(const stz_imatrix *im, double *tokens);
 STZ_API stz_status stz_imatrix_save(const stz_imatrix *im, const char *path, int force, stz_err *err);
 
 /* Reads an imatrix GGUF (llama.cpp's or stz's) or llama.cpp's legacy .dat
- * file. Entries of stacked expert matrices (several counts) are pooled
- * into one. STZ_E_FORMAT names the file and the entry at fault. */
+ * file, opened once. Entries of stacked expert matrices (several counts)
+ * are pooled into one; names may be of any length. STZ_E_FORMAT names the
+ * file and the entry at fault: a sum that is negative, NaN or infinite, a
+ * negative token count, an entry zero in every column. */
 STZ_API stz_status stz_imatrix_load(stz_imatrix **out, const char *path, stz_err *err);
 
 /* Entries: count, and entry i's name, columns and tokens. */
@@ -67,7 +69,9 @@ STZ_API const char *stz_imatrix_name(const stz_imatrix *im, size_t i, uint64_t *
 /* The importance of each of the `cols` columns of tensor `name` (a GGUF
  * name, or a model's own in llama2.c's or Hugging Face's layout, mapped as
  * stz export maps it): *w points into im (NULL when im has no entry for
- * the tensor). STZ_E_SHAPE when the entry's columns differ. */
+ * the tensor, or a collected entry that weighs nothing), the mean squares
+ * divided by their mean, so that a constant scale of the inputs changes
+ * nothing. STZ_E_SHAPE when the entry's columns differ. */
 STZ_API stz_status stz_imatrix_find(const stz_imatrix *im, const char *name, uint64_t cols, const float **w,
                                     stz_err *err);
 

@@ -24,7 +24,8 @@
 typedef struct {
     const stz_gguf_tensor *g;
     const stz_ggml_traits *tr;
-    char name[256];
+    char *name;              /* the view's name (malloc'd) */
+    uint64_t heads;          /* heads whose rows export permuted (0: none) */
     uint64_t rows, cols, rb; /* rb: bytes of a GGUF row */
     uint64_t gcols;          /* elements of a GGUF row: cols, or more in a widened FFN's down projection */
     uint64_t hd;             /* export's permutation undone: rows (2-D) or elements (1-D) per head; 0: none */
@@ -48,25 +49,27 @@ struct stz_gguf_view {
 };
 
 
-static const char *kv_text(const stz_gguf *g, const char *key)
+/* A whole-number key of the model's architecture (*out 0 when absent); one
+ * that holds anything else, such as per-layer values that differ, is
+ * refused: stz reads one value for every layer. */
+static stz_status arch_u64(const stz_gguf_view *v, const char *arch, const char *what, uint64_t *out, stz_err *err)
 {
-    for (size_t i = 0; i < stz_gguf_kv_count(g); i++)
-        if (!strcmp(stz_gguf_kv_key(g, i), key))
-            return stz_gguf_kv_text(g, i);
-    return NULL;
-}
-
-/* A whole-number key of the model's architecture, or 0. */
-static uint64_t arch_u64(const stz_gguf *g, const char *arch, const char *what)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, what);
-    const char *v = kv_text(g, key);
-    return v ? strtoull(v, NULL, 10) : 0;
+    char *key = NULL;
+    *out = 0;
+    if (asprintf(&key, "%s.%s", arch, what) < 0)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a key name", v->path);
+    int r = stz_gguf_kv_uint(v->g, key, out);
+    stz_status st = r >= 0 ? STZ_OK
+                           : stz_err_set(err, STZ_E_UNSUPPORTED, "%s: key '%s' is not a whole number, or holds "
+                                         "per-layer values that differ (stz reads one value for every layer)",
+                                         v->path, key);
+    free(key);
+    return st;
 }
 
 /* Name, shape and permutation of GGUF tensor i. 0: listed; 1: left out
- * (rope_freqs: export derives it from the configuration). */
+ * (rope_freqs: export derives it from the configuration); -1: out of
+ * memory. */
 static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, uint64_t heads, uint64_t kv_heads,
                       vtensor *t)
 {
@@ -75,10 +78,8 @@ static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, 
         return 1;
     unsigned layer = 0;
     int role = names < 0 ? -1 : stz_role_find(g->name, STZ_NAMES_GGUF, &layer);
-    if (role >= 0)
-        snprintf(t->name, sizeof t->name, stz_roles[role].name[names], layer);
-    else
-        snprintf(t->name, sizeof t->name, "%s", g->name);
+    if (role >= 0 ? asprintf(&t->name, stz_roles[role].name[names], layer) < 0 : !(t->name = strdup(g->name)))
+        return t->name = NULL, -1;
     t->g = g, t->tr = stz_ggml_traits_of(g->type);
     t->cols = t->gcols = g->ne[0];
     t->rows = 1;
@@ -89,8 +90,8 @@ static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, 
         t->rows = v->ffn; /* stz export's zero units taken out */
     else if (v->ffn && g->ndim == 2 && role == STZ_ROLE_DOWN && t->cols == v->ffn_wide)
         t->cols = v->ffn;
-    uint64_t h = role >= 0 && permute && stz_roles[role].perm ? (stz_roles[role].perm == 1 ? heads : kv_heads) : 0;
-    t->hd = h ? (g->ndim == 1 ? t->cols : t->rows) / h : 0;
+    t->heads = role >= 0 && permute && stz_roles[role].perm ? (stz_roles[role].perm == 1 ? heads : kv_heads) : 0;
+    t->hd = t->heads ? (g->ndim == 1 ? t->cols : t->rows) / t->heads : 0;
     return 0;
 }
 
@@ -214,19 +215,24 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
 static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtype, const char *arch, stz_err *err)
 {
     int permute = names == STZ_NAMES_HF && !strcmp(arch, "llama");
-    const char *ffn = kv_text(v->g, STZ_GGUF_KEY_FFN);
-    v->ffn_wide = arch_u64(v->g, arch, "feed_forward_length");
-    v->ffn = ffn && names >= 0 ? strtoull(ffn, NULL, 10) : 0;
-    if (v->ffn >= v->ffn_wide) /* nothing to take out */
-        v->ffn = 0;
-    uint64_t heads = arch_u64(v->g, arch, "attention.head_count"), kv = arch_u64(v->g, arch, "attention.head_count_kv");
+    uint64_t heads = 0, kv = 0;
+    stz_status st = STZ_OK; /* the keys read only where they are used: GGUF's own names need none */
+    if ((names >= 0 && (st = arch_u64(v, arch, "feed_forward_length", &v->ffn_wide, err))) ||
+        (permute && ((st = arch_u64(v, arch, "attention.head_count", &heads, err)) ||
+                     (st = arch_u64(v, arch, "attention.head_count_kv", &kv, err)))))
+        return st;
+    if (names < 0 || stz_gguf_kv_uint(v->g, STZ_GGUF_KEY_FFN, &v->ffn) <= 0 || v->ffn >= v->ffn_wide)
+        v->ffn = 0; /* nothing to take out */
     size_t nt = stz_gguf_tensor_count(v->g);
     uint64_t maxcols = 1, maxrb = 1;
     if (!(v->t = calloc(nt + 1, sizeof *v->t)))
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", v->path, nt);
     for (size_t i = 0; i < nt; i++) {
         vtensor *t = &v->t[v->n];
-        if (map_tensor(v, i, names, permute, heads, kv ? kv : heads, t))
+        int r = map_tensor(v, i, names, permute, heads, kv ? kv : heads, t);
+        if (r < 0)
+            return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for tensor names", v->path);
+        if (r)
             continue;
         char why[768];
         if (!t->tr || !stz_ggml_can_decode(t->tr, why, sizeof why))
@@ -238,6 +244,10 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
         if (t->cols > VIEW_MAX_COLS || (t->rows && t->cols > VIEW_MAX_BYTES / 4 / t->rows))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows of %llu elements, beyond what stz reads as "
                                "floats", v->path, t->g->name, (unsigned long long)t->rows, (unsigned long long)t->cols);
+        if (t->heads && !t->hd)
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu heads but %llu rows, so its rows cannot be "
+                               "put back in Hugging Face's order", v->path, t->g->name, (unsigned long long)t->heads,
+                               (unsigned long long)(t->g->ndim == 1 ? t->cols : t->rows));
         if ((t->hd && (t->hd % 2 || (t->g->ndim == 1 ? t->cols : t->rows) % t->hd)))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows are not whole heads", v->path, t->g->name,
                                (unsigned long long)t->rows);
@@ -250,10 +260,20 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
     if (!v->raw || !v->row || !v->all || !v->conv)
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for rows of %llu elements", v->path,
                            (unsigned long long)maxcols);
-    stz_status st = STZ_OK;
     for (size_t i = 0; !st && i < v->n; i++)
         st = zero_units(v, &v->t[i], err);
     return st;
+}
+
+/* general.architecture without its quotes (malloc'd; llama when absent). */
+static char *gguf_arch(const stz_gguf *g)
+{
+    for (size_t i = 0; i < stz_gguf_kv_count(g); i++) {
+        const char *a = stz_gguf_kv_text(g, i);
+        if (!strcmp(stz_gguf_kv_key(g, i), "general.architecture") && *a == '"')
+            return strndup(a + 1, strcspn(a + 1, "\""));
+    }
+    return strdup("llama");
 }
 
 stz_status stz_gguf_view_open(stz_gguf_view **out, const char *path, stz_names names, stz_dtype dtype, stz_err *err)
@@ -267,17 +287,18 @@ stz_status stz_gguf_view_open(stz_gguf_view **out, const char *path, stz_names n
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the GGUF view", path);
     }
     v->fd = -1;
-    stz_status st = stz_gguf_open(&v->g, path, err);
-    const char *a = st ? NULL : kv_text(v->g, "general.architecture");
-    char arch[64] = "llama";
-    if (a && *a == '"')
-        snprintf(arch, sizeof arch, "%.*s", (int)strcspn(a + 1, "\""), a + 1);
-    if (!st && (v->fd = open(path, O_RDONLY)) < 0)
-        st = stz_err_set(err, STZ_E_IO, "%s: cannot open", path);
+    uint64_t fsize;
+    char *arch = NULL;
+    stz_status st = stz_open_regular(path, &v->fd, &fsize, err);
+    if (!st)
+        st = stz_gguf_read_fd(&v->g, v->fd, fsize, path, err);
+    if (!st && !(arch = gguf_arch(v->g)))
+        st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the architecture's name", path);
     if (!st)
         st = list_tensors(v, names, dtype, arch, err);
     if (!st)
         st = build_header(v, arch, err);
+    free(arch);
     if (st) {
         stz_gguf_view_free(v);
         return st;
@@ -303,6 +324,8 @@ void stz_gguf_view_free(stz_gguf_view *v)
     stz_gguf_free(v->g);
     if (v->fd >= 0)
         close(v->fd);
+    for (size_t i = 0; v->t && i <= v->n; i++) /* the one past n may hold a name mapped, then refused */
+        free(v->t[i].name);
     free(v->t), free(v->head), free(v->raw), free(v->row), free(v->all), free(v->conv), free(v->path);
     free(v);
 }

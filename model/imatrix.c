@@ -14,18 +14,19 @@
 #include <unistd.h>
 
 typedef struct {
-    char name[96];   /* GGUF name */
+    char *name;      /* GGUF name (malloc'd) */
     uint64_t cols;
     double *sum;     /* per column: sum of squares */
     double tokens;   /* rows added */
-    float *w;        /* sum / tokens */
+    float *w;        /* the mean squares over their mean: a scale the file chose does not matter */
     int usable;      /* some w > 0: weights a quantizer can use */
 } entry;
 
 struct stz_imatrix {
     entry *e;
     size_t n, cap;
-    char source[512];
+    size_t *slot, nslot; /* hash index of the names: entry index + 1, 0 free; nslot a power of two */
+    char *source;        /* malloc'd; NULL: none */
     uint32_t chunks, chunk_size;
     double *col; /* collecting: one input's sums of squares per column */
     size_t ncol;
@@ -41,15 +42,16 @@ stz_status stz_imatrix_new(stz_imatrix **out, stz_err *err)
 void stz_imatrix_free(stz_imatrix *im)
 {
     for (size_t i = 0; im && i < im->n; i++)
-        free(im->e[i].sum), free(im->e[i].w);
+        free(im->e[i].name), free(im->e[i].sum), free(im->e[i].w);
     if (im)
-        free(im->e), free(im->col);
+        free(im->e), free(im->slot), free(im->source), free(im->col);
     free(im);
 }
 
 void stz_imatrix_describe(stz_imatrix *im, const char *dataset, uint32_t chunks, uint32_t chunk_size)
 {
-    snprintf(im->source, sizeof im->source, "%s", dataset ? dataset : "");
+    free(im->source);
+    im->source = dataset ? strdup(dataset) : NULL; /* out of memory: no description */
     im->chunks = chunks, im->chunk_size = chunk_size;
 }
 
@@ -60,7 +62,7 @@ const char *stz_imatrix_dataset(const stz_imatrix *im, double *tokens)
         most = im->e[i].tokens > most ? im->e[i].tokens : most;
     if (tokens)
         *tokens = most;
-    return im->source;
+    return im->source ? im->source : "";
 }
 
 size_t stz_imatrix_count(const stz_imatrix *im) { return im->n; }
@@ -74,12 +76,50 @@ const char *stz_imatrix_name(const stz_imatrix *im, size_t i, uint64_t *cols, do
     return im->e[i].name;
 }
 
+/* ---- the names' index: open addressing, FNV-1a ------------------------------------- */
+
+static size_t name_hash(const char *s)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return (size_t)h;
+}
+
 static entry *lookup(const stz_imatrix *im, const char *name)
 {
-    for (size_t i = 0; i < im->n; i++)
-        if (!strcmp(im->e[i].name, name))
-            return &im->e[i];
-    return NULL;
+    if (!im->nslot)
+        return NULL;
+    for (size_t h = name_hash(name) & (im->nslot - 1);; h = (h + 1) & (im->nslot - 1)) { /* never full */
+        size_t k = im->slot[h];
+        if (!k || !strcmp(im->e[k - 1].name, name))
+            return k ? &im->e[k - 1] : NULL;
+    }
+}
+
+static void index_put(size_t *slot, size_t nslot, const char *name, size_t k)
+{
+    size_t h = name_hash(name) & (nslot - 1);
+    while (slot[h])
+        h = (h + 1) & (nslot - 1);
+    slot[h] = k;
+}
+
+/* Indexes entry im->n (the one being added), the index grown to keep it at
+ * most half full; -1 out of memory. */
+static int index_add(stz_imatrix *im)
+{
+    if (2 * (im->n + 1) > im->nslot) {
+        size_t nslot = im->nslot ? 2 * im->nslot : 128, *slot = calloc(nslot, sizeof *slot);
+        if (!slot)
+            return -1;
+        for (size_t i = 0; i < im->n; i++)
+            index_put(slot, nslot, im->e[i].name, i + 1);
+        free(im->slot);
+        im->slot = slot, im->nslot = nslot;
+    }
+    index_put(im->slot, im->nslot, im->e[im->n].name, im->n + 1);
+    return 0;
 }
 
 /* The entry `name` of `cols` columns, added empty when new; NULL out of memory. */
@@ -97,22 +137,28 @@ static entry *entry_for(stz_imatrix *im, const char *name, uint64_t cols)
     }
     e = &im->e[im->n];
     memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%s", name);
+    e->name = strdup(name);
     e->cols = cols, e->sum = calloc(cols + 1, sizeof *e->sum), e->w = calloc(cols + 1, sizeof *e->w);
-    if (!e->sum || !e->w) {
-        free(e->sum), free(e->w);
+    if (!e->name || !e->sum || !e->w || index_add(im)) {
+        free(e->name), free(e->sum), free(e->w);
         return NULL;
     }
     im->n++;
     return e;
 }
 
-/* The mean squares again after sums changed. */
+/* The weights again after sums changed: the mean squares over their mean
+ * (the sums over theirs), so that they are near 1 whatever the scale of the
+ * inputs, and a file's constant factor, 1e35 or 1e-40, changes nothing. */
 static void update_weights(entry *e)
 {
-    e->usable = 0;
+    double total = 0;
     for (uint64_t j = 0; j < e->cols; j++)
-        e->usable |= (e->w[j] = e->tokens > 0 ? (float)(e->sum[j] / e->tokens) : 0.0f) > 0;
+        total += e->sum[j];
+    e->usable = e->tokens > 0 && total > 0 && isfinite(total);
+    double mean = total / (double)e->cols;
+    for (uint64_t j = 0; j < e->cols; j++)
+        e->w[j] = e->usable ? (float)(e->sum[j] / mean) : 0.0f;
 }
 
 /* ---- collecting ------------------------------------------------------------ */
@@ -209,11 +255,24 @@ stz_status stz_imatrix_find(const stz_imatrix *im, const char *name, uint64_t co
         return stz_err_set(err, STZ_E_SHAPE, "importance matrix entry '%s' has %llu columns, tensor '%s' has %llu "
                            "(an importance matrix of another model?)", e->name, (unsigned long long)e->cols, name,
                            (unsigned long long)cols);
-    *w = e->usable ? e->w : NULL; /* no token seen, or every column 0: nothing to weigh by */
+    *w = e->usable ? e->w : NULL; /* collected, no token seen or every column 0: nothing to weigh by (a file's
+                                   * entries are all usable) */
     return STZ_OK;
 }
 
 /* ---- writing: llama.cpp's imatrix GGUF ------------------------------------------- */
+
+/* The info of an F32 tensor NAME + suffix ([ne0, ne1], at offset) added to
+ * head; out of memory marks head. */
+static void tensor_info(gbuf *head, const char *name, const char *suffix, const uint64_t *ne, uint64_t offset)
+{
+    char *full = NULL;
+    if (asprintf(&full, "%s%s", name, suffix) < 0)
+        head->oom = 1;
+    else
+        gb_tensor_info(head, full, 2, ne, STZ_GGML_F32, offset);
+    free(full);
+}
 
 stz_status stz_imatrix_save(const stz_imatrix *im, const char *path, int force, stz_err *err)
 {
@@ -223,7 +282,7 @@ stz_status stz_imatrix_save(const stz_imatrix *im, const char *path, int force, 
     gbuf kv = {0}, head = {0}, data = {0};
     kv_str(&kv, "general.type", "imatrix");
     kv_arr(&kv, "imatrix.datasets", GV_STR, 1);
-    gb_str(&kv, im->source, strlen(im->source));
+    gb_str(&kv, stz_imatrix_dataset(im, NULL), strlen(stz_imatrix_dataset(im, NULL)));
     kv_u32(&kv, "imatrix.chunk_count", im->chunks);
     kv_u32(&kv, "imatrix.chunk_size", im->chunk_size);
     gb_u32(&head, 0x46554747u); /* "GGUF" */
@@ -231,12 +290,10 @@ stz_status stz_imatrix_save(const stz_imatrix *im, const char *path, int force, 
     gb_u64(&head, 2 * im->n);
     gb_u64(&head, kv.count);
     gb_bytes(&head, kv.p, kv.n);
-    char name[128];
     for (size_t i = 0; i < im->n; i++) {
         const entry *e = &im->e[i];
         uint64_t ne_sum[2] = {e->cols, 1}, ne_count[2] = {1, 1};
-        snprintf(name, sizeof name, "%s.in_sum2", e->name);
-        gb_tensor_info(&head, name, 2, ne_sum, STZ_GGML_F32, data.n);
+        tensor_info(&head, e->name, ".in_sum2", ne_sum, data.n);
         for (uint64_t j = 0; j < e->cols; j++) {
             float v = (float)e->sum[j];
             uint32_t u;
@@ -244,8 +301,7 @@ stz_status stz_imatrix_save(const stz_imatrix *im, const char *path, int force, 
             gb_u32(&data, u);
         }
         gb_pad(&data);
-        snprintf(name, sizeof name, "%s.counts", e->name);
-        gb_tensor_info(&head, name, 2, ne_count, STZ_GGML_F32, data.n);
+        tensor_info(&head, e->name, ".counts", ne_count, data.n);
         float c = (float)e->tokens;
         uint32_t u;
         memcpy(&u, &c, 4);
@@ -286,11 +342,6 @@ static stz_status add_read(stz_imatrix *im, const char *path, const char *name, 
         if (!(sum[j] >= 0) || !isfinite(sum[j]))
             return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': column %llu holds %g, not a sum of squares", path,
                                name, (unsigned long long)j, sum[j]);
-    double total = (e ? e->tokens : 0) + tokens;
-    for (uint64_t j = 0; j < cols && total > 0; j++) /* the mean squares, as floats */
-        if (!isfinite((float)(((e ? e->sum[j] : 0) + sum[j]) / total)))
-            return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': column %llu's mean square (%g over %g tokens) "
-                               "is beyond a float", path, name, (unsigned long long)j, sum[j], tokens);
     if (!e && !(e = entry_for(im, name, cols)))
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name);
     for (uint64_t j = 0; j < cols; j++)
@@ -300,56 +351,84 @@ static stz_status add_read(stz_imatrix *im, const char *path, const char *name, 
     return STZ_OK;
 }
 
-/* llama.cpp's GGUF: NAME.in_sum2 (F32, [cols, matrices]) and NAME.counts (F32, [1, matrices]). */
-static stz_status load_gguf(stz_imatrix *im, const char *path, stz_err *err)
+static int by_name(const void *a, const void *b)
+{
+    return strcmp((*(const stz_gguf_tensor *const *)a)->name, (*(const stz_gguf_tensor *const *)b)->name);
+}
+
+/* Tensor `name` of the n tensors sorted by name, or NULL. */
+static const stz_gguf_tensor *find_tensor(const stz_gguf_tensor **sorted, size_t n, const char *name)
+{
+    stz_gguf_tensor key = {.name = name};
+    const stz_gguf_tensor *k = &key, **hit = bsearch(&k, sorted, n, sizeof *sorted, by_name);
+    return hit ? *hit : NULL;
+}
+
+/* Entry `name` of a GGUF file: its sums t, its counts (found in sorted),
+ * read through fd and added (sum: a buffer the caller frees). */
+static stz_status gguf_entry(stz_imatrix *im, int fd, const char *path, const stz_gguf_tensor *t, const char *name,
+                             const stz_gguf_tensor **sorted, size_t nt, float **sum, stz_err *err)
+{
+    char *cname = NULL;
+    if (asprintf(&cname, "%s.counts", name) < 0)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name);
+    const stz_gguf_tensor *c = find_tensor(sorted, nt, cname);
+    free(cname);
+    uint64_t cols = t->ne[0], mats = t->ndim > 1 ? t->ne[1] : 1;
+    if (!c)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s' has sums but no counts", path, name);
+    if (t->type != STZ_GGML_F32 || c->type != STZ_GGML_F32 || t->ndim > 2 || !cols ||
+        c->ne[0] * (c->ndim > 1 ? c->ne[1] : 1) != mats || cols > (1u << 24) || mats > (1u << 12))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': sums and counts must be F32 tensors of [columns, "
+                           "matrices] and [1, matrices]", path, name);
+    float *ns = realloc(*sum, (cols * mats + mats) * sizeof *ns);
+    if (!ns)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name);
+    *sum = ns;
+    float *cnt = ns + cols * mats;
+    if (stz_pread_full(fd, ns, cols * mats * 4, t->offset) || stz_pread_full(fd, cnt, mats * 4, c->offset))
+        return stz_err_set(err, STZ_E_IO, "%s: cannot read entry '%s'", path, name);
+    stz_status st = STZ_OK;
+    for (uint64_t k = 0; !st && k < mats; k++) /* stacked experts: pooled */
+        st = add_read(im, path, name, ns + k * cols, cols, cnt[k], err);
+    return st;
+}
+
+/* llama.cpp's GGUF, open at fd: NAME.in_sum2 (F32, [cols, matrices]) and
+ * NAME.counts (F32, [1, matrices]). */
+static stz_status load_gguf(stz_imatrix *im, int fd, uint64_t fsize, const char *path, stz_err *err)
 {
     stz_gguf *g;
-    stz_status st = stz_gguf_open(&g, path, err);
+    stz_status st = stz_gguf_read_fd(&g, fd, fsize, path, err);
     if (st)
         return st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        st = stz_err_set(err, STZ_E_IO, "%s: %s", path, strerror(errno));
-    for (size_t i = 0; !st && i < stz_gguf_kv_count(g); i++)
-        if (!strcmp(stz_gguf_kv_key(g, i), "imatrix.datasets"))
-            snprintf(im->source, sizeof im->source, "%s", stz_gguf_kv_text(g, i));
+    size_t nt = stz_gguf_tensor_count(g);
+    const stz_gguf_tensor **sorted = malloc((nt + 1) * sizeof *sorted);
     float *sum = NULL;
-    for (size_t i = 0; !st && i < stz_gguf_tensor_count(g); i++) {
-        const stz_gguf_tensor *t = stz_gguf_tensor_at(g, i), *c = NULL;
+    char *name = NULL;
+    if (!sorted)
+        STZ_TRY(st, stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", path, nt));
+    for (size_t i = 0; i < nt; i++)
+        sorted[i] = stz_gguf_tensor_at(g, i);
+    qsort(sorted, nt, sizeof *sorted, by_name);
+    for (size_t i = 0; i < stz_gguf_kv_count(g); i++)
+        if (!strcmp(stz_gguf_kv_key(g, i), "imatrix.datasets"))
+            stz_imatrix_describe(im, stz_gguf_kv_text(g, i), im->chunks, im->chunk_size);
+    for (size_t i = 0; i < nt; i++) {
+        const stz_gguf_tensor *t = stz_gguf_tensor_at(g, i);
         size_t len = strlen(t->name);
         if (len < 8 || strcmp(t->name + len - 8, ".in_sum2"))
             continue;
-        char name[128];
-        snprintf(name, sizeof name, "%.*s.counts", (int)(len - 8), t->name);
-        for (size_t k = 0; k < stz_gguf_tensor_count(g) && !c; k++)
-            c = strcmp(stz_gguf_tensor_at(g, k)->name, name) ? NULL : stz_gguf_tensor_at(g, k);
-        name[len - 8] = 0;
-        uint64_t cols = t->ne[0], mats = t->ndim > 1 ? t->ne[1] : 1;
-        if (!c)
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s' has sums but no counts", path, name);
-        else if (t->type != STZ_GGML_F32 || c->type != STZ_GGML_F32 || t->ndim > 2 || !cols ||
-                 c->ne[0] * (c->ndim > 1 ? c->ne[1] : 1) != mats || cols > (1u << 24) || mats > (1u << 12))
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': sums and counts must be F32 tensors of [columns, "
-                             "matrices] and [1, matrices]", path, name);
-        float *ns = st ? NULL : realloc(sum, (cols * mats + mats) * sizeof *sum);
-        if (!st && !ns)
-            st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name);
-        if (st)
-            break;
-        sum = ns;
-        float *cnt = sum + cols * mats;
-        if (stz_pread_full(fd, sum, cols * mats * 4, t->offset) || stz_pread_full(fd, cnt, mats * 4, c->offset)) {
-            st = stz_err_set(err, STZ_E_IO, "%s: cannot read entry '%s'", path, name);
-            break;
-        }
-        for (uint64_t k = 0; !st && k < mats; k++) /* stacked experts: pooled */
-            st = add_read(im, path, name, sum + k * cols, cols, cnt[k], err);
+        if (!(name = strndup(t->name, len - 8)))
+            STZ_TRY(st, stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry names", path));
+        STZ_TRY(st, gguf_entry(im, fd, path, t, name, sorted, nt, &sum, err));
+        free(name);
+        name = NULL;
     }
-    if (!st && !im->n)
+    if (!im->n)
         st = bad(path, "a GGUF file without NAME.in_sum2 tensors", err);
-    free(sum);
-    if (fd >= 0)
-        close(fd);
+cleanup:
+    free(name), free(sum), free(sorted);
     stz_gguf_free(g);
     return st;
 }
@@ -380,82 +459,103 @@ static int take_i32(cursor *c, int32_t *v)
     return 0;
 }
 
+/* Entry i of a .dat file at c: its name (any length the file holds, no NUL),
+ * calls and values, added (v: a buffer the caller frees). */
+static stz_status dat_entry(stz_imatrix *im, const char *path, cursor *c, int32_t i, float **v, stz_err *err)
+{
+    int32_t len, calls = 0, nval = 0;
+    if (take_i32(c, &len) || len < 1 || (size_t)len > c->n - c->at)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: entry %d: bad or truncated name", path, i + 1);
+    const char *at = (const char *)c->p + c->at;
+    if (memchr(at, 0, (size_t)len))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: entry %d: the name holds a NUL", path, i + 1);
+    char *name = strndup(at, (size_t)len);
+    if (!name)
+        return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry %d's name", path, i + 1);
+    c->at += (size_t)len;
+    stz_status st = STZ_OK;
+    float *nv = NULL;
+    if (take_i32(c, &calls) || take_i32(c, &nval) || calls < 0 || nval < 1 || (size_t)nval > (c->n - c->at) / 4)
+        STZ_TRY(st, stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': bad or truncated values", path, name));
+    if (!(nv = realloc(*v, (size_t)nval * sizeof *nv)))
+        STZ_TRY(st, stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name));
+    *v = nv;
+    take(c, nv, (size_t)nval * 4);
+    for (int32_t j = 0; j < nval; j++) { /* little-endian floats */
+        uint32_t u = stz_le32((const uint8_t *)&nv[j]);
+        memcpy(&nv[j], &u, 4);
+    }
+    st = add_read(im, path, name, nv, (uint64_t)nval, calls, err); /* values / calls: the mean squares */
+cleanup:
+    free(name);
+    return st;
+}
+
 static stz_status parse_dat(stz_imatrix *im, const char *path, cursor *c, stz_err *err)
 {
-    int32_t n, len, calls, nval;
+    int32_t n, len, chunks;
     if (take_i32(c, &n) || n < 1)
         return bad(path, "no entry count (neither GGUF nor llama.cpp's .dat)", err);
     stz_status st = STZ_OK;
     float *v = NULL;
-    for (int32_t i = 0; !st && i < n; i++) {
-        char name[256];
-        if (take_i32(c, &len) || len < 1 || len >= (int32_t)sizeof name || take(c, name, (size_t)len))
-            return free(v), stz_err_set(err, STZ_E_FORMAT, "%s: entry %d: bad or truncated name", path, i + 1);
-        name[len] = 0;
-        if (memchr(name, 0, (size_t)len) || take_i32(c, &calls) || take_i32(c, &nval) || calls < 0 || nval < 1 ||
-            (size_t)nval > (c->n - c->at) / 4)
-            return free(v), stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': bad or truncated values", path, name);
-        float *nv = realloc(v, (size_t)nval * sizeof *v);
-        if (!nv)
-            return free(v), stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name);
-        v = nv;
-        take(c, v, (size_t)nval * 4);
-        for (int32_t j = 0; j < nval; j++) { /* little-endian floats */
-            uint32_t u = stz_le32((const uint8_t *)&v[j]);
-            memcpy(&v[j], &u, 4);
-        }
-        st = add_read(im, path, name, v, (uint64_t)nval, calls, err); /* values / calls: the mean squares */
-    }
+    for (int32_t i = 0; !st && i < n; i++)
+        st = dat_entry(im, path, c, i, &v, err);
     free(v);
-    int32_t chunks;
-    if (!st && !take_i32(c, &chunks) && chunks > 0 && !take_i32(c, &len) && len > 0 && (size_t)len < sizeof im->source &&
-        c->n - c->at >= (size_t)len)
-        snprintf(im->source, sizeof im->source, "%.*s", (int)len, (const char *)c->p + c->at), im->chunks = (uint32_t)chunks;
+    if (!st && !take_i32(c, &chunks) && chunks > 0 && !take_i32(c, &len) && len > 0 && c->n - c->at >= (size_t)len) {
+        free(im->source);
+        if (!(im->source = strndup((const char *)c->p + c->at, (size_t)len)))
+            return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the dataset's name", path);
+        im->chunks = (uint32_t)chunks;
+    }
     return st;
 }
 
-static stz_status load_dat(stz_imatrix *im, const char *path, stz_err *err)
+/* llama.cpp's .dat, open at fd (fsize bytes). */
+static stz_status load_dat(stz_imatrix *im, int fd, uint64_t fsize, const char *path, stz_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat sb;
-    if (fd < 0)
-        return stz_err_set(err, STZ_E_IO, "%s: %s", path, strerror(errno));
-    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode) || sb.st_size > (1ll << 32)) {
-        close(fd);
-        return bad(path, "not a regular file under 4 GiB", err);
-    }
-    uint8_t *p = malloc((size_t)sb.st_size + 1);
+    if (fsize > (1ull << 32))
+        return bad(path, "a file over 4 GiB", err);
+    uint8_t *p = malloc((size_t)fsize + 1);
     stz_status st = p ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
-    if (!st && stz_pread_full(fd, p, (size_t)sb.st_size, 0))
+    if (!st && stz_pread_full(fd, p, (size_t)fsize, 0))
         st = stz_err_set(err, STZ_E_IO, "%s: cannot read it", path);
-    close(fd);
-    cursor c = {p, (size_t)sb.st_size, 0};
+    cursor c = {p, (size_t)fsize, 0};
     if (!st)
         st = parse_dat(im, path, &c, err);
     free(p);
     return st;
 }
 
+/* Every entry read holds some importance: one that is zero in every column
+ * (no token, or only zero inputs) would weigh nothing, and all of them so
+ * is no importance matrix at all. */
+static stz_status check_entries(const stz_imatrix *im, const char *path, stz_err *err)
+{
+    for (size_t i = 0; i < im->n; i++)
+        if (!im->e[i].usable)
+            return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': %s, so it weighs nothing", path, im->e[i].name,
+                               im->e[i].tokens > 0 ? "its importance is zero in every column" : "a token count of 0");
+    return STZ_OK;
+}
+
 stz_status stz_imatrix_load(stz_imatrix **out, const char *path, stz_err *err)
 {
     *out = NULL;
-    stz_imatrix *im;
-    stz_status st = stz_imatrix_new(&im, err);
-    if (st)
-        return st;
+    stz_imatrix *im = NULL;
     uint8_t magic[4] = {0};
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        stz_imatrix_free(im);
-        return stz_err_set(err, STZ_E_IO, "%s: %s", path, strerror(errno));
-    }
-    size_t got = fread(magic, 1, 4, f);
-    fclose(f);
-    st = got == 4 && !memcmp(magic, "GGUF", 4) ? load_gguf(im, path, err) : load_dat(im, path, err);
-    if (st) {
-        stz_imatrix_free(im);
-        return st;
-    }
-    *out = im;
-    return STZ_OK;
+    uint64_t fsize;
+    int fd = -1;
+    stz_status st;
+    STZ_TRY(st, stz_imatrix_new(&im, err));
+    STZ_TRY(st, stz_open_regular(path, &fd, &fsize, err)); /* opened once: every read goes through fd */
+    if (fsize >= 4 && stz_pread_full(fd, magic, 4, 0))
+        STZ_TRY(st, stz_err_set(err, STZ_E_IO, "%s: cannot read it", path));
+    STZ_TRY(st, !memcmp(magic, "GGUF", 4) ? load_gguf(im, fd, fsize, path, err) : load_dat(im, fd, fsize, path, err));
+    STZ_TRY(st, check_entries(im, path, err));
+    *out = im, im = NULL;
+cleanup:
+    if (fd >= 0)
+        close(fd);
+    stz_imatrix_free(im);
+    return st;
 }

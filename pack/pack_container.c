@@ -89,7 +89,7 @@ static stz_status gguf_header(stz_container *c, stz_err *err)
     size_t n = 0;
     stz_status st = stz_gguf_parse_layout(&g, c->header_img, c->header_len, c->orig_size, c->path, err);
     if (!st && !(st = stz_gguf_spans(g, &spans, &n, err)))
-        st = stz_reader_open_spans(&c->hdr, c->path, 0, c->orig_size, c->header_len, spans, n, err);
+        st = stz_reader_open_spans(&c->hdr, c->path, -1, c->orig_size, c->header_len, spans, n, err);
     free(spans);
     stz_gguf_free(g);
     return st;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define BEST_ZSTD_LEVEL 19
@@ -489,18 +490,27 @@ stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *o
 }
 
 /* A GGUF file as a reader whose tensors are its spans (stz_gguf_spans),
- * the spans (names the reader's), their count. */
+ * the spans (names the reader's), their count. The file is opened once: the
+ * header is read through the descriptor the reader then reads through. */
 static stz_status open_gguf(const char *in, stz_reader **r, stz_span **spans, size_t *nt, stz_err *err)
 {
     stz_gguf *g = NULL;
-    stz_status st = stz_gguf_open_layout(&g, in, err);
+    int fd = -1;
+    uint64_t fsize;
+    stz_status st = stz_open_regular(in, &fd, &fsize, err);
+    if (!st)
+        st = stz_gguf_read_layout_fd(&g, fd, fsize, in, err);
     if (!st && stz_gguf_data_offset(g) > 8 + (uint64_t)STZ_ST_MAX_HEADER) /* what a reader accepts */
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: a GGUF header of %llu bytes (the container holds up to %u)", in,
                          (unsigned long long)stz_gguf_data_offset(g), 8 + STZ_ST_MAX_HEADER);
-    if (!st && !(st = stz_gguf_spans(g, spans, nt, err)) &&
-        !(st = stz_reader_open_spans(r, in, 1, stz_gguf_file_size(g), stz_gguf_data_offset(g), *spans, *nt, err)))
-        for (size_t i = 0; i < *nt; i++)
-            (*spans)[i].name = stz_reader_tensor(*r, i)->name;
+    if (!st && !(st = stz_gguf_spans(g, spans, nt, err))) {
+        st = stz_reader_open_spans(r, in, fd, fsize, stz_gguf_data_offset(g), *spans, *nt, err);
+        fd = -1; /* the reader's, or closed */
+    }
+    for (size_t i = 0; !st && i < *nt; i++)
+        (*spans)[i].name = stz_reader_tensor(*r, i)->name;
+    if (fd >= 0)
+        close(fd);
     stz_gguf_free(g);
     return st;
 }

@@ -2,14 +2,19 @@
  * ggml's codebook tables (iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs,
  * iq3_s: about 34 kB of grid constants chosen from data, which stz does
  * not copy). They are taken from a libggml-base loaded at run time, the
- * library llama.cpp builds and installs: STZ_GGML_LIB names it (empty: none
- * is loaded); unset, the library path is searched for libggml-base.so.
+ * library llama.cpp builds and installs: STZ_GGML_LIB names it by an
+ * absolute path or a bare file name (empty: none is loaded; a relative path
+ * such as ./x.so is refused, as it would load whatever the current
+ * directory holds); unset, libggml-base.so. A bare name is searched for in
+ * the system's library path only (never the current directory: no RUNPATH
+ * entry of stz's is empty or relative).
  * The library's traits must describe each type as ggml-common.h does
  * (name, elements and bytes per block), or it is not used. */
 #include "ggml_types.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +35,8 @@ typedef struct {
 static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
 static const ggml_traits_head *(*lib_traits)(int type);
 static stz_ggml_to_float lib_fn[MAX_TYPE]; /* the checked decoders, by type */
-static char lib_name[256], lib_why[512];
+static const char *lib_name; /* the environment's or a literal: never copied, never cut */
+static char *lib_why;         /* malloc'd once, kept for the process */
 
 /* The library's to_float for every type stz decodes through it, each kept
  * only if the library describes the type as ggml-common.h does. */
@@ -45,29 +51,41 @@ static void lib_check(void)
     }
 }
 
+static void lib_refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void lib_refuse(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(&lib_why, fmt, ap) < 0)
+        lib_why = NULL;
+    va_end(ap);
+}
+
 static void lib_load(void)
 {
     const char *env = getenv("STZ_GGML_LIB"), *tried[] = {"libggml-base.so", "libggml-base.so.0"};
     void *h = NULL;
     if (env && !*env) {
-        snprintf(lib_why, sizeof lib_why, "STZ_GGML_LIB is empty, so none is loaded");
+        lib_refuse("STZ_GGML_LIB is empty, so none is loaded");
         return;
     }
-    for (size_t i = 0; !h && i < (env ? 1 : 2); i++) {
-        snprintf(lib_name, sizeof lib_name, "%s", env ? env : tried[i]);
-        h = dlopen(lib_name, RTLD_NOW | RTLD_LOCAL);
+    if (env && *env != '/' && strchr(env, '/')) {
+        lib_refuse("STZ_GGML_LIB=%s is a relative path, which would load from the current directory: give an "
+                   "absolute path or a bare library name", env);
+        return;
     }
+    for (size_t i = 0; !h && i < (env ? 1 : 2); i++)
+        h = dlopen(lib_name = env ? env : tried[i], RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         if (env)
-            snprintf(lib_why, sizeof lib_why, "STZ_GGML_LIB=%s cannot be loaded (%s)", env, dlerror());
+            lib_refuse("STZ_GGML_LIB=%s cannot be loaded (%s)", env, dlerror());
         else
-            snprintf(lib_why, sizeof lib_why, "no libggml-base.so on the library path; set STZ_GGML_LIB to one");
+            lib_refuse("no libggml-base.so on the library path; set STZ_GGML_LIB to one");
         return;
     }
     *(void **)&lib_traits = dlsym(h, "ggml_get_type_traits");
     if (!lib_traits) {
-        snprintf(lib_why, sizeof lib_why, "%s has no ggml_get_type_traits (not llama.cpp's libggml-base of October "
-                 "2024 or later)", lib_name);
+        lib_refuse("%s has no ggml_get_type_traits (not llama.cpp's libggml-base of October 2024 or later)", lib_name);
         dlclose(h);
         return;
     }
@@ -81,7 +99,7 @@ stz_ggml_to_float stz_ggml_lib_decoder(const stz_ggml_traits *t, char *why, size
     if (t->type >= 0 && t->type < MAX_TYPE && lib_fn[t->type])
         return lib_fn[t->type];
     if (!lib_traits)
-        snprintf(why, n, "%s: %s", lead, lib_why);
+        snprintf(why, n, "%s: %s", lead, lib_why ? lib_why : "out of memory");
     else
         snprintf(why, n, "%s: %s does not describe %s as ggml-common.h does (blocks of %u elements in %u bytes)", lead,
                  lib_name, t->name, t->block, t->bytes);

@@ -127,7 +127,7 @@ stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size
     return STZ_OK;
 }
 
-stz_status stz_reader_open_spans(stz_reader **out, const char *label, int open, uint64_t file_size,
+stz_status stz_reader_open_spans(stz_reader **out, const char *label, int fd, uint64_t file_size,
                                  uint64_t data_offset, const stz_span *spans, size_t n, stz_err *err)
 {
     *out = NULL;
@@ -135,20 +135,17 @@ stz_status stz_reader_open_spans(stz_reader **out, const char *label, int open, 
     size_t chars = 0;
     for (size_t i = 0; i < n; i++)
         chars += strlen(spans[i].name) + 1;
+    if (r)
+        r->fd = fd, fd = -1; /* the reader's now */
     if (!r || !(r->tensors = calloc(n + 1, sizeof *r->tensors)) || !(r->by_name = calloc(n + 1, sizeof *r->by_name)) ||
         !(r->shapes = calloc(n + 1, sizeof *r->shapes)) || !(r->names = malloc(chars + 1))) {
+        if (fd >= 0)
+            close(fd);
         stz_reader_free(r);
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", label, n);
     }
     r->file_size = file_size, r->data_offset = data_offset, r->ntensors = n;
-    uint64_t size = file_size;
-    stz_status st = open ? stz_open_regular(label, &r->fd, &size, err) : STZ_OK;
-    if (!st && size != file_size)
-        st = stz_err_set(err, STZ_E_IO, "%s: the file changed size while it was read", label);
-    if (st) {
-        stz_reader_free(r);
-        return st;
-    }
+    stz_status st;
     char *name = r->names;
     for (size_t i = 0; i < n; i++) {
         stz_tensor *t = &r->tensors[i];

@@ -41,10 +41,11 @@ stz_status stz_st_index_names(stz_reader *r, stz_err *err);
 /* A reader of a file in another format (a GGUF, for the container): its
  * data section from data_offset to file_size, tiled by spans[n] (offsets
  * relative to data_offset, in order), which become 1-D tensors of those
- * names and dtypes; no metadata. `open`: reads come from the file at
- * `label`, which must still be file_size bytes; else they go through
- * stz_reader_set_source. */
-stz_status stz_reader_open_spans(stz_reader **out, const char *label, int open, uint64_t file_size,
+ * names and dtypes; no metadata. fd >= 0: reads come from that descriptor
+ * (of the file the spans were read from, so that it is one file), which
+ * the reader takes over (closed by stz_reader_free, or here on failure);
+ * -1: they go through stz_reader_set_source. */
+stz_status stz_reader_open_spans(stz_reader **out, const char *label, int fd, uint64_t file_size,
                                  uint64_t data_offset, const stz_span *spans, size_t n, stz_err *err);
 
 #endif /* STZ_ST_READER_H */

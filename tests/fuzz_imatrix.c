@@ -1,8 +1,8 @@
 /* Fuzz target for the importance-matrix reader (--imatrix FILE: llama.cpp's
  * imatrix GGUF or legacy .dat, stz's own): any byte string is such a file,
  * read through a memfd. Whatever loads must give every entry a name and
- * columns, and find each entry again, its weights non-negative and finite
- * (none when no token or no column weighs: nothing to weigh by). */
+ * columns, and find each entry again, its weights non-negative, finite and
+ * of mean 1 (an entry that weighs nothing is refused). */
 #include "fuzz_util.h"
 #include "stz_imatrix.h"
 
@@ -27,11 +27,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             double tokens;
             const char *name = stz_imatrix_name(im, i, &cols, &tokens);
             const float *w;
-            if (!name || !cols || !(tokens >= 0) || stz_imatrix_find(im, name, cols, &w, &err))
+            if (!name || !cols || !(tokens >= 0) || stz_imatrix_find(im, name, cols, &w, &err) || !w)
                 abort();
-            for (uint64_t j = 0; w && j < cols; j++)
+            double sum = 0;
+            for (uint64_t j = 0; j < cols; j++)
                 if (!(w[j] >= 0) || !isfinite(w[j]))
                     abort();
+                else
+                    sum += w[j];
+            if (!(fabs(sum / (double)cols - 1) < 1e-3)) /* divided by their mean */
+                abort();
         }
         stz_imatrix_free(im);
     }

@@ -17,6 +17,14 @@ done
 LIB=$(ls -d "$P"/lib*/libstz.so.0 2>/dev/null | head -1)
 [ -n "$LIB" ] && ok || bad "libstz.so.0 (versioned SONAME) installed"
 objdump -p "$LIB" 2>/dev/null | grep -q "SONAME *libstz.so.0" && ok || bad "SONAME is libstz.so.0"
+# no empty or relative RUNPATH/RPATH entry (the loader would search the current directory: issue 52)
+for f in "$P/bin/stz" "$LIB"; do
+    if objdump -p "$f" 2>/dev/null | awk '$1 == "RUNPATH" || $1 == "RPATH" { print $2 }' | grep -Eq '(^|:)(:|$)|(^|:)[^/:$]'; then
+        bad "$f: an empty or relative RUNPATH entry: $(objdump -p "$f" | grep PATH)"
+    else
+        ok
+    fi
+done
 PCDIR=$(dirname "$LIB")/pkgconfig
 cat >"$T/prog.c" <<'C'
 #include <stdio.h>

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from ._lib import Err, StzError, Tensor, call, lib, text
+from ._lib import Err, StzError, Tensor, call, cstr, lib, text
 
 __all__ = ["StzError", "safe_open", "load_file", "load_dir", "save_file", "command", "compress", "decompress",
            "evaluate", "tune", "export_gguf"]
@@ -70,10 +70,10 @@ class safe_open:
         self.path, self.framework, self.dequantize, self.bf16_raw = os.fspath(path), framework, dequantize, bf16_raw
         self._lib, self._m, self._image, self._mem = lib(), ctypes.c_void_p(), None, ctypes.c_void_p()
         threads = threads or os.cpu_count() or 1
-        if _whole and self._lib.stz_is_container(os.fsencode(self.path)) == 1:
+        if _whole and self._lib.stz_is_container(cstr(self.path, "path", True)) == 1:
             self._open_decoded(threads)
         else:
-            call(self._lib.stz_qmodel_open, ctypes.byref(self._m), os.fsencode(self.path))
+            call(self._lib.stz_qmodel_open, ctypes.byref(self._m), cstr(self.path, "path", True))
             self._lib.stz_qmodel_set_threads(self._m, threads)
         self._r = self._lib.stz_qmodel_reader(self._m)
         if dequantize:  # original names: index in the model's list
@@ -87,7 +87,7 @@ class safe_open:
         """A container decoded whole on `threads` threads, every checksum and
         the whole-file digest checked, then read as the original file in memory."""
         L, c = self._lib, ctypes.c_void_p()
-        call(L.stz_container_open, ctypes.byref(c), os.fsencode(self.path))
+        call(L.stz_container_open, ctypes.byref(c), cstr(self.path, "path", True))
         try:
             n, gguf = ctypes.c_size_t(), ctypes.c_int()
             L.stz_container_original_header(c, ctypes.byref(n), ctypes.byref(gguf))
@@ -103,7 +103,7 @@ class safe_open:
         finally:
             L.stz_container_free(c)
         self._image = image  # the readers below point into it
-        call(L.stz_reader_open_mem, ctypes.byref(self._mem), image.ctypes.data, image.nbytes, os.fsencode(self.path))
+        call(L.stz_reader_open_mem, ctypes.byref(self._mem), image.ctypes.data, image.nbytes, cstr(self.path, "path", True))
         call(L.stz_qmodel_open_reader, ctypes.byref(self._m), self._mem)
 
     def __enter__(self) -> "safe_open":
@@ -161,7 +161,7 @@ class safe_open:
         i = self._position(name)
         if self.dequantize and self._lib.stz_qmodel_tensor(self._m, i).contents.bits:
             return _to_framework(self._floats(i), self.framework, dtype)
-        ri = self._lib.stz_reader_find(self._r, name.encode("utf-8", "surrogateescape")) if self.dequantize else i
+        ri = self._lib.stz_reader_find(self._r, cstr(name, "tensor name")) if self.dequantize else i
         t = self._lib.stz_reader_tensor(self._r, ri).contents
         a = self._stored(t)
         if text(self._lib.stz_dtype_name(t.dtype)) == "BF16" and not self.bf16_raw:
@@ -226,17 +226,17 @@ def save_file(tensors: Mapping[str, Any], path: PathLike, metadata: Optional[Map
     (as PyTorch's writer and transformers expect) updated with `metadata`."""
     L, w = lib(), ctypes.c_void_p()
     arrays = [(name, *_as_array(name, t)) for name, t in tensors.items()]
-    call(L.stz_writer_open, ctypes.byref(w), os.fsencode(path), 1)  # STZ_WRITE_FORCE
+    call(L.stz_writer_open, ctypes.byref(w), cstr(path, "path", True), 1)  # STZ_WRITE_FORCE
     try:
         for k, v in (metadata or {}).items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise StzError("STZ_E_METADATA", "%s: metadata must map strings to strings" % os.fspath(path))
-            call(L.stz_writer_set_meta, w, k.encode(), v.encode())
+            call(L.stz_writer_set_meta, w, cstr(k, "metadata key"), cstr(v, "metadata value"))
         for name, a, kind in arrays:
             code = ctypes.c_int()
             L.stz_dtype_parse(kind.encode(), ctypes.byref(code))
             shape = (ctypes.c_uint64 * max(a.ndim, 1))(*a.shape)
-            call(L.stz_writer_add, w, name.encode(), code.value, a.ndim, shape)
+            call(L.stz_writer_add, w, cstr(name, "tensor name"), code.value, a.ndim, shape)
         for _, a, _ in arrays:
             call(L.stz_writer_write, w, a.ctypes.data, a.nbytes)
         call(L.stz_writer_finish, w)
@@ -267,7 +267,7 @@ def command(name: str, /, *args: Any, **options: Any) -> Dict[str, Any]:
     argv += _arguments(options) + ["--json"]
     if "-" in argv or "-c" in argv:
         raise StzError("STZ_E_ARG", "stz %s: standard input/output ('-') is not available from Python" % name)
-    L, c_argv = lib(), (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
+    L, c_argv = lib(), (ctypes.c_char_p * (len(argv) + 1))(*[cstr(a, "argument", True) for a in argv], None)
     out, err, status = ctypes.c_void_p(), Err(), []
     # the command runs on a thread (ctypes releases the GIL) so that Ctrl-C
     # reaches Python, which asks stz to stop; polling a list, not join():

@@ -128,6 +128,16 @@ def call(fn: Callable[..., int], *args: Any) -> None:
         raise StzError(lib().stz_status_name(status).decode(), err.msg.decode(errors="replace"))
 
 
+def cstr(s: Any, what: str, path: bool = False) -> bytes:
+    """s as a C string (a path through os.fsencode, else UTF-8): ValueError
+    when it holds a NUL, which C would read as its end (a path, name or key
+    cut short there)."""
+    b = os.fsencode(s) if path else s.encode("utf-8", "surrogateescape")
+    if b"\0" in b:
+        raise ValueError("%s %r holds a NUL character" % (what, os.fsdecode(b) if path else s))
+    return b
+
+
 def text(b: Optional[bytes]) -> str:
     """A C string of stz's (UTF-8, checked by the reader) as str."""
     return b.decode("utf-8", errors="surrogateescape") if b is not None else ""

@@ -343,3 +343,26 @@ def test_load_dir_sharded(tmp_path):
     run("pack", d / "model-00002-of-00002.safetensors", "-o", d / "model-00002-of-00002.safetensors.stz")
     os.unlink(d / "model-00002-of-00002.safetensors")
     assert np.array_equal(stz.load_dir(d)["b"], b)
+
+
+def test_nul_in_strings_refused(tmp_path):
+    """Issue 52, 6: a path, tensor name or metadata key holding a NUL was cut
+    there on its way to C (another file opened, another name written);
+    ValueError now, before anything is opened or written."""
+    a = {"w": np.ones(4, np.float32)}
+    with pytest.raises(ValueError, match="NUL"):
+        stz.save_file({"a\0b": np.ones(4, np.float32)}, tmp_path / "n.safetensors")
+    with pytest.raises(ValueError, match="NUL"):
+        stz.save_file(a, tmp_path / "n.safetensors", metadata={"k\0x": "v"})
+    with pytest.raises(ValueError, match="NUL"):
+        stz.save_file(a, tmp_path / "n.safetensors", metadata={"k": "v\0x"})
+    with pytest.raises(ValueError, match="NUL"):
+        stz.save_file(a, str(tmp_path / "n.safetensors") + "\0.x")
+    assert not os.listdir(tmp_path)
+    stz.save_file(a, tmp_path / "n.safetensors")
+    with pytest.raises(ValueError, match="NUL"):
+        stz.safe_open(str(tmp_path / "n.safetensors") + "\0x")
+    with stz.safe_open(tmp_path / "n.safetensors") as f, pytest.raises(stz.StzError, match="no tensor named"):
+        f.get_tensor("w\0x")  # looked up whole, not cut to 'w'
+    with pytest.raises(ValueError, match="NUL"):
+        stz.command("inspect", str(tmp_path / "n.safetensors") + "\0x")

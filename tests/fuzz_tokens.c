@@ -1,0 +1,38 @@
+/* Fuzz target for the --tokens parser (stz eval --forward, stz imatrix,
+ * stz tune --tokens FILE): any byte string is such a file's text. Whatever
+ * parses must give sequences of at least 2 ids, each a whole number in
+ * [0, 2^31), laid out within their stride. */
+#include "cli/cli.h"
+#include "fuzz_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *text = malloc(size + 1);
+    if (!text)
+        return 0;
+    memcpy(text, data, size);
+    text[size] = 0; /* as stz_read_text gives it */
+    cli_seqs q;
+    stz_err err;
+    stz_status st = cli_tokens_parse(text, size, "tokens.txt", &q, &err);
+    fuzz_failed(st, &err); /* a failure must say why */
+    if (st == STZ_OK) {
+        if (!q.nseq)
+            abort();
+        for (size_t s = 0; s < q.nseq; s++) {
+            if (q.lens[s] < 2 || q.lens[s] > q.stride)
+                abort();
+            for (size_t i = 0; i < q.lens[s]; i++)
+                if (q.tok[s * q.stride + i] < 0)
+                    abort();
+        }
+    }
+    cli_seqs_free(&q);
+    free(text);
+    return 0;
+}
