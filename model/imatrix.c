@@ -5,6 +5,7 @@
 #include "stz_imatrix.h"
 
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -150,15 +151,26 @@ static entry *entry_for(stz_imatrix *im, const char *name, uint64_t cols)
 /* The weights again after sums changed: the mean squares over their mean
  * (the sums over theirs), so that they are near 1 whatever the scale of the
  * inputs, and a file's constant factor, 1e35 or 1e-40, changes nothing. */
+/* Column j's mean square as a file's float holds it (so that llama.cpp's
+ * .dat of the same means, or a GGUF of them pooled, gives the same
+ * weights), in double past the float range. */
+static double mean_square(const entry *e, uint64_t j)
+{
+    double m = e->tokens > 0 ? e->sum[j] / e->tokens : 0;
+    return m <= FLT_MAX ? (double)(float)m : m;
+}
+
+/* The weights again after sums changed: the mean squares divided by their
+ * mean, so that a scale of all of them changes nothing. */
 static void update_weights(entry *e)
 {
     double total = 0;
     for (uint64_t j = 0; j < e->cols; j++)
-        total += e->sum[j];
+        total += mean_square(e, j);
     e->usable = e->tokens > 0 && total > 0 && isfinite(total);
     double mean = total / (double)e->cols;
     for (uint64_t j = 0; j < e->cols; j++)
-        e->w[j] = e->usable ? (float)(e->sum[j] / mean) : 0.0f;
+        e->w[j] = e->usable ? (float)(mean_square(e, j) / mean) : 0.0f;
 }
 
 /* ---- collecting ------------------------------------------------------------ */
