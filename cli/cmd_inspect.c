@@ -301,8 +301,19 @@ static stz_status sum_chunks(csum *s, stz_err *err)
         stz_status st = stz_container_planes(s->c, i, &pl, err);
         if (st)
             return st;
-        add_chunk(&s->ts[ch->tensor], ch, &pl);
-        add_chunk(&s->by_kind[kind_of(s, ch->tensor)], ch, &pl);
+        for (uint32_t t = ch->tensor; t <= ch->last; t++) { /* small tensors sharing it: shares by their bytes */
+            const stz_tensor *x = stz_reader_tensor(s->h, t);
+            uint64_t a = x->begin - ch->data_offset, b = x->end - ch->data_offset;
+            stz_chunk_info part = *ch;
+            stz_chunk_planes pp = pl;
+            if (ch->last > ch->tensor) {
+                part.raw_size = (uint32_t)(b - a), pp.raw[0] = part.raw_size;
+                part.record_size = (uint32_t)(ch->record_size * b / ch->raw_size - ch->record_size * a / ch->raw_size);
+                pp.stored[0] = (uint32_t)(pl.stored[0] * b / ch->raw_size - pl.stored[0] * a / ch->raw_size);
+            }
+            add_chunk(&s->ts[t], &part, &pp);
+            add_chunk(&s->by_kind[kind_of(s, t)], &part, &pp);
+        }
     }
     return STZ_OK;
 }
@@ -387,7 +398,7 @@ static cJSON *container_json(const csum *s, const char *path, int *rc)
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_CreateArray(), *dts = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "file", path);
     cJSON_AddStringToObject(o, "format", "stz");
-    cJSON_AddNumberToObject(o, "format_version", STZ_PACK_FORMAT_VERSION);
+    cJSON_AddNumberToObject(o, "format_version", stz_container_format_version(s->c));
     cJSON_AddNumberToObject(o, "file_size", (double)size);
     cJSON_AddNumberToObject(o, "original_size", (double)orig);
     cJSON_AddNumberToObject(o, "ratio", ratio(orig, size));
@@ -488,8 +499,8 @@ static int inspect_container(const char *path, cJSON **json)
     } else {
         char a[32], b[32];
         uint64_t orig = stz_container_original_size(s.c), size = stz_container_file_size(s.c);
-        printf("%s: stz container v%d%s, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n",
-               path, STZ_PACK_FORMAT_VERSION, s.gguf ? " of a GGUF file" : "", s.nt, cli_commas(a, orig),
+        printf("%s: stz container v%u%s, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n",
+               path, stz_container_format_version(s.c), s.gguf ? " of a GGUF file" : "", s.nt, cli_commas(a, orig),
                cli_commas(b, size), ratio(orig, size),
                stz_container_chunk_count(s.c), stz_container_chunk_size(s.c),
                has_quant_meta(s.h) ? "lossy: holds a model quantized by stz (decompress --dequantize gives floats back)"

@@ -24,7 +24,10 @@
 extern "C" {
 #endif
 
-#define STZ_PACK_FORMAT_VERSION 1
+/* The newest container format this library writes and reads (it reads
+ * every older one); a file is written in version 1 when nothing of 2 is
+ * needed, so older readers take it. */
+#define STZ_PACK_FORMAT_VERSION 2
 #define STZ_PACK_MIN_CHUNK (64u << 10)
 #define STZ_PACK_MAX_CHUNK (64u << 20)
 
@@ -62,7 +65,10 @@ STZ_API stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char 
 
 /* Predicting a container's size (stz tune): the bytes a tensor of `dtype`
  * holding data[n] takes in a container written with p (its chunk records
- * and index entries, exactly), and the container's fixed bytes for a
+ * and index entries, exactly; a tensor of at most 1 KiB, which shares a
+ * chunk with small neighbours: its bytes coded alone as that chunk codes
+ * them, and half a chunk head and index entry), and the container's fixed
+ * bytes for a
  * SafeTensors file whose JSON header is header[len]. block_type: the ggml
  * type (STZ_GGML_*) of the blocks data holds, as a quantized file's entry
  * with "packing": "ggml" declares them; 0 for none. */
@@ -104,6 +110,7 @@ typedef struct {
     uint32_t raw_size;
     uint64_t file_offset;     /* of the chunk record in the container */
     uint32_t record_size;
+    uint32_t last;            /* the last tensor it holds bytes of: > tensor when small tensors share it (format 2) */
 } stz_chunk_info;
 
 typedef struct {
@@ -136,6 +143,8 @@ STZ_API uint64_t stz_container_original_size(const stz_container *c); /* unpacke
  * padding after it, 1-D, U8 for llama.cpp's block types. */
 STZ_API const uint8_t *stz_container_original_header(const stz_container *c, size_t *len, int *gguf);
 STZ_API uint32_t stz_container_chunk_size(const stz_container *c);
+/* The file's container format version (1 or 2). */
+STZ_API unsigned stz_container_format_version(const stz_container *c);
 STZ_API size_t stz_container_chunk_count(const stz_container *c);
 STZ_API const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i);
 /* Reads a chunk record's plane table (no payload decoding). */

@@ -104,6 +104,14 @@ static int zeros(const uint8_t *p, size_t n)
     return n == 0;
 }
 
+/* The cut's view of a container's tensors (stz_span_bounds). */
+uint64_t stz_container_tensor_bounds(const void *src, size_t t, uint64_t *begin)
+{
+    const stz_tensor *x = stz_reader_tensor((const stz_reader *)src, t);
+    *begin = x->begin;
+    return x->end;
+}
+
 #define BAD(code, ...) do { st = stz_err_set(err, code, __VA_ARGS__); goto cleanup; } while (0)
 
 stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
@@ -123,9 +131,10 @@ stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err
     }
     if (stz_le64(fh + 56) != XXH3_64bits(fh, 56))
         return stz_err_set(err, STZ_E_CHECKSUM, "%s: file header checksum mismatch", P);
-    if (stz_le16(fh + 8) != STZ_PACK_FORMAT_VERSION)
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: container format version %u (this stz reads %u)", P,
-                           stz_le16(fh + 8), STZ_PACK_FORMAT_VERSION);
+    c->version = stz_le16(fh + 8);
+    if (c->version < 1 || c->version > STZ_PACK_FORMAT_VERSION)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: container format version %u (this stz reads 1 to %u)", P,
+                           c->version, STZ_PACK_FORMAT_VERSION);
     if ((fh[10] & ~STZ_ORIG_GGUF) || fh[11] || !zeros(fh + 41, 7))
         return stz_err_set(err, STZ_E_FORMAT, "%s: reserved bytes of the file header are not zero", P);
     c->gguf = fh[10] & STZ_ORIG_GGUF;
@@ -201,9 +210,11 @@ stz_status stz_container_read_index(stz_container *c, uint64_t head_end, stz_err
     if (!c->chunks)
         BAD(STZ_E_NOMEM, "%s: out of memory for %zu chunks", P, c->n);
     /* Chunks must tile the data section and the record area exactly, in
-     * order, each inside its own tensor. */
+     * order, cut as the writer cuts (which reading from a pipe relies on). */
     uint64_t data = stz_reader_data_offset(c->hdr), expect_data = 0, expect_file = head_end;
     size_t nt = stz_reader_count(c->hdr);
+    stz_cut cut = {0, 0};
+    stz_chunk_info want;
     c->max_raw = 64;
     for (size_t i = 0; i < c->n; i++) {
         const uint8_t *e = ix + INDEX_HEAD_SIZE + i * INDEX_ENTRY_SIZE;
@@ -213,14 +224,13 @@ stz_status stz_container_read_index(stz_container *c, uint64_t head_end, stz_err
         ch->record_size = stz_le32(e + 16);
         ch->raw_size = stz_le32(e + 20);
         ch->tensor = stz_le32(e + 24);
-        const stz_tensor *t = ch->tensor < nt ? stz_reader_tensor(c->hdr, ch->tensor) : NULL;
-        if (ch->data_offset != expect_data || ch->file_offset != expect_file || !ch->raw_size ||
-            ch->raw_size > c->chunk_size || ch->record_size < RECORD_HEAD_SIZE ||
-            ch->record_size > stz_record_bound(ch->raw_size) || !t ||
-            ch->data_offset < t->begin || ch->data_offset + ch->raw_size > t->end || !zeros(e + 28, 4) ||
-            /* the writer's cut, which reading from a pipe relies on: chunk_size steps from each tensor's start */
-            (ch->data_offset - t->begin) % c->chunk_size ||
-            ch->raw_size != (t->end - ch->data_offset < c->chunk_size ? t->end - ch->data_offset : c->chunk_size))
+        ch->last = ch->tensor + stz_le32(e + 28); /* format 1: 0 */
+        if (!stz_cut_place(&cut, c->hdr, nt, stz_container_tensor_bounds, c->chunk_size, c->version, ch->raw_size,
+                           &want) ||
+            want.tensor != ch->tensor || want.last != ch->last || want.data_offset != ch->data_offset ||
+            want.raw_size != ch->raw_size || ch->data_offset != expect_data || ch->file_offset != expect_file ||
+            ch->record_size < RECORD_HEAD_SIZE || ch->record_size > stz_record_bound(ch->raw_size) ||
+            ch->raw_size > c->chunk_size)
             BAD(STZ_E_FORMAT, "%s: index entry %zu is inconsistent (data offset %llu, record at %llu)", P, i,
                 (unsigned long long)ch->data_offset, (unsigned long long)ch->file_offset);
         expect_data += ch->raw_size;
@@ -288,6 +298,7 @@ const uint8_t *stz_container_original_header(const stz_container *c, size_t *len
     return c->header_img;
 }
 uint32_t stz_container_chunk_size(const stz_container *c) { return c->chunk_size; }
+unsigned stz_container_format_version(const stz_container *c) { return c->version; }
 size_t stz_container_chunk_count(const stz_container *c) { return c->n; }
 const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i) { return i < c->n ? &c->chunks[i] : NULL; }
 
@@ -345,4 +356,30 @@ stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_plan
     if (n < RECORD_HEAD_SIZE + (size_t)head[5] * PLANE_HEAD_SIZE || head[5] > STZ_MAX_PLANES)
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: record head too short", c->path, i);
     return stz_container_parse_record(c, i, head, out, err);
+}
+
+/* ---- where each chunk lies ----------------------------------------------------------------------------------------- */
+
+int stz_cut_place(stz_cut *cut, const void *src, size_t nt, stz_span_bounds bounds, uint32_t chunk, unsigned version,
+                  uint64_t n, stz_chunk_info *ch)
+{
+    uint64_t b = 0, e = 0;
+    for (; cut->t < nt && cut->at >= (e = bounds(src, cut->t, &b)); cut->t++) /* past empty and finished spans */
+        ;
+    if (cut->t >= nt || !n)
+        return 0;
+    uint64_t at = cut->at > b ? cut->at : b;
+    *ch = (stz_chunk_info){.tensor = (uint32_t)cut->t, .last = (uint32_t)cut->t, .data_offset = at,
+                           .raw_size = (uint32_t)n};
+    if (n == (e - at < chunk ? e - at : chunk)) /* the tensor's own: chunk-size steps from its start */
+        return cut->at = at + n, 1;
+    if (version < 2 || at != b || n > STZ_GROUP_MAX || n > chunk || n < e - b)
+        return 0;
+    while (e < b + n && ch->last + 1 < nt) { /* whole small tensors, one after the other */
+        uint64_t b2, e2 = bounds(src, ch->last + 1, &b2);
+        if (b2 != e)
+            return 0;
+        ch->last++, e = e2;
+    }
+    return e == b + n ? (cut->t = ch->last + 1, cut->at = e, 1) : 0;
 }

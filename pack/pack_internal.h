@@ -53,6 +53,27 @@ void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t 
  * bytes) into buf. */
 const char *stz_blocks_plane_name(int type, int k, char *buf, size_t cap);
 
+/* ---- the cut: which bytes each chunk holds (docs/FORMAT.md, "Chunks") ---- */
+
+#define STZ_GROUP_MAX 65536u /* format 2: bytes of a chunk that whole small tensors share, at most */
+
+/* Span t's data bytes [*begin, returned end). */
+typedef uint64_t (*stz_span_bounds)(const void *src, size_t t, uint64_t *begin);
+/* Where the next chunk starts: span t, data offset at ({0, 0} first). */
+typedef struct {
+    size_t t;
+    uint64_t at;
+} stz_cut;
+/* A chunk of n raw bytes next, where the format allows it (1, *ch: tensor,
+ * last, data_offset, raw_size; the cut moved past it), else 0: chunk-size
+ * steps from each tensor's start, or (format 2) whole adjacent tensors of at
+ * most STZ_GROUP_MAX bytes together, without an empty one at the end. The
+ * index check and the pipe reader place chunks so; the writer chooses. */
+int stz_cut_place(stz_cut *cut, const void *src, size_t nt, stz_span_bounds bounds, uint32_t chunk, unsigned version,
+                  uint64_t n, stz_chunk_info *ch);
+/* stz_span_bounds of a stz_reader's tensors */
+uint64_t stz_container_tensor_bounds(const void *src, size_t t, uint64_t *begin);
+
 /* Per-thread encoder state. */
 typedef struct {
     ZSTD_CCtx *huf;  /* literals-only frames */
@@ -100,6 +121,7 @@ struct stz_container {
     uint64_t size;
     uint32_t chunk_size;
     uint32_t max_raw;       /* the largest chunk the index holds: decoding buffers' size */
+    unsigned version;       /* the file's format version */
     uint64_t orig_size;
     uint64_t whole_hash;
     uint8_t *header_img; /* original 8 + N header bytes */

@@ -18,8 +18,8 @@ typedef struct {
     dec_buf *tb;
     stz_outfile *out;   /* NULL for verify */
     uint8_t *mem;       /* or a memory destination (stz_container_read_tensor) */
-    uint64_t out_base;  /* output offset of the first decoded byte */
-    uint64_t out_skip;  /* data offset of the first decoded byte */
+    uint64_t out_base;  /* output offset of the first byte written */
+    uint64_t lo, hi;    /* the data bytes wanted: [lo, hi), written from out_base (memory: from 0) */
     uint64_t *hashes;   /* per decoded chunk */
     stz_chunk_sink sink; /* or each decoded chunk handed to this */
     void *sink_user;
@@ -66,55 +66,70 @@ static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz
     return st ? st : stz_container_decode_record(c, i, b, err);
 }
 
+/* The part of decoded chunk i that is wanted: its bytes (*src, returned
+ * length) and where they go (*at, from the first byte wanted). A chunk
+ * small tensors share holds more than one of them wants. */
+static size_t wanted(const dec_ctx *x, size_t i, const uint8_t *raw, const uint8_t **src, uint64_t *at)
+{
+    const stz_chunk_info *ch = &x->c->chunks[x->sel ? x->sel[i] : i];
+    uint64_t a = ch->data_offset > x->lo ? ch->data_offset : x->lo, z = ch->data_offset + ch->raw_size;
+    z = z < x->hi ? z : x->hi;
+    *src = raw + (a - ch->data_offset), *at = a - x->lo;
+    return (size_t)(z - a);
+}
+
 /* Decode and write in parallel: every chunk's output offset is known. */
 static stz_status dec_work(void *vctx, int tid, size_t i, stz_err *err)
 {
     dec_ctx *x = (dec_ctx *)vctx;
     size_t ci = x->sel ? x->sel[i] : i;
-    const stz_chunk_info *ch = &x->c->chunks[ci];
     stz_status st = decode_chunk(x->c, ci, &x->tb[tid], err);
     if (st)
         return st;
     x->hashes[i] = stz_le64(x->tb[tid].rec + 16);
+    const uint8_t *src;
+    uint64_t at;
+    size_t n = wanted(x, i, x->tb[tid].raw, &src, &at);
     if (x->mem)
-        memcpy(x->mem + (ch->data_offset - x->out_skip), x->tb[tid].raw, ch->raw_size);
+        memcpy(x->mem + at, src, n);
     if (x->sink)
-        return x->sink(x->sink_user, tid, ch->data_offset - x->out_skip, x->tb[tid].raw, ch->raw_size, err);
-    return x->out && x->out->path ? stz_outfile_pwrite(x->out, x->tb[tid].raw, ch->raw_size,
-                                                       x->out_base + ch->data_offset - x->out_skip, err)
-                                   : STZ_OK;
+        return x->sink(x->sink_user, tid, at, src, n, err);
+    return x->out && x->out->path ? stz_outfile_pwrite(x->out, src, n, x->out_base + at, err) : STZ_OK;
 }
 
 static stz_status dec_commit(void *vctx, int tid, size_t i, stz_err *err)
 {
     dec_ctx *x = (dec_ctx *)vctx;
-    uint32_t n = x->c->chunks[x->sel ? x->sel[i] : i].raw_size;
-    x->pl.done += n;
-    return x->out && !x->out->path ? stz_outfile_write(x->out, x->tb[tid].raw, n, err) : STZ_OK; /* in order */
+    x->pl.done += x->c->chunks[x->sel ? x->sel[i] : i].raw_size;
+    const uint8_t *src;
+    uint64_t at;
+    size_t n = wanted(x, i, x->tb[tid].raw, &src, &at);
+    return x->out && !x->out->path ? stz_outfile_write(x->out, src, n, err) : STZ_OK; /* in order */
 }
 
 /* Decodes the selected chunks (all if sel == NULL), writing them to `out`
- * if given: the whole file, or for a selection the bytes from the first
- * selected chunk on. A full decode also checks the whole-file digest. */
+ * if given: the whole file, or for a selection its data bytes from lo (the
+ * first selected chunk's offset, or a tensor's begin) to hi. A full decode
+ * also checks the whole-file digest. */
 static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_chunk_sink sink, void *user,
-                                  stz_err *err);
+                                  uint64_t lo, uint64_t hi, stz_outfile *out, uint8_t *mem, dec_buf *pool,
+                                  stz_chunk_sink sink, void *user, stz_err *err);
 static stz_status run_decode(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                             stz_outfile *out, uint8_t *mem, stz_err *err)
+                             uint64_t lo, uint64_t hi, stz_outfile *out, uint8_t *mem, stz_err *err)
 {
-    return run_decode_with(p, c, sel, nsel, out, mem, NULL, NULL, NULL, err);
+    return run_decode_with(p, c, sel, nsel, lo, hi, out, mem, NULL, NULL, NULL, err);
 }
 
 /* run_decode with the threads' buffers `pool` (p->threads of them, kept by
  * the caller), or buffers of its own when pool is NULL; each chunk also
  * handed to `sink` if given (offsets from the first selected chunk). */
 static stz_status run_decode_with(const stz_unpack_params *p, const stz_container *c, const size_t *sel, size_t nsel,
-                                  stz_outfile *out, uint8_t *mem, dec_buf *pool, stz_chunk_sink sink, void *user,
-                                  stz_err *err)
+                                  uint64_t lo, uint64_t hi, stz_outfile *out, uint8_t *mem, dec_buf *pool,
+                                  stz_chunk_sink sink, void *user, stz_err *err)
 {
     int nt = stz_container_threads(c, p->threads);
     nt = nsel && (size_t)nt > nsel ? (int)nsel : nt;
-    dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem, .sink = sink, .sink_user = user};
+    dec_ctx x = {.c = c, .sel = sel, .out = out, .mem = mem, .sink = sink, .sink_user = user, .lo = lo, .hi = hi};
     stz_status st = STZ_OK;
     x.tb = pool ? pool : calloc((size_t)nt, sizeof *x.tb);
     x.hashes = calloc(nsel + 1, sizeof *x.hashes);
@@ -126,7 +141,6 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     for (size_t i = 0; i < nsel; i++)
         total += c->chunks[sel ? sel[i] : i].raw_size;
     x.out_base = sel ? 0 : c->header_len;
-    x.out_skip = sel && nsel ? c->chunks[sel[0]].data_offset : 0;
     if (!st && out && !sel)
         st = out->path ? stz_outfile_pwrite(out, c->header_img, c->header_len, 0, err)
                        : stz_outfile_write(out, c->header_img, c->header_len, err);
@@ -145,6 +159,17 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
     return st;
 }
 
+/* The chunks holding bytes of tensor ti (its own, or one it shares), in order. */
+static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
+{
+    size_t *sel = calloc(c->n + 1, sizeof *sel);
+    *nsel = 0;
+    for (size_t i = 0; sel && i < c->n; i++)
+        if (c->chunks[i].tensor <= ti && ti <= c->chunks[i].last)
+            sel[(*nsel)++] = i;
+    return sel;
+}
+
 static stz_status unpack_to(const stz_unpack_params *p, const char *in, const char *name, const char *out,
                             stz_err *err)
 {
@@ -154,28 +179,24 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
         return st;
     stz_outfile of = STZ_OUTFILE_INIT;
     size_t *sel = NULL, nsel = c->n;
-    uint64_t need = c->orig_size;
+    uint64_t need = c->orig_size, lo = 0, hi = UINT64_MAX;
     if (name) {
         long ti = stz_reader_find(c->hdr, name);
         if (ti < 0) {
             st = stz_err_set(err, STZ_E_ARG, "%s: no tensor named '%s'", in, name);
             goto cleanup;
         }
-        sel = calloc(c->n + 1, sizeof *sel);
-        if (!sel) {
+        if (!(sel = tensor_chunks(c, (size_t)ti, &nsel))) {
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
             goto cleanup;
         }
-        nsel = 0;
-        need = stz_reader_tensor(c->hdr, (size_t)ti)->end - stz_reader_tensor(c->hdr, (size_t)ti)->begin;
-        for (size_t i = 0; i < c->n; i++)
-            if (c->chunks[i].tensor == (uint32_t)ti)
-                sel[nsel++] = i;
+        lo = stz_reader_tensor(c->hdr, (size_t)ti)->begin, hi = stz_reader_tensor(c->hdr, (size_t)ti)->end;
+        need = hi - lo;
     }
     int stream = out && !strcmp(out, "-");
     if (stream) { /* standard output: written in order, each chunk checked first */
         stz_outfile_stdout(&of);
-        st = run_decode(p, c, sel, nsel, &of, NULL, err);
+        st = run_decode(p, c, sel, nsel, lo, hi, &of, NULL, err);
         of.fd = -1;
         goto cleanup;
     }
@@ -188,7 +209,7 @@ static stz_status unpack_to(const stz_unpack_params *p, const char *in, const ch
     snprintf(what, sizeof what, "unpacking %s", in);
     if (out && (st = stz_check_space(&of, need, what, err)))
         goto cleanup;
-    if ((st = run_decode(p, c, sel, nsel, out ? &of : NULL, NULL, err)))
+    if ((st = run_decode(p, c, sel, nsel, lo, hi, out ? &of : NULL, NULL, err)))
         goto cleanup;
     if (out)
         st = stz_outfile_commit(&of, err);
@@ -234,16 +255,7 @@ static stz_status pool_get(stz_container *c, int threads, stz_err *err)
     return st;
 }
 
-/* The chunks of tensor ti (each lies inside one tensor), in order. */
-static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
-{
-    size_t *sel = calloc(c->n + 1, sizeof *sel);
-    *nsel = 0;
-    for (size_t i = 0; sel && i < c->n; i++)
-        if (c->chunks[i].tensor == (uint32_t)ti)
-            sel[(*nsel)++] = i;
-    return sel;
-}
+
 
 stz_status stz_container_tensor_map(stz_container *c, const char *name, int threads, stz_chunk_sink sink, void *user,
                                     stz_err *err)
@@ -260,7 +272,8 @@ stz_status stz_container_tensor_map(stz_container *c, const char *name, int thre
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor's chunk list");
     stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
     p.threads = threads;
-    st = run_decode_with(&p, c, sel, nsel, NULL, NULL, c->cache, sink, user, err);
+    const stz_tensor *t = stz_reader_tensor(c->hdr, (size_t)ti);
+    st = run_decode_with(&p, c, sel, nsel, t->begin, t->end, NULL, NULL, c->cache, sink, user, err);
     c->cached = c->n; /* the buffers were used */
     free(sel);
     return st;
@@ -276,7 +289,7 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
         if (cap < n)
             return stz_err_set(err, STZ_E_BOUNDS, "%s: %llu data bytes, the buffer %zu", c->path,
                                (unsigned long long)n, cap);
-        return run_decode(&p, c, NULL, c->n, NULL, dst, err);
+        return run_decode(&p, c, NULL, c->n, 0, UINT64_MAX, NULL, dst, err);
     }
     long ti = stz_reader_find(c->hdr, name);
     if (ti < 0)
@@ -288,7 +301,7 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
     size_t nsel, *sel = tensor_chunks(c, (size_t)ti, &nsel);
     if (!sel)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor's chunk list");
-    stz_status st = run_decode(&p, c, sel, nsel, NULL, dst, err);
+    stz_status st = run_decode(&p, c, sel, nsel, t->begin, t->end, NULL, dst, err);
     free(sel);
     return st;
 }
@@ -335,7 +348,7 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
                 sel[k] = i + k;
             stz_unpack_params p = STZ_UNPACK_PARAMS_DEFAULT;
             p.threads = c->threads;
-            st = run_decode_with(&p, c, sel, whole, NULL, o, c->cache, NULL, NULL, err);
+            st = run_decode_with(&p, c, sel, whole, ch->data_offset, UINT64_MAX, NULL, o, c->cache, NULL, NULL, err);
             c->cached = c->n; /* the first buffer was used */
             free(sel);
             if (st)

@@ -121,7 +121,7 @@ static stz_status sink_refer(void *user, const stz_reader *r, const stz_tensor *
     const stz_span *sp = &c->spans[c->chunks[j].tensor];
     if (c->chunks[j].data_offset != sp->begin || sp->end - sp->begin != len)
         return STZ_OK;
-    for (; k < c->n && c->chunks[k].tensor == c->chunks[j].tensor; k++)
+    for (; k < c->n && c->chunks[k].tensor == c->chunks[j].tensor && c->chunks[k].last == c->chunks[k].tensor; k++)
         got += c->chunks[k].raw_size;
     if (got != len)
         return STZ_OK;

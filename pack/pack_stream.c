@@ -11,15 +11,22 @@
 #include <xxhash.h>
 /* ---- from a pipe ---------------------------------------------------------- */
 
-/* Reads chunk i's record as it comes (its head says how long it is) and
- * decodes it into b->raw, checked; c->chunks[i] has its place. */
-static stz_status stream_record(stz_container *c, size_t i, dec_buf *b, stz_err *err)
+/* Reads chunk i's record as it comes (its head says how long it is and
+ * how many bytes it holds, placed after the cut's) and decodes it into
+ * b->raw, checked; c->chunks[i] gets its place. */
+static stz_status stream_record(stz_container *c, size_t i, stz_cut *cut, dec_buf *b, stz_err *err)
 {
     stz_chunk_info *ch = &c->chunks[i];
     size_t hl = RECORD_HEAD_SIZE;
+    uint64_t at = c->spos;
     stz_status st = stz_container_sread(c, c->spos, b->rec, hl, "chunk record", err);
     if (st)
         return st;
+    if (!stz_cut_place(cut, c->hdr, stz_reader_count(c->hdr), stz_container_tensor_bounds, c->chunk_size, c->version,
+                       stz_le32(b->rec + 8), ch))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: a record of %u data bytes, which the header does not cut "
+                           "there", c->path, i, stz_le32(b->rec + 8));
+    ch->file_offset = at;
     unsigned np = b->rec[5];
     if (np > STZ_MAX_PLANES)
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: %u planes", c->path, i, np);
@@ -48,38 +55,33 @@ typedef struct {
     size_t n, cap;
 } stream_state;
 
-/* Every chunk the header implies (each tensor cut at the chunk size, in
- * data order), decoded, checked and written to of when out is set. */
+/* Every chunk the header implies (the writer's cut, in data order),
+ * decoded, checked and written to of when out is set. */
 static stz_status stream_chunks(stream_state *s, const stz_unpack_params *p, stz_outfile *of, int out, stz_err *err)
 {
     stz_container *c = s->c;
     uint64_t done = 0;
-    for (size_t t = 0; t < stz_reader_count(c->hdr); t++) {
-        const stz_tensor *x = stz_reader_tensor(c->hdr, t);
-        for (uint64_t off = x->begin; off < x->end; off += c->chunk_size, s->n++) {
-            size_t n = s->n;
-            if (n == s->cap) {
-                stz_chunk_info *g = realloc(s->seen, (s->cap = s->cap ? 2 * s->cap : 64) * sizeof *g);
-                uint64_t *h = realloc(s->hashes, s->cap * sizeof *h);
-                s->seen = g ? g : s->seen, s->hashes = h ? h : s->hashes;
-                if (!g || !h)
-                    return stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
-            }
-            s->seen[n] = (stz_chunk_info){.tensor = (uint32_t)t, .data_offset = off, .file_offset = c->spos,
-                                          .raw_size = (uint32_t)(x->end - off < c->chunk_size ? x->end - off
-                                                                                               : c->chunk_size)};
-            c->chunks = s->seen, c->n = n + 1;
-            stz_status st = stream_record(c, n, &s->b, err);
-            if (!st && out)
-                st = stz_outfile_write(of, s->b.raw, s->seen[n].raw_size, err);
-            if (st)
-                return st;
-            s->hashes[n] = stz_le64(s->b.rec + 16);
-            done += s->seen[n].raw_size;
-            if (p->progress && p->progress(p->progress_user, done, c->orig_size - c->header_len)) {
-                s->n++;
-                return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-            }
+    stz_cut cut = {0, 0};
+    for (; done < c->orig_size - c->header_len; s->n++) {
+        size_t n = s->n;
+        if (n == s->cap) {
+            stz_chunk_info *g = realloc(s->seen, (s->cap = s->cap ? 2 * s->cap : 64) * sizeof *g);
+            uint64_t *h = realloc(s->hashes, s->cap * sizeof *h);
+            s->seen = g ? g : s->seen, s->hashes = h ? h : s->hashes;
+            if (!g || !h)
+                return stz_err_set(err, STZ_E_NOMEM, "out of memory for the chunk list");
+        }
+        c->chunks = s->seen, c->n = n + 1;
+        stz_status st = stream_record(c, n, &cut, &s->b, err);
+        if (!st && out)
+            st = stz_outfile_write(of, s->b.raw, s->seen[n].raw_size, err);
+        if (st)
+            return st;
+        s->hashes[n] = stz_le64(s->b.rec + 16);
+        done += s->seen[n].raw_size;
+        if (p->progress && p->progress(p->progress_user, done, c->orig_size - c->header_len)) {
+            s->n++;
+            return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
         }
     }
     return STZ_OK;
@@ -106,7 +108,8 @@ static stz_status check_tail(stream_state *s, uint64_t head_end, const char *lab
     for (size_t i = 0; !st && i < s->n; i++) {
         const stz_chunk_info *a = &c->chunks[i], *z = &s->seen[i];
         if (a->file_offset != z->file_offset || a->record_size != z->record_size ||
-            a->data_offset != z->data_offset || a->raw_size != z->raw_size || a->tensor != z->tensor)
+            a->data_offset != z->data_offset || a->raw_size != z->raw_size || a->tensor != z->tensor ||
+            a->last != z->last)
             st = stz_err_set(err, STZ_E_FORMAT, "%s: index entry %zu does not match the record that came", label, i);
     }
     free(c->chunks);

@@ -14,7 +14,13 @@
 
 #define BEST_ZSTD_LEVEL 19
 #define SMALL_TENSOR (256u << 10) /* bytes: at most this, the LZ trial always runs */
-#define HEADER_ZSTD_LEVEL 9
+/* What a small tensor's share of a chunk's head and index entry (56 bytes)
+ * is predicted to be: half, between alone (all) and among many (nothing).
+ * Over a model, predicted container sizes then land within 2% of the
+ * measured ones (tests/test_pipeline.c), SVD factors (many small parts
+ * together) up to 20% above. */
+#define SHARED_OVERHEAD 14
+#define HEADER_ZSTD_LEVEL 19 /* a header is small: 0.1-0.2 s for 1 MB */
 
 
 /* zstd level of the trial on unsplit float bytes (plain zstd -3's). */
@@ -108,8 +114,8 @@ static stz_status try_unsplit(stz_plane_enc *enc, int level, const uint8_t *raw,
  * cheapest way tried, or zstd on the unsplit bytes where that is smaller.
  * `at` is the chunk's offset in its span. pbuf: stz_planes_bound(chunk)
  * bytes of scratch. */
-static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *span, uint64_t at,
-                               const uint8_t *raw, size_t n, uint8_t *pbuf, uint8_t *rec, size_t *rec_len,
+static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *span, int shared,
+                               uint64_t at, const uint8_t *raw, size_t n, uint8_t *pbuf, uint8_t *rec, size_t *rec_len,
                                stz_err *err)
 {
     uint32_t sizes[STZ_MAX_PLANES];
@@ -152,7 +158,7 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
      * kept whole take more room than packed): also the unsplit bytes. */
     if (x == STZ_XFORM_GGML && (span->end - span->begin <= SMALL_TENSOR || p->level == STZ_PACK_BEST ||
                                 off > RECORD_HEAD_SIZE + PLANE_HEAD_SIZE + n))
-        return try_unsplit(enc, p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : 1, raw, n, pbuf,
+        return try_unsplit(enc, p->level == STZ_PACK_BEST || n <= STZ_GROUP_MAX ? BEST_ZSTD_LEVEL : 1, raw, n, pbuf,
                            stz_planes_bound(p->chunk_size), rec, rec_len, err);
     /* Float planes lose the runs and repeats LZ matching finds (pruned
      * weights, mostly-zero tables, masks, DFT bases, embeddings with
@@ -161,6 +167,8 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
      * them), or always with --best, also try zstd on the unsplit bytes and
      * keep the smaller record. The planes' buffer is free now: its bound
      * exceeds a chunk. */
+    if (shared) /* small tensors' bytes: zstd at its best costs little */
+        return try_unsplit(enc, ZSTD_maxCLevel(), raw, n, pbuf, stz_planes_bound(p->chunk_size), rec, rec_len, err);
     if (is_float && (p->level == STZ_PACK_BEST || span->end - span->begin <= SMALL_TENSOR || has_repeats(raw, n)))
         return try_unsplit(enc, p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : LZ_TRIAL_LEVEL, raw, n, pbuf,
                            stz_planes_bound(p->chunk_size), rec, rec_len, err);
@@ -192,6 +200,31 @@ static void ring_release(pack_ctx *c, size_t i)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* 1 if span s is small enough that a chunk of its own (record head, index
+ * entry, coding tables: 80 to 200 bytes) costs more than coding it with its
+ * neighbours gains: up to 1 KiB. Larger ones, of up to 16 KiB of codes or
+ * scales, would gain too (stz's 4-bit stories260K: 0.978x -> 0.9995x of zstd
+ * -19 --long), but coded together their bytes no longer add up per tensor,
+ * and tune's predicted sizes missed budgets by up to 3% (docs/BENCHMARKS.md). */
+static int shares(const stz_span *s) { return s->end - s->begin <= 1024; }
+
+/* The chunk's bytes from r: of its tensor from `begin`, or of the small
+ * tensors sharing it, one after the other. */
+static stz_status read_chunk(const stz_reader *r, const stz_chunk_info *ch, uint64_t begin, uint8_t *dst,
+                             stz_err *err)
+{
+    if (ch->last == ch->tensor)
+        return stz_reader_read(r, stz_reader_tensor(r, ch->tensor), ch->data_offset - begin, dst, ch->raw_size, err);
+    for (uint32_t t = ch->tensor; t <= ch->last; t++) {
+        const stz_tensor *x = stz_reader_tensor(r, t);
+        stz_status st = stz_reader_read(r, x, 0, dst, x->end - x->begin, err);
+        if (st)
+            return st;
+        dst += x->end - x->begin;
+    }
+    return STZ_OK;
+}
+
 static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
 {
     pack_ctx *c = (pack_ctx *)vctx;
@@ -207,13 +240,17 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
     if (r) { /* the file packed, or a tensor a sink took by reference */
         if (!b->raw && !(b->raw = malloc(c->p->chunk_size)))
             return stz_err_set(err, STZ_E_NOMEM, "out of memory for a chunk buffer");
-        if ((st = stz_reader_read(r, rt, ch->data_offset - t->begin, b->raw, ch->raw_size, err)))
+        if ((st = c->r ? read_chunk(r, ch, t->begin, b->raw, err)
+                       : stz_reader_read(r, rt, ch->data_offset - t->begin, b->raw, ch->raw_size, err)))
             return st;
         raw = b->raw;
     }
     stz_err sub;
-    st = encode_chunk(&b->enc, c->p, t, ch->data_offset - t->begin, raw, ch->raw_size, b->planes, b->rec, &b->rec_len,
-                      &sub);
+    /* small tensors together: their bytes; a small one alone also tries zstd at its best, as
+     * stz_pack_tensor_bytes predicts it */
+    stz_span small = {STZ_DTYPE_U8, t->begin, t->begin + ch->raw_size, t->name, 0};
+    st = encode_chunk(&b->enc, c->p, ch->last > ch->tensor ? &small : t, ch->last > ch->tensor || shares(t),
+                      ch->data_offset - t->begin, raw, ch->raw_size, b->planes, b->rec, &b->rec_len, &sub);
     c->hashes[i] = XXH3_64bits(raw, ch->raw_size);
     if (raw != b->raw)
         ring_release(c, i);
@@ -237,6 +274,8 @@ uint64_t stz_pack_fixed_bytes(const char *header, size_t len)
     return FILE_HEADER_SIZE + zs + INDEX_HEAD_SIZE + TRAILER_SIZE;
 }
 
+
+
 stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int block_type, const uint8_t *data,
                                  uint64_t n, uint64_t *bytes, stz_err *err)
 {
@@ -250,9 +289,14 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int 
     if (!pbuf || !rec)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plane and record buffers");
     stz_span span = {dtype, 0, n, "", stz_blocks_known(block_type) ? block_type : 0};
-    for (uint64_t off = 0; !st && off < n; off += cs) {
+    if (!st && n && shares(&span)) { /* alone, or coded with small neighbours */
+        size_t len;
+        if (!(st = encode_chunk(&enc, p, &span, 1, 0, data, (size_t)n, pbuf, rec, &len, err)))
+            *bytes = len - RECORD_HEAD_SIZE + SHARED_OVERHEAD;
+    }
+    for (uint64_t off = 0; !st && !*bytes && off < n; off += cs) {
         size_t k = n - off < cs ? (size_t)(n - off) : cs, len;
-        if (!(st = encode_chunk(&enc, p, &span, off, data + off, k, pbuf, rec, &len, err)))
+        if (!(st = encode_chunk(&enc, p, &span, 0, off, data + off, k, pbuf, rec, &len, err)))
             *bytes += len + INDEX_ENTRY_SIZE;
     }
     free(pbuf), free(rec);
@@ -289,7 +333,7 @@ stz_status stz_pack_writer_write_head(pack_ctx *c, const uint8_t *img, size_t or
     size_t zs = ZSTD_compress(z, cap, img, orig, HEADER_ZSTD_LEVEL);
     int zipped = !ZSTD_isError(zs) && zs < orig;
     memcpy(fh, STZ_MAGIC, 8);
-    stz_put_le16(fh + 8, STZ_PACK_FORMAT_VERSION);
+    stz_put_le16(fh + 8, (uint16_t)c->version);
     fh[10] = c->flags;
     stz_put_le32(fh + 12, c->p->chunk_size);
     stz_put_le64(fh + 16, c->orig_size);
@@ -324,7 +368,7 @@ static stz_status write_index(pack_ctx *c, stz_err *err)
         stz_put_le32(e + 16, ch->record_size);
         stz_put_le32(e + 20, ch->raw_size);
         stz_put_le32(e + 24, ch->tensor);
-        stz_put_le32(e + 28, 0);
+        stz_put_le32(e + 28, ch->last - ch->tensor); /* format 1: 0 */
     }
     stz_put_le64(tr, c->pos);
     stz_put_le64(tr + 8, isize);
@@ -338,23 +382,54 @@ static stz_status write_index(pack_ctx *c, stz_err *err)
     return st;
 }
 
+/* The chunk from span t at `at`: whole small spans together (the last one
+ * not empty), or the span's next chunk_size bytes. */
+static stz_chunk_info plan_one(const stz_span *sp, size_t nt, size_t t, uint64_t at, uint32_t cs)
+{
+    stz_chunk_info ch = {.tensor = (uint32_t)t, .last = (uint32_t)t, .data_offset = at};
+    uint64_t end = sp[t].end < at + cs ? sp[t].end : at + cs;
+    if (at == sp[t].begin && shares(&sp[t]))
+        for (size_t u = t + 1; u < nt && shares(&sp[u]) && sp[u].begin == sp[u - 1].end &&
+                               sp[u].end - at <= STZ_GROUP_MAX && sp[u].end - at <= cs;
+             u++)
+            if (sp[u].end > sp[u].begin)
+                ch.last = (uint32_t)u, end = sp[u].end;
+    ch.raw_size = (uint32_t)(end - at);
+    return ch;
+}
+
+/* Every chunk into c->chunks (when given; the count returned). */
+static size_t plan(pack_ctx *c, size_t nt)
+{
+    size_t n = 0;
+    for (size_t t = 0; t < nt;) {
+        uint64_t at = c->spans[t].begin;
+        if (at == c->spans[t].end) {
+            t++;
+            continue;
+        }
+        stz_chunk_info ch;
+        for (; at < c->spans[t].end; at += ch.raw_size, n++) {
+            ch = plan_one(c->spans, nt, t, at, c->p->chunk_size);
+            if (c->chunks)
+                c->chunks[n] = ch;
+        }
+        t = ch.last + 1;
+    }
+    return n;
+}
+
 stz_status stz_pack_writer_plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
 {
-    uint32_t cs = c->p->chunk_size;
-    size_t n = 0;
-    for (size_t i = 0; i < nt; i++)
-        n += (size_t)((c->spans[i].end - c->spans[i].begin + cs - 1) / cs);
+    size_t n = plan(c, nt);
     c->chunks = calloc(n + 1, sizeof *c->chunks);
     c->hashes = calloc(n + 1, sizeof *c->hashes);
     if (!c->chunks || !c->hashes)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu chunks", n);
-    for (size_t i = 0; i < nt; i++) {
-        const stz_span *t = &c->spans[i];
-        for (uint64_t off = t->begin; off < t->end; off += cs)
-            c->chunks[c->n++] = (stz_chunk_info){.tensor = (uint32_t)i,
-                                                 .data_offset = off,
-                                                 .raw_size = (uint32_t)(t->end - off < cs ? t->end - off : cs)};
-    }
+    c->n = plan(c, nt);
+    c->version = 1; /* unless small tensors share a chunk: then 2 */
+    for (size_t i = 0; i < c->n; i++)
+        c->version = c->chunks[i].last > c->chunks[i].tensor ? 2 : c->version;
     c->pl = (stz_ordered){.n = c->n, .threads = c->p->threads, .ctx = c, .work = pack_work, .commit = pack_commit,
                            .post = pack_post};
     return STZ_OK;

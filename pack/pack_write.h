@@ -44,6 +44,7 @@ typedef struct {
     pthread_cond_t cv;
     uint64_t orig_size;    /* of the file packed */
     uint8_t flags;         /* the file header's: STZ_ORIG_GGUF */
+    unsigned version;      /* the format version written: 2 when small tensors share chunks */
 } pack_ctx;
 
 /* Checks the parameters, opens the output, makes the thread buffers (with

@@ -145,18 +145,23 @@ def test_tune_feedback_on_token_file(stories, tmp_path):
     assert sha(same) == sha(fed) != sha(other)
 
 
-def test_tune_corrected_twice(stories, tmp_path):
-    """At 2.6 bits/weight with feedback the first correction of a missed
-    budget still misses (feedback's calibration moves the codes tune
-    measured, differently for each choice): the second, by the new
-    choice's difference, meets it, and the report says what was done."""
-    out = tmp_path / "t.stz"
-    budget = 2.6 * 260032 / 8
-    r = stz("compress", STORIES, "--tune", "--bits-per-weight", 2.6, "--feedback", "-o", out, "--json")
-    doc = json.loads(r.stdout)
-    print({k: doc[k] for k in ("corrections", "first_measured_bytes", "measured_bytes", "met")})
-    assert doc["met"] is True and doc["measured_bytes"] == os.path.getsize(out) <= budget
-    assert doc["corrected"] is True and doc["corrections"] == 2 and doc["first_measured_bytes"] > budget
+def test_tune_meets_budget_with_feedback(stories, tmp_path):
+    """With feedback, tune's measured container meets the budget, the
+    report consistent: a correction is made only after a first
+    measurement that missed. (Its two-correction case, at 2.6 bits/weight,
+    no longer arises: since small tensors share chunks, the size predicted
+    per tensor errs on the high side on stories260K, by 0.7-1.3%.)"""
+    for bpw in (2.6, 2.85, 3.0):
+        out = tmp_path / "t.stz"
+        budget = bpw * 260032 / 8
+        r = stz("compress", STORIES, "--tune", "--bits-per-weight", bpw, "--feedback", "-o", out, "-f", "--json")
+        doc = json.loads(r.stdout)
+        print(bpw, {k: doc.get(k) for k in ("corrections", "first_measured_bytes", "measured_bytes", "met")})
+        assert doc["met"] is True and doc["measured_bytes"] == os.path.getsize(out) <= budget
+        assert doc["measured_bytes"] >= 0.97 * budget  # the budget used, not left
+        assert doc["corrected"] is (doc["corrections"] > 0)
+        if doc["corrected"]:
+            assert doc["first_measured_bytes"] > budget
 
 
 def test_tune_feedback_candidates(stories, tmp_path):

@@ -84,7 +84,9 @@ within "$(num "$T/out" predicted_bytes)" "$(num "$T/out" measured_bytes)" 0.02 "
 expect_rc 0 "svd candidates" "$STZ" tune "$T/m.safetensors" --max-kl 100 --candidates svd:4,svd:8 -o "$T/svd.json" --json -q
 has "$T/svd.json" '"action":	"svd"' "svd chosen"
 has "$T/svd.json" '"fallback":	"keep"' "never a different fallback than the one measured"
-within "$(num "$T/out" predicted_bytes)" "$(num "$T/out" measured_bytes)" 0.02 "svd: predicted bytes"
+# (many small factor parts, which share chunks: predicted high, never low)
+pb=$(num "$T/out" predicted_bytes) mb=$(num "$T/out" measured_bytes)
+if awk "BEGIN { exit !($mb <= $pb && $mb >= 0.8 * $pb) }"; then ok; else bad "svd: predicted $pb bytes, measured $mb"; fi
 expect_rc 1 "svd rank 0" "$STZ" tune "$T/m.safetensors" --size 1M --candidates svd:0 -o "$T/x.json"
 
 # A sharded model directory: tuned, verified and compressed as a directory.

@@ -94,6 +94,47 @@ static void gguf_cases(const char *src, const char *pk, const stz_pack_params *p
     free(v), free(m), free(g);
 }
 
+/* Format 2: small tensors (U8, F32, an empty one between) sharing one
+ * chunk, packed; then the index entry's count of tensors after the first
+ * forged up and down, and the version lowered to 1, which a reader must
+ * refuse. */
+static void shared_cases(const char *src, const char *pk, const stz_pack_params *p)
+{
+    stz_writer *w;
+    stz_err err;
+    uint64_t s1 = 200, s2 = 30, s0 = 0, s3 = 100;
+    if (stz_writer_open(&w, src, STZ_WRITE_FORCE, &err) || stz_writer_add(w, "a.u8", STZ_DTYPE_U8, 1, &s1, &err) ||
+        stz_writer_add(w, "b.f32", STZ_DTYPE_F32, 1, &s2, &err) || stz_writer_add(w, "empty", STZ_DTYPE_F16, 1, &s0, &err) ||
+        stz_writer_add(w, "c.u8", STZ_DTYPE_U8, 1, &s3, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    for (uint8_t b = 0; stz_writer_remaining(w); b = (uint8_t)(b * 5 + 1))
+        stz_writer_write(w, &b, 1, &err);
+    if (stz_writer_finish(w, &err) || (stz_writer_free(w), stz_pack_file(p, src, pk, NULL, &err))) {
+        fprintf(stderr, "shared case failed: %s\n", err.msg);
+        exit(1);
+    }
+    size_t n;
+    uint8_t *v = load(pk, &n), *m = malloc(n);
+    remove(src);
+    remove(pk);
+    uint64_t ioff = stz_le64(v + n - TRAILER_SIZE), isize = stz_le64(v + n - TRAILER_SIZE + 8);
+    uint8_t *e0 = m + ioff + INDEX_HEAD_SIZE;
+    if (stz_le16(v + 8) != 2 || stz_le64(v + ioff + 8) != 1 || stz_le32(v + ioff + INDEX_HEAD_SIZE + 28) != 3) {
+        fprintf(stderr, "shared case: not one chunk of four tensors in format 2\n");
+        exit(1);
+    }
+    emit("valid_shared.stz", "STZ_OK", v, n);
+    memcpy(m, v, n), stz_put_le32(e0 + 28, 4), stz_put_le64(m + n - TRAILER_SIZE + 16, XXH3_64bits(m + ioff, isize));
+    emit("shared_too_many.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), stz_put_le32(e0 + 28, 1), stz_put_le64(m + n - TRAILER_SIZE + 16, XXH3_64bits(m + ioff, isize));
+    emit("shared_too_few.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), stz_put_le16(m + 8, 1), stz_put_le64(m + 56, XXH3_64bits(m, 56));
+    emit("shared_in_version_1.stz", "STZ_E_FORMAT", m, n);
+    free(v), free(m);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -151,7 +192,7 @@ int main(int argc, char **argv)
     emit("truncated_half.stz", "STZ_E_TRUNCATED", v, n / 2);
     RESET(); m[1] = 'X';
     emit("bad_magic.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le16(m + 8, 2); REHASH_HEAD();
+    RESET(); stz_put_le16(m + 8, STZ_PACK_FORMAT_VERSION + 1); REHASH_HEAD();
     emit("future_version.stz", "STZ_E_UNSUPPORTED", m, n);
     RESET(); m[20] ^= 1;
     emit("header_field_flip.stz", "STZ_E_CHECKSUM", m, n);
@@ -202,6 +243,7 @@ int main(int argc, char **argv)
     free(v);
     free(m);
     gguf_cases(src, pk, &p);
+    shared_cases(src, pk, &p);
     /* kept, not written: valid.stz as the first writer made it (four F32
      * planes where today's stores the small tensor's bytes unsplit), which
      * every later reader must still read */
