@@ -12,7 +12,7 @@
  *
  * - A @ B (stz_mm_nn): each output is its starting value (0 or Y) plus the
  *   products in order of k, one at a time: vectorised across outputs.
- * - X @ W^T (stz_mm_nt, stz_dot): both operands are rows along k, so each
+ * - X @ W^T (stz_mm_nt): both operands are rows along k, so each
  *   output is 16 partial sums, s[m] over k = m (mod 16) in order of k
  *   (lanes past k read 0), then s[m] + s[m + 8], + 4, + 2, + 1. */
 #include "core/stz_core.h"
@@ -190,12 +190,6 @@ typedef void (*cols_fn)(const mm_job *j, size_t j0, size_t j1);
     attr static void nnd_##suffix(const mm_job *j, size_t j0, size_t j1)                                               \
     {                                                                                                                  \
         nn_cols_double(j->Yd, j->ldy, j->Xd, j->ai, j->ap, j->Wd, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C); \
-    }                                                                                                                  \
-    attr static float dot_##suffix(const float *a, const float *b, size_t k)                                           \
-    {                                                                                                                  \
-        float y;                                                                                                       \
-        nt_tile(&y, 1, a, 0, b, 0, k, 1, 1);                                                                           \
-        return y;                                                                                                      \
     }
 
 COPIES(generic, , 2, 2)
@@ -207,14 +201,13 @@ COPIES(avx512, __attribute__((target("avx512f"))), 4, 3)
 typedef struct {
     const char *name;
     cols_fn nt, nn, nnd;
-    float (*dot)(const float *, const float *, size_t);
 } kernels;
 
 static const kernels table[] = {
-    {"generic", nt_generic, nn_generic, nnd_generic, dot_generic},
+    {"generic", nt_generic, nn_generic, nnd_generic},
 #if defined(__GNUC__) && defined(__x86_64__)
-    {"avx2", nt_avx2, nn_avx2, nnd_avx2, dot_avx2},
-    {"avx512", nt_avx512, nn_avx512, nnd_avx512, dot_avx512},
+    {"avx2", nt_avx2, nn_avx2, nnd_avx2},
+    {"avx512", nt_avx512, nn_avx512, nnd_avx512},
 #endif
 };
 
@@ -323,7 +316,6 @@ void stz_mm_nn_d(double *Y, size_t ldy, const double *A, size_t ai, size_t ap, c
     mm_run_cols(&j, pick()->nnd, threads);
 }
 
-float stz_dot(const float *a, const float *b, size_t k) { return pick()->dot(a, b, k); }
 
 /* ---- Cholesky factor and triangular inverse --------------------------------------------------------------------- */
 

@@ -272,8 +272,6 @@ int stz_cholesky(double *A, size_t n, int threads);
 /* X (n x n) = L^-1 for L lower triangular (n x n, its lower triangle read):
  * row i of X is -(L[i, :i] @ X[:i, :]) / L[i][i], the products in order. */
 void stz_tri_inverse(const double *L, double *X, size_t n, int threads);
-/* The dot product of a and b (k floats) in stz_mm_nt's order. */
-float stz_dot(const float *a, const float *b, size_t k);
 /* The instruction set the products run on: "avx512", "avx2" or "generic";
  * STZ_KERNELS (for tests) picks a lower one. Every one gives the same bits. */
 const char *stz_mm_kernels(void);

@@ -30,6 +30,18 @@ LILY = "Once upon a time, there was a little girl named Lily."
 need_data = pytest.mark.skipif(not (os.path.exists(F32) and os.path.exists(TOK)), reason="no shared data")
 
 
+def fake_ggml_lib(path):
+    """A library at path that calls itself ggml's but describes iq2_xxs wrongly (needs cc)."""
+    src = path.with_suffix(".c")
+    src.write_text(
+        "#include <stdint.h>\n#include <stddef.h>\n"
+        "struct t { const char *n; int64_t b, i; size_t s; _Bool q; void *f; };\n"
+        "static void f(void) {}\n"
+        "static struct t x = {\"iq2_xxs\", 256, 0, 64, 1, (void *)f};\n"
+        "const struct t *ggml_get_type_traits(int type) { (void)type; return &x; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", path, src], check=True)
+
+
 def stz(*args, ok=True, env=None):
     r = subprocess.run([STZ, *map(str, args)], capture_output=True, text=True,
                        env={**os.environ, **env} if env else None)
@@ -1068,13 +1080,7 @@ def test_codebook_types_need_llama_cpp(tmp_path):
     if zstd:
         cases.append((zstd, "%s has no ggml_get_type_traits" % zstd))
     if shutil.which("cc"):
-        (tmp_path / "fake.c").write_text(
-            "#include <stdint.h>\n#include <stddef.h>\n"
-            "struct t { const char *n; int64_t b, i; size_t s; _Bool q; void *f; };\n"
-            "static void f(void) {}\n"
-            "static struct t x = {\"iq2_xxs\", 256, 0, 64, 1, (void *)f};\n"
-            "const struct t *ggml_get_type_traits(int type) { (void)type; return &x; }\n")
-        subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "fake.so", tmp_path / "fake.c"], check=True)
+        fake_ggml_lib(tmp_path / "fake.so")
         cases.append((str(tmp_path / "fake.so"), "%s does not describe iq2_xxs as ggml-common.h does (blocks of 256 "
                       "elements in 66 bytes)" % (tmp_path / "fake.so")))
     for lib, why in cases:

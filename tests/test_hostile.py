@@ -10,7 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from test_gguf import hf_dir, load_f32, parse_gguf
+from test_gguf import fake_ggml_lib, hf_dir, load_f32, parse_gguf
 from test_imatrix import tiny, write_dat, write_gguf_imatrix  # noqa: F401 (tiny: a fixture)
 
 STZ = os.environ.get("STZ", "build/stz")
@@ -212,14 +212,8 @@ def test_no_library_from_the_current_directory(tmp_path):
     while len(str(deep)) < 300:
         deep = deep / ("d" * 60)
     deep.mkdir(parents=True)
-    (tmp_path / "fake.c").write_text(
-        "#include <stdint.h>\n#include <stddef.h>\n"
-        "struct t { const char *n; int64_t b, i; size_t s; _Bool q; void *f; };\n"
-        "static void f(void) {}\n"
-        "static struct t x = {\"iq2_xxs\", 256, 0, 64, 1, (void *)f};\n"
-        "const struct t *ggml_get_type_traits(int type) { (void)type; return &x; }\n")
     lib = deep / "fake.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", lib, tmp_path / "fake.c"], check=True)
+    fake_ggml_lib(lib)
     r = run("dequantize", "k.gguf", "-o", "o.safetensors", cwd=tmp_path, env={"STZ_GGML_LIB": str(lib)})
     assert r.returncode == 1 and "%s does not describe iq2_xxs" % lib in r.stderr, r.stderr
 
