@@ -85,7 +85,7 @@ struct stz_feedback {
     FILE *spill;
     fb_entry *e;
     size_t n, cap, skipped;
-    char skip_name[256];
+    char *skip_name; /* an example of the tensors skipped (NULL: none) */
 };
 
 void stz_feedback_free(stz_feedback *fb)
@@ -95,7 +95,7 @@ void stz_feedback_free(stz_feedback *fb)
     if (fb && fb->spill)
         fclose(fb->spill);
     if (fb)
-        free(fb->e);
+        free(fb->e), free(fb->skip_name);
     free(fb);
 }
 
@@ -104,7 +104,7 @@ size_t stz_feedback_count(const stz_feedback *fb) { return fb->n; }
 size_t stz_feedback_skipped(const stz_feedback *fb, const char **example)
 {
     if (example)
-        *example = fb->skip_name;
+        *example = fb->skip_name ? fb->skip_name : "";
     return fb->skipped;
 }
 
@@ -482,7 +482,8 @@ stz_status stz_feedback_run(stz_feedback **out, stz_fwd *m, stz_policy *policy, 
     loc emb = m->global[G_EMBED];
     if (!st && !stz_forward_tied(m) && emb.f >= 0 && fb_wants(&R, stz_forward_tensor(m, emb))) {
         R.fb->skipped++; /* an untied embedding: no matrix product reads it */
-        snprintf(R.fb->skip_name, sizeof R.fb->skip_name, "%s", stz_forward_tensor(m, emb)->name);
+        if (!(R.fb->skip_name = strdup(stz_forward_tensor(m, emb)->name)))
+            st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a tensor's name");
     }
     if (st) {
         stz_feedback_free(R.fb);

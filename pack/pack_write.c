@@ -289,12 +289,13 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int 
     if (!pbuf || !rec)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plane and record buffers");
     stz_span span = {dtype, 0, n, "", stz_blocks_known(block_type) ? block_type : 0};
-    if (!st && n && shares(&span)) { /* alone, or coded with small neighbours */
+    int small = n && shares(&span);
+    if (!st && small) { /* alone, or coded with small neighbours */
         size_t len;
         if (!(st = encode_chunk(&enc, p, &span, 1, 0, data, (size_t)n, pbuf, rec, &len, err)))
             *bytes = len - RECORD_HEAD_SIZE + SHARED_OVERHEAD;
     }
-    for (uint64_t off = 0; !st && !*bytes && off < n; off += cs) {
+    for (uint64_t off = 0; !st && !small && off < n; off += cs) {
         size_t k = n - off < cs ? (size_t)(n - off) : cs, len;
         if (!(st = encode_chunk(&enc, p, &span, 0, off, data + off, k, pbuf, rec, &len, err)))
             *bytes += len + INDEX_ENTRY_SIZE;
