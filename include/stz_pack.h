@@ -67,7 +67,7 @@ STZ_API stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char 
  * holding data[n] takes in a container written with p (its chunk records
  * and index entries, exactly; a tensor of at most 1 KiB, which shares a
  * chunk with small neighbours: its bytes coded alone as that chunk codes
- * them, and half a chunk head and index entry), and the container's fixed
+ * them, and a quarter of a chunk head and index entry), and the container's fixed
  * bytes for a
  * SafeTensors file whose JSON header is header[len]. block_type: the ggml
  * type (STZ_GGML_*) of the blocks data holds, as a quantized file's entry
