@@ -33,15 +33,6 @@ INLINE v16 load16(const float *p)
     return v;
 }
 
-/* n < 16 floats, the other lanes 0 */
-INLINE v16 load_part(const float *p, size_t n)
-{
-    v16 v = {0};
-    for (size_t i = 0; i < n; i++)
-        v[i] = p[i];
-    return v;
-}
-
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 
@@ -56,67 +47,91 @@ INLINE float reduce16(v16 s)
 /* ---- X @ W^T: dot products of rows ------------------------------------------------------------------------------ */
 
 #define MAXR 4
-#define MAXC 3
+#define MAXC 6
 
-/* Y (r, c; ldy) = X (r, k; ldx) @ W (c, k; ldw)^T, r <= MAXR, c <= MAXC */
-INLINE void nt_tile(float *Y, size_t ldy, const float *X, size_t ldx, const float *W, size_t ldw, size_t k, int r,
-                    int c)
-{
-    v16 acc[MAXR][MAXC] = {{{0}}}, w[MAXC];
-    size_t p = 0;
-    for (; p + 16 <= k; p += 16)
-#pragma GCC unroll 4
-        for (int i = 0; i < r; i++) {
-            v16 x = load16(X + i * ldx + p);
-#pragma GCC unroll 3
-            for (int j = 0; j < c; j++) {
-                if (!i)
-                    w[j] = load16(W + j * ldw + p);
-                acc[i][j] += x * w[j];
-            }
-        }
-    if (p < k)
-        for (int i = 0; i < r; i++)
-            for (int j = 0; j < c; j++)
-                acc[i][j] += load_part(X + i * ldx + p, k - p) * load_part(W + j * ldw + p, k - p);
-    for (int i = 0; i < r; i++)
-        for (int j = 0; j < c; j++)
-            Y[i * ldy + j] = reduce16(acc[i][j]);
-}
-
-/* Columns [j0, j1) of Y, tiles of R x C (constants, so the tile lives in registers). */
-INLINE void nt_cols(float *Y, size_t ldy, const float *X, size_t ldx, const float *W, size_t ldw, size_t n, size_t k,
-                    size_t j0, size_t j1, int R, int C)
-{
-    for (size_t i = 0; i < n; i += (size_t)R) {
-        int r = n - i < (size_t)R ? (int)(n - i) : R;
-        for (size_t j = j0; j < j1; j += (size_t)C) {
-            int c = j1 - j < (size_t)C ? (int)(j1 - j) : C;
-            float *y = Y + i * ldy + j;
-            const float *x = X + i * ldx, *w = W + j * ldw;
-            if (r == R && c == C)
-                nt_tile(y, ldy, x, ldx, w, ldw, k, R, C);
-            else
-                nt_tile(y, ldy, x, ldx, w, ldw, k, r, c);
-        }
+/* Y (r, c; ldy) = X (r, k; ldx) @ W (c, k; ldw)^T, r <= MAXR, c <= MAXC, on vectors V of L = 16, 8 or 4 lanes:
+ * each 16-lane partial sum is 16 / L vectors side by side, the same operations lane by lane, so that a copy can
+ * keep its tile in the registers it has. Columns [j0, j1) of Y in tiles of R x C (constants, so the tile lives in
+ * registers). */
+#define NT_KERNELS(V, L)                                                                                               \
+    /* acc[i][j] += the 16 products of X (r, 16; lx) and W (c, 16; lw) */                                              \
+    INLINE void nt_step_##L(V acc[MAXR][MAXC][16 / L], const float *X, size_t lx, const float *W, size_t lw, int r,    \
+                            int c)                                                                                     \
+    {                                                                                                                  \
+        V w[MAXC] = {{0}}, x;                                                                                          \
+        _Pragma("GCC unroll 4") for (int h = 0; h < 16 / L; h++)                                                       \
+        {                                                                                                              \
+            _Pragma("GCC unroll 6") for (int j = 0; j < c; j++) memcpy(&w[j], W + j * lw + h * L, sizeof(V));          \
+            _Pragma("GCC unroll 4") for (int i = 0; i < r; i++)                                                        \
+            {                                                                                                          \
+                memcpy(&x, X + i * lx + h * L, sizeof(V));                                                             \
+                _Pragma("GCC unroll 6") for (int j = 0; j < c; j++) acc[i][j][h] += x * w[j];                          \
+            }                                                                                                          \
+        }                                                                                                              \
+    }                                                                                                                  \
+                                                                                                                       \
+    INLINE void nt_tile_##L(float *Y, size_t ldy, const float *X, size_t ldx, const float *W, size_t ldw, size_t k,    \
+                            int r, int c)                                                                              \
+    {                                                                                                                  \
+        V acc[MAXR][MAXC][16 / L] = {{{{0}}}};                                                                         \
+        size_t p = 0;                                                                                                  \
+        for (; p + 16 <= k; p += 16)                                                                                   \
+            nt_step_##L(acc, X + p, ldx, W + p, ldw, r, c);                                                            \
+        if (p < k) { /* the last k % 16, then 0 */                                                                     \
+            float xt[MAXR][16] = {{0}}, wt[MAXC][16] = {{0}};                                                          \
+            for (int i = 0; i < r; i++)                                                                                \
+                memcpy(xt[i], X + i * ldx + p, (k - p) * sizeof(float));                                               \
+            for (int j = 0; j < c; j++)                                                                                \
+                memcpy(wt[j], W + j * ldw + p, (k - p) * sizeof(float));                                               \
+            nt_step_##L(acc, xt[0], 16, wt[0], 16, r, c);                                                              \
+        }                                                                                                              \
+        for (int i = 0; i < r; i++)                                                                                    \
+            for (int j = 0; j < c; j++)                                                                                \
+                Y[i * ldy + j] = reduce16(load16((const float *)acc[i][j]));                                           \
+    }                                                                                                                  \
+                                                                                                                       \
+    INLINE void nt_cols_##L(float *Y, size_t ldy, const float *X, size_t ldx, const float *W, size_t ldw, size_t n,    \
+                            size_t k, size_t j0, size_t j1, int R, int C)                                              \
+    {                                                                                                                  \
+        size_t mc = ((size_t)512 << 10) / (k * sizeof(float) + 1) / (size_t)R * (size_t)R;                             \
+        mc = mc < (size_t)R ? (size_t)R : mc;                                                                          \
+        for (size_t i0 = 0; i0 < n; i0 += mc) /* rows of X half a 1 MiB cache at a time */                               \
+            for (size_t j = j0; j < j1; j += (size_t)C) {                                                              \
+                int c = j1 - j < (size_t)C ? (int)(j1 - j) : C;                                                        \
+                for (size_t i = i0; i < n && i < i0 + mc; i += (size_t)R) {                                            \
+                    int r = n - i < (size_t)R ? (int)(n - i) : R;                                                      \
+                    float *y = Y + i * ldy + j;                                                                        \
+                    const float *x = X + i * ldx, *w = W + j * ldw;                                                    \
+                    if (r == R && c == C)                                                                              \
+                        nt_tile_##L(y, ldy, x, ldx, w, ldw, k, R, C);                                                  \
+                    else if (r == 1 && c == C) /* one row: sampling */                                                 \
+                        nt_tile_##L(y, ldy, x, ldx, w, ldw, k, 1, C);                                                  \
+                    else                                                                                               \
+                        nt_tile_##L(y, ldy, x, ldx, w, ldw, k, r, c);                                                  \
+                }                                                                                                      \
+            }                                                                                                          \
     }
-}
+
+NT_KERNELS(v16, 16)
+NT_KERNELS(v8, 8)
+NT_KERNELS(v4, 4)
 
 /* ---- A @ B: rows of B scaled and added, in order of k ----------------------------------------------------------- */
 
 /* Y (r, c vectors; ldy) (+)= A (r, k) @ B (k, c vectors; ldb), A's element (i, p) at A[i * ai + p * ap], the last
  * vector holding `last` (1..L) columns; products from p = k0 on (those before are known to be 0). For floats (T, V:
  * vectors of L = 16) and doubles (L = 8). */
-#define NN_KERNELS(T, V, L)                                                                                            \
-    INLINE void nn_tile_##T(T *Y, size_t ldy, const T *A, size_t ai, size_t ap, const T *B, size_t ldb, size_t k0,    \
+#define NN_KERNELS(N, T, V, L)                                                                                          \
+    INLINE void nn_tile_##N(T *Y, size_t ldy, const T *A, size_t ai, size_t ap, const T *B, size_t ldb, size_t k0,    \
                             size_t k, int r, int c, size_t last, int add)                                              \
     {                                                                                                                  \
         V acc[MAXR][MAXC], b[MAXC] = {{0}};                                                                            \
         for (int i = 0; i < r; i++)                                                                                    \
-            for (int j = 0; j < c; j++) {                                                                              \
-                acc[i][j] = (V){0};                                                                                    \
-                if (add)                                                                                               \
-                    memcpy(&acc[i][j], Y + i * ldy + L * j, (j == c - 1 ? last : L) * sizeof(T));                      \
+            for (int j = 0; j < c; j++) { /* whole vectors copied, so that the tile stays in registers */              \
+                T t[L] = {0};                                                                                          \
+                for (size_t e = 0; add && e < (j == c - 1 ? last : L); e++)                                            \
+                    t[e] = Y[i * ldy + L * j + e];                                                                     \
+                memcpy(&acc[i][j], t, sizeof(V));                                                                      \
             }                                                                                                          \
         for (size_t p = k0; p < k; p++) {                                                                              \
             _Pragma("GCC unroll 3") for (int j = 0; j < c; j++)                                                        \
@@ -135,13 +150,16 @@ INLINE void nt_cols(float *Y, size_t ldy, const float *X, size_t ldx, const floa
             }                                                                                                          \
         }                                                                                                              \
         for (int i = 0; i < r; i++)                                                                                    \
-            for (int j = 0; j < c; j++)                                                                                \
-                memcpy(Y + i * ldy + L * j, &acc[i][j], (j == c - 1 ? last : L) * sizeof(T));                          \
+            for (int j = 0; j < c; j++) {                                                                              \
+                T t[L];                                                                                                \
+                memcpy(t, &acc[i][j], sizeof(V));                                                                      \
+                memcpy(Y + i * ldy + L * j, t, (j == c - 1 ? last : L) * sizeof(T));                                   \
+            }                                                                                                          \
     }                                                                                                                  \
                                                                                                                        \
     /* Columns [j0, j1), of the tiles that shape (STZ_MM_*) asks for                                                \
      */                                                                                                                \
-    INLINE void nn_cols_##T(T *Y, size_t ldy, const T *A, size_t ai, size_t ap, const T *B, size_t ldb, size_t n,      \
+    INLINE void nn_cols_##N(T *Y, size_t ldy, const T *A, size_t ai, size_t ap, const T *B, size_t ldb, size_t n,      \
                             size_t k, size_t j0, size_t j1, int add, int shape, int R, int C)                          \
     {                                                                                                                  \
         for (size_t j = j0; j < j1; j += L * (size_t)C) {                                                              \
@@ -154,16 +172,22 @@ INLINE void nt_cols(float *Y, size_t ldy, const float *X, size_t ldx, const floa
                 T *y = Y + i * ldy + j;                                                                                \
                 const T *a = A + i * ai;                                                                               \
                 if (r == R && c == C && last == L)                                                                     \
-                    nn_tile_##T(y, ldy, a, ai, ap, B + j, ldb, k0, k, R, C, L, add);                                   \
+                    nn_tile_##N(y, ldy, a, ai, ap, B + j, ldb, k0, k, R, C, L, add);                                   \
                 else                                                                                                   \
-                    nn_tile_##T(y, ldy, a, ai, ap, B + j, ldb, k0, k, r, c, last, add);                                \
+                    nn_tile_##N(y, ldy, a, ai, ap, B + j, ldb, k0, k, r, c, last, add);                                \
             }                                                                                                          \
         }                                                                                                              \
     }
 
 typedef double v8d __attribute__((vector_size(64)));
-NN_KERNELS(float, v16, 16)
-NN_KERNELS(double, v8d, 8)
+typedef double v4d __attribute__((vector_size(32)));
+typedef double v2d __attribute__((vector_size(16)));
+NN_KERNELS(f16, float, v16, 16)
+NN_KERNELS(f8, float, v8, 8)
+NN_KERNELS(f4, float, v4, 4)
+NN_KERNELS(d8, double, v8d, 8)
+NN_KERNELS(d4, double, v4d, 4)
+NN_KERNELS(d2, double, v2d, 2)
 
 /* ---- one copy per instruction set ------------------------------------------------------------------------------- */
 
@@ -178,24 +202,24 @@ typedef struct {
 
 typedef void (*cols_fn)(const mm_job *j, size_t j0, size_t j1);
 
-#define COPIES(suffix, attr, R, C)                                                                                     \
+#define COPIES(suffix, attr, L, Rt, Ct, F, D, R, C)                                                                       \
     attr static void nt_##suffix(const mm_job *j, size_t j0, size_t j1)                                                \
     {                                                                                                                  \
-        nt_cols(j->Y, j->ldy, j->X, j->ldx, j->W, j->ldw, j->n, j->k, j0, j1, R, C);                                   \
+        nt_cols_##L(j->Y, j->ldy, j->X, j->ldx, j->W, j->ldw, j->n, j->k, j0, j1, Rt, Ct);                             \
     }                                                                                                                  \
     attr static void nn_##suffix(const mm_job *j, size_t j0, size_t j1)                                                \
     {                                                                                                                  \
-        nn_cols_float(j->Y, j->ldy, j->X, j->ai, j->ap, j->W, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C);     \
+        nn_cols_##F(j->Y, j->ldy, j->X, j->ai, j->ap, j->W, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C);     \
     }                                                                                                                  \
     attr static void nnd_##suffix(const mm_job *j, size_t j0, size_t j1)                                               \
     {                                                                                                                  \
-        nn_cols_double(j->Yd, j->ldy, j->Xd, j->ai, j->ap, j->Wd, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C); \
+        nn_cols_##D(j->Yd, j->ldy, j->Xd, j->ai, j->ap, j->Wd, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C); \
     }
 
-COPIES(generic, , 2, 2)
+COPIES(generic, , 4, 3, 2, f4, d2, 3, 3)
 #if defined(__GNUC__) && defined(__x86_64__)
-COPIES(avx2, __attribute__((target("avx2"))), 2, 2)
-COPIES(avx512, __attribute__((target("avx512f"))), 4, 3)
+COPIES(avx2, __attribute__((target("avx2"))), 8, 3, 2, f8, d4, 3, 3)
+COPIES(avx512, __attribute__((target("avx512f"))), 16, 4, 6, f16, d8, 4, 3)
 #endif
 
 typedef struct {
@@ -273,14 +297,11 @@ static void mm_run_cols(mm_job *j, cols_fn fn, int threads)
     step = (step + 47) / 48 * 48;
     j->step = step;
     size_t pieces = (j->out + step - 1) / step;
-    if (threads < 2 || pieces < 2 || (double)j->n * (double)j->k * (double)j->out < 1e6) {
-        fn(j, 0, j->out);
-        return;
-    }
     mm_run m = {j, fn};
     stz_ordered p = {.n = pieces, .threads = threads, .ctx = &m, .work = mm_work};
-    if (stz_ordered_run(&p, NULL)) /* no thread could start: this one does it all */
-        fn(j, 0, j->out);
+    if (threads < 2 || pieces < 2 || (double)j->n * (double)j->k * (double)j->out < 1e6 || stz_ordered_run(&p, NULL))
+        for (size_t i = 0; i < pieces; i++) /* one thread (small products, or no thread could start) */
+            mm_work(&m, 0, i, NULL);
 }
 
 void stz_mm_nt(float *Y, size_t ldy, const float *X, size_t ldx, const float *W, size_t ldw, size_t n, size_t k,

@@ -217,7 +217,8 @@ void stz_outfile_abort(stz_outfile *of);
  * handed out in order, so at most `threads` items are in flight: memory
  * stays bounded by the per-thread buffers. The first error stops the run
  * and is returned. progress (optional) is called from the caller's thread
- * with `done`, which only commit() may advance.
+ * with `done`, which only commit() may advance. Without commit() nothing
+ * waits for order: a thread takes the next item as soon as it is done.
  */
 typedef struct stz_ordered {
     size_t n;

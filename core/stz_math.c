@@ -6,38 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LN2_HI 6.93147180369123816490e-01 /* ln 2, its top 32 bits: k * LN2_HI is exact */
-#define LN2_LO 1.90821492927058770002e-10
-
-/* 2^k as a double, -1022 <= k <= 1023 */
-static double pow2(int k)
-{
-    uint64_t b = (uint64_t)(k + 1023) << 52;
-    double d;
-    memcpy(&d, &b, sizeof d);
-    return d;
-}
-
-/* e^x: x = k ln2 + r, |r| <= ln2 / 2, e^r by its Taylor series to r^13
- * (two halves evaluated side by side), times 2^k in two exact steps (a
- * subnormal result rounds once). */
-double stz_exp(double x)
-{
-    if (!(x < 709.782712893384))
-        return x != x ? x : INFINITY;
-    if (x < -745.2)
-        return 0.0;
-    double k = rint(x * 1.4426950408889634), r = (x - k * LN2_HI) - k * LN2_LO, r2 = r * r;
-    /* sum of r^i / i!: odd and even terms as polynomials in r^2 */
-    double even = 1.0 / 479001600.0, odd = 1.0 / 6227020800.0;
-    static const double ce[6] = {1.0 / 3628800.0, 1.0 / 40320.0, 1.0 / 720.0, 1.0 / 24.0, 0.5, 1.0};
-    static const double co[6] = {1.0 / 39916800.0, 1.0 / 362880.0, 1.0 / 5040.0, 1.0 / 120.0, 1.0 / 6.0, 1.0};
-    for (int i = 0; i < 6; i++)
-        even = even * r2 + ce[i], odd = odd * r2 + co[i];
-    double p = even + r * odd;
-    int ki = (int)k, k1 = ki / 2;
-    return p * pow2(k1) * pow2(ki - k1);
-}
+#define LN2_HI STZ_LN2_HI
+#define LN2_LO STZ_LN2_LO
 
 /* log x: x = 2^e m, sqrt(1/2) <= m < sqrt(2); with s = (m - 1) / (m + 1),
  * log m = 2 (s + s^3/3 + s^5/5 + ...), |s| < 0.172, to s^23. */

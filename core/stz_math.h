@@ -7,6 +7,7 @@
 #ifndef STZ_MATH_H
 #define STZ_MATH_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -45,8 +46,41 @@ static inline float stz_expf(float x)
 /* x * sigmoid(x), the SiLU */
 static inline float stz_silu(float x) { return x / (1.0f + stz_expf(-x)); }
 
-/* e^x, log x, sin and cos in double (stz_math.c) */
-double stz_exp(double x);
+#define STZ_LN2_HI 6.93147180369123816490e-01 /* ln 2, its top 32 bits: k * STZ_LN2_HI is exact */
+#define STZ_LN2_LO 1.90821492927058770002e-10
+
+/* 2^k as a double, -1022 <= k <= 1023 */
+static inline double stz_pow2(int64_t k)
+{
+    uint64_t b = (uint64_t)(k + 1023) << 52;
+    double d;
+    memcpy(&d, &b, sizeof d);
+    return d;
+}
+
+/* e^x in double: x = k ln2 + r, |r| <= ln2 / 2, e^r by its Taylor series to
+ * r^13 (odd and even terms as polynomials in r^2, side by side), times 2^k
+ * in two exact steps (a subnormal result rounds once); past the range 0 or
+ * infinity. No branch, so loops over it vectorise. */
+static inline double stz_exp(double x)
+{
+    double y = x < 709.782712893384 ? x : 709.782712893384;
+    y = y > -745.2 ? y : -745.2;
+    double k = (y * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0; /* rounded to the nearest */
+    double r = (y - k * STZ_LN2_HI) - k * STZ_LN2_LO, r2 = r * r;
+    double even = 1.0 / 479001600.0, odd = 1.0 / 6227020800.0;
+    even = even * r2 + 1.0 / 3628800.0, odd = odd * r2 + 1.0 / 39916800.0;
+    even = even * r2 + 1.0 / 40320.0, odd = odd * r2 + 1.0 / 362880.0;
+    even = even * r2 + 1.0 / 720.0, odd = odd * r2 + 1.0 / 5040.0;
+    even = even * r2 + 1.0 / 24.0, odd = odd * r2 + 1.0 / 120.0;
+    even = even * r2 + 0.5, odd = odd * r2 + 1.0 / 6.0;
+    even = even * r2 + 1.0, odd = odd * r2 + 1.0;
+    int64_t ki = (int64_t)k, k1 = ki / 2;
+    double e = (even + r * odd) * stz_pow2(k1) * stz_pow2(ki - k1);
+    return x != x ? x : x >= 709.782712893384 ? (double)INFINITY : x < -745.2 ? 0.0 : e;
+}
+
+/* log x, sin and cos in double (stz_math.c) */
 double stz_log(double x);
 double stz_log2(double x);
 double stz_pow(double x, double y); /* x > 0 */

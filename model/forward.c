@@ -507,6 +507,20 @@ stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t
     return STZ_OK;
 }
 
+size_t stz_forward_batch_end(const size_t *lens, size_t nseq, size_t s0, size_t rows, size_t *sum)
+{
+    size_t s1 = s0 + 1, n = lens[s0], cap = lens[s0];
+    for (; s1 < nseq; s1++) {
+        size_t c = lens[s1] > cap ? lens[s1] : cap;
+        if (n + lens[s1] > rows || (s1 - s0 + 1) * c > 4 * rows)
+            break;
+        n += lens[s1], cap = c;
+    }
+    if (sum)
+        *sum = n;
+    return s1;
+}
+
 /* Hidden states after every layer for all rows of nseq sequences (lens[s]
  * tokens each, stride apart); X gets sum(lens) rows. */
 stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,

@@ -77,6 +77,12 @@ stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t
 stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                                   float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
                                   stz_err *err);
+/* The end s1 of the batch of sequences from s0 that a pass takes at once:
+ * at most `rows` positions (the activations), at most 4 * rows padded to
+ * the longest (the keys and values); at least one sequence. *sum (if not
+ * NULL): its positions. Batches give the bits of one pass: a row's values
+ * depend on its own sequence alone. */
+size_t stz_forward_batch_end(const size_t *lens, size_t nseq, size_t s0, size_t rows, size_t *sum);
 void stz_forward_drop_kept(stz_fwd *m);
 /* The final norm of rows X (n, dim) in place (the head's input). */
 stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err);

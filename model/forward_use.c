@@ -141,6 +141,7 @@ typedef struct {
 } row_stats;
 
 /* Folds logits LA, LB (n rows x k, vocabulary ids v0..v0+k) into the rows' stats. */
+STZ_CLONES("arch=x86-64-v4", "avx2", "default")
 static void fold_slice(row_stats *rs, const float *LA, const float *LB, size_t n, size_t k, size_t v0,
                        const int32_t *next)
 {
@@ -163,10 +164,13 @@ static void fold_slice(row_stats *rs, const float *LA, const float *LB, size_t n
             x->sb *= v0 ? stz_exp(x->mb - mxb) : 0;
             x->mb = mxb, x->arg_b = (uint32_t)(v0 + ib);
         }
-        double sa = 0, ta = 0, sb = 0;
-        for (size_t i = 0; i < k; i++) {
-            double e = stz_exp((double)la[i] - x->ma);
-            sa += e, ta += e * ((double)la[i] - lb[i]), sb += stz_exp((double)lb[i] - x->mb);
+        double sa = 0, ta = 0, sb = 0, ma = x->ma, mb = x->mb, ea[64], eb[64];
+        for (size_t i0 = 0; i0 < k; i0 += 64) {
+            size_t m = k - i0 < 64 ? k - i0 : 64;
+            for (size_t i = 0; i < m; i++) /* vectorised; the sums below keep their order */
+                ea[i] = stz_exp((double)la[i0 + i] - ma), eb[i] = stz_exp((double)lb[i0 + i] - mb);
+            for (size_t i = 0; i < m; i++)
+                sa += ea[i], ta += ea[i] * ((double)la[i0 + i] - lb[i0 + i]), sb += eb[i];
         }
         x->sa += sa, x->ta += ta, x->sb += sb;
         if ((size_t)next[r] >= v0 && (size_t)next[r] < v0 + k)
@@ -181,14 +185,16 @@ static size_t slice_step(size_t n, size_t D, size_t V)
     return step < 1 ? 1 : step > V ? V : step;
 }
 
-/* Final norm, then both heads streamed in vocabulary slices (each read
- * once) over the n scored rows XA, XB; stats into rs. */
+/* Final norm, then both heads streamed in vocabulary slices over the n
+ * scored rows XA, XB, in pieces of at most dim rows (each head read once a
+ * piece); stats into rs. The slices depend on the model alone, so a row's
+ * figures do not depend on the rows beside it. */
 static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, size_t n, const int32_t *next,
                              row_stats *rs, stz_err *err)
 {
-    size_t D = ref->c.dim, V = ref->c.vocab, step = slice_step(n, D, V);
+    size_t D = ref->c.dim, V = ref->c.vocab, step = slice_step(D, D, V);
     float *na = malloc(D * sizeof *na), *nb = malloc(D * sizeof *nb), *W = malloc(step * D * sizeof *W),
-          *LA = malloc(n * step * sizeof *LA), *LB = malloc(n * step * sizeof *LB);
+          *LA = malloc(D * step * sizeof *LA), *LB = malloc(D * step * sizeof *LB);
     stz_status st = !na || !nb || !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
     if (!st && !(st = stz_forward_read_rows(ref, ref->global[G_NORM], 0, 1, na, err)))
         st = stz_forward_read_rows(cand, cand->global[G_NORM], 0, 1, nb, err);
@@ -196,23 +202,27 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
         stz_forward_rmsnorm(XA + r * D, XA + r * D, na, D, ref->c.norm_eps);
         stz_forward_rmsnorm(XB + r * D, XB + r * D, nb, D, cand->c.norm_eps);
     }
-    for (size_t v0 = 0; !st && v0 < V; v0 += step) {
-        size_t k = V - v0 < step ? V - v0 : step;
-        /* L (n, k) = X (n, dim) @ head[v0:v0+k] (k, dim)^T, for each model */
-        if ((st = stz_forward_read_rows(ref, ref->global[G_HEAD], v0, k, W, err)))
-            break;
-        stz_forward_linear(ref, LA, XA, W, NULL, n, D, k);
-        if ((st = stz_forward_read_rows(cand, cand->global[G_HEAD], v0, k, W, err)))
-            break;
-        stz_forward_linear(cand, LB, XB, W, NULL, n, D, k);
-        for (size_t i = 0; i < n * k; i++)
-            if (!isfinite(LA[i]) || !isfinite(LB[i])) {
-                st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite",
-                                 isfinite(LA[i]) ? cand->label : ref->label, i / k + 1);
+    for (size_t r0 = 0; !st && r0 < n; r0 += D) {
+        size_t m = n - r0 < D ? n - r0 : D;
+        const float *xa = XA + r0 * D, *xb = XB + r0 * D;
+        for (size_t v0 = 0; !st && v0 < V; v0 += step) {
+            size_t k = V - v0 < step ? V - v0 : step;
+            /* L (m, k) = X (m, dim) @ head[v0:v0+k] (k, dim)^T, for each model */
+            if ((st = stz_forward_read_rows(ref, ref->global[G_HEAD], v0, k, W, err)))
                 break;
-            }
-        if (!st)
-            fold_slice(rs, LA, LB, n, k, v0, next);
+            stz_forward_linear(ref, LA, xa, W, NULL, m, D, k);
+            if ((st = stz_forward_read_rows(cand, cand->global[G_HEAD], v0, k, W, err)))
+                break;
+            stz_forward_linear(cand, LB, xb, W, NULL, m, D, k);
+            for (size_t i = 0; i < m * k; i++)
+                if (!isfinite(LA[i]) || !isfinite(LB[i])) {
+                    st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite",
+                                     isfinite(LA[i]) ? cand->label : ref->label, r0 + i / k + 1);
+                    break;
+                }
+            if (!st)
+                fold_slice(rs + r0, LA, LB, m, k, v0, next + r0);
+        }
     }
     free(na), free(nb), free(W), free(LA), free(LB);
     return st;
@@ -240,6 +250,37 @@ static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_
     out->ppl_change = out->ppl_cand / out->ppl_ref - 1;
 }
 
+/* Positions run through both models at once: memory bounded whatever the tokens. */
+#define COMPARE_ROWS 2048
+
+/* One batch, sequences [s0, s1) (rows positions): both models' hidden
+ * states, the rows whose next token is given (token t of sequence s
+ * predicts t + 1) scored into rs from *scored on. */
+static stz_status compare_batch(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t s0, size_t s1,
+                                size_t stride, const size_t *lens, float *XA, float *XB, int32_t *next,
+                                row_stats *rs, size_t *scored, stz_fwd_progress progress, void *user, uint64_t *done,
+                                uint64_t total, stz_err *err)
+{
+    size_t D = ref->c.dim, first = *scored, kept = 0;
+    const int32_t *tok = tokens + s0 * stride;
+    stz_status st = stz_forward_hidden_states(ref, tok, s1 - s0, stride, lens + s0, XA, progress, user, done, total, err);
+    if (!st)
+        st = stz_forward_hidden_states(cand, tok, s1 - s0, stride, lens + s0, XB, progress, user, done, total, err);
+    for (size_t s = s0, r = 0; !st && s < s1; s++)
+        for (size_t t = 0; t < lens[s]; t++, r++)
+            if (t + 1 < lens[s]) {
+                memmove(XA + kept * D, XA + r * D, D * sizeof *XA);
+                memmove(XB + kept * D, XB + r * D, D * sizeof *XB);
+                next[first + kept++] = tokens[s * stride + t + 1];
+            }
+    if (!st && kept)
+        st = score_rows(ref, cand, XA, XB, kept, next + first, rs + first, err);
+    *scored = first + kept, ++*done;
+    if (!st && progress && progress(user, *done, total))
+        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+    return st;
+}
+
 stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
                            const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
                            stz_err *err)
@@ -249,34 +290,23 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
     if (a->dim != b->dim || a->vocab != b->vocab || a->n_layers != b->n_layers || a->hidden != b->hidden)
         return stz_err_set(err, STZ_E_SHAPE, "%s and %s are not the same architecture (dim %u/%u, layers %u/%u, vocab %u/%u)",
                            ref->label, cand->label, a->dim, b->dim, a->n_layers, b->n_layers, a->vocab, b->vocab);
-    size_t n = 0, D = a->dim;
-    for (size_t s = 0; s < nseq; s++)
-        n += lens[s];
-    uint64_t done = 0, total = 2 * (uint64_t)a->n_layers + 1;
-    float *XA = malloc((n * D + 1) * sizeof *XA), *XB = malloc((n * D + 1) * sizeof *XB);
+    size_t n = 0, most = 0, batches = 0, D = a->dim, rows;
+    for (size_t s = 0; s < nseq; n += rows, most = rows > most ? rows : most, batches++)
+        s = stz_forward_batch_end(lens, nseq, s, COMPARE_ROWS, &rows);
+    uint64_t done = 0, total = batches * (2 * (uint64_t)a->n_layers + 1);
+    float *XA = malloc((most * D + 1) * sizeof *XA), *XB = malloc((most * D + 1) * sizeof *XB);
     int32_t *next = malloc((n + 1) * sizeof *next);
     row_stats *rs = calloc(n + 1, sizeof *rs);
     double *kl = malloc((n + 1) * sizeof *kl);
     stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations and scores") : STZ_OK;
-    if (!st)
-        st = stz_forward_hidden_states(ref, tokens, nseq, stride, lens, XA, progress, user, &done, total, err);
-    if (!st)
-        st = stz_forward_hidden_states(cand, tokens, nseq, stride, lens, XB, progress, user, &done, total, err);
-    /* keep the rows whose next token is given: token t of sequence s predicts t + 1 */
     size_t scored = 0;
-    for (size_t s = 0, r = 0; !st && s < nseq; s++)
-        for (size_t t = 0; t < lens[s]; t++, r++)
-            if (t + 1 < lens[s]) {
-                memmove(XA + scored * D, XA + r * D, D * sizeof *XA);
-                memmove(XB + scored * D, XB + r * D, D * sizeof *XB);
-                next[scored++] = tokens[s * stride + t + 1];
-            }
+    for (size_t s0 = 0, s1; !st && s0 < nseq; s0 = s1) {
+        s1 = stz_forward_batch_end(lens, nseq, s0, COMPARE_ROWS, NULL);
+        st = compare_batch(ref, cand, tokens, s0, s1, stride, lens, XA, XB, next, rs, &scored, progress, user, &done,
+                           total, err);
+    }
     if (!st && !scored)
         st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
-    if (!st)
-        st = score_rows(ref, cand, XA, XB, scored, next, rs, err);
-    if (!st && progress && progress(user, total, total))
-        st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     if (!st)
         report_from(rs, scored, kl, out);
     free(XA), free(XB), free(next), free(rs), free(kl);

@@ -224,19 +224,16 @@ stz_status stz_imatrix_collect(stz_imatrix *im, stz_fwd *m, const int32_t *token
                                const size_t *lens, stz_fwd_progress progress, void *user, stz_err *err)
 {
     size_t D = m->c.dim, groups = 0;
-    for (size_t s = 0, rows = 0; s < nseq; s++) {
-        groups += !rows || rows + lens[s] > COLLECT_ROWS;
-        rows = !rows || rows + lens[s] > COLLECT_ROWS ? lens[s] : rows + lens[s];
-    }
+    for (size_t s = 0; s < nseq; groups++)
+        s = stz_forward_batch_end(lens, nseq, s, COLLECT_ROWS, NULL);
     uint64_t done = 0, total = (uint64_t)groups * m->c.n_layers;
     float *X = NULL;
     stz_status st = STZ_OK;
     stz_imatrix *was = m->imatrix;
     m->imatrix = im;
     for (size_t s0 = 0, s1; !st && s0 < nseq; s0 = s1) {
-        size_t rows = lens[s0];
-        for (s1 = s0 + 1; s1 < nseq && rows + lens[s1] <= COLLECT_ROWS; s1++)
-            rows += lens[s1];
+        size_t rows;
+        s1 = stz_forward_batch_end(lens, nseq, s0, COLLECT_ROWS, &rows);
         float *nx = realloc(X, (rows * D + 1) * sizeof *X);
         if (!nx) {
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", rows);

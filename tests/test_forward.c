@@ -240,6 +240,45 @@ static void test_kl_synth(void **state)
     free(p);
 }
 
+/* stz_fwd_compare runs many tokens in batches of sequences, and scores
+ * them in pieces of rows: each position's figures are those of its
+ * sequence compared alone (max KL and top-1 counts exactly, the means of
+ * KL and log-perplexity to rounding), over sequences of unequal lengths. */
+static void test_compare_in_batches(void **state)
+{
+    (void)state;
+    char *p = synth_tiny(), *noisy = tu_path(dir, "noisy_batches.safetensors");
+    rewrite(p, noisy, &(edit){0.2, NULL, NULL, NULL});
+    model A, B;
+    stz_err err;
+    assert_int_equal(open_model(&A, p, &err), STZ_OK);
+    assert_int_equal(open_model(&B, noisy, &err), STZ_OK);
+    enum { NSEQ = 24, LEN = 160 }; /* 3,000 positions: more than one batch */
+    int32_t *tok = malloc(NSEQ * LEN * sizeof *tok);
+    size_t lens[NSEQ], positions = 0;
+    assert_int_equal(stz_fwd_sample(A.f, NSEQ, LEN, 5, 1.0, 0.9, tok, NULL, NULL, &err), STZ_OK);
+    for (size_t s = 0; s < NSEQ; s++)
+        lens[s] = LEN - (s % 5) * 31, positions += lens[s] - 1;
+    stz_fwd_report all, one;
+    assert_int_equal(stz_fwd_compare(A.f, B.f, tok, NSEQ, LEN, lens, NULL, NULL, &all, &err), STZ_OK);
+    assert_int_equal(all.positions, positions);
+    double kl_max = 0, kl_sum = 0, agree = 0, nll_a = 0, nll_b = 0;
+    for (size_t s = 0; s < NSEQ; s++) {
+        assert_int_equal(stz_fwd_compare(A.f, B.f, tok + s * LEN, 1, LEN, lens + s, NULL, NULL, &one, &err), STZ_OK);
+        kl_max = fmax(kl_max, one.kl_max), kl_sum += one.kl_mean * (double)one.positions;
+        agree += round(one.top1 * (double)one.positions);
+        nll_a += log(one.ppl_ref) * (double)one.positions, nll_b += log(one.ppl_cand) * (double)one.positions;
+    }
+    assert_true(all.kl_max == kl_max);
+    assert_true(round(all.top1 * (double)positions) == agree);
+    assert_true(fabs(all.kl_mean - kl_sum / (double)positions) <= 1e-12 * all.kl_mean);
+    assert_true(fabs(log(all.ppl_ref) * (double)positions - nll_a) <= 1e-9 * nll_a);
+    assert_true(fabs(log(all.ppl_cand) * (double)positions - nll_b) <= 1e-9 * nll_b);
+    assert_true(all.kl_mean > 0);
+    close_model(&A), close_model(&B);
+    free(tok), free(p), free(noisy);
+}
+
 /* stz_fwd_probe_run: each matrix perturbed alone (its rows replaced, as
  * read, by those of an INT4 copy of the model) gives the KL that comparing
  * the model with a file where only that matrix is quantized gives; the
@@ -453,6 +492,7 @@ int main(void)
         cmocka_unit_test(test_config),          cmocka_unit_test(test_stories_reference_logits),
         cmocka_unit_test(test_kl_stories),      cmocka_unit_test(test_kl_synth),
         cmocka_unit_test(test_bad_models),      cmocka_unit_test(test_probe_matches_compare),
+        cmocka_unit_test(test_compare_in_batches),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmdir(dir);
