@@ -84,8 +84,8 @@ int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o);
 
 /* Token sequences (stz eval --forward, stz tune). */
 typedef struct {
-    int32_t *tok; /* nseq x stride */
-    size_t *lens, nseq, stride;
+    int32_t *tok; /* the sequences back to back (the library's stride 0) */
+    size_t *lens, nseq, longest;
 } cli_seqs;
 typedef struct {
     const char *path;   /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */

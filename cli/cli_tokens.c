@@ -55,19 +55,10 @@ static stz_status seqs_count(cli_seqs *q, size_t n, stz_err *err)
     if (!lens)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sequences");
     q->lens = lens, lens[q->nseq++] = n;
-    q->stride = n > q->stride ? n : q->stride;
+    q->longest = n > q->longest ? n : q->longest;
     return STZ_OK;
 }
 
-/* Lays the flat list out one sequence per row of the longest's length. */
-static stz_status seqs_layout(cli_seqs *q, const int32_t *flat, stz_err *err)
-{
-    if (!(q->tok = calloc(q->nseq * q->stride + 1, sizeof *q->tok)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tokens");
-    for (size_t s = 0; s < q->nseq; flat += q->lens[s++])
-        memcpy(q->tok + s * q->stride, flat, q->lens[s] * sizeof *flat);
-    return STZ_OK;
-}
 
 static stz_status check_seq(const char *path, size_t where, const char *what, size_t n, stz_err *err)
 {
@@ -173,12 +164,13 @@ stz_status cli_tokens_parse(char *text, size_t len, const char *path, cli_seqs *
                                                          : parse_lines(text, len, path, v, q, err);
     if (!st && !q->nseq)
         st = stz_err_set(err, STZ_E_FORMAT, "%s: no token sequence in it", path);
-    if (!st)
-        st = seqs_layout(q, v, err);
-    free(v);
-    if (st)
+    if (st) {
+        free(v);
         cli_seqs_free(q);
-    return st;
+        return st;
+    }
+    q->tok = v; /* already back to back, no padding: memory follows the file */
+    return STZ_OK;
 }
 
 /* --tokens: one sequence per line, or a JSON array of arrays. */
@@ -200,9 +192,10 @@ stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err
     if (cli_tmp_make(&t, path, "tokens"))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
     FILE *f = fopen(t.path, "w");
-    for (size_t s = 0; f && s < q->nseq; s++)
+    const int32_t *tok = q->tok;
+    for (size_t s = 0; f && s < q->nseq; tok += q->lens[s++])
         for (size_t i = 0; i < q->lens[s]; i++)
-            fprintf(f, "%d%c", q->tok[s * q->stride + i], i + 1 < q->lens[s] ? ' ' : '\n');
+            fprintf(f, "%d%c", tok[i], i + 1 < q->lens[s] ? ' ' : '\n');
     return cli_tmp_finish(&t, f, path, force, err);
 }
 
@@ -216,12 +209,12 @@ stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, in
     if (o->path) {
         if ((st = read_tokens(o->path, q, err)))
             return st;
-        for (size_t s = 0; s < q->nseq; s++)
+        const int32_t *tok = q->tok;
+        for (size_t s = 0; s < q->nseq; tok += q->lens[s++])
             for (size_t i = 0; i < q->lens[s]; i++)
-                if ((uint32_t)q->tok[s * q->stride + i] >= c->vocab)
+                if ((uint32_t)tok[i] >= c->vocab)
                     return stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu, token %zu: id %d is outside the "
-                                       "vocabulary of %s [0, %u)", o->path, s + 1, i + 1, q->tok[s * q->stride + i],
-                                       label, c->vocab);
+                                       "vocabulary of %s [0, %u)", o->path, s + 1, i + 1, tok[i], label, c->vocab);
         snprintf(source, 64, "from %.50s", strrchr(o->path, '/') ? strrchr(o->path, '/') + 1 : o->path);
         return STZ_OK;
     }
@@ -229,7 +222,7 @@ stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, in
            n = (size_t)o->nseq;
     if (L < 2)
         return stz_err_set(err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", label, c->max_pos);
-    q->tok = malloc(n * L * sizeof *q->tok), q->lens = malloc(n * sizeof *q->lens), q->nseq = n, q->stride = L;
+    q->tok = malloc(n * L * sizeof *q->tok), q->lens = malloc(n * sizeof *q->lens), q->nseq = n, q->longest = L;
     if (!q->tok || !q->lens)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tokens");
     for (size_t s = 0; s < n; s++)

@@ -196,7 +196,7 @@ int cmd_eval_forward(int argc, char **argv)
         goto fail;
     stz_fwd_report r;
     cli_progress_init(&prog, "forward", o.quiet || o.json);
-    stz_status st = stz_fwd_compare(ma, mb, q.tok, q.nseq, q.stride, q.lens, cli_progress_cb, &prog, &r, &err);
+    stz_status st = stz_fwd_compare(ma, mb, q.tok, q.nseq, 0, q.lens, cli_progress_cb, &prog, &r, &err);
     cli_progress_end(&prog);
     if (st)
         goto fail;

@@ -102,7 +102,7 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
         if (!st && o->so.path) {
             cli_progress prog;
             cli_progress_init(&prog, "imatrix", quiet);
-            st = stz_imatrix_collect(*im, fwd, q->tok, q->nseq, q->stride, q->lens, cli_progress_cb, &prog, err);
+            st = stz_imatrix_collect(*im, fwd, q->tok, q->nseq, 0, q->lens, cli_progress_cb, &prog, err);
             cli_progress_end(&prog);
         }
     }
@@ -142,7 +142,7 @@ stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const c
     if (!st) {
         cli_progress prog;
         cli_progress_init(&prog, "feedback", quiet);
-        st = stz_feedback_run(fb, fwd, pol, q.tok, q.nseq, q.stride, q.lens, threads, cli_progress_cb, &prog, err);
+        st = stz_feedback_run(fb, fwd, pol, q.tok, q.nseq, 0, q.lens, threads, cli_progress_cb, &prog, err);
         cli_progress_end(&prog);
     }
     if (!st && !stz_feedback_count(*fb)) {
@@ -197,7 +197,7 @@ int cmd_imatrix(int argc, char **argv)
     stz_status st = collect(&o, model, out, &im, &q, source, &err);
     if (!st) {
         snprintf(dataset, sizeof dataset, "stz imatrix: %zu sequences, %s", q.nseq, source);
-        stz_imatrix_describe(im, dataset, (uint32_t)q.nseq, (uint32_t)q.stride);
+        stz_imatrix_describe(im, dataset, (uint32_t)q.nseq, (uint32_t)q.longest);
         st = stz_imatrix_save(im, out, o.c.force, &err);
     }
     rc = st ? cli_fail(&err) : report(&o, model, out, im, &q, cli_now() - t0);

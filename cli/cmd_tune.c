@@ -264,7 +264,7 @@ static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *e
     }
     if (!st && !(st = stz_fwd_open(&cand, o->gguf ? R.m : C.m, o->gguf ? R.n : C.n, &t->cfg, out, o->c.threads, err))) {
         cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
-        st = stz_fwd_compare(t->fwd, cand, t->q.tok, t->q.nseq, t->q.stride, t->q.lens, cli_progress_cb, &prog,
+        st = stz_fwd_compare(t->fwd, cand, t->q.tok, t->q.nseq, 0, t->q.lens, cli_progress_cb, &prog,
                              &res->fwd, err);
         cli_progress_end(&prog);
     }
@@ -335,7 +335,7 @@ static stz_status tune_feedback(tune_run *t, const stz_tune_params *tp, cli_prog
     stz_status st = cli_feedback_seqs(feedback_seqs(o), t->fwd, t->model, o->c.quiet || o->c.json, &q, err);
     if (!st) {
         cli_progress_init(prog, "tune: feedback", o->c.quiet || o->c.json);
-        st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, q.stride, q.lens, tp, err);
+        st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, 0, q.lens, tp, err);
         cli_progress_end(prog);
     }
     cli_seqs_free(&q);
@@ -357,7 +357,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
     if (st)
         return st;
     cli_progress_init(&prog, "tune: sensitivity", o->c.quiet || o->c.json);
-    st = stz_tune_probe(&t->T, t->fwd, t->q.tok, t->q.nseq, t->q.stride, t->q.lens, &tp, err);
+    st = stz_tune_probe(&t->T, t->fwd, t->q.tok, t->q.nseq, 0, t->q.lens, &tp, err);
     cli_progress_end(&prog);
     if (st)
         return st;

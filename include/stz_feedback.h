@@ -50,7 +50,7 @@ typedef struct {
     int rewrite; /* 1: each layer runs again with its matrices' new values (sequential calibration) */
 } stz_gram_visitor;
 
-/* Runs m over nseq sequences (lens[s] tokens each, stride apart) layer by
+/* Runs m over nseq sequences (lens[s] tokens each, stride apart; 0: back to back) layer by
  * layer; in each layer, collects the Gram matrix of the inputs of every
  * matrix v->wants and gives it to v->matrix; last, the head's (a tied
  * head is the embedding), through the final norm. Without rewrite the
@@ -66,7 +66,7 @@ STZ_API stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t n
 
 typedef struct stz_feedback stz_feedback;
 
-/* Runs m over nseq sequences (lens[s] tokens each, stride apart) layer by
+/* Runs m over nseq sequences (lens[s] tokens each, stride apart; 0: back to back) layer by
  * layer and quantizes with error feedback every matrix whose decision
  * under `policy` says "feedback": true (the projections of each layer, and
  * the output head; a tied head is the embedding). Other tensors are left

@@ -94,8 +94,10 @@ typedef struct {
 } stz_fwd_report;
 
 /* Runs both models over the same sequences (lens[s] tokens each, laid out
- * with stride `stride`) and compares their next-token distributions, in
- * double precision. */
+ * `stride` apart, or back to back when stride is 0, as every function
+ * taking tokens, nseq, stride and lens reads them) and compares their
+ * next-token distributions, in double precision. Memory is bounded: the
+ * sequences run a batch at a time, which changes no figure. */
 STZ_API stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
                            const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
                            stz_err *err);

@@ -37,7 +37,7 @@ STZ_API void stz_imatrix_free(stz_imatrix *im);
  * sequences collects their importance in the same pass. NULL detaches. */
 STZ_API void stz_fwd_set_imatrix(stz_fwd *m, stz_imatrix *im);
 
-/* Runs m's layers over nseq sequences (lens[s] tokens each, stride apart),
+/* Runs m's layers over nseq sequences (lens[s] tokens each, stride apart; 0: back to back),
  * a few sequences at a time, adding every matrix's inputs to im (the
  * head's too; no logits are computed). Progress counts layers. */
 STZ_API stz_status stz_imatrix_collect(stz_imatrix *im, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,

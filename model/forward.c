@@ -499,9 +499,9 @@ stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t
         stz_forward_rows_free(R);
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sequences' state");
     }
-    for (size_t s = 0, r = 0; s < nseq; s++)
+    for (size_t s = 0, r = 0, at = 0; s < nseq; at = stz_seq_next(at, stride, lens[s]), s++)
         for (size_t t = 0; t < lens[s]; t++, r++)
-            R->pos[r] = (uint32_t)t, R->seq[r] = (uint32_t)s, R->tok[r] = tokens[s * stride + t];
+            R->pos[r] = (uint32_t)t, R->seq[r] = (uint32_t)s, R->tok[r] = tokens[at + t];
     R->nseq = nseq;
     R->b = (batch){n, R->pos, R->seq, cap, R->k, R->v, 1};
     return STZ_OK;

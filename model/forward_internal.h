@@ -46,7 +46,7 @@ typedef struct {
     size_t layers;
 } batch;
 
-/* The rows of nseq sequences (lens[s] tokens each, stride apart) laid
+/* The rows of nseq sequences (lens[s] tokens each, stride apart; 0: back to back) laid
  * out for the layers: position, sequence and token of each row, and one
  * layer's key/value cache. */
 typedef struct {
@@ -77,6 +77,10 @@ stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t
 stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                                   float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
                                   stz_err *err);
+/* Where the sequence after one of `len` tokens at `at` starts: `stride`
+ * apart, or back to back when stride is 0 (the public functions' layout). */
+static inline size_t stz_seq_next(size_t at, size_t stride, size_t len) { return at + (stride ? stride : len); }
+
 /* The end s1 of the batch of sequences from s0 that a pass takes at once:
  * at most `rows` positions (the activations), at most 4 * rows padded to
  * the longest (the keys and values); at least one sequence. *sum (if not

@@ -253,25 +253,24 @@ static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_
 /* Positions run through both models at once: memory bounded whatever the tokens. */
 #define COMPARE_ROWS 2048
 
-/* One batch, sequences [s0, s1) (rows positions): both models' hidden
- * states, the rows whose next token is given (token t of sequence s
- * predicts t + 1) scored into rs from *scored on. */
-static stz_status compare_batch(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t s0, size_t s1,
-                                size_t stride, const size_t *lens, float *XA, float *XB, int32_t *next,
-                                row_stats *rs, size_t *scored, stz_fwd_progress progress, void *user, uint64_t *done,
-                                uint64_t total, stz_err *err)
+/* One batch, sequences [s0, s1) (rows positions) from tok on: both
+ * models' hidden states, the rows whose next token is given (token t of
+ * sequence s predicts t + 1) scored into rs from *scored on. */
+static stz_status compare_batch(stz_fwd *ref, stz_fwd *cand, const int32_t *tok, size_t s0, size_t s1, size_t stride,
+                                const size_t *lens, float *XA, float *XB, int32_t *next, row_stats *rs,
+                                size_t *scored, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
+                                stz_err *err)
 {
     size_t D = ref->c.dim, first = *scored, kept = 0;
-    const int32_t *tok = tokens + s0 * stride;
     stz_status st = stz_forward_hidden_states(ref, tok, s1 - s0, stride, lens + s0, XA, progress, user, done, total, err);
     if (!st)
         st = stz_forward_hidden_states(cand, tok, s1 - s0, stride, lens + s0, XB, progress, user, done, total, err);
-    for (size_t s = s0, r = 0; !st && s < s1; s++)
+    for (size_t s = s0, r = 0, at = 0; !st && s < s1; at = stz_seq_next(at, stride, lens[s]), s++)
         for (size_t t = 0; t < lens[s]; t++, r++)
             if (t + 1 < lens[s]) {
                 memmove(XA + kept * D, XA + r * D, D * sizeof *XA);
                 memmove(XB + kept * D, XB + r * D, D * sizeof *XB);
-                next[first + kept++] = tokens[s * stride + t + 1];
+                next[first + kept++] = tok[at + t + 1];
             }
     if (!st && kept)
         st = score_rows(ref, cand, XA, XB, kept, next + first, rs + first, err);
@@ -299,11 +298,13 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
     row_stats *rs = calloc(n + 1, sizeof *rs);
     double *kl = malloc((n + 1) * sizeof *kl);
     stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations and scores") : STZ_OK;
-    size_t scored = 0;
+    size_t scored = 0, at = 0;
     for (size_t s0 = 0, s1; !st && s0 < nseq; s0 = s1) {
         s1 = stz_forward_batch_end(lens, nseq, s0, COMPARE_ROWS, NULL);
-        st = compare_batch(ref, cand, tokens, s0, s1, stride, lens, XA, XB, next, rs, &scored, progress, user, &done,
-                           total, err);
+        st = compare_batch(ref, cand, tokens + at, s0, s1, stride, lens, XA, XB, next, rs, &scored, progress, user,
+                           &done, total, err);
+        for (size_t s = s0; s < s1; s++)
+            at = stz_seq_next(at, stride, lens[s]);
     }
     if (!st && !scored)
         st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
@@ -407,12 +408,14 @@ static stz_status probe_setup(probe_state *ps, const int32_t *tokens, size_t nse
                               stz_err *err)
 {
     stz_fwd *m = ps->m;
-    size_t D = m->c.dim, V = m->c.vocab;
-    int32_t *wide = malloc((MATS * nseq * stride + 1) * sizeof *wide);
+    size_t D = m->c.dim, V = m->c.vocab, all = 0; /* tokens of the layout */
+    for (size_t s = 0; s < nseq; s++)
+        all = stz_seq_next(all, stride, lens[s]);
+    int32_t *wide = malloc((MATS * all + 1) * sizeof *wide);
     size_t *wlens = malloc((MATS * nseq + 1) * sizeof *wlens);
     stz_status st = wide && wlens ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the probe's sequences");
     for (size_t k = 0; !st && k < MATS; k++) { /* every sequence once per stream */
-        memcpy(wide + k * nseq * stride, tokens, nseq * stride * sizeof *wide);
+        memcpy(wide + k * all, tokens, all * sizeof *wide);
         memcpy(wlens + k * nseq, lens, nseq * sizeof *wlens);
     }
     if (!st && !(st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &ps->R, err)))
@@ -420,10 +423,10 @@ static stz_status probe_setup(probe_state *ps, const int32_t *tokens, size_t nse
     free(wide), free(wlens);
     size_t n = ps->n = ps->R.b.n;
     ps->idx = malloc((n + 1) * sizeof *ps->idx), ps->next = malloc((n + 1) * sizeof *ps->next);
-    for (size_t s = 0, r = 0; !st && ps->idx && ps->next && s < nseq; s++)
+    for (size_t s = 0, r = 0, at = 0; !st && ps->idx && ps->next && s < nseq; at = stz_seq_next(at, stride, lens[s]), s++)
         for (size_t t = 0; t < lens[s]; t++, r++)
             if (t + 1 < lens[s])
-                ps->idx[ps->scored] = r, ps->next[ps->scored++] = tokens[s * stride + t + 1];
+                ps->idx[ps->scored] = r, ps->next[ps->scored++] = tokens[at + t + 1];
     size_t sc = ps->scored;
     ps->X = malloc((n * D + 1) * sizeof *ps->X), ps->P = malloc((MATS * n * D + 1) * sizeof *ps->P);
     ps->S = malloc((MATS * sc * D + 1) * sizeof *ps->S), ps->store = malloc((sc * V + 1) * sizeof *ps->store);

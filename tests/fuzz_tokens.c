@@ -24,11 +24,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == STZ_OK) {
         if (!q.nseq)
             abort();
-        for (size_t s = 0; s < q.nseq; s++) {
-            if (q.lens[s] < 2 || q.lens[s] > q.stride)
+        size_t all = 0; /* back to back, within the ids the text can hold */
+        for (size_t s = 0; s < q.nseq; all += q.lens[s++]) {
+            if (q.lens[s] < 2 || q.lens[s] > q.longest || all + q.lens[s] > size / 2 + 1)
                 abort();
             for (size_t i = 0; i < q.lens[s]; i++)
-                if (q.tok[s * q.stride + i] < 0)
+                if (q.tok[all + i] < 0)
                     abort();
         }
     }

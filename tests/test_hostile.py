@@ -4,6 +4,7 @@ before the fix, and now gives a clear error or the right result. Run with
 pytest; STZ names the stz binary, STZ_LIB libstz.so.0."""
 import json
 import os
+import resource
 import shutil
 import struct
 import subprocess
@@ -320,6 +321,30 @@ def test_tokens_only_decimal_ids(tiny, tmp_path):
         p.write_bytes(content)
         r = run("imatrix", m, "--tokens", p, "-o", tmp_path / "im.gguf", "-f")
         assert r.returncode == 0, (fname, r.stderr)
+
+
+def test_tokens_memory_bounded(tmp_path):
+    """Finding 6: eval --forward --tokens held every position at once and
+    padded every sequence to the longest line: one line of 500 tokens and
+    40,000 of 2 took over 5 GB (keys and values of 40,001 x 500 positions).
+    Now the sequences run in batches and the ids stay back to back: it runs
+    within 1 GiB of address space (ASan's shadow needs more: not limited
+    there), scoring every position."""
+    m, p = tmp_path / "tiny.safetensors", tmp_path / "uneven.txt"
+    assert run("synth", "tiny", "--dtype", "f32", "-o", m, "-q").returncode == 0
+    p.write_text(" ".join(str(i % 200 + 1) for i in range(500)) + "\n" + "1 2\n" * 40000)
+    with open(STZ, "rb") as f:
+        asan = b"__asan_init" in f.read()
+
+    def limit():
+        if not asan:
+            resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = subprocess.run([os.path.abspath(STZ), "eval", m, m, "--forward", "--tokens", p, "--json"],
+                       capture_output=True, text=True, preexec_fn=limit)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["sequences"] == 40001 and out["positions"] == 499 + 40000 and out["kl"]["max"] == 0, out
 
 
 def test_long_names_whole(tmp_path):
