@@ -3,8 +3,9 @@
 # `stz tune` of the generated Qwen2-0.5B-shaped model on 2 threads, with this
 # build and with a build of BASE (the last commit whose forward pass took its
 # products from OpenBLAS), side by side in one run; target: new / old <= 1.15.
-# Then kernel by kernel (bench/factor_bench.c): stz's products against
-# OpenBLAS sgemm, error feedback's factorisation against LAPACK's.
+# Then kernel by kernel (bench/factor_bench.c): stz's products and Gram
+# matrices against OpenBLAS sgemm/ssyrk, error feedback's factorisation
+# against LAPACK's. Nothing else should run meanwhile.
 # (tests/test_same_bits.sh checks the outputs under every kernel copy.)
 # Usage: bench/bench_same_bits.sh [BUILD_DIR] [BASE_REV] [WORK_DIR]
 set -eu
@@ -26,6 +27,7 @@ OLD=$OLD_SRC/build/stz
 cd "$WORK"
 [ -f q.safetensors ] || "$NEW" synth qwen2-0.5b -o q.safetensors -q -f
 [ -f q4.safetensors ] || "$NEW" quantize --int4 q.safetensors -o q4.safetensors -q -f
+[ -f small.safetensors ] || "$NEW" synth small -o small.safetensors -q -f
 secs() { # command...: wall seconds
     s=$(date +%s.%N)
     "$@" >/dev/null 2>&1
@@ -47,6 +49,7 @@ row() { # label command-args...
 }
 row "eval --forward (4 x 128 sampled, both models)" eval q.safetensors q4.safetensors --forward -T 2 -q
 row "tune --bits-per-weight 4.5" tune q.safetensors --bits-per-weight 4.5 -o t.json -f -T 2 -q
+row "tune --bits-per-weight 4.5, synth small" tune small.safetensors --bits-per-weight 4.5 -o s.json -f -T 2 -q
 for T in 1 2; do
     echo
     "$(dirname "$NEW")/factor_bench" $T
