@@ -3,11 +3,6 @@
 #include "core/stz_math.h"
 
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-#define LN2_HI STZ_LN2_HI
-#define LN2_LO STZ_LN2_LO
 
 /* log x: x = 2^e m, sqrt(1/2) <= m < sqrt(2); with s = (m - 1) / (m + 1),
  * log m = 2 (s + s^3/3 + s^5/5 + ...), |s| < 0.172, to s^23. */
@@ -24,7 +19,7 @@ double stz_log(double x)
     double s = (m - 1) / (m + 1), s2 = s * s, p = 1.0 / 23;
     for (int d = 21; d >= 1; d -= 2)
         p = p * s2 + 1.0 / d;
-    return (double)e * LN2_HI + ((double)e * LN2_LO + 2 * s * p);
+    return (double)e * STZ_LN2_HI + ((double)e * STZ_LN2_LO + 2 * s * p);
 }
 
 double stz_log2(double x) { return stz_log(x) * 1.4426950408889634; }

@@ -81,6 +81,14 @@ stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t n
  * apart, or back to back when stride is 0 (the public functions' layout). */
 static inline size_t stz_seq_next(size_t at, size_t stride, size_t len) { return at + (stride ? stride : len); }
 
+/* Where sequence s1 starts, from where s0 starts (the same layout). */
+static inline size_t stz_seq_skip(size_t at, size_t stride, const size_t *lens, size_t s0, size_t s1)
+{
+    for (size_t s = s0; s < s1; s++)
+        at = stz_seq_next(at, stride, lens[s]);
+    return at;
+}
+
 /* The end s1 of the batch of sequences from s0 that a pass takes at once:
  * at most `rows` positions (the activations), at most 4 * rows padded to
  * the longest (the keys and values); at least one sequence. *sum (if not

@@ -303,8 +303,7 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
         s1 = stz_forward_batch_end(lens, nseq, s0, COMPARE_ROWS, NULL);
         st = compare_batch(ref, cand, tokens + at, s0, s1, stride, lens, XA, XB, next, rs, &scored, progress, user,
                            &done, total, err);
-        for (size_t s = s0; s < s1; s++)
-            at = stz_seq_next(at, stride, lens[s]);
+        at = stz_seq_skip(at, stride, lens, s0, s1);
     }
     if (!st && !scored)
         st = stz_err_set(err, STZ_E_ARG, "no position to score: every sequence needs at least 2 tokens");
@@ -408,9 +407,7 @@ static stz_status probe_setup(probe_state *ps, const int32_t *tokens, size_t nse
                               stz_err *err)
 {
     stz_fwd *m = ps->m;
-    size_t D = m->c.dim, V = m->c.vocab, all = 0; /* tokens of the layout */
-    for (size_t s = 0; s < nseq; s++)
-        all = stz_seq_next(all, stride, lens[s]);
+    size_t D = m->c.dim, V = m->c.vocab, all = stz_seq_skip(0, stride, lens, 0, nseq); /* tokens of the layout */
     int32_t *wide = malloc((MATS * all + 1) * sizeof *wide);
     size_t *wlens = malloc((MATS * nseq + 1) * sizeof *wlens);
     stz_status st = wide && wlens ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the probe's sequences");

@@ -234,8 +234,7 @@ stz_status stz_imatrix_collect(stz_imatrix *im, stz_fwd *m, const int32_t *token
     for (size_t s0 = 0, s1, at = 0; !st && s0 < nseq; s0 = s1) {
         size_t rows, first = at;
         s1 = stz_forward_batch_end(lens, nseq, s0, COLLECT_ROWS, &rows);
-        for (size_t s = s0; s < s1; s++)
-            at = stz_seq_next(at, stride, lens[s]);
+        at = stz_seq_skip(at, stride, lens, s0, s1);
         float *nx = realloc(X, (rows * D + 1) * sizeof *X);
         if (!nx) {
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", rows);
