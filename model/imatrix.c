@@ -387,7 +387,7 @@ static stz_status gguf_entry(stz_imatrix *im, int fd, const char *path, const st
     uint64_t cols = t->ne[0], mats = t->ndim > 1 ? t->ne[1] : 1;
     if (!c)
         return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s' has sums but no counts", path, name);
-    if (t->type != STZ_GGML_F32 || c->type != STZ_GGML_F32 || t->ndim > 2 || !cols ||
+    if (t->type != STZ_GGML_F32 || c->type != STZ_GGML_F32 || t->ndim > 2 || !cols || !mats ||
         c->ne[0] * (c->ndim > 1 ? c->ne[1] : 1) != mats || cols > (1u << 24) || mats > (1u << 12))
         return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': sums and counts must be F32 tensors of [columns, "
                            "matrices] and [1, matrices]", path, name);

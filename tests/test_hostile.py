@@ -151,6 +151,18 @@ def test_importance_scale_changes_nothing(tiny, tmp_path, names):
     assert "another model" not in r.stderr
 
 
+def test_entry_of_zero_matrices(tiny, tmp_path, names):
+    """Found by fuzz_imatrix (this session): an entry of [columns, 0]
+    after a valid one resized the loader's buffer to 0 bytes, which freed
+    it, and the error path freed it again (a double free: abort). Refused,
+    naming the file and the entry."""
+    n0, c0 = next(iter(names.items()))
+    p = tmp_path / "zero-matrices.gguf"
+    write_gguf_imatrix(p, {n0: (np.ones((1, c0)), [1]), "empty": (np.ones((0, 8)), [])})
+    r, _ = quantize_with(tiny, tmp_path, p)
+    assert r.returncode == 1 and str(p) in r.stderr and "'empty'" in r.stderr, r.stderr
+
+
 def test_many_entries_load(tiny, tmp_path, names):
     """Finding 5d: 80,000 entries took 20 s (a linear lookup per entry); a
     hash makes it linear. Not timed here (measured by hand: docs/TESTING.md)."""
