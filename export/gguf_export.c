@@ -2,6 +2,7 @@
  * tensor in row batches (see stz_gguf.h). */
 #include "gguf_export.h"
 #include "model/roles.h"
+#include "quant/ggml_types.h"
 #include "core/stz_core.h"
 #include "stz_pack.h"
 
@@ -245,21 +246,16 @@ static stz_status model_name(const stz_gguf_params *p, const char *model_path, c
     return STZ_OK;
 }
 
-/* general.file_type: llama.cpp's LLAMA_FTYPE of the type most matrix
- * elements have. */
+/* general.file_type: llama.cpp's LLAMA_FTYPE (its row of traits) of the
+ * type most matrix elements have. */
 static uint32_t file_type(const exporter *x)
 {
-    static const int ftype[31] = {[STZ_GGML_F32] = 0,    [STZ_GGML_F16] = 1,     [STZ_GGML_Q4_0] = 2,
-                                  [STZ_GGML_Q4_1] = 3,   [STZ_GGML_Q8_0] = 7,    [STZ_GGML_Q5_0] = 8,
-                                  [STZ_GGML_Q5_1] = 9,   [STZ_GGML_Q2_K] = 10,   [STZ_GGML_Q3_K] = 12,
-                                  [STZ_GGML_Q4_K] = 15,  [STZ_GGML_Q5_K] = 17,   [STZ_GGML_Q6_K] = 18,
-                                  [STZ_GGML_IQ4_NL] = 25, [STZ_GGML_IQ4_XS] = 30, [STZ_GGML_BF16] = 32};
-    uint64_t elems[31] = {0};
+    uint64_t elems[STZ_GGML_TYPE_LIMIT] = {0};
     int most = STZ_GGML_F32;
     for (size_t i = 0; i < x->n; i++)
         if (x->t[i].ndim == 2 && (elems[x->t[i].type] += x->t[i].rows * x->t[i].cols) > elems[most])
             most = x->t[i].type;
-    return (uint32_t)ftype[most];
+    return (uint32_t)stz_ggml_traits_of(most)->ftype;
 }
 
 /* The file's header: magic, version, counts, the pairs, the tensor infos

@@ -11,12 +11,11 @@
  * partial blocks at the chunk's two ends go to a last plane as they are. */
 #include "pack_internal.h"
 #include "core/stz_core.h"
+#include "quant/ggml_types.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { CODES_NONE, CODES_Q5, CODES_Q4_K, CODES_Q5_K, CODES_Q6_K };
 
 #define CLASSES STZ_BLOCK_RUNS /* zero-point classes of the grouped codes */
 
@@ -24,55 +23,49 @@ typedef struct {
     uint16_t off, len;
 } field;
 
+/* A type's planes, from its row of traits (quant/ggml_types.c): each field
+ * not part of the codes to a plane of its own (an F16 scale to two, its
+ * low byte and its high one), then the whole codes, then the partial
+ * blocks' bytes. */
 typedef struct {
-    int type;
-    uint16_t bytes;       /* of a block */
-    uint8_t nf;           /* fields copied byte for byte, each to its plane */
-    field f[6];
-    uint8_t codes;        /* CODES_*: whole codes into the plane after the fields */
+    const stz_ggml_traits *t;
+    uint16_t bytes;          /* of a block */
+    uint8_t nf;              /* planes copied byte for byte from fields */
+    field f[2 * STZ_GGML_FIELDS];
+    uint8_t codes;           /* STZ_CODES_*: whole codes into the plane after the fields */
     uint16_t qh, qs, ncodes; /* where the codes' high bits and low nibbles start; codes plane bytes per block */
-    const char *names;    /* of the planes, space-separated */
 } block_layout;
 
-#define D2(o) {o, 1}, {o + 1, 1} /* an F16 scale: its low byte (mantissa), its high byte (sign, exponent) */
-
-static const block_layout layouts[] = {
-    /* q4_0 */
-    {2, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},
-    /* q4_1 */
-    {3, 20, 5, {D2(0), D2(2), {4, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi m.lo m.hi qs partial"},
-    /* q5_0 */
-    {6, 22, 2, {D2(0)}, CODES_Q5, 2, 6, 32, "d.lo d.hi codes partial"},
-    /* q5_1 */
-    {7, 24, 4, {D2(0), D2(2)}, CODES_Q5, 4, 8, 32, "d.lo d.hi m.lo m.hi codes partial"},
-    /* q8_0 */
-    {8, 34, 3, {D2(0), {2, 32}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},
-    /* q2_k */
-    {10, 84, 6, {{0, 16}, {16, 64}, D2(80), D2(82)}, CODES_NONE, 0, 0, 0,
-     "scales qs d.lo d.hi dmin.lo dmin.hi partial"},
-    /* q3_k */
-    {11, 110, 5, {{0, 32}, {32, 64}, {96, 12}, D2(108)}, CODES_NONE, 0, 0, 0, "hmask qs scales d.lo d.hi partial"},
-    /* q4_k */
-    {12, 144, 5, {D2(0), D2(2), {4, 12}}, CODES_Q4_K, 0, 16, 128, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},
-    /* q5_k */
-    {13, 176, 5, {D2(0), D2(2), {4, 12}}, CODES_Q5_K, 16, 48, 256, "d.lo d.hi dmin.lo dmin.hi scales codes partial"},
-    /* q6_k */
-    {14, 210, 3, {{192, 16}, D2(208)}, CODES_Q6_K, 128, 0, 256, "scales d.lo d.hi codes partial"},
-    /* iq4_nl */
-    {20, 18, 3, {D2(0), {2, 16}}, CODES_NONE, 0, 0, 0, "d.lo d.hi qs partial"},
-    /* iq4_xs */
-    {23, 136, 5, {D2(0), {2, 2}, {4, 4}, {8, 128}}, CODES_NONE, 0, 0, 0, "d.lo d.hi scales_h scales_l qs partial"},
-};
-
-static const block_layout *layout_of(int type)
+/* Bytes of the codes plane per block: one code per byte, Q4_K's two. */
+static uint16_t codes_bytes(const stz_ggml_traits *t)
 {
-    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++)
-        if (layouts[i].type == type)
-            return &layouts[i];
-    return NULL;
+    return (uint16_t)(t->codes == STZ_CODES_Q4_K ? t->block / 2 : t->codes ? t->block : 0);
 }
 
-int stz_blocks_known(int type) { return layout_of(type) != NULL; }
+/* 1 and *L filled for the types split into planes, else 0. */
+static int layout_of(int type, block_layout *L)
+{
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    if (!t || !t->fields[0].name)
+        return 0;
+    *L = (block_layout){.t = t, .bytes = (uint16_t)t->bytes, .codes = t->codes, .ncodes = codes_bytes(t)};
+    for (const stz_ggml_field *f = t->fields; f < t->fields + STZ_GGML_FIELDS && f->name; f++)
+        if (f->kind == STZ_FIELD_CODES && !strcmp(f->name, "qh"))
+            L->qh = f->off;
+        else if (f->kind == STZ_FIELD_CODES) /* qs, or Q6_K's ql */
+            L->qs = f->off;
+        else if (f->kind == STZ_FIELD_F16)
+            L->f[L->nf++] = (field){f->off, 1}, L->f[L->nf++] = (field){(uint16_t)(f->off + 1), 1};
+        else
+            L->f[L->nf++] = (field){f->off, f->len};
+    return 1;
+}
+
+int stz_blocks_known(int type)
+{
+    block_layout L;
+    return layout_of(type, &L);
+}
 
 /* The codes of one block b into c, and back. Q5 (32-blocks): element j < 16
  * in the low nibble of qs[j], j + 16 in its high one, bit 4 of element j in
@@ -84,20 +77,20 @@ int stz_blocks_known(int type) { return layout_of(type) != NULL; }
 static void codes_split(const block_layout *L, const uint8_t *b, uint8_t *c)
 {
     const uint8_t *qh = b + L->qh, *qs = b + L->qs;
-    if (L->codes == CODES_Q4_K) { /* sub-block 2g: low nibbles of qs[32g..], 2g + 1: high; pairs of neighbours */
+    if (L->codes == STZ_CODES_Q4_K) { /* sub-block 2g: low nibbles of qs[32g..], 2g + 1: high; pairs of neighbours */
         for (int g = 0; g < 4; g++)
             for (int i = 0; i < 16; i++) {
                 uint8_t a = qs[32 * g + 2 * i], z = qs[32 * g + 2 * i + 1];
                 c[32 * g + i] = (uint8_t)((a & 15) | (z & 15) << 4);
                 c[32 * g + 16 + i] = (uint8_t)((a >> 4) | (z >> 4) << 4);
             }
-    } else if (L->codes == CODES_Q5) {
+    } else if (L->codes == STZ_CODES_Q5) {
         uint32_t h = stz_le32(qh);
         for (int j = 0; j < 16; j++) {
             c[j] = (uint8_t)((qs[j] & 15) | ((h >> j) & 1) << 4);
             c[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
         }
-    } else if (L->codes == CODES_Q5_K) {
+    } else if (L->codes == STZ_CODES_Q5_K) {
         for (int g = 0; g < 4; g++)
             for (int l = 0; l < 32; l++) {
                 c[64 * g + l] = (uint8_t)((qs[32 * g + l] & 15) | ((qh[l] >> (2 * g)) & 1) << 4);
@@ -119,21 +112,21 @@ static void codes_split(const block_layout *L, const uint8_t *b, uint8_t *c)
 static void codes_merge(const block_layout *L, const uint8_t *c, uint8_t *b)
 {
     uint8_t *qh = b + L->qh, *qs = b + L->qs;
-    if (L->codes == CODES_Q4_K) {
+    if (L->codes == STZ_CODES_Q4_K) {
         for (int g = 0; g < 4; g++)
             for (int i = 0; i < 16; i++) {
                 uint8_t lo = c[32 * g + i], hi = c[32 * g + 16 + i];
                 qs[32 * g + 2 * i] = (uint8_t)((lo & 15) | (hi & 15) << 4);
                 qs[32 * g + 2 * i + 1] = (uint8_t)((lo >> 4) | (hi >> 4) << 4);
             }
-    } else if (L->codes == CODES_Q5) {
+    } else if (L->codes == STZ_CODES_Q5) {
         uint32_t h = 0;
         for (int j = 0; j < 16; j++) {
             qs[j] = (uint8_t)((c[j] & 15) | (c[j + 16] & 15) << 4);
             h |= (uint32_t)((c[j] >> 4) & 1) << j | (uint32_t)((c[j + 16] >> 4) & 1) << (j + 16);
         }
         stz_put_le32(qh, h);
-    } else if (L->codes == CODES_Q5_K) {
+    } else if (L->codes == STZ_CODES_Q5_K) {
         memset(qh, 0, 32);
         for (int g = 0; g < 4; g++)
             for (int l = 0; l < 32; l++) {
@@ -164,8 +157,8 @@ static void cut(const block_layout *L, uint32_t phase, size_t n, size_t *head, s
 
 int stz_blocks_planes(int type, uint32_t phase, size_t n, uint32_t *raw)
 {
-    const block_layout *L = layout_of(type);
-    if (!L || phase >= L->bytes)
+    block_layout lay, *L = &lay;
+    if (!layout_of(type, L) || phase >= L->bytes)
         return 0;
     size_t head, m, tail;
     cut(L, phase, n, &head, &m, &tail);
@@ -206,11 +199,11 @@ static void copy_runs(uint8_t *restrict dst, size_t ds, const uint8_t *restrict 
 
 static int grouped(const block_layout *L)
 {
-    return L->codes == CODES_Q4_K || L->codes == CODES_Q5_K || L->codes == CODES_Q6_K;
+    return L->codes == STZ_CODES_Q4_K || L->codes == STZ_CODES_Q5_K || L->codes == STZ_CODES_Q6_K;
 }
 
 /* Sub-blocks per block: 8 of 32 elements, Q6_K's 16 of 16. */
-static int subs(const block_layout *L) { return L->codes == CODES_Q6_K ? 16 : 8; }
+static int subs(const block_layout *L) { return L->codes == STZ_CODES_Q6_K ? 16 : 8; }
 
 /* Q4_K, Q5_K: the class of each of a block's 8 sub-blocks, from its d and
  * dmin (F16 bits) and 12 bytes of 6-bit scales and minimums (ggml's
@@ -222,7 +215,7 @@ static int subs(const block_layout *L) { return L->codes == CODES_Q6_K ? 16 : 8;
  * powers of two. */
 static void zero_classes(uint16_t d16, uint16_t m16, const uint8_t *q, const block_layout *L, uint8_t *cls)
 {
-    double d = stz_f16_to_f32(d16), dm = stz_f16_to_f32(m16), span = L->codes == CODES_Q4_K ? 16 : 32;
+    double d = stz_f16_to_f32(d16), dm = stz_f16_to_f32(m16), span = L->codes == STZ_CODES_Q4_K ? 16 : 32;
     for (int j = 0; j < 8; j++) {
         int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
         int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | (q[j] >> 6) << 4;
@@ -246,7 +239,7 @@ static void scale_classes(const uint8_t *sc, uint8_t *cls)
 /* Block i's classes, from the chunk's bytes (b: the block) or its planes. */
 static void classes_raw(const block_layout *L, const uint8_t *b, uint8_t *cls)
 {
-    if (L->codes == CODES_Q6_K)
+    if (L->codes == STZ_CODES_Q6_K)
         scale_classes(b + 192, cls);
     else
         zero_classes(stz_le16(b), stz_le16(b + 2), b + 4, L, cls);
@@ -254,7 +247,7 @@ static void classes_raw(const block_layout *L, const uint8_t *b, uint8_t *cls)
 
 static void classes_planes(const block_layout *L, const uint8_t *const *p, size_t i, uint8_t *cls)
 {
-    if (L->codes == CODES_Q6_K) /* planes: scales, d.lo, d.hi, codes */
+    if (L->codes == STZ_CODES_Q6_K) /* planes: scales, d.lo, d.hi, codes */
         scale_classes(p[0] + 16 * i, cls);
     else /* d.lo, d.hi, dmin.lo, dmin.hi, scales, codes */
         zero_classes((uint16_t)(p[0][i] | p[1][i] << 8), (uint16_t)(p[2][i] | p[3][i] << 8), p[4] + 12 * i, L, cls);
@@ -328,7 +321,8 @@ static void merge_codes(const block_layout *L, const uint8_t *const *p, const ui
 
 int stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uint8_t *const *p, size_t *runs)
 {
-    const block_layout *L = layout_of(type);
+    block_layout lay, *L = &lay;
+    layout_of(type, L);
     size_t head, m, tail;
     cut(L, phase, n, &head, &m, &tail);
     const uint8_t *b = src + head;
@@ -343,7 +337,8 @@ int stz_blocks_split(int type, uint32_t phase, const uint8_t *src, size_t n, uin
 
 void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t n, uint8_t *dst)
 {
-    const block_layout *L = layout_of(type);
+    block_layout lay, *L = &lay;
+    layout_of(type, L);
     size_t head, m, tail;
     cut(L, phase, n, &head, &m, &tail);
     uint8_t *b = dst + head;
@@ -358,16 +353,21 @@ void stz_blocks_merge(int type, uint32_t phase, const uint8_t *const *p, size_t 
 
 const char *stz_blocks_plane_name(int type, int k, char *buf, size_t cap)
 {
-    const block_layout *L = layout_of(type);
-    const char *s = L ? L->names : "";
-    for (; k > 0 && *s; k--)
-        s += strcspn(s, " ") + (s[strcspn(s, " ")] == ' ');
-    snprintf(buf, cap, "%.*s", (int)strcspn(s, " "), s);
-    return buf;
+    block_layout L;
+    snprintf(buf, cap, "%s", "");
+    if (!layout_of(type, &L))
+        return buf;
+    for (const stz_ggml_field *f = L.t->fields; f < L.t->fields + STZ_GGML_FIELDS && f->name; f++) {
+        int n = f->kind == STZ_FIELD_CODES ? 0 : f->kind == STZ_FIELD_F16 ? 2 : 1;
+        if (k < n)
+            return snprintf(buf, cap, "%s%s", f->name, n == 1 ? "" : k ? ".hi" : ".lo"), buf;
+        k -= n;
+    }
+    return snprintf(buf, cap, "%s", k == 0 && L.codes ? "codes" : k == (L.codes != 0) ? "partial" : ""), buf;
 }
 
 uint32_t stz_blocks_phase(int type, uint64_t offset)
 {
-    const block_layout *L = layout_of(type);
-    return L ? (uint32_t)(offset % L->bytes) : 0;
+    block_layout L;
+    return layout_of(type, &L) ? (uint32_t)(offset % L.bytes) : 0;
 }

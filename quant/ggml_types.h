@@ -10,6 +10,26 @@
 
 #define STZ_GGML_QK 32 /* elements per block of the 32-blocks */
 
+/* A field of a block, ggml-common.h's layout: bytes [off, off + len). */
+typedef struct {
+    const char *name; /* "d", "qs", ...; NULL ends a row's list */
+    uint16_t off, len;
+    uint8_t kind;     /* STZ_FIELD_* */
+} stz_ggml_field;
+
+enum {
+    STZ_FIELD_BYTES, /* bytes kept as they are */
+    STZ_FIELD_F16,   /* an F16 scale (2 bytes) */
+    STZ_FIELD_CODES  /* part of every element's code (low nibbles, high bits): see `codes` */
+};
+
+/* How a type's whole codes are assembled from its STZ_FIELD_CODES fields
+ * (pack/blocks.c, docs/FORMAT.md "Transform 7"). */
+enum { STZ_CODES_NONE, STZ_CODES_Q5, STZ_CODES_Q4_K, STZ_CODES_Q5_K, STZ_CODES_Q6_K };
+
+#define STZ_GGML_FIELDS 6      /* fields of a block, at most */
+#define STZ_GGML_TYPE_LIMIT 64 /* every row's number is below it */
+
 typedef struct stz_ggml_traits {
     int type;         /* ggml's number */
     const char *name; /* llama.cpp's name: "q4_0", "q4_k", ... */
@@ -31,7 +51,20 @@ typedef struct stz_ggml_traits {
     int (*quantize)(int type, const float *x, const float *w, size_t n, uint8_t *out);
     int bits;         /* the code width stz's actions give it (q4_k 4, f16 16) */
     int lib;          /* 1: decoded by llama.cpp's own library (ggml_lib.c) */
+    /* The types stz writes: llama.cpp's LLAMA_FTYPE of a file whose
+     * matrices are mostly of this type (general.file_type), and the policy
+     * action that writes it. */
+    int ftype;
+    stz_action action;
+    /* The block's fields in block order (the types the container splits
+     * into planes: docs/FORMAT.md, transform 7; none for the others), and
+     * how its whole codes are assembled. */
+    uint8_t codes; /* STZ_CODES_* */
+    stz_ggml_field fields[STZ_GGML_FIELDS];
 } stz_ggml_traits;
+
+/* The traits of the action's type, or NULL (not a llama.cpp type). */
+const stz_ggml_traits *stz_ggml_traits_of_action(stz_action a);
 
 /* ggml's to_float: k elements (whole blocks) of packed rows x into y. */
 typedef void (*stz_ggml_to_float)(const void *x, float *y, int64_t k);

@@ -11,22 +11,16 @@
 
 static const char *const action_names[STZ_ACTION_FIRST_GGML] = {"keep", "int8", "int4", "svd", "int2", "int3", "int5", "int6"};
 
-/* The ggml types of the actions from STZ_ACTION_Q4_0 on, in their order. */
-static const int action_types[STZ_ACTION_COUNT - STZ_ACTION_FIRST_GGML] = {
-    STZ_GGML_Q4_0, STZ_GGML_Q4_1, STZ_GGML_Q5_0, STZ_GGML_Q5_1, STZ_GGML_Q8_0, STZ_GGML_IQ4_NL, STZ_GGML_Q2_K,
-    STZ_GGML_Q3_K, STZ_GGML_Q4_K, STZ_GGML_Q5_K, STZ_GGML_Q6_K, STZ_GGML_IQ4_XS, STZ_GGML_F16, STZ_GGML_BF16};
-
 int stz_action_ggml_type(stz_action a)
 {
-    return a >= STZ_ACTION_FIRST_GGML && a < STZ_ACTION_COUNT ? action_types[a - STZ_ACTION_FIRST_GGML] : -1;
+    const stz_ggml_traits *t = stz_ggml_traits_of_action(a);
+    return t ? t->type : -1;
 }
 
 stz_action stz_action_of_ggml_type(int type)
 {
-    for (int a = STZ_ACTION_FIRST_GGML; a < STZ_ACTION_COUNT; a++)
-        if (action_types[a - STZ_ACTION_FIRST_GGML] == type)
-            return (stz_action)a;
-    return STZ_ACTION_COUNT;
+    const stz_ggml_traits *t = stz_ggml_traits_of(type);
+    return t && t->action ? t->action : STZ_ACTION_COUNT;
 }
 
 const char *stz_action_name(stz_action a)

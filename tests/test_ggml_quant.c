@@ -268,6 +268,43 @@ static void test_clones_same_bytes(void **state)
         }
 }
 
+/* One row per type (quant/ggml_types.c): numbers below the limit export's
+ * table of counts takes, fields in block order that tile the block exactly,
+ * and for each type stz writes an action that maps back to it and a file
+ * type of its own. */
+static void test_rows(void **state)
+{
+    (void)state;
+    int ftypes[STZ_GGML_TYPE_LIMIT], nft = 0;
+    for (int ty = -8; ty < 2 * STZ_GGML_TYPE_LIMIT; ty++) {
+        const stz_ggml_traits *t = stz_ggml_traits_of(ty);
+        if (!t)
+            continue;
+        assert_true(ty >= 0 && ty < STZ_GGML_TYPE_LIMIT && t->type == ty && t->block && t->bytes);
+        uint32_t at = 0;
+        for (const stz_ggml_field *f = t->fields; f < t->fields + STZ_GGML_FIELDS && f->name; f++) {
+            assert_int_equal(f->off, at);
+            assert_true(f->len && (f->kind != STZ_FIELD_F16 || f->len == 2));
+            at += f->len;
+        }
+        assert_true(at == 0 || at == t->bytes);
+        assert_true(!t->codes || at); /* whole codes come from fields */
+        if (!t->quantize) {
+            assert_int_equal(t->action, STZ_ACTION_KEEP);
+            continue;
+        }
+        if (t->type != STZ_GGML_F32) {
+            assert_int_equal(stz_action_ggml_type(t->action), ty);
+            assert_int_equal(stz_action_of_ggml_type(ty), t->action);
+        }
+        assert_true(t->block == 1 || at); /* every block type stz writes is split into planes when packed */
+        for (int k = 0; k < nft; k++)
+            assert_int_not_equal(ftypes[k], t->ftype);
+        ftypes[nft++] = t->ftype;
+    }
+    assert_int_equal(nft, 15);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -275,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_error_bounds),         cmocka_unit_test(test_weights_steer),
         cmocka_unit_test(test_tensor_rows),          cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_clones_same_bytes),    cmocka_unit_test(test_padded_rows),
+        cmocka_unit_test(test_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

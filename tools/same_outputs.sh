@@ -59,6 +59,8 @@ run export-q8 e8.gguf export --gguf "$W/old/q.safetensors" --tokenizer "$DATA/to
 run inspect "" inspect "$W/old/c.stz" --json
 run plan "" plan --policy int4 "$W/tiny.safetensors" --json
 run synth sy.safetensors synth llama-1b --layers 1 --sparsity 0.5 -T 3 -o sy.safetensors --json
+run k-quants k.stz compress --set '*proj.weight=q4_k' --set '*down_proj.weight=q6_k' --set '*o_proj.weight=q5_k' "$W/old/sy.safetensors" -o k.stz -T 2 --json
+run inspect-k "" inspect "$W/old/k.stz" --json
 run synth-shards sh synth qwen2-0.5b --layers 2 --shards 3 -o sh -q
 run compress-shards csh compress --int4 "$W/old/sh" -o csh -T 2 -q
 echo "same_outputs: $n commands, $( [ $differ = 0 ] && echo "all identical" || echo "some differ")"
