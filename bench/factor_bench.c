@@ -114,8 +114,9 @@ int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     openblas_set_num_threads(threads);
-    printf("kernels: %s, %d thread(s)\n\n| product | stz GFLOP/s | OpenBLAS GFLOP/s | time ratio |\n|---|---|---|---|\n",
-           stz_mm_kernels(), threads);
+    printf(
+        "kernels: %s, %d thread(s)\n\n| product | stz GFLOP/s | OpenBLAS GFLOP/s | time ratio |\n|---|---|---|---|\n",
+        stz_mm_kernels(), threads);
     product(512, 896, 896, threads);
     product(512, 896, 4864, threads);
     product(512, 4864, 896, threads);

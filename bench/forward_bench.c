@@ -87,13 +87,14 @@ int main(int argc, char **argv)
            KD = (size_t)c->n_kv_heads * c->head_dim;
     struct {
         size_t m, n, k, times;
-    } shapes[] = {{n, QD, D, c->n_layers}, {n, KD, D, 2 * c->n_layers}, {n, D, QD, c->n_layers},
-                  {n, F, D, 2 * c->n_layers}, {n, D, F, c->n_layers}, {ns, c->vocab, D, 1}};
+    } shapes[] = {{n, QD, D, c->n_layers},    {n, KD, D, 2 * c->n_layers}, {n, D, QD, c->n_layers},
+                  {n, F, D, 2 * c->n_layers}, {n, D, F, c->n_layers},      {ns, c->vocab, D, 1}};
     double flops = 0, sgemm_secs = 0;
     openblas_set_num_threads(threads);
     printf("| shape (rows x out x in) | sgemm GFLOP/s |\n|---|---|\n");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-        double secs, f = 2.0 * (double)shapes[i].m * (double)shapes[i].n * (double)shapes[i].k * (double)shapes[i].times;
+        double secs,
+            f = 2.0 * (double)shapes[i].m * (double)shapes[i].n * (double)shapes[i].k * (double)shapes[i].times;
         double rate = sgemm_rate(shapes[i].m, shapes[i].n, shapes[i].k, &secs);
         printf("| %zu x %zu x %zu | %.1f |\n", shapes[i].m, shapes[i].n, shapes[i].k, rate);
         flops += f, sgemm_secs += secs * (double)shapes[i].times;

@@ -54,7 +54,8 @@ static const float *original(stz_gguf *from, const uint8_t *fb, const stz_gguf_t
     for (size_t i = 0; i < stz_gguf_tensor_count(from); i++) {
         const stz_gguf_tensor *s = stz_gguf_tensor_at(from, i);
         if (!strcmp(s->name, t->name)) {
-            if (s->type != GGML_TYPE_F32 || s->ne[0] != n || s->bytes != t->bytes / stz_ggml_row_bytes(t->type, n) * n * 4) {
+            if (s->type != GGML_TYPE_F32 || s->ne[0] != n ||
+                s->bytes != t->bytes / stz_ggml_row_bytes(t->type, n) * n * 4) {
                 fprintf(stderr, "%s: not F32 of the same shape in the original\n", t->name);
                 exit(1);
             }

@@ -131,8 +131,8 @@ int main(int argc, char **argv)
     if (reading)
         printf("%-7s %8s %10s %9s\n", "type", "tensors", "rows", "inexact");
     else
-        printf("%-7s %8s %12s %14s %14s %10s %10s %9s\n", "type", "tensors", "weights", "err stz/ggml",
-               "time stz/ggml", "stz Mw/s", "ggml Mw/s", "inexact");
+        printf("%-7s %8s %12s %14s %14s %10s %10s %9s\n", "type", "tensors", "weights", "err stz/ggml", "time stz/ggml",
+               "stz Mw/s", "ggml Mw/s", "inexact");
     for (int a = first; a < argc; a++) {
         int type = reading ? type_named(argv[a]) : stz_ggml_type_parse(argv[a]);
         if (type < 0) {
@@ -150,7 +150,8 @@ int main(int argc, char **argv)
             size_t rows = (size_t)tn->shape[0], cols = (size_t)tn->shape[1], esz = stz_dtype_bits(tn->dtype) / 8;
             uint8_t *raw = malloc(rows * cols * esz);
             float *x = malloc(rows * cols * sizeof *x), *w = malloc(cols * sizeof *w);
-            if (stz_reader_read(r, tn, 0, raw, rows * cols * esz, &err) || stz_to_f32(tn->dtype, raw, rows * cols, x, &err)) {
+            if (stz_reader_read(r, tn, 0, raw, rows * cols * esz, &err) ||
+                stz_to_f32(tn->dtype, raw, rows * cols, x, &err)) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }

@@ -23,11 +23,11 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static const char *const defaults[] = {
-    "4:absmax:128:F16", "4:absmax:32:F16", "4:full:32:F16", "4:mse:32:F16", "4:mse:32:U8",    "4:nl:32:F16",
-    "4:nl:32:U8",       "4:nl-fit:32:U8",  "4:nl:16:U8",    "4:nl-fit:16:U8", "4:asym:32:F16", "2:nl:32:U8",
-    "3:nl:32:U8",       "3:mse:32:U8",     "5:mse:32:U8",   "5:nl:32:U8",     "6:mse:32:U8",   "6:nl:32:U8",
-    "8:absmax:32:F16",  "8:mse:32:U8"};
+static const char *const defaults[] = {"4:absmax:128:F16", "4:absmax:32:F16", "4:full:32:F16",   "4:mse:32:F16",
+                                       "4:mse:32:U8",      "4:nl:32:F16",     "4:nl:32:U8",      "4:nl-fit:32:U8",
+                                       "4:nl:16:U8",       "4:nl-fit:16:U8",  "4:asym:32:F16",   "2:nl:32:U8",
+                                       "3:nl:32:U8",       "3:mse:32:U8",     "5:mse:32:U8",     "5:nl:32:U8",
+                                       "6:mse:32:U8",      "6:nl:32:U8",      "8:absmax:32:F16", "8:mse:32:U8"};
 
 int main(int argc, char **argv)
 {
@@ -67,8 +67,11 @@ int main(int argc, char **argv)
         }
         ids[nt++] = i;
     }
-    printf("%zu tensors\n\n| bits:method:block:scales | bits/weight | + per tensor | mean rel. error | MB/s (F32, 1 thread) |\n"
-           "|---|---|---|---|---|\n", nt);
+    printf(
+        "%zu tensors\n\n| bits:method:block:scales | bits/weight | + per tensor | mean rel. error | MB/s "
+        "(F32, 1 thread) |\n"
+        "|---|---|---|---|---|\n",
+        nt);
     for (int c = 0; c < ncfg; c++) {
         stz_qformat f;
         char meth[16], sdt[8];
@@ -124,8 +127,8 @@ int main(int argc, char **argv)
             weights += (double)rows * cols;
             free(w), free(y), free(sc), free(mn), free(q);
         }
-        printf("| %s | %.3f | %.0f bits | %.4f | %.0f |\n", cfg[c], bits / weights, extra / (double)nt, sum_err / (double)nt,
-               weights * 4 / secs / 1e6);
+        printf("| %s | %.3f | %.0f bits | %.4f | %.0f |\n", cfg[c], bits / weights, extra / (double)nt,
+               sum_err / (double)nt, weights * 4 / secs / 1e6);
         fflush(stdout);
     }
     stz_qmodel_free(m);

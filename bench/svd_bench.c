@@ -31,7 +31,9 @@ int main(int argc, char **argv)
     size_t rank = (size_t)atol(argv[2]);
     int threads = atoi(argv[3]), q = atoi(argv[4]);
     int fails = 0;
-    printf("| matrix | shape | exact s | exact rel. error | randomized s | randomized rel. error | speed-up | error ratio |\n");
+    printf(
+        "| matrix | shape | exact s | exact rel. error | randomized s | randomized rel. error | speed-up | "
+        "error ratio |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     for (int a = 5; a < argc; a++) {
         long ti = stz_reader_find(r, argv[a]);

@@ -54,19 +54,21 @@ void cli_capture_set(cli_capture *c);
 
 /* Flags shared by the commands, parsed by cli_common_opt. */
 typedef struct {
-    const char *out;  /* -o */
-    int threads;      /* -T (0 = all cores), default all cores */
+    const char *out; /* -o */
+    int threads;     /* -T (0 = all cores), default all cores */
     int force, quiet, json;
-    stz_dtype dtype;  /* --dtype bf16|f16|f32, STZ_DTYPE_COUNT if not given */
+    stz_dtype dtype; /* --dtype bf16|f16|f32, STZ_DTYPE_COUNT if not given */
 } cli_common;
 
 /* getopt_long codes of the shared long-only options. */
 enum { CLI_OPT_JSON = 1000, CLI_OPT_DTYPE };
 #define CLI_COMMON_SHORT "o:T:fqh"
+// clang-format off
 #define CLI_COMMON_LONG                                                                                  \
     {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, 'T'},                     \
         {"force", no_argument, 0, 'f'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'}, \
         {"json", no_argument, 0, CLI_OPT_JSON}, {"dtype", required_argument, 0, CLI_OPT_DTYPE}
+// clang-format on
 
 void cli_common_init(cli_common *o);
 /* The output path, malloc'ed: -o's, else IN without `strip` and with `add`
@@ -88,16 +90,18 @@ typedef struct {
     size_t *lens, nseq, longest;
 } cli_seqs;
 typedef struct {
-    const char *path;   /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */
-    double nseq, len;   /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
+    const char *path; /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */
+    double nseq, len; /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
     double default_len, seed, temp, top_p;
 } cli_seq_opts;
 /* getopt_long codes and entries of the sequence options (--tokens,
  * --sequences, --seq-len, --seed), and their help lines. */
 enum { CLI_OPT_TOKENS = 1150, CLI_OPT_SEQS, CLI_OPT_LEN, CLI_OPT_SEED };
+// clang-format off
 #define CLI_SEQ_LONG                                                                                            \
     {"tokens", required_argument, 0, CLI_OPT_TOKENS}, {"sequences", required_argument, 0, CLI_OPT_SEQS},      \
         {"seq-len", required_argument, 0, CLI_OPT_LEN}, {"seed", required_argument, 0, CLI_OPT_SEED}
+// clang-format on
 /* Policy options of plan, quantize and compress (docs/POLICY.md,
  * "Command-line rules"). */
 #define CLI_MAX_OVERRIDES 64
@@ -108,16 +112,27 @@ typedef struct {
         int keep;
     } over[CLI_MAX_OVERRIDES];
     int nover;
-    const char *method; /* --method for int8/int4 rules */
-    int block_size;     /* --block-size, 0 if not given */
+    const char *method;  /* --method for int8/int4 rules */
+    int block_size;      /* --block-size, 0 if not given */
     const char *imatrix; /* --imatrix FILE: the importance the quantizers weigh errors by */
     int feedback;        /* --feedback: "feedback": true on every block quantization rule */
     cli_seq_opts so;     /* error feedback's calibration sequences */
     const char *config;  /* --config: the model's configuration, for the forward pass */
 } cli_policy_opts;
 
-enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_SET, CLI_OPT_METHOD, CLI_OPT_BLOCK,
-       CLI_OPT_IMATRIX, CLI_OPT_FEEDBACK, CLI_OPT_CONFIG };
+enum {
+    CLI_OPT_POLICY = 1100,
+    CLI_OPT_INT8,
+    CLI_OPT_INT4,
+    CLI_OPT_KEEP,
+    CLI_OPT_SET,
+    CLI_OPT_METHOD,
+    CLI_OPT_BLOCK,
+    CLI_OPT_IMATRIX,
+    CLI_OPT_FEEDBACK,
+    CLI_OPT_CONFIG
+};
+// clang-format off
 #define CLI_POLICY_LONG                                                                                       \
     {"policy", required_argument, 0, CLI_OPT_POLICY}, {"int8", no_argument, 0, CLI_OPT_INT8},                \
         {"int4", no_argument, 0, CLI_OPT_INT4}, {"keep", required_argument, 0, CLI_OPT_KEEP},                \
@@ -125,22 +140,25 @@ enum { CLI_OPT_POLICY = 1100, CLI_OPT_INT8, CLI_OPT_INT4, CLI_OPT_KEEP, CLI_OPT_
         {"block-size", required_argument, 0, CLI_OPT_BLOCK}, {"imatrix", required_argument, 0, CLI_OPT_IMATRIX}, \
         {"feedback", no_argument, 0, CLI_OPT_FEEDBACK}, {"config", required_argument, 0, CLI_OPT_CONFIG},       \
         CLI_SEQ_LONG
-#define CLI_POLICY_HELP                                                                                        \
-    "  --policy P          policy file or shipped name (stz policy list)\n"                                  \
-    "  --int8, --int4      the shipped int8 / int4 policies: llama.cpp's Q8_0 / a Q5_K-Q6_K-IQ4_NL mix\n"        \
-    "  --keep PATTERN      keep the tensors PATTERN matches (before the policy's rules)\n"                   \
-    "  --set PAT=ACTION[:key=value...]  a rule before the policy's, e.g. 'lm_head.weight=int8:block_size=32'\n" \
-    "  --method M          absmax, mse, full, asym, nl or nl-fit for every int2..int8 rule\n"                                         \
-    "  --block-size N      block size of every int8/int4 rule\n" \
-    "  --imatrix FILE      importance matrix (stz imatrix, or llama.cpp's): every\n"                          \
-    "                      block's scales chosen for the least error weighted by it\n"                    \
-    "  --feedback          error feedback (GPTQ) on every block quantization rule:\n"                      \
-    "                      layer by layer on sequences sampled from the model (or\n"                       \
-    "                      --tokens FILE; --sequences N (16), --seq-len L (256),\n"                       \
+// clang-format on
+#define CLI_POLICY_HELP                                                                                                \
+    "  --policy P          policy file or shipped name (stz policy list)\n"                                            \
+    "  --int8, --int4      the shipped int8 / int4 policies: llama.cpp's Q8_0 / a Q5_K-Q6_K-IQ4_NL mix\n"              \
+    "  --keep PATTERN      keep the tensors PATTERN matches (before the policy's rules)\n"                             \
+    "  --set PAT=ACTION[:key=value...]  a rule before the policy's, e.g. 'lm_head.weight=int8:block_size=32'\n"        \
+    "  --method M          absmax, mse, full, asym, nl or nl-fit for every int2..int8 rule\n"                          \
+    "  --block-size N      block size of every int8/int4 rule\n"                                                       \
+    "  --imatrix FILE      importance matrix (stz imatrix, or llama.cpp's): every\n"                                   \
+    "                      block's scales chosen for the least error weighted by it\n"                                 \
+    "  --feedback          error feedback (GPTQ) on every block quantization rule:\n"                                  \
+    "                      layer by layer on sequences sampled from the model (or\n"                                   \
+    "                      --tokens FILE; --sequences N (16), --seq-len L (256),\n"                                    \
     "                      --seed S; --config FILE: the model's config.json)\n"
 
 /* Error feedback's default sequences: 16 of 256 tokens sampled, seed 1. */
+// clang-format off
 #define CLI_FEEDBACK_SEQS {NULL, 16, 0, 256, 1, 1, 0.9}
+// clang-format on
 /* Bytes of F32 layers sampling keeps between steps for error feedback
  * (stz_fwd_set_keep): its peak memory stays near the quantizing's. */
 #define CLI_FEEDBACK_KEEP ((uint64_t)256 << 20)
@@ -199,7 +217,6 @@ char *cli_model_output_name(const char *model, const char *suffix);
 int cli_threads(const char *s);
 int cli_ncores(void);
 
-
 /* An intermediate file next to `out` (".OUT.WHAT-XXXXXX"), created empty and
  * tracked so that signals remove it; cli_tmp_drop removes it. */
 typedef struct {
@@ -245,8 +262,8 @@ typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, 
  * and converts them into the directory rank 0 made, rank 0 writes the index
  * and the rest; a failure on any rank fails all, reported by rank 0.
  * Returns a CLI exit status (other ranks print nothing). */
-int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
-                   int rewrite_index, int threads, int quiet, cli_shard_fn convert, void *user);
+int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix, int rewrite_index,
+                   int threads, int quiet, cli_shard_fn convert, void *user);
 
 /* ---- MPI: ranks sharing a directory's shards (cli_mpi.c) ---------------- */
 
@@ -277,10 +294,9 @@ struct stz_policy;
  * (on so's sequences, NULL: its default ones; config: the model's
  * config.json, NULL: found); *bytes: OUT's bytes (every file of a
  * directory). */
-stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol,
-                               const struct stz_imatrix *im, const cli_seq_opts *so, const char *config, int threads,
-                               int quiet, uint64_t *bytes, stz_err *err);
-
+stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol, const struct stz_imatrix *im,
+                               const cli_seq_opts *so, const char *config, int threads, int quiet, uint64_t *bytes,
+                               stz_err *err);
 
 struct stz_qmodel;
 /* How a listed tensor is stored: "svd", "int2".."int8", a GGUF block type

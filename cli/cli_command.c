@@ -36,12 +36,15 @@ const cli_command *cli_command_find(const char *name)
 
 void cli_usage(FILE *f)
 {
-    fprintf(f, "stz %s - make neural-network model files small\n\n"
-               "usage: stz COMMAND [OPTIONS] ...\n\ncommands:\n", STZ_VERSION_STRING);
+    fprintf(f,
+            "stz %s - make neural-network model files small\n\n"
+            "usage: stz COMMAND [OPTIONS] ...\n\ncommands:\n",
+            STZ_VERSION_STRING);
     for (size_t i = 0; i < NCMD; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n'stz COMMAND --help' describes a command. Exit status: 0 success, 1 error, 2 usage\n"
-               "(stz eval: 3 when a tensor is below --threshold; stz tune: 3 when the budget cannot be met).\n");
+    fprintf(f,
+            "\n'stz COMMAND --help' describes a command. Exit status: 0 success, 1 error, 2 usage\n"
+            "(stz eval: 3 when a tensor is below --threshold; stz tune: 3 when the budget cannot be met).\n");
 }
 
 static char **running_argv; /* the running command's arguments */
@@ -49,7 +52,7 @@ static char **running_argv; /* the running command's arguments */
 int cli_run(const cli_command *cmd, int argc, char **argv)
 {
     running_argv = argv;
-    opterr = 0; /* cli_bad_option says it, once */
+    opterr = 0;                   /* cli_bad_option says it, once */
     stz_json_route_allocations(); /* cJSON through stz's allocator: cli_print_json sees a failure */
     stz_json_begin();
     int rc = cmd->run(argc, argv);

@@ -43,7 +43,6 @@ static int inside(const char *root_real, const char *path)
 
 /* ---- the index and its shards ------------------------------------------ */
 
-
 void cli_model_dir_free(cli_model_dir *m)
 {
     for (size_t i = 0; m->shards && i < m->n; i++)
@@ -84,7 +83,8 @@ static stz_status check_index(const cli_model_dir *m, const char *suffix, const 
     entry *idx = calloc(ni + 1, sizeof *idx), *files = NULL;
     stz_reader **keep_r = calloc(m->n + 1, sizeof *keep_r);
     stz_container **keep_c = calloc(m->n + 1, sizeof *keep_c);
-    stz_status st = idx && keep_r && keep_c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the shards' readers");
+    stz_status st =
+        idx && keep_r && keep_c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the shards' readers");
     for (const cJSON *e = wm ? wm->child : NULL; !st && e; e = e->next) {
         size_t s = 0;
         while (strcmp(m->shards[s], e->valuestring))
@@ -118,8 +118,8 @@ static stz_status check_index(const cli_model_dir *m, const char *suffix, const 
     }
     for (size_t i = 1; !st && i < nf; i++)
         if (!strcmp(files[i].name, files[i - 1].name))
-            st = stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s' is in two shards, %s and %s", m->dir,
-                             files[i].name, m->shards[files[i - 1].shard], m->shards[files[i].shard]);
+            st = stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s' is in two shards, %s and %s", m->dir, files[i].name,
+                             m->shards[files[i - 1].shard], m->shards[files[i].shard]);
     for (size_t i = 0, j = 0; !st && (i < ni || j < nf);) {
         int c = i == ni ? 1 : j == nf ? -1 : strcmp(idx[i].name, files[j].name);
         if (c < 0)
@@ -280,8 +280,10 @@ stz_status cli_copy_tree(const char *root, const char *from, const char *to, cha
         } else if (S_ISLNK(sb.st_mode)) {
             ssize_t n = readlink(p, link, sizeof link - 1);
             if (n < 0 || !inside(root, p))
-                st = stz_err_set(err, STZ_E_ARG, "%s: link to something outside the model directory (or dangling); "
-                                 "refusing to follow or copy it", p);
+                st = stz_err_set(err, STZ_E_ARG,
+                                 "%s: link to something outside the model directory (or dangling); "
+                                 "refusing to follow or copy it",
+                                 p);
             else if (link[n] = 0, link[0] == '/')
                 st = stz_err_set(err, STZ_E_ARG, "%s: absolute link; it would not point into the new directory", p);
             else if (symlink(link, q) != 0)

@@ -13,9 +13,9 @@
 #define INDEX_NAME "model.safetensors.index.json"
 
 typedef struct {
-    char *dir, *real;  /* as given, and resolved */
+    char *dir, *real; /* as given, and resolved */
     cJSON *index;
-    char **shards;     /* file names, in first-seen order */
+    char **shards; /* file names, in first-seen order */
     size_t n;
 } cli_model_dir;
 

@@ -28,7 +28,10 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
     case CLI_OPT_IMATRIX: po->imatrix = optarg; return -1;
     case CLI_OPT_FEEDBACK: po->feedback = 1; return -1;
     case CLI_OPT_CONFIG: po->config = optarg; return -1;
-    case CLI_OPT_TOKENS: case CLI_OPT_SEQS: case CLI_OPT_LEN: case CLI_OPT_SEED:
+    case CLI_OPT_TOKENS:
+    case CLI_OPT_SEQS:
+    case CLI_OPT_LEN:
+    case CLI_OPT_SEED:
         if (!po->so.default_len) {
             const cli_seq_opts d = CLI_FEEDBACK_SEQS;
             po->so = d;
@@ -141,7 +144,8 @@ stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err 
     free(text);
     if (st)
         return st;
-    cJSON *rules = cJSON_GetObjectItemCaseSensitive(root, "rules"), *def = cJSON_GetObjectItemCaseSensitive(root, "default");
+    cJSON *rules = cJSON_GetObjectItemCaseSensitive(root, "rules"),
+          *def = cJSON_GetObjectItemCaseSensitive(root, "default");
     if (!rules)
         cJSON_AddItemToObject(root, "rules", rules = cJSON_CreateArray());
     if (cJSON_IsString(def)) { /* as an object, so that --method can reach it */
@@ -213,7 +217,8 @@ void cli_policy_warn_unused(const stz_policy *pol, const stz_reader *names)
             continue;
         const char *pat = stz_policy_rule_pattern(pol, i), *best = NULL;
         size_t bd = 4; /* a suggestion at most 3 edits away */
-        for (size_t t = 0; names && !strpbrk(pat, "*?[") && strncmp(pat, "re:", 3) && t < stz_reader_count(names); t++) {
+        for (size_t t = 0; names && !strpbrk(pat, "*?[") && strncmp(pat, "re:", 3) && t < stz_reader_count(names);
+             t++) {
             size_t d = edits(pat, stz_reader_tensor(names, t)->name);
             if (d < bd)
                 bd = d, best = stz_reader_tensor(names, t)->name;

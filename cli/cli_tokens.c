@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 int cli_number(const char *cmd, const char *opt, const char *arg, double lo, double hi, double *v)
 {
     char *end;
@@ -59,7 +58,6 @@ static stz_status seqs_count(cli_seqs *q, size_t n, stz_err *err)
     return STZ_OK;
 }
 
-
 static stz_status check_seq(const char *path, size_t where, const char *what, size_t n, stz_err *err)
 {
     if (n < 2)
@@ -79,8 +77,10 @@ static stz_status id_of(const char *path, size_t line, const char *c, const char
         v = v * 10 + (uint64_t)(*d - '0');
     if (d == c || v >= ((uint64_t)1 << 31) || (*d && !isspace((unsigned char)*d))) {
         int w = (int)strcspn(c, " \t\r\n\v\f");
-        return stz_err_set(err, STZ_E_FORMAT, "%s: line %zu: '%.*s' is not a token id (a decimal whole number below "
-                           "2^31)", path, line, w > 20 ? 20 : w, c);
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: line %zu: '%.*s' is not a token id (a decimal whole number below "
+                           "2^31)",
+                           path, line, w > 20 ? 20 : w, c);
     }
     *end = d, *id = (int32_t)v;
     return STZ_OK;
@@ -92,8 +92,10 @@ static stz_status parse_json(const char *text, size_t len, const char *path, int
 {
     size_t bad = strspn(text, "[],0123456789 \t\r\n");
     if (bad < len)
-        return stz_err_set(err, STZ_E_FORMAT, "%s: byte %zu ('%c'): token ids are decimal whole numbers in an array "
-                           "of arrays", path, bad, isprint((unsigned char)text[bad]) ? text[bad] : '?');
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: byte %zu ('%c'): token ids are decimal whole numbers in an array "
+                           "of arrays",
+                           path, bad, isprint((unsigned char)text[bad]) ? text[bad] : '?');
     const char *rest = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &rest, 0), *s;
     stz_status st = STZ_OK;
@@ -199,7 +201,6 @@ stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err
     return cli_tmp_finish(&t, f, path, force, err);
 }
 
-
 stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, cli_seqs *q, char *source,
                         stz_err *err)
 {
@@ -213,12 +214,17 @@ stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, in
         for (size_t s = 0; s < q->nseq; tok += q->lens[s++])
             for (size_t i = 0; i < q->lens[s]; i++)
                 if ((uint32_t)tok[i] >= c->vocab)
-                    return stz_err_set(err, STZ_E_FORMAT, "%s: sequence %zu, token %zu: id %d is outside the "
-                                       "vocabulary of %s [0, %u)", o->path, s + 1, i + 1, tok[i], label, c->vocab);
+                    return stz_err_set(err, STZ_E_FORMAT,
+                                       "%s: sequence %zu, token %zu: id %d is outside the "
+                                       "vocabulary of %s [0, %u)",
+                                       o->path, s + 1, i + 1, tok[i], label, c->vocab);
         snprintf(source, 64, "from %.50s", strrchr(o->path, '/') ? strrchr(o->path, '/') + 1 : o->path);
         return STZ_OK;
     }
-    size_t dl = (size_t)o->default_len, L = o->len ? (size_t)o->len : c->max_pos && c->max_pos < dl ? c->max_pos : dl,
+    size_t dl = (size_t)o->default_len,
+           L = o->len                          ? (size_t)o->len
+               : c->max_pos && c->max_pos < dl ? c->max_pos
+                                               : dl,
            n = (size_t)o->nseq;
     if (L < 2)
         return stz_err_set(err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", label, c->max_pos);

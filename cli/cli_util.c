@@ -24,7 +24,7 @@ void cli_put_escaped(FILE *f, const char *s)
     const unsigned char *c = (const unsigned char *)s, *end = c + strlen(s);
     while (*c) {
         size_t n = stz_utf8_check(c, (size_t)(end - c)), k;
-        for (k = 0; k < n; k++) { /* valid UTF-8 up to c[n] */
+        for (k = 0; k < n; k++) {                                          /* valid UTF-8 up to c[n] */
             int c1 = c[k] == 0xc2 && c[k + 1] >= 0x80 && c[k + 1] <= 0x9f; /* U+0080..U+009F */
             if (c[k] < 0x20 || c[k] == 0x7f || c1) {
                 static const char named[] = "abtnvfr"; /* \a .. \r */
@@ -311,8 +311,8 @@ const char *cli_action_of(const stz_qtensor *t, const char *kept)
 
 int cli_quantized(const stz_qtensor *t)
 {
-    return t->bits || (t->gguf_type && strcmp(t->gguf_type, "f32") && strcmp(t->gguf_type, "f16") &&
-                       strcmp(t->gguf_type, "bf16"));
+    return t->bits ||
+           (t->gguf_type && strcmp(t->gguf_type, "f32") && strcmp(t->gguf_type, "f16") && strcmp(t->gguf_type, "bf16"));
 }
 
 void cli_set_free(cli_model_set *s)
@@ -473,11 +473,15 @@ stz_status cli_no_config(const char *path, const cli_model_set *s, stz_err *err)
 {
     /* --config helps only a Llama-family model: say so when the names are another's */
     if (s && s->n && stz_qmodel_count(s->m[0]) && stz_fwd_layout(s->m, s->n) < 0)
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: not a Llama-family model (no model.embed_tokens.weight or "
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: not a Llama-family model (no model.embed_tokens.weight or "
                            "tok_embeddings.weight; its tensors are named like '%s'): stz runs Llama, Mistral, Qwen2 "
-                           "and llama2.c models", path, stz_qmodel_tensor(s->m[0], 0)->name);
-    return stz_err_set(err, STZ_E_FORMAT, "%s: no model configuration (no config.json beside it, no "
-                                          "__metadata__[\"config\"]): give one with --config FILE", path);
+                           "and llama2.c models",
+                           path, stz_qmodel_tensor(s->m[0], 0)->name);
+    return stz_err_set(err, STZ_E_FORMAT,
+                       "%s: no model configuration (no config.json beside it, no "
+                       "__metadata__[\"config\"]): give one with --config FILE",
+                       path);
 }
 
 int cli_stdout_ok(const char *cmd, cli_common *c)

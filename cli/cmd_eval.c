@@ -69,8 +69,10 @@ static int eval_options(eval_run *e, int argc, char **argv, int *rc)
     enum { O_THRESHOLD = 256, O_JSON, O_CSV, O_ALLOW };
     static const struct option opts[] = {{"threshold", required_argument, 0, O_THRESHOLD},
                                          {"allow-missing", no_argument, 0, O_ALLOW},
-                                         {"json", no_argument, 0, O_JSON}, {"csv", no_argument, 0, O_CSV},
-                                         {"quiet", no_argument, 0, 'q'},   {"help", no_argument, 0, 'h'},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"csv", no_argument, 0, O_CSV},
+                                         {"quiet", no_argument, 0, 'q'},
+                                         {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
@@ -234,13 +236,14 @@ static void eval_print_table(const eval_run *e, size_t below)
         const eval_row *r = &e->rows[i];
         if (!e->quiet || r->m.cosine < e->threshold)
             printf("%-*s  %-6s  %10.6f  %10.3g  %8.2f  %10.3g%s\n", (int)w, r->name, r->action, r->m.cosine,
-                   r->m.rel_frobenius, r->m.snr_db, r->m.max_abs, r->m.cosine < e->threshold ? "  BELOW THRESHOLD" : "");
+                   r->m.rel_frobenius, r->m.snr_db, r->m.max_abs,
+                   r->m.cosine < e->threshold ? "  BELOW THRESHOLD" : "");
     }
     if (!e->quiet)
         printf("\n");
     if (e->nr)
-        printf("%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n",
-               e->nr, wmean, e->minc, 100 * share);
+        printf("%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n", e->nr,
+               wmean, e->minc, 100 * share);
     else
         printf("no tensor compared\n");
     if (e->threshold > -2)

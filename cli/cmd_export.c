@@ -89,8 +89,10 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
         printf("  FFN widened from %llu to %llu units (zero rows and columns) for ffn_down's padded blocks\n",
                (unsigned long long)s->ffn_from, (unsigned long long)s->ffn_to);
     if (s->fallback)
-        printf("  %zu tensors written as floats (F16; F32 for quantized values): rows not a multiple of 32 "
-               "(first: %s)\n", s->fallback, s->fallback_first);
+        printf(
+            "  %zu tensors written as floats (F16; F32 for quantized values): rows not a multiple of 32 "
+            "(first: %s)\n",
+            s->fallback, s->fallback_first);
     return CLI_OK;
 }
 
@@ -111,15 +113,14 @@ stz_status cli_export_gguf(const char *in, const cli_model_set *set, const stz_f
  * then one library call and its report. */
 int cmd_export(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        CLI_COMMON_LONG,
-        {"gguf", no_argument, 0, O_GGUF},
-        {"type", required_argument, 0, O_TYPE},
-        {"requantize", no_argument, 0, O_REQUANT},
-        {"tokenizer", required_argument, 0, O_TOKENIZER},
-        {"config", required_argument, 0, O_CONFIG},
-        {"name", required_argument, 0, O_NAME},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {CLI_COMMON_LONG,
+                                         {"gguf", no_argument, 0, O_GGUF},
+                                         {"type", required_argument, 0, O_TYPE},
+                                         {"requantize", no_argument, 0, O_REQUANT},
+                                         {"tokenizer", required_argument, 0, O_TOKENIZER},
+                                         {"config", required_argument, 0, O_CONFIG},
+                                         {"name", required_argument, 0, O_NAME},
+                                         {0, 0, 0, 0}};
     cli_common c;
     cli_common_init(&c);
     stz_gguf_params p = STZ_GGUF_PARAMS_DEFAULT;
@@ -217,7 +218,8 @@ int cli_inspect_gguf(const char *path, cJSON **json)
         const char *tn = stz_ggml_type_name(t->type);
         int len = 0;
         for (uint32_t d = 0; d < t->ndim; d++)
-            len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%llu", d ? ", " : "[", (unsigned long long)t->ne[d]);
+            len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%llu", d ? ", " : "[",
+                            (unsigned long long)t->ne[d]);
         snprintf(shape + len, sizeof shape - (size_t)len, "]");
         total += t->bytes;
         if (arr) {

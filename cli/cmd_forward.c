@@ -98,15 +98,22 @@ typedef struct {
 static int fwd_options(int argc, char **argv, fwd_opts *o)
 {
     enum { O_FWD = 256, O_TOKENS, O_SEQS, O_LEN, O_SEED, O_TEMP, O_TOPP, O_SAVE, O_MAXKL, O_CONFIG, O_JSON };
-    static const struct option opts[] = {
-        {"forward", no_argument, 0, O_FWD},          {"tokens", required_argument, 0, O_TOKENS},
-        {"sequences", required_argument, 0, O_SEQS}, {"seq-len", required_argument, 0, O_LEN},
-        {"seed", required_argument, 0, O_SEED},      {"temperature", required_argument, 0, O_TEMP},
-        {"top-p", required_argument, 0, O_TOPP},     {"save-tokens", required_argument, 0, O_SAVE},
-        {"max-kl", required_argument, 0, O_MAXKL},   {"config", required_argument, 0, O_CONFIG},
-        {"json", no_argument, 0, O_JSON},            {"threads", required_argument, 0, 'T'},
-        {"force", no_argument, 0, 'f'},              {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    static const struct option opts[] = {{"forward", no_argument, 0, O_FWD},
+                                         {"tokens", required_argument, 0, O_TOKENS},
+                                         {"sequences", required_argument, 0, O_SEQS},
+                                         {"seq-len", required_argument, 0, O_LEN},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"temperature", required_argument, 0, O_TEMP},
+                                         {"top-p", required_argument, 0, O_TOPP},
+                                         {"save-tokens", required_argument, 0, O_SAVE},
+                                         {"max-kl", required_argument, 0, O_MAXKL},
+                                         {"config", required_argument, 0, O_CONFIG},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"threads", required_argument, 0, 'T'},
+                                         {"force", no_argument, 0, 'f'},
+                                         {"quiet", no_argument, 0, 'q'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     *o = (fwd_opts){.nseq = 4, .seed = 1, .temp = 1, .top_p = 0.9, .max_kl = -1, .threads = cli_ncores()};
     int c, rc;
     optind = 1;
@@ -114,12 +121,30 @@ static int fwd_options(int argc, char **argv, fwd_opts *o)
         switch (c) {
         case O_FWD: break;
         case O_TOKENS: o->tokens_path = optarg; break;
-        case O_SEQS: if ((rc = cli_number("eval", "--sequences", optarg, 1, 65536, &o->nseq)) >= 0) return rc; break;
-        case O_LEN: if ((rc = cli_number("eval", "--seq-len", optarg, 2, 1 << 20, &o->len)) >= 0) return rc; break;
-        case O_SEED: if ((rc = cli_number("eval", "--seed", optarg, 0, 1e15, &o->seed)) >= 0) return rc; break;
-        case O_TEMP: if ((rc = cli_number("eval", "--temperature", optarg, 0, 100, &o->temp)) >= 0) return rc; break;
-        case O_TOPP: if ((rc = cli_number("eval", "--top-p", optarg, 0, 1, &o->top_p)) >= 0) return rc; break;
-        case O_MAXKL: if ((rc = cli_number("eval", "--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0) return rc; break;
+        case O_SEQS:
+            if ((rc = cli_number("eval", "--sequences", optarg, 1, 65536, &o->nseq)) >= 0)
+                return rc;
+            break;
+        case O_LEN:
+            if ((rc = cli_number("eval", "--seq-len", optarg, 2, 1 << 20, &o->len)) >= 0)
+                return rc;
+            break;
+        case O_SEED:
+            if ((rc = cli_number("eval", "--seed", optarg, 0, 1e15, &o->seed)) >= 0)
+                return rc;
+            break;
+        case O_TEMP:
+            if ((rc = cli_number("eval", "--temperature", optarg, 0, 100, &o->temp)) >= 0)
+                return rc;
+            break;
+        case O_TOPP:
+            if ((rc = cli_number("eval", "--top-p", optarg, 0, 1, &o->top_p)) >= 0)
+                return rc;
+            break;
+        case O_MAXKL:
+            if ((rc = cli_number("eval", "--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0)
+                return rc;
+            break;
         case O_SAVE: o->save = optarg; break;
         case O_CONFIG: o->config = optarg; break;
         case O_JSON: o->json = 1; break;

@@ -46,8 +46,8 @@ typedef struct {
 static int parse(int argc, char **argv, imatrix_opts *o)
 {
     enum { O_CONFIG = 256 };
-    static const struct option opts[] = {CLI_SEQ_LONG, {"config", required_argument, 0, O_CONFIG}, CLI_COMMON_LONG,
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        CLI_SEQ_LONG, {"config", required_argument, 0, O_CONFIG}, CLI_COMMON_LONG, {0, 0, 0, 0}};
     const cli_seq_opts defaults = {NULL, 16, 0, 128, 1, 1, 0.9};
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
@@ -122,13 +122,14 @@ stz_status cli_feedback_seqs(const cli_seq_opts *so, stz_fwd *fwd, const char *m
     return st;
 }
 
-stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, const char *out,
-                             int force, int threads, int quiet, stz_feedback **fb, stz_err *err)
+stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, const char *out, int force,
+                             int threads, int quiet, stz_feedback **fb, stz_err *err)
 {
     *fb = NULL;
     if (!stz_policy_feedback(pol))
         return po->so.default_len || po->config
-                   ? stz_err_set(err, STZ_E_ARG, "--tokens, --sequences, --seq-len, --seed and --config are error "
+                   ? stz_err_set(err, STZ_E_ARG,
+                                 "--tokens, --sequences, --seq-len, --seed and --config are error "
                                  "feedback's: give --feedback (or a rule with \"feedback\": true)")
                    : STZ_OK;
     cli_model_set S = {0};
@@ -146,8 +147,10 @@ stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const c
         cli_progress_end(&prog);
     }
     if (!st && !stz_feedback_count(*fb)) {
-        st = stz_err_set(err, STZ_E_ARG, "%s: the policy asks for error feedback, but on none of the model's matrices "
-                         "the forward pass reads", model);
+        st = stz_err_set(err, STZ_E_ARG,
+                         "%s: the policy asks for error feedback, but on none of the model's matrices "
+                         "the forward pass reads",
+                         model);
         stz_feedback_free(*fb), *fb = NULL;
     }
     cli_seqs_free(&q);
@@ -186,7 +189,8 @@ int cmd_imatrix(int argc, char **argv)
     if (rc >= 0)
         return rc;
     const char *model = argv[optind];
-    char *out = o.c.out ? strdup(o.c.out) : cli_model_output_name(model, ".imatrix.gguf"), source[64] = "", dataset[512];
+    char *out = o.c.out ? strdup(o.c.out) : cli_model_output_name(model, ".imatrix.gguf"), source[64] = "",
+         dataset[512];
     stz_err err;
     if (!out)
         return stz_err_set(&err, STZ_E_NOMEM, "out of memory"), cli_fail(&err);
@@ -240,8 +244,10 @@ stz_status cli_imatrix_open(const char *path, const char *model, stz_imatrix **i
     for (size_t f = 0; !st && f < n; f++)
         st = match_file(*im, files[f], &matched, example, err);
     if (!st && !matched)
-        st = stz_err_set(err, STZ_E_ARG, "%s: none of its %zu entries (such as '%s') names a matrix of %s (such as "
-                         "'%s'): an importance matrix of another model?", path, stz_imatrix_count(*im),
+        st = stz_err_set(err, STZ_E_ARG,
+                         "%s: none of its %zu entries (such as '%s') names a matrix of %s (such as "
+                         "'%s'): an importance matrix of another model?",
+                         path, stz_imatrix_count(*im),
                          stz_imatrix_count(*im) ? stz_imatrix_name(*im, 0, NULL, NULL) : "", model, example);
     else if (st == STZ_E_SHAPE) { /* the entry's columns: say which file */
         char msg[sizeof err->msg];

@@ -92,10 +92,11 @@ static stz_status quant_view(const stz_reader *r, cJSON *o, stz_err *err)
     w = w > 64 ? 64 : w;
     cJSON *arr = o ? cJSON_CreateArray() : NULL;
     if (!o)
-        printf("\nquantized by stz: %zu tensors, %s parameters (%zu tensors, %.1f%% of parameters quantized)\n"
-               "%-*s  %-7s  %-18s  %-22s  %15s\n", n, cli_commas(a, params), nq,
-               params ? 100.0 * (double)pq / (double)params : 0, (int)w, "name", "dtype", "shape", "stored as",
-               "bytes");
+        printf(
+            "\nquantized by stz: %zu tensors, %s parameters (%zu tensors, %.1f%% of parameters quantized)\n"
+            "%-*s  %-7s  %-18s  %-22s  %15s\n",
+            n, cli_commas(a, params), nq, params ? 100.0 * (double)pq / (double)params : 0, (int)w, "name", "dtype",
+            "shape", "stored as", "bytes");
     for (size_t i = 0; i < n; i++) {
         const stz_qtensor *t = stz_qmodel_tensor(m, i);
         stz_tensor view = {.ndim = t->ndim, .shape = (uint64_t *)t->shape};
@@ -139,8 +140,7 @@ static cJSON *build_json(const stz_reader *r)
 {
     totals by[STZ_DTYPE_COUNT];
     sum_dtypes(r, by);
-    cJSON *o = cJSON_CreateObject(), *ts = cJSON_CreateArray(), *dts = cJSON_CreateObject(),
-          *md = cJSON_CreateObject();
+    cJSON *o = cJSON_CreateObject(), *ts = cJSON_CreateArray(), *dts = cJSON_CreateObject(), *md = cJSON_CreateObject();
     uint64_t params = 0;
     cJSON_AddStringToObject(o, "file", stz_reader_path(r));
     cJSON_AddStringToObject(o, "format", "safetensors");
@@ -191,8 +191,7 @@ static void print_table(const stz_reader *r)
     }
     w = w > 64 ? 64 : w;
     printf("%s: SafeTensors, %zu tensors, %s parameters, %s bytes (header %s)\n\n", stz_reader_path(r), n,
-           cli_commas(a, params), cli_commas(b, stz_reader_file_size(r)),
-           cli_commas(c, stz_reader_data_offset(r) - 8));
+           cli_commas(a, params), cli_commas(b, stz_reader_file_size(r)), cli_commas(c, stz_reader_data_offset(r) - 8));
     printf("%-*s  %-11s  %-18s  %15s  %15s\n", (int)w, "name", "dtype", "shape", "params", "bytes");
     for (size_t i = 0; i < n; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
@@ -383,7 +382,8 @@ static cJSON *tensor_json(const csum *s, size_t i)
     cJSON_AddNumberToObject(e, "bytes", (double)(t->end - t->begin));
     cJSON_AddNumberToObject(e, "stored", (double)ts->stored);
     for (int k = 0; k < ts->nplanes; k++)
-        cJSON_AddItemToArray(pls, plane_json(plane_name(ts, k, pn, sizeof pn), ts->codecs[k], ts->raw[k], ts->zipped[k]));
+        cJSON_AddItemToArray(pls,
+                             plane_json(plane_name(ts, k, pn, sizeof pn), ts->codecs[k], ts->raw[k], ts->zipped[k]));
     if (ts->other_raw)
         cJSON_AddItemToArray(pls, plane_json("other", 0, ts->other_raw, ts->other_stored));
     cJSON_AddItemToObject(e, "planes", pls);
@@ -499,10 +499,9 @@ static int inspect_container(const char *path, cJSON **json)
     } else {
         char a[32], b[32];
         uint64_t orig = stz_container_original_size(s.c), size = stz_container_file_size(s.c);
-        printf("%s: stz container v%u%s, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n",
-               path, stz_container_format_version(s.c), s.gguf ? " of a GGUF file" : "", s.nt, cli_commas(a, orig),
-               cli_commas(b, size), ratio(orig, size),
-               stz_container_chunk_count(s.c), stz_container_chunk_size(s.c),
+        printf("%s: stz container v%u%s, %zu tensors, %s -> %s bytes (%.3fx), %zu chunks of %u bytes\n%s\n\n", path,
+               stz_container_format_version(s.c), s.gguf ? " of a GGUF file" : "", s.nt, cli_commas(a, orig),
+               cli_commas(b, size), ratio(orig, size), stz_container_chunk_count(s.c), stz_container_chunk_size(s.c),
                has_quant_meta(s.h) ? "lossy: holds a model quantized by stz (decompress --dequantize gives floats back)"
                                    : "lossless: unpacks to the original file byte for byte");
         container_table(&s);

@@ -81,9 +81,14 @@ static int parse(const char *cmd, const char *help, const char *allowed, int arg
     cli_common_init(&o->c);
     o->chunk = 1 << 20;
     while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT "c", opts, NULL)) != -1) {
-        const char *name = c == 'o' ? "output" : c == O_BEST ? "best" : c == O_CHUNK ? "chunk-size"
-                         : c == CLI_OPT_JSON ? "json" : c == O_TENSOR ? "tensor" : c == CLI_OPT_DTYPE ? "dtype"
-                         : c == 'c' ? "stdout" : "";
+        const char *name = c == 'o'             ? "output"
+                           : c == O_BEST        ? "best"
+                           : c == O_CHUNK       ? "chunk-size"
+                           : c == CLI_OPT_JSON  ? "json"
+                           : c == O_TENSOR      ? "tensor"
+                           : c == CLI_OPT_DTYPE ? "dtype"
+                           : c == 'c'           ? "stdout"
+                                                : "";
         if (*name && !strstr(allowed, name))
             return cli_usage_error(cmd, "--%s does not apply here", name);
         if (c == 'c') {
@@ -160,9 +165,8 @@ int cmd_pack(int argc, char **argv)
     } else if (!o.c.quiet) {
         char a[32], b[32], r[32];
         fprintf(to_stdout ? stderr : stdout, "%s -> %s: %s -> %s bytes (%.3fx) in %.2f s, %s/s\n",
-                from_stdin ? "standard input" : in,
-                to_stdout ? "standard output" : out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio,
-                secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
+                from_stdin ? "standard input" : in, to_stdout ? "standard output" : out, cli_commas(a, st.in_bytes),
+                cli_commas(b, st.out_bytes), ratio, secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
     }
     free(out);
     return CLI_OK;
@@ -180,7 +184,8 @@ int cmd_unpack(int argc, char **argv)
     int from_stdin = !strcmp(in, "-");
     if (from_stdin && (o.tensor || isatty(STDIN_FILENO)))
         return cli_usage_error("unpack", o.tensor ? "--tensor reads a container at offsets: give a file, not standard "
-                                                    "input" : "standard input is a terminal: pipe a container into it");
+                                                    "input"
+                                                  : "standard input is a terminal: pipe a container into it");
     if (!o.c.out && o.tensor)
         return cli_usage_error("unpack", "--tensor needs -o OUT");
     char *out = cli_output_name("unpack", o.c.out, in, ".stz", "", &rc);
@@ -258,7 +263,8 @@ int cmd_verify(int argc, char **argv)
     int bad = 0, ranks = cli_mpi_size();
     for (int a = optind; ranks > 1 && a < argc; a++)
         if (o.c.json || !strcmp(argv[a], "-"))
-            return cli_mpi_rank() ? CLI_USAGE : cli_usage_error("verify", "under mpirun: files or directories, no --json");
+            return cli_mpi_rank() ? CLI_USAGE
+                                  : cli_usage_error("verify", "under mpirun: files or directories, no --json");
     cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
     for (int a = optind; a < argc; a++) {
         char **files;

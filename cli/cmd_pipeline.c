@@ -30,8 +30,7 @@ static const char compress_help[] =
     "IN may be a directory of shards (model.safetensors.index.json).\n\n"
     "  -o, --output FILE   where to write; - for standard output\n"
     "  -c, --stdout        write the container to standard output (as -o -; not to\n"
-    "                      a terminal; a lossy one's quantized model waits in $TMPDIR)\n"
-    CLI_POLICY_HELP
+    "                      a terminal; a lossy one's quantized model waits in $TMPDIR)\n" CLI_POLICY_HELP
     "  --lossless          no quantization: stz pack\n"
     "  --tune BUDGET       choose the policy for a size or KL budget (see stz tune --help)\n"
     "  --best              pack harder (see stz pack --help)\n"
@@ -141,8 +140,8 @@ typedef struct {
     const stz_imatrix *im; /* --imatrix, or NULL */
     stz_feedback *fb;      /* error feedback's results, or NULL */
     uint64_t in_bytes, out_bytes;
-    stz_quant_stats qs;   /* summed over files: counts, min cosine */
-    int64_t wfix;         /* sum of cosine x parameters in 1/65536: integers add up the same in any order */
+    stz_quant_stats qs; /* summed over files: counts, min cosine */
+    int64_t wfix;       /* sum of cosine x parameters in 1/65536: integers add up the same in any order */
     double wtot;
     int files;
     pthread_mutex_t lock; /* the sums, when shards run at once */
@@ -204,9 +203,15 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
 /* Under MPI: every rank's sums, the lowest cosine and its tensor. */
 static void mpi_gather(compress_ctx *c)
 {
-    double v[9] = {(double)c->in_bytes, (double)c->out_bytes, (double)c->files, (double)c->qs.tensors,
-                   (double)c->qs.quantized, (double)c->qs.params, (double)c->qs.params_quantized,
-                   (double)(c->wfix >> 32), (double)(c->wfix & 0xffffffff)}; /* exact in doubles */
+    double v[9] = {(double)c->in_bytes,
+                   (double)c->out_bytes,
+                   (double)c->files,
+                   (double)c->qs.tensors,
+                   (double)c->qs.quantized,
+                   (double)c->qs.params,
+                   (double)c->qs.params_quantized,
+                   (double)(c->wfix >> 32),
+                   (double)(c->wfix & 0xffffffff)}; /* exact in doubles */
     cli_mpi_sum(v, 9);
     cli_mpi_sum(&c->wtot, 1);
     c->in_bytes = (uint64_t)v[0], c->out_bytes = (uint64_t)v[1], c->files = (int)v[2];
@@ -259,8 +264,9 @@ int cmd_compress(int argc, char **argv)
     if (!strcmp(argv[optind], "-") && (!o.lossless || !o.c.out || isatty(STDIN_FILENO)))
         return cli_usage_error("compress", !o.lossless ? "quantizing reads each tensor twice (its scales' range "
                                                          "first): give a file; --lossless packs standard input"
-                                           : !o.c.out ? "give -o FILE or -c for what is read from standard input"
-                                                      : "standard input is a terminal: pipe a SafeTensors file into it");
+                                           : !o.c.out
+                                               ? "give -o FILE or -c for what is read from standard input"
+                                               : "standard input is a terminal: pipe a SafeTensors file into it");
     if (cli_policy_given(&o.po) == o.lossless)
         return cli_usage_error("compress", o.lossless ? "--lossless takes no policy options"
                                                       : "give one of --policy P, --int8, --int4, --set, --lossless");
@@ -281,8 +287,9 @@ int cmd_compress(int argc, char **argv)
         return cli_fail(&err);
     }
     c.im = im;
-    if (!o.lossless && cli_feedback_open(&o.po, c.pol, in, sharded ? NULL : out, o.c.force,
-                                         o.c.threads ? o.c.threads : cli_ncores(), o.c.quiet || o.c.json, &c.fb, &err)) {
+    if (!o.lossless &&
+        cli_feedback_open(&o.po, c.pol, in, sharded ? NULL : out, o.c.force, o.c.threads ? o.c.threads : cli_ncores(),
+                          o.c.quiet || o.c.json, &c.fb, &err)) {
         stz_policy_free(c.pol);
         stz_imatrix_free(im);
         free(out);
@@ -290,7 +297,8 @@ int cmd_compress(int argc, char **argv)
     }
     int mpi = cli_mpi_size() > 1;
     if (mpi && !sharded) {
-        rc = cli_mpi_rank() ? CLI_USAGE : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
+        rc = cli_mpi_rank() ? CLI_USAGE
+                            : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
     } else if (sharded) {
         rc = cli_shards_run(in, out, "", ".stz", !o.lossless, o.c.threads, o.c.quiet, compress_one, &c);
         if (mpi && rc == CLI_OK)
@@ -344,7 +352,10 @@ int cmd_compress(int argc, char **argv)
         char a[32], b[32];
         printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", strcmp(in, "-") ? in : "standard input", out,
                cli_commas(a, c.in_bytes), cli_commas(b, c.out_bytes), ratio, secs,
-               o.lossless ? "lossless, bit-exact" : o.po.policy ? o.po.policy : "custom", sharded ? ", sharded" : "");
+               o.lossless    ? "lossless, bit-exact"
+               : o.po.policy ? o.po.policy
+                             : "custom",
+               sharded ? ", sharded" : "");
         if (!o.lossless)
             printf("%zu of %zu tensors quantized (%.1f%% of parameters)\n", c.qs.quantized, c.qs.tensors,
                    c.qs.params ? 100.0 * (double)c.qs.params_quantized / (double)c.qs.params : 0);

@@ -19,8 +19,7 @@ static const char plan_help[] =
     "the rule that matched (first match wins), the action, and the bytes\n"
     "before and after; then totals and the predicted ratio (before packing).\n"
     "Warns about rules that match no tensor. P is a policy file or a shipped\n"
-    "policy name: int8, int4, int4-nl, int8-b128, int4-small, lossless, ... (stz policy list).\n\n"
- CLI_POLICY_HELP
+    "policy name: int8, int4, int4-nl, int8-b128, int4-small, lossless, ... (stz policy list).\n\n" CLI_POLICY_HELP
     "  --json              print the plan as JSON\n"
     "  -h, --help   this text\n";
 
@@ -30,8 +29,7 @@ static const char quantize_help[] =
     "methods or llama.cpp's types), tensor by tensor; kept tensors\n"
     "are copied byte for byte. OUT is a normal SafeTensors file whose\n"
     "__metadata__ records how each tensor was quantized (docs/FORMAT.md).\n\n"
-    "  -o, --output FILE   where to write (required)\n"
- CLI_POLICY_HELP
+    "  -o, --output FILE   where to write (required)\n" CLI_POLICY_HELP
     "  -T, --threads N     threads for INT8/INT4 and SVD rules, 0 = all cores (default);\n"
     "                      same output for any N\n"
     "  -f, --force         replace OUT if it exists\n"
@@ -57,8 +55,8 @@ static const char dequantize_help[] =
     "  -h, --help          this text\n";
 
 enum { O_NAMES = 1200 };
-static const struct option opts[] = {CLI_POLICY_LONG, CLI_COMMON_LONG, {"names", required_argument, 0, O_NAMES},
-                                     {0, 0, 0, 0}};
+static const struct option opts[] = {
+    CLI_POLICY_LONG, CLI_COMMON_LONG, {"names", required_argument, 0, O_NAMES}, {0, 0, 0, 0}};
 
 typedef struct {
     cli_common c;
@@ -110,15 +108,18 @@ static const char *action_label(const stz_decision *d, char *buf, size_t cap)
         if (d->svd_rank)
             snprintf(buf, cap, "svd/r%u%s", d->svd_rank, d->svd_randomized ? "/rand" : "");
         else
-            snprintf(buf, cap, "svd/%s%g%s", d->svd_energy > 0 ? "e" : "err", d->svd_energy > 0 ? d->svd_energy : d->svd_max_error,
-                     d->svd_randomized ? "/rand" : "");
+            snprintf(buf, cap, "svd/%s%g%s", d->svd_energy > 0 ? "e" : "err",
+                     d->svd_energy > 0 ? d->svd_energy : d->svd_max_error, d->svd_randomized ? "/rand" : "");
         return buf;
     }
     if (stz_action_ggml_type(d->action) >= 0)
         return stz_action_name(d->action);
     snprintf(buf, cap, "%s/%u%s%s%s", stz_action_name(d->action), d->block_size,
-             d->method == STZ_QMETHOD_ABSMAX ? "" : "/", d->method == STZ_QMETHOD_ABSMAX ? "" : stz_qmethod_name(d->method),
-             d->scale_dtype == STZ_DTYPE_F32 ? "/f32" : d->scale_dtype == STZ_DTYPE_U8 ? "/u8" : "");
+             d->method == STZ_QMETHOD_ABSMAX ? "" : "/",
+             d->method == STZ_QMETHOD_ABSMAX ? "" : stz_qmethod_name(d->method),
+             d->scale_dtype == STZ_DTYPE_F32  ? "/f32"
+             : d->scale_dtype == STZ_DTYPE_U8 ? "/u8"
+                                              : "");
     return buf;
 }
 
@@ -202,9 +203,10 @@ static int plan_summary(const qopts *o, const char *model, stz_policy *pol, cJSO
     double share = n->params ? (double)n->pq / (double)n->params : 0;
     if (!arr) {
         char a[32], b[32];
-        printf("\n%zu tensors: %zu quantized (%.1f%% of parameters), %zu kept\n%s -> %s bytes, predicted ratio "
-               "%.3fx before packing\n",
-               n->nt, n->nq, 100.0 * share, n->nt - n->nq, cli_commas(a, n->before), cli_commas(b, n->after), ratio);
+        printf(
+            "\n%zu tensors: %zu quantized (%.1f%% of parameters), %zu kept\n%s -> %s bytes, predicted ratio "
+            "%.3fx before packing\n",
+            n->nt, n->nq, 100.0 * share, n->nt - n->nq, cli_commas(a, n->before), cli_commas(b, n->after), ratio);
         return CLI_OK;
     }
     cJSON *doc = cJSON_CreateObject(), *unused = cJSON_CreateArray();
@@ -257,10 +259,12 @@ int cmd_plan(int argc, char **argv)
     if (!cli_policy_given(&o.po))
         return cli_usage_error("plan", "give --policy P, --int8, --int4 or --set");
     if (o.po.feedback || o.po.so.default_len || o.po.config)
-        return cli_usage_error("plan", "--feedback and its sequence options change how blocks are quantized, not the "
+        return cli_usage_error("plan",
+                               "--feedback and its sequence options change how blocks are quantized, not the "
                                "plan: give them to quantize or compress");
     if (o.po.imatrix)
-        return cli_usage_error("plan", "--imatrix changes how blocks are quantized, not the plan: give it to quantize "
+        return cli_usage_error("plan",
+                               "--imatrix changes how blocks are quantized, not the plan: give it to quantize "
                                "or compress");
     stz_err err;
     stz_policy *pol;
@@ -282,8 +286,8 @@ int cmd_plan(int argc, char **argv)
     w = w > 60 ? 60 : w;
     cJSON *arr = o.c.json ? cJSON_CreateArray() : NULL;
     if (!o.c.json)
-        printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, "name", "dtype", "rule", "action", "bytes",
-               "after", "note");
+        printf("%-*s  %-6s  %-7s  %-14s  %15s  %15s  %s\n", (int)w, "name", "dtype", "rule", "action", "bytes", "after",
+               "note");
     plan_tensors(pol, rs, nfiles, w, arr, &n);
     rc = plan_summary(&o, argv[optind], pol, arr, &n);
     if (!o.c.quiet)
@@ -345,8 +349,10 @@ int cmd_quantize(int argc, char **argv)
     const char *skip_name;
     size_t skipped = fb ? stz_feedback_skipped(fb, &skip_name) : 0;
     if (skipped && !o.c.quiet && !s)
-        fprintf(stderr, "stz: note: %zu tensor(s) such as '%s' quantized without error feedback: no matrix product "
-                "reads them (an untied token embedding)\n", skipped, skip_name);
+        fprintf(stderr,
+                "stz: note: %zu tensor(s) such as '%s' quantized without error feedback: no matrix product "
+                "reads them (an untied token embedding)\n",
+                skipped, skip_name);
     stz_policy_free(pol);
     stz_imatrix_free(im);
     stz_feedback_free(fb);
@@ -365,7 +371,8 @@ int cmd_quantize(int argc, char **argv)
         cJSON_AddNumberToObject(d, "ratio", ratio);
         cJSON_AddNumberToObject(d, "tensor_count", (double)st.tensors);
         cJSON_AddNumberToObject(d, "tensors_quantized", (double)st.quantized);
-        cJSON_AddNumberToObject(d, "params_quantized_share", st.params ? (double)st.params_quantized / (double)st.params : 0);
+        cJSON_AddNumberToObject(d, "params_quantized_share",
+                                st.params ? (double)st.params_quantized / (double)st.params : 0);
         cJSON_AddNumberToObject(d, "weighted_cosine", st.weighted_cosine);
         cJSON_AddNumberToObject(d, "min_cosine", st.min_cosine);
         cJSON_AddStringToObject(d, "worst_tensor", st.worst);
@@ -374,11 +381,12 @@ int cmd_quantize(int argc, char **argv)
         return cli_print_json(d);
     }
     if (!o.c.quiet)
-        printf("%s -> %s: %s -> %s bytes (%.3fx), %zu of %zu tensors quantized (%.1f%% of parameters)%s in %.2f s, "
-               "%s/s\n",
-               argv[optind], o.c.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized,
-               st.tensors, st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0,
-               fbs, secs, cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
+        printf(
+            "%s -> %s: %s -> %s bytes (%.3fx), %zu of %zu tensors quantized (%.1f%% of parameters)%s in %.2f s, "
+            "%s/s\n",
+            argv[optind], o.c.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized,
+            st.tensors, st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0, fbs, secs,
+            cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
     return CLI_OK;
 }
 
@@ -401,5 +409,6 @@ int cmd_dequantize(int argc, char **argv)
     stz_err err;
     stz_status s = stz_dequantize_gguf(&p, argv[optind], o.c.out, o.c.dtype, o.names, &err);
     cli_progress_end(&prog);
-    return s ? cli_fail(&err) : cli_print_summary(&o.c, argv[optind], o.c.out, "dequantized", 0, cli_now() - prog.start);
+    return s ? cli_fail(&err)
+             : cli_print_summary(&o.c, argv[optind], o.c.out, "dequantized", 0, cli_now() - prog.start);
 }

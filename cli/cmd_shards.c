@@ -62,10 +62,10 @@ typedef struct {
     pthread_mutex_t lock;
     size_t next;
     int failed;
-    stz_err err;          /* the first failure's */
-    shard_names *names;   /* per shard */
-    const size_t *order;  /* the shards, largest first */
-    int claim;            /* several processes share the shards (MPI) */
+    stz_err err;         /* the first failure's */
+    shard_names *names;  /* per shard */
+    const size_t *order; /* the shards, largest first */
+    int claim;           /* several processes share the shards (MPI) */
 } shard_work;
 
 #define FAILED_MARK ".stz-failed"
@@ -118,8 +118,8 @@ static void *shard_worker(void *arg)
         if (mine < 0)
             st = err.code;
         if (!st && (snprintf(src, sizeof src, "%s%s", w->m->shards[i], w->in_suffix) >= (int)sizeof src ||
-            snprintf(dst, sizeof dst, "%s%s", w->m->shards[i], w->out_suffix) >= (int)sizeof dst ||
-            cli_pjoin(p, sizeof p, w->in, src) || cli_pjoin(q, sizeof q, w->tmpdir, dst)))
+                    snprintf(dst, sizeof dst, "%s%s", w->m->shards[i], w->out_suffix) >= (int)sizeof dst ||
+                    cli_pjoin(p, sizeof p, w->in, src) || cli_pjoin(q, sizeof q, w->tmpdir, dst)))
             st = stz_err_set(&err, STZ_E_ARG, "%s: shard name or path too long", w->m->shards[i]);
         if (!st)
             st = w->convert(w->user, p, q, w->threads, w->quiet, &err);
@@ -232,16 +232,18 @@ static stz_status write_index(const cli_model_dir *m, const char *in, const char
  * renamed into place at the end. Longer than most: every MPI rank takes
  * the same collective steps (broadcast, failure agreement) in this order,
  * kept in one function so that they stay visible and matched. */
-int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix,
-                   int rewrite_index, int threads, int quiet, cli_shard_fn convert, void *user)
+int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix, int rewrite_index,
+                   int threads, int quiet, cli_shard_fn convert, void *user)
 {
     stz_err err;
     cli_model_dir m;
     char tmpdir[PATH_MAX], q[PATH_MAX];
     struct stat sb;
     if (lstat(out, &sb) == 0) {
-        stz_err_set(&err, STZ_E_EXISTS, "%s: output exists; remove it first (directories are never replaced, even "
-                    "with --force)", out);
+        stz_err_set(&err, STZ_E_EXISTS,
+                    "%s: output exists; remove it first (directories are never replaced, even "
+                    "with --force)",
+                    out);
         return cli_fail(&err);
     }
     stz_status st = cli_model_dir_load(&m, in, &err);
@@ -281,9 +283,17 @@ int cli_shards_run(const char *in, const char *out, const char *in_suffix, const
         st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for the shard order");
     if (!st)
         st = order_shards(&m, in, skip, order, &err);
-    shard_work w = {.m = &m, .in = in, .tmpdir = tmpdir, .in_suffix = in_suffix, .out_suffix = out_suffix,
-                    .rewrite_index = rewrite_index && !mpi, .quiet = quiet || (mpi && !root), .convert = convert,
-                    .user = user, .order = order, .claim = mpi};
+    shard_work w = {.m = &m,
+                    .in = in,
+                    .tmpdir = tmpdir,
+                    .in_suffix = in_suffix,
+                    .out_suffix = out_suffix,
+                    .rewrite_index = rewrite_index && !mpi,
+                    .quiet = quiet || (mpi && !root),
+                    .convert = convert,
+                    .user = user,
+                    .order = order,
+                    .claim = mpi};
     if (!st)
         st = convert_shards(&w, threads, &err);
     if (cli_mpi_failed(st != STZ_OK, &err)) /* all ranks done writing: rank 0 finishes or removes */

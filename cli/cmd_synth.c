@@ -59,13 +59,16 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
 {
     struct stat sb;
     if (lstat(dir, &sb) == 0)
-        return stz_err_set(err, STZ_E_EXISTS, "%s: output exists; remove it first (directories are never replaced, "
-                           "even with --force)", dir);
+        return stz_err_set(err, STZ_E_EXISTS,
+                           "%s: output exists; remove it first (directories are never replaced, "
+                           "even with --force)",
+                           dir);
     char tmp[PATH_MAX], f[PATH_MAX + 64];
     const char *slash = strrchr(dir, '/');
     int track = -1;
     if (snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - dir) + 1 : 0, dir,
-                 slash ? slash + 1 : dir) >= (int)sizeof tmp || stz_tmp_make(tmp, 1, &track) < 0)
+                 slash ? slash + 1 : dir) >= (int)sizeof tmp ||
+        stz_tmp_make(tmp, 1, &track) < 0)
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
     mode_t mask = umask(0);
     umask(mask);
@@ -133,15 +136,20 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
 int cmd_synth(int argc, char **argv)
 {
     enum { O_DTYPE = 256, O_SEED, O_STATS, O_LIST, O_JSON, O_SPARSITY, O_LAYERS, O_SHARDS };
-    static const struct option opts[] = {
-        {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, O_DTYPE},
-        {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, 'T'},
-        {"sparsity", required_argument, 0, O_SPARSITY}, {"layers", required_argument, 0, O_LAYERS},
-        {"shards", required_argument, 0, O_SHARDS},
-        {"stats", no_argument, 0, O_STATS},     {"list", no_argument, 0, O_LIST},
-        {"force", no_argument, 0, 'f'},         {"quiet", no_argument, 0, 'q'},
-        {"json", no_argument, 0, O_JSON},       {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"output", required_argument, 0, 'o'},
+                                         {"dtype", required_argument, 0, O_DTYPE},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"threads", required_argument, 0, 'T'},
+                                         {"sparsity", required_argument, 0, O_SPARSITY},
+                                         {"layers", required_argument, 0, O_LAYERS},
+                                         {"shards", required_argument, 0, O_SHARDS},
+                                         {"stats", no_argument, 0, O_STATS},
+                                         {"list", no_argument, 0, O_LIST},
+                                         {"force", no_argument, 0, 'f'},
+                                         {"quiet", no_argument, 0, 'q'},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     stz_synth_params p = STZ_SYNTH_PARAMS_DEFAULT;
     const char *out = NULL;
     int stats = 0, quiet = 0, json = 0, c;

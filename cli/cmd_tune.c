@@ -77,7 +77,6 @@ static const char tune_help[] =
     "Exit status: 0 ok, 1 error, 2 usage, 3 the budget cannot be met (the\n"
     "closest feasible point is reported; nothing is written).\n";
 
-
 static int number(const char *opt, const char *arg, double lo, double hi, double *v)
 {
     size_t n = strlen(arg);
@@ -93,19 +92,43 @@ static int number(const char *opt, const char *arg, double lo, double hi, double
 
 static int parse(int argc, char **argv, tune_opts *o)
 {
-    enum { O_SIZE = 256, O_RATIO, O_BPW, O_MAXKL, O_CAND, O_IMATRIX, O_CONFIG, O_PLOT, O_NOVERIFY, O_TUNE,
-           O_SAVEPOL, O_GGUF, O_TOKENIZER, O_NAME, O_FEEDBACK, O_NOPAD };
-    static const struct option opts[] = {
-        {"size", required_argument, 0, O_SIZE},     {"ratio", required_argument, 0, O_RATIO},
-        {"bits-per-weight", required_argument, 0, O_BPW}, {"max-kl", required_argument, 0, O_MAXKL},
-        {"candidates", required_argument, 0, O_CAND}, {"imatrix", required_argument, 0, O_IMATRIX},
-        CLI_SEQ_LONG,                               {"config", required_argument, 0, O_CONFIG},
-        {"plot", required_argument, 0, O_PLOT},     {"no-verify", no_argument, 0, O_NOVERIFY},
-        {"tune", no_argument, 0, O_TUNE},           {"save-policy", required_argument, 0, O_SAVEPOL},
-        {"gguf", no_argument, 0, O_GGUF},           {"tokenizer", required_argument, 0, O_TOKENIZER},
-        {"name", required_argument, 0, O_NAME},     {"feedback", no_argument, 0, O_FEEDBACK},
-        {"no-pad", no_argument, 0, O_NOPAD},
-        CLI_COMMON_LONG,                            {0, 0, 0, 0}};
+    enum {
+        O_SIZE = 256,
+        O_RATIO,
+        O_BPW,
+        O_MAXKL,
+        O_CAND,
+        O_IMATRIX,
+        O_CONFIG,
+        O_PLOT,
+        O_NOVERIFY,
+        O_TUNE,
+        O_SAVEPOL,
+        O_GGUF,
+        O_TOKENIZER,
+        O_NAME,
+        O_FEEDBACK,
+        O_NOPAD
+    };
+    static const struct option opts[] = {{"size", required_argument, 0, O_SIZE},
+                                         {"ratio", required_argument, 0, O_RATIO},
+                                         {"bits-per-weight", required_argument, 0, O_BPW},
+                                         {"max-kl", required_argument, 0, O_MAXKL},
+                                         {"candidates", required_argument, 0, O_CAND},
+                                         {"imatrix", required_argument, 0, O_IMATRIX},
+                                         CLI_SEQ_LONG,
+                                         {"config", required_argument, 0, O_CONFIG},
+                                         {"plot", required_argument, 0, O_PLOT},
+                                         {"no-verify", no_argument, 0, O_NOVERIFY},
+                                         {"tune", no_argument, 0, O_TUNE},
+                                         {"save-policy", required_argument, 0, O_SAVEPOL},
+                                         {"gguf", no_argument, 0, O_GGUF},
+                                         {"tokenizer", required_argument, 0, O_TOKENIZER},
+                                         {"name", required_argument, 0, O_NAME},
+                                         {"feedback", no_argument, 0, O_FEEDBACK},
+                                         {"no-pad", no_argument, 0, O_NOPAD},
+                                         CLI_COMMON_LONG,
+                                         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->verify = 1;
@@ -115,17 +138,25 @@ static int parse(int argc, char **argv, tune_opts *o)
     optind = 1;
     while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
         switch (c) {
-        case O_SIZE: budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--size";
-            if ((rc = number("--size", optarg, 1, 1e18, &o->size)) >= 0) return rc;
+        case O_SIZE:
+            budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--size";
+            if ((rc = number("--size", optarg, 1, 1e18, &o->size)) >= 0)
+                return rc;
             break;
-        case O_RATIO: budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--ratio";
-            if ((rc = number("--ratio", optarg, 0.01, 1e6, &o->ratio)) >= 0) return rc;
+        case O_RATIO:
+            budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--ratio";
+            if ((rc = number("--ratio", optarg, 0.01, 1e6, &o->ratio)) >= 0)
+                return rc;
             break;
-        case O_BPW: budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--bits-per-weight";
-            if ((rc = number("--bits-per-weight", optarg, 0.01, 64, &o->bpw)) >= 0) return rc;
+        case O_BPW:
+            budgets++, o->kind = STZ_BUDGET_BYTES, o->budget_opt = "--bits-per-weight";
+            if ((rc = number("--bits-per-weight", optarg, 0.01, 64, &o->bpw)) >= 0)
+                return rc;
             break;
-        case O_MAXKL: budgets++, o->kind = STZ_BUDGET_KL, o->budget_opt = "--max-kl";
-            if ((rc = number("--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0) return rc;
+        case O_MAXKL:
+            budgets++, o->kind = STZ_BUDGET_KL, o->budget_opt = "--max-kl";
+            if ((rc = number("--max-kl", optarg, 0, 1e9, &o->max_kl)) >= 0)
+                return rc;
             break;
         case O_CAND: o->candidates = optarg; break;
         case O_IMATRIX: o->imatrix = optarg; break;
@@ -172,7 +203,6 @@ static int parse(int argc, char **argv, tune_opts *o)
 
 /* ---- verifying -------------------------------------------------------------------- */
 
-
 /* ---- the command ------------------------------------------------------------------ */
 
 static stz_status write_text(const char *path, const char *text, int force, stz_err *err)
@@ -213,12 +243,12 @@ typedef struct {
     stz_tune_point first; /* the prediction before the corrections */
     char desc[512];
     char *policy;
-    char *cfg_json;    /* config.json's text, for --gguf's export */
-    uint64_t gguf_keep; /* --gguf: the GGUF file's bytes with every tensor kept */
+    char *cfg_json;      /* config.json's text, for --gguf's export */
+    uint64_t gguf_keep;  /* --gguf: the GGUF file's bytes with every tensor kept */
     uint64_t gguf_widen; /* --gguf: what its header grows by with a widened FFN */
     cli_tmpfile tc;
-    cli_tmpfile tcc;   /* --gguf: the container exported */
-    measured m1, m2;   /* the first verification's, the last correction's */
+    cli_tmpfile tcc; /* --gguf: the container exported */
+    measured m1, m2; /* the first verification's, the last correction's */
     int have1, have2, corrections;
 } tune_run;
 
@@ -231,10 +261,7 @@ static stz_gguf_params gguf_params(const tune_opts *o)
 
 /* The sequences error feedback calibrates on: --tokens FILE's when given
  * (tune measures on them too), else NULL, its default sampled ones. */
-static const cli_seq_opts *feedback_seqs(const tune_opts *o)
-{
-    return o->so.path ? &o->so : NULL;
-}
+static const cli_seq_opts *feedback_seqs(const tune_opts *o) { return o->so.path ? &o->so : NULL; }
 
 /* Compresses the model (a file or a sharded directory) with the policy
  * into `out` (--gguf: into the container t->tcc, exported to `out` as
@@ -264,8 +291,7 @@ static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *e
     }
     if (!st && !(st = stz_fwd_open(&cand, o->gguf ? R.m : C.m, o->gguf ? R.n : C.n, &t->cfg, out, o->c.threads, err))) {
         cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
-        st = stz_fwd_compare(t->fwd, cand, t->q.tok, t->q.nseq, 0, t->q.lens, cli_progress_cb, &prog,
-                             &res->fwd, err);
+        st = stz_fwd_compare(t->fwd, cand, t->q.tok, t->q.nseq, 0, t->q.lens, cli_progress_cb, &prog, &res->fwd, err);
         cli_progress_end(&prog);
     }
     stz_fwd_free(cand);
@@ -395,10 +421,11 @@ static int tune_unmet(const tune_run *t)
         cJSON_AddNumberToObject(d, "closest_kl", t->sol.pred.kl);
         cli_print_json(d);
     }
-    fprintf(stderr, "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
-            "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n", t->model, o->budget_opt,
-            o->kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", o->value, cli_commas(a, t->sol.pred.bytes),
-            t->sol.pred.kl);
+    fprintf(stderr,
+            "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
+            "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n",
+            t->model, o->budget_opt, o->kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", o->value,
+            cli_commas(a, t->sol.pred.bytes), t->sol.pred.kl);
     return 3;
 }
 
@@ -463,14 +490,17 @@ static int tune_report(tune_run *t, const measured *fin)
     tune_opts *o = &t->o;
     int rc = cli_tune_report(o, t->model, t->out, &t->T, &t->sol, &t->first, t->have1 ? &t->m1 : NULL,
                              t->have2 ? &t->m2 : NULL, t->corrections, o->value, t->source);
-    if (rc != CLI_ERROR && fin && o->kind == STZ_BUDGET_BYTES && !o->c.quiet && kl_far(t->sol.pred.kl, fin->fwd.kl_mean))
-        fprintf(stderr, "stz: warning: the measured mean KL %.4g is %.1fx the predicted %.4g: at this budget the "
+    if (rc != CLI_ERROR && fin && o->kind == STZ_BUDGET_BYTES && !o->c.quiet &&
+        kl_far(t->sol.pred.kl, fin->fwd.kl_mean))
+        fprintf(stderr,
+                "stz: warning: the measured mean KL %.4g is %.1fx the predicted %.4g: at this budget the "
                 "tensors' errors do not add up as measured one by one; trust the measured figure\n",
                 fin->fwd.kl_mean, fin->fwd.kl_mean / t->sol.pred.kl, t->sol.pred.kl);
     if (rc == CLI_OK && fin && cli_tune_missed(o, fin)) {
-        fprintf(stderr, "stz: budget missed after %d corrections: measured %s %.6g against %g; the %s is written, "
-                "tighten the budget or add candidates\n", t->corrections,
-                o->kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
+        fprintf(stderr,
+                "stz: budget missed after %d corrections: measured %s %.6g against %g; the %s is written, "
+                "tighten the budget or add candidates\n",
+                t->corrections, o->kind == STZ_BUDGET_KL ? "mean KL" : "bytes",
                 o->kind == STZ_BUDGET_KL ? fin->fwd.kl_mean : (double)fin->bytes, o->value,
                 o->compress ? "container" : "policy");
         rc = 3;
@@ -507,7 +537,11 @@ static int tune_run_all(tune_run *t, stz_err *err)
     if (!t->sol.met)
         return tune_unmet(t);
     snprintf(t->desc, sizeof t->desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model, o->budget_opt,
-             o->kind == STZ_BUDGET_KL ? o->max_kl : o->size ? o->size : o->ratio ? o->ratio : o->bpw, o->candidates);
+             o->kind == STZ_BUDGET_KL ? o->max_kl
+             : o->size                ? o->size
+             : o->ratio               ? o->ratio
+                                      : o->bpw,
+             o->candidates);
     int fb_tokens = feedback_seqs(o) && any_feedback(t);
     if (o->imatrix || fb_tokens) { /* the figures hold with the importance and calibration the candidates had */
         size_t n = strlen(t->desc);

@@ -57,8 +57,9 @@ int main(int argc, char **argv)
     if (cli_mpi_start(&argc, &argv) > 1 && strcmp(argv[1], "compress") && strcmp(argv[1], "decompress") &&
         strcmp(argv[1], "verify")) {
         if (cli_mpi_rank() == 0)
-            cli_usage_error(argv[1], "under mpirun only compress, decompress and verify run (of sharded "
-                                     "model directories)");
+            cli_usage_error(argv[1],
+                            "under mpirun only compress, decompress and verify run (of sharded "
+                            "model directories)");
         cli_mpi_end();
         return CLI_USAGE;
     }

@@ -26,7 +26,7 @@ static size_t pick_points(const stz_tune_solution *s, size_t want, size_t *idx)
 }
 
 stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
-                             const measured *m, const char *what, int force, stz_err *err)
+                               const measured *m, const char *what, int force, stz_err *err)
 {
     cli_tmpfile t;
     if (cli_tmp_make(&t, path, "plot"))
@@ -39,13 +39,16 @@ stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, con
         y1 = m->fwd.kl_mean;
     x1 = x1 > x0 ? x1 : x0 + 1, y1 = y1 > 0 ? y1 * 1.05 : 1;
     const double W = 640, H = 400, L = 80, B = 50, R = 20, T = 30;
-#define PX(b) (L + ((double)(b) - x0) / (x1 - x0) * (W - L - R))
+#define PX(b) (L + ((double)(b)-x0) / (x1 - x0) * (W - L - R))
 #define PY(k) (H - B - (k) / y1 * (H - B - T))
     if (f) {
-        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-                   "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+        fprintf(f,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                W, H);
         fprintf(f, "<text x=\"%.0f\" y=\"18\">stz tune: %s size against predicted mean KL</text>\n", L, what);
-        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R,
+                H - B);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
         for (int k = 0; k <= 4; k++) {
             double bx = x0 + (x1 - x0) * k / 4, ky = y1 * k / 4;
@@ -53,19 +56,24 @@ stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, con
                     bx / 1e6);
             fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, PY(ky) + 4, ky);
         }
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%s bytes</text>\n", (L + W - R) / 2,
-                H - 12, what);
-        fprintf(f, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">mean KL "
-                   "(nats/token)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%s bytes</text>\n", (L + W - R) / 2, H - 12,
+                what);
+        fprintf(f,
+                "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">mean KL "
+                "(nats/token)</text>\n",
+                (T + H - B) / 2, (T + H - B) / 2);
         fputs("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"", f);
         for (size_t i = 0; i < s->ncurve; i++)
             fprintf(f, "%.1f,%.1f ", PX(s->curve[i].bytes), PY(s->curve[i].kl));
         fputs("\"/>\n", f);
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#d62728\"><title>chosen (predicted)</title></circle>\n",
+        fprintf(f,
+                "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#d62728\"><title>chosen (predicted)</title></circle>\n",
                 PX(choice->bytes), PY(choice->kl));
         if (m)
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\">"
-                       "<title>chosen (measured)</title></circle>\n", PX(m->bytes), PY(m->fwd.kl_mean));
+            fprintf(f,
+                    "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\">"
+                    "<title>chosen (measured)</title></circle>\n",
+                    PX(m->bytes), PY(m->fwd.kl_mean));
         fputs("</svg>\n", f);
     }
 #undef PX
@@ -81,8 +89,8 @@ int cli_tune_missed(const tune_opts *o, const measured *m)
 /* Longer than most: the --json document or the text report, one entry or
  * line per figure, from the same figures and in the same order. */
 int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
-                  const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
-                  int corrections, double budget_bytes, const char *source)
+                    const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
+                    int corrections, double budget_bytes, const char *source)
 {
     size_t idx[16], np = pick_points(s, 12, idx);
     const measured *m = m2 ? m2 : m1;
@@ -144,8 +152,8 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
         const stz_tune_tensor *t = &T->t[i];
         if (t->tunable)
             printf("%-48s %-14s %12s %9.4f %11.4g %11.3g\n", t->name, T->cand[t->choice].name,
-                   cli_commas(a, t->bytes[t->choice]), t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0,
-                   t->sens, t->sens * t->err2[t->choice]);
+                   cli_commas(a, t->bytes[t->choice]), t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0, t->sens,
+                   t->sens * t->err2[t->choice]);
         else
             printf("%-48s %-14s %12s   (kept: %s)\n", t->name, "keep", cli_commas(a, t->bytes[0]), t->why);
     }

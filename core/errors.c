@@ -7,7 +7,9 @@
 #include <string.h>
 #include <strings.h>
 
-static const struct { const char *name, *text; } status_table[STZ_STATUS_COUNT_] = {
+static const struct {
+    const char *name, *text;
+} status_table[STZ_STATUS_COUNT_] = {
     [STZ_OK] = {"STZ_OK", "success"},
     [STZ_E_IO] = {"STZ_E_IO", "input/output error"},
     [STZ_E_NOMEM] = {"STZ_E_NOMEM", "out of memory"},
@@ -76,7 +78,11 @@ void stz_err_clear(stz_err *err)
 
 /* ---- dtype traits ---------------------------------------------------- */
 
-static const struct { const char *name; unsigned bits; int is_float; } dtype_table[STZ_DTYPE_COUNT] = {
+static const struct {
+    const char *name;
+    unsigned bits;
+    int is_float;
+} dtype_table[STZ_DTYPE_COUNT] = {
     [STZ_DTYPE_BOOL] = {"BOOL", 8, 0},
     [STZ_DTYPE_U8] = {"U8", 8, 0},
     [STZ_DTYPE_I8] = {"I8", 8, 0},
@@ -101,20 +107,11 @@ static const struct { const char *name; unsigned bits; int is_float; } dtype_tab
     [STZ_DTYPE_F6_E3M2] = {"F6_E3M2", 6, 1},
 };
 
-const char *stz_dtype_name(stz_dtype d)
-{
-    return (unsigned)d < STZ_DTYPE_COUNT ? dtype_table[d].name : NULL;
-}
+const char *stz_dtype_name(stz_dtype d) { return (unsigned)d < STZ_DTYPE_COUNT ? dtype_table[d].name : NULL; }
 
-unsigned stz_dtype_bits(stz_dtype d)
-{
-    return (unsigned)d < STZ_DTYPE_COUNT ? dtype_table[d].bits : 0;
-}
+unsigned stz_dtype_bits(stz_dtype d) { return (unsigned)d < STZ_DTYPE_COUNT ? dtype_table[d].bits : 0; }
 
-int stz_dtype_is_float(stz_dtype d)
-{
-    return (unsigned)d < STZ_DTYPE_COUNT && dtype_table[d].is_float;
-}
+int stz_dtype_is_float(stz_dtype d) { return (unsigned)d < STZ_DTYPE_COUNT && dtype_table[d].is_float; }
 
 static int dtype_parse_with(const char *s, stz_dtype *out, int (*cmp)(const char *, const char *))
 {
@@ -135,8 +132,8 @@ stz_status stz_dtype_nbytes(stz_dtype d, uint64_t n, uint64_t *bytes, stz_err *e
     if (!bits)
         return stz_err_set(err, STZ_E_DTYPE, "dtype code %d out of range", (int)d);
     if (n > UINT64_MAX / bits)
-        return stz_err_set(err, STZ_E_SHAPE, "%llu elements of %s overflow 64 bits",
-                           (unsigned long long)n, dtype_table[d].name);
+        return stz_err_set(err, STZ_E_SHAPE, "%llu elements of %s overflow 64 bits", (unsigned long long)n,
+                           dtype_table[d].name);
     uint64_t nbits = n * bits;
     if (nbits % 8)
         return stz_err_set(err, STZ_E_SHAPE, "%llu elements of %s (%u bits) are not a whole number of bytes",

@@ -351,9 +351,10 @@ stz_status stz_open_regular(const char *path, int *fd, uint64_t *size, stz_err *
     struct stat st;
     *fd = -1;
     if (!strcmp(path, "-")) /* the commands that can read a pipe handle "-" before this */
-        return stz_err_set(err, STZ_E_ARG, "standard input ('-'): this needs a seekable file (it reads at offsets); "
-                                           "save the stream to a file first (pack, unpack, verify, decompress and "
-                                           "compress --lossless read a pipe)");
+        return stz_err_set(err, STZ_E_ARG,
+                           "standard input ('-'): this needs a seekable file (it reads at offsets); "
+                           "save the stream to a file first (pack, unpack, verify, decompress and "
+                           "compress --lossless read a pipe)");
     /* O_NONBLOCK: opening a FIFO for reading would wait for a writer;
      * it is cleared again for the regular file we expect. */
     *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
@@ -492,7 +493,8 @@ static stz_status stream_write(stz_outfile *of, const uint8_t *b, size_t n, stz_
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
-            return stz_err_set(err, STZ_E_IO, "writing to standard output: %s", k < 0 ? strerror(errno) : "no progress");
+            return stz_err_set(err, STZ_E_IO, "writing to standard output: %s",
+                               k < 0 ? strerror(errno) : "no progress");
         b += k, n -= (size_t)k, of->pos += (uint64_t)k;
     }
     return STZ_OK;
@@ -502,8 +504,10 @@ stz_status stz_outfile_pwrite(stz_outfile *of, const void *buf, size_t n, uint64
 {
     if (!of->path) /* standard output: only where the bytes so far end */
         return off == of->pos ? stream_write(of, buf, n, err)
-                              : stz_err_set(err, STZ_E_UNSUPPORTED, "standard output: cannot write at offset %llu, "
-                                            "%llu bytes written", (unsigned long long)off, (unsigned long long)of->pos);
+                              : stz_err_set(err, STZ_E_UNSUPPORTED,
+                                            "standard output: cannot write at offset %llu, "
+                                            "%llu bytes written",
+                                            (unsigned long long)off, (unsigned long long)of->pos);
     int e = stz_pwrite_full(of->fd, buf, n, off);
     if (e)
         return stz_err_set(err, STZ_E_IO, "%s: write failed at offset %llu: %s", of->path, (unsigned long long)off,
@@ -585,4 +589,3 @@ const char *stz_first_duplicate(const char **names, size_t n)
             return names[i];
     return NULL;
 }
-

@@ -39,7 +39,8 @@ typedef float v4 __attribute__((vector_size(16)));
 /* s[m] + s[m + 8], + 4, + 2, + 1 */
 INLINE float reduce16(v16 s)
 {
-    v8 a = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 a = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
     v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
     return (b[0] + b[2]) + (b[1] + b[3]);
 }
@@ -95,7 +96,7 @@ INLINE float reduce16(v16 s)
     {                                                                                                                  \
         size_t mc = ((size_t)512 << 10) / (k * sizeof(float) + 1) / (size_t)R * (size_t)R;                             \
         mc = mc < (size_t)R ? (size_t)R : mc;                                                                          \
-        for (size_t i0 = 0; i0 < n; i0 += mc) /* rows of X half a 1 MiB cache at a time */                               \
+        for (size_t i0 = 0; i0 < n; i0 += mc) /* rows of X half a 1 MiB cache at a time */                             \
             for (size_t j = j0; j < j1; j += (size_t)C) {                                                              \
                 int c = j1 - j < (size_t)C ? (int)(j1 - j) : C;                                                        \
                 for (size_t i = i0; i < n && i < i0 + mc; i += (size_t)R) {                                            \
@@ -121,8 +122,8 @@ NT_KERNELS(v4, 4)
 /* Y (r, c vectors; ldy) (+)= A (r, k) @ B (k, c vectors; ldb), A's element (i, p) at A[i * ai + p * ap], the last
  * vector holding `last` (1..L) columns; products from p = k0 on (those before are known to be 0). For floats (T, V:
  * vectors of L = 16) and doubles (L = 8). */
-#define NN_KERNELS(N, T, V, L)                                                                                          \
-    INLINE void nn_tile_##N(T *Y, size_t ldy, const T *A, size_t ai, size_t ap, const T *B, size_t ldb, size_t k0,    \
+#define NN_KERNELS(N, T, V, L)                                                                                         \
+    INLINE void nn_tile_##N(T *Y, size_t ldy, const T *A, size_t ai, size_t ap, const T *B, size_t ldb, size_t k0,     \
                             size_t k, int r, int c, size_t last, int add)                                              \
     {                                                                                                                  \
         V acc[MAXR][MAXC], b[MAXC] = {{0}};                                                                            \
@@ -158,14 +159,14 @@ NT_KERNELS(v4, 4)
     }                                                                                                                  \
                                                                                                                        \
     /* Columns [j0, j1), of the tiles that shape (STZ_MM_*) asks for                                                \
-     */                                                                                                                \
+     */  \
     INLINE void nn_cols_##N(T *Y, size_t ldy, const T *A, size_t ai, size_t ap, const T *B, size_t ldb, size_t n,      \
                             size_t k, size_t j0, size_t j1, int add, int shape, int R, int C)                          \
     {                                                                                                                  \
         for (size_t j = j0; j < j1; j += L * (size_t)C) {                                                              \
             size_t cols = j1 - j < L * (size_t)C ? j1 - j : L * (size_t)C;                                             \
             int c = (int)((cols + L - 1) / L);                                                                         \
-            size_t last = cols - L * (size_t)(c - 1), k0 = shape & STZ_MM_LOWER_B ? (j < k ? j : k) : 0;              \
+            size_t last = cols - L * (size_t)(c - 1), k0 = shape & STZ_MM_LOWER_B ? (j < k ? j : k) : 0;               \
             size_t i = shape & STZ_MM_LOWER ? j / (size_t)R * (size_t)R : 0;                                           \
             for (; i < n && (!(shape & STZ_MM_UPPER) || i < j + cols); i += (size_t)R) {                               \
                 int r = n - i < (size_t)R ? (int)(n - i) : R;                                                          \
@@ -202,18 +203,18 @@ typedef struct {
 
 typedef void (*cols_fn)(const mm_job *j, size_t j0, size_t j1);
 
-#define COPIES(suffix, attr, L, Rt, Ct, F, D, R, C)                                                                       \
+#define COPIES(suffix, attr, L, Rt, Ct, F, D, R, C)                                                                    \
     attr static void nt_##suffix(const mm_job *j, size_t j0, size_t j1)                                                \
     {                                                                                                                  \
         nt_cols_##L(j->Y, j->ldy, j->X, j->ldx, j->W, j->ldw, j->n, j->k, j0, j1, Rt, Ct);                             \
     }                                                                                                                  \
     attr static void nn_##suffix(const mm_job *j, size_t j0, size_t j1)                                                \
     {                                                                                                                  \
-        nn_cols_##F(j->Y, j->ldy, j->X, j->ai, j->ap, j->W, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C);     \
+        nn_cols_##F(j->Y, j->ldy, j->X, j->ai, j->ap, j->W, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C);       \
     }                                                                                                                  \
     attr static void nnd_##suffix(const mm_job *j, size_t j0, size_t j1)                                               \
     {                                                                                                                  \
-        nn_cols_##D(j->Yd, j->ldy, j->Xd, j->ai, j->ap, j->Wd, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C); \
+        nn_cols_##D(j->Yd, j->ldy, j->Xd, j->ai, j->ap, j->Wd, j->ldw, j->n, j->k, j0, j1, j->add, j->shape, R, C);    \
     }
 
 COPIES(generic, , 4, 3, 2, f4, d2, 3, 3)
@@ -314,14 +315,24 @@ void stz_mm_nt(float *Y, size_t ldy, const float *X, size_t ldx, const float *W,
 void stz_mm_nn(float *Y, size_t ldy, const float *A, size_t ai, size_t ap, const float *B, size_t ldb, size_t n,
                size_t k, size_t out, int add, int threads)
 {
-    mm_job j = {.Y = Y, .X = A, .W = B, .ldy = ldy, .ai = ai, .ap = ap, .ldw = ldb, .n = n, .k = k, .out = out,
-                .add = add};
+    mm_job j = {
+        .Y = Y, .X = A, .W = B, .ldy = ldy, .ai = ai, .ap = ap, .ldw = ldb, .n = n, .k = k, .out = out, .add = add};
     mm_run_cols(&j, pick()->nn, threads);
 }
 
 void stz_mm_gram(float *H, const float *X, size_t n, size_t c, int threads)
 {
-    mm_job j = {.Y = H, .X = X, .W = X, .ldy = c, .ai = 1, .ap = c, .ldw = c, .n = c, .k = n, .out = c, .add = 1,
+    mm_job j = {.Y = H,
+                .X = X,
+                .W = X,
+                .ldy = c,
+                .ai = 1,
+                .ap = c,
+                .ldw = c,
+                .n = c,
+                .k = n,
+                .out = c,
+                .add = 1,
                 .shape = STZ_MM_UPPER};
     mm_run_cols(&j, pick()->nn, threads);
     for (size_t a = 0; a < c; a++) /* the products commute: a tile across the diagonal computed these bits too */
@@ -332,11 +343,20 @@ void stz_mm_gram(float *H, const float *X, size_t n, size_t c, int threads)
 void stz_mm_nn_d(double *Y, size_t ldy, const double *A, size_t ai, size_t ap, const double *B, size_t ldb, size_t n,
                  size_t k, size_t out, int add, int shape, int threads)
 {
-    mm_job j = {.Yd = Y, .Xd = A, .Wd = B, .ldy = ldy, .ai = ai, .ap = ap, .ldw = ldb, .n = n, .k = k, .out = out,
-                .add = add, .shape = shape};
+    mm_job j = {.Yd = Y,
+                .Xd = A,
+                .Wd = B,
+                .ldy = ldy,
+                .ai = ai,
+                .ap = ap,
+                .ldw = ldb,
+                .n = n,
+                .k = k,
+                .out = out,
+                .add = add,
+                .shape = shape};
     mm_run_cols(&j, pick()->nnd, threads);
 }
-
 
 /* ---- Cholesky factor and triangular inverse --------------------------------------------------------------------- */
 

@@ -12,7 +12,7 @@
  * the baseline only, and so does -DSTZ_NO_CLONES: ThreadSanitizer crashes
  * in the clones' resolvers). Clones must compute the same bits. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(STZ_NO_CLONES)
-#define STZ_X86_CLONES 1
+#define STZ_X86_CLONES  1
 #define STZ_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
 #else
 #define STZ_X86_CLONES 0
@@ -170,7 +170,6 @@ int stz_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
  * retrying on EINTR. Returns 0 or errno. */
 int stz_read_some(int fd, void *buf, size_t n, size_t *got);
 
-
 /* ---- output files: temporary name, rename at the end ----------------- */
 
 typedef struct stz_outfile {
@@ -182,7 +181,9 @@ typedef struct stz_outfile {
     int force;      /* commit may replace an existing file */
 } stz_outfile;
 
+// clang-format off
 #define STZ_OUTFILE_INIT {-1, NULL, NULL, -1, 0, 0}
+// clang-format on
 
 /* Creates a temporary file next to `path`. STZ_E_EXISTS if path exists and
  * !force. The temp name is registered so stz_tmp_cleanup_all() removes it. */

@@ -36,8 +36,8 @@ static void permute(const void *src, void *dst, size_t rows, size_t width, size_
     for (size_t h = 0; h < rows / hd; h++)
         for (size_t j = 0; j < hd / 2; j++)
             for (size_t t = 0; t < 2; t++)
-                memcpy((char *)dst + (h * hd + 2 * j + t) * width, (const char *)src + (h * hd + t * hd / 2 + j) * width,
-                       width);
+                memcpy((char *)dst + (h * hd + 2 * j + t) * width,
+                       (const char *)src + (h * hd + t * hd / 2 + j) * width, width);
 }
 
 /* One Q8_0 / Q4_0 block from stz's codes c and F16 scale bytes (the same
@@ -170,10 +170,10 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
 typedef struct {
     exporter *x;
     etensor *e;
-    uint64_t at;         /* output offset of the tensor */
-    uint8_t *scales;     /* K_RAW: the tensor's F16 scale bytes, all of them */
-    uint8_t **buf;       /* per thread: one chunk's converted blocks */
-    size_t cb, bb;       /* K_RAW: code bytes and block bytes per block */
+    uint64_t at;     /* output offset of the tensor */
+    uint8_t *scales; /* K_RAW: the tensor's F16 scale bytes, all of them */
+    uint8_t **buf;   /* per thread: one chunk's converted blocks */
+    size_t cb, bb;   /* K_RAW: code bytes and block bytes per block */
 } mapper;
 
 static stz_status copy_chunk(void *user, int tid, uint64_t off, const uint8_t *raw, size_t n, stz_err *err)

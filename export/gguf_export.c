@@ -16,10 +16,10 @@
 
 /* The order of tensors in the file: the embedding, layer by layer, then
  * the norm and head. */
-static const stz_role file_order[] = {STZ_ROLE_EMBED, STZ_ROLE_ANORM, STZ_ROLE_WQ,    STZ_ROLE_BQ,    STZ_ROLE_WK,
-                                      STZ_ROLE_BK,    STZ_ROLE_WV,    STZ_ROLE_BV,    STZ_ROLE_WO,    STZ_ROLE_BO,
-                                      STZ_ROLE_FNORM, STZ_ROLE_GATE,  STZ_ROLE_UP,    STZ_ROLE_DOWN,  STZ_ROLE_NORM,
-                                      STZ_ROLE_HEAD};
+static const stz_role file_order[] = {STZ_ROLE_EMBED, STZ_ROLE_ANORM, STZ_ROLE_WQ,    STZ_ROLE_BQ,
+                                      STZ_ROLE_WK,    STZ_ROLE_BK,    STZ_ROLE_WV,    STZ_ROLE_BV,
+                                      STZ_ROLE_WO,    STZ_ROLE_BO,    STZ_ROLE_FNORM, STZ_ROLE_GATE,
+                                      STZ_ROLE_UP,    STZ_ROLE_DOWN,  STZ_ROLE_NORM,  STZ_ROLE_HEAD};
 #define NROLES (sizeof file_order / sizeof file_order[0])
 
 static int float_type(stz_dtype d)
@@ -30,7 +30,8 @@ static int float_type(stz_dtype d)
 /* The GGUF type stz's quantized tensor q maps to exactly, or -1. */
 static int exact_type(const stz_qtensor *q)
 {
-    if (!q->bits || q->rank || q->block_size != STZ_GGML_QK || q->cols % STZ_GGML_QK || q->scale_dtype != STZ_DTYPE_F16 ||
+    if (!q->bits || q->rank || q->block_size != STZ_GGML_QK || q->cols % STZ_GGML_QK ||
+        q->scale_dtype != STZ_DTYPE_F16 ||
         (strcmp(q->method, "absmax") && strcmp(q->method, "full") && strcmp(q->method, "mse")))
         return -1;
     return q->bits == 8 ? STZ_GGML_Q8_0 : q->bits == 5 ? STZ_GGML_Q5_0 : q->bits == 4 ? STZ_GGML_Q4_0 : -1;
@@ -51,8 +52,7 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     if (e->ndim == 1) {
         e->type = STZ_GGML_F32; /* norms and biases: llama.cpp keeps them F32 */
         e->kind = !q->bits && q->dtype == STZ_DTYPE_F32 && !e->heads ? K_COPY : K_FLOAT;
-    }
-    else if (q->bits && !q->rank && (e->type = stz_ggml_type_parse(q->method)) >= 0)
+    } else if (q->bits && !q->rank && (e->type = stz_ggml_type_parse(q->method)) >= 0)
         e->kind = K_COPY; /* stored as the type's blocks: byte for byte */
     else if (q->bits && (e->type = exact_type(q)) >= 0)
         /* stored codes and scales when there is a scales tensor (more than one block) */
@@ -214,8 +214,10 @@ static stz_status qwen2_biases(const exporter *x, stz_err *err)
             while (i < x->n && strcmp(x->t[i].name, name))
                 i++;
             if (i == x->n)
-                return stz_err_set(err, STZ_E_FORMAT, "%s: a Qwen2 model without the %c bias of layer %u (%s): "
-                                                      "llama.cpp cannot load it", x->model, need[k][5], l, name);
+                return stz_err_set(err, STZ_E_FORMAT,
+                                   "%s: a Qwen2 model without the %c bias of layer %u (%s): "
+                                   "llama.cpp cannot load it",
+                                   x->model, need[k][5], l, name);
         }
     return STZ_OK;
 }
@@ -228,8 +230,10 @@ static stz_status find_tokenizer(const stz_gguf_params *p, const char *dir, cons
     if (p->tokenizer ? !(*tok = strdup(p->tokenizer)) : asprintf(tok, "%s/tokenizer.json", dir) < 0)
         return *tok = NULL, stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
     if (!p->tokenizer && access(*tok, F_OK))
-        return stz_err_set(err, STZ_E_ARG, "%s: no tokenizer (no %s): give one with --tokenizer FILE (a "
-                                           "tokenizer.json, or a llama2.c tokenizer .bin)", model_path, *tok);
+        return stz_err_set(err, STZ_E_ARG,
+                           "%s: no tokenizer (no %s): give one with --tokenizer FILE (a "
+                           "tokenizer.json, or a llama2.c tokenizer .bin)",
+                           model_path, *tok);
     return STZ_OK;
 }
 
@@ -282,9 +286,9 @@ static void build_header(exporter *x, const gbuf *kv, gbuf *head, stz_gguf_stats
     x->total = off;
 }
 
-stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
-                           const stz_fwd_config *c, const char *config_json, const char *model_path,
-                           const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err)
+stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
+                           const char *config_json, const char *model_path, const char *dir, const char *out,
+                           stz_gguf_stats *stats, stz_err *err)
 {
     exporter x = {.p = p, .c = c, .model = model_path, .of = STZ_OUTFILE_INIT, .stats = stats};
     memset(stats, 0, sizeof *stats);

@@ -77,8 +77,10 @@ static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, st
     for (uint32_t i = 0; i < n_vocab; i++) {
         int32_t len;
         if (size < 8 || at > size - 8) {
-            st = stz_err_set(err, STZ_E_TRUNCATED, "%s: ends at token %u of the model's %u (a llama2.c tokenizer "
-                                                   "of another vocabulary?)", path, i, n_vocab);
+            st = stz_err_set(err, STZ_E_TRUNCATED,
+                             "%s: ends at token %u of the model's %u (a llama2.c tokenizer "
+                             "of another vocabulary?)",
+                             path, i, n_vocab);
             goto done;
         }
         memcpy(&v.score[i], data + at, 4), memcpy(&len, data + at + 4, 4);
@@ -105,8 +107,10 @@ static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, st
             strcpy(t, i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
     }
     if (at != size) {
-        st = stz_err_set(err, STZ_E_FORMAT, "%s: %zu bytes after the model's %u tokens (a tokenizer of another "
-                                            "vocabulary?)", path, size - at, n_vocab);
+        st = stz_err_set(err, STZ_E_FORMAT,
+                         "%s: %zu bytes after the model's %u tokens (a tokenizer of another "
+                         "vocabulary?)",
+                         path, size - at, n_vocab);
         goto done;
     }
     kv_str(kv, "tokenizer.ggml.model", "llama");
@@ -202,8 +206,8 @@ static stz_status fill_tokens(vocab *v, const cJSON *vmap, const cJSON *added, i
             const cJSON *idv = l ? cJSON_GetObjectItemCaseSensitive(e, "id") : e;
             const cJSON *content = l ? cJSON_GetObjectItemCaseSensitive(e, "content") : NULL;
             const char *s = l ? (cJSON_IsString(content) ? content->valuestring : NULL) : e->string;
-            if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 || idv->valuedouble != (double)(uint32_t)idv->valuedouble ||
-                !s)
+            if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 ||
+                idv->valuedouble != (double)(uint32_t)idv->valuedouble || !s)
                 return stz_err_set(err, STZ_E_FORMAT, "%s: %s entry '%.80s' has no whole-number id", path,
                                    l ? "added_tokens" : "model.vocab", s ? s : "?");
             uint32_t id = (uint32_t)idv->valuedouble;
@@ -219,7 +223,8 @@ static stz_status fill_tokens(vocab *v, const cJSON *vmap, const cJSON *added, i
             if (!(v->text[id] = strdup(s)))
                 return stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
             v->type[id] = l ? (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ? TT_CONTROL : TT_USER)
-                            : spm && is_byte_piece(s) ? TT_BYTE : TT_NORMAL;
+                          : spm && is_byte_piece(s) ? TT_BYTE
+                                                    : TT_NORMAL;
         }
     for (uint32_t i = 0; i < n_vocab; i++) /* the model's rows past the tokenizer's ids */
         if (!v->text[i]) {
@@ -254,13 +259,13 @@ static void spm_scores(vocab *v, const vocab_index *ix, char *const *mtext, int 
 }
 
 /* The configuration's BOS and EOS ids, which must be tokens. */
-static stz_status special_ids(gbuf *kv, const cJSON *cfg, const char *arch, int spm, uint32_t n_vocab,
-                              const char *path, stz_err *err)
+static stz_status special_ids(gbuf *kv, const cJSON *cfg, const char *arch, int spm, uint32_t n_vocab, const char *path,
+                              stz_err *err)
 {
     int bos = config_id(cfg, "bos_token_id"), eos = config_id(cfg, "eos_token_id");
     if ((bos >= 0 && (uint32_t)bos >= n_vocab) || (eos >= 0 && (uint32_t)eos >= n_vocab))
-        return stz_err_set(err, STZ_E_FORMAT, "%s: the configuration's %s %d is past the vocabulary of %u tokens",
-                           path, bos >= 0 && (uint32_t)bos >= n_vocab ? "bos_token_id" : "eos_token_id",
+        return stz_err_set(err, STZ_E_FORMAT, "%s: the configuration's %s %d is past the vocabulary of %u tokens", path,
+                           bos >= 0 && (uint32_t)bos >= n_vocab ? "bos_token_id" : "eos_token_id",
                            bos >= 0 && (uint32_t)bos >= n_vocab ? bos : eos, n_vocab);
     if (bos >= 0)
         kv_u32(kv, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
@@ -309,16 +314,18 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
     }
     for (size_t k = 1; k < ix.n; k++)
         if (!strcmp(ix.e[k - 1]->string, ix.e[k]->string)) {
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' appears twice in model.vocab", path,
-                             ix.e[k]->string);
+            st =
+                stz_err_set(err, STZ_E_FORMAT, "%s: token '%.80s' appears twice in model.vocab", path, ix.e[k]->string);
             goto cleanup;
         }
     STZ_TRY(st, fill_tokens(&v, vmap, added, spm, n_vocab, path, err));
     int i = 0;
     for (const cJSON *m = merges->child; m; m = m->next, i++)
         if (!(mtext[i] = merge_text(m)) || !merge_of_tokens(&ix, mtext[i])) {
-            st = stz_err_set(err, STZ_E_FORMAT, "%s: merge %d is not two tokens of model.vocab, as \"a b\" or "
-                                                "[\"a\", \"b\"]", path, i);
+            st = stz_err_set(err, STZ_E_FORMAT,
+                             "%s: merge %d is not two tokens of model.vocab, as \"a b\" or "
+                             "[\"a\", \"b\"]",
+                             path, i);
             goto cleanup;
         }
     if (spm) {

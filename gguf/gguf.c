@@ -102,8 +102,8 @@ void gb_pad(gbuf *b)
 
 typedef struct {
     char *key, *text;
-    uint32_t type;  /* GV_*, GV_ARR for arrays */
-    int whole;      /* num is the value: an integer, or an integer array's every element */
+    uint32_t type; /* GV_*, GV_ARR for arrays */
+    int whole;     /* num is the value: an integer, or an integer array's every element */
     uint64_t num;
 } gkv;
 
@@ -200,7 +200,9 @@ static int scalar_uint(uint32_t t, uint64_t raw, uint64_t *v)
     case GV_I16: *v = (uint64_t)(int64_t)(int16_t)raw; return (int16_t)raw >= 0;
     case GV_I32: *v = (uint64_t)(int64_t)(int32_t)raw; return (int32_t)raw >= 0;
     case GV_I64: *v = raw; return (int64_t)raw >= 0;
-    case GV_F32: case GV_F64: case GV_STR: return 0;
+    case GV_F32:
+    case GV_F64:
+    case GV_STR: return 0;
     default: *v = raw; return 1;
     }
 }
@@ -235,7 +237,8 @@ static void scalar_text(cur *c, uint32_t t, gbuf *b, uint64_t *raw)
     tb_text(b, o);
 }
 
-static const char *const vname[13] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64"};
+static const char *const vname[13] = {"u8",   "i8",  "u16", "i16", "u32", "i32", "f32",
+                                      "bool", "str", "arr", "u64", "i64", "f64"};
 
 /* The rest of an array of n elements of type et, after its first ARR_SHOWN:
  * skipped (strings read one by one, to check they lie in the file), integers
@@ -354,10 +357,13 @@ static stz_status read_kvs(stz_gguf *g, cur *c, uint64_t nkv, uint64_t *align, c
         if (!e->key || !e->text)
             return stz_err_set(err, c->bad == 2 ? STZ_E_NOMEM : STZ_E_FORMAT,
                                "%s: key/value pair %zu (at byte %zu) runs past the end of the file or has an "
-                               "unknown type", path, g->nkv, at);
+                               "unknown type",
+                               path, g->nkv, at);
         if (stz_control_char(e->key, klen))
-            return stz_err_set(err, STZ_E_FORMAT, "%s: key/value pair %zu (at byte %zu): the key has a NUL or "
-                               "control character", path, g->nkv, at);
+            return stz_err_set(err, STZ_E_FORMAT,
+                               "%s: key/value pair %zu (at byte %zu): the key has a NUL or "
+                               "control character",
+                               path, g->nkv, at);
         if (!strcmp(e->key, "general.alignment")) { /* llama.cpp reads it as a u32 only */
             if (e->type != GV_U32)
                 return stz_err_set(err, STZ_E_FORMAT, "%s: general.alignment is of type %s, not u32", path,
@@ -384,8 +390,7 @@ static stz_status read_tensor_info(stz_gguf *g, cur *c, const char *path, stz_er
     t->name = g->names[g->nt];
     t->ndim = (uint32_t)rd(c, 4);
     if (c->bad || t->ndim < 1 || t->ndim > 4)
-        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %u dimensions (1 to 4 allowed)", path, t->name,
-                           t->ndim);
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %u dimensions (1 to 4 allowed)", path, t->name, t->ndim);
     uint64_t numel = 1;
     for (uint32_t d = 0; d < t->ndim; d++) {
         t->ne[d] = rd(c, 8);
@@ -400,9 +405,8 @@ static stz_status read_tensor_info(stz_gguf *g, cur *c, const char *path, stz_er
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor info '%s' runs past the end of the file", path, t->name);
     if (g->lenient && (!ty || t->ne[0] % ty->block || numel / ty->block > UINT64_MAX / ty->bytes))
         return STZ_OK; /* a layout only: its size is not needed */
-    if (!ty) /* its size is unknown, so nothing after it can be checked */
-        return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown ggml type %u", path, t->name,
-                           (unsigned)t->type);
+    if (!ty)           /* its size is unknown, so nothing after it can be checked */
+        return stz_err_set(err, STZ_E_DTYPE, "%s: tensor '%s': unknown ggml type %u", path, t->name, (unsigned)t->type);
     if (t->ne[0] % ty->block)
         return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': rows of %llu are not whole %s blocks", path, t->name,
                            (unsigned long long)t->ne[0], ty->name);
@@ -414,8 +418,7 @@ static stz_status read_tensor_info(stz_gguf *g, cur *c, const char *path, stz_er
 
 /* Every tensor's data aligned, inside the file from `data` on, and apart
  * from the others; offsets made absolute. */
-static stz_status check_data(stz_gguf *g, uint64_t data, uint64_t align, const char *path, uint64_t fsize,
-                             stz_err *err)
+static stz_status check_data(stz_gguf *g, uint64_t data, uint64_t align, const char *path, uint64_t fsize, stz_err *err)
 {
     size_t nt = g->nt;
     stz_gguf_tensor **order = malloc((nt + 1) * sizeof *order);

@@ -28,34 +28,34 @@
 extern "C" {
 #endif
 
-#define STZ_VERSION_MAJOR 0
-#define STZ_VERSION_MINOR 1
-#define STZ_VERSION_PATCH 0
+#define STZ_VERSION_MAJOR  0
+#define STZ_VERSION_MINOR  1
+#define STZ_VERSION_PATCH  0
 #define STZ_VERSION_STRING "0.1.0"
 
 /* Stable status codes: values never change once released. */
 typedef enum {
     STZ_OK = 0,
-    STZ_E_IO = 1,          /* open/read/write/rename failed (errno text in msg) */
-    STZ_E_NOMEM = 2,       /* allocation failed */
-    STZ_E_ARG = 3,         /* caller passed an invalid argument */
-    STZ_E_TRUNCATED = 4,   /* file ends before the data it declares */
-    STZ_E_HEADER_SIZE = 5, /* header length is over the limit or past the file end */
-    STZ_E_JSON = 6,        /* header is not UTF-8 JSON, or not a JSON object */
-    STZ_E_FORMAT = 7,      /* a required field is missing or has the wrong type */
-    STZ_E_DTYPE = 8,       /* unknown or unsupported dtype */
-    STZ_E_SHAPE = 9,       /* bad dimension, or element count overflows */
-    STZ_E_OFFSETS = 10,    /* data_offsets wrong: gap, overlap, size, coverage */
-    STZ_E_DUPLICATE = 11,  /* a tensor name appears twice */
-    STZ_E_METADATA = 12,   /* __metadata__ is not an object of strings */
-    STZ_E_EXISTS = 13,     /* output exists (no force) or is the input itself */
-    STZ_E_CHECKSUM = 14,   /* stored checksum does not match the data */
-    STZ_E_BOUNDS = 15,     /* destination buffer too small */
-    STZ_E_UNSUPPORTED = 16,/* valid request that this version cannot do */
-    STZ_E_POLICY = 17,     /* policy file is invalid */
-    STZ_E_NUMERIC = 18,    /* NaN/Inf or other value that cannot be processed */
-    STZ_E_LAPACK = 19,     /* a LAPACK routine reported failure */
-    STZ_E_INTERRUPTED = 20,/* stopped by a signal or a callback */
+    STZ_E_IO = 1,           /* open/read/write/rename failed (errno text in msg) */
+    STZ_E_NOMEM = 2,        /* allocation failed */
+    STZ_E_ARG = 3,          /* caller passed an invalid argument */
+    STZ_E_TRUNCATED = 4,    /* file ends before the data it declares */
+    STZ_E_HEADER_SIZE = 5,  /* header length is over the limit or past the file end */
+    STZ_E_JSON = 6,         /* header is not UTF-8 JSON, or not a JSON object */
+    STZ_E_FORMAT = 7,       /* a required field is missing or has the wrong type */
+    STZ_E_DTYPE = 8,        /* unknown or unsupported dtype */
+    STZ_E_SHAPE = 9,        /* bad dimension, or element count overflows */
+    STZ_E_OFFSETS = 10,     /* data_offsets wrong: gap, overlap, size, coverage */
+    STZ_E_DUPLICATE = 11,   /* a tensor name appears twice */
+    STZ_E_METADATA = 12,    /* __metadata__ is not an object of strings */
+    STZ_E_EXISTS = 13,      /* output exists (no force) or is the input itself */
+    STZ_E_CHECKSUM = 14,    /* stored checksum does not match the data */
+    STZ_E_BOUNDS = 15,      /* destination buffer too small */
+    STZ_E_UNSUPPORTED = 16, /* valid request that this version cannot do */
+    STZ_E_POLICY = 17,      /* policy file is invalid */
+    STZ_E_NUMERIC = 18,     /* NaN/Inf or other value that cannot be processed */
+    STZ_E_LAPACK = 19,      /* a LAPACK routine reported failure */
+    STZ_E_INTERRUPTED = 20, /* stopped by a signal or a callback */
     STZ_STATUS_COUNT_
 } stz_status;
 
@@ -84,16 +84,27 @@ STZ_API void stz_err_clear(stz_err *err);
 /* Every SafeTensors dtype. Values are stable. */
 typedef enum {
     STZ_DTYPE_BOOL = 0,
-    STZ_DTYPE_U8, STZ_DTYPE_I8,
-    STZ_DTYPE_I16, STZ_DTYPE_U16,
-    STZ_DTYPE_F16, STZ_DTYPE_BF16,
-    STZ_DTYPE_I32, STZ_DTYPE_U32,
-    STZ_DTYPE_F32, STZ_DTYPE_F64,
-    STZ_DTYPE_I64, STZ_DTYPE_U64,
+    STZ_DTYPE_U8,
+    STZ_DTYPE_I8,
+    STZ_DTYPE_I16,
+    STZ_DTYPE_U16,
+    STZ_DTYPE_F16,
+    STZ_DTYPE_BF16,
+    STZ_DTYPE_I32,
+    STZ_DTYPE_U32,
+    STZ_DTYPE_F32,
+    STZ_DTYPE_F64,
+    STZ_DTYPE_I64,
+    STZ_DTYPE_U64,
     STZ_DTYPE_C64,
-    STZ_DTYPE_F8_E4M3, STZ_DTYPE_F8_E5M2, STZ_DTYPE_F8_E8M0,
-    STZ_DTYPE_F8_E4M3FNUZ, STZ_DTYPE_F8_E5M2FNUZ,
-    STZ_DTYPE_F4, STZ_DTYPE_F6_E2M3, STZ_DTYPE_F6_E3M2,
+    STZ_DTYPE_F8_E4M3,
+    STZ_DTYPE_F8_E5M2,
+    STZ_DTYPE_F8_E8M0,
+    STZ_DTYPE_F8_E4M3FNUZ,
+    STZ_DTYPE_F8_E5M2FNUZ,
+    STZ_DTYPE_F4,
+    STZ_DTYPE_F6_E2M3,
+    STZ_DTYPE_F6_E3M2,
     STZ_DTYPE_COUNT
 } stz_dtype;
 

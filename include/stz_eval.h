@@ -37,7 +37,8 @@ STZ_API stz_metrics stz_metrics_finish(const stz_metrics_acc *m);
 /* Compares tensor ia of `ref` with tensor ib of `cand` (same shape and a
  * float dtype), reading both in row batches: memory does not grow with the
  * tensor. STZ_E_SHAPE if the shapes differ. */
-STZ_API stz_status stz_eval_tensor(stz_qmodel *ref, size_t ia, stz_qmodel *cand, size_t ib, stz_metrics *out, stz_err *err);
+STZ_API stz_status stz_eval_tensor(stz_qmodel *ref, size_t ia, stz_qmodel *cand, size_t ib, stz_metrics *out,
+                                   stz_err *err);
 
 #ifdef __cplusplus
 }

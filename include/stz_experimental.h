@@ -14,7 +14,8 @@
 #define STZ_EXPERIMENTAL_H
 
 #ifndef STZ_EXPERIMENTAL
-#error "this stz header is experimental (its API may change in any release): #define STZ_EXPERIMENTAL before including it"
+#error                                                                                                                 \
+    "this stz header is experimental (its API may change in any release): #define STZ_EXPERIMENTAL before including it"
 #endif
 
 #endif /* STZ_EXPERIMENTAL_H */

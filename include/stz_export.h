@@ -26,34 +26,36 @@ extern "C" {
 #endif
 
 typedef struct {
-    int type;        /* float 2-D tensors: STZ_GGML_AUTO (default) or a type */
-    int requantize;  /* quantized tensors GGUF cannot hold exactly: write them
+    int type;              /* float 2-D tensors: STZ_GGML_AUTO (default) or a type */
+    int requantize;        /* quantized tensors GGUF cannot hold exactly: write them
                         as the nearest GGUF type from their values (else refused) */
     const char *tokenizer; /* tokenizer.json or a llama2.c tokenizer file; NULL:
                               tokenizer.json beside the model */
     const char *name;      /* general.name; NULL: from the config or the path */
     int threads;
-    unsigned write_flags;  /* STZ_WRITE_FORCE */
+    unsigned write_flags;     /* STZ_WRITE_FORCE */
     stz_progress_fn progress; /* output bytes */
     void *progress_user;
 } stz_gguf_params;
 
+// clang-format off
 #define STZ_GGUF_PARAMS_DEFAULT {STZ_GGML_AUTO, 0, NULL, NULL, 1, 0, NULL, NULL}
+// clang-format on
 
 /* What an export wrote, per GGUF type. */
 typedef struct {
     uint64_t tensors[31], bytes[31]; /* by ggml type (those export writes are < 31) */
-    size_t repacked;     /* quantized tensors copied exactly */
-    size_t requantized;  /* quantized tensors requantized (requantize) */
-    double requant_max_err; /* largest relative error ||q - w|| / ||w|| of those */
+    size_t repacked;                 /* quantized tensors copied exactly */
+    size_t requantized;              /* quantized tensors requantized (requantize) */
+    double requant_max_err;          /* largest relative error ||q - w|| / ||w|| of those */
     char requant_worst[256];
-    size_t fallback;     /* tensors written F16 because rows are not a multiple of 32 */
+    size_t fallback; /* tensors written F16 because rows are not a multiple of 32 */
     char fallback_first[256];
     uint64_t ffn_from, ffn_to; /* the FFN widened with zero units from ffn_from to ffn_to (0: not), so that
                                   down projections stored in padded 32-blocks ("pad") are whole rows */
-    uint64_t header_bytes; /* the header before its padding to the data's alignment */
+    uint64_t header_bytes;     /* the header before its padding to the data's alignment */
     uint64_t file_bytes;
-    char arch[16];       /* "llama" or "qwen2" */
+    char arch[16]; /* "llama" or "qwen2" */
 } stz_gguf_stats;
 
 /* Exports the model in `files` (one checkpoint's shards, opened by the
@@ -61,8 +63,8 @@ typedef struct {
  * be) with configuration c to `out`. `model_path` names the model in
  * messages. out NULL: nothing written, the stats of what would be. */
 STZ_API stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
-                           const stz_fwd_config *c, const char *config_json, const char *model_path,
-                           const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err);
+                                   const stz_fwd_config *c, const char *config_json, const char *model_path,
+                                   const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err);
 
 /* ---- reading -------------------------------------------------------- */
 

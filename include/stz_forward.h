@@ -34,11 +34,11 @@ typedef struct {
     uint32_t sliding_window; /* 0: none */
     int32_t bos;             /* first token of sampled sequences */
     double rope_theta, norm_eps;
-    int rope_interleaved;    /* 1: llama2.c pairs (2i, 2i+1); 0: rotate_half (i, i + head_dim/2) */
-    int tied;                /* output head is the token embedding */
+    int rope_interleaved;          /* 1: llama2.c pairs (2i, 2i+1); 0: rotate_half (i, i + head_dim/2) */
+    int tied;                      /* output head is the token embedding */
     stz_rope_scaling rope_scaling; /* Hugging Face rope_scaling: linear or llama3 */
     double rope_factor, rope_low_freq, rope_high_freq;
-    uint32_t rope_orig_pos;  /* llama3: original_max_position_embeddings */
+    uint32_t rope_orig_pos; /* llama3: original_max_position_embeddings */
 } stz_fwd_config;
 
 /* Parses a Hugging Face config.json or llama2.c-style config (dim,
@@ -56,7 +56,7 @@ typedef struct stz_fwd stz_fwd;
  * right shape. `threads`: the threads its products run on (the results do
  * not depend on it). */
 STZ_API stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
-                        const char *label, int threads, stz_err *err);
+                                const char *label, int threads, stz_err *err);
 STZ_API void stz_fwd_free(stz_fwd *m);
 STZ_API const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
 /* The token embedding's name; *tied (when not NULL) is 1 when the output
@@ -73,7 +73,7 @@ typedef int (*stz_fwd_progress)(void *user, uint64_t done, uint64_t total);
 /* Logits of every position: tokens holds nseq sequences of len ids; logits
  * gets nseq * len * vocab floats (row t: the prediction of token t + 1). */
 STZ_API stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t len, float *logits,
-                          stz_err *err);
+                                  stz_err *err);
 
 /* Sampling keeps layers' weights as F32 between steps while they fit in
  * `bytes` (default STZ_FWD_KEEP_DEFAULT, 2 GiB): faster, but memory grows
@@ -84,12 +84,12 @@ STZ_API void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes);
 /* Samples nseq sequences of len tokens (BOS first) at `temperature` with
  * nucleus `top_p`, deterministically from `seed`. */
 STZ_API stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
-                          int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err);
+                                  int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err);
 
 typedef struct {
-    uint64_t positions;      /* scored: every position whose next token is given */
+    uint64_t positions;                                           /* scored: every position whose next token is given */
     double kl_mean, kl_stderr, kl_median, kl_p95, kl_p99, kl_max; /* KL(P_ref || P_cand), nats/token */
-    double top1;             /* share of positions where both argmaxes agree */
+    double top1;                                                  /* share of positions where both argmaxes agree */
     double ppl_ref, ppl_cand, ppl_change; /* perplexity on the sequences; change = cand / ref - 1 */
 } stz_fwd_report;
 
@@ -99,8 +99,8 @@ typedef struct {
  * next-token distributions, in double precision. Memory is bounded: the
  * sequences run a batch at a time, which changes no figure. */
 STZ_API stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
-                           const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
-                           stz_err *err);
+                                   const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
+                                   stz_err *err);
 
 /*
  * Sensitivity of the output to each weight matrix (stz tune): the model is
@@ -136,7 +136,7 @@ typedef struct {
  * (layers before the matrix are run once; none past the last one
  * selected). */
 STZ_API stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
-                             const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err);
+                                     const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err);
 
 #ifdef __cplusplus
 }

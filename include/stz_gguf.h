@@ -18,10 +18,10 @@ typedef struct stz_gguf stz_gguf;
 typedef struct {
     const char *name;
     uint32_t ndim;
-    uint64_t ne[4];     /* ne[0]: elements of a row */
-    int type;           /* ggml type (any value; stz_ggml_type_name may be NULL) */
-    uint64_t offset;    /* absolute file offset of the data */
-    uint64_t bytes;     /* 0 when the type is unknown to stz */
+    uint64_t ne[4];  /* ne[0]: elements of a row */
+    int type;        /* ggml type (any value; stz_ggml_type_name may be NULL) */
+    uint64_t offset; /* absolute file offset of the data */
+    uint64_t bytes;  /* 0 when the type is unknown to stz */
 } stz_gguf_tensor;
 
 /* Opens and checks a GGUF file (version 2 or 3): every string and array

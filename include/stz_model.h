@@ -18,19 +18,19 @@ extern "C" {
  * (cols = last dimension; the whole tensor for fewer than 2 dimensions). */
 typedef struct {
     const char *name;
-    stz_dtype dtype;        /* original dtype */
+    stz_dtype dtype; /* original dtype */
     int ndim;
-    const uint64_t *shape;  /* original shape */
+    const uint64_t *shape; /* original shape */
     uint64_t numel, rows, cols;
-    int bits;               /* 0: stored as is; 2..8: quantized */
-    uint64_t rank;          /* SVD factors (INT8, bits 8): their rank; else 0 */
-    uint64_t stored_bytes;  /* bytes in the file: values (+ scales) */
-    const char *method;     /* "absmax", "full", "mse", "asym", "nl", "svd", or a llama.cpp type ("q4_k",
+    int bits;                /* 0: stored as is; 2..8: quantized */
+    uint64_t rank;           /* SVD factors (INT8, bits 8): their rank; else 0 */
+    uint64_t stored_bytes;   /* bytes in the file: values (+ scales) */
+    const char *method;      /* "absmax", "full", "mse", "asym", "nl", "svd", or a llama.cpp type ("q4_k",
                              * "f16": its blocks stored as GGUF stores them); NULL when stored as is */
-    uint32_t block_size;    /* quantized (not svd): elements per block */
-    stz_dtype scale_dtype;  /* stz's methods: how scales are stored (F16, F32, U8); else STZ_DTYPE_COUNT */
-    const char *scales_name;/* quantized (not svd): the stored scales tensor, NULL for a single scale */
-    const char *gguf_type;  /* a GGUF file's tensor (read as floats): its ggml type ("q4_0", "f16"), else NULL */
+    uint32_t block_size;     /* quantized (not svd): elements per block */
+    stz_dtype scale_dtype;   /* stz's methods: how scales are stored (F16, F32, U8); else STZ_DTYPE_COUNT */
+    const char *scales_name; /* quantized (not svd): the stored scales tensor, NULL for a single scale */
+    const char *gguf_type;   /* a GGUF file's tensor (read as floats): its ggml type ("q4_0", "f16"), else NULL */
 } stz_qtensor;
 
 typedef struct stz_qmodel stz_qmodel;
@@ -76,12 +76,12 @@ STZ_API stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, s
  * * blocks * the scale dtype's size), as docs/FORMAT.md lays them out.
  * STZ_E_UNSUPPORTED for other tensors. */
 STZ_API stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, uint8_t *codes,
-                                 uint8_t *scales, stz_err *err);
+                                         uint8_t *scales, stz_err *err);
 /* The same as stz_qmodel_read_rows, and for a block-quantized tensor (bits set, rank 0) each
  * block's scale as stored, exactly (nrows * ceil(cols / block_size)
  * floats, row by row), when scales is not NULL. */
 STZ_API stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
-                                       float *scales, stz_err *err);
+                                               float *scales, stz_err *err);
 
 #ifdef __cplusplus
 }

@@ -28,21 +28,23 @@ extern "C" {
  * every older one); a file is written in version 1 when nothing of 2 is
  * needed, so older readers take it. */
 #define STZ_PACK_FORMAT_VERSION 2
-#define STZ_PACK_MIN_CHUNK (64u << 10)
-#define STZ_PACK_MAX_CHUNK (64u << 20)
+#define STZ_PACK_MIN_CHUNK      (64u << 10)
+#define STZ_PACK_MAX_CHUNK      (64u << 20)
 
 typedef enum { STZ_PACK_FAST = 1, STZ_PACK_BEST = 2 } stz_pack_level;
 
 typedef struct stz_pack_params {
-    stz_pack_level level;    /* FAST (default) or BEST (slower, smaller) */
-    int threads;             /* >= 1 */
-    uint32_t chunk_size;     /* raw bytes per chunk, multiple of 8 in [MIN, MAX] */
-    unsigned write_flags;    /* STZ_WRITE_FORCE */
-    stz_progress_fn progress;/* input bytes done / total */
+    stz_pack_level level;     /* FAST (default) or BEST (slower, smaller) */
+    int threads;              /* >= 1 */
+    uint32_t chunk_size;      /* raw bytes per chunk, multiple of 8 in [MIN, MAX] */
+    unsigned write_flags;     /* STZ_WRITE_FORCE */
+    stz_progress_fn progress; /* input bytes done / total */
     void *progress_user;
 } stz_pack_params;
 
+// clang-format off
 #define STZ_PACK_PARAMS_DEFAULT {STZ_PACK_FAST, 1, 1u << 20, 0, NULL, NULL}
+// clang-format on
 
 typedef struct stz_pack_stats {
     uint64_t in_bytes, out_bytes;
@@ -52,7 +54,7 @@ typedef struct stz_pack_stats {
 /* Packs SafeTensors `in` into container `out`. Input errors are the
  * reader's; STZ_E_EXISTS, STZ_E_IO, STZ_E_NOMEM, STZ_E_INTERRUPTED. */
 STZ_API stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
-                         stz_err *err);
+                                 stz_err *err);
 
 /* Packs a SafeTensors file read in order from fd (a pipe: standard input),
  * `label` naming it in messages, into `out` ("-": standard output): the
@@ -61,7 +63,7 @@ STZ_API stz_status stz_pack_file(const stz_pack_params *p, const char *in, const
  * the last tensor (STZ_E_FORMAT) fails and leaves no output. Memory: the
  * header and a few chunks per thread. */
 STZ_API stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
-                           stz_pack_stats *stats, stz_err *err);
+                                   stz_pack_stats *stats, stz_err *err);
 
 /* Predicting a container's size (stz tune): the bytes a tensor of `dtype`
  * holding data[n] takes in a container written with p (its chunk records
@@ -98,19 +100,19 @@ typedef enum {
     STZ_XFORM_BYTES2 = 4, /* byte planes of 2-byte elements */
     STZ_XFORM_BYTES4 = 5,
     STZ_XFORM_BYTES8 = 6,
-    STZ_XFORM_GGML = 7,   /* llama.cpp's blocks: a plane per field, the codes whole (planes: the block type's) */
+    STZ_XFORM_GGML = 7, /* llama.cpp's blocks: a plane per field, the codes whole (planes: the block type's) */
     STZ_XFORM_COUNT
 } stz_xform;
 
 #define STZ_MAX_PLANES 8
 
 typedef struct {
-    uint32_t tensor;          /* index in stz_container_header() order */
-    uint64_t data_offset;     /* offset of the chunk's bytes in the data section */
+    uint32_t tensor;      /* index in stz_container_header() order */
+    uint64_t data_offset; /* offset of the chunk's bytes in the data section */
     uint32_t raw_size;
-    uint64_t file_offset;     /* of the chunk record in the container */
+    uint64_t file_offset; /* of the chunk record in the container */
     uint32_t record_size;
-    uint32_t last;            /* the last tensor it holds bytes of: > tensor when small tensors share it (format 2) */
+    uint32_t last; /* the last tensor it holds bytes of: > tensor when small tensors share it (format 2) */
 } stz_chunk_info;
 
 typedef struct {
@@ -153,11 +155,13 @@ STZ_API stz_status stz_container_planes(const stz_container *c, size_t i, stz_ch
 typedef struct {
     int threads;
     unsigned write_flags;
-    stz_progress_fn progress;  /* original bytes done / total */
+    stz_progress_fn progress; /* original bytes done / total */
     void *progress_user;
 } stz_unpack_params;
 
+// clang-format off
 #define STZ_UNPACK_PARAMS_DEFAULT {1, 0, NULL, NULL}
+// clang-format on
 
 /* Writes the original file to `out`, checking every chunk checksum and the
  * whole-file digest; on any mismatch no output is left (STZ_E_CHECKSUM).
@@ -173,20 +177,21 @@ STZ_API stz_status stz_verify_file(const stz_unpack_params *p, const char *in, s
  * verify only): every record checked as it comes, then the index, the
  * trailer and the whole-file digest, and nothing after the end. One
  * thread. A file output appears only when everything checked. */
-STZ_API stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out, stz_err *err);
+STZ_API stz_status stz_unpack_stream(const stz_unpack_params *p, int fd, const char *label, const char *out,
+                                     stz_err *err);
 
 /* Writes the raw bytes of tensor `name` (little-endian, as in the original
  * file) to `out`, decoding only its chunks. STZ_E_ARG if no such tensor. */
 STZ_API stz_status stz_unpack_tensor(const stz_unpack_params *p, const char *in, const char *name, const char *out,
-                             stz_err *err);
+                                     stz_err *err);
 
 /* Reads the raw bytes of tensor `name` (little-endian, as in the original
  * file) from an open container into dst (cap >= its size), decoding and
  * checking only its chunks, on `threads` threads; name NULL: the whole data
  * section (the original file after its header), all checks included.
  * STZ_E_ARG if no such tensor, STZ_E_BOUNDS if cap is too small. */
-STZ_API stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap, int threads,
-                                     stz_err *err);
+STZ_API stz_status stz_container_read_tensor(const stz_container *c, const char *name, void *dst, size_t cap,
+                                             int threads, stz_err *err);
 
 /* The original file's reader (stz_container_header) with its tensor data
  * readable: each read decodes the chunks it covers, checking their

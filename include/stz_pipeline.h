@@ -40,7 +40,9 @@ typedef struct {
 } stz_quant_params;
 
 #define STZ_SVD_HOLD_DEFAULT (256u << 20)
+// clang-format off
 #define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0, NULL, NULL}
+// clang-format on
 
 typedef struct {
     uint64_t in_bytes, out_bytes;
@@ -66,7 +68,7 @@ typedef struct {
  * STZ_E_EXISTS, STZ_E_IO.
  */
 STZ_API stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, const char *in, const char *out,
-                             stz_quant_stats *stats, stz_err *err);
+                                     stz_quant_stats *stats, stz_err *err);
 
 /*
  * Quantizes `in` following the policy straight into the container `out`
@@ -77,8 +79,8 @@ STZ_API stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *poli
  * qstats->out_bytes is the quantized file's size, pstats the container's.
  */
 STZ_API stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy,
-                             const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
-                             stz_err *err);
+                                     const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
+                                     stz_err *err);
 
 /*
  * Writes a plain model: every tensor under its original name and shape,
@@ -89,7 +91,7 @@ STZ_API stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_
  * Hugging Face names, as stz_qmodel_open_gguf reads them.
  */
 STZ_API stz_status stz_dequantize_file(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
-                               stz_err *err);
+                                       stz_err *err);
 
 /* The same for a GGUF file, its tensors under `names` (stz_model.h). */
 STZ_API stz_status stz_dequantize_gguf(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,

@@ -25,7 +25,6 @@
 extern "C" {
 #endif
 
-
 typedef struct stz_policy stz_policy;
 
 /* Parses policy JSON text; `label` names it in messages. Errors
@@ -51,7 +50,6 @@ STZ_API const char *stz_policy_rule_pattern(const stz_policy *p, size_t i);
 STZ_API int stz_policy_rule_optional(const stz_policy *p, size_t i);
 /* Tensors that rule i matched since the policy was loaded. */
 STZ_API uint64_t stz_policy_rule_hits(const stz_policy *p, size_t i);
-
 
 /* Shipped policies: name i (NULL past the end) and its JSON text. */
 STZ_API const char *stz_policy_builtin_name(size_t i);

@@ -89,15 +89,15 @@ typedef struct {
     /* svd only: exactly one of rank / energy / max_error is set (non-zero) */
     uint32_t svd_rank;
     double svd_energy, svd_max_error;
-    int svd_randomized;      /* method "randomized" (default "exact") */
+    int svd_randomized;       /* method "randomized" (default "exact") */
     uint32_t svd_power_iters; /* randomized: power iterations q (default 1) */
     uint32_t svd_oversample;  /* randomized: extra sketch columns (default 10) */
-    stz_action fallback;     /* when factors would not be smaller: keep, int8 (default) or int4 */
-    int feedback;            /* block quantizations: "feedback": true, error feedback (stz_feedback.h) */
-    int pad;                 /* llama.cpp's types: "pad": true, rows that are not whole 32-blocks keep a
+    stz_action fallback;      /* when factors would not be smaller: keep, int8 (default) or int4 */
+    int feedback;             /* block quantizations: "feedback": true, error feedback (stz_feedback.h) */
+    int pad;                  /* llama.cpp's types: "pad": true, rows that are not whole 32-blocks keep a
                                 32-block type, the last block of each row zero-padded (docs/FORMAT.md) */
-    int rule;                /* index of the deciding rule, -1 for the default */
-    const char *reason;      /* static text when the action was overridden, else NULL */
+    int rule;                 /* index of the deciding rule, -1 for the default */
+    const char *reason;       /* static text when the action was overridden, else NULL */
 } stz_decision;
 
 /* Names as policies write them: "int4", "svd", "q4_k"...; "absmax", "nl"... ("?" out of range). */
@@ -133,9 +133,9 @@ static inline size_t stz_q_row_bytes(int bits, size_t n) { return bits == 4 ? (n
  * be finite. Returns 0, or -1 if a scale does not fit the scale dtype
  * (F16 above 65504): use F32 scales. */
 STZ_API int stz_q8_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype scale_dtype, int8_t *q,
-                        float *scales);
-STZ_API int stz_q4_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype scale_dtype, uint8_t *q,
-                        float *scales);
+                                float *scales);
+STZ_API int stz_q4_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype scale_dtype,
+                                uint8_t *q, float *scales);
 /* Inverse: y[n] = q * scale of its block. */
 STZ_API void stz_q8_dequantize_ref(const int8_t *q, const float *scales, size_t n, size_t block, float *y);
 STZ_API void stz_q4_dequantize_ref(const uint8_t *q, const float *scales, size_t n, size_t block, float *y);
@@ -155,7 +155,7 @@ STZ_API void stz_q4_dequantize_ref(const uint8_t *q, const float *scales, size_t
  * a step 1/8 octave; base is per tensor.
  */
 typedef struct {
-    int bits;              /* 2..8 */
+    int bits; /* 2..8 */
     stz_qmethod method;
     uint32_t block;        /* elements per block (any >= 1) */
     stz_dtype scale_dtype; /* F16, F32 or U8 (not U8 with asym) */
@@ -190,8 +190,8 @@ STZ_API size_t stz_qf_bytes(const stz_qformat *f, size_t n);
  * one float per block, each exactly its stored value. Returns -1 if a
  * scale cannot be stored (F16 overflow). x must be finite. */
 STZ_API int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t *q, float *scales, float *mins);
-STZ_API void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins, size_t n,
-                           float *y);
+STZ_API void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins,
+                                   size_t n, float *y);
 /* U8 scales: the value of code c, and the code nearest s. */
 STZ_API float stz_qf_scale_value(float base, uint8_t c);
 STZ_API uint8_t stz_qf_scale_code(float base, float s);
@@ -217,8 +217,14 @@ STZ_API uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d);
  * arrays: a block format's values, scales and minimums (asym), or an svd
  * decision's factors. */
 typedef enum {
-    STZ_PART_VALUES = 0, STZ_PART_SCALES = 1, STZ_PART_MINS = 2,
-    STZ_PART_U = 0, STZ_PART_U_SCALES = 1, STZ_PART_S = 2, STZ_PART_VH = 3, STZ_PART_VH_SCALES = 4,
+    STZ_PART_VALUES = 0,
+    STZ_PART_SCALES = 1,
+    STZ_PART_MINS = 2,
+    STZ_PART_U = 0,
+    STZ_PART_U_SCALES = 1,
+    STZ_PART_S = 2,
+    STZ_PART_VH = 3,
+    STZ_PART_VH_SCALES = 4,
     STZ_PART_COUNT = 5
 } stz_qpart;
 
@@ -228,13 +234,13 @@ typedef struct {
                                     * scale in the metadata) */
     size_t len[STZ_PART_COUNT];
     stz_dtype dtype[STZ_PART_COUNT]; /* the stored tensors' dtypes */
-    size_t rank;        /* svd: the factors' rank */
-    double err2, norm2; /* squared error of the dequantized values; squared norm of the original
+    size_t rank;                     /* svd: the factors' rank */
+    double err2, norm2;              /* squared error of the dequantized values; squared norm of the original
                          * (both weighted by the columns' importance when given) */
-    double cosine;      /* of the dequantized values against the original, unweighted (1: both zero) */
-    double err_out;     /* error feedback: the layer's output error tr((W - Q) H (W - Q)^T), H dampened as
+    double cosine;                   /* of the dequantized values against the original, unweighted (1: both zero) */
+    double err_out;                  /* error feedback: the layer's output error tr((W - Q) H (W - Q)^T), H dampened as
                          * stz_quant_output_error dampens it; else 0 */
-    stz_qformat fmt;    /* as used: the U8 scales' base, nl-fit's fitted levels */
+    stz_qformat fmt;                 /* as used: the U8 scales' base, nl-fit's fitted levels */
 } stz_qmem;
 
 /* Quantizes rows x cols floats x (finite) under decision d (int2..int8,

@@ -26,8 +26,8 @@
 extern "C" {
 #endif
 
-#define STZ_ST_MAX_HEADER 100000000u  /* the reference implementation's limit */
-#define STZ_ST_MAX_NDIM 64            /* deeper shapes are rejected (STZ_E_SHAPE) */
+#define STZ_ST_MAX_HEADER 100000000u /* the reference implementation's limit */
+#define STZ_ST_MAX_NDIM   64         /* deeper shapes are rejected (STZ_E_SHAPE) */
 /* Tensors in one file. Each entry costs ~1 kB while the header is parsed
  * (~50 bytes of JSON), so without a cap a 100 MB header of empty tensors
  * would take ~1.5 GB to open; the largest real checkpoints hold a few
@@ -35,12 +35,12 @@ extern "C" {
 #define STZ_ST_MAX_TENSORS 262144
 
 typedef struct stz_tensor {
-    const char *name;       /* UTF-8, NUL-terminated, owned by the reader */
+    const char *name; /* UTF-8, NUL-terminated, owned by the reader */
     stz_dtype dtype;
-    int ndim;               /* 0 for a scalar */
-    const uint64_t *shape;  /* ndim entries, owned by the reader */
-    uint64_t numel;         /* product of shape (1 for a scalar) */
-    uint64_t begin, end;    /* byte range inside the data section */
+    int ndim;              /* 0 for a scalar */
+    const uint64_t *shape; /* ndim entries, owned by the reader */
+    uint64_t numel;        /* product of shape (1 for a scalar) */
+    uint64_t begin, end;   /* byte range inside the data section */
 } stz_tensor;
 
 /* ---- reader ---------------------------------------------------------- */
@@ -59,8 +59,7 @@ STZ_API stz_status stz_reader_open(stz_reader **out, const char *path, stz_err *
  * Same validation over a whole file image in memory. `buf` is not copied
  * and must outlive the reader. `label` names the buffer in messages.
  */
-STZ_API stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size,
-                               const char *label, stz_err *err);
+STZ_API stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size, const char *label, stz_err *err);
 
 /*
  * Validates a header image (the 8-byte length and the JSON, `size` bytes)
@@ -71,7 +70,7 @@ STZ_API stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t
  * header came first); stz_reader_file_size then gives that length.
  */
 STZ_API stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size,
-                                  const char *label, stz_err *err);
+                                          const char *label, stz_err *err);
 
 /* Closes the file and frees the reader (NULL is fine). */
 STZ_API void stz_reader_free(stz_reader *r);
@@ -98,17 +97,16 @@ STZ_API const uint8_t *stz_reader_header(const stz_reader *r, size_t *len);
 
 /* Reads n bytes at `off` inside tensor t's range. STZ_E_BOUNDS if the
  * range leaves the tensor, STZ_E_IO / STZ_E_TRUNCATED if the file changed. */
-STZ_API stz_status stz_reader_read(const stz_reader *r, const stz_tensor *t, uint64_t off,
-                           void *dst, size_t n, stz_err *err);
+STZ_API stz_status stz_reader_read(const stz_reader *r, const stz_tensor *t, uint64_t off, void *dst, size_t n,
+                                   stz_err *err);
 /* Reads n raw bytes at file offset `off` (any region). */
-STZ_API stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t n,
-                            stz_err *err);
+STZ_API stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t n, stz_err *err);
 
 /* ---- writer ---------------------------------------------------------- */
 
 typedef struct stz_writer stz_writer;
 
-enum { STZ_WRITE_FORCE = 1 };  /* replace an existing output file */
+enum { STZ_WRITE_FORCE = 1 }; /* replace an existing output file */
 
 /*
  * Starts writing `path`. Bytes go to a temporary file in the same directory,
@@ -123,8 +121,8 @@ STZ_API stz_status stz_writer_set_meta(stz_writer *w, const char *key, const cha
 
 /* Declares the next tensor (before the first write). Copies name and shape.
  * STZ_E_DUPLICATE, STZ_E_SHAPE, STZ_E_ARG ("__metadata__", empty name). */
-STZ_API stz_status stz_writer_add(stz_writer *w, const char *name, stz_dtype dtype, int ndim,
-                          const uint64_t *shape, stz_err *err);
+STZ_API stz_status stz_writer_add(stz_writer *w, const char *name, stz_dtype dtype, int ndim, const uint64_t *shape,
+                                  stz_err *err);
 
 /* Appends n bytes of tensor data, in declaration order; the first call
  * writes the header. STZ_E_BOUNDS if more than declared. */

@@ -29,16 +29,18 @@ typedef struct {
     size_t oversample; /* randomized: extra columns (default 10) */
     int power_iters;   /* randomized: q (default 1) */
     uint64_t seed;
-    int threads;       /* OpenBLAS threads, >= 1: stz_svd sets OpenBLAS's (process-wide) count to it */
+    int threads; /* OpenBLAS threads, >= 1: stz_svd sets OpenBLAS's (process-wide) count to it */
 } stz_svd_params;
 
+// clang-format off
 #define STZ_SVD_PARAMS_DEFAULT {STZ_SVD_EXACT, 0, 0, 0, 10, 1, 1, 1}
+// clang-format on
 
 typedef struct {
     size_t m, n, rank;
-    float *U;   /* m x rank, row-major */
-    float *S;   /* rank, descending */
-    float *Vh;  /* rank x n, row-major */
+    float *U;         /* m x rank, row-major */
+    float *S;         /* rank, descending */
+    float *Vh;        /* rank x n, row-major */
     double rel_error; /* ||W - U S Vh||_F / ||W||_F before any quantization */
 } stz_svd_result;
 
@@ -48,7 +50,7 @@ typedef struct {
  * (NaN or Inf in W), STZ_E_NOMEM, STZ_E_LAPACK (a routine returned
  * info != 0; the message names it). */
 STZ_API stz_status stz_svd_factor(const float *W, size_t m, size_t n, const stz_svd_params *p, stz_svd_result *res,
-                          stz_err *err);
+                                  stz_err *err);
 STZ_API void stz_svd_result_free(stz_svd_result *res);
 
 /* W (m x n) = U (m x r) @ diag(S) @ Vh (r x n), the same bits on every CPU
@@ -56,7 +58,7 @@ STZ_API void stz_svd_result_free(stz_svd_result *res);
  * rows of U to rebuild those rows of W. STZ_E_NOMEM if its m x r work
  * buffer cannot be allocated (W is then untouched). */
 STZ_API stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r,
-                               float *W);
+                                       float *W);
 
 #ifdef __cplusplus
 }

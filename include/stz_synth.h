@@ -19,12 +19,12 @@ extern "C" {
 #endif
 
 typedef struct {
-    const char *arch;        /* see stz_synth_arch_name(); e.g. "qwen2-0.5b" */
-    stz_dtype dtype;         /* BF16, F16 or F32 */
+    const char *arch; /* see stz_synth_arch_name(); e.g. "qwen2-0.5b" */
+    stz_dtype dtype;  /* BF16, F16 or F32 */
     uint64_t seed;
-    int threads;             /* >= 1 */
-    unsigned write_flags;    /* STZ_WRITE_FORCE to replace an existing file */
-    stz_progress_fn progress;/* optional, bytes of output */
+    int threads;              /* >= 1 */
+    unsigned write_flags;     /* STZ_WRITE_FORCE to replace an existing file */
+    stz_progress_fn progress; /* optional, bytes of output */
     void *progress_user;
     /* Pruned variants, for the linear weights (not embeddings or the head):
      * sparsity in [0, 1) zeroes that fraction of each matrix's smallest
@@ -33,20 +33,22 @@ typedef struct {
      * structured sparsity). At most one of the two. */
     double sparsity;
     int two_four;
-    uint64_t layers;         /* 0: the architecture's; else this many decoder layers (1..1024) */
+    uint64_t layers; /* 0: the architecture's; else this many decoder layers (1..1024) */
     /* nshards > 0: write only shard `shard` (0-based) of nshards: a run of whole tensors, the model cut
      * by bytes; every tensor's values are the unsharded model's */
     uint32_t shard, nshards;
 } stz_synth_params;
 
+// clang-format off
 #define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL, 0, 0, 0, 0, 0}
+// clang-format on
 
 typedef struct {
     size_t tensors;
     uint64_t params;
-    uint64_t bytes;             /* file size */
-    double exp_entropy_bits;    /* entropy of the BF16 exponent byte, bits/value */
-    uint64_t exp_hist[256];     /* BF16 exponent histogram over all values */
+    uint64_t bytes;          /* file size */
+    double exp_entropy_bits; /* entropy of the BF16 exponent byte, bits/value */
+    uint64_t exp_hist[256];  /* BF16 exponent histogram over all values */
 } stz_synth_stats;
 
 /* Architectures, i = 0, 1, ... until NULL. Description via _desc. */

@@ -70,24 +70,24 @@ typedef struct {
     char *name;
     stz_dtype dtype;
     uint64_t params, rows;
-    size_t file;        /* which of the model's files holds it */
-    int tunable;        /* a float matrix the forward pass uses: the candidates apply; else kept */
-    const char *why;    /* not tunable: why (static text) */
-    uint64_t *bytes;    /* per candidate: container bytes of the stored tensors (records + index entries),
+    size_t file;       /* which of the model's files holds it */
+    int tunable;       /* a float matrix the forward pass uses: the candidates apply; else kept */
+    const char *why;   /* not tunable: why (static text) */
+    uint64_t *bytes;   /* per candidate: container bytes of the stored tensors (records + index entries),
                          * or with gguf its bytes in the GGUF file (padded to 32; UINT64_MAX: a type
                          * the row length does not allow); not tunable: bytes[0] is the kept tensor's */
-    double *err2;       /* per candidate: squared error (the token embedding's block candidates, after
+    double *err2;      /* per candidate: squared error (the token embedding's block candidates, after
                          * stz_tune_probe: their probed KL over sens) */
-    double norm2;       /* squared norm of the original (fed: of its output, tr(W H W^T)) */
-    double kl_probe;    /* measured KL with the probe candidate's error */
-    double sens;        /* KL per unit of squared error */
-    int choice;         /* chosen candidate (tunable), set by stz_tune_solve */
-    stz_qformat *fmt;   /* per block candidate: its format for this tensor as measured (base, levels) */
-    int fed;            /* stz_tune_feedback reached it: err2 and norm2 are the layer's output's, and
+    double norm2;      /* squared norm of the original (fed: of its output, tr(W H W^T)) */
+    double kl_probe;   /* measured KL with the probe candidate's error */
+    double sens;       /* KL per unit of squared error */
+    int choice;        /* chosen candidate (tunable), set by stz_tune_solve */
+    stz_qformat *fmt;  /* per block candidate: its format for this tensor as measured (base, levels) */
+    int fed;           /* stz_tune_feedback reached it: err2 and norm2 are the layer's output's, and
                          * feedback candidates are measured with feedback */
-    double *plain_out;  /* a tied head that stz_tune_feedback reached: per feedback candidate, plain
+    double *plain_out; /* a tied head that stz_tune_feedback reached: per feedback candidate, plain
                          * rounding's output error in its format (NULL otherwise) */
-    int ffn;            /* STZ_TUNE_FFN_DOWN: a down projection whose rows are not whole 32-blocks, offered
+    int ffn;           /* STZ_TUNE_FFN_DOWN: a down projection whose rows are not whole 32-blocks, offered
                          * llama.cpp's 32-block types with each row's last block padded ("pad"), for which
                          * export widens the FFN; STZ_TUNE_FFN_IN: a gate or up projection it widens */
 } stz_tune_tensor;
@@ -95,9 +95,9 @@ typedef struct {
 enum { STZ_TUNE_FFN_IN = 1, STZ_TUNE_FFN_DOWN = 2 };
 
 typedef struct {
-    stz_tune_cand *cand;   /* the candidates offered, then the probe's format if it is not one of them */
+    stz_tune_cand *cand; /* the candidates offered, then the probe's format if it is not one of them */
     size_t ncand, noffered;
-    size_t probe;          /* the candidate whose error probes sensitivity (STZ_TUNE_PROBE) */
+    size_t probe; /* the candidate whose error probes sensitivity (STZ_TUNE_PROBE) */
     stz_tune_tensor *t;
     size_t nt;
     uint64_t params;       /* all tensors' */
@@ -137,7 +137,7 @@ typedef struct {
  * no candidate applies to is kept. STZ_E_UNSUPPORTED for a file already
  * quantized by stz. */
 STZ_API stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
-                            size_t ncand, const stz_tune_params *p, stz_err *err);
+                                    size_t ncand, const stz_tune_params *p, stz_err *err);
 /* Candidates with error feedback (a name ending in "+fb", stz_tune_cand.d
  * .feedback): runs m over the calibration sequences (stz_forward_grams, the
  * model as it is) and, for every tunable matrix it reaches, measures each
@@ -155,20 +155,20 @@ STZ_API stz_status stz_tune_feedback(stz_tune *T, stz_fwd *m, const int32_t *tok
  * format (its err2 becomes their KL over its sensitivity; a tied head's
  * feedback candidates' scaled by feedback's gain, err2 / plain_out). */
 STZ_API stz_status stz_tune_probe(stz_tune *T, stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
-                          const size_t *lens, const stz_tune_params *p, stz_err *err);
+                                  const size_t *lens, const stz_tune_params *p, stz_err *err);
 STZ_API void stz_tune_free(stz_tune *T);
 
 typedef enum { STZ_BUDGET_BYTES = 0, STZ_BUDGET_KL = 1 } stz_budget;
 
 typedef struct {
-    uint64_t bytes;    /* predicted container bytes */
-    double kl;         /* predicted mean KL */
+    uint64_t bytes; /* predicted container bytes */
+    double kl;      /* predicted mean KL */
 } stz_tune_point;
 
 typedef struct {
-    int met;                 /* 0: the budget cannot be met; the choice is the closest feasible point */
-    stz_tune_point pred;     /* of the choice */
-    stz_tune_point *curve;   /* the Pareto path, bytes increasing, KL decreasing */
+    int met;               /* 0: the budget cannot be met; the choice is the closest feasible point */
+    stz_tune_point pred;   /* of the choice */
+    stz_tune_point *curve; /* the Pareto path, bytes increasing, KL decreasing */
     size_t ncurve;
 } stz_tune_solution;
 
@@ -178,7 +178,7 @@ typedef struct {
  * predicted KL (1, or measured / predicted to correct a missed budget).
  * Sets T->t[i].choice; deterministic. */
 STZ_API stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_scale, stz_tune_solution *out,
-                          stz_err *err);
+                                  stz_err *err);
 STZ_API void stz_tune_solution_free(stz_tune_solution *s);
 
 /* The predicted container bytes of the current choice (tensors and the

@@ -19,22 +19,25 @@
 enum { IN_ATTN, IN_OUT, IN_FFN, IN_DOWN, IN_HEAD, IN_COUNT };
 
 struct stz_fb_hess {
-    uint32_t layer;     /* the layer whose inputs are collected */
-    int only;           /* -1: every input; else the one collected */
-    int keep;           /* 1: the original model runs: its inputs are kept in X0 */
-    int stopped;        /* 1: `only` was collected and the run stopped there */
+    uint32_t layer;        /* the layer whose inputs are collected */
+    int only;              /* -1: every input; else the one collected */
+    int keep;              /* 1: the original model runs: its inputs are kept in X0 */
+    int stopped;           /* 1: `only` was collected and the run stopped there */
     size_t cols[IN_COUNT]; /* of each input wanted (0: not wanted) */
-    float *H[IN_COUNT]; /* cols x cols, upper triangle */
-    float *D[IN_COUNT]; /* with X0: (X0 - X)^T X, cols x cols */
-    float *X0[IN_COUNT]; /* the original model's inputs, tokens x cols (taken by D) */
+    float *H[IN_COUNT];    /* cols x cols, upper triangle */
+    float *D[IN_COUNT];    /* with X0: (X0 - X)^T X, cols x cols */
+    float *X0[IN_COUNT];   /* the original model's inputs, tokens x cols (taken by D) */
 };
 
 static int input_of(int role)
 {
     switch (role) {
-    case STZ_ROLE_WQ: case STZ_ROLE_WK: case STZ_ROLE_WV: return IN_ATTN;
+    case STZ_ROLE_WQ:
+    case STZ_ROLE_WK:
+    case STZ_ROLE_WV: return IN_ATTN;
     case STZ_ROLE_WO: return IN_OUT;
-    case STZ_ROLE_GATE: case STZ_ROLE_UP: return IN_FFN;
+    case STZ_ROLE_GATE:
+    case STZ_ROLE_UP: return IN_FFN;
     case STZ_ROLE_DOWN: return IN_DOWN;
     default: return IN_HEAD;
     }
@@ -145,8 +148,10 @@ stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decis
         return STZ_OK;
     if (e->d.action != d->action || e->d.method != d->method || e->d.block_size != d->block_size ||
         e->d.scale_dtype != d->scale_dtype)
-        return stz_err_set(err, STZ_E_ARG, "tensor '%s' was quantized with feedback as %s, and is now asked as %s "
-                           "(another policy?)", name, stz_action_name(e->d.action), stz_action_name(d->action));
+        return stz_err_set(err, STZ_E_ARG,
+                           "tensor '%s' was quantized with feedback as %s, and is now asked as %s "
+                           "(another policy?)",
+                           name, stz_action_name(e->d.action), stz_action_name(d->action));
     out->fmt = e->fmt, out->err2 = e->err2, out->norm2 = e->norm2, out->cosine = e->cosine;
     for (int k = 0; k < STZ_PART_COUNT; k++) {
         out->dtype[k] = e->dtype[k], out->len[k] = e->len[k];
@@ -287,8 +292,8 @@ static stz_status visit_as_read(gram_run *R, uint32_t l, float *X, const batch *
  * Gram matrix and its difference from the original's, and the matrices
  * reading it are visited. Each matrix thus sees the inputs the rewritten
  * model gives it, and how they drifted from the original's. */
-static stz_status visit_rewriting(gram_run *R, uint32_t l, float *X, float *Xin, float *X0, const batch *b,
-                                  size_t nseq, stz_err *err)
+static stz_status visit_rewriting(gram_run *R, uint32_t l, float *X, float *Xin, float *X0, const batch *b, size_t nseq,
+                                  stz_err *err)
 {
     stz_status st = STZ_OK;
     for (int g = 0; !st && g < IN_HEAD; g++)

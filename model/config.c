@@ -7,8 +7,8 @@
 #include <string.h>
 
 /* A whole number in [lo, hi] under `key`, or `dflt` when absent (or null). */
-static int get_u32(const cJSON *o, const char *key, double lo, double hi, uint32_t dflt, uint32_t *v,
-                   const char *label, stz_err *err)
+static int get_u32(const cJSON *o, const char *key, double lo, double hi, uint32_t dflt, uint32_t *v, const char *label,
+                   stz_err *err)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!j || cJSON_IsNull(j)) {
@@ -18,7 +18,8 @@ static int get_u32(const cJSON *o, const char *key, double lo, double hi, uint32
         return 0;
     }
     if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || j->valuedouble < lo || j->valuedouble > hi)
-        return stz_err_set(err, STZ_E_FORMAT, "%s: '%s' must be a whole number in [%.0f, %.0f]", label, key, lo, hi), -1;
+        return stz_err_set(err, STZ_E_FORMAT, "%s: '%s' must be a whole number in [%.0f, %.0f]", label, key, lo, hi),
+               -1;
     *v = (uint32_t)j->valuedouble;
     return 0;
 }
@@ -73,12 +74,14 @@ static int parse_rope_scaling(stz_fwd_config *c, const cJSON *root, const char *
             return -1;
         if (c->rope_high_freq <= c->rope_low_freq)
             return stz_err_set(err, STZ_E_FORMAT, "%s: rope_scaling high_freq_factor must exceed low_freq_factor",
-                               label), -1;
+                               label),
+                   -1;
         c->rope_orig_pos = orig;
         return c->rope_scaling = STZ_ROPE_LLAMA3, 0;
     }
-    return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: rope_scaling of type '%s' is not supported (only linear and llama3)",
-                       label, kind), -1;
+    return stz_err_set(err, STZ_E_UNSUPPORTED,
+                       "%s: rope_scaling of type '%s' is not supported (only linear and llama3)", label, kind),
+           -1;
 }
 
 /* Hugging Face config.json of LlamaForCausalLM, MistralForCausalLM or
@@ -92,17 +95,21 @@ static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz
         known |= !strcmp(mt, types[i]);
     if (!known)
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: model_type '%s' is not supported (llama, mistral, qwen2)",
-                           label, mt), -1;
+                           label, mt),
+               -1;
     if (arch && !strncmp(arch, "gpt-neo", 7)) /* stz synth's GPT-Neo shapes */
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: architecture '%s' is not supported (Llama family only)", label,
-                           arch), -1;
+                           arch),
+               -1;
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     if (cJSON_IsArray(archs) && cJSON_GetArraySize(archs) > 0) {
         const char *a = cJSON_IsString(archs->child) ? archs->child->valuestring : "";
         if (strcmp(a, "LlamaForCausalLM") && strcmp(a, "MistralForCausalLM") && strcmp(a, "Qwen2ForCausalLM"))
             return stz_err_set(err, STZ_E_UNSUPPORTED,
                                "%s: architecture '%s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                               "Qwen2ForCausalLM)", label, a), -1;
+                               "Qwen2ForCausalLM)",
+                               label, a),
+                   -1;
     }
     const char *act = get_str(root, "hidden_act");
     if (act && strcmp(act, "silu"))
@@ -118,8 +125,7 @@ static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz
         get_u32(root, "vocab_size", 1, 1 << 24, UINT32_MAX, &c->vocab, label, err) ||
         get_u32(root, "max_position_embeddings", 1, 1e9, 0, &c->max_pos, label, err) ||
         get_real(root, "rope_theta", 1, 1e12, 10000, &c->rope_theta, label, err) ||
-        get_real(root, "rms_norm_eps", 0, 1, 1e-6, &c->norm_eps, label, err) ||
-        parse_rope_scaling(c, root, label, err))
+        get_real(root, "rms_norm_eps", 0, 1, 1e-6, &c->norm_eps, label, err) || parse_rope_scaling(c, root, label, err))
         return -1;
     uint32_t bos = 1;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
@@ -164,7 +170,7 @@ stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char 
         return stz_err_set(err, STZ_E_JSON, "%s: not a JSON object", label);
     }
     int bad = cJSON_GetObjectItemCaseSensitive(root, "dim") ? parse_llama2c(c, root, label, err)
-                                                             : parse_hf(c, root, label, err);
+                                                            : parse_hf(c, root, label, err);
     cJSON_Delete(root);
     if (bad)
         return err->code;

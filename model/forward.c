@@ -9,9 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* ---- tensors the model needs ------------------------------------------ */
-
 
 const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m) { return &m->c; }
 
@@ -39,9 +37,10 @@ const stz_qtensor *stz_forward_tensor(const stz_fwd *m, loc at) { return stz_qmo
 static stz_status need(stz_fwd *m, const char *name, uint64_t d0, uint64_t d1, int optional, loc *at, stz_err *err)
 {
     if (!find(m, name, at))
-        return optional ? STZ_OK
-                        : stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' is missing (the config has %u layers, dim %u)",
-                                      m->label, name, m->c.n_layers, m->c.dim);
+        return optional
+                   ? STZ_OK
+                   : stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s' is missing (the config has %u layers, dim %u)",
+                                 m->label, name, m->c.n_layers, m->c.dim);
     const stz_qtensor *t = stz_forward_tensor(m, *at);
     int nd = d1 ? 2 : 1;
     if (t->ndim != nd || t->shape[0] != d0 || (d1 && t->shape[1] != d1)) {
@@ -96,15 +95,17 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     int hf = stz_fwd_layout(files, nfiles);
     if (hf < 0) {
         stz_fwd_free(m);
-        return stz_err_set(err, STZ_E_FORMAT, "%s: no token embedding (model.embed_tokens.weight or "
-                                              "tok_embeddings.weight): not a Llama-family model", label);
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: no token embedding (model.embed_tokens.weight or "
+                           "tok_embeddings.weight): not a Llama-family model",
+                           label);
     }
     m->c.rope_interleaved = !hf; /* llama2.c keeps Meta's pairwise layout; HF checkpoints are permuted */
     stz_fwd_rope_frequencies(&m->c, m->inv_freq);
     uint64_t D = c->dim, F = c->hidden, QD = (uint64_t)c->n_heads * c->head_dim,
              KD = (uint64_t)c->n_kv_heads * c->head_dim;
-    const uint64_t shape[STZ_ROLE_PER_LAYER][2] = {{D, 0}, {QD, D}, {KD, D}, {KD, D}, {D, QD}, {QD, 0}, {KD, 0},
-                                            {KD, 0}, {D, 0}, {D, 0}, {F, D},  {F, D},  {D, F}};
+    const uint64_t shape[STZ_ROLE_PER_LAYER][2] = {{D, 0},  {QD, D}, {KD, D}, {KD, D}, {D, QD}, {QD, 0}, {KD, 0},
+                                                   {KD, 0}, {D, 0},  {D, 0},  {F, D},  {F, D},  {D, F}};
     stz_status st = STZ_OK;
     char name[160];
     for (uint32_t l = 0; !st && l <= c->n_layers; l++)
@@ -124,7 +125,8 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
         st = need(m, stz_roles[STZ_ROLE_EMBED].name[hf], c->vocab, D, 0, &m->global[G_EMBED], err);
     if (!st)
         st = need(m, stz_roles[STZ_ROLE_NORM].name[hf], D, 0, 0, &m->global[G_NORM], err);
-    if (!st && (st = need(m, stz_roles[STZ_ROLE_HEAD].name[hf], c->vocab, D, c->tied, &m->global[G_HEAD], err)) == STZ_OK &&
+    if (!st &&
+        (st = need(m, stz_roles[STZ_ROLE_HEAD].name[hf], c->vocab, D, c->tied, &m->global[G_HEAD], err)) == STZ_OK &&
         m->global[G_HEAD].f < 0)
         m->global[G_HEAD] = m->global[G_EMBED];
     if (st) {
@@ -174,8 +176,8 @@ stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, floa
             return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory perturbing '%s'", m->label, t->name);
         for (size_t i = 0; i < k * t->cols; i++)
             if (!isfinite(d[i]))
-                return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s' holds NaN or Inf (row %llu)", m->label,
-                                   t->name, (unsigned long long)(r0 + r + i / t->cols));
+                return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s' holds NaN or Inf (row %llu)", m->label, t->name,
+                                   (unsigned long long)(r0 + r + i / t->cols));
     }
     return STZ_OK;
 }
@@ -229,8 +231,8 @@ static void linear_ld(const stz_fwd *m, float *Y, size_t ldy, const float *X, co
             Y[r * ldy + j] += b[j];
 }
 
-void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n,
-                        size_t in, size_t out)
+void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n, size_t in,
+                        size_t out)
 {
     linear_ld(m, Y, out, X, W, b, n, in, out);
 }
@@ -251,7 +253,6 @@ static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos)
         }
     }
 }
-
 
 /* Causal attention, one row at a time: row r sees positions 0..pos[r] of
  * its sequence in the caches. att (n, QD); sc: pos + 1 floats. */
@@ -342,7 +343,7 @@ static const int attn_in[3] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV}, out_in[1]
 
 /* Every row through layers l0..l1-1: X (n, dim) in place. */
 stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
-                               stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err)
+                                  stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err)
 {
     const stz_fwd_config *c = &m->c;
     size_t n = b->n, D = c->dim, F = c->hidden, hd = c->head_dim, QD = (size_t)c->n_heads * hd,
@@ -351,9 +352,8 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
     for (size_t r = 0; r < n; r++)
         maxpos = b->pos[r] + 1 > maxpos ? b->pos[r] + 1 : maxpos;
     float *xb = malloc(n * (QD > D ? QD : D) * sizeof *xb), *q = malloc(n * QD * sizeof *q),
-          *kv = malloc(n * 2 * KD * sizeof *kv), *att = malloc(n * QD * sizeof *att),
-          *h1 = malloc(n * F * sizeof *h1), *h3 = malloc(n * F * sizeof *h3),
-          *sc = malloc((b->layers == 1 ? QUERY_BLOCK + hd : 1) * maxpos * sizeof *sc);
+          *kv = malloc(n * 2 * KD * sizeof *kv), *att = malloc(n * QD * sizeof *att), *h1 = malloc(n * F * sizeof *h1),
+          *h3 = malloc(n * F * sizeof *h3), *sc = malloc((b->layers == 1 ? QUERY_BLOCK + hd : 1) * maxpos * sizeof *sc);
     stz_status st = STZ_OK;
     if (!xb || !q || !kv || !att || !h1 || !h3 || !sc)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
@@ -371,8 +371,8 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
         if ((st = stz_forward_observe(m, l, attn_in, 3, xb, n, D, err)))
             break;
-        stz_forward_linear(m, q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);    /* (n, dim) @ wq^T -> (n, QD) */
-        stz_forward_linear(m, kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD);   /* -> (n, KD) */
+        stz_forward_linear(m, q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);  /* (n, dim) @ wq^T -> (n, QD) */
+        stz_forward_linear(m, kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD); /* -> (n, KD) */
         stz_forward_linear(m, kv + n * KD, xb, w[STZ_ROLE_WV], w[STZ_ROLE_BV], n, D, KD);
         for (size_t r = 0; r < n; r++) {
             rope(m, q + r * QD, c->n_heads, b->pos[r]);
@@ -469,15 +469,14 @@ stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_e
     return st;
 }
 
-
 void stz_forward_rows_free(seq_rows *R)
 {
     free(R->pos), free(R->seq), free(R->tok), free(R->k), free(R->v);
     memset(R, 0, sizeof *R);
 }
 
-stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
-                              seq_rows *R, stz_err *err)
+stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+                                 const size_t *lens, seq_rows *R, stz_err *err)
 {
     memset(R, 0, sizeof *R);
     size_t n = 0, cap = 0;
@@ -524,8 +523,8 @@ size_t stz_forward_batch_end(const size_t *lens, size_t nseq, size_t s0, size_t 
 /* Hidden states after every layer for all rows of nseq sequences (lens[s]
  * tokens each, stride apart); X gets sum(lens) rows. */
 stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
-                                  float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
-                                  stz_err *err)
+                                     float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
+                                     stz_err *err)
 {
     seq_rows R;
     stz_status st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &R, err);

@@ -22,17 +22,17 @@ struct stz_fwd {
     size_t nfiles;
     char label[512];
     int threads;
-    loc *layer;          /* n_layers x STZ_ROLE_PER_LAYER */
-    loc global[G_COUNT]; /* G_HEAD is the embedding when tied */
-    float *inv_freq;     /* head_dim / 2 RoPE frequencies */
-    float **keep;        /* sampling: weights kept between steps, per layer x STZ_ROLE_PER_LAYER */
-    size_t keep_layers;  /* layers kept */
-    float *keep_head;    /* sampling: the output head (vocab, dim), when it fits too */
-    uint64_t keep_budget; /* sampling: bytes of F32 weights kept between steps */
+    loc *layer;                 /* n_layers x STZ_ROLE_PER_LAYER */
+    loc global[G_COUNT];        /* G_HEAD is the embedding when tied */
+    float *inv_freq;            /* head_dim / 2 RoPE frequencies */
+    float **keep;               /* sampling: weights kept between steps, per layer x STZ_ROLE_PER_LAYER */
+    size_t keep_layers;         /* layers kept */
+    float *keep_head;           /* sampling: the output head (vocab, dim), when it fits too */
+    uint64_t keep_budget;       /* sampling: bytes of F32 weights kept between steps */
     const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
     loc probe_at;
-    stz_imatrix *imatrix; /* stz_fwd_set_imatrix: every matrix's inputs are added to it */
-    struct stz_fb_hess *hess;   /* error feedback (calibrate.c): one layer's input Gram matrices collected */
+    stz_imatrix *imatrix;         /* stz_fwd_set_imatrix: every matrix's inputs are added to it */
+    struct stz_fb_hess *hess;     /* error feedback (calibrate.c): one layer's input Gram matrices collected */
     const stz_fwd_probe *rewrite; /* error feedback: every tensor's rows, as read, go through rewrite->perturb */
 };
 
@@ -65,18 +65,18 @@ static inline int stz_forward_tied(const stz_fwd *m)
 }
 stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *dst, stz_err *err);
 void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps);
-void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n,
-                        size_t in, size_t out);
+void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n, size_t in,
+                        size_t out);
 stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
-                               stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err);
+                                  stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err);
 stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, size_t n, float *X, stz_err *err);
 stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *err);
 void stz_forward_rows_free(seq_rows *R);
-stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
-                              seq_rows *R, stz_err *err);
+stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
+                                 const size_t *lens, seq_rows *R, stz_err *err);
 stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
-                                  float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
-                                  stz_err *err);
+                                     float *X, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
+                                     stz_err *err);
 /* Where the sequence after one of `len` tokens at `at` starts: `stride`
  * apart, or back to back when stride is 0 (the public functions' layout). */
 static inline size_t stz_seq_next(size_t at, size_t stride, size_t len) { return at + (stride ? stride : len); }

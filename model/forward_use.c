@@ -79,8 +79,9 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
         return stz_err_set(err, STZ_E_ARG, "%s: %zu tokens per sequence is more than the model's %u positions",
                            m->label, len, c->max_pos);
     if (c->sliding_window && len > c->sliding_window)
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: %zu tokens is more than the sliding window of %u (not supported)",
-                           m->label, len, c->sliding_window);
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: %zu tokens is more than the sliding window of %u (not supported)", m->label, len,
+                           c->sliding_window);
     size_t V = c->vocab, D = c->dim, KD = (size_t)c->n_kv_heads * c->head_dim;
     uint64_t per_layer = 0;
     for (int k = 0; k < STZ_ROLE_PER_LAYER; k++)
@@ -195,7 +196,9 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
     size_t D = ref->c.dim, V = ref->c.vocab, step = slice_step(D, D, V);
     float *na = malloc(D * sizeof *na), *nb = malloc(D * sizeof *nb), *W = malloc(step * D * sizeof *W),
           *LA = malloc(D * step * sizeof *LA), *LB = malloc(D * step * sizeof *LB);
-    stz_status st = !na || !nb || !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
+    stz_status st = !na || !nb || !W || !LA || !LB
+                        ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices")
+                        : STZ_OK;
     if (!st && !(st = stz_forward_read_rows(ref, ref->global[G_NORM], 0, 1, na, err)))
         st = stz_forward_read_rows(cand, cand->global[G_NORM], 0, 1, nb, err);
     for (size_t r = 0; !st && r < n; r++) {
@@ -243,9 +246,17 @@ static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_
     double mean = sum / (double)scored, var = scored > 1 ? (sum2 - sum * mean) / (double)(scored - 1) : 0;
     qsort(kl, scored, sizeof *kl, cmp_double);
 #define PCT(q) kl[(size_t)((q) * (double)(scored - 1) + 0.5)]
-    *out = (stz_fwd_report){scored, mean, sqrt(var > 0 ? var : 0) / sqrt((double)scored), PCT(0.5), PCT(0.95),
-                            PCT(0.99), kl[scored - 1], (double)agree / (double)scored,
-                            stz_exp(nll_a / (double)scored), stz_exp(nll_b / (double)scored), 0};
+    *out = (stz_fwd_report){scored,
+                            mean,
+                            sqrt(var > 0 ? var : 0) / sqrt((double)scored),
+                            PCT(0.5),
+                            PCT(0.95),
+                            PCT(0.99),
+                            kl[scored - 1],
+                            (double)agree / (double)scored,
+                            stz_exp(nll_a / (double)scored),
+                            stz_exp(nll_b / (double)scored),
+                            0};
 #undef PCT
     out->ppl_change = out->ppl_cand / out->ppl_ref - 1;
 }
@@ -257,12 +268,12 @@ static void report_from(const row_stats *rs, size_t scored, double *kl, stz_fwd_
  * models' hidden states, the rows whose next token is given (token t of
  * sequence s predicts t + 1) scored into rs from *scored on. */
 static stz_status compare_batch(stz_fwd *ref, stz_fwd *cand, const int32_t *tok, size_t s0, size_t s1, size_t stride,
-                                const size_t *lens, float *XA, float *XB, int32_t *next, row_stats *rs,
-                                size_t *scored, stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total,
-                                stz_err *err)
+                                const size_t *lens, float *XA, float *XB, int32_t *next, row_stats *rs, size_t *scored,
+                                stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err)
 {
     size_t D = ref->c.dim, first = *scored, kept = 0;
-    stz_status st = stz_forward_hidden_states(ref, tok, s1 - s0, stride, lens + s0, XA, progress, user, done, total, err);
+    stz_status st =
+        stz_forward_hidden_states(ref, tok, s1 - s0, stride, lens + s0, XA, progress, user, done, total, err);
     if (!st)
         st = stz_forward_hidden_states(cand, tok, s1 - s0, stride, lens + s0, XB, progress, user, done, total, err);
     for (size_t s = s0, r = 0, at = 0; !st && s < s1; at = stz_seq_next(at, stride, lens[s]), s++)
@@ -281,23 +292,25 @@ static stz_status compare_batch(stz_fwd *ref, stz_fwd *cand, const int32_t *tok,
 }
 
 stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, size_t nseq, size_t stride,
-                           const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out,
-                           stz_err *err)
+                           const size_t *lens, stz_fwd_progress progress, void *user, stz_fwd_report *out, stz_err *err)
 {
     memset(out, 0, sizeof *out);
     const stz_fwd_config *a = &ref->c, *b = &cand->c;
     if (a->dim != b->dim || a->vocab != b->vocab || a->n_layers != b->n_layers || a->hidden != b->hidden)
-        return stz_err_set(err, STZ_E_SHAPE, "%s and %s are not the same architecture (dim %u/%u, layers %u/%u, vocab %u/%u)",
-                           ref->label, cand->label, a->dim, b->dim, a->n_layers, b->n_layers, a->vocab, b->vocab);
+        return stz_err_set(err, STZ_E_SHAPE,
+                           "%s and %s are not the same architecture (dim %u/%u, layers %u/%u, vocab %u/%u)", ref->label,
+                           cand->label, a->dim, b->dim, a->n_layers, b->n_layers, a->vocab, b->vocab);
     size_t n = 0, most = 0, batches = 0, D = a->dim, rows;
-    for (size_t s = 0; s < nseq; n += rows, most = rows > most ? rows : most, batches++)
+    for (size_t s = 0; s<nseq; n += rows, most = rows> most ? rows : most, batches++)
         s = stz_forward_batch_end(lens, nseq, s, COMPARE_ROWS, &rows);
     uint64_t done = 0, total = batches * (2 * (uint64_t)a->n_layers + 1);
     float *XA = malloc((most * D + 1) * sizeof *XA), *XB = malloc((most * D + 1) * sizeof *XB);
     int32_t *next = malloc((n + 1) * sizeof *next);
     row_stats *rs = calloc(n + 1, sizeof *rs);
     double *kl = malloc((n + 1) * sizeof *kl);
-    stz_status st = !XA || !XB || !next || !rs || !kl ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations and scores") : STZ_OK;
+    stz_status st = !XA || !XB || !next || !rs || !kl
+                        ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the activations and scores")
+                        : STZ_OK;
     size_t scored = 0, at = 0;
     for (size_t s0 = 0, s1; !st && s0 < nseq; s0 = s1) {
         s1 = stz_forward_batch_end(lens, nseq, s0, COMPARE_ROWS, NULL);
@@ -316,7 +329,8 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
 /* ---- sensitivity ----------------------------------------------------------- */
 
 #define MATS 7 /* the projections of a layer */
-static const int mats[MATS] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV, STZ_ROLE_WO, STZ_ROLE_GATE, STZ_ROLE_UP, STZ_ROLE_DOWN};
+static const int mats[MATS] = {STZ_ROLE_WQ,   STZ_ROLE_WK, STZ_ROLE_WV,  STZ_ROLE_WO,
+                               STZ_ROLE_GATE, STZ_ROLE_UP, STZ_ROLE_DOWN};
 
 /* State of stz_fwd_probe_run: the rows once (R) and MATS times over (W, one
  * copy of every sequence per stream, for the runs that perturb each
@@ -346,7 +360,8 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
     size_t D = m->c.dim, V = m->c.vocab, n = ps->scored, rows = ns * n, step = slice_step(rows, D, V);
     float *nw = malloc(D * sizeof *nw), *W = malloc(step * D * sizeof *W), *L = malloc(rows * step * sizeof *L),
           *A = malloc(n * step * sizeof *A);
-    stz_status st = !nw || !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
+    stz_status st =
+        !nw || !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
     if (!st)
         st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
     for (size_t r = 0; !st && r < rows; r++)
@@ -359,8 +374,8 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
         stz_forward_linear(m, L, ps->S, W, NULL, rows, D, k);
         for (size_t i = 0; i < rows * k; i++)
             if (!isfinite(L[i])) {
-                st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite%s",
-                                 m->label, i / k % n + 1, fill ? "" : " once a matrix is perturbed");
+                st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite%s", m->label,
+                                 i / k % n + 1, fill ? "" : " once a matrix is perturbed");
                 break;
             }
         for (size_t r = 0; !st && r < n; r++) /* this slice of the stored logits, or into the store */
@@ -379,15 +394,14 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
 
 /* The `ns` streams in ps->P from layer l0 to the last, then the head; one
  * result per stream (names[s]), none with fill. */
-static stz_status run_streams(probe_state *ps, size_t ns, uint32_t l0, const char *const *names, int fill,
-                              stz_err *err)
+static stz_status run_streams(probe_state *ps, size_t ns, uint32_t l0, const char *const *names, int fill, stz_err *err)
 {
     stz_fwd *m = ps->m;
     size_t D = m->c.dim, n = ps->n;
     batch b = ns == 1 ? ps->R.b : ps->W.b;
     b.n = ns * n;
     stz_status st = stz_forward_run_layers(m, ps->P, &b, ns * ps->R.nseq, l0, m->c.n_layers, ps->progress, ps->user,
-                                        &ps->done, ps->total, err);
+                                           &ps->done, ps->total, err);
     for (size_t s = 0; !st && s < ns; s++)
         for (size_t i = 0; i < ps->scored; i++)
             memcpy(ps->S + (s * ps->scored + i) * D, ps->P + (s * n + ps->idx[i]) * D, D * sizeof *ps->S);
@@ -420,7 +434,8 @@ static stz_status probe_setup(probe_state *ps, const int32_t *tokens, size_t nse
     free(wide), free(wlens);
     size_t n = ps->n = ps->R.b.n;
     ps->idx = malloc((n + 1) * sizeof *ps->idx), ps->next = malloc((n + 1) * sizeof *ps->next);
-    for (size_t s = 0, r = 0, at = 0; !st && ps->idx && ps->next && s < nseq; at = stz_seq_next(at, stride, lens[s]), s++)
+    for (size_t s = 0, r = 0, at = 0; !st && ps->idx && ps->next && s < nseq;
+         at = stz_seq_next(at, stride, lens[s]), s++)
         for (size_t t = 0; t < lens[s]; t++, r++)
             if (t + 1 < lens[s])
                 ps->idx[ps->scored] = r, ps->next[ps->scored++] = tokens[at + t + 1];

@@ -17,7 +17,7 @@
 
 /* A row at most, and a tensor as floats at most (its offsets are JSON
  * numbers, exact up to 2^53). */
-#define VIEW_MAX_COLS ((uint64_t)1 << 27)
+#define VIEW_MAX_COLS  ((uint64_t)1 << 27)
 #define VIEW_MAX_BYTES ((uint64_t)1 << 53)
 
 /* One tensor of the view. */
@@ -30,7 +30,7 @@ typedef struct {
     uint64_t gcols;          /* elements of a GGUF row: cols, or more in a widened FFN's down projection */
     uint64_t hd;             /* export's permutation undone: rows (2-D) or elements (1-D) per head; 0: none */
     stz_dtype dtype;
-    uint64_t begin, end;     /* in the view's data section */
+    uint64_t begin, end; /* in the view's data section */
 } vtensor;
 
 struct stz_gguf_view {
@@ -41,13 +41,12 @@ struct stz_gguf_view {
     size_t n;
     uint8_t *head; /* the view's header image: 8-byte length, JSON */
     stz_reader *r;
-    uint64_t data0; /* file offset of the view's data section */
-    uint8_t *raw;   /* a GGUF row */
-    float *row, *all; /* a decoded row; a whole 1-D tensor */
-    uint8_t *conv;  /* a row in the view's dtype */
+    uint64_t data0;         /* file offset of the view's data section */
+    uint8_t *raw;           /* a GGUF row */
+    float *row, *all;       /* a decoded row; a whole 1-D tensor */
+    uint8_t *conv;          /* a row in the view's dtype */
     uint64_t ffn, ffn_wide; /* an FFN stz export widened from ffn to ffn_wide units (0: none) */
 };
-
 
 /* A whole-number key of the model's architecture (*out 0 when absent); one
  * that holds anything else, such as per-layer values that differ, is
@@ -60,7 +59,8 @@ static stz_status arch_u64(const stz_gguf_view *v, const char *arch, const char 
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for a key name", v->path);
     int r = stz_gguf_kv_uint(v->g, key, out);
     stz_status st = r >= 0 ? STZ_OK
-                           : stz_err_set(err, STZ_E_UNSUPPORTED, "%s: key '%s' is not a whole number, or holds "
+                           : stz_err_set(err, STZ_E_UNSUPPORTED,
+                                         "%s: key '%s' is not a whole number, or holds "
                                          "per-layer values that differ (stz reads one value for every layer)",
                                          v->path, key);
     free(key);
@@ -107,7 +107,9 @@ static stz_status build_header(stz_gguf_view *v, const char *arch, stz_err *err)
         vtensor *t = &v->t[i];
         cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *offs = cJSON_CreateArray();
         for (uint32_t d = t->g->ndim; d-- > 0;)
-            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)(t->g->ndim != 2 ? t->g->ne[d] : d ? t->rows : t->cols)));
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)(t->g->ndim != 2 ? t->g->ne[d]
+                                                                 : d             ? t->rows
+                                                                                 : t->cols)));
         size_t esz = stz_dtype_bits(t->dtype) / 8;
         t->begin = at, t->end = at + t->rows * t->cols * esz, at = t->end;
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)t->begin));
@@ -169,9 +171,11 @@ static stz_status zero_units(stz_gguf_view *v, const vtensor *t, stz_err *err)
         stz_status st = decode_row(v, t, r, err);
         for (uint64_t i = 0; !st && i < t->gcols; i++)
             if (v->row[i] != 0)
-                return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': row %llu is not zero, but %s (%llu) says "
-                                   "the FFN's units past it are stz export's padding", v->path, t->g->name,
-                                   (unsigned long long)r, STZ_GGUF_KEY_FFN, (unsigned long long)v->ffn);
+                return stz_err_set(err, STZ_E_FORMAT,
+                                   "%s: tensor '%s': row %llu is not zero, but %s (%llu) says "
+                                   "the FFN's units past it are stz export's padding",
+                                   v->path, t->g->name, (unsigned long long)r, STZ_GGUF_KEY_FFN,
+                                   (unsigned long long)v->ffn);
         if (st)
             return st;
     }
@@ -236,17 +240,22 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
             continue;
         char why[768];
         if (!t->tr || !stz_ggml_can_decode(t->tr, why, sizeof why))
-            return stz_err_set(err, STZ_E_UNSUPPORTED,
-                               "%s: tensor '%s': ggml type %s cannot be read: %s (stz reads f32, f16, bf16, q4_0, q4_1, "
-                               "q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4 and nvfp4, and the "
-                               "iq1-iq3 types through llama.cpp's library)",
-                               v->path, t->g->name, t->tr ? t->tr->name : "?", t->tr ? why : "unknown type number");
+            return stz_err_set(
+                err, STZ_E_UNSUPPORTED,
+                "%s: tensor '%s': ggml type %s cannot be read: %s (stz reads f32, f16, bf16, q4_0, q4_1, "
+                "q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4 and nvfp4, and the "
+                "iq1-iq3 types through llama.cpp's library)",
+                v->path, t->g->name, t->tr ? t->tr->name : "?", t->tr ? why : "unknown type number");
         if (t->cols > VIEW_MAX_COLS || (t->rows && t->cols > VIEW_MAX_BYTES / 4 / t->rows))
-            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows of %llu elements, beyond what stz reads as "
-                               "floats", v->path, t->g->name, (unsigned long long)t->rows, (unsigned long long)t->cols);
+            return stz_err_set(err, STZ_E_SHAPE,
+                               "%s: tensor '%s': %llu rows of %llu elements, beyond what stz reads as "
+                               "floats",
+                               v->path, t->g->name, (unsigned long long)t->rows, (unsigned long long)t->cols);
         if (t->heads && !t->hd)
-            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu heads but %llu rows, so its rows cannot be "
-                               "put back in Hugging Face's order", v->path, t->g->name, (unsigned long long)t->heads,
+            return stz_err_set(err, STZ_E_SHAPE,
+                               "%s: tensor '%s': %llu heads but %llu rows, so its rows cannot be "
+                               "put back in Hugging Face's order",
+                               v->path, t->g->name, (unsigned long long)t->heads,
                                (unsigned long long)(t->g->ndim == 1 ? t->cols : t->rows));
         if ((t->hd && (t->hd % 2 || (t->g->ndim == 1 ? t->cols : t->rows) % t->hd)))
             return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %llu rows are not whole heads", v->path, t->g->name,

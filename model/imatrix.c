@@ -15,12 +15,12 @@
 #include <unistd.h>
 
 typedef struct {
-    char *name;      /* GGUF name (malloc'd) */
+    char *name; /* GGUF name (malloc'd) */
     uint64_t cols;
-    double *sum;     /* per column: sum of squares */
-    double tokens;   /* rows added */
-    float *w;        /* the mean squares over their mean: a scale the file chose does not matter */
-    int usable;      /* some w > 0: weights a quantizer can use */
+    double *sum;   /* per column: sum of squares */
+    double tokens; /* rows added */
+    float *w;      /* the mean squares over their mean: a scale the file chose does not matter */
+    int usable;    /* some w > 0: weights a quantizer can use */
 } entry;
 
 struct stz_imatrix {
@@ -241,8 +241,8 @@ stz_status stz_imatrix_collect(stz_imatrix *im, stz_fwd *m, const int32_t *token
             break;
         }
         X = nx;
-        if (!(st = stz_forward_hidden_states(m, tokens + first, s1 - s0, stride, lens + s0, X, progress, user,
-                                             &done, total, err)))
+        if (!(st = stz_forward_hidden_states(m, tokens + first, s1 - s0, stride, lens + s0, X, progress, user, &done,
+                                             total, err)))
             st = stz_forward_final_norm(m, X, rows, err);
     }
     m->imatrix = was;
@@ -262,9 +262,10 @@ stz_status stz_imatrix_find(const stz_imatrix *im, const char *name, uint64_t co
     if (!e)
         return STZ_OK;
     if (e->cols != cols)
-        return stz_err_set(err, STZ_E_SHAPE, "importance matrix entry '%s' has %llu columns, tensor '%s' has %llu "
-                           "(an importance matrix of another model?)", e->name, (unsigned long long)e->cols, name,
-                           (unsigned long long)cols);
+        return stz_err_set(err, STZ_E_SHAPE,
+                           "importance matrix entry '%s' has %llu columns, tensor '%s' has %llu "
+                           "(an importance matrix of another model?)",
+                           e->name, (unsigned long long)e->cols, name, (unsigned long long)cols);
     *w = e->usable ? e->w : NULL; /* collected, no token seen or every column 0: nothing to weigh by (a file's
                                    * entries are all usable) */
     return STZ_OK;
@@ -389,8 +390,10 @@ static stz_status gguf_entry(stz_imatrix *im, int fd, const char *path, const st
         return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s' has sums but no counts", path, name);
     if (t->type != STZ_GGML_F32 || c->type != STZ_GGML_F32 || t->ndim > 2 || !cols || !mats ||
         c->ne[0] * (c->ndim > 1 ? c->ne[1] : 1) != mats || cols > (1u << 24) || mats > (1u << 12))
-        return stz_err_set(err, STZ_E_FORMAT, "%s: entry '%s': sums and counts must be F32 tensors of [columns, "
-                           "matrices] and [1, matrices]", path, name);
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: entry '%s': sums and counts must be F32 tensors of [columns, "
+                           "matrices] and [1, matrices]",
+                           path, name);
     float *ns = realloc(*sum, (cols * mats + mats) * sizeof *ns);
     if (!ns)
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for entry '%s'", path, name);

@@ -19,10 +19,10 @@ struct stz_qmodel {
     int owns_reader;
     stz_container *container; /* a container opened for r, owned */
     stz_gguf_view *view;      /* a GGUF file seen through r, owned */
-    qinfo *qi;         /* per reader tensor */
-    stz_qtensor *list; /* listed tensors */
-    size_t *idx;       /* reader index of each listed tensor */
-    long *pos;         /* list index of each reader tensor, -1 if not listed */
+    qinfo *qi;                /* per reader tensor */
+    stz_qtensor *list;        /* listed tensors */
+    size_t *idx;              /* reader index of each listed tensor */
+    long *pos;                /* list index of each reader tensor, -1 if not listed */
     size_t n;
     uint8_t *scratch;
     size_t scratch_cap;
@@ -107,8 +107,10 @@ static stz_status qmodel_open(stz_qmodel **out, const char *path, int gguf, stz_
         if (!(st = stz_container_open(&m->container, path, err)))
             stz_container_original_header(m->container, &len, &packed_gguf);
         if (packed_gguf) /* its tensors are the GGUF's bytes, not values */
-            st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: holds a GGUF file: 'stz unpack' it and give the .gguf, or "
-                             "'stz decompress --dequantize' it to floats", path);
+            st = stz_err_set(err, STZ_E_UNSUPPORTED,
+                             "%s: holds a GGUF file: 'stz unpack' it and give the .gguf, or "
+                             "'stz decompress --dequantize' it to floats",
+                             path);
         else if (!st)
             m->r = (stz_reader *)stz_container_data_reader(m->container);
     } else if (gguf || stz_is_gguf(path)) { /* the same */
@@ -187,8 +189,8 @@ stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nr
     return stz_qmodel_read_rows_scales(m, i, row, nrows, dst, NULL, err);
 }
 
-stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
-                                       float *scales, stz_err *err)
+stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, float *scales,
+                                       stz_err *err)
 {
     const stz_qtensor *e = &m->list[i];
     const stz_tensor *t = stz_reader_tensor(m->r, m->idx[i]);
@@ -223,8 +225,8 @@ stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, si
     return st;
 }
 
-stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, uint8_t *codes,
-                                 uint8_t *scales, stz_err *err)
+stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, uint8_t *codes, uint8_t *scales,
+                                 stz_err *err)
 {
     const stz_qtensor *e = &m->list[i];
     const qinfo *q = &m->qi[m->idx[i]];

@@ -13,10 +13,23 @@
 /* Roles before STZ_ROLE_PER_LAYER are one tensor per layer (%u in the
  * names is the layer); the others one per model. Biases are optional. */
 typedef enum {
-    STZ_ROLE_ANORM, STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV, STZ_ROLE_WO, STZ_ROLE_BQ, STZ_ROLE_BK, STZ_ROLE_BV,
-    STZ_ROLE_BO, STZ_ROLE_FNORM, STZ_ROLE_GATE, STZ_ROLE_UP, STZ_ROLE_DOWN,
+    STZ_ROLE_ANORM,
+    STZ_ROLE_WQ,
+    STZ_ROLE_WK,
+    STZ_ROLE_WV,
+    STZ_ROLE_WO,
+    STZ_ROLE_BQ,
+    STZ_ROLE_BK,
+    STZ_ROLE_BV,
+    STZ_ROLE_BO,
+    STZ_ROLE_FNORM,
+    STZ_ROLE_GATE,
+    STZ_ROLE_UP,
+    STZ_ROLE_DOWN,
     STZ_ROLE_PER_LAYER,
-    STZ_ROLE_EMBED = STZ_ROLE_PER_LAYER, STZ_ROLE_NORM, STZ_ROLE_HEAD,
+    STZ_ROLE_EMBED = STZ_ROLE_PER_LAYER,
+    STZ_ROLE_NORM,
+    STZ_ROLE_HEAD,
     STZ_ROLE_COUNT
 } stz_role;
 

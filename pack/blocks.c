@@ -29,8 +29,8 @@ typedef struct {
  * blocks' bytes. */
 typedef struct {
     const stz_ggml_traits *t;
-    uint16_t bytes;          /* of a block */
-    uint8_t nf;              /* planes copied byte for byte from fields */
+    uint16_t bytes; /* of a block */
+    uint8_t nf;     /* planes copied byte for byte from fields */
     field f[2 * STZ_GGML_FIELDS];
     uint8_t codes;           /* STZ_CODES_*: whole codes into the plane after the fields */
     uint16_t qh, qs, ncodes; /* where the codes' high bits and low nibbles start; codes plane bytes per block */

@@ -20,7 +20,8 @@ stz_status stz_container_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *
     b->planes = malloc(stz_planes_bound(chunk_size));
     b->raw = malloc(chunk_size);
     b->d = ZSTD_createDCtx();
-    return b->rec && b->planes && b->raw && b->d ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for chunk buffers");
+    return b->rec && b->planes && b->raw && b->d ? STZ_OK
+                                                 : stz_err_set(err, STZ_E_NOMEM, "out of memory for chunk buffers");
 }
 
 int stz_container_threads(const stz_container *c, int threads)
@@ -40,8 +41,7 @@ void stz_container_dec_buf_free(dec_buf *b)
 /* From a pipe: skips forward to off, then reads n bytes; or from the held tail. */
 stz_status stz_container_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
 {
-    if (c->tail && off >= c->tail_off && off - c->tail_off <= c->size - c->tail_off &&
-        n <= c->size - off) {
+    if (c->tail && off >= c->tail_off && off - c->tail_off <= c->size - c->tail_off && n <= c->size - off) {
         memcpy(dst, c->tail + (off - c->tail_off), n);
         return STZ_OK;
     }
@@ -54,9 +54,14 @@ stz_status stz_container_sread(stz_container *c, uint64_t off, void *dst, size_t
         size_t want = c->spos < off ? (size_t)(off - c->spos < sizeof skip ? off - c->spos : sizeof skip) : n, got;
         int e = stz_read_some(c->fd, to, want, &got);
         if (e || got < want)
-            return stz_err_set(err, e == EINTR ? STZ_E_INTERRUPTED : e ? STZ_E_IO : STZ_E_TRUNCATED,
+            return stz_err_set(err,
+                               e == EINTR ? STZ_E_INTERRUPTED
+                               : e        ? STZ_E_IO
+                                          : STZ_E_TRUNCATED,
                                "%s: cannot read %s: %s", c->path, what,
-                               e == EINTR ? "interrupted" : e ? strerror(e) : "the stream ended early");
+                               e == EINTR ? "interrupted"
+                               : e        ? strerror(e)
+                                          : "the stream ended early");
         c->spos += (uint64_t)got;
         if (to == dst)
             dst = (uint8_t *)dst + got, n -= got;
@@ -64,13 +69,14 @@ stz_status stz_container_sread(stz_container *c, uint64_t off, void *dst, size_t
     return STZ_OK;
 }
 
-stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err)
+stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what,
+                               stz_err *err)
 {
     if (c->stream) /* one reader, in order */
         return stz_container_sread((stz_container *)c, off, dst, n, what, err);
     if (off > c->size || n > c->size - off)
-        return stz_err_set(err, STZ_E_TRUNCATED, "%s: %s at offset %llu (%zu bytes) is past the end of the file", c->path,
-                           what, (unsigned long long)off, n);
+        return stz_err_set(err, STZ_E_TRUNCATED, "%s: %s at offset %llu (%zu bytes) is past the end of the file",
+                           c->path, what, (unsigned long long)off, n);
     int e = stz_pread_full(c->fd, dst, n, off);
     if (e)
         return stz_err_set(err, e < 0 ? STZ_E_TRUNCATED : STZ_E_IO, "%s: cannot read %s: %s", c->path, what,
@@ -112,7 +118,11 @@ uint64_t stz_container_tensor_bounds(const void *src, size_t t, uint64_t *begin)
     return x->end;
 }
 
-#define BAD(code, ...) do { st = stz_err_set(err, code, __VA_ARGS__); goto cleanup; } while (0)
+#define BAD(code, ...)                                                                                                 \
+    do {                                                                                                               \
+        st = stz_err_set(err, code, __VA_ARGS__);                                                                      \
+        goto cleanup;                                                                                                  \
+    } while (0)
 
 stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err *err)
 {
@@ -148,8 +158,8 @@ stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err
         return stz_err_set(err, STZ_E_FORMAT, "%s: original header length %llu out of range", P,
                            (unsigned long long)hlen);
     /* stz pack stores the header compressed only when that is smaller: never more than hlen bytes */
-    if (stored > c->size - FILE_HEADER_SIZE - TRAILER_SIZE || stored > hlen || (codec == HEADER_CODEC_RAW && stored != hlen) ||
-        (codec != HEADER_CODEC_RAW && codec != HEADER_CODEC_ZSTD))
+    if (stored > c->size - FILE_HEADER_SIZE - TRAILER_SIZE || stored > hlen ||
+        (codec == HEADER_CODEC_RAW && stored != hlen) || (codec != HEADER_CODEC_RAW && codec != HEADER_CODEC_ZSTD))
         return stz_err_set(err, STZ_E_FORMAT, "%s: header section (codec %u, %llu bytes) is invalid", P, codec,
                            (unsigned long long)stored);
     c->header_len = (size_t)hlen;
@@ -172,7 +182,8 @@ stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err
     }
     if (XXH3_64bits(c->header_img, c->header_len) != stz_le64(fh + 48))
         BAD(STZ_E_CHECKSUM, "%s: original header checksum mismatch", P);
-    st = c->gguf ? gguf_header(c, err) : stz_reader_open_header(&c->hdr, c->header_img, c->header_len, c->orig_size, P, err);
+    st = c->gguf ? gguf_header(c, err)
+                 : stz_reader_open_header(&c->hdr, c->header_img, c->header_len, c->orig_size, P, err);
     if (st)
         goto cleanup;
     *head_end = FILE_HEADER_SIZE + stored;
@@ -304,7 +315,7 @@ const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i) { re
 
 /* Parses and checks a record head already in rec (record_size bytes). */
 stz_status stz_container_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
-                               stz_err *err)
+                                      stz_err *err)
 {
     const stz_chunk_info *ch = &c->chunks[i];
     const char *name = stz_reader_tensor(c->hdr, ch->tensor)->name;
@@ -336,8 +347,8 @@ stz_status stz_container_parse_record(const stz_container *c, size_t i, const ui
                                c->path, i, name, ph[0]);
     }
     if (total != ch->record_size)
-        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): planes hold %llu bytes, record %u",
-                           c->path, i, name, (unsigned long long)total, ch->record_size);
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): planes hold %llu bytes, record %u", c->path,
+                           i, name, (unsigned long long)total, ch->record_size);
     return STZ_OK;
 }
 
@@ -358,7 +369,7 @@ stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_plan
     return stz_container_parse_record(c, i, head, out, err);
 }
 
-/* ---- where each chunk lies ----------------------------------------------------------------------------------------- */
+/* ---- where each chunk lies -------------------------------------------------------------------------------------- */
 
 int stz_cut_place(stz_cut *cut, const void *src, size_t nt, stz_span_bounds bounds, uint32_t chunk, unsigned version,
                   uint64_t n, stz_chunk_info *ch)
@@ -369,8 +380,8 @@ int stz_cut_place(stz_cut *cut, const void *src, size_t nt, stz_span_bounds boun
     if (cut->t >= nt || !n)
         return 0;
     uint64_t at = cut->at > b ? cut->at : b;
-    *ch = (stz_chunk_info){.tensor = (uint32_t)cut->t, .last = (uint32_t)cut->t, .data_offset = at,
-                           .raw_size = (uint32_t)n};
+    *ch = (stz_chunk_info){
+        .tensor = (uint32_t)cut->t, .last = (uint32_t)cut->t, .data_offset = at, .raw_size = (uint32_t)n};
     if (n == (e - at < chunk ? e - at : chunk)) /* the tensor's own: chunk-size steps from its start */
         return cut->at = at + n, 1;
     if (version < 2 || at != b || n > STZ_GROUP_MAX || n > chunk || n < e - b)

@@ -9,17 +9,17 @@
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
-#define STZ_MAGIC "\x89STZ\r\n\x1a\n"
-#define STZ_END_MAGIC "\x89STZEND\n"
-#define FILE_HEADER_SIZE 64
-#define TRAILER_SIZE 40
-#define INDEX_HEAD_SIZE 16
-#define INDEX_ENTRY_SIZE 32
-#define RECORD_HEAD_SIZE 24
-#define PLANE_HEAD_SIZE 8
-#define HEADER_CODEC_RAW 0
+#define STZ_MAGIC         "\x89STZ\r\n\x1a\n"
+#define STZ_END_MAGIC     "\x89STZEND\n"
+#define FILE_HEADER_SIZE  64
+#define TRAILER_SIZE      40
+#define INDEX_HEAD_SIZE   16
+#define INDEX_ENTRY_SIZE  32
+#define RECORD_HEAD_SIZE  24
+#define PLANE_HEAD_SIZE   8
+#define HEADER_CODEC_RAW  0
 #define HEADER_CODEC_ZSTD 3
-#define STZ_ORIG_GGUF 1 /* file header byte 10: the original is a GGUF file */
+#define STZ_ORIG_GGUF     1 /* file header byte 10: the original is a GGUF file */
 
 /* Bytes of all planes of a chunk: F16's three planes of n/2 bytes take
  * 1.5x the chunk, ggml blocks whose 5-bit codes are kept one per byte up
@@ -120,8 +120,8 @@ struct stz_container {
     int fd;
     uint64_t size;
     uint32_t chunk_size;
-    uint32_t max_raw;       /* the largest chunk the index holds: decoding buffers' size */
-    unsigned version;       /* the file's format version */
+    uint32_t max_raw; /* the largest chunk the index holds: decoding buffers' size */
+    unsigned version; /* the file's format version */
     uint64_t orig_size;
     uint64_t whole_hash;
     uint8_t *header_img; /* original 8 + N header bytes */
@@ -136,10 +136,10 @@ struct stz_container {
     /* read from a pipe (stz_unpack_stream): bytes come in order; the index
      * and trailer are held in `tail` once the records are read */
     int stream;
-    uint64_t spos;          /* bytes read so far */
+    uint64_t spos; /* bytes read so far */
     uint8_t *tail;
     uint64_t tail_off;
-    int gguf;               /* the original is a GGUF file (header: its bytes before the data) */
+    int gguf; /* the original is a GGUF file (header: its bytes before the data) */
 };
 
 typedef struct dec_buf_ {
@@ -158,11 +158,12 @@ stz_status stz_container_dec_buf_init(dec_buf *b, uint32_t chunk_size, stz_err *
 int stz_container_threads(const stz_container *c, int threads);
 void stz_container_dec_buf_free(dec_buf *b);
 stz_status stz_container_sread(stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
-stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what, stz_err *err);
+stz_status stz_container_cread(const stz_container *c, uint64_t off, void *dst, size_t n, const char *what,
+                               stz_err *err);
 stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err *err);
 stz_status stz_container_read_index(stz_container *c, uint64_t head_end, stz_err *err);
 stz_status stz_container_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
-                               stz_err *err);
+                                      stz_err *err);
 stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err);
 
 #endif

@@ -14,13 +14,13 @@
 
 typedef struct {
     const stz_container *c;
-    const size_t *sel;  /* chunk numbers to decode, NULL = all */
+    const size_t *sel; /* chunk numbers to decode, NULL = all */
     dec_buf *tb;
-    stz_outfile *out;   /* NULL for verify */
-    uint8_t *mem;       /* or a memory destination (stz_container_read_tensor) */
-    uint64_t out_base;  /* output offset of the first byte written */
-    uint64_t lo, hi;    /* the data bytes wanted: [lo, hi), written from out_base (memory: from 0) */
-    uint64_t *hashes;   /* per decoded chunk */
+    stz_outfile *out;    /* NULL for verify */
+    uint8_t *mem;        /* or a memory destination (stz_container_read_tensor) */
+    uint64_t out_base;   /* output offset of the first byte written */
+    uint64_t lo, hi;     /* the data bytes wanted: [lo, hi), written from out_base (memory: from 0) */
+    uint64_t *hashes;    /* per decoded chunk */
     stz_chunk_sink sink; /* or each decoded chunk handed to this */
     void *sink_user;
     stz_ordered pl;
@@ -62,7 +62,8 @@ stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf
 /* Reads and decodes chunk i into b->raw, checked. */
 static stz_status decode_chunk(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
 {
-    stz_status st = stz_container_cread(c, c->chunks[i].file_offset, b->rec, c->chunks[i].record_size, "chunk record", err);
+    stz_status st =
+        stz_container_cread(c, c->chunks[i].file_offset, b->rec, c->chunks[i].record_size, "chunk record", err);
     return st ? st : stz_container_decode_record(c, i, b, err);
 }
 
@@ -145,8 +146,14 @@ static stz_status run_decode_with(const stz_unpack_params *p, const stz_containe
         st = out->path ? stz_outfile_pwrite(out, c->header_img, c->header_len, 0, err)
                        : stz_outfile_write(out, c->header_img, c->header_len, err);
     if (!st) {
-        x.pl = (stz_ordered){.n = nsel, .threads = nt, .ctx = &x, .work = dec_work, .commit = dec_commit,
-                              .progress = p->progress, .progress_user = p->progress_user, .total = total};
+        x.pl = (stz_ordered){.n = nsel,
+                             .threads = nt,
+                             .ctx = &x,
+                             .work = dec_work,
+                             .commit = dec_commit,
+                             .progress = p->progress,
+                             .progress_user = p->progress_user,
+                             .total = total};
         st = stz_ordered_run(&x.pl, err);
     }
     if (!st && !sel && stz_pack_digest(XXH3_64bits(c->header_img, c->header_len), x.hashes, nsel) != c->whole_hash)
@@ -170,8 +177,7 @@ static size_t *tensor_chunks(const stz_container *c, size_t ti, size_t *nsel)
     return sel;
 }
 
-static stz_status unpack_to(const stz_unpack_params *p, const char *in, const char *name, const char *out,
-                            stz_err *err)
+static stz_status unpack_to(const stz_unpack_params *p, const char *in, const char *name, const char *out, stz_err *err)
 {
     stz_container *c;
     stz_status st = stz_container_open(&c, in, err);
@@ -255,8 +261,6 @@ static stz_status pool_get(stz_container *c, int threads, stz_err *err)
     return st;
 }
 
-
-
 stz_status stz_container_tensor_map(stz_container *c, const char *name, int threads, stz_chunk_sink sink, void *user,
                                     stz_err *err)
 {
@@ -287,8 +291,8 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
     if (!name) { /* the whole data section, every checksum and the file digest checked */
         uint64_t n = c->orig_size - c->header_len;
         if (cap < n)
-            return stz_err_set(err, STZ_E_BOUNDS, "%s: %llu data bytes, the buffer %zu", c->path,
-                               (unsigned long long)n, cap);
+            return stz_err_set(err, STZ_E_BOUNDS, "%s: %llu data bytes, the buffer %zu", c->path, (unsigned long long)n,
+                               cap);
         return run_decode(&p, c, NULL, c->n, 0, UINT64_MAX, NULL, dst, err);
     }
     long ti = stz_reader_find(c->hdr, name);
@@ -307,7 +311,6 @@ stz_status stz_container_read_tensor(const stz_container *c, const char *name, v
 }
 
 /* ---- random access to the original file --------------------------------- */
-
 
 /* n bytes at offset off of the original file: the header from memory, data
  * from the chunks that cover it, each decoded and checked (the last one
@@ -369,7 +372,10 @@ static stz_status read_range(void *user, uint64_t off, void *dst, size_t n, stz_
     return STZ_OK;
 }
 
-void stz_container_set_threads(stz_container *c, int threads) { c->threads = stz_container_threads(c, threads > 64 ? 64 : threads); }
+void stz_container_set_threads(stz_container *c, int threads)
+{
+    c->threads = stz_container_threads(c, threads > 64 ? 64 : threads);
+}
 
 const stz_reader *stz_container_data_reader(stz_container *c)
 {

@@ -149,8 +149,9 @@ static stz_status sink_finish(void *user, stz_err *err)
     pack_ctx *c = &s->c;
     sink_join(c);
     if (c->pl_status || c->filled != c->n)
-        return c->pl_status ? sink_failed(c, err)
-                            : stz_err_set(err, STZ_E_BOUNDS, "%s: %zu of %zu chunks written", c->label, c->filled, c->n);
+        return c->pl_status
+                   ? sink_failed(c, err)
+                   : stz_err_set(err, STZ_E_BOUNDS, "%s: %zu of %zu chunks written", c->label, c->filled, c->n);
     return stz_pack_writer_finish(c, &s->stats, err);
 }
 
@@ -168,7 +169,8 @@ stz_status stz_pack_sink_open(stz_pack_sink **out, const stz_pack_params *p, con
     s->c.label = strcmp(path, "-") ? s->path : "standard output";
     pthread_mutex_init(&s->c.lock, NULL);
     pthread_cond_init(&s->c.cv, NULL);
-    s->ws = (stz_wsink){.user = s, .begin = sink_begin, .write = sink_write, .refer = sink_refer, .finish = sink_finish};
+    s->ws =
+        (stz_wsink){.user = s, .begin = sink_begin, .write = sink_write, .refer = sink_refer, .finish = sink_finish};
     if (st) {
         stz_pack_sink_free(s);
         return st;
@@ -208,8 +210,8 @@ static stz_status read_some(int fd, const char *label, uint8_t *dst, size_t n, s
              : STZ_OK;
 }
 
-stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
-                           stz_pack_stats *stats, stz_err *err)
+stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out, stz_pack_stats *stats,
+                           stz_err *err)
 {
     uint8_t len8[8] = {0}, *img = NULL, *buf = NULL;
     stz_reader *r = NULL;
@@ -223,11 +225,15 @@ stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, 
     if (!st && got < 8)
         st = stz_err_set(err, STZ_E_TRUNCATED, "%s: ended after %zu bytes, before the header's length", label, got);
     else if (!st && !memcmp(len8, "GGUF", 4))
-        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: a GGUF file: stz packs GGUF files named on the command line, "
-                         "not from a pipe", label);
+        st = stz_err_set(err, STZ_E_UNSUPPORTED,
+                         "%s: a GGUF file: stz packs GGUF files named on the command line, "
+                         "not from a pipe",
+                         label);
     else if (!st && hlen > STZ_ST_MAX_HEADER)
-        st = stz_err_set(err, STZ_E_HEADER_SIZE, "%s: header length %llu exceeds the limit of %u bytes (not "
-                         "SafeTensors?)", label, (unsigned long long)hlen, STZ_ST_MAX_HEADER);
+        st = stz_err_set(err, STZ_E_HEADER_SIZE,
+                         "%s: header length %llu exceeds the limit of %u bytes (not "
+                         "SafeTensors?)",
+                         label, (unsigned long long)hlen, STZ_ST_MAX_HEADER);
     if (!st && !(img = malloc(8 + hlen)))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a %llu-byte header", (unsigned long long)hlen);
     if (!st) {

@@ -24,8 +24,10 @@ static stz_status stream_record(stz_container *c, size_t i, stz_cut *cut, dec_bu
         return st;
     if (!stz_cut_place(cut, c->hdr, stz_reader_count(c->hdr), stz_container_tensor_bounds, c->chunk_size, c->version,
                        stz_le32(b->rec + 8), ch))
-        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: a record of %u data bytes, which the header does not cut "
-                           "there", c->path, i, stz_le32(b->rec + 8));
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: chunk %zu: a record of %u data bytes, which the header does not cut "
+                           "there",
+                           c->path, i, stz_le32(b->rec + 8));
     ch->file_offset = at;
     unsigned np = b->rec[5];
     if (np > STZ_MAX_PLANES)
@@ -103,13 +105,12 @@ static stz_status check_tail(stream_state *s, uint64_t head_end, const char *lab
         return st;
     }
     c->tail = tail, c->size = c->tail_off + tl; /* cread serves the index and trailer from here */
-    c->chunks = NULL;                             /* read_index rebuilds them from the index */
+    c->chunks = NULL;                           /* read_index rebuilds them from the index */
     st = stz_container_read_index(c, head_end, err);
     for (size_t i = 0; !st && i < s->n; i++) {
         const stz_chunk_info *a = &c->chunks[i], *z = &s->seen[i];
-        if (a->file_offset != z->file_offset || a->record_size != z->record_size ||
-            a->data_offset != z->data_offset || a->raw_size != z->raw_size || a->tensor != z->tensor ||
-            a->last != z->last)
+        if (a->file_offset != z->file_offset || a->record_size != z->record_size || a->data_offset != z->data_offset ||
+            a->raw_size != z->raw_size || a->tensor != z->tensor || a->last != z->last)
             st = stz_err_set(err, STZ_E_FORMAT, "%s: index entry %zu does not match the record that came", label, i);
     }
     free(c->chunks);

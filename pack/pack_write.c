@@ -13,16 +13,15 @@
 #include <xxhash.h>
 
 #define BEST_ZSTD_LEVEL 19
-#define SMALL_TENSOR (256u << 10) /* bytes: at most this, the LZ trial always runs */
+#define SMALL_TENSOR    (256u << 10) /* bytes: at most this, the LZ trial always runs */
 /* What a small tensor's share of a chunk's head and index entry (56 bytes)
  * is predicted to be: a quarter (14 of 56 bytes), between alone (all) and
  * among many (nothing), where the measured sizes of small models fell.
  * Over a model, predicted container sizes then land within 2% of the
  * measured ones (tests/test_pipeline.c), SVD factors (many small parts
  * together) up to 20% above. */
-#define SHARED_OVERHEAD 14
+#define SHARED_OVERHEAD   14
 #define HEADER_ZSTD_LEVEL 19 /* a header is small: 0.1-0.2 s for 1 MB */
-
 
 /* zstd level of the trial on unsplit float bytes (plain zstd -3's). */
 #define LZ_TRIAL_LEVEL 3
@@ -91,8 +90,8 @@ static int chunk_head(uint8_t *h, stz_dtype dtype, int block_type, uint64_t at, 
 /* The record rec[*len] of one plane holding all n bytes, coded with zstd
  * at `level` (or Huffman, constant or raw where smaller); stored only when
  * smaller than *len bytes. pbuf: scratch. */
-static stz_status try_unsplit(stz_plane_enc *enc, int level, const uint8_t *raw, size_t n, uint8_t *pbuf,
-                              size_t cap, uint8_t *rec, size_t *len, stz_err *err)
+static stz_status try_unsplit(stz_plane_enc *enc, int level, const uint8_t *raw, size_t n, uint8_t *pbuf, size_t cap,
+                              uint8_t *rec, size_t *len, stz_err *err)
 {
     stz_codec codec;
     size_t stored;
@@ -211,8 +210,7 @@ static int shares(const stz_span *s) { return s->end - s->begin <= 1024; }
 
 /* The chunk's bytes from r: of its tensor from `begin`, or of the small
  * tensors sharing it, one after the other. */
-static stz_status read_chunk(const stz_reader *r, const stz_chunk_info *ch, uint64_t begin, uint8_t *dst,
-                             stz_err *err)
+static stz_status read_chunk(const stz_reader *r, const stz_chunk_info *ch, uint64_t begin, uint8_t *dst, stz_err *err)
 {
     if (ch->last == ch->tensor)
         return stz_reader_read(r, stz_reader_tensor(r, ch->tensor), ch->data_offset - begin, dst, ch->raw_size, err);
@@ -274,8 +272,6 @@ uint64_t stz_pack_fixed_bytes(const char *header, size_t len)
     zs = ZSTD_isError(zs) || !zs || zs > len + 8 ? len + 8 : zs;
     return FILE_HEADER_SIZE + zs + INDEX_HEAD_SIZE + TRAILER_SIZE;
 }
-
-
 
 stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int block_type, const uint8_t *data,
                                  uint64_t n, uint64_t *bytes, stz_err *err)
@@ -432,8 +428,8 @@ stz_status stz_pack_writer_plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
     c->version = 1; /* unless small tensors share a chunk: then 2 */
     for (size_t i = 0; i < c->n; i++)
         c->version = c->chunks[i].last > c->chunks[i].tensor ? 2 : c->version;
-    c->pl = (stz_ordered){.n = c->n, .threads = c->p->threads, .ctx = c, .work = pack_work, .commit = pack_commit,
-                           .post = pack_post};
+    c->pl = (stz_ordered){
+        .n = c->n, .threads = c->p->threads, .ctx = c, .work = pack_work, .commit = pack_commit, .post = pack_post};
     return STZ_OK;
 }
 
@@ -558,10 +554,9 @@ stz_span *stz_pack_writer_spans(const stz_reader *r)
 }
 
 static stz_status pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
-                         stz_err *err);
+                            stz_err *err);
 
-stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
-                         stz_err *err)
+stz_status stz_pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats, stz_err *err)
 {
     return stz_err_in(err, pack_file(p, in, out, stats, err), in);
 }
@@ -593,7 +588,7 @@ static stz_status open_gguf(const char *in, stz_reader **r, stz_span **spans, si
 }
 
 static stz_status pack_file(const stz_pack_params *p, const char *in, const char *out, stz_pack_stats *stats,
-                         stz_err *err)
+                            stz_err *err)
 {
     pack_ctx c;
     stz_reader *r = NULL;

@@ -16,16 +16,16 @@ typedef struct {
 
 typedef struct {
     const stz_pack_params *p;
-    stz_reader *r;        /* the file packed, or NULL: its bytes come through the ring (a writer's sink) */
-    const char *label;    /* the input (or, for a sink, the output) in messages */
-    stz_span *spans;      /* its tensors in data order */
+    stz_reader *r;     /* the file packed, or NULL: its bytes come through the ring (a writer's sink) */
+    const char *label; /* the input (or, for a sink, the output) in messages */
+    stz_span *spans;   /* its tensors in data order */
     stz_outfile out;
     stz_chunk_info *chunks;
     size_t n;
     thread_buf *tb;
-    uint64_t pos;          /* next free offset in the output */
+    uint64_t pos; /* next free offset in the output */
     uint64_t header_hash;
-    uint64_t *hashes;      /* per chunk, for the whole-file digest */
+    uint64_t *hashes; /* per chunk, for the whole-file digest */
     stz_ordered pl;
     /* sink: chunks arrive in order. The k-th chunk written through the ring
      * (seq_of[i] = k) goes into ring[k % nring] once next_use[k % nring] == k;
@@ -35,16 +35,16 @@ typedef struct {
     size_t nring, *next_use, *seq_of, seq;
     const stz_reader **src_r;
     const stz_tensor **src_t;
-    size_t filled, fill;   /* chunks delivered; bytes of the next one so far */
+    size_t filled, fill; /* chunks delivered; bytes of the next one so far */
     int stop, done, running;
     stz_status pl_status;
     stz_err pl_err;
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cv;
-    uint64_t orig_size;    /* of the file packed */
-    uint8_t flags;         /* the file header's: STZ_ORIG_GGUF */
-    unsigned version;      /* the format version written: 2 when small tensors share chunks */
+    uint64_t orig_size; /* of the file packed */
+    uint8_t flags;      /* the file header's: STZ_ORIG_GGUF */
+    unsigned version;   /* the format version written: 2 when small tensors share chunks */
 } pack_ctx;
 
 /* Checks the parameters, opens the output, makes the thread buffers (with

@@ -207,7 +207,6 @@ stz_status stz_plane_decode(ZSTD_DCtx *d, stz_codec codec, const uint8_t *src, s
             return stz_err_set(err, STZ_E_FORMAT, "zstd frame decodes to %zu bytes, plane has %zu", r, n);
         return STZ_OK;
     }
-    default:
-        return stz_err_set(err, STZ_E_FORMAT, "unknown plane codec %d", (int)codec);
+    default: return stz_err_set(err, STZ_E_FORMAT, "unknown plane codec %d", (int)codec);
     }
 }

@@ -3,10 +3,12 @@
 #include "core/stz_core.h"
 #include "stz_pack.h"
 
-static const struct { const char *name; unsigned width, planes; } xform_table[STZ_XFORM_COUNT] = {
-    [STZ_XFORM_NONE] = {"none", 1, 1},     [STZ_XFORM_BF16] = {"bf16", 2, 2},
-    [STZ_XFORM_F16] = {"f16", 2, 3},       [STZ_XFORM_F32] = {"f32", 4, 4},
-    [STZ_XFORM_BYTES2] = {"bytes2", 2, 2}, [STZ_XFORM_BYTES4] = {"bytes4", 4, 4},
+static const struct {
+    const char *name;
+    unsigned width, planes;
+} xform_table[STZ_XFORM_COUNT] = {
+    [STZ_XFORM_NONE] = {"none", 1, 1},     [STZ_XFORM_BF16] = {"bf16", 2, 2},     [STZ_XFORM_F16] = {"f16", 2, 3},
+    [STZ_XFORM_F32] = {"f32", 4, 4},       [STZ_XFORM_BYTES2] = {"bytes2", 2, 2}, [STZ_XFORM_BYTES4] = {"bytes4", 4, 4},
     [STZ_XFORM_BYTES8] = {"bytes8", 8, 8}, [STZ_XFORM_GGML] = {"ggml", 1, 0},
 };
 
@@ -20,8 +22,7 @@ stz_xform stz_xform_for_dtype(stz_dtype d)
     case STZ_DTYPE_BF16: return STZ_XFORM_BF16;
     case STZ_DTYPE_F16: return STZ_XFORM_F16;
     case STZ_DTYPE_F32:
-    case STZ_DTYPE_C64: /* pairs of F32 */
-        return STZ_XFORM_F32;
+    case STZ_DTYPE_C64: /* pairs of F32 */ return STZ_XFORM_F32;
     case STZ_DTYPE_I16:
     case STZ_DTYPE_U16: return STZ_XFORM_BYTES2;
     case STZ_DTYPE_I32:
@@ -59,7 +60,8 @@ PLANE_CLONES static void split_bf16(const uint8_t *restrict src, size_t m, uint8
     }
 }
 
-PLANE_CLONES static void merge_bf16(const uint8_t *restrict e, const uint8_t *restrict sm, size_t m, uint8_t *restrict dst)
+PLANE_CLONES static void merge_bf16(const uint8_t *restrict e, const uint8_t *restrict sm, size_t m,
+                                    uint8_t *restrict dst)
 {
     for (size_t i = 0; i < m; i++) {
         unsigned x = e[i], y = sm[i];
@@ -68,7 +70,7 @@ PLANE_CLONES static void merge_bf16(const uint8_t *restrict e, const uint8_t *re
 }
 
 PLANE_CLONES static void split_f16(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sh,
-                      uint8_t *restrict lo)
+                                   uint8_t *restrict lo)
 {
     for (size_t i = 0; i < m; i++) {
         uint16_t v = stz_le16(src + 2 * i);
@@ -78,8 +80,8 @@ PLANE_CLONES static void split_f16(const uint8_t *restrict src, size_t m, uint8_
     }
 }
 
-PLANE_CLONES static void merge_f16(const uint8_t *restrict e, const uint8_t *restrict sh, const uint8_t *restrict lo, size_t m,
-                      uint8_t *restrict dst)
+PLANE_CLONES static void merge_f16(const uint8_t *restrict e, const uint8_t *restrict sh, const uint8_t *restrict lo,
+                                   size_t m, uint8_t *restrict dst)
 {
     for (size_t i = 0; i < m; i++) {
         unsigned x = e[i] & 0x1f, y = sh[i];
@@ -88,7 +90,7 @@ PLANE_CLONES static void merge_f16(const uint8_t *restrict e, const uint8_t *res
 }
 
 PLANE_CLONES static void split_f32(const uint8_t *restrict src, size_t m, uint8_t *restrict e, uint8_t *restrict sm,
-                      uint8_t *restrict b1, uint8_t *restrict b0)
+                                   uint8_t *restrict b1, uint8_t *restrict b0)
 {
     for (size_t i = 0; i < m; i++) {
         uint32_t v = stz_le32(src + 4 * i);
@@ -100,7 +102,7 @@ PLANE_CLONES static void split_f32(const uint8_t *restrict src, size_t m, uint8_
 }
 
 PLANE_CLONES static void merge_f32(const uint8_t *restrict e, const uint8_t *restrict sm, const uint8_t *restrict b1,
-                      const uint8_t *restrict b0, size_t m, uint8_t *restrict dst)
+                                   const uint8_t *restrict b0, size_t m, uint8_t *restrict dst)
 {
     for (size_t i = 0; i < m; i++) {
         uint32_t x = e[i], y = sm[i];

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static stz_status write_dequantized(stz_writer *w, const stz_reader *r, qinfo *qi, stz_dtype odt, uint8_t *in,
-                                    float *f, float *sc, uint8_t *out, stz_err *err)
+static stz_status write_dequantized(stz_writer *w, const stz_reader *r, qinfo *qi, stz_dtype odt, uint8_t *in, float *f,
+                                    float *sc, uint8_t *out, stz_err *err)
 {
     size_t osz = stz_dtype_bits(odt) / 8;
     uint64_t per = (STZ_QUANT_BATCH_BYTES / 8) / qi->cols;
@@ -51,7 +51,10 @@ typedef struct {
 } dqfile;
 
 /* The dtype a tensor is written in. */
-static stz_dtype out_dtype(const dqfile *j, size_t i) { return j->dtype == STZ_DTYPE_COUNT ? j->qi[i].dtype : j->dtype; }
+static stz_dtype out_dtype(const dqfile *j, size_t i)
+{
+    return j->dtype == STZ_DTYPE_COUNT ? j->qi[i].dtype : j->dtype;
+}
 
 /* The header: the original metadata (not stz's), every tensor under its
  * original name and shape. */
@@ -95,8 +98,8 @@ static stz_status stream_plain(dqfile *j, stz_writer *w, const stz_quant_params 
 }
 
 /* A GGUF file's view, decoded to dtype (F32 when not given). */
-static stz_status open_input(const char *in, stz_names names, stz_dtype dtype, stz_gguf_view **view,
-                             stz_reader **r, stz_err *err)
+static stz_status open_input(const char *in, stz_names names, stz_dtype dtype, stz_gguf_view **view, stz_reader **r,
+                             stz_err *err)
 {
     if (!stz_is_gguf(in))
         return stz_reader_open(r, in, err);
@@ -150,4 +153,3 @@ cleanup:
         stz_reader_free(j.r);
     return st;
 }
-

@@ -19,7 +19,7 @@ typedef struct {
     const stz_reader *r;
     const stz_tensor *t;
     qslot *slot;
-    size_t per; /* elements per batch */
+    size_t per;  /* elements per batch */
     float *amax; /* per thread */
     int *bad;    /* per thread: a NaN or Inf seen (F32 and F64: looked for only if want_bad) */
     int want_bad;
@@ -79,7 +79,7 @@ void stz_quant_plan_keep_nonfinite(stz_quant_plan *x)
 }
 
 stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_quant_plan *x, qslot *slot, int threads,
-                               stz_err *err)
+                                  stz_err *err)
 {
     int fit = x->d.method == STZ_QMETHOD_NL_FIT, keep = x->d.nonfinite == STZ_NONFINITE_KEEP, bad = 0;
     if (!keep && (x->fmt.first_kernels || (x->d.scale_dtype != STZ_DTYPE_U8 && !fit)))
@@ -89,8 +89,10 @@ stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_
     float amaxes[256] = {0}, amax = 0;
     int bads[256] = {0};
     amax_job j = {.r = r, .t = t, .slot = slot, .per = per, .amax = amaxes, .bad = bads, .want_bad = keep};
-    stz_ordered pl = {.n = (size_t)((t->numel + per - 1) / per), .threads = threads < 256 ? threads : 256,
-                       .ctx = &j, .work = amax_work};
+    stz_ordered pl = {.n = (size_t)((t->numel + per - 1) / per),
+                      .threads = threads < 256 ? threads : 256,
+                      .ctx = &j,
+                      .work = amax_work};
     stz_status st = stz_ordered_run(&pl, err);
     for (int k = 0; k < pl.threads; k++)
         amax = amaxes[k] > amax ? amaxes[k] : amax, bad |= bads[k];

@@ -12,22 +12,22 @@
 
 typedef struct {
     stz_decision d;
-    int bits;            /* 0 kept, 8, 4 */
-    uint64_t rows, cols; /* cols = last dimension (whole tensor for 1-D) */
-    uint64_t nblocks;    /* per row */
-    char *scales_name;   /* NULL: single scale, in metadata */
-    char *mins_name;     /* asym: NAME.mins (NULL: single block) */
+    int bits;                 /* 0 kept, 8, 4 */
+    uint64_t rows, cols;      /* cols = last dimension (whole tensor for 1-D) */
+    uint64_t nblocks;         /* per row */
+    char *scales_name;        /* NULL: single scale, in metadata */
+    char *mins_name;          /* asym: NAME.mins (NULL: single block) */
     float scalar, scalar_min; /* the single scale (and minimum) */
-    stz_qformat fmt;     /* bits, method, block, scales (and base, levels) */
+    stz_qformat fmt;          /* bits, method, block, scales (and base, levels) */
     /* svd: INT8 factors, made before the header is written */
     int svd;
     size_t rank;
-    double rel_error;          /* of the factorisation, before quantization */
-    int8_t *Uq, *Sq, *Vq;      /* m x r, r, r x n */
-    float *Us, *Vs, s_scale;   /* per-row scales of U and Vh; S's one scale (NULL when not held) */
-    uint64_t factors_hash;     /* XXH3 of the INT8 factors and scales, to check a second factorisation */
-    char *fname[5];            /* NAME.U, .U.scales, .S, .Vh, .Vh.scales */
-    double cosine;             /* of the dequantized tensor, measured while quantizing */
+    double rel_error;        /* of the factorisation, before quantization */
+    int8_t *Uq, *Sq, *Vq;    /* m x r, r, r x n */
+    float *Us, *Vs, s_scale; /* per-row scales of U and Vh; S's one scale (NULL when not held) */
+    uint64_t factors_hash;   /* XXH3 of the INT8 factors and scales, to check a second factorisation */
+    char *fname[5];          /* NAME.U, .U.scales, .S, .Vh, .Vh.scales */
+    double cosine;           /* of the dequantized tensor, measured while quantizing */
 } stz_quant_plan;
 
 /* Buffers of one quantizing thread, and the row batch it holds. */
@@ -47,7 +47,7 @@ void stz_quant_plan_format(stz_quant_plan *x);
  * becomes kept (x->bits 0). Reads with the slots'
  * buffers on `threads` threads. */
 stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_quant_plan *x, qslot *slot, int threads,
-                               stz_err *err);
+                                  stz_err *err);
 /* A tensor whose rule keeps it when it holds NaN/Inf, and which does. */
 void stz_quant_plan_keep_nonfinite(stz_quant_plan *x);
 void stz_quant_plan_free(stz_quant_plan *x);
@@ -60,10 +60,11 @@ stz_status stz_quant_put_meta(stz_writer *w, const stz_tensor *t, struct cJSON *
  * -T), within STZ_SVD_WORK_BYTES; picks ranks or fallbacks, and holds the
  * INT8 factors up to p->svd_hold_bytes. */
 #define STZ_SVD_WORK_BYTES (1ull << 30)
-stz_status stz_quant_plan_svd(const stz_quant_params *p, const stz_reader *r, stz_quant_plan *pl, size_t nt, stz_err *err);
+stz_status stz_quant_plan_svd(const stz_quant_params *p, const stz_reader *r, stz_quant_plan *pl, size_t nt,
+                              stz_err *err);
 stz_status stz_quant_declare_svd(stz_writer *w, const stz_tensor *t, const stz_quant_plan *x, stz_err *err);
 /* Writes x's factors: held, or factored again (checked to be the same). */
 stz_status stz_quant_write_svd(const stz_reader *r, const stz_tensor *t, stz_writer *w, stz_quant_plan *x, uint8_t *buf,
-                            stz_err *err);
+                               stz_err *err);
 
 #endif /* STZ_QUANT_PLAN_H */

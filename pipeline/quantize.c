@@ -64,7 +64,8 @@ static stz_status refuse_quantized(const stz_reader *r, stz_err *err)
             return stz_err_set(err, STZ_E_UNSUPPORTED,
                                "%s: already quantized by stz (metadata '%s'); quantizing it again would quantize "
                                "its codes and scales. Quantize the original model, or dequantize this one first "
-                               "(stz dequantize)", stz_reader_path(r), stz_reader_meta_key(r, i));
+                               "(stz dequantize)",
+                               stz_reader_path(r), stz_reader_meta_key(r, i));
     return STZ_OK;
 }
 
@@ -205,7 +206,8 @@ static stz_status q_commit(void *ctx, int tid, size_t i, stz_err *err)
 }
 
 /* Writes n per-block floats as the scale dtype (U8: log codes under the base). */
-static stz_status write_blockwise(stz_writer *w, const stz_quant_plan *pl, const float *v, size_t n, uint8_t *buf, stz_err *err)
+static stz_status write_blockwise(stz_writer *w, const stz_quant_plan *pl, const float *v, size_t n, uint8_t *buf,
+                                  stz_err *err)
 {
     stz_dtype dt = pl->d.scale_dtype;
     size_t sz = stz_dtype_bits(dt) / 8;
@@ -229,8 +231,10 @@ static stz_status write_fed(stz_writer *w, const stz_tensor *t, stz_quant_plan *
         return st;
     if ((pl->d.scale_dtype == STZ_DTYPE_U8 && q.fmt.scale_base != pl->fmt.scale_base) ||
         (pl->d.method == STZ_QMETHOD_NL_FIT && memcmp(q.fmt.levels, pl->fmt.levels, sizeof q.fmt.levels)))
-        st = stz_err_set(err, STZ_E_ARG, "tensor '%s': quantized with feedback from other values than the file's "
-                         "(another model?)", t->name);
+        st = stz_err_set(err, STZ_E_ARG,
+                         "tensor '%s': quantized with feedback from other values than the file's "
+                         "(another model?)",
+                         t->name);
     for (int k = STZ_PART_VALUES; !st && k <= STZ_PART_MINS; k++)
         if (q.part[k])
             st = stz_writer_write(w, q.part[k], q.len[k], err);
@@ -282,8 +286,8 @@ static stz_status write_trellis(stz_writer *w, const stz_reader *r, const stz_te
     float *x = malloc(most * cols * sizeof *x + 1), *y = malloc(2 * STZ_TRELLIS_ROWS * cols * sizeof *y + 1),
           *sc = malloc(nsc * sizeof *sc + 1);
     stz_metrics_acc acc = {0};
-    stz_status st = in && q && x && y && sc ? STZ_OK
-                                            : stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows of '%s'", t->name);
+    stz_status st =
+        in && q && x && y && sc ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the rows of '%s'", t->name);
     for (size_t s0 = 0; !st && s0 < segs; s0 += per) {
         uint64_t a, b, skip;
         stz_trellis_segment(pl->rows, s0 * STZ_TRELLIS_ROWS, &a, &skip);
@@ -301,8 +305,8 @@ static stz_status write_trellis(stz_writer *w, const stz_reader *r, const stz_te
 /* Streams one quantized tensor: values row batch by row batch on
  * `threads` threads, then its scales (and minimums), held for the tensor:
  * rows x blocks floats. */
-static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, stz_quant_plan *pl, qslot *slot,
-                                  int threads, stz_err *err)
+static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_tensor *t, stz_quant_plan *pl,
+                                  qslot *slot, int threads, stz_err *err)
 {
     size_t esz = stz_dtype_bits(t->dtype) / 8;
     /* batches of at most STZ_QUANT_BATCH_BYTES, and a tensor in at least 16
@@ -316,14 +320,20 @@ static stz_status write_quantized(stz_writer *w, const stz_reader *r, const stz_
         per = 1; /* one row larger than a batch: the caller sized buffers for it */
     size_t nsc = (size_t)(pl->rows * pl->nblocks);
     int asym = pl->d.method == STZ_QMETHOD_ASYM;
-    qjob j = {.w = w, .r = r, .t = t, .x = pl, .slot = slot, .per = per, .sc = malloc(nsc * sizeof(float) + 1),
+    qjob j = {.w = w,
+              .r = r,
+              .t = t,
+              .x = pl,
+              .slot = slot,
+              .per = per,
+              .sc = malloc(nsc * sizeof(float) + 1),
               .mn = asym ? malloc(nsc * sizeof(float) + 1) : NULL};
     if (!j.sc || (asym && !j.mn)) {
         free(j.sc), free(j.mn);
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu scales of '%s'", nsc, t->name);
     }
-    j.pl = (stz_ordered){.n = (size_t)((pl->rows + per - 1) / per), .threads = threads, .ctx = &j,
-                          .work = q_work, .commit = q_commit};
+    j.pl = (stz_ordered){
+        .n = (size_t)((pl->rows + per - 1) / per), .threads = threads, .ctx = &j, .work = q_work, .commit = q_commit};
     stz_status st = stz_ordered_run(&j.pl, err);
     if (!st && pl->scales_name)
         st = write_blockwise(w, pl, j.sc, nsc, slot[0].in, err);
@@ -339,7 +349,8 @@ stz_status stz_quant_copy_tensor(stz_writer *w, const stz_reader *r, const stz_t
     int taken;
     stz_status st = stz_writer_refer(w, r, t, &taken, err); /* the container encoder reads it itself */
     for (uint64_t off = 0; !st && !taken && off < t->end - t->begin; off += STZ_QUANT_BATCH_BYTES) {
-        size_t n = t->end - t->begin - off < STZ_QUANT_BATCH_BYTES ? (size_t)(t->end - t->begin - off) : STZ_QUANT_BATCH_BYTES;
+        size_t n =
+            t->end - t->begin - off < STZ_QUANT_BATCH_BYTES ? (size_t)(t->end - t->begin - off) : STZ_QUANT_BATCH_BYTES;
         if (!(st = stz_reader_read(r, t, off, buf, n, err)))
             st = stz_writer_write(w, buf, n, err);
     }
@@ -496,8 +507,7 @@ static stz_status declare_outputs(qfile *j, const stz_quant_params *p, const stz
 }
 
 /* A block-quantized tensor: as error feedback left it, or quantized now. */
-static stz_status write_block(qfile *j, const stz_quant_params *p, const stz_tensor *t, stz_quant_plan *x,
-                              stz_err *err)
+static stz_status write_block(qfile *j, const stz_quant_params *p, const stz_tensor *t, stz_quant_plan *x, stz_err *err)
 {
     int taken = 0;
     stz_status st = p->feedback && x->d.feedback ? write_fed(j->w, t, x, p->feedback, &taken, err) : STZ_OK;
@@ -603,9 +613,8 @@ stz_status stz_quantize_file(const stz_quant_params *p, stz_policy *policy, cons
     return stz_err_in(err, quantize(p, NULL, policy, in, out, stats, NULL, err), in);
 }
 
-stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy,
-                             const char *in, const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats,
-                             stz_err *err)
+stz_status stz_compress_file(const stz_quant_params *qp, const stz_pack_params *pp, stz_policy *policy, const char *in,
+                             const char *out, stz_quant_stats *qstats, stz_pack_stats *pstats, stz_err *err)
 {
     return stz_err_in(err, quantize(qp, pp, policy, in, out, qstats, pstats, err), in);
 }

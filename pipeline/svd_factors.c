@@ -48,13 +48,14 @@ static stz_status svd_quality(const float *W, stz_quant_plan *x, stz_err *err)
 /* Reads tensor t as F32 into *W (m x n, malloc'd) and factors it as x's
  * rule says into f. A NaN/Inf is an error, or (*bad set, st OK) for the
  * caller to keep the tensor. */
-static stz_status factor(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *x,
-                         float **W, stz_svd_result *f, int *bad, stz_err *err)
+static stz_status factor(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *x, float **W,
+                         stz_svd_result *f, int *bad, stz_err *err)
 {
     size_t m = (size_t)x->rows, n = (size_t)x->cols, esz = stz_dtype_bits(t->dtype) / 8;
     uint8_t *raw = malloc(m * n * esz + 1);
     *W = malloc(m * n * sizeof **W + 1), *bad = 0;
-    stz_status st = raw && *W ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s' (%zu x %zu)", t->name, m, n);
+    stz_status st =
+        raw && *W ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for '%s' (%zu x %zu)", t->name, m, n);
     if (!st && !(st = stz_reader_read(r, t, 0, raw, m * n * esz, err)))
         st = stz_to_f32(t->dtype, raw, m * n, *W, err);
     free(raw);
@@ -138,8 +139,10 @@ static stz_status svd_prepare(const stz_reader *r, const stz_tensor *t, stz_quan
             return stz_err_set(err, STZ_E_NOMEM, "out of memory for the factors' names");
         snprintf(x->fname[j], len, "%s%s", t->name, factor_suffix[j]);
         if (stz_reader_find(r, x->fname[j]) >= 0)
-            return stz_err_set(err, STZ_E_DUPLICATE, "%s: tensor '%s': its factor would be stored as '%s', which "
-                               "already exists in the file", stz_reader_path(r), t->name, x->fname[j]);
+            return stz_err_set(err, STZ_E_DUPLICATE,
+                               "%s: tensor '%s': its factor would be stored as '%s', which "
+                               "already exists in the file",
+                               stz_reader_path(r), t->name, x->fname[j]);
     }
     return STZ_OK;
 }
@@ -148,7 +151,7 @@ static stz_status svd_prepare(const stz_reader *r, const stz_tensor *t, stz_quan
 typedef struct {
     const stz_reader *r;
     stz_quant_plan *pl;
-    size_t *idx;     /* the tensors with SVD decisions */
+    size_t *idx; /* the tensors with SVD decisions */
     uint64_t held, budget;
 } svd_job;
 
@@ -175,7 +178,8 @@ static stz_status svd_commit(void *ctx, int tid, size_t i, stz_err *err)
     return STZ_OK;
 }
 
-stz_status stz_quant_plan_svd(const stz_quant_params *p, const stz_reader *r, stz_quant_plan *pl, size_t nt, stz_err *err)
+stz_status stz_quant_plan_svd(const stz_quant_params *p, const stz_reader *r, stz_quant_plan *pl, size_t nt,
+                              stz_err *err)
 {
     svd_job j = {.r = r, .pl = pl, .budget = p->svd_hold_bytes ? p->svd_hold_bytes : STZ_SVD_HOLD_DEFAULT};
     size_t n = 0;
@@ -191,7 +195,8 @@ stz_status stz_quant_plan_svd(const stz_quant_params *p, const stz_reader *r, st
         if (pl[i].svd)
             j.idx[k++] = i;
     for (size_t a = 1; a < n; a++) /* largest first (stable), so that the large ones run side by side */
-        for (size_t b = a; b > 0 && pl[j.idx[b]].rows * pl[j.idx[b]].cols > pl[j.idx[b - 1]].rows * pl[j.idx[b - 1]].cols; b--) {
+        for (size_t b = a;
+             b > 0 && pl[j.idx[b]].rows * pl[j.idx[b]].cols > pl[j.idx[b - 1]].rows * pl[j.idx[b - 1]].cols; b--) {
             size_t tmp = j.idx[b];
             j.idx[b] = j.idx[b - 1], j.idx[b - 1] = tmp;
         }
@@ -254,7 +259,7 @@ static stz_status write_f32(stz_writer *w, const float *v, size_t n, uint8_t *bu
 }
 
 stz_status stz_quant_write_svd(const stz_reader *r, const stz_tensor *t, stz_writer *w, stz_quant_plan *x, uint8_t *buf,
-                            stz_err *err)
+                               stz_err *err)
 {
     size_t m = (size_t)x->rows, n = (size_t)x->cols, rk = x->rank;
     stz_status st = STZ_OK;
@@ -264,11 +269,13 @@ stz_status stz_quant_write_svd(const stz_reader *r, const stz_tensor *t, stz_wri
         uint64_t planned = x->factors_hash;
         int bad;
         if (!(st = factor(r, t, x, &W, &f, &bad, err)) && (bad || f.rank != rk))
-            st = stz_err_set(err, STZ_E_CHECKSUM, "%s: tensor '%s': factored again, it %s", stz_reader_path(r),
-                             t->name, bad ? "holds NaN/Inf (the file changed?)" : "has another rank");
+            st = stz_err_set(err, STZ_E_CHECKSUM, "%s: tensor '%s': factored again, it %s", stz_reader_path(r), t->name,
+                             bad ? "holds NaN/Inf (the file changed?)" : "has another rank");
         if (!st && !(st = quantize_factors(t, x, &f, err)) && x->factors_hash != planned)
-            st = stz_err_set(err, STZ_E_CHECKSUM, "%s: tensor '%s': factored again, it gave other bits (the file "
-                             "changed, or BLAS is not reproducible here)", stz_reader_path(r), t->name);
+            st = stz_err_set(err, STZ_E_CHECKSUM,
+                             "%s: tensor '%s': factored again, it gave other bits (the file "
+                             "changed, or BLAS is not reproducible here)",
+                             stz_reader_path(r), t->name);
         stz_svd_result_free(&f);
         free(W);
     }

@@ -13,15 +13,15 @@
 #include <sys/stat.h>
 
 typedef struct {
-    char *pattern;      /* as written, for messages */
+    char *pattern; /* as written, for messages */
     int is_regex;
     regex_t re;
-    stz_decision d;     /* action and parameters */
-    uint32_t dtype_mask;/* 0: any */
+    stz_decision d;      /* action and parameters */
+    uint32_t dtype_mask; /* 0: any */
     int min_ndim, max_ndim;
     uint64_t min_numel;
     int include_1d;
-    int optional;       /* may match nothing (a head a tied model lacks): no warning */
+    int optional; /* may match nothing (a head a tied model lacks): no warning */
     uint64_t hits;
 } rule;
 
@@ -34,9 +34,15 @@ struct stz_policy {
 
 static stz_decision default_decision(void)
 {
-    return (stz_decision){.action = STZ_ACTION_KEEP, .block_size = 128, .scale_dtype = STZ_DTYPE_F16,
-                          .method = STZ_QMETHOD_ABSMAX, .nonfinite = STZ_NONFINITE_ERROR,
-                          .svd_power_iters = 1, .svd_oversample = 10, .fallback = STZ_ACTION_INT8, .rule = -1};
+    return (stz_decision){.action = STZ_ACTION_KEEP,
+                          .block_size = 128,
+                          .scale_dtype = STZ_DTYPE_F16,
+                          .method = STZ_QMETHOD_ABSMAX,
+                          .nonfinite = STZ_NONFINITE_ERROR,
+                          .svd_power_iters = 1,
+                          .svd_oversample = 10,
+                          .fallback = STZ_ACTION_INT8,
+                          .rule = -1};
 }
 
 /* Error for rule `i` (or the default when i < 0). */
@@ -84,9 +90,11 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
         } else if (!strcmp(key, "action")) {
             stz_action a = stz_action_of_name(cJSON_GetStringValue(k));
             if (a == STZ_ACTION_COUNT)
-                return perr(err, p, where, pat, "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd; "
+                return perr(err, p, where, pat,
+                            "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd; "
                             "llama.cpp's q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
-                            "f16, bf16)", cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
+                            "f16, bf16)",
+                            cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
             d->action = a;
         } else if (!strcmp(key, "block_size")) {
             if (!whole_in(k, 1, 1 << 20, &v))
@@ -106,8 +114,10 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             else if (cJSON_IsString(k) && (!strcmp(k->valuestring, "exact") || !strcmp(k->valuestring, "randomized")))
                 svd_key = "method", d->svd_randomized = k->valuestring[0] == 'r';
             else
-                return perr(err, p, where, pat, "method must be \"absmax\", \"mse\", \"full\", \"asym\", \"nl\", "
-                            "\"nl-fit\" or \"trellis\" (int2..int8), \"exact\" or \"randomized\" (svd)", NULL, NULL);
+                return perr(err, p, where, pat,
+                            "method must be \"absmax\", \"mse\", \"full\", \"asym\", \"nl\", "
+                            "\"nl-fit\" or \"trellis\" (int2..int8), \"exact\" or \"randomized\" (svd)",
+                            NULL, NULL);
         } else if (!strcmp(key, "nonfinite")) {
             if (cJSON_IsString(k) && !strcmp(k->valuestring, "error"))
                 d->nonfinite = STZ_NONFINITE_ERROR;
@@ -152,8 +162,10 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
         } else if (!strcmp(key, "power_iters") || !strcmp(key, "oversample")) {
             int q = key[0] == 'p';
             if (!whole_in(k, 0, q ? 16 : 1024, &v))
-                return perr(err, p, where, pat, q ? "power_iters must be a whole number in [0, 16]"
-                                                  : "oversample must be a whole number in [0, 1024]", NULL, NULL);
+                return perr(err, p, where, pat,
+                            q ? "power_iters must be a whole number in [0, 16]"
+                              : "oversample must be a whole number in [0, 1024]",
+                            NULL, NULL);
             *(q ? &d->svd_power_iters : &d->svd_oversample) = (uint32_t)v;
             svd_key = rand_key = key;
         } else if (!strcmp(key, "fallback")) {
@@ -180,20 +192,23 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             return perr(err, p, where, pat, "unknown key '%s'", key, NULL);
         }
     }
-    const char *block_key = cJSON_GetObjectItemCaseSensitive(o, "method") ? "method"
-                            : cJSON_GetObjectItemCaseSensitive(o, "block_size") ? "block_size"
-                            : cJSON_GetObjectItemCaseSensitive(o, "scale_dtype") ? "scale_dtype" : NULL;
+    const char *block_key = cJSON_GetObjectItemCaseSensitive(o, "method")        ? "method"
+                            : cJSON_GetObjectItemCaseSensitive(o, "block_size")  ? "block_size"
+                            : cJSON_GetObjectItemCaseSensitive(o, "scale_dtype") ? "scale_dtype"
+                                                                                 : NULL;
     if (block_key && stz_action_ggml_type(d->action) >= 0)
         return perr(err, p, where, pat, "'%s' does not apply to '%s': llama.cpp's types fix their blocks and scales",
                     block_key, stz_action_name(d->action));
     if (svd_key && d->action != STZ_ACTION_SVD)
-        return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key, stz_action_name(d->action));
-    if (d->action == STZ_ACTION_SVD &&
-        (d->svd_rank > 0) + (d->svd_energy > 0) + (d->svd_max_error > 0) != 1)
+        return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key,
+                    stz_action_name(d->action));
+    if (d->action == STZ_ACTION_SVD && (d->svd_rank > 0) + (d->svd_energy > 0) + (d->svd_max_error > 0) != 1)
         return perr(err, p, where, pat, "action 'svd' needs exactly one of rank, energy, max_error", NULL, NULL);
     if (d->method == STZ_QMETHOD_ASYM && d->scale_dtype == STZ_DTYPE_U8)
-        return perr(err, p, where, pat, "method \"asym\" stores its minimums beside the scales: scale_dtype must be "
-                    "\"F16\" or \"F32\", not \"U8\"", NULL, NULL);
+        return perr(err, p, where, pat,
+                    "method \"asym\" stores its minimums beside the scales: scale_dtype must be "
+                    "\"F16\" or \"F32\", not \"U8\"",
+                    NULL, NULL);
     if ((d->method == STZ_QMETHOD_NL || d->method == STZ_QMETHOD_NL_FIT) && stz_action_bits(d->action) > 6)
         return perr(err, p, where, pat, "methods \"nl\" and \"nl-fit\" take 2 to 6 bits (int2..int6)", NULL, NULL);
     if (d->method == STZ_QMETHOD_TRELLIS && d->action != STZ_ACTION_KEEP &&
@@ -223,8 +238,8 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
 enum { REGEX_MAX_ATOMS = 4096, REGEX_MAX_EMPTY = 100, REGEX_MAX_DEPTH = 64 };
 
 typedef struct {
-    const char *c;  /* where the scan is */
-    int bad;        /* a quantifier after a quantifier, or nesting too deep */
+    const char *c; /* where the scan is */
+    int bad;       /* a quantifier after a quantifier, or nesting too deep */
 } regex_scan;
 
 typedef struct {
@@ -461,8 +476,10 @@ stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *
             snprintf(label, sizeof label, "policy '%s' (built in)", path_or_name);
             return stz_policy_parse(out, text, strlen(text), label, err);
         }
-        return stz_err_set(err, STZ_E_IO, "%s: no such policy file, and not a shipped policy name "
-                           "(int8, int5, int4, int4-small, gguf-q4_0, gguf-q8_0, lossless, gpt-neo-surgical)", path_or_name);
+        return stz_err_set(err, STZ_E_IO,
+                           "%s: no such policy file, and not a shipped policy name "
+                           "(int8, int5, int4, int4-small, gguf-q4_0, gguf-q8_0, lossless, gpt-neo-surgical)",
+                           path_or_name);
     }
     char *buf;
     size_t len;

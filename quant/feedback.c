@@ -34,8 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FB_ROWS 32 /* rows per piece of work */
-#define FB_DAMP 0.01 /* of the mean diagonal, added to H's diagonal */
+#define FB_ROWS  32    /* rows per piece of work */
+#define FB_DAMP  0.01  /* of the mean diagonal, added to H's diagonal */
 #define FB_DRIFT 0.75f /* of the move to the fit of the original outputs (D): the fit is measured, and noisy */
 
 /* The mean of H's positive diagonal (1 when none is). */
@@ -84,9 +84,9 @@ static stz_status factor(const float *H, size_t n, double damp, float *U, int th
 }
 
 typedef struct {
-    float *W, *E;   /* the piece's rows as they are updated; a block's fed errors (rows x G) */
-    float *Z;       /* with D: the piece's move (rows x cols) */
-    uint8_t *codes; /* stz formats: the piece's codes, one per byte */
+    float *W, *E;         /* the piece's rows as they are updated; a block's fed errors (rows x G) */
+    float *Z;             /* with D: the piece's move (rows x cols) */
+    uint8_t *codes;       /* stz formats: the piece's codes, one per byte */
     stz_trellis_work *tw; /* trellis: Viterbi's buffers, and a column's values, scales, codes */
     float *col;
     uint8_t *ccol;
@@ -94,12 +94,12 @@ typedef struct {
 
 typedef struct {
     const stz_qformat *f;
-    const float *x, *U, *w, *D; /* U NULL: no feedback (a trellis) */
+    const float *x, *U, *w, *D;          /* U NULL: no feedback (a trellis) */
     size_t rows, cols, first, G, nb, rb; /* first: the number of row 0 in messages */
-    size_t most;     /* rows of the largest piece */
-    uint8_t *q;      /* the values, rows x rb */
-    float *sc, *mn;  /* stz formats: per row and block */
-    double *loss;    /* per piece: the output error, sum of the fed errors squared */
+    size_t most;                         /* rows of the largest piece */
+    uint8_t *q;                          /* the values, rows x rb */
+    float *sc, *mn;                      /* stz formats: per row and block */
+    double *loss;                        /* per piece: the output error, sum of the fed errors squared */
     fb_slot *slot;
 } fb_job;
 
@@ -155,8 +155,8 @@ static int tr_block(const fb_job *j, fb_slot *s, size_t r0, size_t nr, size_t c0
         stz_trellis_column(s->tw, j->f->bits, xc, sc, nr, s->ccol, yc);
         for (size_t r = 0; r < nr; r++) {
             s->codes[r * n + c0 + k] = s->ccol[r];
-            s->E[r * j->G + k] = j->U ? stz_fb_step(s->W + r * n + c0, k, len, yc[r], j->U + c0 * n + c0, n)
-                                      : xc[r] - yc[r];
+            s->E[r * j->G + k] =
+                j->U ? stz_fb_step(s->W + r * n + c0, k, len, yc[r], j->U + c0 * n + c0, n) : xc[r] - yc[r];
         }
     }
     return 0;
@@ -188,9 +188,9 @@ static void fb_move(const fb_job *j, fb_slot *s, size_t nr)
 {
     size_t n = j->cols;
     float *Z = s->Z, *Z2 = s->Z + nr * n;
-    stz_mm_nn(Z, n, s->W, n, 1, j->D, n, nr, n, n, 0, 1);  /* Z (nr, n) = W (nr, n) @ D (n, n) */
-    stz_mm_nt(Z2, n, Z, n, j->U, n, nr, n, n, 1);           /* Z2 = Z @ U^T */
-    stz_mm_nn(Z, n, Z2, n, 1, j->U, n, nr, n, n, 0, 1);     /* Z = Z2 @ U */
+    stz_mm_nn(Z, n, s->W, n, 1, j->D, n, nr, n, n, 0, 1); /* Z (nr, n) = W (nr, n) @ D (n, n) */
+    stz_mm_nt(Z2, n, Z, n, j->U, n, nr, n, n, 1);         /* Z2 = Z @ U^T */
+    stz_mm_nn(Z, n, Z2, n, 1, j->U, n, nr, n, n, 0, 1);   /* Z = Z2 @ U */
     for (size_t k = 0; k < nr * n; k++)
         s->W[k] += FB_DRIFT * Z[k];
 }
@@ -232,9 +232,10 @@ static stz_status fb_run(fb_job *j, int threads, stz_err *err)
     threads = threads < 1 ? 1 : threads;
     size_t pieces = piece_count(j->f, j->rows), m = j->most;
     int tr = j->f->method == STZ_QMETHOD_TRELLIS;
-    stz_status st = (j->slot = calloc((size_t)threads, sizeof *j->slot)) && (j->loss = calloc(pieces + 1, sizeof *j->loss))
-                        ? STZ_OK
-                        : stz_err_set(err, STZ_E_NOMEM, "out of memory for the feedback threads");
+    stz_status st =
+        (j->slot = calloc((size_t)threads, sizeof *j->slot)) && (j->loss = calloc(pieces + 1, sizeof *j->loss))
+            ? STZ_OK
+            : stz_err_set(err, STZ_E_NOMEM, "out of memory for the feedback threads");
     for (int t = 0; !st && t < threads; t++) {
         fb_slot *s = &j->slot[t];
         s->W = malloc(m * j->cols * sizeof *s->W), s->E = malloc(m * j->G * sizeof *s->E);
@@ -271,8 +272,20 @@ static double sum_pieces(const double *v, size_t n)
 static fb_job job_of(const stz_qformat *f, const float *x, const float *U, const float *w, const float *D, size_t rows,
                      size_t cols, size_t first, uint8_t *q, float *sc, float *mn)
 {
-    fb_job j = {.f = f, .x = x, .U = U, .w = w, .D = D, .rows = rows, .cols = cols, .first = first, .G = f->block,
-                .nb = (size_t)stz_q_blocks(cols, f->block), .rb = stz_qf_bytes(f, cols), .q = q, .sc = sc, .mn = mn,
+    fb_job j = {.f = f,
+                .x = x,
+                .U = U,
+                .w = w,
+                .D = D,
+                .rows = rows,
+                .cols = cols,
+                .first = first,
+                .G = f->block,
+                .nb = (size_t)stz_q_blocks(cols, f->block),
+                .rb = stz_qf_bytes(f, cols),
+                .q = q,
+                .sc = sc,
+                .mn = mn,
                 .most = f->method == STZ_QMETHOD_TRELLIS ? 2 * STZ_TRELLIS_ROWS : FB_ROWS};
     j.most = j.most < rows ? j.most : rows;
     return j;
@@ -300,8 +313,8 @@ stz_status stz_trellis_rows(const stz_qformat *f, const float *x, size_t rows, s
     return st;
 }
 
-stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
-                              uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err)
+stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows, uint64_t cols,
+                              int threads, stz_qmem *out, float *y, stz_err *err)
 {
     float *sc, *mn;
     stz_status st = stz_qtensor_begin(d, x, weights, rows, cols, out, &sc, &mn, err);
@@ -321,8 +334,9 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
         return stz_err_set(err, STZ_E_ARG, "error feedback needs a block quantization, not '%s'",
                            stz_action_name(d->action));
     float *w = malloc(cols * sizeof *w + 1), *U = malloc(cols * cols * sizeof *U + 1), *sc = NULL, *mn = NULL;
-    stz_status st = w && U ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for a %llu x %llu Hessian",
-                                                 (unsigned long long)cols, (unsigned long long)cols);
+    stz_status st = w && U ? STZ_OK
+                           : stz_err_set(err, STZ_E_NOMEM, "out of memory for a %llu x %llu Hessian",
+                                         (unsigned long long)cols, (unsigned long long)cols);
     for (uint64_t k = 0; !st && k < cols; k++) /* the block searches weigh by the columns' importance */
         w[k] = H[k * cols + k] > 0 ? H[k * cols + k] : 0.0f;
     if (!st)
@@ -342,10 +356,10 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
 
 typedef struct {
     const float *x, *y;
-    float *H;               /* H made symmetric from its upper triangle */
-    double *damp;           /* per column: what dampening adds to H's diagonal */
+    float *H;     /* H made symmetric from its upper triangle */
+    double *damp; /* per column: what dampening adds to H's diagonal */
     size_t rows, cols;
-    float **E, **F;         /* per thread: a piece's errors, and them times H */
+    float **E, **F; /* per thread: a piece's errors, and them times H */
     double *loss;
 } oe_job;
 

@@ -35,8 +35,8 @@ typedef struct {
 static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
 static const ggml_traits_head *(*lib_traits)(int type);
 static stz_ggml_to_float lib_fn[MAX_TYPE]; /* the checked decoders, by type */
-static const char *lib_name; /* the environment's or a literal: never copied, never cut */
-static char *lib_why;         /* malloc'd once, kept for the process */
+static const char *lib_name;               /* the environment's or a literal: never copied, never cut */
+static char *lib_why;                      /* malloc'd once, kept for the process */
 
 /* The library's to_float for every type stz decodes through it, each kept
  * only if the library describes the type as ggml-common.h does. */
@@ -70,8 +70,10 @@ static void lib_load(void)
         return;
     }
     if (env && *env != '/' && strchr(env, '/')) {
-        lib_refuse("STZ_GGML_LIB=%s is a relative path, which would load from the current directory: give an "
-                   "absolute path or a bare library name", env);
+        lib_refuse(
+            "STZ_GGML_LIB=%s is a relative path, which would load from the current directory: give an "
+            "absolute path or a bare library name",
+            env);
         return;
     }
     for (size_t i = 0; !h && i < (env ? 1 : 2); i++)

@@ -25,14 +25,15 @@
 #define STZ_GQ_CLONES STZ_CLONES("avx2", "default")
 #endif
 
-#define QK 32
+#define QK   32
 #define QK_K 256
 #define GRID 5      /* grid scales on each side of the extreme's ... */
 #define SPAN 0.125f /* ... up to this far from it (relative) */
 
 /* The midpoints between neighbouring IQ4_NL levels (stz_iq4nl_levels;
  * the 16th only pads the search's table). */
-static const float nl_mid[16] = {-115.5f, -93.5f, -74, -57, -42, -28.5f, -16, -4.5f, 7, 19, 31.5f, 45.5f, 61, 79, 101, INFINITY};
+static const float nl_mid[16] = {-115.5f, -93.5f, -74,   -57,   -42, -28.5f, -16, -4.5f,
+                                 7,       19,     31.5f, 45.5f, 61,  79,     101, INFINITY};
 
 /* How a (sub-)block's codes stand for values: y = D * level(q) + M, with
  * q in lo..hi; level(q) = q (uniform) or stz_iq4nl_levels[q] (nl). */
@@ -257,8 +258,12 @@ static const codes *codes32(int type, int *with_min, int *bits)
 {
     *with_min = type == STZ_GGML_Q4_1 || type == STZ_GGML_Q5_1;
     *bits = type == STZ_GGML_Q5_0 || type == STZ_GGML_Q5_1 ? 5 : 4;
-    return type == STZ_GGML_Q4_0 ? &C_Q4_0 : type == STZ_GGML_Q5_0 ? &C_Q5_0 : type == STZ_GGML_Q8_0 ? &C_Q8_0
-         : type == STZ_GGML_Q4_1 ? &C_Q4_1 : type == STZ_GGML_Q5_1 ? &C_Q5_1 : &C_NL;
+    return type == STZ_GGML_Q4_0   ? &C_Q4_0
+           : type == STZ_GGML_Q5_0 ? &C_Q5_0
+           : type == STZ_GGML_Q8_0 ? &C_Q8_0
+           : type == STZ_GGML_Q4_1 ? &C_Q4_1
+           : type == STZ_GGML_Q5_1 ? &C_Q5_1
+                                   : &C_NL;
 }
 
 /* A 32-block's header (d, and m) and codes L as the type stores them. */
@@ -312,7 +317,8 @@ typedef struct {
 static float sub_pick(const kspec *k, const float *x, const float *w, kblock *kb, int j)
 {
     int o = j * k->sub;
-    return kb->err[j] = pick(&k->c, x + o, w + o, k->sub, kb->d * (float)kb->sc[j], -kb->dmin * (float)kb->mn[j], kb->L + o);
+    return kb->err[j] =
+               pick(&k->c, x + o, w + o, k->sub, kb->d * (float)kb->sc[j], -kb->dmin * (float)kb->mn[j], kb->L + o);
 }
 
 static float total(const kspec *k, const kblock *kb)
@@ -497,8 +503,12 @@ static void pack_k(int type, const kblock *kb, uint8_t *o)
 
 static const kspec *kspec_of(int type)
 {
-    return type == STZ_GGML_Q2_K ? &K_Q2 : type == STZ_GGML_Q3_K ? &K_Q3 : type == STZ_GGML_Q4_K ? &K_Q4
-         : type == STZ_GGML_Q5_K ? &K_Q5 : type == STZ_GGML_Q6_K ? &K_Q6 : &K_XS;
+    return type == STZ_GGML_Q2_K   ? &K_Q2
+           : type == STZ_GGML_Q3_K ? &K_Q3
+           : type == STZ_GGML_Q4_K ? &K_Q4
+           : type == STZ_GGML_Q5_K ? &K_Q5
+           : type == STZ_GGML_Q6_K ? &K_Q6
+                                   : &K_XS;
 }
 
 int stz_ggml_quant256(int type, const float *x, const float *w, size_t n, uint8_t *out)

@@ -13,9 +13,18 @@ static long pack_float(stz_dtype d, const float *v, size_t n, uint8_t *out)
 {
     return stz_from_f32(d, v, n, out, NULL) ? 0 : -1;
 }
-static long pack_f32(const float *v, const float *s, size_t n, uint8_t *o) { return (void)s, pack_float(STZ_DTYPE_F32, v, n, o); }
-static long pack_f16(const float *v, const float *s, size_t n, uint8_t *o) { return (void)s, pack_float(STZ_DTYPE_F16, v, n, o); }
-static long pack_bf16(const float *v, const float *s, size_t n, uint8_t *o) { return (void)s, pack_float(STZ_DTYPE_BF16, v, n, o); }
+static long pack_f32(const float *v, const float *s, size_t n, uint8_t *o)
+{
+    return (void)s, pack_float(STZ_DTYPE_F32, v, n, o);
+}
+static long pack_f16(const float *v, const float *s, size_t n, uint8_t *o)
+{
+    return (void)s, pack_float(STZ_DTYPE_F16, v, n, o);
+}
+static long pack_bf16(const float *v, const float *s, size_t n, uint8_t *o)
+{
+    return (void)s, pack_float(STZ_DTYPE_BF16, v, n, o);
+}
 
 static void deq_f32(const uint8_t *in, size_t n, float *y) { stz_to_f32(STZ_DTYPE_F32, in, n, y, NULL); }
 static void deq_f16(const uint8_t *in, size_t n, float *y) { stz_to_f32(STZ_DTYPE_F16, in, n, y, NULL); }
@@ -122,7 +131,6 @@ static void deq_q4_0(const uint8_t *in, size_t n, float *y) { deq_nibbles(4, 0, 
 static void deq_q5_0(const uint8_t *in, size_t n, float *y) { deq_nibbles(5, 0, in, n, y); }
 static void deq_q4_1(const uint8_t *in, size_t n, float *y) { deq_nibbles(4, 1, in, n, y); }
 static void deq_q5_1(const uint8_t *in, size_t n, float *y) { deq_nibbles(5, 1, in, n, y); }
-
 
 /* ---- the super-blocks of 256: Q2_K .. Q6_K, IQ4_XS; and IQ4_NL ---------------- */
 
@@ -338,70 +346,72 @@ static int conv_float(stz_dtype d, const float *x, size_t n, uint8_t *out)
             return -1;
     return 0;
 }
-static int conv_f32(int t, const float *x, const float *w, size_t n, uint8_t *o) { return (void)t, (void)w, conv_float(STZ_DTYPE_F32, x, n, o); }
-static int conv_f16(int t, const float *x, const float *w, size_t n, uint8_t *o) { return (void)t, (void)w, conv_float(STZ_DTYPE_F16, x, n, o); }
-static int conv_bf16(int t, const float *x, const float *w, size_t n, uint8_t *o) { return (void)t, (void)w, conv_float(STZ_DTYPE_BF16, x, n, o); }
-#define Q32 stz_ggml_quant32
+static int conv_f32(int t, const float *x, const float *w, size_t n, uint8_t *o)
+{
+    return (void)t, (void)w, conv_float(STZ_DTYPE_F32, x, n, o);
+}
+static int conv_f16(int t, const float *x, const float *w, size_t n, uint8_t *o)
+{
+    return (void)t, (void)w, conv_float(STZ_DTYPE_F16, x, n, o);
+}
+static int conv_bf16(int t, const float *x, const float *w, size_t n, uint8_t *o)
+{
+    return (void)t, (void)w, conv_float(STZ_DTYPE_BF16, x, n, o);
+}
+#define Q32  stz_ggml_quant32
 #define Q256 stz_ggml_quant256
 
-#define ROW(ty, nm, blk, by, pk, dq, qz, b, lb)                                                                       \
-    .type = ty, .name = nm, .block = blk, .bytes = by, .pack = pk, .dequantize_ref = dq, .quantize = qz, .bits = b,   \
+#define ROW(ty, nm, blk, by, pk, dq, qz, b, lb)                                                                        \
+    .type = ty, .name = nm, .block = blk, .bytes = by, .pack = pk, .dequantize_ref = dq, .quantize = qz, .bits = b,    \
     .lib = lb
+// clang-format off
 #define F(n, o, l) {n, o, l, STZ_FIELD_BYTES}
+// clang-format on
+// clang-format off
 #define H(n, o) {n, o, 2, STZ_FIELD_F16}
+// clang-format on
+// clang-format off
 #define C(n, o, l) {n, o, l, STZ_FIELD_CODES}
+// clang-format on
 
 /* Every ggml type a GGUF file may hold. 31-33 and 36-38 were withdrawn
  * from GGUF files. Read but not written: tq1_0, tq2_0, mxfp4, nvfp4, and
  * through llama.cpp's library the IQ1-IQ3 types. */
 static const stz_ggml_traits types[] = {
-    {ROW(STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32, conv_f32, 32, 0),
-     .ftype = 0},
-    {ROW(STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16, 0),
-     .ftype = 1, .action = STZ_ACTION_F16},
-    {ROW(STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0, Q32, 4, 0),
-     .ftype = 2, .action = STZ_ACTION_Q4_0,
+    {ROW(STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32, conv_f32, 32, 0), .ftype = 0},
+    {ROW(STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16, 0), .ftype = 1, .action = STZ_ACTION_F16},
+    {ROW(STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0, Q32, 4, 0), .ftype = 2, .action = STZ_ACTION_Q4_0,
      .fields = {H("d", 0), F("qs", 2, 16)}},
-    {ROW(STZ_GGML_Q4_1, "q4_1", 32, 20, NULL, deq_q4_1, Q32, 4, 0),
-     .ftype = 3, .action = STZ_ACTION_Q4_1,
+    {ROW(STZ_GGML_Q4_1, "q4_1", 32, 20, NULL, deq_q4_1, Q32, 4, 0), .ftype = 3, .action = STZ_ACTION_Q4_1,
      .fields = {H("d", 0), H("m", 2), F("qs", 4, 16)}},
-    {ROW(STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0, Q32, 5, 0),
-     .ftype = 8, .action = STZ_ACTION_Q5_0, .codes = STZ_CODES_Q5,
-     .fields = {H("d", 0), C("qh", 2, 4), C("qs", 6, 16)}},
-    {ROW(STZ_GGML_Q5_1, "q5_1", 32, 24, NULL, deq_q5_1, Q32, 5, 0),
-     .ftype = 9, .action = STZ_ACTION_Q5_1, .codes = STZ_CODES_Q5,
-     .fields = {H("d", 0), H("m", 2), C("qh", 4, 4), C("qs", 8, 16)}},
-    {ROW(STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0, Q32, 8, 0),
-     .ftype = 7, .action = STZ_ACTION_Q8_0,
+    {ROW(STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0, Q32, 5, 0), .ftype = 8, .action = STZ_ACTION_Q5_0,
+     .codes = STZ_CODES_Q5, .fields = {H("d", 0), C("qh", 2, 4), C("qs", 6, 16)}},
+    {ROW(STZ_GGML_Q5_1, "q5_1", 32, 24, NULL, deq_q5_1, Q32, 5, 0), .ftype = 9, .action = STZ_ACTION_Q5_1,
+     .codes = STZ_CODES_Q5, .fields = {H("d", 0), H("m", 2), C("qh", 4, 4), C("qs", 8, 16)}},
+    {ROW(STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0, Q32, 8, 0), .ftype = 7, .action = STZ_ACTION_Q8_0,
      .fields = {H("d", 0), F("qs", 2, 32)}},
     {ROW(9, "q8_1", 32, 36, NULL, NULL, NULL, 0, 0)},
-    {ROW(STZ_GGML_Q2_K, "q2_k", 256, 84, NULL, deq_q2_k, Q256, 2, 0),
-     .ftype = 10, .action = STZ_ACTION_Q2_K,
+    {ROW(STZ_GGML_Q2_K, "q2_k", 256, 84, NULL, deq_q2_k, Q256, 2, 0), .ftype = 10, .action = STZ_ACTION_Q2_K,
      .fields = {F("scales", 0, 16), F("qs", 16, 64), H("d", 80), H("dmin", 82)}},
-    {ROW(STZ_GGML_Q3_K, "q3_k", 256, 110, NULL, deq_q3_k, Q256, 3, 0),
-     .ftype = 12, .action = STZ_ACTION_Q3_K,
+    {ROW(STZ_GGML_Q3_K, "q3_k", 256, 110, NULL, deq_q3_k, Q256, 3, 0), .ftype = 12, .action = STZ_ACTION_Q3_K,
      .fields = {F("hmask", 0, 32), F("qs", 32, 64), F("scales", 96, 12), H("d", 108)}},
-    {ROW(STZ_GGML_Q4_K, "q4_k", 256, 144, NULL, deq_q4_k, Q256, 4, 0),
-     .ftype = 15, .action = STZ_ACTION_Q4_K, .codes = STZ_CODES_Q4_K,
-     .fields = {H("d", 0), H("dmin", 2), F("scales", 4, 12), C("qs", 16, 128)}},
-    {ROW(STZ_GGML_Q5_K, "q5_k", 256, 176, NULL, deq_q5_k, Q256, 5, 0),
-     .ftype = 17, .action = STZ_ACTION_Q5_K, .codes = STZ_CODES_Q5_K,
+    {ROW(STZ_GGML_Q4_K, "q4_k", 256, 144, NULL, deq_q4_k, Q256, 4, 0), .ftype = 15, .action = STZ_ACTION_Q4_K,
+     .codes = STZ_CODES_Q4_K, .fields = {H("d", 0), H("dmin", 2), F("scales", 4, 12), C("qs", 16, 128)}},
+    {ROW(STZ_GGML_Q5_K, "q5_k", 256, 176, NULL, deq_q5_k, Q256, 5, 0), .ftype = 17, .action = STZ_ACTION_Q5_K,
+     .codes = STZ_CODES_Q5_K,
      .fields = {H("d", 0), H("dmin", 2), F("scales", 4, 12), C("qh", 16, 32), C("qs", 48, 128)}},
-    {ROW(STZ_GGML_Q6_K, "q6_k", 256, 210, NULL, deq_q6_k, Q256, 6, 0),
-     .ftype = 18, .action = STZ_ACTION_Q6_K, .codes = STZ_CODES_Q6_K,
-     .fields = {C("ql", 0, 128), C("qh", 128, 64), F("scales", 192, 16), H("d", 208)}},
+    {ROW(STZ_GGML_Q6_K, "q6_k", 256, 210, NULL, deq_q6_k, Q256, 6, 0), .ftype = 18, .action = STZ_ACTION_Q6_K,
+     .codes = STZ_CODES_Q6_K, .fields = {C("ql", 0, 128), C("qh", 128, 64), F("scales", 192, 16), H("d", 208)}},
     {ROW(15, "q8_k", 256, 292, NULL, NULL, NULL, 0, 0)},
     {ROW(16, "iq2_xxs", 256, 66, NULL, NULL, NULL, 0, 1)},
     {ROW(17, "iq2_xs", 256, 74, NULL, NULL, NULL, 0, 1)},
     {ROW(18, "iq3_xxs", 256, 98, NULL, NULL, NULL, 0, 1)},
     {ROW(19, "iq1_s", 256, 50, NULL, NULL, NULL, 0, 1)},
-    {ROW(STZ_GGML_IQ4_NL, "iq4_nl", 32, 18, NULL, deq_iq4_nl, Q32, 4, 0),
-     .ftype = 25, .action = STZ_ACTION_IQ4_NL,
+    {ROW(STZ_GGML_IQ4_NL, "iq4_nl", 32, 18, NULL, deq_iq4_nl, Q32, 4, 0), .ftype = 25, .action = STZ_ACTION_IQ4_NL,
      .fields = {H("d", 0), F("qs", 2, 16)}},
     {ROW(21, "iq3_s", 256, 110, NULL, NULL, NULL, 0, 1)},
     {ROW(22, "iq2_s", 256, 82, NULL, NULL, NULL, 0, 1)},
-    {ROW(STZ_GGML_IQ4_XS, "iq4_xs", 256, 136, NULL, deq_iq4_xs, Q256, 4, 0),
-     .ftype = 30, .action = STZ_ACTION_IQ4_XS,
+    {ROW(STZ_GGML_IQ4_XS, "iq4_xs", 256, 136, NULL, deq_iq4_xs, Q256, 4, 0), .ftype = 30, .action = STZ_ACTION_IQ4_XS,
      .fields = {H("d", 0), F("scales_h", 2, 2), F("scales_l", 4, 4), F("qs", 8, 128)}},
     {ROW(24, "i8", 1, 1, NULL, NULL, NULL, 0, 0)},
     {ROW(25, "i16", 1, 2, NULL, NULL, NULL, 0, 0)},
@@ -409,8 +419,7 @@ static const stz_ggml_traits types[] = {
     {ROW(27, "i64", 1, 8, NULL, NULL, NULL, 0, 0)},
     {ROW(28, "f64", 1, 8, NULL, NULL, NULL, 0, 0)},
     {ROW(29, "iq1_m", 256, 56, NULL, NULL, NULL, 0, 1)},
-    {ROW(STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16, 0),
-     .ftype = 32, .action = STZ_ACTION_BF16},
+    {ROW(STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16, 0), .ftype = 32, .action = STZ_ACTION_BF16},
     {ROW(34, "tq1_0", 256, 54, NULL, deq_tq1_0, NULL, 0, 0)},
     {ROW(35, "tq2_0", 256, 66, NULL, deq_tq2_0, NULL, 0, 0)},
     {ROW(39, "mxfp4", 32, 17, NULL, deq_mxfp4, NULL, 0, 0)},
@@ -517,7 +526,9 @@ int stz_ggml_fallback(int type, uint64_t n)
     if (b && n % b == 0)
         return type;
     if (b == 256 && n % STZ_GGML_QK == 0)
-        return type == STZ_GGML_Q4_K ? STZ_GGML_Q5_0 : type == STZ_GGML_Q5_K ? STZ_GGML_Q5_1
-             : type == STZ_GGML_Q6_K ? STZ_GGML_Q8_0 : STZ_GGML_IQ4_NL;
+        return type == STZ_GGML_Q4_K   ? STZ_GGML_Q5_0
+               : type == STZ_GGML_Q5_K ? STZ_GGML_Q5_1
+               : type == STZ_GGML_Q6_K ? STZ_GGML_Q8_0
+                                       : STZ_GGML_IQ4_NL;
     return STZ_GGML_F16;
 }

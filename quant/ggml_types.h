@@ -14,7 +14,7 @@
 typedef struct {
     const char *name; /* "d", "qs", ...; NULL ends a row's list */
     uint16_t off, len;
-    uint8_t kind;     /* STZ_FIELD_* */
+    uint8_t kind; /* STZ_FIELD_* */
 } stz_ggml_field;
 
 enum {
@@ -27,7 +27,7 @@ enum {
  * (pack/blocks.c, docs/FORMAT.md "Transform 7"). */
 enum { STZ_CODES_NONE, STZ_CODES_Q5, STZ_CODES_Q4_K, STZ_CODES_Q5_K, STZ_CODES_Q6_K };
 
-#define STZ_GGML_FIELDS 6      /* fields of a block, at most */
+#define STZ_GGML_FIELDS     6  /* fields of a block, at most */
 #define STZ_GGML_TYPE_LIMIT 64 /* every row's number is below it */
 
 typedef struct stz_ggml_traits {
@@ -49,8 +49,8 @@ typedef struct stz_ggml_traits {
      * (ggml_quant.c) or converted, weights w (NULL: 1): 0, or -1 when a
      * scale passes F16's range. NULL: stz does not write the type. */
     int (*quantize)(int type, const float *x, const float *w, size_t n, uint8_t *out);
-    int bits;         /* the code width stz's actions give it (q4_k 4, f16 16) */
-    int lib;          /* 1: decoded by llama.cpp's own library (ggml_lib.c) */
+    int bits; /* the code width stz's actions give it (q4_k 4, f16 16) */
+    int lib;  /* 1: decoded by llama.cpp's own library (ggml_lib.c) */
     /* The types stz writes: llama.cpp's LLAMA_FTYPE of a file whose
      * matrices are mostly of this type (general.file_type), and the policy
      * action that writes it. */

@@ -14,8 +14,8 @@
 /* ---- 8-bit log-coded scales: a sign bit and m in 1..127, s = +-base * 2^((m - 120) / 8) ---- */
 
 /* 2^(k/8) rounded to float, k = 0..7: the reader's table too (FORMAT.md). */
-static const float frac8[8] = {1.0f, 1.09050773f, 1.18920712f, 1.29683955f, 1.41421356f, 1.54221083f, 1.68179283f,
-                               1.83400809f};
+static const float frac8[8] = {1.0f,        1.09050773f, 1.18920712f, 1.29683955f,
+                               1.41421356f, 1.54221083f, 1.68179283f, 1.83400809f};
 
 static inline float scale_value(float base, uint8_t c)
 {
@@ -30,8 +30,8 @@ static inline float scale_value(float base, uint8_t c)
 float stz_qf_scale_value(float base, uint8_t c) { return scale_value(base, c); }
 
 /* 2^((k + 0.5) / 8), k = 0..7: the rounding points between codes. */
-static const float half8[8] = {1.04427378f, 1.13878863f, 1.24185781f, 1.35425555f, 1.47682615f, 1.61049033f,
-                               1.75625216f, 1.91520656f};
+static const float half8[8] = {1.04427378f, 1.13878863f, 1.24185781f, 1.35425555f,
+                               1.47682615f, 1.61049033f, 1.75625216f, 1.91520656f};
 
 /* The code whose value is nearest s in log scale; 0 for s == 0. */
 static uint8_t scale_code(float base, float s)
@@ -106,7 +106,7 @@ static inline float rndf(float v) { return (float)(int)(v + (v < 0 ? -0.5f : 0.5
  * tie): a branch-free binary search over the midpoints (f->mid, +inf past
  * the last). Past 16 levels, when no bin of a table over t holds two
  * midpoints, the table's count below the bin and one comparison. */
-#define LUT_BINS 1024
+#define LUT_BINS  1024
 #define LUT_RANGE 1.25f
 
 static inline int nl_bin(float t)
@@ -156,8 +156,8 @@ static inline int code_of(const stz_qformat *f, int lo, int hi, float t)
 #define STZ_QF_CLONES STZ_CLONES("arch=x86-64-v4", "avx2", "default")
 #endif
 
-STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi, const float *x, size_t n, float s,
-                                   double *sxl, double *sll, uint8_t *codes)
+STZ_QF_CLONES static double assign(const stz_qformat *f, int lo, int hi, const float *x, size_t n, float s, double *sxl,
+                                   double *sll, uint8_t *codes)
 {
     float inv = s != 0 ? 1.0f / s : 0.0f, flo = (float)lo, fhi = (float)hi;
     v8f e = {0}, a = {0}, b = {0}, m0, m1, l0, l1;
@@ -422,8 +422,8 @@ int stz_qf_quantize_row(const stz_qformat *f, const float *x, size_t n, uint8_t 
     for (size_t b = 0, i = 0; i < n; b++, i += f->block) {
         size_t len = n - i < f->block ? n - i : f->block;
         int have;
-        if (block_params(f, x + i, f->weights ? f->weights + i : NULL, len, &scales[b], mins ? &mins[b] : NULL,
-                         codes, &have))
+        if (block_params(f, x + i, f->weights ? f->weights + i : NULL, len, &scales[b], mins ? &mins[b] : NULL, codes,
+                         &have))
             return -1;
         float inv = scales[b] != 0 ? 1.0f / scales[b] : 0.0f;
         for (size_t k = 0; k < len; k += sizeof codes) { /* pieces of a long block */
@@ -473,8 +473,8 @@ void stz_qf_unpack_codes(int bits, const uint8_t *q, size_t n, uint8_t *codes)
     }
 }
 
-STZ_QF_CLONES void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales,
-                                         const float *mins, size_t n, float *y)
+STZ_QF_CLONES void stz_qf_dequantize_row(const stz_qformat *f, const uint8_t *q, const float *scales, const float *mins,
+                                         size_t n, float *y)
 {
     if (f->ggml) { /* a partial last block (ggml_row): its first values */
         size_t whole = n / f->block * f->block;

@@ -20,10 +20,7 @@ static float round_up_scale(float s, stz_dtype sd)
 }
 
 /* Nearest value of the scale dtype (either sign); -1 flag via isinf. */
-static float round_scale(float s, stz_dtype sd)
-{
-    return sd == STZ_DTYPE_F32 ? s : stz_f16_to_f32(stz_f32_to_f16(s));
-}
+static float round_scale(float s, stz_dtype sd) { return sd == STZ_DTYPE_F32 ? s : stz_f16_to_f32(stz_f32_to_f16(s)); }
 
 /* round half away from zero, as a cheap conversion the compiler vectorises */
 static inline int rnd(float v) { return (int)(v + (v < 0 ? -0.5f : 0.5f)); }
@@ -86,8 +83,7 @@ static int block_scale(const float *x, size_t n, int qmax, stz_qmethod m, stz_dt
     return 0;
 }
 
-int stz_q8_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype sd, int8_t *q,
-                        float *scales)
+int stz_q8_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype sd, int8_t *q, float *scales)
 {
     for (size_t b = 0, i = 0; i < n; b++, i += block) {
         size_t len = n - i < block ? n - i : block;
@@ -99,8 +95,7 @@ int stz_q8_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, s
     return 0;
 }
 
-int stz_q4_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype sd, uint8_t *q,
-                        float *scales)
+int stz_q4_quantize_ref(const float *x, size_t n, size_t block, stz_qmethod m, stz_dtype sd, uint8_t *q, float *scales)
 {
     int8_t tmp[256];
     memset(q, 0, stz_q_row_bytes(4, n));
@@ -183,8 +178,7 @@ stz_status stz_to_f32(stz_dtype d, const uint8_t *src, size_t n, float *dst, stz
             dst[i] = (float)v;
         }
         return STZ_OK;
-    default:
-        return stz_err_set(err, STZ_E_DTYPE, "cannot convert %s to F32", stz_dtype_name(d));
+    default: return stz_err_set(err, STZ_E_DTYPE, "cannot convert %s to F32", stz_dtype_name(d));
     }
 }
 
@@ -214,7 +208,6 @@ stz_status stz_from_f32(stz_dtype d, const float *src, size_t n, uint8_t *dst, s
             stz_put_le64(dst + 8 * i, u);
         }
         return STZ_OK;
-    default:
-        return stz_err_set(err, STZ_E_DTYPE, "cannot convert F32 to %s", stz_dtype_name(d));
+    default: return stz_err_set(err, STZ_E_DTYPE, "cannot convert F32 to %s", stz_dtype_name(d));
     }
 }

@@ -80,7 +80,8 @@ static stz_status parse_shape(const stz_reader *r, const stz_tensor *t, const cJ
 static stz_status find_companions(const stz_reader *r, const stz_tensor *t, const cJSON *o, qinfo *qi, stz_err *err)
 {
     const char *P = stz_reader_path(r);
-    const cJSON *names[2] = {cJSON_GetObjectItemCaseSensitive(o, "scales"), cJSON_GetObjectItemCaseSensitive(o, "mins")};
+    const cJSON *names[2] = {cJSON_GetObjectItemCaseSensitive(o, "scales"),
+                             cJSON_GetObjectItemCaseSensitive(o, "mins")};
     const stz_tensor **found[2] = {&qi->sc, &qi->mn};
     for (int k = 0; k < 2; k++) {
         if (!cJSON_IsString(names[k]))
@@ -88,11 +89,14 @@ static stz_status find_companions(const stz_reader *r, const stz_tensor *t, cons
         long si = stz_reader_find(r, names[k]->valuestring);
         *found[k] = si >= 0 ? stz_reader_tensor(r, (size_t)si) : NULL;
         if (!*found[k] || (*found[k])->dtype != qi->scale_dtype || !same_layout(*found[k], qi, qi->nblocks))
-            return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s tensor '%s' is missing or has the wrong "
-                               "dtype or size", P, t->name, k ? "minimums" : "scales", names[k]->valuestring);
+            return stz_err_set(err, STZ_E_FORMAT,
+                               "%s: tensor '%s': %s tensor '%s' is missing or has the wrong "
+                               "dtype or size",
+                               P, t->name, k ? "minimums" : "scales", names[k]->valuestring);
     }
     if (!qi->sc) {
-        const cJSON *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"), *mnv = cJSON_GetObjectItemCaseSensitive(o, "min");
+        const cJSON *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"),
+                    *mnv = cJSON_GetObjectItemCaseSensitive(o, "min");
         if (qi->rows * qi->nblocks != 1)
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': one scale for %llu blocks", P, t->name,
                                (unsigned long long)(qi->rows * qi->nblocks));
@@ -111,7 +115,8 @@ static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, cons
     const char *P = stz_reader_path(r);
     static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "packing", NULL};
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
-                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing"), *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"),
+                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing"),
+                *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"),
                 *blk = cJSON_GetObjectItemCaseSensitive(o, "block_size");
     const char *unknown = stz_json_unknown_key(o, known);
     const stz_ggml_traits *g = stz_ggml_traits_of(type);
@@ -120,7 +125,8 @@ static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, cons
                            STZ_QUANT_META_PREFIX, t->name, unknown);
     if (!cJSON_IsString(pk) || strcmp(pk->valuestring, STZ_QUANT_GGML_PACKING))
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown packing '%s' for %s (this stz reads '%s')",
-                           P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)", g->name, STZ_QUANT_GGML_PACKING);
+                           P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)", g->name,
+                           STZ_QUANT_GGML_PACKING);
     if (!cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) || !float_origin(qi->dtype) ||
         !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !cJSON_IsNumber(bits) ||
         bits->valuedouble != g->bits || !cJSON_IsNumber(blk) || blk->valuedouble != g->block)
@@ -145,16 +151,20 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
 {
     const char *P = stz_reader_path(r);
     cJSON *o = cJSON_Parse(json);
-    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"), *blk = cJSON_GetObjectItemCaseSensitive(o, "block_size"),
+    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"),
+                *blk = cJSON_GetObjectItemCaseSensitive(o, "block_size"),
                 *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
-                *scn = cJSON_GetObjectItemCaseSensitive(o, "scales"), *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"),
+                *scn = cJSON_GetObjectItemCaseSensitive(o, "scales"),
+                *scv = cJSON_GetObjectItemCaseSensitive(o, "scale"),
                 *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype"),
                 *base = cJSON_GetObjectItemCaseSensitive(o, "scale_base"),
                 *mnn = cJSON_GetObjectItemCaseSensitive(o, "mins"), *mnv = cJSON_GetObjectItemCaseSensitive(o, "min"),
                 *lv = cJSON_GetObjectItemCaseSensitive(o, "levels");
-    static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "scales", "scale",
-                                        "scale_dtype", "scale_base", "mins", "min", "levels", "packing", NULL};
-    const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method"), *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
+    static const char *const known[] = {"method", "bits",   "block_size",  "dtype",      "shape",
+                                        "scales", "scale",  "scale_dtype", "scale_base", "mins",
+                                        "min",    "levels", "packing",     NULL};
+    const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method"),
+                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
     const char *unknown = stz_json_unknown_key(o, known), *dup = stz_json_duplicate_key(o);
     stz_status st = STZ_OK;
     int m = -1;
@@ -166,8 +176,9 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
         goto done;
     }
     if (unknown || dup) {
-        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': %s%s has %s key '%s'", P, t->name, STZ_QUANT_META_PREFIX,
-                         t->name, unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
+        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': %s%s has %s key '%s'", P, t->name,
+                         STZ_QUANT_META_PREFIX, t->name, unknown ? "an unknown" : "a duplicate",
+                         unknown ? unknown : dup);
         goto done;
     }
     for (int j = 0; j < STZ_QMETHOD_COUNT && cJSON_IsString(meth); j++) /* nl-fit is stored as nl + levels */
@@ -186,17 +197,19 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     int nb = cJSON_IsNumber(bits) ? (int)bits->valuedouble : 0;
     const char *want_pk = nb == 4 ? STZ_QUANT_INT4_PACKING : nb == 8 ? NULL : STZ_QUANT_MSB_PACKING;
     if (want_pk ? !cJSON_IsString(pk) || strcmp(pk->valuestring, want_pk) : pk != NULL) {
-        st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown packing '%s' (this stz reads '%s' for "
-                         "4 bits, '%s' for 2, 3, 5 and 6, and none for 8)", P, t->name,
-                         cJSON_IsString(pk) ? pk->valuestring : "(none)", STZ_QUANT_INT4_PACKING, STZ_QUANT_MSB_PACKING);
+        st = stz_err_set(err, STZ_E_UNSUPPORTED,
+                         "%s: tensor '%s': unknown packing '%s' (this stz reads '%s' for "
+                         "4 bits, '%s' for 2, 3, 5 and 6, and none for 8)",
+                         P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)", STZ_QUANT_INT4_PACKING,
+                         STZ_QUANT_MSB_PACKING);
         goto done;
     }
     qi->fmt.method = (stz_qmethod)m;
     if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || bits->valuedouble != nb || nb < 2 || nb > 8 || nb == 7 ||
-        ((m == STZ_QMETHOD_NL) && nb > 6) || (m == STZ_QMETHOD_TRELLIS && nb > 4) || !cJSON_IsNumber(blk) || blk->valuedouble < 1 ||
-        blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) ||
-        !float_origin(qi->dtype) ||
-        !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) ||
+        ((m == STZ_QMETHOD_NL) && nb > 6) || (m == STZ_QMETHOD_TRELLIS && nb > 4) || !cJSON_IsNumber(blk) ||
+        blk->valuedouble < 1 || blk->valuedouble > (1 << 20) || !cJSON_IsString(dt) ||
+        stz_dtype_parse(dt->valuestring, &qi->dtype) || !float_origin(qi->dtype) || !cJSON_IsArray(sh) ||
+        cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !(cJSON_IsString(scn) || cJSON_IsNumber(scv)) ||
         !cJSON_IsString(sdt) || stz_dtype_parse(sdt->valuestring, &qi->scale_dtype) ||
         (qi->scale_dtype != STZ_DTYPE_F16 && qi->scale_dtype != STZ_DTYPE_F32 && qi->scale_dtype != STZ_DTYPE_U8) ||
         (qi->scale_dtype == STZ_DTYPE_U8) != cJSON_IsNumber(base) ||
@@ -205,7 +218,8 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
         (m == STZ_QMETHOD_ASYM) != (cJSON_IsString(mnn) || cJSON_IsNumber(mnv)) ||
         (m == STZ_QMETHOD_ASYM && (qi->scale_dtype == STZ_DTYPE_U8 || cJSON_IsString(scn) != cJSON_IsString(mnn))) ||
         (lv && m != STZ_QMETHOD_NL)) {
-        st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, STZ_QUANT_META_PREFIX, t->name);
+        st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, STZ_QUANT_META_PREFIX,
+                         t->name);
         goto done;
     }
     qi->bits = nb;
@@ -214,8 +228,10 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     qi->fmt.bits = nb, qi->fmt.block = qi->block, qi->fmt.scale_dtype = qi->scale_dtype;
     qi->fmt.scale_base = base ? (float)base->valuedouble : 0;
     if (m == STZ_QMETHOD_NL && parse_levels(lv, &qi->fmt)) {
-        st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'levels' must be %d whole numbers in [-32767, 32767] "
-                         "in increasing order", P, t->name, 1 << nb);
+        st = stz_err_set(err, STZ_E_FORMAT,
+                         "%s: tensor '%s': 'levels' must be %d whole numbers in [-32767, 32767] "
+                         "in increasing order",
+                         P, t->name, 1 << nb);
         goto done;
     }
     if ((st = parse_shape(r, t, sh, qi, err)))
@@ -253,9 +269,11 @@ static stz_status svd_load(const stz_reader *r, qinfo *qi, stz_err *err)
     float *vs = malloc(k * sizeof *vs);
     uint8_t *b = malloc(k * 4 + 1);
     qi->vh = malloc(k * n * sizeof *qi->vh), qi->sv = malloc(k * sizeof *qi->sv);
-    stz_status st = q && vs && b && qi->vh && qi->sv ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the SVD factors");
-    if (!st && !(st = stz_reader_read(r, qi->Vh, 0, q, k * n, err)) && !(st = stz_reader_read(r, qi->Vs, 0, b, k * 4, err)) &&
-        !(st = stz_to_f32(STZ_DTYPE_F32, b, k, vs, err)) && !(st = stz_reader_read(r, qi->S, 0, q + k * n, k, err))) {
+    stz_status st =
+        q && vs && b && qi->vh && qi->sv ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the SVD factors");
+    if (!st && !(st = stz_reader_read(r, qi->Vh, 0, q, k * n, err)) &&
+        !(st = stz_reader_read(r, qi->Vs, 0, b, k * 4, err)) && !(st = stz_to_f32(STZ_DTYPE_F32, b, k, vs, err)) &&
+        !(st = stz_reader_read(r, qi->S, 0, q + k * n, k, err))) {
         for (size_t i = 0; i < k; i++)
             stz_q8_dequantize_ref(q + i * n, vs + i, n, n, qi->vh + i * n);
         stz_q8_dequantize_ref(q + k * n, &qi->s_scale, k, k, qi->sv);
@@ -281,14 +299,14 @@ static stz_status trellis_rows(const stz_reader *r, const qinfo *qi, uint64_t ro
     stz_status st = codes ? stz_reader_read(r, qi->t, a * rb, codes, (size_t)(b2 - a) * rb, err)
                           : stz_err_set(err, STZ_E_NOMEM, "out of memory for the codes of '%s'", qi->name);
     if (!st && stz_trellis_dequantize_rows(&qi->fmt, codes, a, qi->rows, row, nr, sc, (size_t)qi->cols, f))
-        st = stz_err_set(err, STZ_E_NOMEM, "%s: tensor '%s': out of memory decoding rows", stz_reader_path(r),
-                         qi->name);
+        st =
+            stz_err_set(err, STZ_E_NOMEM, "%s: tensor '%s': out of memory decoding rows", stz_reader_path(r), qi->name);
     free(codes);
     return st;
 }
 
-stz_status stz_qi_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_t nr, uint8_t *raw,
-                       uint8_t *sbytes, float *sc, float *f, stz_err *err)
+stz_status stz_qi_rows(const stz_reader *r, qinfo *qi, uint64_t row, size_t nr, uint8_t *raw, uint8_t *sbytes,
+                       float *sc, float *f, stz_err *err)
 {
     if (qi->svd) {
         /* W rows (nr, n) = U rows (nr, k) @ diag(S) @ Vh (k, n) */
@@ -348,12 +366,14 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
     static const char *const keys[5] = {"U", "U_scales", "S", "Vh", "Vh_scales"};
     const stz_tensor *f[5];
     const cJSON *rk = cJSON_GetObjectItemCaseSensitive(o, "rank"), *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"),
-                *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"), *ss = cJSON_GetObjectItemCaseSensitive(o, "S_scale");
+                *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
+                *ss = cJSON_GetObjectItemCaseSensitive(o, "S_scale");
     static const char *const known[] = {"method", "svd_method", "power_iters", "oversample", "bits", "rank",
-                                        "dtype", "shape", "U", "U_scales", "S", "S_scale", "Vh", "Vh_scales",
-                                        "scale_dtype", "rel_error", NULL};
+                                        "dtype",  "shape",      "U",           "U_scales",   "S",    "S_scale",
+                                        "Vh",     "Vh_scales",  "scale_dtype", "rel_error",  NULL};
     const char *unknown = stz_json_unknown_key(o, known), *dup = stz_json_duplicate_key(o);
-    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"), *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
+    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"),
+                *sdt = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
     memset(qi, 0, sizeof *qi);
     qi->name = name, qi->svd = 1, qi->bits = 8, qi->method = "svd";
     if (unknown || dup)
@@ -361,11 +381,15 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
                            unknown ? "an unknown" : "a duplicate", unknown ? unknown : dup);
     const cJSON *sm = cJSON_GetObjectItemCaseSensitive(o, "svd_method");
     if (sm && !(cJSON_IsString(sm) && (!strcmp(sm->valuestring, "exact") || !strcmp(sm->valuestring, "randomized"))))
-        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': unknown svd_method (this stz writes \"exact\" and "
-                           "\"randomized\")", P, name);
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: tensor '%s': unknown svd_method (this stz writes \"exact\" and "
+                           "\"randomized\")",
+                           P, name);
     if (!cJSON_IsNumber(bits) || bits->valuedouble != 8 || !cJSON_IsString(sdt) || strcmp(sdt->valuestring, "F32"))
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': svd factors with 'bits' other than 8 or "
-                           "'scale_dtype' other than F32 (this stz reads INT8 factors with F32 scales)", P, name);
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: tensor '%s': svd factors with 'bits' other than 8 or "
+                           "'scale_dtype' other than F32 (this stz reads INT8 factors with F32 scales)",
+                           P, name);
     for (int j = 0; j < 5; j++) {
         const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, keys[j]);
         long ti = cJSON_IsString(k) ? stz_reader_find(r, k->valuestring) : -1;
@@ -373,13 +397,14 @@ static stz_status parse_svd_info(const stz_reader *r, const char *name, const cJ
         if (!f[j])
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': svd factor '%s' is missing", P, name, keys[j]);
     }
-    if (!cJSON_IsNumber(rk) || rk->valuedouble < 1 || !cJSON_IsString(dt) || stz_dtype_parse(dt->valuestring, &qi->dtype) ||
-        !float_origin(qi->dtype) ||
-        !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) < 2 || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !cJSON_IsNumber(ss))
+    if (!cJSON_IsNumber(rk) || rk->valuedouble < 1 || !cJSON_IsString(dt) ||
+        stz_dtype_parse(dt->valuestring, &qi->dtype) || !float_origin(qi->dtype) || !cJSON_IsArray(sh) ||
+        cJSON_GetArraySize(sh) < 2 || cJSON_GetArraySize(sh) > STZ_ST_MAX_NDIM || !cJSON_IsNumber(ss))
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid svd entry", P, name);
     qi->numel = 1;
     for (const cJSON *d = sh->child; d; d = d->next) {
-        if (!cJSON_IsNumber(d) || d->valuedouble < 1 || d->valuedouble != floor(d->valuedouble) || d->valuedouble > 1e15)
+        if (!cJSON_IsNumber(d) || d->valuedouble < 1 || d->valuedouble != floor(d->valuedouble) ||
+            d->valuedouble > 1e15)
             return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid original shape", P, name);
         qi->shape[qi->ndim++] = (uint64_t)d->valuedouble;
         qi->numel *= (uint64_t)d->valuedouble;
@@ -421,8 +446,10 @@ stz_status stz_qi_scan(const stz_reader *r, qinfo *qi, char *skip, size_t *maxco
         if (strncmp(key, STZ_QUANT_META_PREFIX, plen) || !strcmp(key, "stz.quant.version"))
             continue;
         if (!version)
-            return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: metadata '%s' without 'stz.quant.version': not a file "
-                               "this stz wrote, refusing to guess its layout", P, key);
+            return stz_err_set(err, STZ_E_UNSUPPORTED,
+                               "%s: metadata '%s' without 'stz.quant.version': not a file "
+                               "this stz wrote, refusing to guess its layout",
+                               P, key);
         const char *name = key + plen;
         cJSON *o = cJSON_Parse(stz_reader_meta_value(r, k));
         const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method");
@@ -435,8 +462,9 @@ stz_status stz_qi_scan(const stz_reader *r, qinfo *qi, char *skip, size_t *maxco
                      : parse_svd_info(r, name, o, &tmp, err);
         } else {
             long ti = stz_reader_find(r, name);
-            st = ti < 0 ? stz_err_set(err, STZ_E_FORMAT, "%s: metadata describes tensor '%s', which is missing", P, name)
-                        : parse_qinfo(r, stz_reader_tensor(r, (size_t)ti), stz_reader_meta_value(r, k), &tmp, err);
+            st = ti < 0
+                     ? stz_err_set(err, STZ_E_FORMAT, "%s: metadata describes tensor '%s', which is missing", P, name)
+                     : parse_qinfo(r, stz_reader_tensor(r, (size_t)ti), stz_reader_meta_value(r, k), &tmp, err);
             tmp.name = name;
         }
         cJSON_Delete(o);

@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const action_names[STZ_ACTION_FIRST_GGML] = {"keep", "int8", "int4", "svd", "int2", "int3", "int5", "int6"};
+static const char *const action_names[STZ_ACTION_FIRST_GGML] = {"keep", "int8", "int4", "svd",
+                                                                "int2", "int3", "int5", "int6"};
 
 int stz_action_ggml_type(stz_action a)
 {
@@ -37,10 +38,7 @@ stz_action stz_action_of_name(const char *name)
     return STZ_ACTION_COUNT;
 }
 
-int stz_action_is_block(stz_action a)
-{
-    return stz_action_bits(a) && a != STZ_ACTION_F16 && a != STZ_ACTION_BF16;
-}
+int stz_action_is_block(stz_action a) { return stz_action_bits(a) && a != STZ_ACTION_F16 && a != STZ_ACTION_BF16; }
 
 int stz_action_bits(stz_action a)
 {
@@ -49,8 +47,7 @@ int stz_action_bits(stz_action a)
     return t >= 0 ? stz_ggml_traits_of(t)->bits : (unsigned)a < STZ_ACTION_FIRST_GGML ? bits[a] : 0;
 }
 
-static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit",
-                                                                  "trellis"};
+static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit", "trellis"};
 const char *stz_qmethod_name(stz_qmethod m) { return (unsigned)m < STZ_QMETHOD_COUNT ? method_names[m] : "?"; }
 
 size_t stz_quant_first_nonfinite(const float *x, size_t n)
@@ -179,7 +176,10 @@ static void add_error(stz_qmem *out, cos_sums *c, const float *x, const float *y
         }
 }
 
-static double cosine_of(const cos_sums *c) { return c->xx > 0 && c->yy > 0 ? c->xy / sqrt(c->xx * c->yy) : c->xx == c->yy; }
+static double cosine_of(const cos_sums *c)
+{
+    return c->xx > 0 && c->yy > 0 ? c->xy / sqrt(c->xx * c->yy) : c->xx == c->yy;
+}
 
 static stz_status svd_tensor(const stz_decision *d, const float *x, const float *w, size_t m, size_t n, stz_qmem *out,
                              float *y, stz_err *err)
@@ -190,9 +190,13 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, const float 
     if (st)
         return st;
     size_t rk = f.rank;
-    static const stz_dtype dt[STZ_PART_COUNT] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8, STZ_DTYPE_F32};
-    const size_t len[STZ_PART_COUNT] = {[STZ_PART_U] = m * rk, [STZ_PART_U_SCALES] = 4 * m, [STZ_PART_S] = rk,
-                                        [STZ_PART_VH] = rk * n, [STZ_PART_VH_SCALES] = 4 * rk};
+    static const stz_dtype dt[STZ_PART_COUNT] = {STZ_DTYPE_I8, STZ_DTYPE_F32, STZ_DTYPE_I8, STZ_DTYPE_I8,
+                                                 STZ_DTYPE_F32};
+    const size_t len[STZ_PART_COUNT] = {[STZ_PART_U] = m * rk,
+                                        [STZ_PART_U_SCALES] = 4 * m,
+                                        [STZ_PART_S] = rk,
+                                        [STZ_PART_VH] = rk * n,
+                                        [STZ_PART_VH_SCALES] = 4 * rk};
     float *Us = malloc(m * sizeof *Us), *Vs = malloc(rk * sizeof *Vs), *W = y ? y : malloc(m * n * sizeof *W), s_scale;
     int got = 1;
     for (int k = 0; k < STZ_PART_COUNT; k++)
@@ -205,8 +209,7 @@ static stz_status svd_tensor(const stz_decision *d, const float *x, const float 
         stz_svd_q8(&f, Uq, Us, Sq, &s_scale, Vq, Vs);
         stz_from_f32(STZ_DTYPE_F32, Us, m, out->part[STZ_PART_U_SCALES], err);
         stz_from_f32(STZ_DTYPE_F32, Vs, rk, out->part[STZ_PART_VH_SCALES], err);
-        st = stz_svd_q8_rebuild(Uq, Us, Sq, s_scale, Vq,
-                                Vs, m, n, rk, W, err);
+        st = stz_svd_q8_rebuild(Uq, Us, Sq, s_scale, Vq, Vs, m, n, rk, W, err);
     }
     cos_sums c = {0};
     if (!st)
@@ -239,12 +242,15 @@ stz_status stz_qtensor_begin(const stz_decision *d, const float *x, const float 
     stz_qf_of_decision(d, f);
     f->weights = weights;
     if (f->ggml && cols % f->block && f->block != STZ_GGML_QK) /* 32-blocks: the last one padded */
-        return stz_err_set(err, STZ_E_ARG, "rows of %llu are not whole blocks of %s (%u): use the type "
-                           "stz_ggml_fallback gives", (unsigned long long)cols, f->ggml->name, f->block);
+        return stz_err_set(err, STZ_E_ARG,
+                           "rows of %llu are not whole blocks of %s (%u): use the type "
+                           "stz_ggml_fallback gives",
+                           (unsigned long long)cols, f->ggml->name, f->block);
     if (f->method == STZ_QMETHOD_TRELLIS && !stz_trellis_fits(f->bits, rows))
-        return stz_err_set(err, STZ_E_ARG, "method \"trellis\" takes int2..int4 matrices of at least %d rows, not "
-                           "%d bits and %llu rows", STZ_TRELLIS_L / (f->bits >= 2 ? f->bits : 2), f->bits,
-                           (unsigned long long)rows);
+        return stz_err_set(err, STZ_E_ARG,
+                           "method \"trellis\" takes int2..int4 matrices of at least %d rows, not "
+                           "%d bits and %llu rows",
+                           STZ_TRELLIS_L / (f->bits >= 2 ? f->bits : 2), f->bits, (unsigned long long)rows);
     uint64_t n = rows * cols, ns = rows * stz_q_blocks(cols, f->block);
     size_t bad = stz_quant_first_nonfinite(x, (size_t)n);
     if (bad < n)
@@ -292,7 +298,8 @@ stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qme
         add_error(out, &c, x + r * cols, yr, f->weights, (size_t)(b - r), (size_t)cols);
     }
     out->cosine = cosine_of(&c);
-    for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (mn ? STZ_PART_MINS : STZ_PART_SCALES); k++) { /* one block: its scale is in the metadata */
+    for (int k = STZ_PART_SCALES; !st && ns > 1 && !f->ggml && k <= (mn ? STZ_PART_MINS : STZ_PART_SCALES);
+         k++) { /* one block: its scale is in the metadata */
         out->len[k] = (size_t)ns * ssz;
         if (!(out->part[k] = malloc(out->len[k] + 1)))
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the scales");

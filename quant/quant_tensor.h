@@ -63,8 +63,8 @@ stz_status stz_qtensor_end(const float *x, uint64_t rows, uint64_t cols, stz_qme
                            float *all, stz_err *err);
 /* stz_quantize_tensor_y of a trellis decision, on `threads` threads (the
  * same bytes for any). */
-stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
-                              uint64_t cols, int threads, stz_qmem *out, float *y, stz_err *err);
+stz_status stz_trellis_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows, uint64_t cols,
+                              int threads, stz_qmem *out, float *y, stz_err *err);
 /* A trellis's rows x cols values x (whole segments, as a tensor of `rows`
  * rows cuts them) in format f (its scale base and importance set), on
  * `threads` threads: the codes into q (rows x stz_qf_bytes), the blocks'
@@ -83,8 +83,8 @@ void stz_qf_unpack_codes(int bits, const uint8_t *q, size_t n, uint8_t *codes);
 float stz_qf_store_scale(const stz_qformat *f, float s);
 
 /* ---- the method "trellis" (quant/trellis.c) ---- */
-#define STZ_TRELLIS_L 12      /* bits of a state */
-#define STZ_TRELLIS_ROWS 128  /* rows of a segment; the last one takes the rest */
+#define STZ_TRELLIS_L    12  /* bits of a state */
+#define STZ_TRELLIS_ROWS 128 /* rows of a segment; the last one takes the rest */
 
 /* code() of a state: an integer in [-510, 510]. */
 int stz_trellis_code(uint32_t state);
@@ -133,8 +133,7 @@ stz_svd_params stz_svd_params_of(const stz_decision *d);
 
 /* A factorisation's INT8 factors as stz_quantize_file stores them: one F32
  * scale per row of U (m x r) and of Vh (r x n), one for S. */
-void stz_svd_q8(const stz_svd_result *f, int8_t *Uq, float *Us, int8_t *Sq, float *s_scale, int8_t *Vq,
-                float *Vs);
+void stz_svd_q8(const stz_svd_result *f, int8_t *Uq, float *Us, int8_t *Sq, float *s_scale, int8_t *Vq, float *Vs);
 /* W (m x n) rebuilt from INT8 factors of rank r, as readers see it. */
 stz_status stz_svd_q8_rebuild(const int8_t *Uq, const float *Us, const int8_t *Sq, float s_scale, const int8_t *Vq,
                               const float *Vs, size_t m, size_t n, size_t r, float *W, stz_err *err);
@@ -143,19 +142,19 @@ static inline uint64_t stz_svd_bytes(uint64_t m, uint64_t n, uint64_t r) { retur
 
 /* ---- the quantized SafeTensors layout (docs/FORMAT.md), shared by the
  * writer (pipeline/) and the readers (model/qmodel.c, pipeline/dequantize.c) ---- */
-#define STZ_QUANT_META_PREFIX "stz.quant."
-#define STZ_QUANT_VERSION "1"
+#define STZ_QUANT_META_PREFIX  "stz.quant."
+#define STZ_QUANT_VERSION      "1"
 #define STZ_QUANT_INT4_PACKING "int4-pairs-high-nibble-first"
-#define STZ_QUANT_MSB_PACKING "bits-high-first"
-#define STZ_QUANT_GGML_PACKING "ggml" /* values: a llama.cpp type's rows as GGUF stores them */
-#define STZ_QUANT_BATCH_BYTES (4u << 20) /* input bytes converted at a time */
+#define STZ_QUANT_MSB_PACKING  "bits-high-first"
+#define STZ_QUANT_GGML_PACKING "ggml"     /* values: a llama.cpp type's rows as GGUF stores them */
+#define STZ_QUANT_BATCH_BYTES  (4u << 20) /* input bytes converted at a time */
 
 /* The stored form of a quantized tensor's values: I8 for the symmetric
  * uniform 8-bit methods, else U8 bit strings. */
 static inline stz_dtype stz_quant_values_dtype(int bits, stz_qmethod m)
 {
     return bits == 8 && (m == STZ_QMETHOD_ABSMAX || m == STZ_QMETHOD_MSE || m == STZ_QMETHOD_FULL) ? STZ_DTYPE_I8
-                                                                                                  : STZ_DTYPE_U8;
+                                                                                                   : STZ_DTYPE_U8;
 }
 
 struct stz_writer;

@@ -29,8 +29,8 @@ typedef uint8_t v32b __attribute__((vector_size(32)));
             (out)[j_] = (uint8_t)(q)[j_];                                                                              \
     } while (0)
 #else
-#define pick2(a, b, q) __builtin_shuffle(a, b, q)
-#define pick1(a, q) __builtin_shuffle(a, q)
+#define pick2(a, b, q)    __builtin_shuffle(a, b, q)
+#define pick1(a, q)       __builtin_shuffle(a, q)
 #define low_bytes(q, out) /* the low byte of each lane */                                                              \
     do {                                                                                                               \
         v32b c_ = __builtin_shuffle((v32b)(q), (v32b){0, 4, 8, 12, 16, 20, 24, 28});                                   \

@@ -26,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TR_STATES (1u << STZ_TRELLIS_L)
-#define TR_ALPHA 1.0f       /* a block's scale: its RMS times this, over the code's standard deviation */
+#define TR_STATES  (1u << STZ_TRELLIS_L)
+#define TR_ALPHA   1.0f       /* a block's scale: its RMS times this, over the code's standard deviation */
 #define TR_CODE_SD 0.5773480f /* sqrt(4 (256^2 - 1) / 12) / 256: the standard deviation of code() / 256 */
 
 int stz_trellis_code(uint32_t s)
@@ -41,10 +41,7 @@ int stz_trellis_fits(int bits, uint64_t rows)
     return bits >= 2 && bits <= 4 && rows >= (uint64_t)(STZ_TRELLIS_L / bits);
 }
 
-size_t stz_trellis_segments(uint64_t rows)
-{
-    return rows / STZ_TRELLIS_ROWS ? (size_t)(rows / STZ_TRELLIS_ROWS) : 1;
-}
+size_t stz_trellis_segments(uint64_t rows) { return rows / STZ_TRELLIS_ROWS ? (size_t)(rows / STZ_TRELLIS_ROWS) : 1; }
 
 void stz_trellis_segment(uint64_t rows, uint64_t r, uint64_t *begin, uint64_t *end)
 {
@@ -56,9 +53,9 @@ void stz_trellis_segment(uint64_t rows, uint64_t r, uint64_t *begin, uint64_t *e
 struct stz_trellis_work {
     float value[TR_STATES]; /* code() of each state */
     float cost[TR_STATES], next[TR_STATES], best[TR_STATES], err[TR_STATES];
-    uint8_t *back;          /* per row and state kept: the dropped bits of the best predecessor */
-    uint16_t *state;        /* the path */
-    float *xr, *sr;         /* the column rotated */
+    uint8_t *back;   /* per row and state kept: the dropped bits of the best predecessor */
+    uint16_t *state; /* the path */
+    float *xr, *sr;  /* the column rotated */
 };
 
 stz_trellis_work *stz_trellis_work_new(void)

@@ -123,7 +123,9 @@ static stz_status parse_tensor(stz_reader *r, const cJSON *e, stz_tensor *t, uin
     const cJSON *of = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!dt || !sh || !of)
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': missing field '%s'", P, N,
-                           !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+                           !dt   ? "dtype"
+                           : !sh ? "shape"
+                                 : "data_offsets");
     if (!cJSON_IsString(dt))
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'dtype' is not a string", P, N);
     if (stz_dtype_parse(dt->valuestring, &t->dtype) != 0)
@@ -132,14 +134,13 @@ static stz_status parse_tensor(stz_reader *r, const cJSON *e, stz_tensor *t, uin
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'shape' is not an array", P, N);
     int nd = cJSON_GetArraySize(sh);
     if (nd > STZ_ST_MAX_NDIM)
-        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %d dimensions (at most %d)", P, N, nd,
-                           STZ_ST_MAX_NDIM);
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': %d dimensions (at most %d)", P, N, nd, STZ_ST_MAX_NDIM);
     uint64_t numel = 1;
     int overflow = 0, i = 0;
     for (const cJSON *d = sh->child; d; d = d->next, i++) {
         if (!json_whole(d, &dims[i]))
-            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': shape[%d] is not a whole number in [0, 2^53]",
-                               P, N, i);
+            return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s': shape[%d] is not a whole number in [0, 2^53]", P, N,
+                               i);
         if (dims[i] && numel > UINT64_MAX / dims[i])
             overflow = 1;
         numel *= dims[i];
@@ -155,8 +156,8 @@ static stz_status parse_tensor(stz_reader *r, const cJSON *e, stz_tensor *t, uin
     if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2)
         return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'data_offsets' is not an array of 2 numbers", P, N);
     if (!json_whole(of->child, &t->begin) || !json_whole(of->child->next, &t->end))
-        return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets are not whole numbers in [0, 2^53]",
-                           P, N);
+        return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets are not whole numbers in [0, 2^53]", P,
+                           N);
     if (t->end < t->begin)
         return stz_err_set(err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets end %llu < begin %llu", P, N,
                            (unsigned long long)t->end, (unsigned long long)t->begin);
@@ -165,11 +166,10 @@ static stz_status parse_tensor(stz_reader *r, const cJSON *e, stz_tensor *t, uin
     if (stz_dtype_nbytes(t->dtype, numel, &nbytes, &sub) != STZ_OK)
         return stz_err_set(err, sub.code, "%s: tensor '%s': %s", P, N, sub.msg);
     if (t->end - t->begin != nbytes)
-        return stz_err_set(err, STZ_E_OFFSETS,
-                           "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s%s needs %llu", P, N,
-                           (unsigned long long)t->begin, (unsigned long long)t->end,
-                           (unsigned long long)(t->end - t->begin), stz_dtype_name(t->dtype),
-                           nd ? " of this shape" : " scalar", (unsigned long long)nbytes);
+        return stz_err_set(
+            err, STZ_E_OFFSETS, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s%s needs %llu", P, N,
+            (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)(t->end - t->begin),
+            stz_dtype_name(t->dtype), nd ? " of this shape" : " scalar", (unsigned long long)nbytes);
     return STZ_OK;
 }
 
@@ -189,8 +189,7 @@ static stz_status parse_metadata(stz_reader *r, const cJSON *m, stz_err *err)
                                e->string);
         for (size_t i = 0; i < r->nmeta; i++)
             if (strcmp(r->meta[2 * i], e->string) == 0)
-                return stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ key '%s' appears twice", r->path,
-                                   e->string);
+                return stz_err_set(err, STZ_E_METADATA, "%s: __metadata__ key '%s' appears twice", r->path, e->string);
         char *k = strdup(e->string), *v = strdup(e->valuestring);
         r->meta[2 * r->nmeta] = k;
         r->meta[2 * r->nmeta + 1] = v;

@@ -11,7 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 void stz_reader_set_source(stz_reader *r, stz_read_fn fn, void *user) { r->source = fn, r->source_user = user; }
 
 static stz_status reader_init(stz_reader *r, stz_err *err)
@@ -101,8 +100,8 @@ stz_status stz_reader_open_mem(stz_reader **out, const void *buf, size_t size, c
     return STZ_OK;
 }
 
-stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size,
-                                  const char *label, stz_err *err)
+stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size, uint64_t file_size, const char *label,
+                                  stz_err *err)
 {
     *out = NULL;
     if (file_size && size > file_size)
@@ -127,8 +126,8 @@ stz_status stz_reader_open_header(stz_reader **out, const void *buf, size_t size
     return STZ_OK;
 }
 
-stz_status stz_reader_open_spans(stz_reader **out, const char *label, int fd, uint64_t file_size,
-                                 uint64_t data_offset, const stz_span *spans, size_t n, stz_err *err)
+stz_status stz_reader_open_spans(stz_reader **out, const char *label, int fd, uint64_t file_size, uint64_t data_offset,
+                                 const stz_span *spans, size_t n, stz_err *err)
 {
     *out = NULL;
     stz_reader *r = reader_new(label);
@@ -246,8 +245,7 @@ stz_status stz_reader_pread(const stz_reader *r, uint64_t off, void *dst, size_t
     return STZ_OK;
 }
 
-stz_status stz_reader_read(const stz_reader *r, const stz_tensor *t, uint64_t off, void *dst, size_t n,
-                           stz_err *err)
+stz_status stz_reader_read(const stz_reader *r, const stz_tensor *t, uint64_t off, void *dst, size_t n, stz_err *err)
 {
     uint64_t size = t->end - t->begin;
     if (off > size || n > size - off)

@@ -8,22 +8,22 @@
 
 struct stz_reader {
     char *path;
-    int fd;                 /* -1 for a memory image */
-    const uint8_t *mem;     /* memory image, not owned */
-    uint64_t mem_size;      /* bytes available at mem (<= file_size) */
+    int fd;             /* -1 for a memory image */
+    const uint8_t *mem; /* memory image, not owned */
+    uint64_t mem_size;  /* bytes available at mem (<= file_size) */
     uint64_t file_size;
-    int size_from_header;   /* stz_reader_open_header(file_size 0): the size the tensors need */
-    uint8_t *header;        /* N header bytes (+1 NUL, not counted) */
+    int size_from_header; /* stz_reader_open_header(file_size 0): the size the tensors need */
+    uint8_t *header;      /* N header bytes (+1 NUL, not counted) */
     uint64_t header_len;
-    stz_tensor *tensors;    /* file order */
+    stz_tensor *tensors; /* file order */
     size_t ntensors;
-    size_t *by_name;        /* tensor indices sorted by name */
-    uint64_t *shapes;       /* all dimensions, in one block */
-    char *names;            /* all names, in header order, in one block */
-    char **meta;            /* key, value, key, value, ... */
+    size_t *by_name;  /* tensor indices sorted by name */
+    uint64_t *shapes; /* all dimensions, in one block */
+    char *names;      /* all names, in header order, in one block */
+    char **meta;      /* key, value, key, value, ... */
     size_t nmeta;
-    uint64_t data_offset;   /* stz_reader_open_spans: where the data starts (0: after the header) */
-    stz_read_fn source;     /* when set, reads go here (stz_reader_set_source) */
+    uint64_t data_offset; /* stz_reader_open_spans: where the data starts (0: after the header) */
+    stz_read_fn source;   /* when set, reads go here (stz_reader_set_source) */
     void *source_user;
 };
 
@@ -45,7 +45,7 @@ stz_status stz_st_index_names(stz_reader *r, stz_err *err);
  * (of the file the spans were read from, so that it is one file), which
  * the reader takes over (closed by stz_reader_free, or here on failure);
  * -1: they go through stz_reader_set_source. */
-stz_status stz_reader_open_spans(stz_reader **out, const char *label, int fd, uint64_t file_size,
-                                 uint64_t data_offset, const stz_span *spans, size_t n, stz_err *err);
+stz_status stz_reader_open_spans(stz_reader **out, const char *label, int fd, uint64_t file_size, uint64_t data_offset,
+                                 const stz_span *spans, size_t n, stz_err *err);
 
 #endif /* STZ_ST_READER_H */

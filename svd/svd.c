@@ -17,8 +17,7 @@ void stz_svd_result_free(stz_svd_result *r)
     memset(r, 0, sizeof *r);
 }
 
-stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r,
-                               float *W)
+stz_status stz_svd_reconstruct(const float *U, const float *S, const float *Vh, size_t m, size_t n, size_t r, float *W)
 {
     /* US (m, r) = U scaled column-wise by S; W (m, n) = US (m, r) @ Vh (r, n) */
     float *US = malloc(m * r * sizeof *US + 1);
@@ -234,8 +233,10 @@ static stz_status factor(const float *W, size_t m, size_t n, const stz_svd_param
     if (given != 1)
         return stz_err_set(err, STZ_E_ARG, "give exactly one of rank (> 0), energy, max_error (> 0)");
     if (p->rank >= k && p->rank)
-        return stz_err_set(err, STZ_E_ARG, "rank %zu is not below min(m, n) = %zu of a %zu x %zu matrix: "
-                           "a full-rank factorisation saves nothing", p->rank, k, m, n);
+        return stz_err_set(err, STZ_E_ARG,
+                           "rank %zu is not below min(m, n) = %zu of a %zu x %zu matrix: "
+                           "a full-rank factorisation saves nothing",
+                           p->rank, k, m, n);
     if (p->energy < 0 || p->energy > 1 || p->max_error < 0 || p->max_error >= 1)
         return stz_err_set(err, STZ_E_ARG, "energy must be in (0, 1] and max_error in [0, 1)");
     /* squares of finite floats cannot overflow a double: a non-finite sum

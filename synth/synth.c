@@ -79,23 +79,23 @@ static void t_init(void)
 
 /* ---- generation ------------------------------------------------------ */
 
-#define CHUNK ((uint64_t)1 << 16)  /* elements per independently seeded chunk */
-#define BATCH ((uint64_t)1 << 22)  /* elements generated before each write */
+#define CHUNK ((uint64_t)1 << 16) /* elements per independently seeded chunk */
+#define BATCH ((uint64_t)1 << 22) /* elements generated before each write */
 
 typedef struct {
     const spec *t;
-    uint64_t seed;     /* tensor seed */
-    float base;        /* overall scale */
+    uint64_t seed; /* tensor seed */
+    float base;    /* overall scale */
     const float *row, *col;
-    const float *la, *lb;  /* low-rank part: la (rows, R), lb (cols, R); NULL if none */
-    size_t lr;             /* R */
-    float noise;           /* scale of the iid part when there is a low-rank part */
+    const float *la, *lb; /* low-rank part: la (rows, R), lb (cols, R); NULL if none */
+    size_t lr;            /* R */
+    float noise;          /* scale of the iid part when there is a low-rank part */
     stz_dtype dtype;
-    int prune;         /* 0 none, 1 |z| below `cut`, 2 two of every four */
+    int prune; /* 0 none, 1 |z| below `cut`, 2 two of every four */
     float cut;
-    uint64_t first;    /* first element of this batch */
+    uint64_t first; /* first element of this batch */
     uint64_t count;
-    uint8_t *out;      /* count * elem bytes */
+    uint8_t *out; /* count * elem bytes */
     int tid, nthreads;
     uint64_t hist[256];
 } job;
@@ -103,10 +103,8 @@ typedef struct {
 static inline float value_at(const job *j, uint64_t e, float z)
 {
     switch (j->t->kind) {
-    case K_NORM:
-        return stz_expf(0.15f * z) * j->base;
-    case K_BIAS:
-        return j->base * z;
+    case K_NORM: return stz_expf(0.15f * z) * j->base;
+    case K_BIAS: return j->base * z;
     default: {
         uint64_t cols = j->t->shape[1], r = e / cols, c = e % cols;
         if (!j->la)
@@ -211,7 +209,7 @@ static void make_factors(const spec *t, uint64_t seed, float *row, float *col)
  * of the variance; the rest stays iid heavy-tailed. */
 #define LR_ALPHA 0.9f
 #define LR_NOISE 0.10f
-#define LR_MAX 256
+#define LR_MAX   256
 
 static int is_query_key(const spec *t)
 {
@@ -242,14 +240,10 @@ static size_t make_lowrank(const spec *t, uint64_t seed, float base, float *la, 
 static float base_scale(const spec *t)
 {
     switch (t->kind) {
-    case K_LINEAR:
-        return 1.0f / sqrtf((float)t->shape[1]);
-    case K_EMBED:
-        return 1.0f / sqrtf((float)t->shape[1]);
-    case K_NORM:
-        return 1.0f;
-    default:
-        return 0.02f;
+    case K_LINEAR: return 1.0f / sqrtf((float)t->shape[1]);
+    case K_EMBED: return 1.0f / sqrtf((float)t->shape[1]);
+    case K_NORM: return 1.0f;
+    default: return 0.02f;
     }
 }
 
@@ -267,8 +261,7 @@ static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synt
     stz_status st;
     if ((st = stz_writer_set_meta(w, "stz.synthetic", "true", err)) ||
         (st = stz_writer_set_meta(w, "stz.synth.arch", a->name, err)) ||
-        (st = stz_writer_set_meta(w, "stz.synth.seed", seed, err)) ||
-        (st = stz_writer_set_meta(w, "config", cfg, err)))
+        (st = stz_writer_set_meta(w, "stz.synth.seed", seed, err)) || (st = stz_writer_set_meta(w, "config", cfg, err)))
         return st;
     char sp[32];
     snprintf(sp, sizeof sp, "%g", p->sparsity);
@@ -311,13 +304,25 @@ static void gen_batches(synth_run *g, const spec *t, uint64_t tseed, size_t lr, 
 {
     const stz_synth_params *p = g->p;
     for (int k = 0; k < p->threads; k++) {
-        g->jobs[k] = (job){.t = t, .seed = tseed, .base = base_scale(t), .row = g->row, .col = g->col,
-                           .la = lr ? g->la : NULL, .lb = lr ? g->lb : NULL, .lr = lr, .noise = sqrtf(LR_NOISE),
-                           .dtype = p->dtype, .first = first, .count = count, .out = g->buf,
+        g->jobs[k] = (job){.t = t,
+                           .seed = tseed,
+                           .base = base_scale(t),
+                           .row = g->row,
+                           .col = g->col,
+                           .la = lr ? g->la : NULL,
+                           .lb = lr ? g->lb : NULL,
+                           .lr = lr,
+                           .noise = sqrtf(LR_NOISE),
+                           .dtype = p->dtype,
+                           .first = first,
+                           .count = count,
+                           .out = g->buf,
                            .prune = t->kind != K_LINEAR || !strcmp(t->name, "lm_head.weight") ? 0
-                                    : p->two_four ? 2 : p->sparsity > 0,
+                                    : p->two_four                                             ? 2
+                                                                                              : p->sparsity > 0,
                            .cut = g->cut,
-                           .tid = k, .nthreads = p->threads};
+                           .tid = k,
+                           .nthreads = p->threads};
         if (k && pthread_create(&g->tids[k], NULL, gen_batch, &g->jobs[k]) != 0) {
             /* run it here instead */
             gen_batch(&g->jobs[k]);
@@ -410,7 +415,9 @@ stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synt
     arch custom = *found;
     custom.layers = p->layers ? p->layers : found->layers;
     pthread_once(&t_once, t_init);
-    synth_run g = {.p = p, .path = path, .cut = p->sparsity > 0 ? magnitude_quantile(p->sparsity) : 0,
+    synth_run g = {.p = p,
+                   .path = path,
+                   .cut = p->sparsity > 0 ? magnitude_quantile(p->sparsity) : 0,
                    .esz = stz_dtype_bits(p->dtype) / 8};
     stz_writer *w = NULL;
     g.jobs = calloc((size_t)p->threads, sizeof *g.jobs);

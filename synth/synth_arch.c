@@ -8,22 +8,22 @@
 #include <string.h>
 
 static const arch archs[] = {
-    {"qwen2-0.5b", "Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, q/k/v biases, tied embeddings",
-     FAM_HF_LLAMA, 896, 4864, 24, 14, 2, 151936, 0, 1, 1},
-    {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings",
-     FAM_HF_LLAMA, 2048, 8192, 16, 32, 8, 128256, 0, 0, 1},
-    {"llama-3.1-8b", "Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, separate lm_head",
-     FAM_HF_LLAMA, 4096, 14336, 32, 32, 8, 128256, 0, 0, 0},
-    {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head",
-     FAM_HF_LLAMA, 2048, 5632, 22, 32, 4, 32000, 0, 0, 0},
-    {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied",
-     FAM_GPT_NEO, 2048, 8192, 24, 16, 16, 50257, 2048, 0, 1},
-    {"small", "small Llama-style model for quick runs: 8 layers, hidden 512, 8/4 heads, vocab 32000",
-     FAM_HF_LLAMA, 512, 1408, 8, 8, 4, 32000, 0, 0, 1},
-    {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head",
-     FAM_HF_LLAMA, 64, 172, 2, 4, 2, 256, 0, 1, 0},
-    {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64",
-     FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0, 1},
+    {"qwen2-0.5b", "Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, q/k/v biases, tied embeddings", FAM_HF_LLAMA, 896,
+     4864, 24, 14, 2, 151936, 0, 1, 1},
+    {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings", FAM_HF_LLAMA, 2048, 8192, 16, 32,
+     8, 128256, 0, 0, 1},
+    {"llama-3.1-8b", "Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, separate lm_head", FAM_HF_LLAMA, 4096, 14336,
+     32, 32, 8, 128256, 0, 0, 0},
+    {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head", FAM_HF_LLAMA, 2048, 5632,
+     22, 32, 4, 32000, 0, 0, 0},
+    {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied", FAM_GPT_NEO, 2048, 8192,
+     24, 16, 16, 50257, 2048, 0, 1},
+    {"small", "small Llama-style model for quick runs: 8 layers, hidden 512, 8/4 heads, vocab 32000", FAM_HF_LLAMA, 512,
+     1408, 8, 8, 4, 32000, 0, 0, 1},
+    {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head", FAM_HF_LLAMA, 64, 172, 2,
+     4, 2, 256, 0, 1, 0},
+    {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64", FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0,
+     1},
 };
 #define NARCH (sizeof archs / sizeof archs[0])
 
@@ -31,9 +31,6 @@ const char *stz_synth_arch_name(size_t i) { return i < NARCH ? archs[i].name : N
 const char *stz_synth_arch_desc(size_t i) { return i < NARCH ? archs[i].desc : NULL; }
 
 /* ---- tensor list ----------------------------------------------------- */
-
-
-
 
 static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -113,7 +110,6 @@ const arch *stz_synth_find_arch(const char *name)
             return &archs[i];
     return NULL;
 }
-
 
 stz_status stz_synth_arch_size(const char *name, size_t *tensors, uint64_t *params, stz_err *err)
 {

@@ -24,10 +24,7 @@ char *__real_strndup(const char *s, size_t n);
 static atomic_long calls;
 static long fail_at; /* 0: never */
 
-static void report(void)
-{
-    fprintf(stderr, "allocations: %ld\n", atomic_load(&calls));
-}
+static void report(void) { fprintf(stderr, "allocations: %ld\n", atomic_load(&calls)); }
 
 __attribute__((constructor)) static void setup(void)
 {
@@ -37,10 +34,7 @@ __attribute__((constructor)) static void setup(void)
         atexit(report);
 }
 
-static int fail_now(void)
-{
-    return atomic_fetch_add(&calls, 1) + 1 == fail_at;
-}
+static int fail_now(void) { return atomic_fetch_add(&calls, 1) + 1 == fail_at; }
 
 void *__wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
 void *__wrap_calloc(size_t k, size_t n) { return fail_now() ? NULL : __real_calloc(k, n); }

@@ -24,8 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(text);
     if (fuzz_failed(st, &err)) /* a failure must say why */
         return 0;
-    if (!c.dim || !c.hidden || !c.n_layers || !c.vocab || !c.n_kv_heads || c.n_heads % c.n_kv_heads ||
-        !c.head_dim || c.head_dim % 2 || c.bos < 0 || (uint32_t)c.bos >= c.vocab)
+    if (!c.dim || !c.hidden || !c.n_layers || !c.vocab || !c.n_kv_heads || c.n_heads % c.n_kv_heads || !c.head_dim ||
+        c.head_dim % 2 || c.bos < 0 || (uint32_t)c.bos >= c.vocab)
         abort();
     float *f = malloc(c.head_dim / 2 * sizeof *f);
     if (f) {

@@ -24,11 +24,20 @@ static void mutate_and_run(const uint8_t *seed, size_t n, int count)
         memcpy(b, seed, n);
         size_t len = n;
         switch (next() % 5) {
-        case 0: if (n) b[next() % n] ^= (uint8_t)(1u << (next() % 8)); break;
-        case 1: if (n) b[next() % n] = (uint8_t)next(); break;
+        case 0:
+            if (n)
+                b[next() % n] ^= (uint8_t)(1u << (next() % 8));
+            break;
+        case 1:
+            if (n)
+                b[next() % n] = (uint8_t)next();
+            break;
         case 2: len = n ? next() % n : 0; break;
-        case 3: if (n >= 8) b[next() % 8] = (uint8_t)next(); break; /* header length */
-        case 4: /* digits: shake numbers in the JSON */
+        case 3:
+            if (n >= 8)
+                b[next() % 8] = (uint8_t)next();
+            break; /* header length */
+        case 4:    /* digits: shake numbers in the JSON */
             for (size_t i = 8; i < n; i++)
                 if (b[i] >= '0' && b[i] <= '9' && next() % 8 == 0)
                     b[i] = (uint8_t)('0' + next() % 10);

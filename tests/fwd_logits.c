@@ -22,9 +22,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < n; i++)
         tok[i] = atoi(argv[3 + i]);
     if (stz_qmodel_open(&q, argv[1], &err) ||
-        (argv[2][0] == '-' ? stz_fwd_config_parse(&c, stz_reader_meta_get(stz_qmodel_reader(q), "config"), argv[1], &err)
-                           : stz_read_text(argv[2], 1 << 20, &text, NULL, &err) ||
-                                 stz_fwd_config_parse(&c, text, argv[2], &err)) ||
+        (argv[2][0] == '-'
+             ? stz_fwd_config_parse(&c, stz_reader_meta_get(stz_qmodel_reader(q), "config"), argv[1], &err)
+             : stz_read_text(argv[2], 1 << 20, &text, NULL, &err) || stz_fwd_config_parse(&c, text, argv[2], &err)) ||
         stz_fwd_open(&m, &q, 1, &c, argv[1], 1, &err))
         return fprintf(stderr, "fwd_logits: %s\n", err.msg), 1;
     float *l = malloc(n * c.vocab * sizeof *l);

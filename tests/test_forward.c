@@ -343,7 +343,8 @@ static void test_probe_matches_compare(void **state)
 {
     (void)state;
     /* a vocabulary large enough for the head to be read in several slices */
-    char *p = tu_path(dir, "small1.safetensors"), *q = tu_path(dir, "q4.safetensors"), *one = tu_path(dir, "one.safetensors");
+    char *p = tu_path(dir, "small1.safetensors"), *q = tu_path(dir, "q4.safetensors"),
+         *one = tu_path(dir, "one.safetensors");
     stz_err err;
     stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
     sp.arch = "small", sp.layers = 1, sp.write_flags = STZ_WRITE_FORCE;
@@ -365,7 +366,7 @@ static void test_probe_matches_compare(void **state)
     assert_int_equal(stz_qmodel_open(&c.q4, q, &err), STZ_OK);
     stz_fwd_probe pr = {.select = probe_all, .perturb = probe_rows, .result = probe_result, .user = &c};
     assert_int_equal(stz_fwd_probe_run(m.f, tok, NSEQ, LEN, lens, &pr, NULL, NULL, &err), STZ_OK);
-    assert_true(c.n == 1 + 7 || c.n == 1 + 7 + 1); /* embedding, 7 per layer, a separate head */
+    assert_true(c.n == 1 + 7 || c.n == 1 + 7 + 1);  /* embedding, 7 per layer, a separate head */
     for (int k = 0; k < c.n; k += k == 0 ? 1 : 3) { /* the embedding, q, o, down, the head */
         char json[400];
         snprintf(json, sizeof json, "{\"rules\": [{\"match\": \"%s\", \"action\": \"int4\"}]}", c.names[k]);
@@ -383,8 +384,12 @@ static void test_probe_matches_compare(void **state)
     /* the embedding alone, three times after one unperturbed run: INT4, as
      * it is, INT4 again: the first run's KL, 0, the same KL */
     variant_ctx v = {&c, c.names[0], 0, {-1, -1, -1}};
-    stz_fwd_probe pv = {.select = variant_select, .perturb = variant_rows, .result = variant_result, .user = &v,
-                        .variants = 3, .variant = variant_set};
+    stz_fwd_probe pv = {.select = variant_select,
+                        .perturb = variant_rows,
+                        .result = variant_result,
+                        .user = &v,
+                        .variants = 3,
+                        .variant = variant_set};
     assert_int_equal(stz_fwd_probe_run(m.f, tok, NSEQ, LEN, lens, &pv, NULL, NULL, &err), STZ_OK);
     if (v.kl[0] != c.kl[0] || v.kl[1] != 0 || v.kl[2] != c.kl[0])
         fail_msg("variants: %.9g %.9g %.9g, the probe's %.9g", v.kl[0], v.kl[1], v.kl[2], c.kl[0]);
@@ -411,20 +416,28 @@ static void test_bad_models(void **state)
     char *p = synth_tiny(), *bad = tu_path(dir, "bad.safetensors");
     rewrite(p, bad, &(edit){0, "model.layers.1.mlp.up_proj.weight", NULL, NULL});
     expect_open_error(bad, STZ_E_FORMAT, "tensor 'model.layers.1.mlp.up_proj.weight' is missing");
-    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":170,\"num_hidden_layers\":2,"
-                                           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256}"});
+    rewrite(p, bad,
+            &(edit){0, NULL, NULL,
+                    "{\"hidden_size\":64,\"intermediate_size\":170,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256}"});
     expect_open_error(bad, STZ_E_SHAPE, "has shape [172, 64], the config says [170, 64]");
-    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":1,"
-                                           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256}"});
+    rewrite(p, bad,
+            &(edit){0, NULL, NULL,
+                    "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":1,"
+                    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256}"});
     expect_open_error(bad, STZ_E_FORMAT, "the config says 1 layers but 'model.layers.1");
     rewrite(p, bad, &(edit){0, NULL, NULL, "{\"model_type\":\"gpt2\",\"hidden_size\":64}"});
     expect_open_error(bad, STZ_E_UNSUPPORTED, "model_type 'gpt2' is not supported");
-    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
-                                           "\"num_attention_heads\":4,\"vocab_size\":256,"
-                                           "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}"});
+    rewrite(p, bad,
+            &(edit){0, NULL, NULL,
+                    "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"vocab_size\":256,"
+                    "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}"});
     expect_open_error(bad, STZ_E_UNSUPPORTED, "rope_scaling of type 'yarn' is not supported");
-    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
-                                           "\"num_attention_heads\":3,\"vocab_size\":256}"});
+    rewrite(p, bad,
+            &(edit){0, NULL, NULL,
+                    "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":3,\"vocab_size\":256}"});
     expect_open_error(bad, STZ_E_FORMAT, "not even");
 
     /* NaN in a weight, token ids outside the vocabulary, too long a sequence */
@@ -444,9 +457,11 @@ static void test_bad_models(void **state)
     tok[2] = -1;
     assert_int_equal(stz_fwd_logits(m.f, tok, 1, 4, logits, &err), STZ_E_ARG);
     close_model(&m);
-    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
-                                           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256,"
-                                           "\"max_position_embeddings\":3}"});
+    rewrite(p, bad,
+            &(edit){0, NULL, NULL,
+                    "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256,"
+                    "\"max_position_embeddings\":3}"});
     assert_int_equal(open_model(&m, bad, &err), STZ_OK);
     tok[2] = 3;
     assert_int_equal(stz_fwd_logits(m.f, tok, 1, 4, logits, &err), STZ_E_ARG);
@@ -461,20 +476,23 @@ static void test_config(void **state)
     (void)state;
     stz_fwd_config c;
     stz_err err;
-    assert_int_equal(stz_fwd_config_parse(&c,
-                                          "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":2048,"
-                                          "\"intermediate_size\":8192,\"num_hidden_layers\":16,\"num_attention_heads\":32,"
-                                          "\"num_key_value_heads\":8,\"vocab_size\":128256,\"rope_theta\":500000.0,"
-                                          "\"rms_norm_eps\":1e-05,\"tie_word_embeddings\":true,\"bos_token_id\":128000,"
-                                          "\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
-                                          "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}",
-                                          "cfg", &err),
-                     STZ_OK);
+    assert_int_equal(
+        stz_fwd_config_parse(&c,
+                             "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":2048,"
+                             "\"intermediate_size\":8192,\"num_hidden_layers\":16,\"num_attention_heads\":32,"
+                             "\"num_key_value_heads\":8,\"vocab_size\":128256,\"rope_theta\":500000.0,"
+                             "\"rms_norm_eps\":1e-05,\"tie_word_embeddings\":true,\"bos_token_id\":128000,"
+                             "\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+                             "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}",
+                             "cfg", &err),
+        STZ_OK);
     assert_int_equal(c.head_dim, 64);
     assert_int_equal(c.bos, 128000);
     assert_true(c.tied && c.rope_scaling == STZ_ROPE_LLAMA3 && c.rope_factor == 32 && c.norm_eps == 1e-5);
-    assert_int_equal(stz_fwd_config_parse(&c, "{\"dim\":64,\"hidden_dim\":172,\"n_layers\":5,\"n_heads\":8,"
-                                              "\"n_kv_heads\":4,\"vocab_size\":512,\"seq_len\":512}", "cfg", &err),
+    assert_int_equal(stz_fwd_config_parse(&c,
+                                          "{\"dim\":64,\"hidden_dim\":172,\"n_layers\":5,\"n_heads\":8,"
+                                          "\"n_kv_heads\":4,\"vocab_size\":512,\"seq_len\":512}",
+                                          "cfg", &err),
                      STZ_OK);
     assert_true(c.rope_interleaved && c.tied && c.norm_eps == 1e-5 && c.max_pos == 512 && c.head_dim == 8);
     assert_int_equal(stz_fwd_config_parse(&c, "{\"hidden_size\":64}", "cfg.json", &err), STZ_E_FORMAT);
@@ -489,9 +507,12 @@ int main(void)
 {
     dir = tu_tmpdir();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_config),          cmocka_unit_test(test_stories_reference_logits),
-        cmocka_unit_test(test_kl_stories),      cmocka_unit_test(test_kl_synth),
-        cmocka_unit_test(test_bad_models),      cmocka_unit_test(test_probe_matches_compare),
+        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_stories_reference_logits),
+        cmocka_unit_test(test_kl_stories),
+        cmocka_unit_test(test_kl_synth),
+        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_probe_matches_compare),
         cmocka_unit_test(test_compare_in_batches),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,7 +24,7 @@ static int irand(int n) { return (int)((seed = seed * 6364136223846793005ull + 1
 static const int types[] = {STZ_GGML_Q4_0, STZ_GGML_Q4_1, STZ_GGML_Q5_0, STZ_GGML_Q5_1, STZ_GGML_Q8_0, STZ_GGML_IQ4_NL,
                             STZ_GGML_Q2_K, STZ_GGML_Q3_K, STZ_GGML_Q4_K, STZ_GGML_Q5_K, STZ_GGML_Q6_K, STZ_GGML_IQ4_XS};
 #define NTYPES (sizeof types / sizeof types[0])
-#define N 1024
+#define N      1024
 
 /* Weighted squared error of quantizing x[n] to `type`, and its square norm. */
 static double werr(int type, const float *x, const float *w, size_t n, double *norm)
@@ -47,9 +47,10 @@ static double werr(int type, const float *x, const float *w, size_t n, double *n
 static void test_representable_blocks(void **state)
 {
     (void)state;
-    static const struct { int type, lo, hi, nl, asym; } b32[] = {
-        {STZ_GGML_Q4_0, -8, 7, 0, 0}, {STZ_GGML_Q5_0, -16, 15, 0, 0}, {STZ_GGML_Q8_0, -128, 127, 0, 0},
-        {STZ_GGML_IQ4_NL, 0, 15, 1, 0}, {STZ_GGML_Q4_1, 0, 15, 0, 1}, {STZ_GGML_Q5_1, 0, 31, 0, 1}};
+    static const struct {
+        int type, lo, hi, nl, asym;
+    } b32[] = {{STZ_GGML_Q4_0, -8, 7, 0, 0},   {STZ_GGML_Q5_0, -16, 15, 0, 0}, {STZ_GGML_Q8_0, -128, 127, 0, 0},
+               {STZ_GGML_IQ4_NL, 0, 15, 1, 0}, {STZ_GGML_Q4_1, 0, 15, 0, 1},   {STZ_GGML_Q5_1, 0, 31, 0, 1}};
     static const int lev[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
     for (size_t k = 0; k < sizeof b32 / sizeof b32[0]; k++)
         for (int rep = 0; rep < 50; rep++) {
@@ -60,7 +61,10 @@ static void test_representable_blocks(void **state)
                 x[j] = d * (float)(b32[k].nl ? lev[c] : c) + m;
             }
             int at = irand(32), at2 = (at + 1 + irand(31)) % 32;
-            x[at] = d * (float)(b32[k].nl ? (rep & 1 ? lev[0] : lev[15]) : rep & 1 || b32[k].asym ? b32[k].lo : b32[k].hi) + m;
+            x[at] = d * (float)(b32[k].nl                ? (rep & 1 ? lev[0] : lev[15])
+                                : rep & 1 || b32[k].asym ? b32[k].lo
+                                                         : b32[k].hi) +
+                    m;
             if (b32[k].asym)
                 x[at2] = d * (float)b32[k].hi + m;
             assert_int_equal(stz_ggml_quantize_row(b32[k].type, x, NULL, 32, q), 0);
@@ -112,7 +116,7 @@ static void test_error_bounds(void **state)
 {
     (void)state;
     static const double bound[NTYPES] = {0.0845, 0.0726, 0.0419, 0.0348, 0.0049, 0.0769,
-                                         0.274, 0.151, 0.0730, 0.0359, 0.0173, 0.0774};
+                                         0.274,  0.151,  0.0730, 0.0359, 0.0173, 0.0774};
     static float x[N * 16];
     for (int i = 0; i < N * 16; i++)
         x[i] = 0.02f * frand();
@@ -150,7 +154,8 @@ static void test_weights_steer(void **state)
             for (int i = 0; i < N; i++)
                 e1 += w[i] * ((double)xr[i] - y[i]) * ((double)xr[i] - y[i]);
         }
-        print_message("  %-7s weighted error %.4g with the weights, %.4g without\n", stz_ggml_type_name(types[k]), ew, e1);
+        print_message("  %-7s weighted error %.4g with the weights, %.4g without\n", stz_ggml_type_name(types[k]), ew,
+                      e1);
         if (!(ew < 0.95 * e1))
             fail_msg("%s: weights do not lower the weighted error (%g vs %g)", stz_ggml_type_name(types[k]), ew, e1);
     }
@@ -182,7 +187,8 @@ static void test_tensor_rows(void **state)
         x[700] = NAN;
         assert_int_equal(stz_quantize_tensor(&d, x, NULL, 3, 512, &m, &err), STZ_E_NUMERIC);
         x[700] = 1;
-        assert_int_equal(stz_quantize_tensor(&d, x, NULL, 3, 480, &m, &err), stz_ggml_block(types[k]) == 32 ? STZ_OK : STZ_E_ARG);
+        assert_int_equal(stz_quantize_tensor(&d, x, NULL, 3, 480, &m, &err),
+                         stz_ggml_block(types[k]) == 32 ? STZ_OK : STZ_E_ARG);
         stz_qmem_free(&m);
         uint8_t q[600];
         assert_int_equal(stz_ggml_quantize_row(types[k], x, NULL, 48, q), -1);
@@ -221,7 +227,8 @@ static void test_padded_rows(void **state)
                 for (size_t i = whole; i < n; i++)
                     px[i - whole] = x[r * n + i], pw[i - whole] = 1;
                 assert_int_equal(whole ? stz_ggml_quantize_row(types[k], x + r * n, NULL, whole, q) : 0, 0);
-                assert_int_equal(stz_ggml_quantize_row(types[k], px, pw, 32, q + stz_ggml_row_bytes(types[k], whole)), 0);
+                assert_int_equal(stz_ggml_quantize_row(types[k], px, pw, 32, q + stz_ggml_row_bytes(types[k], whole)),
+                                 0);
                 assert_memory_equal(q, row, rb);
                 stz_qf_dequantize_row(&m.fmt, row, NULL, NULL, n, y);
                 assert_int_equal(stz_ggml_dequantize_row(types[k], row, (n + 31) / 32 * 32, full), 0);
@@ -308,10 +315,14 @@ static void test_rows(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_representable_blocks), cmocka_unit_test(test_hard_blocks),
-        cmocka_unit_test(test_error_bounds),         cmocka_unit_test(test_weights_steer),
-        cmocka_unit_test(test_tensor_rows),          cmocka_unit_test(test_fallback),
-        cmocka_unit_test(test_clones_same_bytes),    cmocka_unit_test(test_padded_rows),
+        cmocka_unit_test(test_representable_blocks),
+        cmocka_unit_test(test_hard_blocks),
+        cmocka_unit_test(test_error_bounds),
+        cmocka_unit_test(test_weights_steer),
+        cmocka_unit_test(test_tensor_rows),
+        cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_clones_same_bytes),
+        cmocka_unit_test(test_padded_rows),
         cmocka_unit_test(test_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

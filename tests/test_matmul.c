@@ -66,8 +66,8 @@ static void test_nt_every_copy_and_thread_count(void **st)
                         for (size_t j = 0; j < out; j++) {
                             float want = nt_ref(X + i * k, W + j * k, k);
                             if (!same_bits(&want, &Y[i * out + j], sizeof want))
-                                fail_msg("%s, %zu x %zu x %zu, %d threads: (%zu, %zu) %.9g, want %.9g", copies[c], n,
-                                         k, out, threads, i, j, Y[i * out + j], want);
+                                fail_msg("%s, %zu x %zu x %zu, %d threads: (%zu, %zu) %.9g, want %.9g", copies[c], n, k,
+                                         out, threads, i, j, Y[i * out + j], want);
                         }
                 }
                 free(X), free(W), free(Y);
@@ -174,8 +174,8 @@ static void test_cholesky_and_inverse_as_unblocked(void **st)
             for (size_t i = 0; i < n; i++)
                 for (size_t j = 0; j <= i; j++)
                     if (!same_bits(&I[i * n + j], &IR[i * n + j], sizeof *I))
-                        fail_msg("%s, n = %zu: inverse (%zu, %zu) %.17g, want %.17g", copies[c], n, i, j,
-                                 I[i * n + j], IR[i * n + j]);
+                        fail_msg("%s, n = %zu: inverse (%zu, %zu) %.17g, want %.17g", copies[c], n, i, j, I[i * n + j],
+                                 IR[i * n + j]);
             free(X), free(H), free(A), free(R), free(I), free(IR);
         }
     }

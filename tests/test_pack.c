@@ -139,8 +139,11 @@ static void test_blocks_roundtrip(void **state)
 static void test_blocks_codes_in_element_order(void **state)
 {
     (void)state;
-    static const struct { int type; uint32_t n; int offset; } cases[] = {
-        {6, 32, 16}, {7, 32, 0}, {12, 256, 0}, {13, 256, 0}, {14, 256, 32}};
+    static const struct {
+        int type;
+        uint32_t n;
+        int offset;
+    } cases[] = {{6, 32, 16}, {7, 32, 0}, {12, 256, 0}, {13, 256, 0}, {14, 256, 32}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         const stz_ggml_traits *tr = stz_ggml_traits_of(cases[c].type);
         uint8_t blk[256], planes[1024], *p[STZ_MAX_PLANES];
@@ -148,11 +151,11 @@ static void test_blocks_codes_in_element_order(void **state)
         for (uint32_t i = 0; i < tr->bytes; i++)
             blk[i] = (uint8_t)rnd();
         switch (cases[c].type) {
-        case 6: stz_put_le16(blk, 0x3C00); break;                                 /* d = 1 */
-        case 7: stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0); break;       /* d = 1, m = 0 */
+        case 6: stz_put_le16(blk, 0x3C00); break;                           /* d = 1 */
+        case 7: stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0); break; /* d = 1, m = 0 */
         case 12:
-        case 13:                                                                  /* d = 1, dmin = 0, */
-            stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0);                  /* 6-bit scales 1, mins 0 */
+        case 13:                                                 /* d = 1, dmin = 0, */
+            stz_put_le16(blk, 0x3C00), stz_put_le16(blk + 2, 0); /* 6-bit scales 1, mins 0 */
             memset(blk + 4, 1, 4), memset(blk + 8, 0, 4), memset(blk + 12, 1, 4);
             break;
         default: memset(blk + 192, 1, 16), stz_put_le16(blk + 208, 0x3C00); break; /* scales 1, d = 1 */
@@ -302,7 +305,8 @@ static void test_roundtrip_dtypes_and_sizes(void **state)
     for (int d = 0; d < STZ_DTYPE_COUNT; d++)
         all[d] = (stz_dtype)d;
     /* element counts around the 64 KiB chunk for 1-, 2-, 4- and 8-byte types */
-    static const uint64_t sizes[] = {0, 1, 2, 3, 7, 1023, 8191, 8192, 8193, 16383, 16384, 16385, 32769, 65535, 65536, 65537};
+    static const uint64_t sizes[] = {0,    1,     2,     3,     7,     1023,  8191,  8192,
+                                     8193, 16383, 16384, 16385, 32769, 65535, 65536, 65537};
     fill_kind fills[] = {FILL_RANDOM, FILL_ZERO, FILL_CONST, FILL_SPECIAL, FILL_WEIGHTS};
     for (size_t fi = 0; fi < sizeof fills / sizeof fills[0]; fi++) {
         write_file(in, all, STZ_DTYPE_COUNT, sizes, sizeof sizes / sizeof sizes[0], fills[fi]);
@@ -318,9 +322,9 @@ static void test_roundtrip_dtypes_and_sizes(void **state)
 static void test_roundtrip_corpus(void **state)
 {
     fixture *f = *state;
-    static const char *good[] = {"good_minimal", "good_padded", "good_pretty", "good_empty", "good_meta_only",
-                                 "good_scalar_and_empty", "good_unsorted_header", "good_subbyte",
-                                 "good_null_metadata"};
+    static const char *good[] = {"good_minimal",         "good_padded",    "good_pretty",
+                                 "good_empty",           "good_meta_only", "good_scalar_and_empty",
+                                 "good_unsorted_header", "good_subbyte",   "good_null_metadata"};
     char name[128];
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         snprintf(name, sizeof name, "%s/%s.safetensors", STZ_CORPUS_DIR, good[i]);
@@ -485,7 +489,7 @@ static void test_small_plane_huffman(void **state)
     enum { N = 11008 }; /* 5504 bytes, like a 172 x 64 matrix */
     static float x[N], sc[N / 32];
     static uint8_t q[N / 2], dst[2 * N], back[N / 2];
-    rng_state = 42; /* the same values whatever ran before */
+    rng_state = 42;                /* the same values whatever ran before */
     for (size_t i = 0; i < N; i++) /* between a normal and a Laplace, as trained weights are */
         x[i] = (float)(i % 8 ? (double)(rnd() % 1000) + (double)(rnd() % 1000) + (double)(rnd() % 1000) - 1498.5
                              : 300 * log(((double)(rnd() % 1000000) + 0.5) / 1e6) * (rnd() % 2 ? 1 : -1));
@@ -578,8 +582,9 @@ static void test_corruption_rejected(void **state)
     size_t n;
     uint8_t *img = tu_read(pk, &n), *mod = malloc(n);
     stz_unpack_params u = STZ_UNPACK_PARAMS_DEFAULT;
-    static const stz_status allowed[] = {STZ_E_CHECKSUM, STZ_E_FORMAT, STZ_E_TRUNCATED, STZ_E_UNSUPPORTED,
-                                         STZ_E_HEADER_SIZE, STZ_E_JSON, STZ_E_OFFSETS, STZ_E_SHAPE, STZ_E_DTYPE};
+    static const stz_status allowed[] = {STZ_E_CHECKSUM,    STZ_E_FORMAT,      STZ_E_TRUNCATED,
+                                         STZ_E_UNSUPPORTED, STZ_E_HEADER_SIZE, STZ_E_JSON,
+                                         STZ_E_OFFSETS,     STZ_E_SHAPE,       STZ_E_DTYPE};
     /* every byte flipped in turn (a stride keeps it quick on big files) */
     size_t step = n / 3000 + 1, tried = 0;
     for (size_t i = 0; i < n; i += (i < 200 || i > n - 900) ? 1 : step, tried++) {

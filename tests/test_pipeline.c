@@ -88,7 +88,8 @@ static void test_file_roundtrip(void **state)
     static const char *pols[] = {
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int8\", \"min_ndim\": 2}]}",
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"block_size\": 48}]}",
-        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"mse\", \"scale_dtype\": \"F32\"}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"mse\", "
+        "\"scale_dtype\": \"F32\"}]}",
         /* 1-D opt-in, and a single-block tensor whose one scale goes to __metadata__ */
         "{\"rules\": [{\"match\": \"*norm*\", \"action\": \"int8\", \"include_1d\": true, \"block_size\": 64},"
         "{\"match\": \"*.bias\", \"action\": \"int4\", \"include_1d\": true, \"block_size\": 4096}]}"};
@@ -147,7 +148,8 @@ static int blocks_of(const stz_reader *r, const char *name)
     snprintf(key, sizeof key, "stz.quant.%s", name);
     const char *json = stz_reader_meta_get(r, key);
     cJSON *o = json ? cJSON_Parse(json) : NULL;
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "method"), *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "method"),
+                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
     int type = cJSON_IsString(pk) && !strcmp(pk->valuestring, "ggml") ? stz_ggml_type_parse(m->valuestring) : 0;
     cJSON_Delete(o);
     return type;
@@ -167,11 +169,16 @@ static void test_tensor_in_memory(void **state)
     assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
     static const char *pols[] = {
         "{\"rules\": [{\"match\": \"*\", \"action\": \"int8\", \"min_ndim\": 2}]}",
-        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"mse\", \"block_size\": 48}]}",
-        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"nl\", \"scale_dtype\": \"U8\"}]}",
-        "{\"rules\": [{\"match\": \"*\", \"action\": \"int3\", \"min_ndim\": 2, \"method\": \"nl-fit\", \"scale_dtype\": \"U8\"}]}",
-        "{\"rules\": [{\"match\": \"*\", \"action\": \"int5\", \"min_ndim\": 2, \"method\": \"asym\", \"block_size\": 16}]}",
-        "{\"rules\": [{\"match\": \"*\", \"action\": \"int6\", \"min_ndim\": 2, \"method\": \"full\", \"scale_dtype\": \"F32\"}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"mse\", "
+        "\"block_size\": 48}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"nl\", "
+        "\"scale_dtype\": \"U8\"}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int3\", \"min_ndim\": 2, \"method\": \"nl-fit\", "
+        "\"scale_dtype\": \"U8\"}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int5\", \"min_ndim\": 2, \"method\": \"asym\", "
+        "\"block_size\": 16}]}",
+        "{\"rules\": [{\"match\": \"*\", \"action\": \"int6\", \"min_ndim\": 2, \"method\": \"full\", "
+        "\"scale_dtype\": \"F32\"}]}",
         "{\"rules\": [{\"match\": \"*\", \"action\": \"q5_0\", \"min_ndim\": 2}]}",
         "{\"rules\": [{\"match\": \"*\", \"action\": \"q8_0\", \"min_ndim\": 2}]}",
         "{\"rules\": [{\"match\": \"*proj.weight\", \"action\": \"svd\", \"rank\": 8, \"fallback\": \"keep\"}]}",
@@ -236,9 +243,9 @@ static void test_tensor_in_memory(void **state)
             uint8_t *b = malloc(t->end - t->begin + 1);
             uint64_t bytes;
             assert_int_equal(stz_reader_read(rq, t, 0, b, t->end - t->begin, &err), STZ_OK);
-            assert_int_equal(stz_pack_tensor_bytes(&pp, t->dtype, blocks_of(rq, t->name), b, t->end - t->begin, &bytes,
-                                                   &err),
-                             STZ_OK);
+            assert_int_equal(
+                stz_pack_tensor_bytes(&pp, t->dtype, blocks_of(rq, t->name), b, t->end - t->begin, &bytes, &err),
+                STZ_OK);
             want += bytes;
             free(b);
         }
@@ -283,7 +290,8 @@ static void test_qmodel_reads_containers(void **state)
             float *x = malloc(n * sizeof *x + 4), *y = malloc(n * sizeof *y + 4);
             assert_int_equal(stz_qmodel_read_rows(a, i, 0, (size_t)t->rows, x, &err), STZ_OK);
             /* the second half first, then the first: reads out of order */
-            assert_int_equal(stz_qmodel_read_rows(b, i, half, (size_t)t->rows - half, y + half * t->cols, &err), STZ_OK);
+            assert_int_equal(stz_qmodel_read_rows(b, i, half, (size_t)t->rows - half, y + half * t->cols, &err),
+                             STZ_OK);
             assert_int_equal(stz_qmodel_read_rows(b, i, 0, half, y, &err), STZ_OK);
             assert_memory_equal(x, y, n * sizeof *x);
             free(x), free(y);
@@ -339,14 +347,17 @@ static void test_file_errors(void **state)
     assert_int_equal(stz_writer_write(w, v, 24, &err), STZ_OK);
     assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
     stz_writer_free(w);
-    quantize_with("{\"rules\": [{\"match\": \"w.scales\", \"action\": \"int8\", \"block_size\": 2}]}", m, q, STZ_E_NUMERIC, &err);
+    quantize_with("{\"rules\": [{\"match\": \"w.scales\", \"action\": \"int8\", \"block_size\": 2}]}", m, q,
+                  STZ_E_NUMERIC, &err);
     assert_non_null(strstr(err.msg, "'w.scales'"));
     assert_non_null(strstr(err.msg, "element 4"));
     assert_false(tu_exists(q));
     /* the policy may keep it instead */
-    quantize_with("{\"rules\": [{\"match\": \"w.scales\", \"action\": \"int8\", \"nonfinite\": \"keep\"}]}", m, q, STZ_OK, &err);
+    quantize_with("{\"rules\": [{\"match\": \"w.scales\", \"action\": \"int8\", \"nonfinite\": \"keep\"}]}", m, q,
+                  STZ_OK, &err);
     /* the companion of 'w' would be 'w.scales', which exists */
-    quantize_with("{\"rules\": [{\"match\": \"w\", \"action\": \"int8\", \"block_size\": 2}]}", m, q, STZ_E_DUPLICATE, &err);
+    quantize_with("{\"rules\": [{\"match\": \"w\", \"action\": \"int8\", \"block_size\": 2}]}", m, q, STZ_E_DUPLICATE,
+                  &err);
     assert_non_null(strstr(err.msg, "'w.scales'"));
     free(m), free(q);
     tu_rmdir(dir);
@@ -441,8 +452,9 @@ static void test_u8_base_any_dtype(void **state)
             assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
             stz_writer_free(w);
         }
-        const char *pol = "{\"rules\": [{\"match\": \"w\", \"action\": \"int4\", \"method\": \"nl\", "
-                          "\"scale_dtype\": \"U8\", \"block_size\": 32}]}";
+        const char *pol =
+            "{\"rules\": [{\"match\": \"w\", \"action\": \"int4\", \"method\": \"nl\", "
+            "\"scale_dtype\": \"U8\", \"block_size\": 32}]}";
         quantize_with(pol, m16, q16, STZ_OK, &err);
         quantize_with(pol, m32, q32, STZ_OK, &err);
         stz_reader *a, *b;
@@ -496,8 +508,10 @@ static void test_threads_same_bytes(void **state)
                               STZ_E_NUMERIC, &err);
                 assert_non_null(strstr(err.msg, "element 2560007 is NaN; SVD needs finite values"));
                 assert_false(tu_exists(q));
-                quantize_with("{\"rules\": [{\"match\": \"big\", \"action\": \"svd\", \"rank\": 8, "
-                              "\"nonfinite\": \"keep\"}]}", m, q, STZ_OK, &err);
+                quantize_with(
+                    "{\"rules\": [{\"match\": \"big\", \"action\": \"svd\", \"rank\": 8, "
+                    "\"nonfinite\": \"keep\"}]}",
+                    m, q, STZ_OK, &err);
                 stz_reader *rq; /* kept: the same F32 bytes, NaN included */
                 assert_int_equal(stz_reader_open(&rq, q, &err), STZ_OK);
                 const stz_tensor *kt = stz_reader_tensor(rq, (size_t)stz_reader_find(rq, "big"));
@@ -535,10 +549,11 @@ static void test_svd_not_held(void **state)
     stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
     stz_err err;
     assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
-    stz_policy *p = tu_policy("{\"rules\": [{\"match\": \"*q_proj*\", \"action\": \"svd\", \"rank\": 8},"
-                             "{\"match\": \"*o_proj*\", \"action\": \"svd\", \"energy\": 0.5, \"method\": \"randomized\"},"
-                             "{\"match\": \"*up_proj*\", \"action\": \"svd\", \"max_error\": 0.6},"
-                             "{\"match\": \"*\", \"action\": \"keep\"}]}");
+    stz_policy *p = tu_policy(
+        "{\"rules\": [{\"match\": \"*q_proj*\", \"action\": \"svd\", \"rank\": 8},"
+        "{\"match\": \"*o_proj*\", \"action\": \"svd\", \"energy\": 0.5, \"method\": \"randomized\"},"
+        "{\"match\": \"*up_proj*\", \"action\": \"svd\", \"max_error\": 0.6},"
+        "{\"match\": \"*\", \"action\": \"keep\"}]}");
     stz_quant_params qa = STZ_QUANT_PARAMS_DEFAULT, qb = STZ_QUANT_PARAMS_DEFAULT;
     qa.write_flags = qb.write_flags = STZ_WRITE_FORCE;
     qb.svd_hold_bytes = 1, qb.threads = 3; /* nothing held, and more threads: the same bytes */
@@ -588,8 +603,9 @@ static void test_compress_refers_kept(void **state)
     }
     assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
     stz_writer_free(w);
-    stz_policy *p = tu_policy("{\"rules\": [{\"match\": \"*.big\", \"action\": \"keep\"},"
-                             "{\"match\": \"*\", \"action\": \"int4\", \"method\": \"nl\", \"scale_dtype\": \"U8\"}]}");
+    stz_policy *p = tu_policy(
+        "{\"rules\": [{\"match\": \"*.big\", \"action\": \"keep\"},"
+        "{\"match\": \"*\", \"action\": \"int4\", \"method\": \"nl\", \"scale_dtype\": \"U8\"}]}");
     for (int t = 1; t <= 3; t++) {
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
         qp.write_flags = STZ_WRITE_FORCE, qp.threads = t;
@@ -623,11 +639,12 @@ static void test_compress_streams(void **state)
     sp.dtype = STZ_DTYPE_F32, sp.layers = 16; /* ~3 MB: over 50 chunks of 64 KiB through a ring of < 40 */
     stz_err err;
     assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
-    stz_policy *p = tu_policy("{\"rules\": [{\"match\": \"*embed*\", \"action\": \"int8\"},"
-                             "{\"match\": \"*q_proj*\", \"action\": \"svd\", \"rank\": 8},"
-                             "{\"match\": \"*mlp*\", \"action\": \"int4\", \"method\": \"nl\", \"scale_dtype\": \"U8\"},"
-                             "{\"match\": \"*k_proj*\", \"action\": \"int3\", \"method\": \"asym\"},"
-                             "{\"match\": \"*\", \"action\": \"keep\"}]}");
+    stz_policy *p = tu_policy(
+        "{\"rules\": [{\"match\": \"*embed*\", \"action\": \"int8\"},"
+        "{\"match\": \"*q_proj*\", \"action\": \"svd\", \"rank\": 8},"
+        "{\"match\": \"*mlp*\", \"action\": \"int4\", \"method\": \"nl\", \"scale_dtype\": \"U8\"},"
+        "{\"match\": \"*k_proj*\", \"action\": \"int3\", \"method\": \"asym\"},"
+        "{\"match\": \"*\", \"action\": \"keep\"}]}");
     uint32_t chunks[2] = {STZ_PACK_MIN_CHUNK, 1u << 20};
     for (int k = 0; k < 2; k++)
         for (int t = 1; t <= 3; t++) {
@@ -712,8 +729,16 @@ static void check_shared(const char *file, double min8, double min4, double mean
 }
 
 /* issue targets: INT8 >= 0.9999 per tensor; INT4 absmax >= 0.985, weighted >= 0.99 */
-static void test_shared_f32(void **state) { (void)state; check_shared("stories260K.f32.safetensors", 0.9999, 0.985, 0.99); }
-static void test_shared_bf16(void **state) { (void)state; check_shared("stories260K.bf16.safetensors", 0.9999, 0.985, 0.99); }
+static void test_shared_f32(void **state)
+{
+    (void)state;
+    check_shared("stories260K.f32.safetensors", 0.9999, 0.985, 0.99);
+}
+static void test_shared_bf16(void **state)
+{
+    (void)state;
+    check_shared("stories260K.bf16.safetensors", 0.9999, 0.985, 0.99);
+}
 
 int main(void)
 {

@@ -34,7 +34,8 @@ static void test_policy_matching(void **state)
         "{\"default\": \"int8\", \"rules\": ["
         "{\"match\": \"*embed_tokens*\", \"action\": \"keep\"},"
         "{\"match\": \"re:.*\\\\.(q|k|v|o)_proj\\\\.weight\", \"action\": \"int4\", \"block_size\": 64},"
-        "{\"match\": \"*.mlp.*\", \"action\": \"int8\", \"dtypes\": [\"F32\"], \"min_ndim\": 2, \"scale_dtype\": \"F32\"},"
+        "{\"match\": \"*.mlp.*\", \"action\": \"int8\", \"dtypes\": [\"F32\"], \"min_ndim\": 2, "
+        "\"scale_dtype\": \"F32\"},"
         "{\"match\": \"layers.[0-3].norm\", \"action\": \"int8\", \"include_1d\": true},"
         "{\"match\": \"big?\", \"action\": \"int4\", \"min_numel\": 1000, \"method\": \"mse\"},"
         "{\"match\": \"nothing.matches.me\", \"action\": \"keep\"}]}");
@@ -102,37 +103,51 @@ static void test_policy_errors(void **state)
     expect_policy_error("{\"colour\": 1}", "unknown top-level key 'colour'", NULL);
     expect_policy_error("{\"rules\": {}}", "must be an array", NULL);
     expect_policy_error("{\"default\": \"zip\"}", "default", "unknown action 'zip'");
-    expect_policy_error("{\"rules\": [{\"match\": \"a*\", \"action\": \"int7\"}]}", "rule 0 ('a*')", "unknown action 'int7'");
-    expect_policy_error("{\"rules\": [{\"match\": \"a\", \"action\": \"keep\"}, {\"match\": \"b*\", \"action\": \"int8\", "
-                        "\"blocksize\": 4}]}", "rule 1 ('b*')", "unknown key 'blocksize'");
+    expect_policy_error("{\"rules\": [{\"match\": \"a*\", \"action\": \"int7\"}]}", "rule 0 ('a*')",
+                        "unknown action 'int7'");
+    expect_policy_error(
+        "{\"rules\": [{\"match\": \"a\", \"action\": \"keep\"}, {\"match\": \"b*\", \"action\": \"int8\", "
+        "\"blocksize\": 4}]}",
+        "rule 1 ('b*')", "unknown key 'blocksize'");
     expect_policy_error("{\"rules\": [{\"match\": \"re:([a-\", \"action\": \"int8\"}]}", "rule 0 ('re:([a-')",
                         "bad regular expression");
     expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"block_size\": 0}]}", "rule 0 ('x')",
                         "block_size");
-    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"block_size\": 1.5}]}", "block_size", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"scale_dtype\": \"I8\"}]}", "scale_dtype", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"dtypes\": [\"F99\"]}]}", "unknown dtype 'F99'", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"include_1d\": 1}]}", "include_1d", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"block_size\": 1.5}]}", "block_size",
+                        NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"scale_dtype\": \"I8\"}]}",
+                        "scale_dtype", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"dtypes\": [\"F99\"]}]}",
+                        "unknown dtype 'F99'", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"include_1d\": 1}]}", "include_1d",
+                        NULL);
     expect_policy_error("{\"rules\": [{\"action\": \"int8\"}]}", "rule 0", "missing \"match\"");
     expect_policy_error("{\"rules\": [{\"match\": \"x\"}]}", "rule 0 ('x')", "missing \"action\"");
-    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"rank\": 4}]}", "'rank' applies to the svd", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"x\", \"action\": \"int8\", \"rank\": 4}]}",
+                        "'rank' applies to the svd", NULL);
     expect_policy_error("{\"rules\": [{\"match\": \"*k_proj.weight\", \"action\": \"svd\"}]}",
                         "rule 0 ('*k_proj.weight')", "exactly one of rank, energy, max_error");
     expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 8, \"energy\": 0.9}]}",
                         "rule 0 ('k')", "exactly one");
     expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 0}]}", "rank must be", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"energy\": 1.5}]}", "energy must be", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"max_error\": 0}]}", "max_error must be", NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"energy\": 1.5}]}", "energy must be",
+                        NULL);
+    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"max_error\": 0}]}", "max_error must be",
+                        NULL);
     expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"fallback\": \"svd\"}]}",
                         "fallback must be", NULL);
     expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int8\", \"method\": \"randomized\"}]}",
                         "'method' applies to the svd action", NULL);
     expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"power_iters\": 2}]}",
                         "'power_iters' applies to method \"randomized\"", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
-                        "\"power_iters\": 17}]}", "power_iters must be", NULL);
-    expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
-                        "\"oversample\": -1}]}", "oversample must be", NULL);
+    expect_policy_error(
+        "{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
+        "\"power_iters\": 17}]}",
+        "power_iters must be", NULL);
+    expect_policy_error(
+        "{\"rules\": [{\"match\": \"k\", \"action\": \"svd\", \"rank\": 4, \"method\": \"randomized\", "
+        "\"oversample\": -1}]}",
+        "oversample must be", NULL);
     expect_policy_error("{\"rules\": [{\"match\": \"k\", \"action\": \"int4\", \"oversample\": 5}]}",
                         "'oversample' applies to the svd action", NULL);
 }
@@ -140,9 +155,10 @@ static void test_policy_errors(void **state)
 static void test_policy_randomized_keys(void **state)
 {
     (void)state;
-    static const char json[] = "{\"rules\": [{\"match\": \"a\", \"action\": \"svd\", \"rank\": 8, \"oversample\": 0, "
-                               "\"method\": \"randomized\", \"power_iters\": 3}, "
-                               "{\"match\": \"b\", \"action\": \"svd\", \"rank\": 8, \"method\": \"randomized\"}]}";
+    static const char json[] =
+        "{\"rules\": [{\"match\": \"a\", \"action\": \"svd\", \"rank\": 8, \"oversample\": 0, "
+        "\"method\": \"randomized\", \"power_iters\": 3}, "
+        "{\"match\": \"b\", \"action\": \"svd\", \"rank\": 8, \"method\": \"randomized\"}]}";
     stz_policy *p;
     stz_err err;
     assert_int_equal(stz_policy_parse(&p, json, sizeof json - 1, "t", &err), STZ_OK);
@@ -161,16 +177,21 @@ static void test_policy_randomized_keys(void **state)
 static void test_policy_pad(void **state)
 {
     (void)state;
-    static const char json[] = "{\"rules\": [{\"match\": \"a\", \"action\": \"q5_1\", \"pad\": true}, "
-                               "{\"match\": \"b\", \"action\": \"q4_k\", \"pad\": true}, "
-                               "{\"match\": \"c\", \"action\": \"q4_k\"}]}";
+    static const char json[] =
+        "{\"rules\": [{\"match\": \"a\", \"action\": \"q5_1\", \"pad\": true}, "
+        "{\"match\": \"b\", \"action\": \"q4_k\", \"pad\": true}, "
+        "{\"match\": \"c\", \"action\": \"q4_k\"}]}";
     stz_policy *p;
     stz_err err;
     assert_int_equal(stz_policy_parse(&p, json, sizeof json - 1, "t", &err), STZ_OK);
     uint64_t odd[2] = {64, 172}, w32[2] = {64, 64}, w256[2] = {4, 512};
-    const struct { const char *name; const uint64_t *shape; stz_action want; int reason; } cases[] = {
-        {"a", odd, STZ_ACTION_Q5_1, 0},  {"b", odd, STZ_ACTION_Q5_0, 1},  {"c", odd, STZ_ACTION_F16, 1},
-        {"b", w32, STZ_ACTION_Q5_0, 1},  {"b", w256, STZ_ACTION_Q4_K, 0}, {"a", w32, STZ_ACTION_Q5_1, 0}};
+    const struct {
+        const char *name;
+        const uint64_t *shape;
+        stz_action want;
+        int reason;
+    } cases[] = {{"a", odd, STZ_ACTION_Q5_1, 0}, {"b", odd, STZ_ACTION_Q5_0, 1},  {"c", odd, STZ_ACTION_F16, 1},
+                 {"b", w32, STZ_ACTION_Q5_0, 1}, {"b", w256, STZ_ACTION_Q4_K, 0}, {"a", w32, STZ_ACTION_Q5_1, 0}};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         stz_tensor t = mk(cases[k].name, STZ_DTYPE_F32, 2, cases[k].shape);
         stz_decision d = stz_policy_decide(p, &t);
@@ -213,13 +234,18 @@ static void test_builtin_policies(void **state)
             stz_policy_free(p);
             continue;
         }
-        if (!strcmp(name, "int4") || !strcmp(name, "gguf-mix4")) { /* llama.cpp's types by role, with its fallbacks for narrow rows */
-            static const char *roles[] = {"model.embed_tokens.weight", "tok_embeddings.weight", "lm_head.weight",
-                                          "model.layers.3.self_attn.v_proj.weight", "layers.1.attention.wk.weight",
-                                          "model.layers.3.self_attn.q_proj.weight", "transformer.h.0.attn.c_attn.weight"};
-            static const stz_action wide[] = {STZ_ACTION_Q5_K, STZ_ACTION_Q5_K, STZ_ACTION_Q6_K, STZ_ACTION_Q6_K,
+        if (!strcmp(name, "int4") ||
+            !strcmp(name, "gguf-mix4")) { /* llama.cpp's types by role, with its fallbacks for narrow rows */
+            static const char *roles[] = {"model.embed_tokens.weight",
+                                          "tok_embeddings.weight",
+                                          "lm_head.weight",
+                                          "model.layers.3.self_attn.v_proj.weight",
+                                          "layers.1.attention.wk.weight",
+                                          "model.layers.3.self_attn.q_proj.weight",
+                                          "transformer.h.0.attn.c_attn.weight"};
+            static const stz_action wide[] = {STZ_ACTION_Q5_K, STZ_ACTION_Q5_K,   STZ_ACTION_Q6_K,  STZ_ACTION_Q6_K,
                                               STZ_ACTION_Q5_K, STZ_ACTION_IQ4_NL, STZ_ACTION_IQ4_NL};
-            static const stz_action narrow[] = {STZ_ACTION_Q5_1, STZ_ACTION_Q5_1, STZ_ACTION_Q8_0, STZ_ACTION_Q8_0,
+            static const stz_action narrow[] = {STZ_ACTION_Q5_1, STZ_ACTION_Q5_1,   STZ_ACTION_Q8_0,  STZ_ACTION_Q8_0,
                                                 STZ_ACTION_Q5_1, STZ_ACTION_IQ4_NL, STZ_ACTION_IQ4_NL};
             uint64_t sw[2] = {64, 512}, sn[2] = {512, 64}, so[2] = {64, 172}, s1[1] = {64};
             for (int k = 0; k < 7; k++) {
@@ -235,7 +261,8 @@ static void test_builtin_policies(void **state)
             stz_policy_free(p);
             continue;
         }
-        if (!strcmp(name, "int8")) { /* Q8_0 everywhere, embeddings and head included; F16 where rows are not whole blocks */
+        if (!strcmp(name,
+                    "int8")) { /* Q8_0 everywhere, embeddings and head included; F16 where rows are not whole blocks */
             uint64_t s2[2] = {512, 64}, so[2] = {64, 172}, s1[1] = {64};
             static const char *names[] = {"model.embed_tokens.weight", "lm_head.weight", "tok_embeddings.weight",
                                           "model.layers.3.self_attn.q_proj.weight", "layers.2.feed_forward.w1.weight"};
@@ -270,8 +297,9 @@ static void test_builtin_policies(void **state)
         }
         /* every shipped policy keeps norms and embeddings, under every naming */
         uint64_t s1[1] = {64}, s2[2] = {512, 64};
-        static const char *keep_names[] = {"model.embed_tokens.weight", "transformer.wte.weight", "transformer.wpe.weight",
-                                           "tok_embeddings.weight", "lm_head.weight", "output.weight"};
+        static const char *keep_names[] = {
+            "model.embed_tokens.weight", "transformer.wte.weight", "transformer.wpe.weight",
+            "tok_embeddings.weight",     "lm_head.weight",         "output.weight"};
         stz_tensor t = mk("model.norm.weight", STZ_DTYPE_BF16, 1, s1);
         assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
         for (int k = 0; k < 6; k++) {
@@ -285,10 +313,10 @@ static void test_builtin_policies(void **state)
         for (int k = 0; k < 4; k++) {
             t = mk(lin[k], STZ_DTYPE_BF16, 2, s2);
             stz_action got = stz_policy_decide(p, &t).action;
-            stz_action want = !strcmp(name, "lossless") ? STZ_ACTION_KEEP
+            stz_action want = !strcmp(name, "lossless")    ? STZ_ACTION_KEEP
                               : !strcmp(name, "int8-b128") ? STZ_ACTION_INT8
-                              : !strcmp(name, "int5")   ? STZ_ACTION_INT5
-                                                        : STZ_ACTION_INT4;
+                              : !strcmp(name, "int5")      ? STZ_ACTION_INT5
+                                                           : STZ_ACTION_INT4;
             if (got != want)
                 fail_msg("policy %s: %s got %s", name, lin[k], stz_action_name(got));
             /* the 4- and 5-bit policies use the nl codebook with U8 scales */
@@ -311,10 +339,8 @@ static void test_builtin_policies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_policy_matching),
-        cmocka_unit_test(test_policy_errors),
-        cmocka_unit_test(test_builtin_policies),
-        cmocka_unit_test(test_policy_randomized_keys),
+        cmocka_unit_test(test_policy_matching),  cmocka_unit_test(test_policy_errors),
+        cmocka_unit_test(test_builtin_policies), cmocka_unit_test(test_policy_randomized_keys),
         cmocka_unit_test(test_policy_pad),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

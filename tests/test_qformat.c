@@ -301,7 +301,9 @@ static void test_exact_and_hard_blocks(void **state)
             stz_qf_dequantize_row(&f, q, s, mn, 64, y);
             assert_true(fabsf(y[17] + 3.5f) <= 3.5f * 0.01f);
             /* zeros stay zeros, but for nl (the level nearest 0) and asym (half a step) */
-            float tol = m == STZ_QMETHOD_NL ? 3.5f * 0.02f : m == STZ_QMETHOD_ASYM ? 3.5f / (float)((1 << bits) - 1) / 2 : 0;
+            float tol = m == STZ_QMETHOD_NL     ? 3.5f * 0.02f
+                        : m == STZ_QMETHOD_ASYM ? 3.5f / (float)((1 << bits) - 1) / 2
+                                                : 0;
             for (int i = 0; i < 64; i++)
                 if (i != 17 && fabsf(y[i]) > tol + 1e-6f)
                     fail_msg("%d bits %s: a zero became %g", bits, stz_qmethod_name(m), y[i]);
@@ -403,7 +405,12 @@ static void test_files(void **state)
         for (size_t i = 0; i < (size_t)R * C; i++)
             e += ((double)v[i] - y[i]) * ((double)v[i] - y[i]), n2 += (double)v[i] * v[i];
         int bits = t->bits;
-        double bound = bits == 2 ? 0.45 : bits == 3 ? 0.2 : bits == 4 ? 0.1 : bits == 5 ? 0.05 : bits == 6 ? 0.03 : 0.01;
+        double bound = bits == 2   ? 0.45
+                       : bits == 3 ? 0.2
+                       : bits == 4 ? 0.1
+                       : bits == 5 ? 0.05
+                       : bits == 6 ? 0.03
+                                   : 0.01;
         if (sqrt(e / n2) > bound)
             fail_msg("%s: relative error %g > %g", rules[k], sqrt(e / n2), bound);
         float row[C];
@@ -428,7 +435,9 @@ static void test_files(void **state)
     write_model(m, v, R, C);
     stz_err err;
     assert_int_equal(quantize("{\"rules\": [{\"match\": \"w\", \"action\": \"int4\", \"method\": \"nl\", "
-                              "\"scale_dtype\": \"U8\"}]}", m, q3, 1, &err), STZ_E_NUMERIC);
+                              "\"scale_dtype\": \"U8\"}]}",
+                              m, q3, 1, &err),
+                     STZ_E_NUMERIC);
     assert_non_null(strstr(err.msg, "element 15014 is NaN"));
     free(v), free(y), free(m), free(q), free(q3);
 }
@@ -454,10 +463,14 @@ int main(void)
 {
     dir = tu_tmpdir();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_format_odd_lengths), cmocka_unit_test(test_search_beats_absmax),
-        cmocka_unit_test(test_exact_and_hard_blocks),   cmocka_unit_test(test_u8_scales), cmocka_unit_test(test_nl_nearest),
+        cmocka_unit_test(test_every_format_odd_lengths),
+        cmocka_unit_test(test_search_beats_absmax),
+        cmocka_unit_test(test_exact_and_hard_blocks),
+        cmocka_unit_test(test_u8_scales),
+        cmocka_unit_test(test_nl_nearest),
         cmocka_unit_test(test_same_bits_without_avx2),
-        cmocka_unit_test(test_files),                   cmocka_unit_test(test_old_files),
+        cmocka_unit_test(test_files),
+        cmocka_unit_test(test_old_files),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmdir(dir);

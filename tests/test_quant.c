@@ -45,7 +45,8 @@ static void check_row(const float *x, size_t n, size_t block, int bits, stz_qmet
             assert_true(stz_f16_to_f32(stz_f32_to_f16(s)) == s);
         for (size_t i = b * block; i < n && i < (b + 1) * block; i++) {
             if (m == STZ_QMETHOD_ABSMAX && fabsf(x[i] - y[i]) > fabsf(s) * 0.5f * (1 + 1e-6f) + 1e-30f)
-                fail_msg("bits %d n %zu block %zu elem %zu: |%g - %g| > scale %g / 2", bits, n, block, i, x[i], y[i], s);
+                fail_msg("bits %d n %zu block %zu elem %zu: |%g - %g| > scale %g / 2", bits, n, block, i, x[i], y[i],
+                         s);
             if (s == 0)
                 assert_true(y[i] == 0 && x[i] == 0);
         }
@@ -208,7 +209,8 @@ static void test_ggml_table(void **state)
                                  STZ_GGML_Q3_K, STZ_GGML_Q4_K, STZ_GGML_Q5_K, STZ_GGML_Q6_K,   STZ_GGML_IQ4_XS};
     for (size_t k = 0; k < sizeof writes / sizeof writes[0]; k++) {
         assert_int_equal(stz_ggml_type_parse(stz_ggml_type_name(writes[k])), writes[k]);
-        assert_int_equal(stz_action_ggml_type(stz_action_of_ggml_type(writes[k])), writes[k] == STZ_GGML_F32 ? -1 : writes[k]);
+        assert_int_equal(stz_action_ggml_type(stz_action_of_ggml_type(writes[k])),
+                         writes[k] == STZ_GGML_F32 ? -1 : writes[k]);
     }
     assert_int_equal(stz_ggml_type_parse("q8_1"), -2); /* a type stz does not write */
     assert_int_equal(stz_ggml_type_parse("iq2_xxs"), -2);
@@ -218,8 +220,8 @@ static void test_ggml_table(void **state)
 /* An F16 value in [0.01, 1) from the generator. */
 static uint16_t f16_scale(void)
 {
-    float v = 0.01f + 0.99f * (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) /
-                          (float)(1 << 24);
+    float v = 0.01f +
+              0.99f * (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / (float)(1 << 24);
     return stz_f32_to_f16(v);
 }
 
@@ -320,7 +322,7 @@ static void test_ggml_dequantizers(void **state)
                 stz_put_le16(b, f16_scale());
             t->dequantize_ref(b, t->block, got);
             for (int e = 0; e < (int)t->block; e++) {
-                float want = type == 3 || type == 7 ? slow_q_1(type == 7 ? 5 : 4, b, e)
+                float want = type == 3 || type == 7     ? slow_q_1(type == 7 ? 5 : 4, b, e)
                              : type == 10 || type == 11 ? slow_q2_q3_k(type, b, e)
                              : type == 12 || type == 13 ? slow_q4_q5_k(type, b, e)
                              : type == 14               ? slow_q6_k(b, e)
@@ -331,7 +333,6 @@ static void test_ggml_dequantizers(void **state)
         }
     }
 }
-
 
 /* ---- error feedback ------------------------------------------------------ */
 
@@ -346,11 +347,13 @@ static void qmem_values(const stz_qmem *m, size_t rows, size_t cols, float *y)
             if (m->dtype[k] == STZ_DTYPE_U8)
                 dst[i] = stz_qf_scale_value(m->fmt.scale_base, m->part[k][i]);
             else
-                assert_int_equal(stz_to_f32(m->dtype[k], m->part[k] + i * (m->dtype[k] == STZ_DTYPE_F16 ? 2 : 4), 1,
-                                            dst + i, NULL), STZ_OK);
+                assert_int_equal(
+                    stz_to_f32(m->dtype[k], m->part[k] + i * (m->dtype[k] == STZ_DTYPE_F16 ? 2 : 4), 1, dst + i, NULL),
+                    STZ_OK);
         }
     if (m->fmt.method == STZ_QMETHOD_TRELLIS)
-        assert_int_equal(stz_trellis_dequantize_rows(&m->fmt, m->part[STZ_PART_VALUES], 0, rows, 0, rows, sc, cols, y), 0);
+        assert_int_equal(stz_trellis_dequantize_rows(&m->fmt, m->part[STZ_PART_VALUES], 0, rows, 0, rows, sc, cols, y),
+                         0);
     for (size_t r = 0; m->fmt.method != STZ_QMETHOD_TRELLIS && r < rows; r++)
         stz_qf_dequantize_row(&m->fmt, m->part[STZ_PART_VALUES] + r * rb, sc + r * nb, mn + r * nb, cols, y + r * cols);
     free(sc);
@@ -363,7 +366,8 @@ static double output_error(const float *W, const float *Y, const float *H, size_
     for (size_t r = 0; r < rows; r++)
         for (size_t i = 0; i < cols; i++)
             for (size_t j = 0; j < cols; j++)
-                e += ((double)W[r * cols + i] - Y[r * cols + i]) * H[i * cols + j] * ((double)W[r * cols + j] - Y[r * cols + j]);
+                e += ((double)W[r * cols + i] - Y[r * cols + i]) * H[i * cols + j] *
+                     ((double)W[r * cols + j] - Y[r * cols + j]);
     return e;
 }
 
@@ -431,16 +435,22 @@ static void test_feedback(void **state)
         {.action = STZ_ACTION_INT8, .block_size = 128, .method = STZ_QMETHOD_ABSMAX, .scale_dtype = STZ_DTYPE_F16},
         {.action = STZ_ACTION_INT3, .block_size = 32, .method = STZ_QMETHOD_TRELLIS, .scale_dtype = STZ_DTYPE_F16},
         {.action = STZ_ACTION_INT2, .block_size = 64, .method = STZ_QMETHOD_TRELLIS, .scale_dtype = STZ_DTYPE_U8},
-        {.action = STZ_ACTION_Q4_0}, {.action = STZ_ACTION_Q5_1}, {.action = STZ_ACTION_IQ4_NL},
-        {.action = STZ_ACTION_Q2_K}, {.action = STZ_ACTION_Q3_K}, {.action = STZ_ACTION_Q4_K},
-        {.action = STZ_ACTION_Q6_K}, {.action = STZ_ACTION_IQ4_XS}};
+        {.action = STZ_ACTION_Q4_0},
+        {.action = STZ_ACTION_Q5_1},
+        {.action = STZ_ACTION_IQ4_NL},
+        {.action = STZ_ACTION_Q2_K},
+        {.action = STZ_ACTION_Q3_K},
+        {.action = STZ_ACTION_Q4_K},
+        {.action = STZ_ACTION_Q6_K},
+        {.action = STZ_ACTION_IQ4_XS}};
     for (size_t k = 0; k < sizeof ds / sizeof *ds; k++) {
         stz_qmem plain, fb, fb3;
         stz_err err;
         assert_int_equal(stz_quantize_tensor(&ds[k], W, w, R, C, &plain, &err), STZ_OK);
         assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, NULL, R, C, 1, &fb, y, &err), STZ_OK);
         assert_int_equal(stz_quantize_tensor_feedback(&ds[k], W, H, NULL, R, C, 3, &fb3, NULL, &err), STZ_OK);
-        for (int p = 0; p < STZ_PART_COUNT; p++) { /* the same layout as without feedback, the same bytes on 3 threads */
+        for (int p = 0; p < STZ_PART_COUNT;
+             p++) { /* the same layout as without feedback, the same bytes on 3 threads */
             assert_int_equal(fb.len[p], plain.len[p]);
             assert_int_equal(fb3.len[p], fb.len[p]);
             if (fb.len[p])
@@ -452,10 +462,11 @@ static void test_feedback(void **state)
         check_output_errors(&fb, W, y, H, R, C);
         qmem_values(&plain, R, C, yp);
         double ep = output_error(W, yp, H, R, C);
-        print_message("  %-10s output error with feedback %.3g, without %.3g (%.2fx)\n",
-                      stz_action_name(ds[k].action), ef, ep, ef / ep);
+        print_message("  %-10s output error with feedback %.3g, without %.3g (%.2fx)\n", stz_action_name(ds[k].action),
+                      ef, ep, ef / ep);
         if (!(ef < 0.8 * ep))
-            fail_msg("%s: feedback does not lower the output error enough (%g vs %g)", stz_action_name(ds[k].action), ef, ep);
+            fail_msg("%s: feedback does not lower the output error enough (%g vs %g)", stz_action_name(ds[k].action),
+                     ef, ep);
         stz_qmem_free(&plain), stz_qmem_free(&fb), stz_qmem_free(&fb3);
     }
     stz_qmem m;
@@ -531,8 +542,8 @@ static void test_trellis(void **state)
     for (int i = 0; i < C; i++)
         for (int j = 0; j < C; j++)
             H[i * C + j] = (i == j ? 2.0f : 0.0f) + 1.0f / (float)(1 + abs(i - j));
-    stz_decision d = {.action = STZ_ACTION_INT3, .block_size = 16, .method = STZ_QMETHOD_TRELLIS,
-                      .scale_dtype = STZ_DTYPE_U8};
+    stz_decision d = {
+        .action = STZ_ACTION_INT3, .block_size = 16, .method = STZ_QMETHOD_TRELLIS, .scale_dtype = STZ_DTYPE_U8};
     stz_qmem a, b;
     stz_err err;
     assert_int_equal(stz_trellis_segments(R), 2);
@@ -608,7 +619,8 @@ static void test_feedback_drift(void **state)
         W[i] = frand() * 0.05f;
     const stz_decision ds[] = {
         {.action = STZ_ACTION_INT3, .block_size = 32, .method = STZ_QMETHOD_MSE, .scale_dtype = STZ_DTYPE_F16},
-        {.action = STZ_ACTION_Q4_K}, {.action = STZ_ACTION_IQ4_NL}};
+        {.action = STZ_ACTION_Q4_K},
+        {.action = STZ_ACTION_IQ4_NL}};
     for (size_t k = 0; k < sizeof ds / sizeof *ds; k++) {
         stz_qmem a, a3, n, z;
         stz_err err;

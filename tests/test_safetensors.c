@@ -315,8 +315,16 @@ static void check_shared(const char *file, stz_dtype dtype)
     free(p);
 }
 
-static void test_shared_f32(void **state) { (void)state; check_shared("stories260K.f32.safetensors", STZ_DTYPE_F32); }
-static void test_shared_bf16(void **state) { (void)state; check_shared("stories260K.bf16.safetensors", STZ_DTYPE_BF16); }
+static void test_shared_f32(void **state)
+{
+    (void)state;
+    check_shared("stories260K.f32.safetensors", STZ_DTYPE_F32);
+}
+static void test_shared_bf16(void **state)
+{
+    (void)state;
+    check_shared("stories260K.bf16.safetensors", STZ_DTYPE_BF16);
+}
 
 static void test_half_conversions(void **state)
 {
@@ -333,8 +341,8 @@ static void test_half_conversions(void **state)
     assert_true(stz_f16_to_f32(0x0001) == ldexpf(1, -24)); /* smallest subnormal */
     assert_int_equal(stz_f32_to_f16(65520.0f), 0x7c00);    /* rounds up to Inf */
     assert_int_equal(stz_f32_to_f16(65504.0f), 0x7bff);
-    assert_int_equal(stz_f32_to_f16(ldexpf(1, -25)), 0);   /* ties to even: 0 */
-    assert_int_equal(stz_f32_to_f16(ldexpf(3, -26)), 1);   /* 0.75 ulp: rounds up */
+    assert_int_equal(stz_f32_to_f16(ldexpf(1, -25)), 0); /* ties to even: 0 */
+    assert_int_equal(stz_f32_to_f16(ldexpf(3, -26)), 1); /* 0.75 ulp: rounds up */
     /* BF16: round to nearest even */
     assert_int_equal(stz_f32_to_bf16(1.0f), 0x3f80);
     float f;

@@ -91,7 +91,8 @@ static void test_known_spectrum(void **state)
                 /* squared error = sum of the dropped squared singular values */
                 double want = sqrt(dropped / total), got = rel_err(W, &res, m, n);
                 if (fabs(got - want) > 1e-3 * want + 1e-5)
-                    fail_msg("%zux%zu rank %zu method %d: error %.6f, dropped spectrum says %.6f", m, n, r, meth, got, want);
+                    fail_msg("%zux%zu rank %zu method %d: error %.6f, dropped spectrum says %.6f", m, n, r, meth, got,
+                             want);
                 /* exact sums the dropped spectrum; randomized has only the kept
                  * one, so its estimate ||W||^2 - sum(kept S^2) is as good as
                  * float S: about 1e-6 of the total energy */
@@ -157,8 +158,8 @@ static void test_energy_and_max_error(void **state)
                         break;
                 }
                 if (res.rank != want)
-                    fail_msg("method %d %s %.2f: rank %zu, smallest meeting it %zu", meth, which ? "max_error" : "energy",
-                             target, res.rank, want);
+                    fail_msg("method %d %s %.2f: rank %zu, smallest meeting it %zu", meth,
+                             which ? "max_error" : "energy", target, res.rank, want);
                 stz_svd_result_free(&res);
             }
     free(W);
@@ -281,12 +282,9 @@ static void test_rejections(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_known_spectrum),
-        cmocka_unit_test(test_exact_low_rank),
-        cmocka_unit_test(test_energy_and_max_error),
-        cmocka_unit_test(test_randomized_close_to_exact),
-        cmocka_unit_test(test_int8_factors_bound),
-        cmocka_unit_test(test_rejections),
+        cmocka_unit_test(test_known_spectrum),       cmocka_unit_test(test_exact_low_rank),
+        cmocka_unit_test(test_energy_and_max_error), cmocka_unit_test(test_randomized_close_to_exact),
+        cmocka_unit_test(test_int8_factors_bound),   cmocka_unit_test(test_rejections),
     };
     return cmocka_run_group_tests_name("svd", tests, NULL, NULL);
 }

@@ -29,8 +29,7 @@ static void test_arch_sizes(void **state)
     assert_non_null(strstr(err.msg, "nope"));
 }
 
-static uint64_t synth(const char *dir, const char *arch, stz_dtype dt, uint64_t seed, int threads,
-                      stz_synth_stats *st)
+static uint64_t synth(const char *dir, const char *arch, stz_dtype dt, uint64_t seed, int threads, stz_synth_stats *st)
 {
     char name[128];
     snprintf(name, sizeof name, "%s-%s-%llu-%d.safetensors", arch, stz_dtype_name(dt), (unsigned long long)seed,
@@ -186,10 +185,8 @@ static void test_sparsity(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_arch_sizes),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_contents),
-        cmocka_unit_test(test_interrupted_leaves_nothing),
+        cmocka_unit_test(test_arch_sizes), cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_contents),   cmocka_unit_test(test_interrupted_leaves_nothing),
         cmocka_unit_test(test_sparsity),
     };
     return cmocka_run_group_tests_name("synth", tests, NULL, NULL);

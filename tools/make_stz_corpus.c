@@ -104,7 +104,8 @@ static void shared_cases(const char *src, const char *pk, const stz_pack_params 
     stz_err err;
     uint64_t s1 = 200, s2 = 30, s0 = 0, s3 = 100;
     if (stz_writer_open(&w, src, STZ_WRITE_FORCE, &err) || stz_writer_add(w, "a.u8", STZ_DTYPE_U8, 1, &s1, &err) ||
-        stz_writer_add(w, "b.f32", STZ_DTYPE_F32, 1, &s2, &err) || stz_writer_add(w, "empty", STZ_DTYPE_F16, 1, &s0, &err) ||
+        stz_writer_add(w, "b.f32", STZ_DTYPE_F32, 1, &s2, &err) ||
+        stz_writer_add(w, "empty", STZ_DTYPE_F16, 1, &s0, &err) ||
         stz_writer_add(w, "c.u8", STZ_DTYPE_U8, 1, &s3, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
@@ -154,7 +155,8 @@ int main(int argc, char **argv)
     stz_err err;
     uint64_t s1 = 3000, s2 = 300, s3 = 50, s0 = 0;
     if (stz_writer_open(&w, src, STZ_WRITE_FORCE, &err) || stz_writer_add(w, "w.bf16", STZ_DTYPE_BF16, 1, &s1, &err) ||
-        stz_writer_add(w, "w.f32", STZ_DTYPE_F32, 1, &s2, &err) || stz_writer_add(w, "w.i8", STZ_DTYPE_I8, 1, &s3, &err) ||
+        stz_writer_add(w, "w.f32", STZ_DTYPE_F32, 1, &s2, &err) ||
+        stz_writer_add(w, "w.i8", STZ_DTYPE_I8, 1, &s3, &err) ||
         stz_writer_add(w, "empty", STZ_DTYPE_F16, 1, &s0, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
@@ -182,63 +184,97 @@ int main(int argc, char **argv)
     remove(pk);
     uint64_t ioff = stz_le64(v + n - TRAILER_SIZE), isize = stz_le64(v + n - TRAILER_SIZE + 8);
     uint8_t *ent0 = NULL;
-#define RESET() memcpy(m, v, n)
-#define REHASH_HEAD() stz_put_le64(m + 56, XXH3_64bits(m, 56))
+#define RESET()        memcpy(m, v, n)
+#define REHASH_HEAD()  stz_put_le64(m + 56, XXH3_64bits(m, 56))
 #define REHASH_INDEX() stz_put_le64(m + n - TRAILER_SIZE + 16, XXH3_64bits(m + ioff, isize))
 
     emit("valid.stz", "STZ_OK", v, n);
     emit("empty.stz", "STZ_E_TRUNCATED", v, 0);
     emit("truncated_tail.stz", "STZ_E_TRUNCATED", v, n - 7);
     emit("truncated_half.stz", "STZ_E_TRUNCATED", v, n / 2);
-    RESET(); m[1] = 'X';
+    RESET();
+    m[1] = 'X';
     emit("bad_magic.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le16(m + 8, STZ_PACK_FORMAT_VERSION + 1); REHASH_HEAD();
+    RESET();
+    stz_put_le16(m + 8, STZ_PACK_FORMAT_VERSION + 1);
+    REHASH_HEAD();
     emit("future_version.stz", "STZ_E_UNSUPPORTED", m, n);
-    RESET(); m[20] ^= 1;
+    RESET();
+    m[20] ^= 1;
     emit("header_field_flip.stz", "STZ_E_CHECKSUM", m, n);
-    RESET(); stz_put_le32(m + 12, 1u << 31); REHASH_HEAD();
+    RESET();
+    stz_put_le32(m + 12, 1u << 31);
+    REHASH_HEAD();
     emit("forged_chunk_size.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le64(m + 24, 1ull << 40); REHASH_HEAD();
+    RESET();
+    stz_put_le64(m + 24, 1ull << 40);
+    REHASH_HEAD();
     emit("forged_header_len.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le64(m + 32, 1ull << 40); REHASH_HEAD();
+    RESET();
+    stz_put_le64(m + 32, 1ull << 40);
+    REHASH_HEAD();
     emit("forged_header_stored.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le64(m + 16, stz_le64(v + 16) + 4); REHASH_HEAD();
+    RESET();
+    stz_put_le64(m + 16, stz_le64(v + 16) + 4);
+    REHASH_HEAD();
     emit("forged_original_size.stz", "STZ_E_OFFSETS", m, n);
-    RESET(); m[FILE_HEADER_SIZE + 12] ^= 0x40;
+    RESET();
+    m[FILE_HEADER_SIZE + 12] ^= 0x40;
     emit("header_section_flip.stz", "STZ_E_FORMAT", m, n);
-    RESET(); m[ioff + 40] ^= 1;
+    RESET();
+    m[ioff + 40] ^= 1;
     emit("index_flip.stz", "STZ_E_CHECKSUM", m, n);
-    RESET(); stz_put_le64(m + n - TRAILER_SIZE + 8, 1ull << 50);
+    RESET();
+    stz_put_le64(m + n - TRAILER_SIZE + 8, 1ull << 50);
     emit("forged_index_size.stz", "STZ_E_FORMAT", m, n);
-    RESET(); m[n - 1] ^= 0xff;
+    RESET();
+    m[n - 1] ^= 0xff;
     emit("bad_end_magic.stz", "STZ_E_TRUNCATED", m, n);
     ent0 = m + ioff + INDEX_HEAD_SIZE;
-    RESET(); stz_put_le32(ent0 + 16, 1u << 30); REHASH_INDEX();
+    RESET();
+    stz_put_le32(ent0 + 16, 1u << 30);
+    REHASH_INDEX();
     emit("forged_record_size.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le32(ent0 + 20, 1u << 30); REHASH_INDEX();
+    RESET();
+    stz_put_le32(ent0 + 20, 1u << 30);
+    REHASH_INDEX();
     emit("forged_raw_size.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le32(ent0 + 24, 77); REHASH_INDEX();
+    RESET();
+    stz_put_le32(ent0 + 24, 77);
+    REHASH_INDEX();
     emit("forged_tensor_index.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le64(ent0 + 8, 3); REHASH_INDEX();
+    RESET();
+    stz_put_le64(ent0 + 8, 3);
+    REHASH_INDEX();
     emit("forged_record_offset.stz", "STZ_E_FORMAT", m, n);
     /* first chunk record: BF16, two planes; corrupt its head and payload */
     const uint8_t *v0 = v + ioff + INDEX_HEAD_SIZE;
     uint64_t r0 = stz_le64(v0 + 8), rs = stz_le32(v0 + 16);
-    RESET(); m[r0 + 4] = 9;
+    RESET();
+    m[r0 + 4] = 9;
     emit("record_bad_xform.stz", "STZ_E_FORMAT", m, n);
-    RESET(); m[r0 + RECORD_HEAD_SIZE] = 7;
+    RESET();
+    m[r0 + RECORD_HEAD_SIZE] = 7;
     emit("record_bad_codec.stz", "STZ_E_FORMAT", m, n);
-    RESET(); stz_put_le32(m + r0 + RECORD_HEAD_SIZE + 4, stz_le32(v + r0 + RECORD_HEAD_SIZE + 4) + 1);
+    RESET();
+    stz_put_le32(m + r0 + RECORD_HEAD_SIZE + 4, stz_le32(v + r0 + RECORD_HEAD_SIZE + 4) + 1);
     emit("record_plane_sizes.stz", "STZ_E_FORMAT", m, n);
-    RESET(); m[r0 + rs - 2] ^= 0x08;
+    RESET();
+    m[r0 + rs - 2] ^= 0x08;
     emit("payload_flip.stz", "STZ_E_CHECKSUM", m, n);
-    RESET(); m[r0 + 16] ^= 0x01;
+    RESET();
+    m[r0 + 16] ^= 0x01;
     emit("record_checksum_flip.stz", "STZ_E_CHECKSUM", m, n);
-    RESET(); stz_put_le64(m + n - TRAILER_SIZE + 24, 12345);
+    RESET();
+    stz_put_le64(m + n - TRAILER_SIZE + 24, 12345);
     emit("whole_hash_wrong.stz", "STZ_E_CHECKSUM", m, n);
-    RESET(); m[10] = STZ_ORIG_GGUF; REHASH_HEAD();
+    RESET();
+    m[10] = STZ_ORIG_GGUF;
+    REHASH_HEAD();
     emit("flag_gguf_on_safetensors.stz", "STZ_E_FORMAT", m, n);
-    RESET(); m[10] = 2; REHASH_HEAD();
+    RESET();
+    m[10] = 2;
+    REHASH_HEAD();
     emit("flag_unknown.stz", "STZ_E_FORMAT", m, n);
     free(v);
     free(m);

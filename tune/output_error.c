@@ -30,8 +30,8 @@ static int fed_wants(void *user, const stz_qtensor *q)
  * output error and bytes, or plain rounding's output error (its bytes are
  * the measure's); `plain`: plain rounding's output error even for a
  * feedback candidate, into out. */
-static stz_status measure_one(const fed_run *R, stz_tune_tensor *t, size_t c, int plain, const float *W,
-                              const float *w, const float *H, float *Y, double *out, stz_err *err)
+static stz_status measure_one(const fed_run *R, stz_tune_tensor *t, size_t c, int plain, const float *W, const float *w,
+                              const float *H, float *Y, double *out, stz_err *err)
 {
     stz_decision d = R->T->cand[c].d;
     uint64_t rows = t->rows, cols = t->params / t->rows, raw;
@@ -68,8 +68,8 @@ static stz_status fed_matrix(void *user, const stz_qtensor *q, const float *W, c
     int tied = R->tied && !strcmp(R->tied, q->name);
     if (tied && !t->plain_out) /* feedback's gain, for the embedding's probes (stz_tune_probe) */
         t->plain_out = calloc(R->T->ncand, sizeof *t->plain_out);
-    stz_status st = Y && (!tied || t->plain_out) ? STZ_OK
-                                                 : stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
+    stz_status st =
+        Y && (!tied || t->plain_out) ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
     if (!st && R->p->imatrix) /* plain candidates quantize as the measure did */
         st = stz_imatrix_find(R->p->imatrix, q->name, q->cols, &w, err);
     if (!st) /* the output's own squared norm: Y is all zeros */

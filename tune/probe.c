@@ -20,8 +20,7 @@
 
 const char stz_tune_default_candidates[] =
     "keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8";
-const char stz_tune_gguf_candidates[] =
-    "keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,iq4_xs,q3_k,q2_k";
+const char stz_tune_gguf_candidates[] = "keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,iq4_xs,q3_k,q2_k";
 const char stz_tune_trellis_candidates[] =
     "4:trellis:64:U8,3:trellis:128:U8,3:trellis:64:U8,2:trellis:128:U8,2:trellis:64:U8";
 
@@ -102,8 +101,8 @@ static stz_status parse_fed(const char *s, stz_tune_cand *c, stz_err *err)
     snprintf(plain, sizeof plain, "%.*s", (int)(n < sizeof plain ? n : sizeof plain - 1), s);
     stz_status st = parse_one(plain, c, err);
     if (!st && !stz_tune_cand_feedback(c))
-        st = stz_err_set(err, STZ_E_ARG, "candidate '%s': error feedback (+fb) is for block quantizations, not '%s'",
-                         s, plain);
+        st = stz_err_set(err, STZ_E_ARG, "candidate '%s': error feedback (+fb) is for block quantizations, not '%s'", s,
+                         plain);
     return st;
 }
 
@@ -147,21 +146,25 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
     }
     char method[16], scales[8];
     if (sscanf(s, "%d:%15[^:]:%u:%7s%n", &bits, method, &block, scales, &used) != 4 || s[used])
-        return stz_err_set(err, STZ_E_ARG, "candidate '%s': expected keep, BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8), "
-                           "svd:RANK, a llama.cpp type (q4_k, iq4_nl, f16, ...) or a list's name (default, gguf, trellis)", s);
+        return stz_err_set(
+            err, STZ_E_ARG,
+            "candidate '%s': expected keep, BITS:METHOD:BLOCK:SCALES (e.g. 4:nl:32:U8), "
+            "svd:RANK, a llama.cpp type (q4_k, iq4_nl, f16, ...) or a list's name (default, gguf, trellis)",
+            s);
     if ((c->d.action = action_of_bits(bits)) == STZ_ACTION_COUNT)
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': bits must be 2, 3, 4, 5, 6 or 8", s);
     int m = 0;
     while (m < STZ_QMETHOD_COUNT && strcmp(method, stz_qmethod_name((stz_qmethod)m)))
         m++;
     if (m == STZ_QMETHOD_COUNT)
-        return stz_err_set(err, STZ_E_ARG, "candidate '%s': method must be absmax, mse, full, asym, nl, nl-fit or trellis", s);
+        return stz_err_set(err, STZ_E_ARG,
+                           "candidate '%s': method must be absmax, mse, full, asym, nl, nl-fit or trellis", s);
     if (!block || block > 65536)
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': block size must be 1..65536", s);
     if (!strcasecmp(scales, "F16") || !strcasecmp(scales, "F32") || !strcasecmp(scales, "U8"))
         c->d.scale_dtype = toupper((unsigned char)scales[0]) == 'U' ? STZ_DTYPE_U8
-                           : scales[1] == '1'                      ? STZ_DTYPE_F16
-                                                                   : STZ_DTYPE_F32;
+                           : scales[1] == '1'                       ? STZ_DTYPE_F16
+                                                                    : STZ_DTYPE_F32;
     else
         return stz_err_set(err, STZ_E_ARG, "candidate '%s': scales must be F16, F32 or U8", s);
     if (m == STZ_QMETHOD_ASYM && c->d.scale_dtype == STZ_DTYPE_U8)
@@ -175,7 +178,8 @@ stz_status stz_tune_parse_candidates(const char *list, stz_tune_cand **out, size
 {
     *out = NULL, *n = 0;
     char *copy = expand_sets(list), *save = NULL;
-    stz_tune_cand *c = copy ? calloc(strlen(copy) / 2 + 2, sizeof *c) : NULL; /* every entry takes 2 characters or more */
+    stz_tune_cand *c =
+        copy ? calloc(strlen(copy) / 2 + 2, sizeof *c) : NULL; /* every entry takes 2 characters or more */
     stz_status st = copy && c ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the candidate list");
     size_t k = 0;
     for (char *tok = st ? NULL : strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -229,7 +233,7 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
     stz_err sub;
     uint64_t small = j->rows < j->cols ? j->rows : j->cols;
     if (d->action == STZ_ACTION_SVD && (d->svd_rank >= small || stz_svd_bytes(j->rows, j->cols, d->svd_rank) >=
-                                                                     t->params * (stz_dtype_bits(t->dtype) / 8))) {
+                                                                    t->params * (stz_dtype_bits(t->dtype) / 8))) {
         t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY; /* no smaller than the tensor: stz quantize would keep it */
         return STZ_OK;
     }
@@ -274,7 +278,8 @@ static int ffn_part(const stz_qtensor *q)
     if (q->ndim != 2)
         return 0;
     return r == STZ_ROLE_DOWN && q->cols % STZ_GGML_QK ? STZ_TUNE_FFN_DOWN
-         : r == STZ_ROLE_GATE || r == STZ_ROLE_UP   ? STZ_TUNE_FFN_IN : 0;
+           : r == STZ_ROLE_GATE || r == STZ_ROLE_UP    ? STZ_TUNE_FFN_IN
+                                                       : 0;
 }
 
 /* Why a tensor takes no candidate, or NULL. */
@@ -402,8 +407,10 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
     T->gguf = p->gguf;
     for (size_t c = 0; p->gguf && c < ncand; c++)
         if (cand[c].d.action != STZ_ACTION_KEEP && stz_action_ggml_type(cand[c].d.action) < 0)
-            return stz_err_set(err, STZ_E_ARG, "candidate '%s' is not a type GGUF holds: with --gguf the candidates "
-                               "are keep and llama.cpp's types (%s)", cand[c].name, stz_tune_gguf_candidates + 5);
+            return stz_err_set(err, STZ_E_ARG,
+                               "candidate '%s' is not a type GGUF holds: with --gguf the candidates "
+                               "are keep and llama.cpp's types (%s)",
+                               cand[c].name, stz_tune_gguf_candidates + 5);
     stz_status st = set_candidates(T, cand, ncand, err);
     if (st)
         return st;
@@ -414,8 +421,10 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
         for (size_t i = 0; i < stz_qmodel_count(files[f]); i++) {
             const stz_qtensor *q = stz_qmodel_tensor(files[f], i);
             if (q->bits || q->rank)
-                return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s' is already quantized by stz; tune the "
-                                   "original model", stz_reader_path(stz_qmodel_reader(files[f])), q->name);
+                return stz_err_set(err, STZ_E_UNSUPPORTED,
+                                   "%s: tensor '%s' is already quantized by stz; tune the "
+                                   "original model",
+                                   stz_reader_path(stz_qmodel_reader(files[f])), q->name);
             total += q->stored_bytes;
         }
     }
@@ -458,7 +467,9 @@ static int probe_select(void *user, const char *name)
  * for one: rounded by nl of the width instead); -1: out of memory. */
 static int perturb_trellis(const stz_qformat *f, float *rows, size_t n, size_t cols)
 {
-    stz_decision d = {.action = action_of_bits(f->bits), .block_size = f->block, .scale_dtype = f->scale_dtype,
+    stz_decision d = {.action = action_of_bits(f->bits),
+                      .block_size = f->block,
+                      .scale_dtype = f->scale_dtype,
                       .method = stz_trellis_fits(f->bits, n) ? STZ_QMETHOD_TRELLIS : STZ_QMETHOD_NL};
     stz_qmem q;
     stz_err ignored;
@@ -545,8 +556,8 @@ static stz_status probe_embedding(stz_tune *T, stz_fwd *m, const int32_t *tokens
     if (!t || !t->tunable || !(t->sens > 0))
         return STZ_OK;
     emb_probe e = {t, calloc(T->noffered + 1, sizeof *e.cand), calloc(T->noffered + 1, sizeof *e.kl), 0};
-    stz_fwd_probe pr = {.select = emb_select, .perturb = emb_perturb, .result = emb_result, .user = &e,
-                        .variant = emb_variant};
+    stz_fwd_probe pr = {
+        .select = emb_select, .perturb = emb_perturb, .result = emb_result, .user = &e, .variant = emb_variant};
     stz_status st = e.cand && e.kl ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the embedding's probes");
     for (size_t c = 0; !st && c < T->noffered; c++) {
         const stz_decision *d = &T->cand[c].d;

@@ -61,7 +61,7 @@ static size_t hull_of(const stz_tune *T, const stz_tune_tensor *t, double scale,
         int c = ord[i];
         double k = pred_kl(t, c, scale);
         if (h && k >= pred_kl(t, hull[h - 1], scale))
-            continue; /* more bytes, no less KL */
+            continue;    /* more bytes, no less KL */
         while (h >= 2) { /* drop the last point if it lies above the chord */
             int a = hull[h - 2], b = hull[h - 1];
             double s1 = (pred_kl(t, a, scale) - pred_kl(t, b, scale)) / (double)(t->bytes[b] - t->bytes[a]);
@@ -100,8 +100,7 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
     cJSON_AddItemToObject(h, "__metadata__", meta);
     cJSON_AddStringToObject(meta, "format", "pt");
     cJSON_AddStringToObject(meta, "stz.quant.version", "1");
-    cJSON_ArrayForEach(kv, orig)
-        cJSON_AddStringToObject(meta, kv->string, cJSON_GetStringValue(kv));
+    cJSON_ArrayForEach(kv, orig) cJSON_AddStringToObject(meta, kv->string, cJSON_GetStringValue(kv));
     cJSON_Delete(orig);
     uint64_t off = 0;
     char name[600], val[1600];
@@ -125,11 +124,14 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
                 add_entry(h, name, f32 ? STZ_DTYPE_F32 : STZ_DTYPE_I8, shp[k][0], shp[k][1],
                           shp[k][0] * (shp[k][1] ? shp[k][1] : 1) * (f32 ? 4 : 1), &off);
             }
-            snprintf(val, sizeof val, "{\"method\":\"svd\",\"svd_method\":\"exact\",\"bits\":8,\"rank\":%llu,"
-                     "\"dtype\":\"%s\",\"shape\":[%llu,%llu],\"U\":\"%s.U\",\"U_scales\":\"%s.U.scales\",\"S\":"
-                     "\"%s.S\",\"S_scale\":0.0123456789,\"Vh\":\"%s.Vh\",\"Vh_scales\":\"%s.Vh.scales\",\"scale_dtype\":"
-                     "\"F32\",\"rel_error\":0.123456789012345}", (unsigned long long)r, stz_dtype_name(t->dtype),
-                     (unsigned long long)rows, (unsigned long long)cols, t->name, t->name, t->name, t->name, t->name);
+            snprintf(
+                val, sizeof val,
+                "{\"method\":\"svd\",\"svd_method\":\"exact\",\"bits\":8,\"rank\":%llu,"
+                "\"dtype\":\"%s\",\"shape\":[%llu,%llu],\"U\":\"%s.U\",\"U_scales\":\"%s.U.scales\",\"S\":"
+                "\"%s.S\",\"S_scale\":0.0123456789,\"Vh\":\"%s.Vh\",\"Vh_scales\":\"%s.Vh.scales\",\"scale_dtype\":"
+                "\"F32\",\"rel_error\":0.123456789012345}",
+                (unsigned long long)r, stz_dtype_name(t->dtype), (unsigned long long)rows, (unsigned long long)cols,
+                t->name, t->name, t->name, t->name, t->name);
             snprintf(name, sizeof name, "stz.quant.%s", t->name);
             cJSON_AddStringToObject(meta, name, val);
             continue;
@@ -138,9 +140,11 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
         if (type >= 0) { /* a llama.cpp type: its rows of blocks, scales inside */
             uint64_t rb = stz_ggml_row_bytes(type, cols);
             add_entry(h, t->name, STZ_DTYPE_U8, rows, rb, rows * rb, &off);
-            snprintf(val, sizeof val, "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":"
-                     "[%llu,%llu],\"packing\":\"" STZ_QUANT_GGML_PACKING "\"}", stz_action_name(d->action), bits,
-                     stz_ggml_block(type), stz_dtype_name(t->dtype), (unsigned long long)rows, (unsigned long long)cols);
+            snprintf(val, sizeof val,
+                     "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":"
+                     "[%llu,%llu],\"packing\":\"" STZ_QUANT_GGML_PACKING "\"}",
+                     stz_action_name(d->action), bits, stz_ggml_block(type), stz_dtype_name(t->dtype),
+                     (unsigned long long)rows, (unsigned long long)cols);
             snprintf(name, sizeof name, "stz.quant.%s", t->name);
             cJSON_AddStringToObject(meta, name, val);
             continue;
@@ -152,7 +156,8 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
             snprintf(name, sizeof name, "%s.%s", t->name, k == 1 ? "scales" : "mins");
             add_entry(h, name, d->scale_dtype, rows, nb, rows * nb * ssz, &off);
         }
-        int n = snprintf(val, sizeof val, "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":"
+        int n = snprintf(val, sizeof val,
+                         "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":"
                          "[%llu,%llu],\"scales\":\"%s.scales\",\"scale_dtype\":\"%s\"",
                          d->method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(d->method), bits, d->block_size,
                          stz_dtype_name(t->dtype), (unsigned long long)rows, (unsigned long long)cols, t->name,
@@ -164,8 +169,9 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
                 n += snprintf(val + n, sizeof val - (size_t)n, "%s%d", k ? "," : ",\"levels\":[", 1000 * k - 32767);
         if (n > 0 && (size_t)n < sizeof val)
             snprintf(val + n, sizeof val - (size_t)n, "%s%s\"}", d->method == STZ_QMETHOD_NL_FIT ? "]" : "",
-                     bits == 8 ? "" : bits == 4 ? ",\"packing\":\"int4-pairs-high-nibble-first"
-                                                : ",\"packing\":\"bits-high-first");
+                     bits == 8   ? ""
+                     : bits == 4 ? ",\"packing\":\"int4-pairs-high-nibble-first"
+                                 : ",\"packing\":\"bits-high-first");
         if (bits == 8) /* no packing key: close the object */
             val[strlen(val) - 2] = '}', val[strlen(val) - 1] = 0;
         snprintf(name, sizeof name, "stz.quant.%s", t->name);
@@ -182,8 +188,10 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
 static int gguf_type(const stz_tune *T, const stz_tune_tensor *t, int c)
 {
     int type = c < 0 ? -1 : stz_action_ggml_type(T->cand[c].d.action);
-    return type >= 0 ? type : t->dtype == STZ_DTYPE_F16 ? STZ_GGML_F16 : t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16
-                                                                                                  : STZ_GGML_F32;
+    return type >= 0                    ? type
+           : t->dtype == STZ_DTYPE_F16  ? STZ_GGML_F16
+           : t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16
+                                        : STZ_GGML_F32;
 }
 
 /* With gguf: what export's widening of the FFN adds (its widen_ffn) when
@@ -284,7 +292,8 @@ stz_status stz_tune_solve(stz_tune *T, stz_budget kind, double value, double kl_
     bytes = out->curve[0].bytes - fixed, kl = out->curve[0].kl;
     int *blocked = calloc(T->nt + 1, sizeof *blocked);
     size_t *at = calloc(T->nt + 1, sizeof *at), *applied = malloc((nseg + 1) * sizeof *applied), napplied = 0;
-    stz_status st = blocked && at && applied ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the solver's state");
+    stz_status st =
+        blocked && at && applied ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for the solver's state");
     if (!st && kind == STZ_BUDGET_BYTES) {
         out->met = bytes + fixed <= value;
         for (size_t s = 0; out->met && s < nseg; s++) {
