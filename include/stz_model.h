@@ -65,6 +65,12 @@ struct stz_container;
 STZ_API struct stz_container *stz_qmodel_container(const stz_qmodel *m);
 STZ_API size_t stz_qmodel_count(const stz_qmodel *m);
 STZ_API const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
+
+/* sizeof the public structure `name` ("stz_err", "stz_tensor" or
+ * "stz_qtensor": the ones bindings mirror), 0 for another name. Python's
+ * ctypes copies are checked against it when the library loads, so that a
+ * library of another layout is refused rather than misread. */
+STZ_API size_t stz_struct_size(const char *name);
 STZ_API long stz_qmodel_find(const stz_qmodel *m, const char *name);
 STZ_API const stz_reader *stz_qmodel_reader(const stz_qmodel *m);
 /* Reads rows [row, row + nrows) of tensor i as floats (dequantized if

@@ -240,3 +240,16 @@ stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t n
     stz_status st = stz_reader_read(m->r, q->t, row * rb, codes, nrows * rb, err);
     return st ? st : stz_reader_read(m->r, q->sc, row * sb, scales, nrows * sb, err);
 }
+
+size_t stz_struct_size(const char *name)
+{
+    static const struct {
+        const char *name;
+        size_t size;
+    } known[] = {
+        {"stz_err", sizeof(stz_err)}, {"stz_tensor", sizeof(stz_tensor)}, {"stz_qtensor", sizeof(stz_qtensor)}};
+    for (size_t i = 0; name && i < sizeof known / sizeof *known; i++)
+        if (!strcmp(name, known[i].name))
+            return known[i].size;
+    return 0;
+}

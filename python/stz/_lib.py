@@ -24,7 +24,7 @@ class StzError(Exception):
         self.code, self.message = code, message
 
 
-class Err(ctypes.Structure):
+class Err(ctypes.Structure):  # stz_err (stz.h)
     _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 1024)]
 
 
@@ -93,7 +93,23 @@ _SIGNATURES = [
     ("stz_command", ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), _PP, _E]),
     ("stz_command_free", None, [_P]),
     ("stz_interrupt_request", None, []),
+    ("stz_struct_size", _S, [ctypes.c_char_p]),
 ]
+
+# the structures mirrored here, by their C names
+_MIRRORS = [("stz_err", Err), ("stz_tensor", Tensor), ("stz_qtensor", QTensor)]
+
+
+def check_mirrors(loaded: ctypes.CDLL, path: str, mirrors: list = _MIRRORS) -> None:
+    """Each mirrored structure as large as the library's own, or StzError
+    naming the library and the structure: a copy of another layout would
+    read the wrong bytes."""
+    for cname, cls in mirrors:
+        size = loaded.stz_struct_size(cname.encode())
+        if size != ctypes.sizeof(cls):
+            raise StzError("STZ_E_UNSUPPORTED", "%s: its %s is %d bytes, this package's copy %d: the library and the "
+                                                "package are of different versions" % (path, cname, size,
+                                                                                       ctypes.sizeof(cls)))
 
 _lib: Optional[ctypes.CDLL] = None
 
@@ -116,6 +132,7 @@ def lib() -> ctypes.CDLL:
     for name, res, args in _SIGNATURES:
         f = getattr(loaded, name)
         f.restype, f.argtypes = res, args
+    check_mirrors(loaded, path)
     _lib = loaded
     return loaded
 

@@ -366,3 +366,21 @@ def test_nul_in_strings_refused(tmp_path):
         f.get_tensor("w\0x")  # looked up whole, not cut to 'w'
     with pytest.raises(ValueError, match="NUL"):
         stz.command("inspect", str(tmp_path / "n.safetensors") + "\0x")
+
+
+def test_struct_mirrors_checked():
+    """The ctypes copies of stz_err, stz_tensor and stz_qtensor are as large
+    as the loaded library's (checked when it loads); a copy of another
+    layout is refused, naming the structure."""
+    import ctypes
+    from stz import _lib
+    lib = _lib.lib()
+    for cname, cls in _lib._MIRRORS:
+        assert lib.stz_struct_size(cname.encode()) == ctypes.sizeof(cls) > 0
+    assert lib.stz_struct_size(b"stz_nothing") == 0
+
+    class Short(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char_p)]
+    with pytest.raises(stz.StzError) as e:
+        _lib.check_mirrors(lib, "libstz.so.0", [("stz_qtensor", Short)])
+    assert e.value.code == "STZ_E_UNSUPPORTED" and "stz_qtensor" in e.value.message
