@@ -195,7 +195,7 @@ static int parse(int argc, char **argv, tune_opts *o)
     if (!o->gguf && (o->tokenizer || o->name))
         return cli_usage_error("tune", "--tokenizer and --name are for --gguf");
     if (!o->candidates)
-        o->candidates = o->gguf ? stz_tune_gguf_candidates : stz_tune_default_candidates;
+        o->candidates = stz_tune_candidate_set(o->gguf ? "gguf" : "default");
     if (!o->compress && o->save_policy)
         return cli_usage_error("tune", "--save-policy is for stz compress --tune (stz tune writes the policy with -o)");
     return -1;

@@ -34,19 +34,16 @@ typedef struct {
                      * "+fb" after a block quantization's with feedback */
 } stz_tune_cand;
 
-/* The default candidates: keep, 8:absmax:32:F16, 6:nl:32:U8, 5:nl:32:U8,
- * 4:nl:16:U8, 4:nl:32:U8, 3:nl:32:U8, 2:nl:32:U8. */
-STZ_API extern const char stz_tune_default_candidates[];
-
-/* The candidates of stz tune --gguf: keep and llama.cpp's types, f16,
- * q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1, q4_0, iq4_nl, iq4_xs, q3_k,
- * q2_k. */
-STZ_API extern const char stz_tune_gguf_candidates[];
-
-/* Trellis candidates for 2-4 bits (about 2.5 µs per weight each to
- * measure): 4:trellis:64:U8, 3:trellis:128:U8, 3:trellis:64:U8,
- * 2:trellis:128:U8, 2:trellis:64:U8. */
-STZ_API extern const char stz_tune_trellis_candidates[];
+/* A named list of candidates, NULL for another name:
+ * - "default": keep, 8:absmax:32:F16, 6:nl:32:U8, 5:nl:32:U8, 4:nl:16:U8,
+ *   4:nl:32:U8, 3:nl:32:U8, 2:nl:32:U8;
+ * - "gguf" (stz tune --gguf): keep and the llama.cpp types whose rows say
+ *   tune offers them, from the largest: f16, q8_0, q6_k, q5_k, q5_1, q5_0,
+ *   q4_k, q4_1, q4_0, iq4_nl, iq4_xs, q3_k, q2_k;
+ * - "trellis": 2-4 bits, about 2.5 us per weight each to measure:
+ *   4:trellis:64:U8, 3:trellis:128:U8, 3:trellis:64:U8, 2:trellis:128:U8,
+ *   2:trellis:64:U8. */
+STZ_API const char *stz_tune_candidate_set(const char *name);
 
 /* Parses a comma-separated list of candidates ("default", "gguf" and
  * "trellis" stand for the lists above; "keep",

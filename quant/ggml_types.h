@@ -56,6 +56,7 @@ typedef struct stz_ggml_traits {
      * action that writes it. */
     int ftype;
     stz_action action;
+    int tune; /* stz tune --gguf offers it: its place in the list (1 first, the largest), 0 not */
     /* The block's fields in block order (the types the container splits
      * into planes: docs/FORMAT.md, transform 7; none for the others), and
      * how its whole codes are assembled. */

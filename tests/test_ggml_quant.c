@@ -11,6 +11,7 @@
 #include "core/stz_core.h"
 #include "quant/ggml_types.h"
 #include "stz_quant.h"
+#include "stz_tune.h"
 #include "test_util.h"
 #include "kernel_copies.h"
 
@@ -312,6 +313,25 @@ static void test_rows(void **state)
     assert_int_equal(nft, 15);
 }
 
+/* stz tune --gguf's list comes from the rows that offer their type to tune,
+ * each writable, in the order of their rank. */
+static void test_tune_list(void **state)
+{
+    (void)state;
+    int ranks = 0;
+    for (int ty = 0; ty < STZ_GGML_TYPE_LIMIT; ty++) {
+        const stz_ggml_traits *t = stz_ggml_traits_of(ty);
+        if (t && t->tune) {
+            assert_true(t->quantize && t->action);
+            ranks |= 1 << t->tune;
+        }
+    }
+    assert_int_equal(ranks, (1 << 14) - 2); /* 1 to 13, each once */
+    assert_string_equal(stz_tune_candidate_set("gguf"),
+                        "keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,iq4_xs,q3_k,q2_k");
+    assert_null(stz_tune_candidate_set("none"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_clones_same_bytes),
         cmocka_unit_test(test_padded_rows),
         cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_tune_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include "tune_internal.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,18 +19,37 @@
 #include <string.h>
 #include <strings.h>
 
-const char stz_tune_default_candidates[] =
+static const char default_candidates[] =
     "keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8";
-const char stz_tune_gguf_candidates[] = "keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,iq4_xs,q3_k,q2_k";
-const char stz_tune_trellis_candidates[] =
+static const char trellis_candidates[] =
     "4:trellis:64:U8,3:trellis:128:U8,3:trellis:64:U8,2:trellis:128:U8,2:trellis:64:U8";
+static char gguf_candidates[STZ_GGML_TYPE_LIMIT * 8] = "keep";
+static pthread_once_t gguf_once = PTHREAD_ONCE_INIT;
+
+/* "keep", then the types rows offer to tune, in the order of their rank. */
+static void list_gguf(void)
+{
+    for (int rank = 1; rank < STZ_GGML_TYPE_LIMIT; rank++)
+        for (int ty = 0; ty < STZ_GGML_TYPE_LIMIT; ty++) {
+            const stz_ggml_traits *t = stz_ggml_traits_of(ty);
+            if (t && t->tune == rank)
+                strcat(strcat(gguf_candidates, ","), t->name);
+        }
+}
 
 /* The lists a candidate list may name. */
 static const struct {
     const char *name, *list;
-} sets[] = {{"default", stz_tune_default_candidates},
-            {"gguf", stz_tune_gguf_candidates},
-            {"trellis", stz_tune_trellis_candidates}};
+} sets[] = {{"default", default_candidates}, {"gguf", gguf_candidates}, {"trellis", trellis_candidates}};
+
+const char *stz_tune_candidate_set(const char *name)
+{
+    pthread_once(&gguf_once, list_gguf);
+    for (size_t k = 0; name && k < sizeof sets / sizeof *sets; k++)
+        if (!strcmp(name, sets[k].name))
+            return sets[k].list;
+    return NULL;
+}
 
 /* list with every set's name replaced by its candidates (malloc'd; NULL:
  * out of memory). */
@@ -410,7 +430,7 @@ stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles
             return stz_err_set(err, STZ_E_ARG,
                                "candidate '%s' is not a type GGUF holds: with --gguf the candidates "
                                "are keep and llama.cpp's types (%s)",
-                               cand[c].name, stz_tune_gguf_candidates + 5);
+                               cand[c].name, stz_tune_candidate_set("gguf") + 5);
     stz_status st = set_candidates(T, cand, ncand, err);
     if (st)
         return st;
