@@ -238,14 +238,13 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
             return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for tensor names", v->path);
         if (r)
             continue;
-        char why[768];
+        char why[768], own[512], lib[256];
         if (!t->tr || !stz_ggml_can_decode(t->tr, why, sizeof why))
-            return stz_err_set(
-                err, STZ_E_UNSUPPORTED,
-                "%s: tensor '%s': ggml type %s cannot be read: %s (stz reads f32, f16, bf16, q4_0, q4_1, "
-                "q5_0, q5_1, q8_0, q2_k to q6_k, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4 and nvfp4, and the "
-                "iq1-iq3 types through llama.cpp's library)",
-                v->path, t->g->name, t->tr ? t->tr->name : "?", t->tr ? why : "unknown type number");
+            return stz_err_set(err, STZ_E_UNSUPPORTED,
+                               "%s: tensor '%s': ggml type %s cannot be read: %s (stz reads %s; and through "
+                               "llama.cpp's library %s)",
+                               v->path, t->g->name, t->tr ? t->tr->name : "?", t->tr ? why : "unknown type number",
+                               stz_ggml_type_names(own, sizeof own, 0), stz_ggml_type_names(lib, sizeof lib, 1));
         if (t->cols > VIEW_MAX_COLS || (t->rows && t->cols > VIEW_MAX_BYTES / 4 / t->rows))
             return stz_err_set(err, STZ_E_SHAPE,
                                "%s: tensor '%s': %llu rows of %llu elements, beyond what stz reads as "

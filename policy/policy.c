@@ -58,6 +58,15 @@ static stz_status perr(stz_err *err, const stz_policy *p, int i, const char *pat
     return stz_err_set(err, STZ_E_POLICY, "%s: %s", where, what);
 }
 
+/* Every action's name, comma-separated, into buf (cut at cap). */
+static const char *action_names(char *buf, size_t cap)
+{
+    size_t at = 0;
+    for (int a = 0; a < STZ_ACTION_COUNT && at < cap; a++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", a ? ", " : "", stz_action_name((stz_action)a));
+    return buf;
+}
+
 static int whole_in(const cJSON *v, double lo, double hi, double *out)
 {
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi)
@@ -89,12 +98,10 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             r->optional = cJSON_IsTrue(k);
         } else if (!strcmp(key, "action")) {
             stz_action a = stz_action_of_name(cJSON_GetStringValue(k));
+            char names[384];
             if (a == STZ_ACTION_COUNT)
-                return perr(err, p, where, pat,
-                            "unknown action '%s' (keep, int2, int3, int4, int5, int6, int8, svd; "
-                            "llama.cpp's q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
-                            "f16, bf16)",
-                            cJSON_IsString(k) ? k->valuestring : "(not a string)", NULL);
+                return perr(err, p, where, pat, "unknown action '%s' (%s)",
+                            cJSON_IsString(k) ? k->valuestring : "(not a string)", action_names(names, sizeof names));
             d->action = a;
         } else if (!strcmp(key, "block_size")) {
             if (!whole_in(k, 1, 1 << 20, &v))

@@ -449,6 +449,16 @@ const stz_ggml_traits *stz_ggml_traits_of(int type)
     return NULL;
 }
 
+char *stz_ggml_type_names(char *buf, size_t cap, int lib)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < NTYPES && at < cap; i++)
+        if (lib ? types[i].lib : types[i].dequantize_ref != NULL)
+            at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", types[i].name);
+    return buf;
+}
+
 int stz_ggml_is_block(int type)
 {
     const stz_ggml_traits *t = stz_ggml_traits_of(type);

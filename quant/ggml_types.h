@@ -83,6 +83,11 @@ void stz_ggml_decode(const stz_ggml_traits *t, const uint8_t *in, size_t n, floa
  * bytes; NULL and 0 when not wanted) saying what is missing. */
 stz_ggml_to_float stz_ggml_lib_decoder(const stz_ggml_traits *t, char *why, size_t n);
 
+/* The names of the types stz decodes itself (lib 0) or through llama.cpp's
+ * library (lib 1), comma-separated in ggml's numbering, into buf (cut at
+ * cap). Returns buf. */
+char *stz_ggml_type_names(char *buf, size_t cap, int lib);
+
 /* The traits of a ggml type, or NULL for a number ggml does not have. */
 const stz_ggml_traits *stz_ggml_traits_of(int type);
 
