@@ -52,6 +52,7 @@ run unpack u.safetensors unpack "$W/old/l.stz" -o u.safetensors --json
 run eval "" eval "$S" "$W/old/c.stz" --json
 run eval-forward "" eval --forward "$S" "$W/old/c.stz" --json
 run tune t.json tune "$S" --size 230000 -o t.json --json -T 2
+run tune-gguf-set tg.json tune "$S" --gguf --candidates gguf --max-kl 0.05 --tokenizer "$DATA/tok512.bin" --no-verify -o tg.json --json -T 2
 run tune-compress tc.stz compress "$S" --tune --size 230000 -o tc.stz -T 2 -q
 run svd s.safetensors quantize --set 'layers.*.weight=svd:rank=8' "$S" -o s.safetensors
 run export-f32 e.gguf export --gguf "$S" --tokenizer "$DATA/tok512.bin" -o e.gguf --json

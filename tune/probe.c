@@ -23,17 +23,18 @@ static const char default_candidates[] =
     "keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8";
 static const char trellis_candidates[] =
     "4:trellis:64:U8,3:trellis:128:U8,3:trellis:64:U8,2:trellis:128:U8,2:trellis:64:U8";
-static char gguf_candidates[STZ_GGML_TYPE_LIMIT * 8] = "keep";
+static char gguf_candidates[1024];
 static pthread_once_t gguf_once = PTHREAD_ONCE_INIT;
 
 /* "keep", then the types rows offer to tune, in the order of their rank. */
 static void list_gguf(void)
 {
+    size_t at = (size_t)snprintf(gguf_candidates, sizeof gguf_candidates, "keep");
     for (int rank = 1; rank < STZ_GGML_TYPE_LIMIT; rank++)
-        for (int ty = 0; ty < STZ_GGML_TYPE_LIMIT; ty++) {
+        for (int ty = 0; ty < STZ_GGML_TYPE_LIMIT && at < sizeof gguf_candidates; ty++) {
             const stz_ggml_traits *t = stz_ggml_traits_of(ty);
             if (t && t->tune == rank)
-                strcat(strcat(gguf_candidates, ","), t->name);
+                at += (size_t)snprintf(gguf_candidates + at, sizeof gguf_candidates - at, ",%s", t->name);
         }
 }
 
@@ -55,6 +56,7 @@ const char *stz_tune_candidate_set(const char *name)
  * out of memory). */
 static char *expand_sets(const char *list)
 {
+    pthread_once(&gguf_once, list_gguf);
     size_t most = 0, entries = 1, ns = sizeof sets / sizeof *sets;
     for (size_t k = 0; k < ns; k++)
         most = strlen(sets[k].list) > most ? strlen(sets[k].list) : most;
