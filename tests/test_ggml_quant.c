@@ -16,6 +16,7 @@
 #include "kernel_copies.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t seed = 11;
@@ -318,6 +319,13 @@ static void test_rows(void **state)
 static void test_tune_list(void **state)
 {
     (void)state;
+    stz_tune_cand *c = NULL; /* a list naming the set, parsed before anything asked for the set */
+    size_t nc = 0;
+    stz_err err;
+    assert_int_equal(stz_tune_parse_candidates("gguf", &c, &nc, &err), STZ_OK);
+    assert_int_equal(nc, 14);
+    assert_string_equal(c[13].name, "q2_k");
+    free(c);
     int ranks = 0;
     for (int ty = 0; ty < STZ_GGML_TYPE_LIMIT; ty++) {
         const stz_ggml_traits *t = stz_ggml_traits_of(ty);
