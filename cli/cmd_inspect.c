@@ -292,29 +292,59 @@ static const char *kind_name(int k)
     return k < STZ_DTYPE_COUNT ? stz_dtype_name((stz_dtype)k) : stz_ggml_type_name(k - STZ_DTYPE_COUNT);
 }
 
+/* Chunk i's share of tensor t (bytes [a, b) of the chunk) into part and
+ * pp: a member's own planes (format 3; the record head shared by bytes),
+ * or a share by bytes of small tensors' bytes coded together (format 2). */
+static void tensor_part(const stz_chunk_info *ch, const stz_chunk_planes *pl, const stz_chunk_planes *members,
+                        const uint32_t *mbytes, uint32_t t, uint64_t a, uint64_t b, stz_chunk_info *part,
+                        stz_chunk_planes *pp)
+{
+    *part = *ch, *pp = pl->xform == STZ_XFORM_MEMBERS ? members[t - ch->tensor] : *pl;
+    if (ch->last == ch->tensor && pl->xform != STZ_XFORM_MEMBERS)
+        return;
+    part->raw_size = (uint32_t)(b - a);
+    if (pl->xform == STZ_XFORM_MEMBERS) {
+        uint64_t rest = ch->record_size; /* the record's head */
+        for (uint32_t k = 0; k <= ch->last - ch->tensor; k++)
+            rest -= mbytes[k];
+        part->record_size = (uint32_t)(mbytes[t - ch->tensor] + rest * b / ch->raw_size - rest * a / ch->raw_size);
+        return;
+    }
+    pp->raw[0] = part->raw_size;
+    part->record_size = (uint32_t)(ch->record_size * b / ch->raw_size - ch->record_size * a / ch->raw_size);
+    pp->stored[0] = (uint32_t)(pl->stored[0] * b / ch->raw_size - pl->stored[0] * a / ch->raw_size);
+}
+
 static stz_status sum_chunks(csum *s, stz_err *err)
 {
-    for (size_t i = 0; i < stz_container_chunk_count(s->c); i++) {
+    stz_chunk_planes *members = NULL;
+    uint32_t *mbytes = NULL;
+    stz_status st = STZ_OK;
+    for (size_t i = 0; !st && i < stz_container_chunk_count(s->c); i++) {
         const stz_chunk_info *ch = stz_container_chunk(s->c, i);
+        size_t m = ch->last - ch->tensor + 1;
         stz_chunk_planes pl;
-        stz_status st = stz_container_planes(s->c, i, &pl, err);
-        if (st)
-            return st;
-        for (uint32_t t = ch->tensor; t <= ch->last; t++) { /* small tensors sharing it: shares by their bytes */
+        if ((st = stz_container_planes(s->c, i, &pl, err)))
+            break;
+        if (pl.xform == STZ_XFORM_MEMBERS) {
+            free(members), free(mbytes);
+            members = malloc(m * sizeof *members), mbytes = malloc(m * sizeof *mbytes);
+            st = !members || !mbytes ? stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu members", m)
+                                     : stz_container_members(s->c, i, members, mbytes, m, err);
+        }
+        for (uint32_t t = ch->tensor; !st && t <= ch->last; t++) {
             const stz_tensor *x = stz_reader_tensor(s->h, t);
-            uint64_t a = x->begin - ch->data_offset, b = x->end - ch->data_offset;
-            stz_chunk_info part = *ch;
-            stz_chunk_planes pp = pl;
-            if (ch->last > ch->tensor) {
-                part.raw_size = (uint32_t)(b - a), pp.raw[0] = part.raw_size;
-                part.record_size = (uint32_t)(ch->record_size * b / ch->raw_size - ch->record_size * a / ch->raw_size);
-                pp.stored[0] = (uint32_t)(pl.stored[0] * b / ch->raw_size - pl.stored[0] * a / ch->raw_size);
-            }
+            if (x->end == x->begin && pl.xform == STZ_XFORM_MEMBERS)
+                continue; /* no member */
+            stz_chunk_info part;
+            stz_chunk_planes pp;
+            tensor_part(ch, &pl, members, mbytes, t, x->begin - ch->data_offset, x->end - ch->data_offset, &part, &pp);
             add_chunk(&s->ts[t], &part, &pp);
             add_chunk(&s->by_kind[kind_of(s, t)], &part, &pp);
         }
     }
-    return STZ_OK;
+    free(members), free(mbytes);
+    return st;
 }
 
 /* A GGUF container: its header, and each tensor's GGUF entry. */

@@ -616,12 +616,15 @@ stz_status stz_gguf_spans(const stz_gguf *g, stz_span **out, size_t *n, stz_err 
     qsort(order, k, sizeof *order, by_start);
     uint64_t first = k ? order[0]->offset : fsize;
     if (first > g->data || !k) /* bytes no tensor claims before the first one (or no tensor at all) */
-        sp[m++] = (stz_span){STZ_DTYPE_U8, 0, first - g->data, "(data before the first tensor)", 0};
+        sp[m++] = (stz_span){.dtype = STZ_DTYPE_U8, .end = first - g->data, .name = "(data before the first tensor)"};
     for (size_t i = 0; i < k; i++) {
         uint64_t end = i + 1 < k ? order[i + 1]->offset : fsize;
         int type = order[i]->type;
-        sp[m++] = (stz_span){span_dtype(type), order[i]->offset - g->data, end - g->data, order[i]->name,
-                             span_dtype(type) == STZ_DTYPE_U8 ? type : 0};
+        sp[m++] = (stz_span){.dtype = span_dtype(type),
+                             .begin = order[i]->offset - g->data,
+                             .end = end - g->data,
+                             .name = order[i]->name,
+                             .block_type = span_dtype(type) == STZ_DTYPE_U8 ? type : 0};
     }
     free(order);
     *out = sp, *n = m;

@@ -25,9 +25,9 @@ extern "C" {
 #endif
 
 /* The newest container format this library writes and reads (it reads
- * every older one); a file is written in version 1 when nothing of 2 is
- * needed, so older readers take it. */
-#define STZ_PACK_FORMAT_VERSION 2
+ * every older one); a file is written in version 1 when nothing of 3 is
+ * needed (no tensor of at most 16 KiB), so older readers take it. */
+#define STZ_PACK_FORMAT_VERSION 3
 #define STZ_PACK_MIN_CHUNK      (64u << 10)
 #define STZ_PACK_MAX_CHUNK      (64u << 20)
 
@@ -65,17 +65,25 @@ STZ_API stz_status stz_pack_file(const stz_pack_params *p, const char *in, const
 STZ_API stz_status stz_pack_stream(const stz_pack_params *p, int fd, const char *label, const char *out,
                                    stz_pack_stats *stats, stz_err *err);
 
+/* What a tensor's bytes are beyond its dtype: llama.cpp's blocks of
+ * block_type (STZ_GGML_*, as a quantized file's entry with "packing":
+ * "ggml" declares them), or stz's own codes of code_bits bits (2-8) in rows
+ * of row_bytes bytes (docs/FORMAT.md); zeros for neither. A hint only:
+ * a wrong one costs room, never bytes. */
+typedef struct {
+    int block_type;
+    unsigned code_bits;
+    uint32_t row_bytes;
+} stz_pack_hint;
+
 /* Predicting a container's size (stz tune): the bytes a tensor of `dtype`
  * holding data[n] takes in a container written with p (its chunk records
- * and index entries, exactly; a tensor of at most 1 KiB, which shares a
- * chunk with small neighbours: its bytes coded alone as that chunk codes
- * them, and a quarter of a chunk head and index entry), and the container's fixed
- * bytes for a
- * SafeTensors file whose JSON header is header[len]. block_type: the ggml
- * type (STZ_GGML_*) of the blocks data holds, as a quantized file's entry
- * with "packing": "ggml" declares them; 0 for none. */
-STZ_API stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int block_type, const uint8_t *data,
-                                         uint64_t n, uint64_t *bytes, stz_err *err);
+ * and index entries, exactly; a tensor of at most 16 KiB, a member of a
+ * chunk of whole small tensors: its member's bytes exactly, and a quarter
+ * of a chunk head and index entry), and the container's fixed bytes for a
+ * SafeTensors file whose JSON header is header[len]. hint: NULL for none. */
+STZ_API stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const stz_pack_hint *hint,
+                                         const uint8_t *data, uint64_t n, uint64_t *bytes, stz_err *err);
 STZ_API uint64_t stz_pack_fixed_bytes(const char *header, size_t len);
 
 /* ---- reading containers ---------------------------------------------- */
@@ -88,6 +96,7 @@ typedef enum {
     STZ_CODEC_CONST = 1, /* one byte repeated */
     STZ_CODEC_HUF = 2,   /* zstd frame of Huffman-coded literals only */
     STZ_CODEC_ZSTD = 3,  /* zstd frame with matches */
+    STZ_CODEC_AC = 4,    /* adaptive binary range coder (format 3) */
     STZ_CODEC_COUNT
 } stz_codec;
 
@@ -100,7 +109,8 @@ typedef enum {
     STZ_XFORM_BYTES2 = 4, /* byte planes of 2-byte elements */
     STZ_XFORM_BYTES4 = 5,
     STZ_XFORM_BYTES8 = 6,
-    STZ_XFORM_GGML = 7, /* llama.cpp's blocks: a plane per field, the codes whole (planes: the block type's) */
+    STZ_XFORM_GGML = 7,    /* llama.cpp's blocks: a plane per field, the codes whole (planes: the block type's) */
+    STZ_XFORM_MEMBERS = 8, /* whole small tensors, each coded as a chunk of its own (format 3) */
     STZ_XFORM_COUNT
 } stz_xform;
 
@@ -112,7 +122,7 @@ typedef struct {
     uint32_t raw_size;
     uint64_t file_offset; /* of the chunk record in the container */
     uint32_t record_size;
-    uint32_t last; /* the last tensor it holds bytes of: > tensor when small tensors share it (format 2) */
+    uint32_t last; /* the last tensor it holds bytes of: > tensor when small tensors share it (formats 2, 3) */
 } stz_chunk_info;
 
 typedef struct {
@@ -145,12 +155,19 @@ STZ_API uint64_t stz_container_original_size(const stz_container *c); /* unpacke
  * padding after it, 1-D, U8 for llama.cpp's block types. */
 STZ_API const uint8_t *stz_container_original_header(const stz_container *c, size_t *len, int *gguf);
 STZ_API uint32_t stz_container_chunk_size(const stz_container *c);
-/* The file's container format version (1 or 2). */
+/* The file's container format version (1, 2 or 3). */
 STZ_API unsigned stz_container_format_version(const stz_container *c);
 STZ_API size_t stz_container_chunk_count(const stz_container *c);
 STZ_API const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i);
 /* Reads a chunk record's plane table (no payload decoding). */
 STZ_API stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_planes *out, stz_err *err);
+/* A chunk of members (format 3; its planes' xform STZ_XFORM_MEMBERS): the
+ * plane table of each tensor's member (no payload decoding), out[k] and
+ * bytes[k] (the member's, its head included) for tensor
+ * stz_container_chunk(c, i)->tensor + k; an empty tensor has no planes and
+ * no bytes. cap: out's and bytes' entries, at least the chunk's tensors. */
+STZ_API stz_status stz_container_members(const stz_container *c, size_t i, stz_chunk_planes *out, uint32_t *bytes,
+                                         size_t cap, stz_err *err);
 
 typedef struct {
     int threads;

@@ -313,6 +313,43 @@ unsigned stz_container_format_version(const stz_container *c) { return c->versio
 size_t stz_container_chunk_count(const stz_container *c) { return c->n; }
 const stz_chunk_info *stz_container_chunk(const stz_container *c, size_t i) { return i < c->n ? &c->chunks[i] : NULL; }
 
+/* The planes transform pl->xform (block type and phase set) makes of n
+ * bytes: their count, raw sizes into pl->raw; 0 if it cannot hold them. */
+static int expected_planes(stz_chunk_planes *pl, uint32_t n)
+{
+    unsigned w = stz_xform_width(pl->xform);
+    if (!w || n % w || pl->xform == STZ_XFORM_MEMBERS)
+        return 0;
+    if (pl->xform == STZ_XFORM_GGML)
+        return stz_blocks_planes(pl->block_type, pl->phase, n, pl->raw);
+    int np = (int)stz_xform_planes(pl->xform);
+    for (int k = 0; k < np; k++)
+        pl->raw[k] = n / w;
+    return np;
+}
+
+/* A codec this file's version has (codec 4 came with format 3). */
+static int codec_known(const stz_container *c, unsigned codec)
+{
+    return codec < STZ_CODEC_COUNT && (codec != STZ_CODEC_AC || c->version >= 3);
+}
+
+/* Format 3's members record: it holds its tensors' bytes whole, each
+ * member parsed when decoded (stz_container_parse_member). */
+static stz_status parse_members(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
+                                stz_err *err)
+{
+    const stz_chunk_info *ch = &c->chunks[i];
+    const stz_tensor *first = stz_reader_tensor(c->hdr, ch->tensor), *last = stz_reader_tensor(c->hdr, ch->last);
+    pl->nplanes = 0;
+    if (c->version < 3 || rec[5] || rec[6] || rec[7] || stz_le32(rec + 12) != ch->record_size ||
+        stz_le32(rec + 8) != ch->raw_size || ch->data_offset != first->begin ||
+        ch->data_offset + ch->raw_size != last->end)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): invalid members record", c->path, i,
+                           first->name);
+    return STZ_OK;
+}
+
 /* Parses and checks a record head already in rec (record_size bytes). */
 stz_status stz_container_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
                                       stz_err *err)
@@ -325,11 +362,11 @@ stz_status stz_container_parse_record(const stz_container *c, size_t i, const ui
     pl->nplanes = rec[5];
     pl->block_type = pl->xform == STZ_XFORM_GGML ? rec[6] : 0;
     pl->phase = pl->xform == STZ_XFORM_GGML ? stz_le32(rec + 12) : 0;
-    unsigned w = stz_xform_width(pl->xform);
-    int np = pl->xform == STZ_XFORM_GGML ? stz_blocks_planes(pl->block_type, pl->phase, ch->raw_size, pl->raw)
-                                         : (int)stz_xform_planes(pl->xform);
+    if (pl->xform == STZ_XFORM_MEMBERS)
+        return parse_members(c, i, rec, pl, err);
+    int np = expected_planes(pl, ch->raw_size);
     uint64_t at = ch->data_offset - stz_reader_tensor(c->hdr, ch->tensor)->begin; /* the chunk's offset in its span */
-    if (!w || !np || pl->nplanes != np || stz_le32(rec + 8) != ch->raw_size || ch->raw_size % w || rec[7] ||
+    if (!np || pl->nplanes != np || stz_le32(rec + 8) != ch->raw_size || rec[7] ||
         (pl->xform != STZ_XFORM_GGML && (rec[6] || !zeros(rec + 12, 4))) ||
         (pl->xform == STZ_XFORM_GGML && pl->phase != stz_blocks_phase(pl->block_type, at)))
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): invalid transform or size", c->path, i,
@@ -339,16 +376,41 @@ stz_status stz_container_parse_record(const stz_container *c, size_t i, const ui
         const uint8_t *ph = rec + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
         pl->codec[k] = (stz_codec)ph[0];
         pl->stored[k] = stz_le32(ph + 4);
-        if (pl->xform != STZ_XFORM_GGML)
-            pl->raw[k] = ch->raw_size / w;
         total += pl->stored[k];
-        if (pl->codec[k] >= STZ_CODEC_COUNT || !zeros(ph + 1, 3))
+        if (!codec_known(c, ph[0]) || !zeros(ph + 1, 3))
             return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): unknown codec %u or reserved bytes set",
                                c->path, i, name, ph[0]);
     }
     if (total != ch->record_size)
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): planes hold %llu bytes, record %u", c->path,
                            i, name, (unsigned long long)total, ch->record_size);
+    return STZ_OK;
+}
+
+stz_status stz_container_parse_member(const stz_container *c, size_t i, const char *name, const uint8_t *src,
+                                      size_t avail, uint32_t n, stz_chunk_planes *pl, size_t *used, stz_err *err)
+{
+    *pl = (stz_chunk_planes){.xform = avail >= MEMBER_HEAD_SIZE ? (stz_xform)src[0] : STZ_XFORM_MEMBERS};
+    pl->nplanes = avail >= MEMBER_HEAD_SIZE ? src[1] : 0;
+    pl->block_type = pl->xform == STZ_XFORM_GGML ? src[2] : 0;
+    int np = expected_planes(pl, n);
+    uint64_t total = MEMBER_HEAD_SIZE + (uint64_t)np * MEMBER_PLANE_HEAD_SIZE;
+    if (!np || pl->nplanes != np || total > avail || src[3] || (pl->xform != STZ_XFORM_GGML && src[2]))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): invalid member head", c->path, i, name);
+    for (int k = 0; k < np; k++) {
+        const uint8_t *ph = src + MEMBER_HEAD_SIZE + k * MEMBER_PLANE_HEAD_SIZE;
+        pl->codec[k] = (stz_codec)ph[0];
+        pl->stored[k] = (uint32_t)ph[1] | (uint32_t)ph[2] << 8 | (uint32_t)ph[3] << 16;
+        total += pl->stored[k];
+        if (!codec_known(c, ph[0]))
+            return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): unknown codec %u", c->path, i, name,
+                               ph[0]);
+    }
+    if (total > avail)
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: chunk %zu (tensor '%s'): member of %llu bytes, %zu left in the record", c->path, i,
+                           name, (unsigned long long)total, avail);
+    *used = (size_t)total;
     return STZ_OK;
 }
 
@@ -367,6 +429,34 @@ stz_status stz_container_planes(const stz_container *c, size_t i, stz_chunk_plan
     if (n < RECORD_HEAD_SIZE + (size_t)head[5] * PLANE_HEAD_SIZE || head[5] > STZ_MAX_PLANES)
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: record head too short", c->path, i);
     return stz_container_parse_record(c, i, head, out, err);
+}
+
+stz_status stz_container_members(const stz_container *c, size_t i, stz_chunk_planes *out, uint32_t *bytes, size_t cap,
+                                 stz_err *err)
+{
+    if (i >= c->n || c->chunks[i].last - c->chunks[i].tensor >= cap)
+        return stz_err_set(err, STZ_E_ARG, "chunk %zu out of range, or room for %zu tensors", i, cap);
+    const stz_chunk_info *ch = &c->chunks[i];
+    uint8_t *rec = malloc(ch->record_size);
+    if (!rec)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a record of %u bytes", ch->record_size);
+    stz_chunk_planes pl;
+    stz_status st = stz_container_cread(c, ch->file_offset, rec, ch->record_size, "chunk record", err);
+    if (!st && !(st = stz_container_parse_record(c, i, rec, &pl, err)) && pl.xform != STZ_XFORM_MEMBERS)
+        st = stz_err_set(err, STZ_E_ARG, "%s: chunk %zu holds no members", c->path, i);
+    size_t at = RECORD_HEAD_SIZE, used = 0;
+    for (uint32_t t = ch->tensor; !st && t <= ch->last; t++, at += used) {
+        const stz_tensor *x = stz_reader_tensor(c->hdr, t);
+        uint32_t n = (uint32_t)(x->end - x->begin);
+        out[t - ch->tensor] = (stz_chunk_planes){.xform = STZ_XFORM_MEMBERS};
+        used = 0;
+        if (n)
+            st = stz_container_parse_member(c, i, x->name, rec + at, ch->record_size - at, n, &out[t - ch->tensor],
+                                            &used, err);
+        bytes[t - ch->tensor] = (uint32_t)used;
+    }
+    free(rec);
+    return st;
 }
 
 /* ---- where each chunk lies -------------------------------------------------------------------------------------- */

@@ -9,17 +9,19 @@
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
-#define STZ_MAGIC         "\x89STZ\r\n\x1a\n"
-#define STZ_END_MAGIC     "\x89STZEND\n"
-#define FILE_HEADER_SIZE  64
-#define TRAILER_SIZE      40
-#define INDEX_HEAD_SIZE   16
-#define INDEX_ENTRY_SIZE  32
-#define RECORD_HEAD_SIZE  24
-#define PLANE_HEAD_SIZE   8
-#define HEADER_CODEC_RAW  0
-#define HEADER_CODEC_ZSTD 3
-#define STZ_ORIG_GGUF     1 /* file header byte 10: the original is a GGUF file */
+#define STZ_MAGIC              "\x89STZ\r\n\x1a\n"
+#define STZ_END_MAGIC          "\x89STZEND\n"
+#define FILE_HEADER_SIZE       64
+#define TRAILER_SIZE           40
+#define INDEX_HEAD_SIZE        16
+#define INDEX_ENTRY_SIZE       32
+#define RECORD_HEAD_SIZE       24
+#define PLANE_HEAD_SIZE        8
+#define MEMBER_HEAD_SIZE       4 /* format 3: a member's transform, plane count, block type, 0 */
+#define MEMBER_PLANE_HEAD_SIZE 4 /* its planes': codec, stored size (24 bits) */
+#define HEADER_CODEC_RAW       0
+#define HEADER_CODEC_ZSTD      3
+#define STZ_ORIG_GGUF          1 /* file header byte 10: the original is a GGUF file */
 
 /* Bytes of all planes of a chunk: F16's three planes of n/2 bytes take
  * 1.5x the chunk, ggml blocks whose 5-bit codes are kept one per byte up
@@ -55,7 +57,7 @@ const char *stz_blocks_plane_name(int type, int k, char *buf, size_t cap);
 
 /* ---- the cut: which bytes each chunk holds (docs/FORMAT.md, "Chunks") ---- */
 
-#define STZ_GROUP_MAX 65536u /* format 2: bytes of a chunk that whole small tensors share, at most */
+#define STZ_GROUP_MAX 65536u /* formats 2, 3: bytes of a chunk that whole small tensors share, at most */
 
 /* Span t's data bytes [*begin, returned end). */
 typedef uint64_t (*stz_span_bounds)(const void *src, size_t t, uint64_t *begin);
@@ -66,7 +68,7 @@ typedef struct {
 } stz_cut;
 /* A chunk of n raw bytes next, where the format allows it (1, *ch: tensor,
  * last, data_offset, raw_size; the cut moved past it), else 0: chunk-size
- * steps from each tensor's start, or (format 2) whole adjacent tensors of at
+ * steps from each tensor's start, or (format 2 on) whole adjacent tensors of at
  * most STZ_GROUP_MAX bytes together, without an empty one at the end. The
  * index check and the pipe reader place chunks so; the writer chooses. */
 int stz_cut_place(stz_cut *cut, const void *src, size_t nt, stz_span_bounds bounds, uint32_t chunk, unsigned version,
@@ -74,8 +76,32 @@ int stz_cut_place(stz_cut *cut, const void *src, size_t nt, stz_span_bounds boun
 /* stz_span_bounds of a stz_reader's tensors */
 uint64_t stz_container_tensor_bounds(const void *src, size_t t, uint64_t *begin);
 
+/* ---- codec 4: the adaptive binary range coder (ac_codec.c) ---- */
+
+#define STZ_AC_MAX 65536 /* bytes: larger planes are not tried with it (they amortise a Huffman table) */
+/* n bytes as rows of `row` bytes (0: one row), each a string of `bits`-bit
+ * symbols, the top `top` bits of a symbol coded in a tree of contexts (0:
+ * the symbols are two's complement numbers, coded by magnitude): the
+ * payload into dst[cap] (its bytes; 0 if it does not fit). */
+size_t stz_ac_encode(const uint8_t *src, size_t n, unsigned bits, unsigned top, uint32_t row, uint8_t *dst, size_t cap);
+/* Which of tries[ntries] ({bits, top, row}, as stz_ac_encode takes them)
+ * codes src[n] smallest, as estimated from the symbols' counts. */
+int stz_ac_choose(const uint8_t *src, size_t n, const unsigned (*tries)[3], int ntries);
+/* 0 if src[stored] decodes to exactly n bytes, -1 otherwise. */
+int stz_ac_decode(const uint8_t *src, size_t stored, uint8_t *dst, size_t n);
+
+/* What the next plane encoded may use besides zstd's codecs: codec 4
+ * (format 3), trying B-bit symbols in rows of `row` bytes too (stz's own
+ * codes: bits 2-7) */
+typedef struct {
+    int ac;
+    unsigned bits;
+    uint32_t row;
+} stz_plane_hint;
+
 /* Per-thread encoder state. */
 typedef struct {
+    stz_plane_hint hint;
     ZSTD_CCtx *huf;  /* literals-only frames */
     ZSTD_CCtx *full; /* frames with matches */
     ZSTD_Sequence *seqs;
@@ -164,6 +190,10 @@ stz_status stz_container_read_head(stz_container *c, uint64_t *head_end, stz_err
 stz_status stz_container_read_index(stz_container *c, uint64_t head_end, stz_err *err);
 stz_status stz_container_parse_record(const stz_container *c, size_t i, const uint8_t *rec, stz_chunk_planes *pl,
                                       stz_err *err);
+/* Member of n bytes (tensor `name`) at src[avail] of chunk i's record: its
+ * head into pl, its bytes (head and payloads) into *used. */
+stz_status stz_container_parse_member(const stz_container *c, size_t i, const char *name, const uint8_t *src,
+                                      size_t avail, uint32_t n, stz_chunk_planes *pl, size_t *used, stz_err *err);
 stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err);
 
 #endif

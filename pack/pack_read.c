@@ -26,6 +26,55 @@ typedef struct {
     stz_ordered pl;
 } dec_ctx;
 
+/* The planes pl describes, their payloads at src, decoded and merged into
+ * the n bytes at out (chunk i's, or one member's: tensor `name`). */
+static stz_status decode_planes(const stz_container *c, size_t i, const char *name, dec_buf *b,
+                                const stz_chunk_planes *pl, const uint8_t *src, uint8_t *out, uint32_t n, stz_err *err)
+{
+    const uint8_t *planes[STZ_MAX_PLANES];
+    uint8_t *dst = b->planes;
+    for (int k = 0; k < pl->nplanes; k++, dst += pl->raw[k - 1]) {
+        stz_err sub;
+        stz_status st;
+        planes[k] = dst;
+        if (pl->codec[k] == STZ_CODEC_RAW && pl->stored[k] == pl->raw[k])
+            planes[k] = src; /* no copy: merge reads the record directly */
+        else if ((st = stz_plane_decode(b->d, pl->codec[k], src, pl->stored[k], dst, pl->raw[k], &sub)))
+            return stz_err_set(err, st, "%s: chunk %zu (tensor '%s', plane %d): %s", c->path, i, name, k, sub.msg);
+        src += pl->stored[k];
+    }
+    if (pl->xform == STZ_XFORM_GGML)
+        stz_blocks_merge(pl->block_type, pl->phase, planes, n, out);
+    else
+        stz_xform_merge(pl->xform, planes, n, out);
+    return STZ_OK;
+}
+
+/* Format 3's members: each tensor of chunk i with bytes, coded alone. */
+static stz_status decode_members(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
+{
+    const stz_chunk_info *ch = &c->chunks[i];
+    size_t at = RECORD_HEAD_SIZE;
+    for (uint32_t t = ch->tensor; t <= ch->last; t++) {
+        const stz_tensor *x = stz_reader_tensor(c->hdr, t);
+        uint32_t n = (uint32_t)(x->end - x->begin);
+        if (!n)
+            continue;
+        stz_chunk_planes pl;
+        size_t used;
+        stz_status st =
+            stz_container_parse_member(c, i, x->name, b->rec + at, ch->record_size - at, n, &pl, &used, err);
+        const uint8_t *payloads = b->rec + at + MEMBER_HEAD_SIZE + (size_t)pl.nplanes * MEMBER_PLANE_HEAD_SIZE;
+        if (st || (st = decode_planes(c, i, x->name, b, &pl, payloads, b->raw + (x->begin - ch->data_offset), n, err)))
+            return st;
+        at += used;
+    }
+    if (at != ch->record_size)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu (tensor '%s'): members hold %zu bytes, record %u", c->path,
+                           i, stz_reader_tensor(c->hdr, ch->tensor)->name, at, ch->record_size);
+    return STZ_OK;
+}
+
 /* Decodes chunk i, its record in b->rec, into b->raw and checks it against
  * its record's hash. */
 stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf *b, stz_err *err)
@@ -34,23 +83,13 @@ stz_status stz_container_decode_record(const stz_container *c, size_t i, dec_buf
     const char *name = stz_reader_tensor(c->hdr, ch->tensor)->name;
     stz_chunk_planes pl;
     stz_status st = stz_container_parse_record(c, i, b->rec, &pl, err);
+    if (!st)
+        st = pl.xform == STZ_XFORM_MEMBERS
+                 ? decode_members(c, i, b, err)
+                 : decode_planes(c, i, name, b, &pl, b->rec + RECORD_HEAD_SIZE + pl.nplanes * PLANE_HEAD_SIZE, b->raw,
+                                 ch->raw_size, err);
     if (st)
         return st;
-    const uint8_t *src = b->rec + RECORD_HEAD_SIZE + pl.nplanes * PLANE_HEAD_SIZE, *planes[STZ_MAX_PLANES];
-    uint8_t *dst = b->planes;
-    for (int k = 0; k < pl.nplanes; k++, dst += pl.raw[k - 1]) {
-        stz_err sub;
-        planes[k] = dst;
-        if (pl.codec[k] == STZ_CODEC_RAW && pl.stored[k] == pl.raw[k])
-            planes[k] = src; /* no copy: merge reads the record directly */
-        else if ((st = stz_plane_decode(b->d, pl.codec[k], src, pl.stored[k], dst, pl.raw[k], &sub)))
-            return stz_err_set(err, st, "%s: chunk %zu (tensor '%s', plane %d): %s", c->path, i, name, k, sub.msg);
-        src += pl.stored[k];
-    }
-    if (pl.xform == STZ_XFORM_GGML)
-        stz_blocks_merge(pl.block_type, pl.phase, planes, ch->raw_size, b->raw);
-    else
-        stz_xform_merge(pl.xform, planes, ch->raw_size, b->raw);
     if (XXH3_64bits(b->raw, ch->raw_size) != stz_le64(b->rec + 16))
         return stz_err_set(err, STZ_E_CHECKSUM,
                            "%s: chunk %zu (tensor '%s', data bytes %llu-%llu): checksum mismatch, data is corrupt",

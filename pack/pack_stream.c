@@ -37,6 +37,11 @@ static stz_status stream_record(stz_container *c, size_t i, stz_cut *cut, dec_bu
     uint64_t total = hl + np * PLANE_HEAD_SIZE;
     for (unsigned k = 0; k < np; k++)
         total += stz_le32(b->rec + hl + k * PLANE_HEAD_SIZE + 4);
+    if (b->rec[4] == STZ_XFORM_MEMBERS) /* members say their record's size in its head */
+        total = stz_le32(b->rec + 12);
+    if (total < hl + np * PLANE_HEAD_SIZE)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: a record of %llu bytes", c->path, i,
+                           (unsigned long long)total);
     if (total > stz_record_bound(ch->raw_size))
         return stz_err_set(err, STZ_E_FORMAT, "%s: chunk %zu: a record of %llu bytes", c->path, i,
                            (unsigned long long)total);

@@ -6,6 +6,7 @@
 #include "quant/ggml_types.h"
 #include "quant/quant_tensor.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,9 +88,22 @@ static int chunk_head(uint8_t *h, stz_dtype dtype, int block_type, uint64_t at, 
     return np;
 }
 
+/* How a chunk is coded: CHUNK_SHARED, small tensors' bytes (zstd at its
+ * best costs little on them); CHUNK_AC, codec 4 may be used (format 3). */
+#define CHUNK_SHARED 1u
+#define CHUNK_AC     2u
+
+/* What plane encoding may use for the planes of span s: codec 4 when `how`
+ * allows it, trying s's codes where the plane is its bytes (`whole`). */
+static stz_plane_hint plane_hint(unsigned how, const stz_span *s, int whole)
+{
+    return (stz_plane_hint){
+        .ac = !!(how & CHUNK_AC), .bits = whole ? s->code_bits : 0, .row = whole ? s->row_bytes : 0};
+}
+
 /* The record rec[*len] of one plane holding all n bytes, coded with zstd
- * at `level` (or Huffman, constant or raw where smaller); stored only when
- * smaller than *len bytes. pbuf: scratch. */
+ * at `level` (or Huffman, constant, codec 4 or raw where smaller); stored
+ * only when smaller than *len bytes. pbuf: scratch. */
 static stz_status try_unsplit(stz_plane_enc *enc, int level, const uint8_t *raw, size_t n, uint8_t *pbuf, size_t cap,
                               uint8_t *rec, size_t *len, stz_err *err)
 {
@@ -109,12 +123,13 @@ static stz_status try_unsplit(stz_plane_enc *enc, int level, const uint8_t *raw,
     return STZ_OK;
 }
 
-/* One chunk's record (without its hash) into rec: the planes of the
+/* One chunk's record (without its hash) into rec (capacity *rec_len, at
+ * least stz_record_bound(n); *rec_len: its length): the planes of the
  * dtype's transform (or of the span's ggml blocks), each coded the
  * cheapest way tried, or zstd on the unsplit bytes where that is smaller.
- * `at` is the chunk's offset in its span. pbuf: stz_planes_bound(chunk)
- * bytes of scratch. */
-static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *span, int shared,
+ * `at` is the chunk's offset in its span; `how`: CHUNK_*. pbuf:
+ * stz_planes_bound(chunk) bytes of scratch. */
+static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *span, unsigned how,
                                uint64_t at, const uint8_t *raw, size_t n, uint8_t *pbuf, uint8_t *rec, size_t *rec_len,
                                stz_err *err)
 {
@@ -137,12 +152,17 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
      * coding. */
     if (zlevel == 1 && !has_repeats(raw, n))
         zlevel = 0;
-    size_t off = RECORD_HEAD_SIZE + (size_t)np * PLANE_HEAD_SIZE, cap = stz_record_bound(p->chunk_size);
+    if (zlevel == 1 && n <= STZ_GROUP_MAX) /* a small chunk: zstd at its best costs little */
+        zlevel = BEST_ZSTD_LEVEL;
+    size_t off = RECORD_HEAD_SIZE + (size_t)np * PLANE_HEAD_SIZE, cap = *rec_len;
     stz_status st;
+    if (n > STZ_AC_MAX) /* codec 4 decodes at 12-25 MB/s: for small chunks only, where Huffman's tables cost most */
+        how &= ~CHUNK_AC;
     for (int k = 0; k < np; k++) {
         stz_codec codec;
         size_t stored;
         int grouped = k == np - 2 && nruns;
+        enc->hint = plane_hint(how, span, x == STZ_XFORM_NONE);
         if ((st = stz_plane_encode_runs(enc, zlevel, planes[k], sizes[k], grouped ? runs : NULL, grouped ? nruns : 0,
                                         rec + off, cap - off, &codec, &stored, err)))
             return st;
@@ -153,6 +173,8 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
         off += stored;
     }
     *rec_len = off;
+    /* the unsplit bytes: codec 4 tried on ggml's blocks (for the others it saw these bytes, or floats) */
+    enc->hint = plane_hint(x == STZ_XFORM_GGML ? how : how & ~CHUNK_AC, span, 1);
     /* Blocks of a small span (each plane's table and frame cost more than
      * the split gains on a few kB), or whose planes did not shrink (codes
      * kept whole take more room than packed): also the unsplit bytes. */
@@ -167,11 +189,65 @@ static stz_status encode_chunk(stz_plane_enc *enc, const stz_pack_params *p, con
      * them), or always with --best, also try zstd on the unsplit bytes and
      * keep the smaller record. The planes' buffer is free now: its bound
      * exceeds a chunk. */
-    if (shared) /* small tensors' bytes: zstd at its best costs little */
+    if (how & CHUNK_SHARED) /* small tensors' bytes: zstd at its best costs little */
         return try_unsplit(enc, ZSTD_maxCLevel(), raw, n, pbuf, stz_planes_bound(p->chunk_size), rec, rec_len, err);
     if (is_float && (p->level == STZ_PACK_BEST || span->end - span->begin <= SMALL_TENSOR || has_repeats(raw, n)))
         return try_unsplit(enc, p->level == STZ_PACK_BEST ? BEST_ZSTD_LEVEL : LZ_TRIAL_LEVEL, raw, n, pbuf,
                            stz_planes_bound(p->chunk_size), rec, rec_len, err);
+    return STZ_OK;
+}
+
+/* A chunk record rec[len] as a member (format 3): a 4-byte head
+ * (transform, plane count, block type, 0) and 4 bytes a plane (codec,
+ * stored size in 24 bits) in place of 24 and 8, then the same payloads.
+ * Rewritten in place; its new length. A member starts its tensor, so its
+ * phase is 0. */
+static size_t as_member(uint8_t *rec, size_t len)
+{
+    int np = rec[5];
+    uint8_t head[MEMBER_HEAD_SIZE + STZ_MAX_PLANES * MEMBER_PLANE_HEAD_SIZE] = {rec[4], rec[5], rec[6], 0};
+    for (int k = 0; k < np; k++) {
+        const uint8_t *ph = rec + RECORD_HEAD_SIZE + k * PLANE_HEAD_SIZE;
+        uint8_t *m = head + MEMBER_HEAD_SIZE + k * MEMBER_PLANE_HEAD_SIZE;
+        uint32_t stored = stz_le32(ph + 4);
+        m[0] = ph[0], m[1] = (uint8_t)stored, m[2] = (uint8_t)(stored >> 8), m[3] = (uint8_t)(stored >> 16);
+    }
+    size_t from = RECORD_HEAD_SIZE + (size_t)np * PLANE_HEAD_SIZE,
+           to = MEMBER_HEAD_SIZE + (size_t)np * MEMBER_PLANE_HEAD_SIZE;
+    memcpy(rec, head, to);
+    memmove(rec + to, rec + from, len - from);
+    return len - from + to;
+}
+
+/* Format 3: the whole tensors of chunk ch (bytes raw), each coded as a
+ * chunk of its own would be, with codec 4, as members of one record into
+ * rec[*len] (capacity in, length out; 0 when they do not fit). */
+static stz_status encode_members(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *spans,
+                                 const stz_chunk_info *ch, const uint8_t *raw, uint8_t *pbuf, uint8_t *rec, size_t *len,
+                                 stz_err *err)
+{
+    size_t cap = *len, off = RECORD_HEAD_SIZE;
+    memset(rec, 0, RECORD_HEAD_SIZE);
+    memcpy(rec, "STZC", 4);
+    rec[4] = STZ_XFORM_MEMBERS;
+    stz_put_le32(rec + 8, ch->raw_size);
+    for (uint32_t t = ch->tensor; t <= ch->last; t++) {
+        const stz_span *s = &spans[t];
+        size_t n = s->end - s->begin, m = cap - off;
+        if (!n)
+            continue;
+        if (m < stz_record_bound(n)) {
+            *len = 0;
+            return STZ_OK;
+        }
+        stz_status st = encode_chunk(enc, p, s, CHUNK_SHARED | CHUNK_AC, 0, raw + (s->begin - spans[ch->tensor].begin),
+                                     n, pbuf, rec + off, &m, err);
+        if (st)
+            return st;
+        off += as_member(rec + off, m);
+    }
+    stz_put_le32(rec + 12, (uint32_t)off); /* the record's size: a reader from a pipe learns where it ends */
+    *len = off;
     return STZ_OK;
 }
 
@@ -202,11 +278,11 @@ static void ring_release(pack_ctx *c, size_t i)
 
 /* 1 if span s is small enough that a chunk of its own (record head, index
  * entry, coding tables: 80 to 200 bytes) costs more than coding it with its
- * neighbours gains: up to 1 KiB. Larger ones, of up to 16 KiB of codes or
- * scales, would gain too (stz's 4-bit stories260K: 0.978x -> 0.9995x of zstd
- * -19 --long), but coded together their bytes no longer add up per tensor,
- * and tune's predicted sizes missed budgets by up to 3% (docs/BENCHMARKS.md). */
-static int shares(const stz_span *s) { return s->end - s->begin <= 1024; }
+ * neighbours gains: up to 16 KiB, each coded alone as a member of a chunk
+ * of whole tensors (format 3), so that a tensor's bytes still add up on
+ * their own (tune predicts a container tensor by tensor). */
+#define MEMBER_MAX (16u << 10)
+static int shares(const stz_span *s) { return s->end - s->begin <= MEMBER_MAX; }
 
 /* The chunk's bytes from r: of its tensor from `begin`, or of the small
  * tensors sharing it, one after the other. */
@@ -222,6 +298,27 @@ static stz_status read_chunk(const stz_reader *r, const stz_chunk_info *ch, uint
         dst += x->end - x->begin;
     }
     return STZ_OK;
+}
+
+/* Chunk ch's record (bytes raw) into b->rec: the planes of its tensor's
+ * transform; whole small tensors as members (format 3), or their bytes
+ * together where the members do not fit a record. */
+static stz_status encode_record(pack_ctx *c, thread_buf *b, const stz_chunk_info *ch, const uint8_t *raw, stz_err *err)
+{
+    const stz_span *t = &c->spans[ch->tensor];
+    unsigned how = c->version >= 3 ? CHUNK_AC : 0;
+    size_t bound = stz_record_bound(c->p->chunk_size);
+    b->rec_len = bound;
+    if (c->version < 3 || !shares(t))
+        return encode_chunk(&b->enc, c->p, t, how, ch->data_offset - t->begin, raw, ch->raw_size, b->planes, b->rec,
+                            &b->rec_len, err);
+    stz_status st = encode_members(&b->enc, c->p, c->spans, ch, raw, b->planes, b->rec, &b->rec_len, err);
+    if (st || b->rec_len)
+        return st;
+    stz_span bytes = {.dtype = STZ_DTYPE_U8, .begin = t->begin, .end = t->begin + ch->raw_size, .name = t->name};
+    b->rec_len = bound;
+    return encode_chunk(&b->enc, c->p, &bytes, how | CHUNK_SHARED, 0, raw, ch->raw_size, b->planes, b->rec, &b->rec_len,
+                        err);
 }
 
 static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
@@ -245,11 +342,7 @@ static stz_status pack_work(void *vctx, int tid, size_t i, stz_err *err)
         raw = b->raw;
     }
     stz_err sub;
-    /* small tensors together: their bytes; a small one alone also tries zstd at its best, as
-     * stz_pack_tensor_bytes predicts it */
-    stz_span small = {STZ_DTYPE_U8, t->begin, t->begin + ch->raw_size, t->name, 0};
-    st = encode_chunk(&b->enc, c->p, ch->last > ch->tensor ? &small : t, ch->last > ch->tensor || shares(t),
-                      ch->data_offset - t->begin, raw, ch->raw_size, b->planes, b->rec, &b->rec_len, &sub);
+    st = encode_record(c, b, ch, raw, &sub);
     c->hashes[i] = XXH3_64bits(raw, ch->raw_size);
     if (raw != b->raw)
         ring_release(c, i);
@@ -273,8 +366,8 @@ uint64_t stz_pack_fixed_bytes(const char *header, size_t len)
     return FILE_HEADER_SIZE + zs + INDEX_HEAD_SIZE + TRAILER_SIZE;
 }
 
-stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int block_type, const uint8_t *data,
-                                 uint64_t n, uint64_t *bytes, stz_err *err)
+stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, const stz_pack_hint *hint,
+                                 const uint8_t *data, uint64_t n, uint64_t *bytes, stz_err *err)
 {
     *bytes = 0;
     size_t cs = p->chunk_size;
@@ -285,16 +378,19 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, int 
     uint8_t *pbuf = malloc(stz_planes_bound(cs)), *rec = malloc(stz_record_bound(cs));
     if (!pbuf || !rec)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the plane and record buffers");
-    stz_span span = {dtype, 0, n, "", stz_blocks_known(block_type) ? block_type : 0};
+    const stz_pack_hint none = {0, 0, 0}, *h = hint ? hint : &none;
+    stz_span span = {.dtype = dtype, .end = n, .name = "", .row_bytes = h->row_bytes};
+    span.block_type = stz_blocks_known(h->block_type) ? h->block_type : 0;
+    span.code_bits = h->code_bits <= 8 ? h->code_bits : 0;
     int small = n && shares(&span);
-    if (!st && small) { /* alone, or coded with small neighbours */
-        size_t len;
-        if (!(st = encode_chunk(&enc, p, &span, 1, 0, data, (size_t)n, pbuf, rec, &len, err)))
-            *bytes = len - RECORD_HEAD_SIZE + SHARED_OVERHEAD;
+    if (!st && small) { /* a member of a chunk of small tensors (format 3) */
+        size_t len = stz_record_bound(cs);
+        if (!(st = encode_chunk(&enc, p, &span, CHUNK_SHARED | CHUNK_AC, 0, data, (size_t)n, pbuf, rec, &len, err)))
+            *bytes = as_member(rec, len) + SHARED_OVERHEAD;
     }
     for (uint64_t off = 0; !st && !small && off < n; off += cs) {
-        size_t k = n - off < cs ? (size_t)(n - off) : cs, len;
-        if (!(st = encode_chunk(&enc, p, &span, 0, off, data + off, k, pbuf, rec, &len, err)))
+        size_t k = n - off < cs ? (size_t)(n - off) : cs, len = stz_record_bound(cs);
+        if (!(st = encode_chunk(&enc, p, &span, CHUNK_AC, off, data + off, k, pbuf, rec, &len, err)))
             *bytes += len + INDEX_ENTRY_SIZE;
     }
     free(pbuf), free(rec);
@@ -425,9 +521,9 @@ stz_status stz_pack_writer_plan_chunks(pack_ctx *c, size_t nt, stz_err *err)
     if (!c->chunks || !c->hashes)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu chunks", n);
     c->n = plan(c, nt);
-    c->version = 1; /* unless small tensors share a chunk: then 2 */
+    c->version = 1; /* unless small tensors are members of a chunk: then 3 */
     for (size_t i = 0; i < c->n; i++)
-        c->version = c->chunks[i].last > c->chunks[i].tensor ? 2 : c->version;
+        c->version = shares(&c->spans[c->chunks[i].tensor]) ? 3 : c->version;
     c->pl = (stz_ordered){
         .n = c->n, .threads = c->p->threads, .ctx = c, .work = pack_work, .commit = pack_commit, .post = pack_post};
     return STZ_OK;
@@ -494,50 +590,63 @@ void stz_pack_writer_close(pack_ctx *c)
     free(c->next_use), free(c->seq_of), free(c->src_r), free(c->src_t);
 }
 
-/* The string value of "key" in the JSON object text `json` (one without
- * escapes in it), into buf[cap]; 0 when there is none. No allocation: a
- * hint must not change with the memory at hand. */
-static int json_string(const char *json, const char *key, char *buf, size_t cap)
+/* Where the value of "key" starts in the JSON object text `json` (one
+ * without escapes in it), or NULL. No allocation: a hint must not change
+ * with the memory at hand. */
+static const char *json_value(const char *json, const char *key)
 {
     size_t kl = strlen(key);
     for (const char *p = json; (p = strchr(p, '"')); p++) {
         if (strncmp(p + 1, key, kl) || p[1 + kl] != '"')
             continue;
         const char *q = p + 2 + kl + strspn(p + 2 + kl, " ");
-        if (*q != ':')
-            continue;
-        q += 1 + strspn(q + 1, " ");
-        size_t n = *q == '"' ? strcspn(q + 1, "\"") : cap;
-        if (n >= cap || q[1 + n] != '"')
-            return 0;
-        memcpy(buf, q + 1, n);
-        buf[n] = 0;
-        return 1;
+        if (*q == ':')
+            return q + 1 + strspn(q + 1, " ");
     }
-    return 0;
+    return NULL;
 }
 
-/* The ggml type of a quantized SafeTensors entry whose values are
- * llama.cpp's blocks ({"method": "q4_k", ..., "packing": "ggml"}), or 0. A
- * hint only: a wrong one costs room, never bytes (every chunk carries its
- * hash). */
-static int block_hint(const stz_reader *r, const char *name)
+/* The string value of "key" into buf[cap]; 0 when there is none. */
+static int json_string(const char *json, const char *key, char *buf, size_t cap)
 {
-    char key[512], method[16], packing[16];
-    if (snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, name) >= (int)sizeof key)
+    const char *q = json_value(json, key);
+    size_t n = q && *q == '"' ? strcspn(q + 1, "\"") : cap;
+    if (n >= cap || q[1 + n] != '"')
         return 0;
-    const char *json = stz_reader_meta_get(r, key);
-    if (!json || !json_string(json, "packing", packing, sizeof packing) || strcmp(packing, STZ_QUANT_GGML_PACKING) ||
-        !json_string(json, "method", method, sizeof method))
-        return 0;
-    int type = stz_ggml_type_parse(method);
-    return stz_blocks_known(type) ? type : 0;
+    memcpy(buf, q + 1, n);
+    buf[n] = 0;
+    return 1;
+}
+
+/* Span s's hint from its quantized SafeTensors entry: the ggml type of
+ * llama.cpp's blocks ({"method": "q4_k", ..., "packing": "ggml"}), or the
+ * width of stz's own codes ("bits") and the bytes of a row of them (the
+ * stored tensor's last dimension). A hint only: a wrong one costs room,
+ * never bytes (every chunk carries its hash). */
+static void span_hint(stz_span *s, const stz_reader *r)
+{
+    char key[512], method[16], packing[16] = "";
+    if (snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, s->name) >= (int)sizeof key)
+        return;
+    const char *json = stz_reader_meta_get(r, key), *bits = json ? json_value(json, "bits") : NULL;
+    if (!json || !json_string(json, "method", method, sizeof method))
+        return;
+    if (json_string(json, "packing", packing, sizeof packing) && !strcmp(packing, STZ_QUANT_GGML_PACKING)) {
+        int type = stz_ggml_type_parse(method);
+        s->block_type = stz_blocks_known(type) ? type : 0;
+        return;
+    }
+    long at = stz_reader_find(r, s->name);
+    const stz_tensor *t = at >= 0 ? stz_reader_tensor(r, (size_t)at) : NULL;
+    if (bits && *bits >= '2' && *bits <= '8' && !isdigit((unsigned char)bits[1]) && t && t->ndim &&
+        t->shape[t->ndim - 1] <= UINT32_MAX)
+        s->code_bits = (unsigned)(*bits - '0'), s->row_bytes = (uint32_t)t->shape[t->ndim - 1];
 }
 
 void stz_pack_writer_hints(stz_span *spans, size_t n, const stz_reader *r)
 {
     for (size_t i = 0; i < n && stz_reader_meta_count(r); i++)
-        spans[i].block_type = block_hint(r, spans[i].name);
+        span_hint(&spans[i], r);
 }
 
 stz_span *stz_pack_writer_spans(const stz_reader *r)
@@ -546,7 +655,7 @@ stz_span *stz_pack_writer_spans(const stz_reader *r)
     stz_span *sp = malloc((nt + 1) * sizeof *sp);
     for (size_t i = 0; sp && i < nt; i++) {
         const stz_tensor *t = stz_reader_tensor(r, i);
-        sp[i] = (stz_span){t->dtype, t->begin, t->end, t->name, 0};
+        sp[i] = (stz_span){.dtype = t->dtype, .begin = t->begin, .end = t->end, .name = t->name};
     }
     if (sp)
         stz_pack_writer_hints(sp, nt, r);

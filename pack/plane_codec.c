@@ -1,4 +1,5 @@
-/* Plane codecs: raw, constant, Huffman-only zstd frames, full zstd frames. */
+/* Plane codecs: raw, constant, Huffman-only zstd frames, full zstd frames,
+ * and (ac_codec.c) the adaptive range coder. */
 #include "pack_internal.h"
 #include "core/stz_math.h"
 
@@ -8,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const codec_names[STZ_CODEC_COUNT] = {"raw", "const", "huf", "zstd"};
+static const char *const codec_names[STZ_CODEC_COUNT] = {"raw", "const", "huf", "zstd", "ac"};
 const char *stz_codec_name(stz_codec c) { return (unsigned)c < STZ_CODEC_COUNT ? codec_names[c] : "?"; }
 
 uint64_t stz_pack_digest(uint64_t header_hash, const uint64_t *chunk_hashes, size_t n)
@@ -117,6 +118,27 @@ static size_t huf_encode(stz_plane_enc *e, const uint8_t *src, size_t n, const s
     return ZSTD_compressSequences(e->huf, dst, cap, e->seqs, b, src, n);
 }
 
+/* Codec 4 where smaller than *stored, with the model estimated to code
+ * the plane smallest: bytes as bytes (a tree over their 8 bits, or as
+ * signed numbers) or as nibbles, or the hint's B-bit codes in their rows
+ * (the only one for bytes that look `uniform`: stz's 3-bit codes look
+ * random as bytes). Scratch holds ZSTD_compressBound(n) bytes. */
+static void try_ac(stz_plane_enc *e, const uint8_t *src, size_t n, size_t cap, int uniform, uint8_t *dst,
+                   stz_codec *codec, size_t *stored)
+{
+    unsigned b = e->hint.bits;
+    const unsigned tries[4][3] = {{8, 8, 0}, {8, 0, 0}, {4, 4, 0}, {b, b, e->hint.row}};
+    int from = uniform ? 3 : 0, to = b && b < 8 && b != 4 ? 4 : 3;
+    if (from >= to)
+        return;
+    const unsigned *t = tries[from + stz_ac_choose(src, n, tries + from, to - from)];
+    size_t r = stz_ac_encode(src, n, t[0], t[1], t[2], e->scratch, cap);
+    if (r && r < *stored) {
+        *codec = STZ_CODEC_AC, *stored = r;
+        memcpy(dst, e->scratch, r);
+    }
+}
+
 stz_status stz_plane_encode(stz_plane_enc *e, int try_zstd, const uint8_t *src, size_t n, uint8_t *dst, size_t cap,
                             stz_codec *codec, size_t *stored, stz_err *err)
 {
@@ -149,7 +171,7 @@ stz_status stz_plane_encode_runs(stz_plane_enc *e, int try_zstd, const uint8_t *
     /* Near-uniform bytes (mantissas) cannot shrink by 1%: store them.
      * Trials go to scratch space of full size; the smallest is kept. */
     size_t bound = ZSTD_compressBound(n);
-    if ((h < 7.9 || try_zstd) && bound > e->scratch_cap) {
+    if ((h < 7.9 || try_zstd || e->hint.ac) && bound > e->scratch_cap) {
         uint8_t *sc = realloc(e->scratch, bound);
         if (!sc)
             return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu-byte plane", n);
@@ -175,6 +197,8 @@ stz_status stz_plane_encode_runs(stz_plane_enc *e, int try_zstd, const uint8_t *
             memcpy(dst, e->scratch, r);
         }
     }
+    if (e->hint.ac && n <= STZ_AC_MAX)
+        try_ac(e, src, n, bound, h >= 7.9, dst, codec, stored);
     if (*codec == STZ_CODEC_RAW)
         memcpy(dst, src, n);
     return STZ_OK;
@@ -207,6 +231,10 @@ stz_status stz_plane_decode(ZSTD_DCtx *d, stz_codec codec, const uint8_t *src, s
             return stz_err_set(err, STZ_E_FORMAT, "zstd frame decodes to %zu bytes, plane has %zu", r, n);
         return STZ_OK;
     }
+    case STZ_CODEC_AC:
+        if (stz_ac_decode(src, stored, dst, n))
+            return stz_err_set(err, STZ_E_FORMAT, "range-coded plane of %zu bytes does not decode to %zu", stored, n);
+        return STZ_OK;
     default: return stz_err_set(err, STZ_E_FORMAT, "unknown plane codec %d", (int)codec);
     }
 }

@@ -7,9 +7,11 @@ static const struct {
     const char *name;
     unsigned width, planes;
 } xform_table[STZ_XFORM_COUNT] = {
-    [STZ_XFORM_NONE] = {"none", 1, 1},     [STZ_XFORM_BF16] = {"bf16", 2, 2},     [STZ_XFORM_F16] = {"f16", 2, 3},
-    [STZ_XFORM_F32] = {"f32", 4, 4},       [STZ_XFORM_BYTES2] = {"bytes2", 2, 2}, [STZ_XFORM_BYTES4] = {"bytes4", 4, 4},
-    [STZ_XFORM_BYTES8] = {"bytes8", 8, 8}, [STZ_XFORM_GGML] = {"ggml", 1, 0},
+    [STZ_XFORM_NONE] = {"none", 1, 1},       [STZ_XFORM_BF16] = {"bf16", 2, 2},
+    [STZ_XFORM_F16] = {"f16", 2, 3},         [STZ_XFORM_F32] = {"f32", 4, 4},
+    [STZ_XFORM_BYTES2] = {"bytes2", 2, 2},   [STZ_XFORM_BYTES4] = {"bytes4", 4, 4},
+    [STZ_XFORM_BYTES8] = {"bytes8", 8, 8},   [STZ_XFORM_GGML] = {"ggml", 1, 0},
+    [STZ_XFORM_MEMBERS] = {"members", 1, 0},
 };
 
 const char *stz_xform_name(stz_xform x) { return (unsigned)x < STZ_XFORM_COUNT ? xform_table[x].name : "?"; }

@@ -18,12 +18,15 @@ void stz_reader_set_source(struct stz_reader *r, stz_read_fn fn, void *user);
 
 /* A tensor's dtype and bytes in the data section of the file being written,
  * and its name (owned by the writer or reader the span comes from);
- * block_type: the ggml type of the blocks its bytes are (0: none). */
+ * block_type: the ggml type of the blocks its bytes are (0: none);
+ * code_bits: stz's codes of that width in rows of row_bytes bytes (0: none). */
 typedef struct {
     stz_dtype dtype;
     uint64_t begin, end;
     const char *name;
     int block_type;
+    unsigned code_bits;
+    uint32_t row_bytes;
 } stz_span;
 
 /* Where an stz_writer opened with stz_writer_open_sink sends the file:

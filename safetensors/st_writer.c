@@ -322,7 +322,8 @@ static stz_status write_header(stz_writer *w, stz_err *err)
             stz_span *sp = malloc((w->nt + 1) * sizeof *sp);
             uint64_t at = 0;
             for (size_t i = 0; sp && i < w->nt; at += w->t[i++].nbytes)
-                sp[i] = (stz_span){w->t[i].dtype, at, at + w->t[i].nbytes, w->t[i].name, 0};
+                sp[i] =
+                    (stz_span){.dtype = w->t[i].dtype, .begin = at, .end = at + w->t[i].nbytes, .name = w->t[i].name};
             st = sp ? w->sink->begin(w->sink->user, img, 8 + b.len, sp, w->nt, err)
                     : stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the tensor spans", WNAME(w));
             free(sp);

@@ -90,7 +90,7 @@ expect_rc 0 "unpack --tensor" "$STZ" unpack "$T/t1.stz" --tensor model.norm.weig
 expect_rc 1 "unpack missing tensor" "$STZ" unpack "$T/t1.stz" --tensor nope -o "$T/nope.bin"
 has "$T/err" "no tensor named 'nope'" "missing tensor message"
 expect_rc 0 "inspect container" "$STZ" inspect "$T/t1.stz"
-has "$T/out" "stz container v1, 27 tensors" "container inspect header"
+has "$T/out" "stz container v3, 27 tensors" "container inspect header"
 has "$T/out" "exponent" "container inspect planes"
 expect_rc 0 "inspect container --json" "$STZ" inspect --json "$T/t1.stz"
 has "$T/out" '"format":[[:space:]]*"stz"' "container json"

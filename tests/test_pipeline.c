@@ -140,19 +140,24 @@ static void test_file_roundtrip(void **state)
     tu_rmdir(dir);
 }
 
-/* The ggml type of a quantized file's tensor held as llama.cpp's blocks
- * (its entry's method, with "packing": "ggml"), else 0. */
-static int blocks_of(const stz_reader *r, const char *name)
+/* What a quantized file's tensor holds (stz_pack_hint): llama.cpp's blocks
+ * (its entry's method, with "packing": "ggml"), or stz's codes of "bits"
+ * bits in rows of its last dimension's bytes. */
+static stz_pack_hint hint_of(const stz_reader *r, const stz_tensor *t)
 {
     char key[512];
-    snprintf(key, sizeof key, "stz.quant.%s", name);
+    snprintf(key, sizeof key, "stz.quant.%s", t->name);
     const char *json = stz_reader_meta_get(r, key);
     cJSON *o = json ? cJSON_Parse(json) : NULL;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "method"),
-                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
-    int type = cJSON_IsString(pk) && !strcmp(pk->valuestring, "ggml") ? stz_ggml_type_parse(m->valuestring) : 0;
+                *pk = cJSON_GetObjectItemCaseSensitive(o, "packing"), *b = cJSON_GetObjectItemCaseSensitive(o, "bits");
+    stz_pack_hint h = {0, 0, 0};
+    if (cJSON_IsString(pk) && !strcmp(pk->valuestring, "ggml"))
+        h.block_type = stz_ggml_type_parse(m->valuestring);
+    else if (cJSON_IsNumber(b) && t->ndim)
+        h.code_bits = (unsigned)b->valueint, h.row_bytes = (uint32_t)t->shape[t->ndim - 1];
     cJSON_Delete(o);
-    return type;
+    return h;
 }
 
 /* stz_quantize_tensor gives, in memory, exactly the bytes stz_quantize_file
@@ -243,9 +248,8 @@ static void test_tensor_in_memory(void **state)
             uint8_t *b = malloc(t->end - t->begin + 1);
             uint64_t bytes;
             assert_int_equal(stz_reader_read(rq, t, 0, b, t->end - t->begin, &err), STZ_OK);
-            assert_int_equal(
-                stz_pack_tensor_bytes(&pp, t->dtype, blocks_of(rq, t->name), b, t->end - t->begin, &bytes, &err),
-                STZ_OK);
+            stz_pack_hint hint = hint_of(rq, t);
+            assert_int_equal(stz_pack_tensor_bytes(&pp, t->dtype, &hint, b, t->end - t->begin, &bytes, &err), STZ_OK);
             want += bytes;
             free(b);
         }
@@ -270,6 +274,7 @@ static void test_qmodel_reads_containers(void **state)
     char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *q = tu_path(dir, "q.safetensors"),
          *c = tu_path(dir, "q.stz");
     stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    sp.dtype = STZ_DTYPE_F32; /* tensors over 16 KiB, chunks of their own, reads across them */
     stz_err err;
     assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
     quantize_with("{\"rules\": [{\"match\": \"*mlp*\", \"action\": \"int4\", \"min_ndim\": 2}]}", m, q, STZ_OK, &err);
@@ -636,7 +641,7 @@ static void test_compress_streams(void **state)
     char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *q = tu_path(dir, "q.safetensors"),
          *a = tu_path(dir, "a.stz"), *b = tu_path(dir, "b.stz");
     stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
-    sp.dtype = STZ_DTYPE_F32, sp.layers = 16; /* ~3 MB: over 50 chunks of 64 KiB through a ring of < 40 */
+    sp.dtype = STZ_DTYPE_F32, sp.layers = 64; /* ~12 MB: over 50 chunks of 64 KiB through a ring of < 40 */
     stz_err err;
     assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
     stz_policy *p = tu_policy(

@@ -94,11 +94,13 @@ static void gguf_cases(const char *src, const char *pk, const stz_pack_params *p
     free(v), free(m), free(g);
 }
 
-/* Format 2: small tensors (U8, F32, an empty one between) sharing one
- * chunk, packed; then the index entry's count of tensors after the first
- * forged up and down, and the version lowered to 1, which a reader must
- * refuse. */
-static void shared_cases(const char *src, const char *pk, const stz_pack_params *p)
+/* Format 3: small tensors (U8, F32, an empty one between) as members of
+ * one chunk, packed; then the index entry's count of tensors after the
+ * first forged up and down, the version lowered to 2, and the first
+ * member's plane count, codec and stored size forged, which a reader must
+ * refuse. (Format 2's shared chunks, valid_shared.stz and shared_*.stz,
+ * were written by the writer before format 3 and are kept.) */
+static void members_cases(const char *src, const char *pk, const stz_pack_params *p)
 {
     stz_writer *w;
     stz_err err;
@@ -113,7 +115,7 @@ static void shared_cases(const char *src, const char *pk, const stz_pack_params 
     for (uint8_t b = 0; stz_writer_remaining(w); b = (uint8_t)(b * 5 + 1))
         stz_writer_write(w, &b, 1, &err);
     if (stz_writer_finish(w, &err) || (stz_writer_free(w), stz_pack_file(p, src, pk, NULL, &err))) {
-        fprintf(stderr, "shared case failed: %s\n", err.msg);
+        fprintf(stderr, "members case failed: %s\n", err.msg);
         exit(1);
     }
     size_t n;
@@ -122,18 +124,35 @@ static void shared_cases(const char *src, const char *pk, const stz_pack_params 
     remove(pk);
     uint64_t ioff = stz_le64(v + n - TRAILER_SIZE), isize = stz_le64(v + n - TRAILER_SIZE + 8);
     uint8_t *e0 = m + ioff + INDEX_HEAD_SIZE;
-    if (stz_le16(v + 8) != 2 || stz_le64(v + ioff + 8) != 1 || stz_le32(v + ioff + INDEX_HEAD_SIZE + 28) != 3) {
-        fprintf(stderr, "shared case: not one chunk of four tensors in format 2\n");
+    size_t r0 = (size_t)stz_le64(v + ioff + INDEX_HEAD_SIZE + 8), m0 = r0 + RECORD_HEAD_SIZE;
+    if (stz_le16(v + 8) != 3 || stz_le64(v + ioff + 8) != 1 || stz_le32(v + ioff + INDEX_HEAD_SIZE + 28) != 3 ||
+        v[r0 + 4] != STZ_XFORM_MEMBERS) {
+        fprintf(stderr, "members case: not one chunk of four tensors as members in format 3\n");
         exit(1);
     }
-    emit("valid_shared.stz", "STZ_OK", v, n);
+    emit("valid_members.stz", "STZ_OK", v, n);
     memcpy(m, v, n), stz_put_le32(e0 + 28, 4), stz_put_le64(m + n - TRAILER_SIZE + 16, XXH3_64bits(m + ioff, isize));
-    emit("shared_too_many.stz", "STZ_E_FORMAT", m, n);
+    emit("members_too_many.stz", "STZ_E_FORMAT", m, n);
     memcpy(m, v, n), stz_put_le32(e0 + 28, 1), stz_put_le64(m + n - TRAILER_SIZE + 16, XXH3_64bits(m + ioff, isize));
-    emit("shared_too_few.stz", "STZ_E_FORMAT", m, n);
-    memcpy(m, v, n), stz_put_le16(m + 8, 1), stz_put_le64(m + 56, XXH3_64bits(m, 56));
-    emit("shared_in_version_1.stz", "STZ_E_FORMAT", m, n);
+    emit("members_too_few.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), stz_put_le16(m + 8, 2), stz_put_le64(m + 56, XXH3_64bits(m, 56));
+    emit("members_in_version_2.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), m[m0 + 1]++;
+    emit("member_plane_count.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), m[m0 + MEMBER_HEAD_SIZE] = 9;
+    emit("member_bad_codec.stz", "STZ_E_FORMAT", m, n);
+    memcpy(m, v, n), m[m0 + MEMBER_HEAD_SIZE + 1]++;
+    emit("member_plane_sizes.stz", "STZ_E_FORMAT", m, n);
     free(v), free(m);
+}
+
+/* Chunk i's record in the container v: its first plane coded with codec 4
+ * (stz's adaptive range coder), or 0. */
+static size_t ac_record(const uint8_t *v, size_t n, size_t i)
+{
+    uint64_t ioff = stz_le64(v + n - TRAILER_SIZE);
+    size_t r = (size_t)stz_le64(v + ioff + INDEX_HEAD_SIZE + 32 * i + 8);
+    return v[r + 4] != STZ_XFORM_MEMBERS && v[r + 5] && v[r + RECORD_HEAD_SIZE] == STZ_CODEC_AC ? r : 0;
 }
 
 int main(int argc, char **argv)
@@ -150,10 +169,11 @@ int main(int argc, char **argv)
     manifest = fopen(mp, "w");
     fprintf(manifest, "# file expected-status (written by tools/make_stz_corpus.c)\n");
 
-    /* a small model: BF16, F32, I8, an empty tensor */
+    /* a small model: BF16 and F32 chunks of their own (over 16 KiB), I8 and
+     * an empty tensor as members of a chunk (format 3) */
     stz_writer *w;
     stz_err err;
-    uint64_t s1 = 3000, s2 = 300, s3 = 50, s0 = 0;
+    uint64_t s1 = 12000, s2 = 4200, s3 = 50, s0 = 0;
     if (stz_writer_open(&w, src, STZ_WRITE_FORCE, &err) || stz_writer_add(w, "w.bf16", STZ_DTYPE_BF16, 1, &s1, &err) ||
         stz_writer_add(w, "w.f32", STZ_DTYPE_F32, 1, &s2, &err) ||
         stz_writer_add(w, "w.i8", STZ_DTYPE_I8, 1, &s3, &err) ||
@@ -276,14 +296,31 @@ int main(int argc, char **argv)
     m[10] = 2;
     REHASH_HEAD();
     emit("flag_unknown.stz", "STZ_E_FORMAT", m, n);
+    size_t ra = 0; /* a record whose first plane codec 4 coded: not in format 2, and its payload flipped */
+    for (size_t i = 0; i < stz_le64(v + ioff + 8) && !ra; i++)
+        ra = ac_record(v, n, i);
+    if (!ra || stz_le16(v + 8) != 3) {
+        fprintf(stderr, "no plane of codec 4 in a format 3 container\n");
+        return 1;
+    }
+    RESET();
+    stz_put_le16(m + 8, 2);
+    REHASH_HEAD();
+    emit("ac_in_version_2.stz", "STZ_E_FORMAT", m, n);
+    RESET();
+    m[ra + RECORD_HEAD_SIZE + v[ra + 5] * PLANE_HEAD_SIZE + 3] ^= 0x20;
+    emit("ac_payload_flip.stz", "STZ_E_FORMAT", m, n); /* the decoder ends before or after its bytes do */
     free(v);
     free(m);
     gguf_cases(src, pk, &p);
-    shared_cases(src, pk, &p);
+    members_cases(src, pk, &p);
     /* kept, not written: valid.stz as the first writer made it (four F32
      * planes where today's stores the small tensor's bytes unsplit), which
      * every later reader must still read */
     fprintf(manifest, "old_writer.stz STZ_OK\n");
+    /* kept, not written: format 2's shared chunks, from the writer before format 3 */
+    fprintf(manifest, "valid_shared.stz STZ_OK\nshared_too_many.stz STZ_E_FORMAT\n");
+    fprintf(manifest, "shared_too_few.stz STZ_E_FORMAT\nshared_in_version_1.stz STZ_E_FORMAT\n");
     fclose(manifest);
     return 0;
 }

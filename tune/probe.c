@@ -280,9 +280,13 @@ stz_status stz_tune_cand_bytes(const stz_tune *T, stz_tune_tensor *t, size_t c, 
     t->bytes[c] = 0, *raw = 0;
     for (int k = 0; !st && k < STZ_PART_COUNT; k++) {
         uint64_t b = 0;
-        int blocks = k == STZ_PART_VALUES && q->fmt.ggml ? q->fmt.ggml->type : 0; /* llama.cpp's blocks */
+        stz_pack_hint h = {0, 0, 0}; /* the values: llama.cpp's blocks, or stz's codes in rows */
+        if (k == STZ_PART_VALUES && q->fmt.ggml)
+            h.block_type = q->fmt.ggml->type;
+        else if (k == STZ_PART_VALUES && !q->rank && t->rows && q->len[k] / t->rows <= UINT32_MAX)
+            h.code_bits = (unsigned)q->fmt.bits, h.row_bytes = (uint32_t)(q->len[k] / t->rows);
         if (q->part[k] && !T->gguf &&
-            !(st = stz_pack_tensor_bytes(&T->pack, q->dtype[k], blocks, q->part[k], q->len[k], &b, err)))
+            !(st = stz_pack_tensor_bytes(&T->pack, q->dtype[k], &h, q->part[k], q->len[k], &b, err)))
             t->bytes[c] += b;
         *raw += q->part[k] ? q->len[k] : 0;
     }
@@ -371,7 +375,7 @@ static stz_status kept_bytes(const stz_tune *T, const stz_reader *r, const stz_t
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s'", q->name);
     stz_status st = stz_reader_read(r, rt, 0, bytes, size, err);
     if (!st)
-        st = stz_pack_tensor_bytes(&T->pack, q->dtype, 0, bytes, size, out, err);
+        st = stz_pack_tensor_bytes(&T->pack, q->dtype, NULL, bytes, size, out, err);
     free(bytes);
     return st;
 }
