@@ -13,6 +13,7 @@ set -eu
 BUILD=$(cd "${1:-build}" && pwd)
 WORK=${2:-/dev/shm/stz-bench-bound}
 STZ=$BUILD/stz
+. "$(dirname "$0")/bench_lib.sh"
 command -v zstd >/dev/null || { echo "skip: no zstd"; exit 0; }
 [ -x "$BUILD/plane_entropy" ] || { echo "skip: no $BUILD/plane_entropy (make plane_entropy)"; exit 0; }
 mkdir -p "$WORK"
@@ -23,16 +24,12 @@ echo "| file | bytes | stz | order-0 bound | zstd -19 --long | stz / zstd | boun
 echo "|---|---|---|---|---|---|---|"
 row() { # file
     f=$1
-    "$STZ" pack "$f" -o "$f.stz" -q -f
-    "$STZ" unpack "$f.stz" -o "$f.back" -q -f
-    cmp -s "$f" "$f.back" || { echo "round trip failed: $f"; exit 1; }
-    zstd -19 --long -T2 -q -f "$f" -o "$f.zst"
-    a=$(stat -c %s "$f") s=$(stat -c %s "$f.stz") z=$(stat -c %s "$f.zst")
-    b=$("$BUILD/plane_entropy" "$f" | head -1 | cut -d' ' -f1)
-    echo "| $f | $a | $s | $b | $z | $(awk "BEGIN { printf \"%.4fx\", $z / $s }") | $(awk "BEGIN { printf \"%.4f\", $b / $s }") |"
+    pack_vs_zstd "$f"
+    s=$stz_bytes z=$zstd_bytes b=$("$BUILD/plane_entropy" "$f" | head -1 | cut -d' ' -f1)
+    echo "| $f | $orig_bytes | $s | $b | $z | $(awk "BEGIN { printf \"%.4fx\", $z / $s }") | $(awk "BEGIN { printf \"%.4f\", $b / $s }") |"
     n=$((n + 1))
     awk "BEGIN { exit !($s > $z || $s > $b * 1.01) }" && fails=$((fails + 1))
-    rm -f "$f.back" "$f.zst" "$f.stz"
+    rm -f "$f.stz"
 }
 for spec in "int8:absmax" "int4:absmax" "int4:mse" "int4:nl" "int4:asym" "int3:nl"; do
     w=${spec%%:*} meth=${spec#*:}

@@ -20,6 +20,18 @@ best_time() {
     echo "$b"
 }
 
+# pack_vs_zstd FILE: packs FILE with $STZ (default), checks that it unpacks
+# to the same bytes, and compresses it with zstd -19 --long; sets
+# orig_bytes, stz_bytes, zstd_bytes and leaves FILE.stz.
+pack_vs_zstd() {
+    "$STZ" pack "$1" -o "$1.stz" -q -f
+    "$STZ" unpack "$1.stz" -o "$1.back" -q -f
+    cmp -s "$1" "$1.back" || { echo "round trip failed: $1"; exit 1; }
+    zstd -19 --long -T2 -q -f "$1" -o "$1.zst"
+    orig_bytes=$(stat -c %s "$1") stz_bytes=$(stat -c %s "$1.stz") zstd_bytes=$(stat -c %s "$1.zst")
+    rm -f "$1.back" "$1.zst"
+}
+
 # byte_tokenizer FILE: a byte-level BPE tokenizer.json (256 byte symbols, no
 # merges; Qwen2's end-of-text token) for exporting generated models.
 byte_tokenizer() {

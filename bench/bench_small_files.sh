@@ -4,13 +4,14 @@
 # method at 3, 4 and 8 bits, by --int4 / --int8 (llama.cpp's types), and
 # exported to GGUF; `stz pack` (default) against `zstd -19 --long` of the
 # same file, in the same run, every round trip checked byte for byte. A
-# container with a chunk that small tensors share is format 2.
+# container with members (tensors of at most 16 KiB) is format 3.
 # Usage: bench/bench_small_files.sh [BUILD_DIR] [WORK_DIR]
 set -eu
 BUILD=$(cd "${1:-build}" && pwd)
 WORK=${2:-/dev/shm/stz-bench-small}
 STZ=$BUILD/stz
 DATA=$(cd "$(dirname "$0")/../../shared/data" 2>/dev/null && pwd || echo /nonexistent)
+. "$(dirname "$0")/bench_lib.sh"
 mkdir -p "$WORK"
 cd "$WORK"
 command -v zstd >/dev/null || { echo "skip: no zstd"; exit 0; }
@@ -26,17 +27,12 @@ echo "| file | bytes | stz pack | zstd -19 --long | stz / zstd | format |"
 echo "|---|---|---|---|---|---|"
 row() { # file
     f=$1
-    "$STZ" pack "$f" -o "$f.stz" -q -f
-    "$STZ" unpack "$f.stz" -o "$f.back" -q -f
-    cmp -s "$f" "$f.back" || { echo "round trip failed: $f"; exit 1; }
-    zstd -19 --long -q -f "$f" -o "$f.zst"
-    a=$(stat -c %s "$f") s=$(stat -c %s "$f.stz") z=$(stat -c %s "$f.zst")
+    pack_vs_zstd "$f"
     v=$("$STZ" inspect "$f.stz" | head -1 | sed 's/.*stz container \(v[0-9]\).*/\1/')
-    r=$(awk "BEGIN { printf \"%.4f\", $z / $s }")
-    echo "| $f | $a | $s | $z | ${r}x | $v |"
+    r=$(awk "BEGIN { printf \"%.4f\", $zstd_bytes / $stz_bytes }")
+    echo "| $f | $orig_bytes | $stz_bytes | $zstd_bytes | ${r}x | $v |"
     n=$((n + 1))
-    awk "BEGIN { exit !($s > $z) }" && fails=$((fails + 1))
-    rm -f "$f.back" "$f.zst"
+    if awk "BEGIN { exit !($stz_bytes > $zstd_bytes) }"; then fails=$((fails + 1)); fi
 }
 for m in $models; do
     row $m.safetensors
