@@ -293,10 +293,11 @@ static const char *kind_name(int k)
 }
 
 /* Chunk i's share of tensor t (bytes [a, b) of the chunk) into part and
- * pp: a member's own planes (format 3; the record head shared by bytes),
- * or a share by bytes of small tensors' bytes coded together (format 2). */
+ * pp: a member's own planes (format 3; `rest`, the record's bytes outside
+ * its members, shared by bytes), or a share by bytes of small tensors'
+ * bytes coded together (format 2). */
 static void tensor_part(const stz_chunk_info *ch, const stz_chunk_planes *pl, const stz_chunk_planes *members,
-                        const uint32_t *mbytes, uint32_t t, uint64_t a, uint64_t b, stz_chunk_info *part,
+                        const uint32_t *mbytes, uint64_t rest, uint32_t t, uint64_t a, uint64_t b, stz_chunk_info *part,
                         stz_chunk_planes *pp)
 {
     *part = *ch, *pp = pl->xform == STZ_XFORM_MEMBERS ? members[t - ch->tensor] : *pl;
@@ -304,9 +305,6 @@ static void tensor_part(const stz_chunk_info *ch, const stz_chunk_planes *pl, co
         return;
     part->raw_size = (uint32_t)(b - a);
     if (pl->xform == STZ_XFORM_MEMBERS) {
-        uint64_t rest = ch->record_size; /* the record's head */
-        for (uint32_t k = 0; k <= ch->last - ch->tensor; k++)
-            rest -= mbytes[k];
         part->record_size = (uint32_t)(mbytes[t - ch->tensor] + rest * b / ch->raw_size - rest * a / ch->raw_size);
         return;
     }
@@ -332,13 +330,17 @@ static stz_status sum_chunks(csum *s, stz_err *err)
             st = !members || !mbytes ? stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu members", m)
                                      : stz_container_members(s->c, i, members, mbytes, m, err);
         }
+        uint64_t rest = ch->record_size; /* the record's bytes outside its members: its head */
+        for (size_t k = 0; !st && pl.xform == STZ_XFORM_MEMBERS && k < m; k++)
+            rest -= mbytes[k];
         for (uint32_t t = ch->tensor; !st && t <= ch->last; t++) {
             const stz_tensor *x = stz_reader_tensor(s->h, t);
             if (x->end == x->begin && pl.xform == STZ_XFORM_MEMBERS)
                 continue; /* no member */
             stz_chunk_info part;
             stz_chunk_planes pp;
-            tensor_part(ch, &pl, members, mbytes, t, x->begin - ch->data_offset, x->end - ch->data_offset, &part, &pp);
+            tensor_part(ch, &pl, members, mbytes, rest, t, x->begin - ch->data_offset, x->end - ch->data_offset, &part,
+                        &pp);
             add_chunk(&s->ts[t], &part, &pp);
             add_chunk(&s->by_kind[kind_of(s, t)], &part, &pp);
         }

@@ -278,7 +278,8 @@ int stz_ac_choose(const uint8_t *src, size_t n, const unsigned (*tries)[3], int 
     double best = 0;
     int pick = 0;
     for (int k = 0; k < ntries; k++) {
-        histogram(src, n, tries[k][0], tries[k][2], hist);
+        if (k == 0 || tries[k][0] != tries[k - 1][0] || tries[k][2] != tries[k - 1][2]) /* the same symbols */
+            histogram(src, n, tries[k][0], tries[k][2], hist);
         double b = estimate(hist, tries[k][0], tries[k][1]);
         if (k == 0 || b < best)
             best = b, pick = k;

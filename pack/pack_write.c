@@ -219,6 +219,18 @@ static size_t as_member(uint8_t *rec, size_t len)
     return len - from + to;
 }
 
+/* Span s's bytes raw[n] as a member (format 3) into rec (capacity *len,
+ * at least stz_record_bound(n); *len: its length): coded as a chunk of
+ * its own would be, with codec 4. */
+static stz_status encode_member(stz_plane_enc *enc, const stz_pack_params *p, const stz_span *s, const uint8_t *raw,
+                                size_t n, uint8_t *pbuf, uint8_t *rec, size_t *len, stz_err *err)
+{
+    stz_status st = encode_chunk(enc, p, s, CHUNK_SHARED | CHUNK_AC, 0, raw, n, pbuf, rec, len, err);
+    if (!st)
+        *len = as_member(rec, *len);
+    return st;
+}
+
 /* Format 3: the whole tensors of chunk ch (bytes raw), each coded as a
  * chunk of its own would be, with codec 4, as members of one record into
  * rec[*len] (capacity in, length out; 0 when they do not fit). */
@@ -240,11 +252,11 @@ static stz_status encode_members(stz_plane_enc *enc, const stz_pack_params *p, c
             *len = 0;
             return STZ_OK;
         }
-        stz_status st = encode_chunk(enc, p, s, CHUNK_SHARED | CHUNK_AC, 0, raw + (s->begin - spans[ch->tensor].begin),
-                                     n, pbuf, rec + off, &m, err);
+        stz_status st =
+            encode_member(enc, p, s, raw + (s->begin - spans[ch->tensor].begin), n, pbuf, rec + off, &m, err);
         if (st)
             return st;
-        off += as_member(rec + off, m);
+        off += m;
     }
     stz_put_le32(rec + 12, (uint32_t)off); /* the record's size: a reader from a pipe learns where it ends */
     *len = off;
@@ -385,8 +397,8 @@ stz_status stz_pack_tensor_bytes(const stz_pack_params *p, stz_dtype dtype, cons
     int small = n && shares(&span);
     if (!st && small) { /* a member of a chunk of small tensors (format 3) */
         size_t len = stz_record_bound(cs);
-        if (!(st = encode_chunk(&enc, p, &span, CHUNK_SHARED | CHUNK_AC, 0, data, (size_t)n, pbuf, rec, &len, err)))
-            *bytes = as_member(rec, len) + SHARED_OVERHEAD;
+        if (!(st = encode_member(&enc, p, &span, data, (size_t)n, pbuf, rec, &len, err)))
+            *bytes = len + SHARED_OVERHEAD;
     }
     for (uint64_t off = 0; !st && !small && off < n; off += cs) {
         size_t k = n - off < cs ? (size_t)(n - off) : cs, len = stz_record_bound(cs);
