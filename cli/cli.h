@@ -84,11 +84,6 @@ int cli_stdout_ok(const char *cmd, cli_common *c);
  * shared option. */
 int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o);
 
-/* Token sequences (stz eval --forward, stz tune). */
-typedef struct {
-    int32_t *tok; /* the sequences back to back (the library's stride 0) */
-    size_t *lens, nseq, longest;
-} cli_seqs;
 typedef struct {
     const char *path; /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */
     double nseq, len; /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
@@ -179,7 +174,7 @@ struct stz_fwd;
 /* Error feedback's calibration sequences: so's (the defaults,
  * CLI_FEEDBACK_SEQS, when so is NULL or was not given), sampled with at
  * most CLI_FEEDBACK_KEEP of layers kept (they count in feedback's peak). */
-stz_status cli_feedback_seqs(const cli_seq_opts *so, struct stz_fwd *fwd, const char *model, int quiet, cli_seqs *q,
+stz_status cli_feedback_seqs(const cli_seq_opts *so, struct stz_fwd *fwd, const char *model, int quiet, stz_seqs *q,
                              stz_err *err);
 /* 1 if any policy option was given. */
 static inline int cli_policy_given(const cli_policy_opts *po) { return po->policy || po->nover; }
@@ -243,27 +238,10 @@ uint64_t cli_path_bytes(const char *path, int model_only);
  * --json document): sizes, time, mode. Returns an exit status. */
 int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs);
 
-/* Sharded models: a directory holding model.safetensors.index.json. */
-int cli_is_sharded_dir(const char *path);
-/* The files a model path stands for: a file itself; a sharded directory's
- * shards (plain, or SHARD.stz in a compressed one), checked against its
- * index; a single-file repository's model.safetensors(.stz). */
-stz_status cli_model_files(const char *path, char ***files, size_t *n, stz_err *err);
-void cli_model_files_free(char **files, size_t n);
-/* Converts one file: in -> out. */
-typedef stz_status (*cli_shard_fn)(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err);
-/* Runs convert on every shard of directory `in` (file SHARD+in_suffix) into
- * a new directory `out` (file SHARD+out_suffix), writes the index
- * (rewritten for the new tensor names and sizes if rewrite_index, else
- * copied byte for byte), copies the other files. Up to `threads` shards are
- * converted at once, each given threads / that many threads (convert must
- * then be safe to run concurrently) and quiet when more than one runs.
- * Under MPI every rank runs it: each claims whole shards, largest first,
- * and converts them into the directory rank 0 made, rank 0 writes the index
- * and the rest; a failure on any rank fails all, reported by rank 0.
- * Returns a CLI exit status (other ranks print nothing). */
+/* stz_convert_shards on this process's MPI ranks: a CLI exit status, the
+ * error printed by rank 0 only. */
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix, int rewrite_index,
-                   int threads, int quiet, cli_shard_fn convert, void *user);
+                   int threads, int quiet, stz_shard_fn convert, void *user);
 
 /* ---- MPI: ranks sharing a directory's shards (cli_mpi.c) ---------------- */
 
@@ -282,11 +260,7 @@ int cli_mpi_failed(int failed, stz_err *err);
  * advance: largest first, each to the least loaded rank. malloc'd, one per
  * file; NULL out of memory. */
 int *cli_mpi_share(char *const *files, size_t n);
-/* Indices 0..n-1 by size, largest first (equal sizes in index order). */
-void cli_largest_first(const double *sizes, size_t n, size_t *order);
 
-/* Removes a directory and everything below it. */
-void cli_remove_tree(const char *dir);
 struct stz_policy;
 /* stz compress IN -o OUT with a loaded policy, as the command does (IN a
  * file or a sharded directory; a file OUT is replaced, a directory OUT
@@ -304,30 +278,6 @@ struct stz_qmodel;
 const char *cli_action_of(const stz_qtensor *t, const char *kept);
 /* 1 for a tensor stored quantized: by stz, or in a GGUF block type. */
 int cli_quantized(const stz_qtensor *t);
-/* A model given as a file or a directory: its files, opened. */
-typedef struct {
-    struct stz_qmodel **m;
-    size_t n;
-} cli_model_set;
-/* Opens a file or every shard of a model directory; on failure nothing is
- * left open (no cli_set_free needed). */
-stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err);
-/* The same for a candidate compared with `like`: a GGUF file's tensors
- * under like's names (llama2.c's or Hugging Face's). */
-stz_status cli_set_open_like(cli_model_set *s, const char *path, const cli_model_set *like, stz_err *err);
-void cli_set_free(cli_model_set *s);
-/* The tensor `name` in any file of the set: file *f, index *i; 0 if none. */
-int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i);
-/* The forward-pass configuration of the model at `path` (files opened in
- * s): from `config` if given, else config.json in the model directory,
- * else a file's __metadata__["config"], else config.json beside the file.
- * 1 found, 0 none, -1 error. `from` (4096 bytes) names where it came from;
- * *text (if text) gets a copy of the JSON, for the caller to free. */
-int cli_model_config(const char *path, const cli_model_set *s, const char *config, stz_fwd_config *c, char *from,
-                     char **text, stz_err *err);
-/* The error for a model at path without a configuration: STZ_E_FORMAT
- * (give --config) for Llama-family tensor names, else STZ_E_UNSUPPORTED. */
-stz_status cli_no_config(const char *path, const cli_model_set *s, stz_err *err);
 /* Handles option c if it is a sequence option: -1 handled, an exit status
  * (usage error), or -2 if not one. */
 int cli_seq_opt(const char *cmd, int c, cli_seq_opts *o);
@@ -338,16 +288,8 @@ int cli_seq_check(const char *cmd, const cli_seq_opts *o, const cli_seq_opts *de
 int cli_number(const char *cmd, const char *opt, const char *arg, double lo, double hi, double *v);
 /* The sequences o asks for: read (ids checked against m's vocabulary) or
  * sampled from m. source (64 bytes) says where they came from. */
-stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, cli_seqs *q, char *source,
+stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, stz_seqs *q, char *source,
                         stz_err *err);
-/* Writes them one per line (-f replaces; else an existing file is refused). */
-stz_status cli_seqs_save(const char *path, const cli_seqs *q, int force, stz_err *err);
-void cli_seqs_free(cli_seqs *q);
-/* --tokens' text[0..len) (NUL-terminated; changed while read), path naming
- * it in errors: one sequence per line, or a JSON array of arrays, of
- * decimal ids below 2^31 (no sign, exponent, fraction, hex, NUL, nothing
- * after the JSON), at least 2 per sequence. q is the caller's to free. */
-stz_status cli_tokens_parse(char *text, size_t len, const char *path, cli_seqs *q, stz_err *err);
 
 int cmd_export(int argc, char **argv);
 /* stz inspect's listing of a GGUF file (JSON into *json when json is not
@@ -357,7 +299,7 @@ int cli_inspect_gguf(const char *path, struct cJSON **json);
 /* stz export --gguf of the model `in` (its files opened in set, its
  * configuration and config.json text), tokenizer.json looked for beside
  * it; out NULL: only the stats. */
-stz_status cli_export_gguf(const char *in, const cli_model_set *set, const stz_fwd_config *cfg, const char *json,
+stz_status cli_export_gguf(const char *in, const stz_model_set *set, const stz_fwd_config *cfg, const char *json,
                            const stz_gguf_params *p, const char *out, stz_gguf_stats *stats, stz_err *err);
 
 int cmd_inspect(int argc, char **argv);

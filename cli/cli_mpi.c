@@ -89,7 +89,7 @@ int *cli_mpi_share(char *const *files, size_t n)
     if (owner && sizes && load && order) {
         for (size_t f = 0; f < n; f++)
             sizes[f] = stat(files[f], &sb) == 0 ? (double)sb.st_size : 0;
-        cli_largest_first(sizes, n, order);
+        stz_largest_first(sizes, n, order);
         for (size_t k = 0; k < n; k++) { /* to the least loaded rank (ties: the lowest) */
             int best = 0;
             for (int r = 1; r < ranks; r++)
@@ -102,4 +102,18 @@ int *cli_mpi_share(char *const *files, size_t n)
     }
     free(sizes), free(load), free(order);
     return owner;
+}
+
+static void ranks_bcast(void *user, void *buf, size_t n, int root) { (void)user, cli_mpi_bcast(buf, n, root); }
+static int ranks_failed(void *user, int failed, stz_err *err) { return (void)user, cli_mpi_failed(failed, err); }
+
+int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix, int rewrite_index,
+                   int threads, int quiet, stz_shard_fn convert, void *user)
+{
+    stz_ranks ranks = {cli_mpi_rank(), cli_mpi_size(), ranks_bcast, ranks_failed, NULL};
+    stz_shards_params p = {in_suffix, out_suffix, rewrite_index, threads, quiet, convert, user, &ranks};
+    stz_err err;
+    if (!stz_convert_shards(&p, in, out, &err))
+        return CLI_OK;
+    return ranks.rank == 0 ? cli_fail(&err) : CLI_ERROR;
 }

@@ -270,16 +270,6 @@ void cli_tmp_drop(cli_tmpfile *t)
     t->path = NULL;
 }
 
-void cli_largest_first(const double *sizes, size_t n, size_t *order)
-{
-    for (size_t i = 0; i < n; i++) { /* insertion, stable: files are few */
-        size_t k = i;
-        for (; k > 0 && sizes[order[k - 1]] < sizes[i]; k--)
-            order[k] = order[k - 1];
-        order[k] = i;
-    }
-}
-
 stz_status cli_tmp_finish(cli_tmpfile *t, FILE *f, const char *path, int force, stz_err *err)
 {
     stz_status st = STZ_OK;
@@ -313,53 +303,6 @@ int cli_quantized(const stz_qtensor *t)
 {
     return t->bits ||
            (t->gguf_type && strcmp(t->gguf_type, "f32") && strcmp(t->gguf_type, "f16") && strcmp(t->gguf_type, "bf16"));
-}
-
-void cli_set_free(cli_model_set *s)
-{
-    for (size_t i = 0; s->m && i < s->n; i++)
-        stz_qmodel_free(s->m[i]);
-    free(s->m);
-}
-
-/* The files of path; a GGUF file's tensors under `names`. */
-static stz_status set_open(cli_model_set *s, const char *path, stz_names names, stz_err *err)
-{
-    char **files;
-    size_t n;
-    memset(s, 0, sizeof *s);
-    stz_status st = cli_model_files(path, &files, &n, err);
-    if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
-        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the model's files");
-    for (size_t i = 0; !st && i < n; i++, s->n++)
-        st = stz_is_gguf(files[i]) ? stz_qmodel_open_gguf(&s->m[i], files[i], names, err)
-                                   : stz_qmodel_open(&s->m[i], files[i], err);
-    cli_model_files_free(files, n);
-    if (st) /* nothing left for the caller to free */
-        cli_set_free(s), memset(s, 0, sizeof *s);
-    return st;
-}
-
-stz_status cli_set_open(cli_model_set *s, const char *path, stz_err *err)
-{
-    return set_open(s, path, STZ_NAMES_HF, err);
-}
-
-stz_status cli_set_open_like(cli_model_set *s, const char *path, const cli_model_set *like, stz_err *err)
-{
-    int names = like->n ? stz_fwd_layout(like->m, like->n) : -1;
-    return set_open(s, path, names == STZ_NAMES_LLAMA2C ? STZ_NAMES_LLAMA2C : STZ_NAMES_HF, err);
-}
-
-/* The tensor named `name` in any file of the set: file *f, index *i. */
-int cli_set_find(const cli_model_set *s, const char *name, size_t *f, size_t *i)
-{
-    for (*f = 0; *f < s->n; (*f)++) {
-        long j = stz_qmodel_find(s->m[*f], name);
-        if (j >= 0)
-            return *i = (size_t)j, 1;
-    }
-    return 0;
 }
 
 static uint64_t tree_bytes;
@@ -419,69 +362,6 @@ int cli_print_summary(const cli_common *c, const char *in, const char *out, cons
                sharded ? ", sharded" : "");
     }
     return CLI_OK;
-}
-
-/* ---- model configuration --------------------------------------------------- */
-
-static int is_dir(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-static int parse_config(const char *json, const char *label, stz_fwd_config *c, char **text, stz_err *err)
-{
-    if (stz_fwd_config_parse(c, json, label, err))
-        return -1;
-    if (text && !(*text = strdup(json)))
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the configuration"), -1;
-    return 1;
-}
-
-int cli_model_config(const char *path, const cli_model_set *s, const char *config, stz_fwd_config *c, char *from,
-                     char **text, stz_err *err)
-{
-    char *json = NULL;
-    if (text)
-        *text = NULL;
-    if (!config) {
-        char *copy = strdup(path);
-        if (!copy)
-            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path"), -1;
-        snprintf(from, 4096, "%s/config.json", is_dir(path) ? path : dirname(copy));
-        free(copy);
-        int in_dir = is_dir(path) && access(from, F_OK) == 0;
-        for (size_t f = 0; !in_dir && f < s->n; f++) {
-            const char *meta = stz_reader_meta_get(stz_qmodel_reader(s->m[f]), "config");
-            if (meta) {
-                snprintf(from, 4096, "%s: __metadata__[\"config\"]", path);
-                return parse_config(meta, from, c, text, err);
-            }
-        }
-        if (access(from, F_OK) != 0)
-            return 0;
-    } else
-        snprintf(from, 4096, "%s", config);
-    if (stz_read_text(from, 16u << 20, &json, NULL, err))
-        return -1;
-    int r = parse_config(json, from, c, text, err);
-    free(json);
-    return r;
-}
-
-stz_status cli_no_config(const char *path, const cli_model_set *s, stz_err *err)
-{
-    /* --config helps only a Llama-family model: say so when the names are another's */
-    if (s && s->n && stz_qmodel_count(s->m[0]) && stz_fwd_layout(s->m, s->n) < 0)
-        return stz_err_set(err, STZ_E_UNSUPPORTED,
-                           "%s: not a Llama-family model (no model.embed_tokens.weight or "
-                           "tok_embeddings.weight; its tensors are named like '%s'): stz runs Llama, Mistral, Qwen2 "
-                           "and llama2.c models",
-                           path, stz_qmodel_tensor(s->m[0], 0)->name);
-    return stz_err_set(err, STZ_E_FORMAT,
-                       "%s: no model configuration (no config.json beside it, no "
-                       "__metadata__[\"config\"]): give one with --config FILE",
-                       path);
 }
 
 int cli_stdout_ok(const char *cmd, cli_common *c)

@@ -54,7 +54,7 @@ typedef struct {
     double threshold; /* -2: none */
     int json, csv, quiet, allow_missing;
     const char *pa, *pb;
-    cli_model_set A, B;
+    stz_model_set A, B;
     eval_row *rows;
     size_t na, nr;
     cJSON *missing, *extra, *mismatched; /* names */
@@ -107,7 +107,7 @@ static stz_status compare_one(eval_run *e, size_t fa, size_t i, stz_err *err)
     const stz_qtensor *ta = stz_qmodel_tensor(a, i);
     size_t fb, j;
     e->params += ta->numel;
-    if (!cli_set_find(&e->B, ta->name, &fb, &j)) {
+    if (!stz_model_set_find(&e->B, ta->name, &fb, &j)) {
         cJSON_AddItemToArray(e->missing, cJSON_CreateString(ta->name));
         fprintf(stderr, "stz: %s: tensor '%s' is missing from %s\n", e->allow_missing ? "warning" : "check failed",
                 ta->name, e->pb);
@@ -157,7 +157,7 @@ static stz_status compare_all(eval_run *e, stz_err *err)
         for (size_t j = 0; j < stz_qmodel_count(e->B.m[fb]); j++) {
             const char *name = stz_qmodel_tensor(e->B.m[fb], j)->name;
             size_t f, i;
-            if (!cli_set_find(&e->A, name, &f, &i)) {
+            if (!stz_model_set_find(&e->A, name, &f, &i)) {
                 cJSON_AddItemToArray(e->extra, cJSON_CreateString(name));
                 fprintf(stderr, "stz: %s: tensor '%s' is only in %s\n", e->allow_missing ? "warning" : "check failed",
                         name, e->pb);
@@ -282,8 +282,8 @@ int cmd_eval(int argc, char **argv)
     if (eval_options(&e, argc, argv, &rc))
         return rc;
     stz_err err;
-    if (cli_set_open(&e.A, e.pa, &err) || cli_set_open_like(&e.B, e.pb, &e.A, &err)) {
-        cli_set_free(&e.A);
+    if (stz_model_set_open(&e.A, e.pa, &err) || stz_model_set_open_like(&e.B, e.pb, &e.A, &err)) {
+        stz_model_set_free(&e.A);
         return cli_fail(&err);
     }
     for (size_t f = 0; f < e.A.n; f++)
@@ -300,7 +300,7 @@ int cmd_eval(int argc, char **argv)
     cJSON_Delete(e.extra);
     cJSON_Delete(e.mismatched);
     free(e.rows);
-    cli_set_free(&e.A);
-    cli_set_free(&e.B);
+    stz_model_set_free(&e.A);
+    stz_model_set_free(&e.B);
     return rc;
 }

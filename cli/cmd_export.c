@@ -96,7 +96,7 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
     return CLI_OK;
 }
 
-stz_status cli_export_gguf(const char *in, const cli_model_set *set, const stz_fwd_config *cfg, const char *json,
+stz_status cli_export_gguf(const char *in, const stz_model_set *set, const stz_fwd_config *cfg, const char *json,
                            const stz_gguf_params *p, const char *out, stz_gguf_stats *stats, stz_err *err)
 {
     struct stat sb;
@@ -156,19 +156,19 @@ int cmd_export(int argc, char **argv)
     p.write_flags = c.force ? STZ_WRITE_FORCE : 0;
     stz_err err;
     stz_err_clear(&err);
-    cli_model_set set = {0};
+    stz_model_set set = {0};
     stz_fwd_config cfg;
     stz_fwd *check = NULL;
-    char from[4096], *json = NULL;
+    char from[STZ_FWD_FROM_MAX], *json = NULL;
     int rc = CLI_ERROR, found;
-    if (stz_refuse_input_as_output(in, c.out, &err) || cli_set_open(&set, in, &err))
+    if (stz_refuse_input_as_output(in, c.out, &err) || stz_model_set_open(&set, in, &err))
         goto fail;
     for (size_t f = 0; f < set.n; f++)
         stz_qmodel_set_threads(set.m[f], c.threads);
-    if ((found = cli_model_config(in, &set, config, &cfg, from, &json, &err)) < 0)
+    if ((found = stz_fwd_config_find(in, &set, config, &cfg, from, &json, &err)) < 0)
         goto fail;
     if (!found) {
-        cli_no_config(in, &set, &err);
+        stz_fwd_no_config(in, &set, &err);
         goto fail;
     }
     /* every tensor the architecture needs, with its shape */
@@ -187,7 +187,7 @@ fail:
     if (rc == CLI_ERROR && err.code)
         cli_fail(&err);
     stz_fwd_free(check);
-    cli_set_free(&set);
+    stz_model_set_free(&set);
     free(json);
     return rc;
 }

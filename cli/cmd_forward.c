@@ -48,7 +48,7 @@ static const char forward_help[] =
 
 static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
-static int print_report(const char *pa, const char *pb, const char *cfg_from, const cli_seqs *q, const char *source,
+static int print_report(const char *pa, const char *pb, const char *cfg_from, const stz_seqs *q, const char *source,
                         const stz_fwd_report *r, double max_kl, int json)
 {
     if (json) {
@@ -170,23 +170,23 @@ static int fwd_options(int argc, char **argv, fwd_opts *o)
 
 /* Both models' configurations: --config for both, else each its own (a
  * candidate without one is taken to be the original's). */
-static stz_status both_configs(const fwd_opts *o, const char *pa, const char *pb, const cli_model_set *A,
-                               const cli_model_set *B, stz_fwd_config *ca, stz_fwd_config *cb, char *from_a,
+static stz_status both_configs(const fwd_opts *o, const char *pa, const char *pb, const stz_model_set *A,
+                               const stz_model_set *B, stz_fwd_config *ca, stz_fwd_config *cb, char *from_a,
                                stz_err *err)
 {
-    char from_b[4096];
+    char from_b[STZ_FWD_FROM_MAX];
     if (o->config) {
-        if (cli_model_config(pa, A, o->config, ca, from_a, NULL, err) < 0)
+        if (stz_fwd_config_find(pa, A, o->config, ca, from_a, NULL, err) < 0)
             return err->code;
         *cb = *ca;
         return STZ_OK;
     }
     int fa, fb;
-    if ((fa = cli_model_config(pa, A, NULL, ca, from_a, NULL, err)) < 0 ||
-        (fb = cli_model_config(pb, B, NULL, cb, from_b, NULL, err)) < 0)
+    if ((fa = stz_fwd_config_find(pa, A, NULL, ca, from_a, NULL, err)) < 0 ||
+        (fb = stz_fwd_config_find(pb, B, NULL, cb, from_b, NULL, err)) < 0)
         return err->code;
     if (!fa)
-        return cli_no_config(pa, A, err);
+        return stz_fwd_no_config(pa, A, err);
     if (!fb)
         *cb = *ca;
     return STZ_OK;
@@ -204,20 +204,20 @@ int cmd_eval_forward(int argc, char **argv)
         return cli_fail(&err);
     if (o.save && (stz_refuse_input_as_output(pa, o.save, &err) || stz_refuse_input_as_output(pb, o.save, &err)))
         return cli_fail(&err);
-    cli_model_set A = {0}, B = {0};
+    stz_model_set A = {0}, B = {0};
     stz_fwd *ma = NULL, *mb = NULL;
-    cli_seqs q = {0};
+    stz_seqs q = {0};
     stz_fwd_config ca, cb;
-    char from_a[4096], source[64];
+    char from_a[STZ_FWD_FROM_MAX], source[64];
     rc = CLI_ERROR;
-    if (cli_set_open(&A, pa, &err) || cli_set_open_like(&B, pb, &A, &err) ||
+    if (stz_model_set_open(&A, pa, &err) || stz_model_set_open_like(&B, pb, &A, &err) ||
         both_configs(&o, pa, pb, &A, &B, &ca, &cb, from_a, &err) ||
         stz_fwd_open(&ma, A.m, A.n, &ca, pa, o.threads, &err) || stz_fwd_open(&mb, B.m, B.n, &cb, pb, o.threads, &err))
         goto fail;
     cli_progress prog;
     cli_seq_opts so = {o.tokens_path, o.nseq, o.len, 128, o.seed, o.temp, o.top_p};
     if (cli_seqs_get(&so, ma, pa, o.quiet || o.json, &q, source, &err) ||
-        (o.save && cli_seqs_save(o.save, &q, o.force, &err)))
+        (o.save && stz_seqs_save(o.save, &q, o.force, &err)))
         goto fail;
     stz_fwd_report r;
     cli_progress_init(&prog, "forward", o.quiet || o.json);
@@ -234,10 +234,10 @@ int cmd_eval_forward(int argc, char **argv)
 fail:
     rc = cli_fail(&err);
 done:
-    cli_seqs_free(&q);
+    stz_seqs_free(&q);
     stz_fwd_free(ma);
     stz_fwd_free(mb);
-    cli_set_free(&A);
-    cli_set_free(&B);
+    stz_model_set_free(&A);
+    stz_model_set_free(&B);
     return rc;
 }

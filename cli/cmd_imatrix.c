@@ -72,26 +72,26 @@ static int parse(int argc, char **argv, imatrix_opts *o)
 }
 
 /* The model at `model` opened for the forward pass (files in S). */
-static stz_status open_fwd(const char *model, const char *config, int threads, cli_model_set *S, stz_fwd **fwd,
+static stz_status open_fwd(const char *model, const char *config, int threads, stz_model_set *S, stz_fwd **fwd,
                            stz_err *err)
 {
     stz_fwd_config cfg;
-    char from[4096];
-    stz_status st = cli_set_open(S, model, err);
-    int found = st ? 0 : cli_model_config(model, S, config, &cfg, from, NULL, err);
+    char from[STZ_FWD_FROM_MAX];
+    stz_status st = stz_model_set_open(S, model, err);
+    int found = st ? 0 : stz_fwd_config_find(model, S, config, &cfg, from, NULL, err);
     if (!st && found < 0)
         st = err->code;
     else if (!st && !found)
-        st = cli_no_config(model, S, err);
+        st = stz_fwd_no_config(model, S, err);
     return st ? st : stz_fwd_open(fwd, S->m, S->n, &cfg, model, threads, err);
 }
 
 /* The model opened, its sequences run (sampled while collecting, or read
  * then run), the importance written to out. */
-static stz_status collect(const imatrix_opts *o, const char *model, const char *out, stz_imatrix **im, cli_seqs *q,
+static stz_status collect(const imatrix_opts *o, const char *model, const char *out, stz_imatrix **im, stz_seqs *q,
                           char *source, stz_err *err)
 {
-    cli_model_set S = {0};
+    stz_model_set S = {0};
     stz_fwd *fwd = NULL;
     stz_status st = stz_output_check(out, o->c.force, err);
     if (!st && !(st = open_fwd(model, o->config, o->c.threads, &S, &fwd, err)) && !(st = stz_imatrix_new(im, err))) {
@@ -107,11 +107,11 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
         }
     }
     stz_fwd_free(fwd);
-    cli_set_free(&S);
+    stz_model_set_free(&S);
     return st;
 }
 
-stz_status cli_feedback_seqs(const cli_seq_opts *so, stz_fwd *fwd, const char *model, int quiet, cli_seqs *q,
+stz_status cli_feedback_seqs(const cli_seq_opts *so, stz_fwd *fwd, const char *model, int quiet, stz_seqs *q,
                              stz_err *err)
 {
     const cli_seq_opts defaults = CLI_FEEDBACK_SEQS;
@@ -132,9 +132,9 @@ stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const c
                                  "--tokens, --sequences, --seq-len, --seed and --config are error "
                                  "feedback's: give --feedback (or a rule with \"feedback\": true)")
                    : STZ_OK;
-    cli_model_set S = {0};
+    stz_model_set S = {0};
     stz_fwd *fwd = NULL;
-    cli_seqs q = {0};
+    stz_seqs q = {0};
     stz_status st = out && strcmp(out, "-") ? stz_output_check(out, force, err) : STZ_OK; /* before the long work */
     if (!st)
         st = open_fwd(model, po->config, threads, &S, &fwd, err);
@@ -153,14 +153,14 @@ stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const c
                          model);
         stz_feedback_free(*fb), *fb = NULL;
     }
-    cli_seqs_free(&q);
+    stz_seqs_free(&q);
     stz_fwd_free(fwd);
-    cli_set_free(&S);
+    stz_model_set_free(&S);
     return st;
 }
 
 /* The summary line, or --json's document. */
-static int report(const imatrix_opts *o, const char *model, const char *out, const stz_imatrix *im, const cli_seqs *q,
+static int report(const imatrix_opts *o, const char *model, const char *out, const stz_imatrix *im, const stz_seqs *q,
                   double secs)
 {
     double tokens;
@@ -196,7 +196,7 @@ int cmd_imatrix(int argc, char **argv)
         return stz_err_set(&err, STZ_E_NOMEM, "out of memory"), cli_fail(&err);
     o.c.threads = o.c.threads ? o.c.threads : cli_ncores();
     stz_imatrix *im = NULL;
-    cli_seqs q = {0};
+    stz_seqs q = {0};
     double t0 = cli_now();
     stz_status st = collect(&o, model, out, &im, &q, source, &err);
     if (!st) {
@@ -207,7 +207,7 @@ int cmd_imatrix(int argc, char **argv)
     rc = st ? cli_fail(&err) : report(&o, model, out, im, &q, cli_now() - t0);
     free(out);
     stz_imatrix_free(im);
-    cli_seqs_free(&q);
+    stz_seqs_free(&q);
     return rc;
 }
 
@@ -240,7 +240,7 @@ stz_status cli_imatrix_open(const char *path, const char *model, stz_imatrix **i
     size_t n = 0, matched = 0;
     stz_status st = stz_imatrix_load(im, path, err);
     if (!st)
-        st = cli_model_files(model, &files, &n, err);
+        st = stz_model_files(model, &files, &n, err);
     for (size_t f = 0; !st && f < n; f++)
         st = match_file(*im, files[f], &matched, example, err);
     if (!st && !matched)
@@ -254,7 +254,7 @@ stz_status cli_imatrix_open(const char *path, const char *model, stz_imatrix **i
         memcpy(msg, err->msg, sizeof msg);
         stz_err_set(err, st, "%s: %s", path, msg);
     }
-    cli_model_files_free(files, n);
+    stz_model_files_free(files, n);
     if (st) {
         stz_imatrix_free(*im);
         *im = NULL;

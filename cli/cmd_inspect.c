@@ -594,7 +594,7 @@ int cmd_inspect(int argc, char **argv)
     stz_err err;
     char **files;
     size_t n;
-    if (cli_model_files(argv[optind], &files, &n, &err))
+    if (stz_model_files(argv[optind], &files, &n, &err))
         return cli_fail(&err);
     int rc = CLI_OK;
     cJSON *arr = json && n > 1 ? cJSON_CreateArray() : NULL;
@@ -616,6 +616,6 @@ int cmd_inspect(int argc, char **argv)
     } else {
         cJSON_Delete(arr);
     }
-    cli_model_files_free(files, n);
+    stz_model_files_free(files, n);
     return rc;
 }

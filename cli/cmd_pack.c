@@ -274,7 +274,7 @@ int cmd_verify(int argc, char **argv)
             bad |= verify_one(&o, &p, "-", arr);
             continue;
         }
-        if (cli_model_files(argv[a], &files, &n, &err)) {
+        if (stz_model_files(argv[a], &files, &n, &err)) {
             bad = 1;
             if (!cli_mpi_rank())
                 cli_fail(&err);
@@ -285,7 +285,7 @@ int cmd_verify(int argc, char **argv)
             if (ranks < 2 || (owner ? owner[f] : (int)(f % (size_t)ranks)) == cli_mpi_rank())
                 bad |= verify_one(&o, &p, files[f], arr);
         free(owner);
-        cli_model_files_free(files, n);
+        stz_model_files_free(files, n);
     }
     double failed = bad; /* any rank's failure fails the job */
     cli_mpi_sum(&failed, 1);

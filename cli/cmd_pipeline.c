@@ -97,7 +97,7 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, popts
     }
     if (optind != argc - 1)
         return cli_usage_error(cmd, "expected one input file");
-    if (o->c.out && !strcmp(o->c.out, "-") && cli_is_sharded_dir(argv[optind]))
+    if (o->c.out && !strcmp(o->c.out, "-") && stz_model_is_sharded(argv[optind]))
         return cli_usage_error(cmd, "a sharded model is a directory of files: give -o DIR, not standard output");
     return cli_stdout_ok(cmd, &o->c);
 }
@@ -237,7 +237,7 @@ stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol,
     if (so)
         o.po.so = *so;
     stz_status st = cli_feedback_open(&o.po, pol, in, NULL, 1, threads, quiet, &c.fb, err);
-    if (!st && cli_is_sharded_dir(in)) {
+    if (!st && stz_model_is_sharded(in)) {
         if (cli_shards_run(in, out, "", ".stz", 1, threads, quiet, compress_one, &c) != CLI_OK)
             st = stz_err_set(err, STZ_E_IO, "%s: compressing the shards failed (above)", in);
     } else if (!st) {
@@ -279,7 +279,7 @@ int cmd_compress(int argc, char **argv)
     c.qs.min_cosine = 1;
     pthread_mutex_init(&c.lock, NULL);
     double t0 = cli_now();
-    int sharded = cli_is_sharded_dir(in);
+    int sharded = stz_model_is_sharded(in);
     stz_imatrix *im = NULL;
     if (!o.lossless && (cli_policy_load(&o.po, &c.pol, &err) || cli_imatrix_open(o.po.imatrix, in, &im, &err))) {
         stz_policy_free(c.pol);
@@ -430,7 +430,7 @@ int cmd_decompress(int argc, char **argv)
         return rc;
     stz_err err;
     double t0 = cli_now();
-    int sharded = cli_is_sharded_dir(in);
+    int sharded = stz_model_is_sharded(in);
     if (cli_mpi_size() > 1 && !sharded) {
         rc = cli_mpi_rank() ? CLI_USAGE
                             : cli_usage_error("decompress", "under mpirun IN must be a compressed sharded directory");

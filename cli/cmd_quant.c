@@ -274,12 +274,12 @@ int cmd_plan(int argc, char **argv)
     plan_totals n = {0};
     if (cli_policy_load(&o.po, &pol, &err))
         return cli_fail(&err);
-    if (cli_model_files(argv[optind], &files, &nfiles, &err)) {
+    if (stz_model_files(argv[optind], &files, &nfiles, &err)) {
         stz_policy_free(pol);
         return cli_fail(&err);
     }
     if (open_readers(files, nfiles, &rs, &w, &n.nt, &err)) {
-        cli_model_files_free(files, nfiles);
+        stz_model_files_free(files, nfiles);
         stz_policy_free(pol);
         return cli_fail(&err);
     }
@@ -295,7 +295,7 @@ int cmd_plan(int argc, char **argv)
     for (size_t f = 0; f < nfiles; f++)
         stz_reader_free(rs[f]);
     free(rs);
-    cli_model_files_free(files, nfiles);
+    stz_model_files_free(files, nfiles);
     stz_policy_free(pol);
     return rc;
 }

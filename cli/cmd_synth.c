@@ -124,7 +124,7 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
         s = stz_err_set(err, STZ_E_EXISTS, "%s: cannot rename the finished directory into place: %s", dir,
                         strerror(errno));
     if (s)
-        cli_remove_tree(tmp);
+        stz_remove_tree(tmp);
     stz_tmp_untrack(track);
     if (!s)
         st->bytes = cli_path_bytes(dir, 0);

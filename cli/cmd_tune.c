@@ -230,11 +230,11 @@ typedef struct {
     const char *model, *in; /* in: the file compressed (a directory's model.safetensors) */
     char *out;
     int sharded;
-    cli_model_set S;
+    stz_model_set S;
     stz_imatrix *im; /* --imatrix, or NULL */
     stz_fwd *fwd;
     stz_fwd_config cfg;
-    cli_seqs q;
+    stz_seqs q;
     char source[64];
     stz_tune T;
     stz_tune_cand *cand;
@@ -272,22 +272,22 @@ static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *e
     const tune_opts *o = &t->o;
     const char *container = o->gguf ? t->tcc.path : out;
     stz_policy *pol = NULL;
-    cli_model_set C = {0}, R = {0};
+    stz_model_set C = {0}, R = {0};
     stz_fwd *cand = NULL;
     stz_gguf_params gp = gguf_params(o);
     stz_gguf_stats gs;
     cli_progress prog;
     stz_status st = stz_policy_parse(&pol, t->policy, strlen(t->policy), "tuned policy", err);
     if (!st && t->sharded)
-        cli_remove_tree(container); /* the first round's */
+        stz_remove_tree(container); /* the first round's */
     if (!st)
         st = cli_compress_policy(t->in, container, pol, t->im, feedback_seqs(o), o->config, o->c.threads,
                                  o->c.quiet || o->c.json, &res->bytes, err);
     if (!st)
-        st = cli_set_open(&C, container, err);
+        st = stz_model_set_open(&C, container, err);
     if (!st && o->gguf && !(st = cli_export_gguf(t->model, &C, &t->cfg, t->cfg_json, &gp, out, &gs, err))) {
         res->bytes = cli_path_bytes(out, 0);
-        st = cli_set_open_like(&R, out, &t->S, err); /* what llama.cpp runs */
+        st = stz_model_set_open_like(&R, out, &t->S, err); /* what llama.cpp runs */
     }
     if (!st && !(st = stz_fwd_open(&cand, o->gguf ? R.m : C.m, o->gguf ? R.n : C.n, &t->cfg, out, o->c.threads, err))) {
         cli_progress_init(&prog, "tune: verify, forward", o->c.quiet || o->c.json);
@@ -295,8 +295,8 @@ static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *e
         cli_progress_end(&prog);
     }
     stz_fwd_free(cand);
-    cli_set_free(&R);
-    cli_set_free(&C);
+    stz_model_set_free(&R);
+    stz_model_set_free(&C);
     stz_policy_free(pol);
     return st;
 }
@@ -312,18 +312,18 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         if (outs[k])
             st = stz_output_check(outs[k], o->c.force, err);
     if (st || (st = stz_tune_parse_candidates(o->candidates, &t->cand, &t->ncand, err)) ||
-        (st = cli_set_open(&t->S, t->model, err)) || (st = stz_refuse_input_as_output(t->model, t->out, err)) ||
+        (st = stz_model_set_open(&t->S, t->model, err)) || (st = stz_refuse_input_as_output(t->model, t->out, err)) ||
         (st = cli_imatrix_open(o->imatrix, t->model, &t->im, err)) ||
         (o->feedback && (st = stz_tune_cands_feedback(t->cand, t->ncand, err)))) /* keep, svd and f16 stay */
         return st;
-    t->sharded = cli_is_sharded_dir(t->model);
+    t->sharded = stz_model_is_sharded(t->model);
     if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
         t->in = stz_reader_path(stz_qmodel_reader(t->S.m[0]));
-    char from[4096];
-    int found = cli_model_config(t->model, &t->S, o->config, &t->cfg, from, &t->cfg_json, err);
+    char from[STZ_FWD_FROM_MAX];
+    int found = stz_fwd_config_find(t->model, &t->S, o->config, &t->cfg, from, &t->cfg_json, err);
     if (found < 0)
         return err->code; /* cli_model_config's error */
-    if ((!found && (st = cli_no_config(t->model, &t->S, err))))
+    if ((!found && (st = stz_fwd_no_config(t->model, &t->S, err))))
         return st;
     if (o->gguf) { /* before the long work: a model export cannot write */
         stz_gguf_params gp = gguf_params(o);
@@ -357,14 +357,14 @@ static stz_status tune_feedback(tune_run *t, const stz_tune_params *tp, cli_prog
     if (!any_feedback(t))
         return STZ_OK;
     tune_opts *o = &t->o;
-    cli_seqs q = {0};
+    stz_seqs q = {0};
     stz_status st = cli_feedback_seqs(feedback_seqs(o), t->fwd, t->model, o->c.quiet || o->c.json, &q, err);
     if (!st) {
         cli_progress_init(prog, "tune: feedback", o->c.quiet || o->c.json);
         st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, 0, q.lens, tp, err);
         cli_progress_end(prog);
     }
-    cli_seqs_free(&q);
+    stz_seqs_free(&q);
     return st;
 }
 
@@ -511,9 +511,9 @@ static int tune_report(tune_run *t, const measured *fin)
 static void tune_free(tune_run *t)
 {
     if (t->tc.path && t->sharded && !t->o.gguf)
-        cli_remove_tree(t->tc.path);
+        stz_remove_tree(t->tc.path);
     if (t->tcc.path && t->sharded)
-        cli_remove_tree(t->tcc.path);
+        stz_remove_tree(t->tcc.path);
     cli_tmp_drop(&t->tc);
     cli_tmp_drop(&t->tcc);
     free(t->cfg_json);
@@ -521,10 +521,10 @@ static void tune_free(tune_run *t)
     stz_tune_solution_free(&t->sol);
     stz_tune_free(&t->T);
     free(t->cand);
-    cli_seqs_free(&t->q);
+    stz_seqs_free(&t->q);
     stz_fwd_free(t->fwd);
     stz_imatrix_free(t->im);
-    cli_set_free(&t->S);
+    stz_model_set_free(&t->S);
     free(t->out);
 }
 

@@ -108,6 +108,28 @@ size_t stz_utf8_check(const uint8_t *s, size_t n);
 /* rename() that never replaces an existing `to` (EEXIST); 0 or -1/errno. */
 int stz_rename_noreplace(const char *from, const char *to);
 
+/* ---- directories (dirs.c) ---------------------------------------------- */
+
+/* dir/name into buf; 0, or -1 if it does not fit. */
+int stz_path_join(char *buf, size_t cap, const char *dir, const char *name);
+/* 1 if `path` (which may be a link) resolves to a place inside `root_real`
+ * (an already resolved directory). */
+int stz_path_inside(const char *root_real, const char *path);
+/* Copies the regular file `from` to a new file `to` (never replaced). */
+stz_status stz_copy_file(const char *from, const char *to, stz_err *err);
+/* Copies everything below `from` into `to` (which exists), hidden files and
+ * subdirectories included, except `skip` (a NULL-terminated list of names at
+ * the top level). A link whose target is inside the directory `root` (an
+ * already resolved path) is made again as the same link; a link out of it,
+ * or a FIFO, socket or device, is refused by name. */
+stz_status stz_copy_tree(const char *root, const char *from, const char *to, char *const *skip, stz_err *err);
+/* Removes a directory and everything below it (links themselves, never
+ * what they point to). */
+void stz_remove_tree(const char *dir);
+/* Indices 0..n-1 of files by size, largest first (equal sizes in index
+ * order): the order in which to start work on them. */
+void stz_largest_first(const double *sizes, size_t n, size_t *order);
+
 /* Little-endian loads and stores: never cast pointers into file data. */
 static inline uint16_t stz_le16(const void *p)
 {

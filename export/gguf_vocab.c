@@ -73,7 +73,7 @@ static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, st
         return st;
     vocab v = {0};
     if ((st = vocab_alloc(&v, n_vocab, err)))
-        goto done;
+        goto cleanup;
     for (uint32_t i = 0; i < n_vocab; i++) {
         int32_t len;
         if (size < 8 || at > size - 8) {
@@ -81,19 +81,19 @@ static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, st
                              "%s: ends at token %u of the model's %u (a llama2.c tokenizer "
                              "of another vocabulary?)",
                              path, i, n_vocab);
-            goto done;
+            goto cleanup;
         }
         memcpy(&v.score[i], data + at, 4), memcpy(&len, data + at + 4, 4);
         at += 8;
         if (len < 0 || (size_t)len > size - at) {
             st = stz_err_set(err, STZ_E_FORMAT, "%s: token %u: length %d runs past the end of the file", path, i, len);
-            goto done;
+            goto cleanup;
         }
         /* pieces spell spaces as ' '; llama.cpp's SentencePiece vocabulary as U+2581 */
         char *t = malloc((size_t)len * 3 + 8), *o = t;
         if (!(v.text[i] = t)) {
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a token");
-            goto done;
+            goto cleanup;
         }
         for (int32_t k = 0; k < len; k++)
             if (data[at + (size_t)k] == ' ')
@@ -111,7 +111,7 @@ static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, st
                          "%s: %zu bytes after the model's %u tokens (a tokenizer of another "
                          "vocabulary?)",
                          path, size - at, n_vocab);
-        goto done;
+        goto cleanup;
     }
     kv_str(kv, "tokenizer.ggml.model", "llama");
     put_vocab(kv, &v, 1);
@@ -120,7 +120,7 @@ static stz_status llama2c_vocab(gbuf *kv, const char *path, uint32_t n_vocab, st
     kv_u32(kv, "tokenizer.ggml.eos_token_id", 2);
     kv_bool(kv, "tokenizer.ggml.add_bos_token", 1);
     kv_bool(kv, "tokenizer.ggml.add_eos_token", 0);
-done:
+cleanup:
     vocab_free(&v);
     free(data);
     return st;

@@ -44,6 +44,18 @@ typedef struct {
 /* Parses a Hugging Face config.json or llama2.c-style config (dim,
  * hidden_dim, n_layers, ...) text; `label` names it in messages. */
 STZ_API stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char *label, stz_err *err);
+/* The configuration of the model at `path` (its files open in s): from
+ * `config` if given, else config.json in the model directory, else a file's
+ * __metadata__["config"], else config.json beside the file. 1 found, 0
+ * none, -1 error (err set). `from` (STZ_FWD_FROM_MAX bytes) names where it
+ * came from; *text (if text) gets a copy of the JSON, for the caller to free. */
+#define STZ_FWD_FROM_MAX 4096
+STZ_API int stz_fwd_config_find(const char *path, const stz_model_set *s, const char *config, stz_fwd_config *c,
+                                char *from, char **text, stz_err *err);
+/* The error for a model at path without a configuration: STZ_E_FORMAT
+ * (give a configuration) for Llama-family tensor names, else
+ * STZ_E_UNSUPPORTED naming the architectures stz runs. */
+STZ_API stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *err);
 
 /* The head_dim / 2 RoPE frequencies theta^(-2i/head_dim), scaled as the
  * configuration's rope_scaling says. */
@@ -85,6 +97,32 @@ STZ_API void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes);
  * nucleus `top_p`, deterministically from `seed`. */
 STZ_API stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
                                   int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err);
+
+/* ---- token sequences ---------------------------------------------------- */
+
+/* nseq sequences of token ids back to back (the stride 0 of the functions
+ * below), lens[s] ids each, the longest `longest`. */
+typedef struct {
+    int32_t *tok;
+    size_t *lens, nseq, longest;
+} stz_seqs;
+/* Parses a tokens file's text[0..len) (NUL-terminated there; its newlines
+ * are overwritten), `label` naming it in messages: one sequence per line,
+ * ids apart by white space, or a JSON array of arrays of ids; ids are
+ * decimal whole numbers below 2^31 (no sign, exponent, fraction, hex, NUL,
+ * nothing after the JSON), at least 2 per sequence. On failure nothing is
+ * left to free. */
+STZ_API stz_status stz_seqs_parse(char *text, size_t len, const char *label, stz_seqs *q, stz_err *err);
+/* Reads and parses such a file; ids of `vocab` or more are refused, naming
+ * the model `label` (vocab 0: not checked). */
+STZ_API stz_status stz_seqs_read(const char *path, uint32_t vocab, const char *label, stz_seqs *q, stz_err *err);
+/* nseq sequences of len tokens sampled from m (stz_fwd_sample). */
+STZ_API stz_status stz_seqs_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
+                                   stz_fwd_progress progress, void *user, stz_seqs *q, stz_err *err);
+/* Writes the sequences in the line form (a file that is replaced only with
+ * force; nothing at path until it is whole). */
+STZ_API stz_status stz_seqs_save(const char *path, const stz_seqs *q, int force, stz_err *err);
+STZ_API void stz_seqs_free(stz_seqs *q);
 
 typedef struct {
     uint64_t positions;                                           /* scored: every position whose next token is given */

@@ -89,6 +89,37 @@ STZ_API stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, 
 STZ_API stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
                                                float *scales, stz_err *err);
 
+/* ---- model directories -------------------------------------------------- */
+
+/* The index of a sharded model directory, as Hugging Face ships them. */
+#define STZ_INDEX_NAME "model.safetensors.index.json"
+
+/* 1 if `path` is a directory holding STZ_INDEX_NAME (a sharded model). */
+STZ_API int stz_model_is_sharded(const char *path);
+/* The files a model path stands for, as a malloc'd list (stz_model_files_free):
+ * a file: itself; a sharded directory: its shards in the index's order of
+ * first appearance (plain, or SHARD.stz in a compressed directory), checked
+ * against the index (every tensor of every shard under that shard and in
+ * one shard only, no link out of the directory); a directory holding
+ * model.safetensors (or model.safetensors.stz): that file. */
+STZ_API stz_status stz_model_files(const char *path, char ***files, size_t *n, stz_err *err);
+STZ_API void stz_model_files_free(char **files, size_t n);
+
+/* Every file of a model path (stz_model_files) open as a stz_qmodel. */
+typedef struct {
+    stz_qmodel **m;
+    size_t n;
+} stz_model_set;
+/* Opens a file or every shard of a model directory (a GGUF file's tensors
+ * under Hugging Face names); on failure nothing is left open. */
+STZ_API stz_status stz_model_set_open(stz_model_set *s, const char *path, stz_err *err);
+/* The same for a candidate compared with `like`: a GGUF file's tensors
+ * under like's names (llama2.c's or Hugging Face's). */
+STZ_API stz_status stz_model_set_open_like(stz_model_set *s, const char *path, const stz_model_set *like, stz_err *err);
+STZ_API void stz_model_set_free(stz_model_set *s);
+/* The tensor `name` in any file of the set: file *f, index *i; 0 if none. */
+STZ_API int stz_model_set_find(const stz_model_set *s, const char *name, size_t *f, size_t *i);
+
 #ifdef __cplusplus
 }
 #endif

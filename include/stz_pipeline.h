@@ -97,6 +97,49 @@ STZ_API stz_status stz_dequantize_file(const stz_quant_params *p, const char *in
 STZ_API stz_status stz_dequantize_gguf(const stz_quant_params *p, const char *in, const char *out, stz_dtype dtype,
                                        stz_names names, stz_err *err);
 
+/* ---- sharded model directories ------------------------------------------ */
+
+/* Several processes sharing a directory's shards (MPI ranks, say), through
+ * the caller's collective operations; every rank calls stz_convert_shards
+ * with the same arguments. */
+typedef struct {
+    int rank, size;
+    /* n bytes of buf from rank `root` to every rank */
+    void (*bcast)(void *user, void *buf, size_t n, int root);
+    /* Collective: 1 if any rank passed failed != 0; then *err becomes the
+     * lowest failing rank's error. */
+    int (*any_failed)(void *user, int failed, stz_err *err);
+    void *user;
+} stz_ranks;
+
+/* Converts one file: in -> out, on `threads` threads, quiet: no progress. */
+typedef stz_status (*stz_shard_fn)(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err);
+
+typedef struct {
+    const char *in_suffix, *out_suffix; /* a shard SHARD is the file SHARD+suffix ("" or ".stz") */
+    int rewrite_index;                  /* 1: the new index lists the outputs' own tensors and sizes */
+    int threads, quiet;
+    stz_shard_fn convert;
+    void *user;             /* convert's first argument */
+    const stz_ranks *ranks; /* NULL: this process alone */
+} stz_shards_params;
+
+/*
+ * Converts every shard of the sharded directory `in` (checked against its
+ * index, stz_model_files) into a new directory `out` (which must not exist):
+ * convert(in/SHARD+in_suffix -> out/SHARD+out_suffix); then the index
+ * (rewritten from the outputs' tensors if rewrite_index, else copied byte
+ * for byte) and everything else in `in`, copied. Up to `threads` shards are
+ * converted at once, largest first, each given threads / that many threads
+ * (convert must then be safe to run concurrently) and quiet when more than
+ * one runs. The directory is built under a temporary name beside `out` and
+ * renamed into place only when everything succeeded.
+ * With `ranks`, every rank claims whole shards as it becomes free and
+ * converts them into the directory rank 0 made; rank 0 writes the index and
+ * the rest; a failure on any rank fails every rank, with its error.
+ */
+STZ_API stz_status stz_convert_shards(const stz_shards_params *p, const char *in, const char *out, stz_err *err);
+
 #ifdef __cplusplus
 }
 #endif

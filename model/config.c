@@ -1,10 +1,16 @@
 /* Model configuration of the forward pass: Hugging Face config.json or
  * llama2.c-style JSON, checked and refused by name when unsupported. */
+#include "core/stz_core.h"
 #include "stz_forward.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* A whole number in [lo, hi] under `key`, or `dflt` when absent (or null). */
 static int get_u32(const cJSON *o, const char *key, double lo, double hi, uint32_t dflt, uint32_t *v, const char *label,
@@ -182,4 +188,67 @@ stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char 
     if ((uint64_t)c->head_dim * c->n_heads > BIG)
         return stz_err_set(err, STZ_E_FORMAT, "%s: %u heads of %u are too wide", label, c->n_heads, c->head_dim);
     return STZ_OK;
+}
+
+/* ---- finding a model's configuration ------------------------------------ */
+
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int parse_config(const char *json, const char *label, stz_fwd_config *c, char **text, stz_err *err)
+{
+    if (stz_fwd_config_parse(c, json, label, err))
+        return -1;
+    if (text && !(*text = strdup(json)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the configuration"), -1;
+    return 1;
+}
+
+int stz_fwd_config_find(const char *path, const stz_model_set *s, const char *config, stz_fwd_config *c, char *from,
+                        char **text, stz_err *err)
+{
+    char *json = NULL;
+    if (text)
+        *text = NULL;
+    if (!config) {
+        char *copy = strdup(path);
+        if (!copy)
+            return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path"), -1;
+        snprintf(from, STZ_FWD_FROM_MAX, "%s/config.json", is_dir(path) ? path : dirname(copy));
+        free(copy);
+        int in_dir = is_dir(path) && access(from, F_OK) == 0;
+        for (size_t f = 0; !in_dir && f < s->n; f++) {
+            const char *meta = stz_reader_meta_get(stz_qmodel_reader(s->m[f]), "config");
+            if (meta) {
+                snprintf(from, STZ_FWD_FROM_MAX, "%s: __metadata__[\"config\"]", path);
+                return parse_config(meta, from, c, text, err);
+            }
+        }
+        if (access(from, F_OK) != 0)
+            return 0;
+    } else
+        snprintf(from, STZ_FWD_FROM_MAX, "%s", config);
+    if (stz_read_text(from, 16u << 20, &json, NULL, err))
+        return -1;
+    int r = parse_config(json, from, c, text, err);
+    free(json);
+    return r;
+}
+
+stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *err)
+{
+    /* --config helps only a Llama-family model: say so when the names are another's */
+    if (s && s->n && stz_qmodel_count(s->m[0]) && stz_fwd_layout(s->m, s->n) < 0)
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: not a Llama-family model (no model.embed_tokens.weight or "
+                           "tok_embeddings.weight; its tensors are named like '%s'): stz runs Llama, Mistral, Qwen2 "
+                           "and llama2.c models",
+                           path, stz_qmodel_tensor(s->m[0], 0)->name);
+    return stz_err_set(err, STZ_E_FORMAT,
+                       "%s: no model configuration (no config.json beside it, no "
+                       "__metadata__[\"config\"]): give one with --config FILE",
+                       path);
 }

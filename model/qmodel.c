@@ -42,10 +42,10 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
     skip = calloc(nt + 1, 1);
     if (!m->qi || !m->list || !m->idx || !m->pos || !skip) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor list");
-        goto fail;
+        goto cleanup;
     }
     if ((st = stz_qi_scan(m->r, m->qi, skip, &maxcols, err)))
-        goto fail;
+        goto cleanup;
     for (size_t i = 0; i < nt; i++)
         m->pos[i] = -1;
     for (size_t i = 0; i < nt; i++) {
@@ -76,7 +76,7 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
         m->pos[i] = (long)m->n;
         m->idx[m->n++] = i;
     }
-fail:
+cleanup:
     free(skip);
     return st;
 }

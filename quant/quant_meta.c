@@ -173,13 +173,13 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     if (!cJSON_IsObject(o)) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s%s is not a JSON object", P, t->name,
                          STZ_QUANT_META_PREFIX, t->name);
-        goto done;
+        goto cleanup;
     }
     if (unknown || dup) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': %s%s has %s key '%s'", P, t->name,
                          STZ_QUANT_META_PREFIX, t->name, unknown ? "an unknown" : "a duplicate",
                          unknown ? unknown : dup);
-        goto done;
+        goto cleanup;
     }
     for (int j = 0; j < STZ_QMETHOD_COUNT && cJSON_IsString(meth); j++) /* nl-fit is stored as nl + levels */
         if (j != STZ_QMETHOD_NL_FIT && !strcmp(meth->valuestring, stz_qmethod_name((stz_qmethod)j)))
@@ -187,12 +187,12 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     for (int a = STZ_ACTION_FIRST_GGML; a < STZ_ACTION_COUNT && cJSON_IsString(meth) && m < 0; a++)
         if (!strcmp(meth->valuestring, stz_action_name((stz_action)a))) {
             st = parse_ggml_info(r, t, o, stz_action_ggml_type((stz_action)a), qi, err);
-            goto done;
+            goto cleanup;
         }
     if (m < 0) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown quantization method '%s'", P, t->name,
                          cJSON_IsString(meth) ? meth->valuestring : "(none)");
-        goto done;
+        goto cleanup;
     }
     int nb = cJSON_IsNumber(bits) ? (int)bits->valuedouble : 0;
     const char *want_pk = nb == 4 ? STZ_QUANT_INT4_PACKING : nb == 8 ? NULL : STZ_QUANT_MSB_PACKING;
@@ -202,7 +202,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                          "4 bits, '%s' for 2, 3, 5 and 6, and none for 8)",
                          P, t->name, cJSON_IsString(pk) ? pk->valuestring : "(none)", STZ_QUANT_INT4_PACKING,
                          STZ_QUANT_MSB_PACKING);
-        goto done;
+        goto cleanup;
     }
     qi->fmt.method = (stz_qmethod)m;
     if (!cJSON_IsObject(o) || !cJSON_IsNumber(bits) || bits->valuedouble != nb || nb < 2 || nb > 8 || nb == 7 ||
@@ -220,7 +220,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
         (lv && m != STZ_QMETHOD_NL)) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': invalid %s%s entry", P, t->name, STZ_QUANT_META_PREFIX,
                          t->name);
-        goto done;
+        goto cleanup;
     }
     qi->bits = nb;
     qi->block = (uint32_t)blk->valuedouble;
@@ -232,23 +232,23 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                          "%s: tensor '%s': 'levels' must be %d whole numbers in [-32767, 32767] "
                          "in increasing order",
                          P, t->name, 1 << nb);
-        goto done;
+        goto cleanup;
     }
     if ((st = parse_shape(r, t, sh, qi, err)))
-        goto done;
+        goto cleanup;
     /* the values tensor must be what the metadata says it is, shape included:
      * the original's with the last dimension in bytes (the writer's layout) */
     if (t->dtype != stz_quant_values_dtype(nb, (stz_qmethod)m) || !qi->numel ||
         !same_layout(t, qi, stz_qf_row_bytes(nb, qi->cols))) {
         st = stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': %s values do not match the recorded shape", P, t->name,
                          stz_dtype_name(t->dtype));
-        goto done;
+        goto cleanup;
     }
     if ((st = find_companions(r, t, o, qi, err)))
-        goto done;
+        goto cleanup;
     if (m == STZ_QMETHOD_NL)
         stz_qf_prepare(&qi->fmt);
-done:
+cleanup:
     cJSON_Delete(o);
     return st;
 }

@@ -172,7 +172,7 @@ static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const
     lapack_int *ipiv = malloc(l * sizeof *ipiv);
     if (!Yt || !Zt || !tau || !B || !Ub || !S || !Vb || !U || !Vh || !ipiv) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for a randomized SVD of %zu x %zu", m, n);
-        goto done;
+        goto cleanup;
     }
     gauss_fill(Zt, l * N, p->seed);
     /* Y = A Om: Yt (l, M) = Omt (l, N) @ A^T; each power step Z = A^T Y,
@@ -180,18 +180,18 @@ static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const
     times_a(W, n, t, 1, l, M, N, Zt, Yt);
     for (int it = 0; it < p->power_iters; it++) {
         if ((st = lu_basis(Yt, M, l, ipiv, err)))
-            goto done;
+            goto cleanup;
         times_a(W, n, t, 0, l, M, N, Yt, Zt);
         if ((st = lu_basis(Zt, N, l, ipiv, err)))
-            goto done;
+            goto cleanup;
         times_a(W, n, t, 1, l, M, N, Zt, Yt);
     }
     if ((st = orthonormalize(Yt, M, l, tau, err)))
-        goto done;
+        goto cleanup;
     /* B (l, N) = Q^T A = Yt @ A; B = Ub S Vb; A ~= (Q Ub) S Vb */
     times_a(W, n, t, 0, l, M, N, Yt, B);
     if ((st = thin_svd(B, l, N, Ub, S, Vb, err)))
-        goto done;
+        goto cleanup;
     if (!t) { /* U (m, l) = Q Ub = Yt^T @ Ub; Vh = Vb already */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)l, (int)l, 1, Yt, (int)M, Ub, (int)l, 0, U,
                     (int)l);
@@ -202,7 +202,7 @@ static stz_status randomized(const float *W, size_t m, size_t n, size_t l, const
     }
     *Uo = U, *So = S, *Vho = Vh;
     U = S = Vh = NULL;
-done:
+cleanup:
     if (t)
         free(Vb);
     free(Yt), free(Zt), free(tau), free(B), free(Ub), free(S), free(U), free(Vh), free(ipiv);
@@ -256,13 +256,13 @@ static stz_status factor(const float *W, size_t m, size_t n, const stz_svd_param
         if (!A || !U || !S || !Vh) {
             free(A);
             st = stz_err_set(err, STZ_E_NOMEM, "out of memory for an SVD of %zu x %zu", m, n);
-            goto done;
+            goto cleanup;
         }
         memcpy(A, W, m * n * sizeof *A);
         st = thin_svd(A, m, n, U, S, Vh, err);
         free(A);
         if (st)
-            goto done;
+            goto cleanup;
     } else {
         /* a given rank: one pass; energy / max_error: double l until met */
         size_t l = p->rank ? p->rank + p->oversample : 64;
@@ -272,7 +272,7 @@ static stz_status factor(const float *W, size_t m, size_t n, const stz_svd_param
             free(U), free(S), free(Vh);
             U = S = Vh = NULL;
             if ((st = randomized(W, m, n, l, p, &U, &S, &Vh, err)))
-                goto done;
+                goto cleanup;
             have = l;
             size_t r = choose_rank(p, S, l, total);
             if (p->rank || r < l || l == k)
@@ -299,7 +299,7 @@ static stz_status factor(const float *W, size_t m, size_t n, const stz_svd_param
     res->Vh = Vh;
     res->rel_error = total > 0 ? sqrt(dropped / total) : 0;
     return STZ_OK;
-done:
+cleanup:
     free(U), free(S), free(Vh);
     return st;
 }

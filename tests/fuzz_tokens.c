@@ -2,8 +2,8 @@
  * stz tune --tokens FILE): any byte string is such a file's text. Whatever
  * parses must give sequences of at least 2 ids, each a whole number in
  * [0, 2^31), laid out within their stride. */
-#include "cli/cli.h"
 #include "fuzz_util.h"
+#include "stz_forward.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +17,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(text, data, size);
     text[size] = 0; /* as stz_read_text gives it */
-    cli_seqs q;
+    stz_seqs q;
     stz_err err;
-    stz_status st = cli_tokens_parse(text, size, "tokens.txt", &q, &err);
+    stz_status st = stz_seqs_parse(text, size, "tokens.txt", &q, &err);
     fuzz_failed(st, &err); /* a failure must say why */
     if (st == STZ_OK) {
         if (!q.nseq)
@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     abort();
         }
     }
-    cli_seqs_free(&q);
+    stz_seqs_free(&q);
     free(text);
     return 0;
 }

@@ -745,6 +745,141 @@ static void test_shared_bf16(void **state)
     check_shared("stories260K.bf16.safetensors", 0.9999, 0.985, 0.99);
 }
 
+/* ---- sharded model directories ----------------------------------------- */
+
+/* A SafeTensors file of one tensor `name`, rows x 64 floats. */
+static void write_shard(const char *path, const char *name, uint64_t rows)
+{
+    uint64_t shape[2] = {rows, 64};
+    size_t n = (size_t)rows * 64;
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = frand();
+    stz_writer *w;
+    stz_err err;
+    assert_int_equal(stz_writer_open(&w, path, 0, &err), STZ_OK);
+    assert_int_equal(stz_writer_add(w, name, STZ_DTYPE_F32, 2, shape, &err), STZ_OK);
+    assert_int_equal(stz_writer_write(w, v, n * sizeof *v, &err), STZ_OK);
+    assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_writer_free(w);
+    free(v);
+}
+
+static stz_status pack_shard(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err)
+{
+    (void)quiet;
+    __atomic_fetch_add((int *)user, 1, __ATOMIC_RELAXED);
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    pp.threads = threads;
+    return stz_pack_file(&pp, in, out, NULL, err);
+}
+
+static stz_status compress_shard(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err)
+{
+    (void)quiet;
+    stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    qp.threads = pp.threads = threads;
+    return stz_compress_file(&qp, &pp, user, in, out, NULL, NULL, err);
+}
+
+static stz_status refuse_shard(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err)
+{
+    (void)user, (void)out, (void)threads, (void)quiet;
+    return stz_err_set(err, STZ_E_FORMAT, "%s: refused by the test", in);
+}
+
+/* The index's weight map of directory d, parsed. */
+static cJSON *index_of(const char *d)
+{
+    char *p = tu_path(d, STZ_INDEX_NAME);
+    size_t n;
+    uint8_t *text = tu_read(p, &n);
+    assert_non_null(text);
+    cJSON *j = cJSON_ParseWithLength((const char *)text, n);
+    assert_non_null(j);
+    free(text), free(p);
+    return j;
+}
+
+/* A C program converts a sharded directory through the library alone
+ * (stz_model_files, stz_convert_shards): every shard by the caller's
+ * function on two threads, the index copied or rebuilt from the outputs'
+ * tensors, the other files copied; an existing output is refused; a
+ * failing shard leaves no directory behind; an index that disagrees with
+ * its shards is refused by name. */
+static void test_convert_shards(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *in = tu_path(dir, "in"), *out = tu_path(dir, "out"), *out2 = tu_path(dir, "out2");
+    static const char *const shard[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    static const char index[] =
+        "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {\"x.weight\": "
+        "\"model-00001-of-00002.safetensors\", \"y.weight\": "
+        "\"model-00002-of-00002.safetensors\"}}";
+    assert_int_equal(mkdir(in, 0777), 0);
+    char *p = tu_path(in, shard[0]), *q = tu_path(in, shard[1]), *ip = tu_path(in, STZ_INDEX_NAME),
+         *readme = tu_path(in, "README.md");
+    write_shard(p, "x.weight", 300);
+    write_shard(q, "y.weight", 40);
+    tu_write(ip, index, sizeof index - 1);
+    tu_write(readme, "a model\n", 8);
+    char **files;
+    size_t n;
+    stz_err err;
+    assert_int_equal(stz_model_files(in, &files, &n, &err), STZ_OK);
+    assert_int_equal(n, 2);
+    assert_string_equal(files[0], p);
+    assert_string_equal(files[1], q);
+    stz_model_files_free(files, n);
+
+    int calls = 0;
+    stz_shards_params sp = {"", ".stz", 0, 2, 1, pack_shard, &calls, NULL};
+    if (stz_convert_shards(&sp, in, out, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(calls, 2);
+    char *oi = tu_path(out, STZ_INDEX_NAME), * or = tu_path(out, "README.md");
+    assert_true(tu_hash_file(oi) == tu_hash_file(ip) && tu_hash_file(or) == tu_hash_file(readme));
+    assert_int_equal(stz_model_files(out, &files, &n, &err), STZ_OK);
+    assert_int_equal(n, 2);
+    assert_true(strstr(files[1], "model-00002-of-00002.safetensors.stz") != NULL);
+    stz_model_files_free(files, n);
+    assert_int_equal(stz_convert_shards(&sp, in, out, &err), STZ_E_EXISTS);
+
+    stz_policy *pol = tu_policy("{\"rules\": [{\"match\": \"*\", \"action\": \"int8\"}]}");
+    stz_shards_params cp = {"", ".stz", 1, 2, 1, compress_shard, pol, NULL};
+    if (stz_convert_shards(&cp, in, out2, &err))
+        fail_msg("%s", err.msg);
+    cJSON *j = index_of(out2);
+    const cJSON *wm = cJSON_GetObjectItem(j, "weight_map"), *meta = cJSON_GetObjectItem(j, "metadata");
+    assert_true(cJSON_GetArraySize(wm) > 2); /* the quantized outputs' scales too */
+    assert_string_equal(cJSON_GetObjectItem(wm, "y.weight")->valuestring, shard[1]);
+    assert_true(cJSON_GetObjectItem(meta, "total_size")->valuedouble > 1);
+    cJSON_Delete(j);
+    stz_policy_free(pol);
+    stz_remove_tree(out2);
+
+    int before = tu_count_entries(dir);
+    stz_shards_params fp = {"", ".stz", 0, 2, 1, refuse_shard, NULL, NULL};
+    assert_int_equal(stz_convert_shards(&fp, in, out2, &err), STZ_E_FORMAT);
+    assert_non_null(strstr(err.msg, "refused by the test"));
+    assert_false(tu_exists(out2));
+    assert_int_equal(tu_count_entries(dir), before);
+
+    static const char wrong[] =
+        "{\"weight_map\": {\"x.weight\": \"model-00001-of-00002.safetensors\", "
+        "\"y.weight\": \"model-00001-of-00002.safetensors\"}}";
+    unlink(ip);
+    tu_write(ip, wrong, sizeof wrong - 1);
+    assert_int_equal(stz_model_files(in, &files, &n, &err), STZ_E_FORMAT);
+    assert_non_null(strstr(err.msg, "tensor 'y.weight'"));
+    assert_int_equal(stz_convert_shards(&sp, in, out2, &err), STZ_E_FORMAT);
+    assert_false(tu_exists(out2));
+
+    stz_remove_tree(dir);
+    free(p), free(q), free(ip), free(readme), free(oi), free(or), free(in), free(out), free(out2), free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -760,6 +895,7 @@ int main(void)
         cmocka_unit_test(test_compress_streams),
         cmocka_unit_test(test_shared_f32),
         cmocka_unit_test(test_shared_bf16),
+        cmocka_unit_test(test_convert_shards),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

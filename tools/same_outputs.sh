@@ -64,5 +64,10 @@ run k-quants k.stz compress --set '*proj.weight=q4_k' --set '*down_proj.weight=q
 run inspect-k "" inspect "$W/old/k.stz" --json
 run synth-shards sh synth qwen2-0.5b --layers 2 --shards 3 -o sh -q
 run compress-shards csh compress --int4 "$W/old/sh" -o csh -T 2 -q
+run decompress-shards dsh decompress "$W/old/csh" --dequantize -o dsh -T 2 -q
+run eval-forward-save st.txt eval --forward "$S" "$W/old/c.stz" --sequences 3 --seq-len 40 --save-tokens st.txt --json
+run eval-forward-tokens "" eval --forward "$S" "$W/old/c.stz" --tokens "$W/old/st.txt" --json
+run imatrix im.gguf imatrix "$S" --tokens "$W/old/st.txt" -o im.gguf -q
+run imatrix-sampled ims.gguf imatrix "$W/old/sh" -o ims.gguf -q
 echo "same_outputs: $n commands, $( [ $differ = 0 ] && echo "all identical" || echo "some differ")"
 exit $differ

@@ -27,8 +27,8 @@ import numpy as np
 
 from ._lib import Err, StzError, Tensor, call, cstr, lib, text
 
-__all__ = ["StzError", "safe_open", "load_file", "load_dir", "save_file", "command", "compress", "decompress",
-           "evaluate", "tune", "export_gguf"]
+__all__ = ["StzError", "safe_open", "load_file", "load_dir", "model_files", "save_file", "command", "compress",
+           "decompress", "evaluate", "tune", "export_gguf"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -180,23 +180,25 @@ def load_file(path: PathLike, framework: str = "np", dequantize: bool = True, dt
         return {k: f.get_tensor(k, dtype) for k in f.keys()}
 
 
+def model_files(path: PathLike) -> List[str]:
+    """The files a model path stands for, as libstz finds them: a file; a
+    sharded directory's shards (plain or .stz), checked against its index;
+    a directory's model.safetensors(.stz)."""
+    files = ctypes.POINTER(ctypes.c_char_p)()
+    n = ctypes.c_size_t()
+    L = lib()
+    call(L.stz_model_files, cstr(os.fspath(path), "path", path=True), ctypes.byref(files), ctypes.byref(n))
+    try:
+        return [os.fsdecode(files[i]) for i in range(n.value)]
+    finally:
+        L.stz_model_files_free(files, n)
+
+
 def load_dir(path: PathLike, framework: str = "np", dequantize: bool = True, dtype: Any = None) -> Dict[str, Any]:
-    """A model directory: its shards (model.safetensors.index.json, plain or
-    .stz) or its model.safetensors(.stz)."""
-    path = os.fspath(path)
-    index = os.path.join(path, "model.safetensors.index.json")
-    shards = ["model.safetensors"]
-    if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise StzError("STZ_E_FORMAT", "%s: not a shard index (%s)" % (index, e)) from None
+    """Every tensor of a model directory (model_files: its shards, plain or
+    .stz, or its model.safetensors(.stz)), by name."""
     out: Dict[str, Any] = {}
-    for s in shards:
-        f = os.path.join(path, s)
-        if not os.path.exists(f) and os.path.exists(f + ".stz"):
-            f += ".stz"
+    for f in model_files(path):
         out.update(load_file(f, framework, dequantize, dtype))
     return out
 

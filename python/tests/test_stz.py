@@ -343,6 +343,13 @@ def test_load_dir_sharded(tmp_path):
     run("pack", d / "model-00002-of-00002.safetensors", "-o", d / "model-00002-of-00002.safetensors.stz")
     os.unlink(d / "model-00002-of-00002.safetensors")
     assert np.array_equal(stz.load_dir(d)["b"], b)
+    assert [os.path.basename(f) for f in stz.model_files(d)] == ["model-00001-of-00002.safetensors",
+                                                                 "model-00002-of-00002.safetensors.stz"]
+    # the index is checked against the shards, as the program checks it
+    index["weight_map"]["b"] = "model-00001-of-00002.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(stz.StzError, match="maps tensor 'b' to model-00001-of-00002.safetensors, which does not hold"):
+        stz.load_dir(d)
 
 
 def test_nul_in_strings_refused(tmp_path):

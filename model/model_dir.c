@@ -1,23 +1,21 @@
 /* Model directories: sharded (model.safetensors.index.json, as Hugging Face
  * ships them) and single-file repositories: the index checked against the
- * shards, what is not a shard copied, and the files a model path stands for
- * (inspect, verify, plan and eval read them). */
-#include "cli_modeldir.h"
+ * shards, and the files a model path stands for (inspect, verify, plan,
+ * eval, Python's load_dir read them). */
+#include "model/model_dir.h"
+#include "core/stz_core.h"
+#include "gguf/gguf_layout.h"
+#include "stz_forward.h"
 
-#include <dirent.h>
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* dir/name into buf; 0, or -1 if it does not fit. */
-int cli_pjoin(char *buf, size_t cap, const char *dir, const char *name)
-{
-    int n = snprintf(buf, cap, "%s/%s", dir, name);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
-}
 
 static int is_dir(const char *path)
 {
@@ -25,25 +23,16 @@ static int is_dir(const char *path)
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-int cli_is_sharded_dir(const char *path)
+int stz_model_is_sharded(const char *path)
 {
     struct stat sb;
     char p[PATH_MAX];
-    return cli_pjoin(p, sizeof p, path, INDEX_NAME) == 0 && is_dir(path) && stat(p, &sb) == 0;
-}
-
-/* 1 if `path` (which may be a link) resolves to a place inside `root_real`
- * (an already resolved directory). */
-static int inside(const char *root_real, const char *path)
-{
-    char real[PATH_MAX];
-    size_t n = strlen(root_real);
-    return realpath(path, real) && !strncmp(real, root_real, n) && (real[n] == '/' || real[n] == 0);
+    return stz_path_join(p, sizeof p, path, STZ_INDEX_NAME) == 0 && is_dir(path) && stat(p, &sb) == 0;
 }
 
 /* ---- the index and its shards ------------------------------------------ */
 
-void cli_model_dir_free(cli_model_dir *m)
+void stz_model_dir_free(stz_model_dir *m)
 {
     for (size_t i = 0; m->shards && i < m->n; i++)
         free(m->shards[i]);
@@ -66,7 +55,7 @@ static int by_name(const void *a, const void *b)
 }
 
 /* The tensor names of a SafeTensors file or of a container's original. */
-stz_status cli_open_names(const char *path, stz_reader **r, stz_container **c, const stz_reader **h, stz_err *err)
+stz_status stz_open_names(const char *path, stz_reader **r, stz_container **c, const stz_reader **h, stz_err *err)
 {
     *r = NULL, *c = NULL;
     stz_status st = stz_is_container(path) ? stz_container_open(c, path, err) : stz_reader_open(r, path, err);
@@ -74,9 +63,27 @@ stz_status cli_open_names(const char *path, stz_reader **r, stz_container **c, c
     return st;
 }
 
+/* The path of shard i: dir/SHARD+suffix; suffix NULL: SHARD when it
+ * exists, else SHARD.stz (a shard packed on its own). 0, or -1 if it does
+ * not fit. */
+static int shard_path(const stz_model_dir *m, size_t i, const char *suffix, char *p, size_t cap)
+{
+    if (suffix) {
+        int n = snprintf(p, cap, "%s/%s%s", m->dir, m->shards[i], suffix);
+        return n < 0 || (size_t)n >= cap ? -1 : 0;
+    }
+    char packed[PATH_MAX];
+    struct stat sb;
+    if (shard_path(m, i, "", p, cap))
+        return -1;
+    if (lstat(p, &sb) != 0 && !shard_path(m, i, ".stz", packed, sizeof packed) && lstat(packed, &sb) == 0)
+        return shard_path(m, i, ".stz", p, cap);
+    return 0; /* SHARD (messages name it when neither is there) */
+}
+
 /* Every tensor of every shard must be in the index, under that shard, and
  * in one shard only; every tensor the index names must be in its shard. */
-static stz_status check_index(const cli_model_dir *m, const char *suffix, const char *ip, stz_err *err)
+static stz_status check_index(const stz_model_dir *m, const char *suffix, const char *ip, stz_err *err)
 {
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(m->index, "weight_map");
     size_t ni = (size_t)cJSON_GetArraySize(wm), nf = 0, cap = 0, k = 0;
@@ -92,13 +99,13 @@ static stz_status check_index(const cli_model_dir *m, const char *suffix, const 
         idx[k++] = (entry){e->string, s};
     }
     for (size_t s = 0; !st && s < m->n; s++) {
-        char p[PATH_MAX], f[PATH_MAX];
+        char p[PATH_MAX];
         const stz_reader *h;
-        if (snprintf(f, sizeof f, "%s%s", m->shards[s], suffix) >= (int)sizeof f || cli_pjoin(p, sizeof p, m->dir, f)) {
+        if (shard_path(m, s, suffix, p, sizeof p)) {
             st = stz_err_set(err, STZ_E_ARG, "%s: shard path too long", m->shards[s]);
             break;
         }
-        if ((st = cli_open_names(p, &keep_r[s], &keep_c[s], &h, err)))
+        if ((st = stz_open_names(p, &keep_r[s], &keep_c[s], &h, err)))
             break;
         size_t nt = stz_reader_count(h);
         if (nf + nt > cap) {
@@ -143,14 +150,14 @@ static stz_status check_index(const cli_model_dir *m, const char *suffix, const 
 
 /* Reads the index of `dir`: an object without duplicate keys whose
  * weight_map maps tensor names to plain file names. */
-stz_status cli_model_dir_load(cli_model_dir *m, const char *dir, stz_err *err)
+stz_status stz_model_dir_load(stz_model_dir *m, const char *dir, stz_err *err)
 {
     char p[PATH_MAX], *text = NULL;
     memset(m, 0, sizeof *m);
-    m->dir = (char *)dir;
+    m->dir = dir;
     if (!(m->real = realpath(dir, NULL)))
         return stz_err_set(err, STZ_E_IO, "%s: %s", dir, strerror(errno));
-    if (cli_pjoin(p, sizeof p, dir, INDEX_NAME))
+    if (stz_path_join(p, sizeof p, dir, STZ_INDEX_NAME))
         return stz_err_set(err, STZ_E_ARG, "%s: path too long", dir);
     stz_status st = stz_read_text(p, 256u << 20, &text, NULL, err);
     if (st)
@@ -181,125 +188,30 @@ stz_status cli_model_dir_load(cli_model_dir *m, const char *dir, stz_err *err)
     return STZ_OK;
 }
 
-/* Checks the shards (SHARD + suffix): present, not links out of the
- * directory, and agreeing with the index. */
-stz_status cli_model_dir_check(const cli_model_dir *m, const char *suffix, stz_err *err)
+/* Checks the shards (SHARD + suffix; suffix NULL: SHARD where it exists,
+ * else SHARD.stz): present, not links out of the directory, and agreeing
+ * with the index. */
+stz_status stz_model_dir_check(const stz_model_dir *m, const char *suffix, stz_err *err)
 {
     char ip[PATH_MAX];
-    cli_pjoin(ip, sizeof ip, m->dir, INDEX_NAME);
+    stz_path_join(ip, sizeof ip, m->dir, STZ_INDEX_NAME);
     for (size_t i = 0; i < m->n; i++) {
-        char f[PATH_MAX], q[PATH_MAX];
+        char q[PATH_MAX];
         struct stat sb;
-        if (snprintf(f, sizeof f, "%s%s", m->shards[i], suffix) >= (int)sizeof f || cli_pjoin(q, sizeof q, m->dir, f))
+        if (shard_path(m, i, suffix, q, sizeof q))
             return stz_err_set(err, STZ_E_ARG, "%s: shard path too long", m->shards[i]);
         if (lstat(q, &sb) != 0)
             return stz_err_set(err, STZ_E_IO, "%s: shard %s of the index: %s", q, m->shards[i], strerror(errno));
-        if (S_ISLNK(sb.st_mode) && !inside(m->real, q))
+        if (S_ISLNK(sb.st_mode) && !stz_path_inside(m->real, q))
             return stz_err_set(err, STZ_E_ARG, "%s: shard is a link to a file outside %s; refusing to follow it", q,
                                m->dir);
     }
     return check_index(m, suffix, ip, err);
 }
 
-/* ---- copying what is not a shard ---------------------------------------- */
-
-stz_status cli_copy_file(const char *from, const char *to, stz_err *err)
-{
-    int fd;
-    uint64_t size;
-    stz_status st = stz_open_regular(from, &fd, &size, err);
-    if (st)
-        return st;
-    FILE *a = fdopen(fd, "rb"), *b = a ? fopen(to, "wbx") : NULL;
-    char buf[1 << 16];
-    size_t n;
-    if (!a || !b)
-        st = stz_err_set(err, STZ_E_IO, "cannot copy %s to %s: %s", from, to, strerror(errno));
-    while (!st && (n = fread(buf, 1, sizeof buf, a)) > 0)
-        if (fwrite(buf, 1, n, b) != n)
-            st = stz_err_set(err, STZ_E_IO, "%s: write failed: %s", to, strerror(errno));
-    if (!st && ferror(a))
-        st = stz_err_set(err, STZ_E_IO, "%s: read failed", from);
-    if (a)
-        fclose(a);
-    else
-        close(fd);
-    if (b && fclose(b) && !st)
-        st = stz_err_set(err, STZ_E_IO, "%s: write failed: %s", to, strerror(errno));
-    return st;
-}
-
-void cli_remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[PATH_MAX];
-    struct stat sb;
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || cli_pjoin(p, sizeof p, dir, e->d_name))
-            continue;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            cli_remove_tree(p);
-        else
-            unlink(p);
-    }
-    if (d)
-        closedir(d);
-    rmdir(dir);
-}
-
-/* Copies everything below `from` into `to` (which exists), hidden files and
- * subdirectories included, except `skip` (a NULL-terminated list of names at
- * the top level). A link whose target is inside the model directory `root`
- * is made again as the same link; a link out of it, or a FIFO, socket or
- * device, is refused by name. */
-stz_status cli_copy_tree(const char *root, const char *from, const char *to, char *const *skip, stz_err *err)
-{
-    DIR *d = opendir(from);
-    struct dirent *e;
-    stz_status st = d ? STZ_OK : stz_err_set(err, STZ_E_IO, "%s: cannot read directory: %s", from, strerror(errno));
-    while (!st && (e = readdir(d))) {
-        char p[PATH_MAX], q[PATH_MAX], link[PATH_MAX];
-        struct stat sb;
-        int skipped = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
-        for (size_t i = 0; skip && skip[i] && !skipped; i++)
-            skipped = !strcmp(skip[i], e->d_name);
-        if (skipped)
-            continue;
-        if (cli_pjoin(p, sizeof p, from, e->d_name) || cli_pjoin(q, sizeof q, to, e->d_name)) {
-            st = stz_err_set(err, STZ_E_ARG, "%s/%s: path too long", from, e->d_name);
-        } else if (lstat(p, &sb) != 0) {
-            st = stz_err_set(err, STZ_E_IO, "%s: %s", p, strerror(errno));
-        } else if (S_ISDIR(sb.st_mode)) {
-            if (mkdir(q, 0777) != 0)
-                st = stz_err_set(err, STZ_E_IO, "%s: cannot create directory: %s", q, strerror(errno));
-            else
-                st = cli_copy_tree(root, p, q, NULL, err);
-        } else if (S_ISREG(sb.st_mode)) {
-            st = cli_copy_file(p, q, err);
-        } else if (S_ISLNK(sb.st_mode)) {
-            ssize_t n = readlink(p, link, sizeof link - 1);
-            if (n < 0 || !inside(root, p))
-                st = stz_err_set(err, STZ_E_ARG,
-                                 "%s: link to something outside the model directory (or dangling); "
-                                 "refusing to follow or copy it",
-                                 p);
-            else if (link[n] = 0, link[0] == '/')
-                st = stz_err_set(err, STZ_E_ARG, "%s: absolute link; it would not point into the new directory", p);
-            else if (symlink(link, q) != 0)
-                st = stz_err_set(err, STZ_E_IO, "%s: cannot create link: %s", q, strerror(errno));
-        } else {
-            st = stz_err_set(err, STZ_E_ARG, "%s: not a regular file, directory or link; cannot be carried", p);
-        }
-    }
-    if (d)
-        closedir(d);
-    return st;
-}
-
 /* ---- the files a model path stands for ---------------------------------- */
 
-void cli_model_files_free(char **files, size_t n)
+void stz_model_files_free(char **files, size_t n)
 {
     for (size_t i = 0; files && i < n; i++)
         free(files[i]);
@@ -317,42 +229,87 @@ static stz_status one_file(const char *path, char ***files, size_t *n, stz_err *
     return STZ_OK;
 }
 
-stz_status cli_model_files(const char *path, char ***files, size_t *n, stz_err *err)
+stz_status stz_model_files(const char *path, char ***files, size_t *n, stz_err *err)
 {
     *files = NULL, *n = 0;
     if (!is_dir(path))
         return one_file(path, files, n, err);
     char p[PATH_MAX];
-    cli_model_dir m;
+    stz_model_dir m;
     stz_status st;
-    if (cli_is_sharded_dir(path)) {
-        /* plain shards, or a compressed directory's SHARD.stz */
-        struct stat sb;
-        st = cli_model_dir_load(&m, path, err);
-        const char *suffix = !st && m.n && cli_pjoin(p, sizeof p, path, m.shards[0]) == 0 && stat(p, &sb) ? ".stz" : "";
+    if (stz_model_is_sharded(path)) {
+        /* plain shards, a compressed directory's SHARD.stz, or some of each */
+        st = stz_model_dir_load(&m, path, err);
         if (!st)
-            st = cli_model_dir_check(&m, suffix, err);
+            st = stz_model_dir_check(&m, NULL, err);
         if (!st && !(*files = calloc(m.n + 1, sizeof **files)))
             st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu shard names", path, m.n);
         for (size_t i = 0; !st && i < m.n; i++) {
-            char f[PATH_MAX];
-            snprintf(f, sizeof f, "%s%s", m.shards[i], suffix);
-            if (cli_pjoin(p, sizeof p, path, f) || !((*files)[i] = strdup(p)))
+            if (shard_path(&m, i, NULL, p, sizeof p) || !((*files)[i] = strdup(p)))
                 st = stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for the shard names", path);
             else
                 *n = i + 1;
         }
-        cli_model_dir_free(&m);
+        stz_model_dir_free(&m);
         if (st)
-            cli_model_files_free(*files, *n), *files = NULL, *n = 0;
+            stz_model_files_free(*files, *n), *files = NULL, *n = 0;
         return st;
     }
     static const char *const single[] = {"model.safetensors", "model.safetensors.stz", NULL};
     for (int i = 0; single[i]; i++) {
         struct stat sb;
-        if (cli_pjoin(p, sizeof p, path, single[i]) == 0 && stat(p, &sb) == 0)
+        if (stz_path_join(p, sizeof p, path, single[i]) == 0 && stat(p, &sb) == 0)
             return one_file(p, files, n, err);
     }
     return stz_err_set(err, STZ_E_ARG, "%s: a directory without %s or model.safetensors: not a model directory", path,
-                       INDEX_NAME);
+                       STZ_INDEX_NAME);
+}
+
+/* ---- a model's files together ------------------------------------------- */
+
+void stz_model_set_free(stz_model_set *s)
+{
+    for (size_t i = 0; s->m && i < s->n; i++)
+        stz_qmodel_free(s->m[i]);
+    free(s->m);
+}
+
+/* The files of path; a GGUF file's tensors under `names`. */
+static stz_status set_open(stz_model_set *s, const char *path, stz_names names, stz_err *err)
+{
+    char **files;
+    size_t n;
+    memset(s, 0, sizeof *s);
+    stz_status st = stz_model_files(path, &files, &n, err);
+    if (!st && !(s->m = calloc(n + 1, sizeof *s->m)))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the model's files");
+    for (size_t i = 0; !st && i < n; i++, s->n++)
+        st = stz_is_gguf(files[i]) ? stz_qmodel_open_gguf(&s->m[i], files[i], names, err)
+                                   : stz_qmodel_open(&s->m[i], files[i], err);
+    stz_model_files_free(files, n);
+    if (st) /* nothing left for the caller to free */
+        stz_model_set_free(s), memset(s, 0, sizeof *s);
+    return st;
+}
+
+stz_status stz_model_set_open(stz_model_set *s, const char *path, stz_err *err)
+{
+    return set_open(s, path, STZ_NAMES_HF, err);
+}
+
+stz_status stz_model_set_open_like(stz_model_set *s, const char *path, const stz_model_set *like, stz_err *err)
+{
+    int names = like->n ? stz_fwd_layout(like->m, like->n) : -1;
+    return set_open(s, path, names == STZ_NAMES_LLAMA2C ? STZ_NAMES_LLAMA2C : STZ_NAMES_HF, err);
+}
+
+/* The tensor named `name` in any file of the set: file *f, index *i. */
+int stz_model_set_find(const stz_model_set *s, const char *name, size_t *f, size_t *i)
+{
+    for (*f = 0; *f < s->n; (*f)++) {
+        long j = stz_qmodel_find(s->m[*f], name);
+        if (j >= 0)
+            return *i = (size_t)j, 1;
+    }
+    return 0;
 }

@@ -1,14 +1,16 @@
-/* Converting a sharded model directory (compress / decompress): every
- * shard, on threads and MPI ranks, into an output directory built under a
- * temporary name next to it and renamed at the end. */
-#include "cli_modeldir.h"
+/* Converting a sharded model directory (compress, decompress): every
+ * shard, on threads and on the caller's ranks, into an output directory
+ * built under a temporary name next to it and renamed at the end. */
+#include "core/stz_core.h"
+#include "model/model_dir.h"
+#include "stz_pipeline.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -35,7 +37,7 @@ static stz_status names_of(const char *file, shard_names *s, stz_err *err)
     stz_reader *own;
     stz_container *c;
     const stz_reader *r;
-    stz_status st = cli_open_names(file, &own, &c, &r, err);
+    stz_status st = stz_open_names(file, &own, &c, &r, err);
     if (st)
         return st;
     s->names = calloc(stz_reader_count(r) + 1, sizeof *s->names);
@@ -54,10 +56,10 @@ static stz_status names_of(const char *file, shard_names *s, stz_err *err)
 
 /* Shards converted by `workers` threads at once, each taking the next. */
 typedef struct {
-    const cli_model_dir *m;
+    const stz_model_dir *m;
     const char *in, *tmpdir, *in_suffix, *out_suffix;
     int rewrite_index, threads, quiet;
-    cli_shard_fn convert;
+    stz_shard_fn convert;
     void *user;
     pthread_mutex_t lock;
     size_t next;
@@ -79,9 +81,9 @@ static int claim_shard(const shard_work *w, size_t i, stz_err *err)
 {
     char p[PATH_MAX], name[64];
     snprintf(name, sizeof name, ".stz-claim-%zu", i);
-    if (cli_pjoin(p, sizeof p, w->tmpdir, FAILED_MARK) == 0 && access(p, F_OK) == 0)
+    if (stz_path_join(p, sizeof p, w->tmpdir, FAILED_MARK) == 0 && access(p, F_OK) == 0)
         return 0;
-    if (cli_pjoin(p, sizeof p, w->tmpdir, name))
+    if (stz_path_join(p, sizeof p, w->tmpdir, name))
         return stz_err_set(err, STZ_E_ARG, "%s: path too long", w->tmpdir), -1;
     int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
     if (fd >= 0)
@@ -95,7 +97,7 @@ static void unclaim_all(const shard_work *w)
 {
     char p[PATH_MAX], name[64];
     for (size_t i = 0; i < w->m->n; i++)
-        if (snprintf(name, sizeof name, ".stz-claim-%zu", i) > 0 && !cli_pjoin(p, sizeof p, w->tmpdir, name))
+        if (snprintf(name, sizeof name, ".stz-claim-%zu", i) > 0 && !stz_path_join(p, sizeof p, w->tmpdir, name))
             unlink(p);
 }
 
@@ -119,7 +121,7 @@ static void *shard_worker(void *arg)
             st = err.code;
         if (!st && (snprintf(src, sizeof src, "%s%s", w->m->shards[i], w->in_suffix) >= (int)sizeof src ||
                     snprintf(dst, sizeof dst, "%s%s", w->m->shards[i], w->out_suffix) >= (int)sizeof dst ||
-                    cli_pjoin(p, sizeof p, w->in, src) || cli_pjoin(q, sizeof q, w->tmpdir, dst)))
+                    stz_path_join(p, sizeof p, w->in, src) || stz_path_join(q, sizeof q, w->tmpdir, dst)))
             st = stz_err_set(&err, STZ_E_ARG, "%s: shard name or path too long", w->m->shards[i]);
         if (!st)
             st = w->convert(w->user, p, q, w->threads, w->quiet, &err);
@@ -131,7 +133,7 @@ static void *shard_worker(void *arg)
                 w->failed = 1, w->err = err;
             pthread_mutex_unlock(&w->lock);
             /* the other ranks stop taking shards */
-            if (w->claim && cli_pjoin(p, sizeof p, w->tmpdir, FAILED_MARK) == 0)
+            if (w->claim && stz_path_join(p, sizeof p, w->tmpdir, FAILED_MARK) == 0)
                 close(open(p, O_WRONLY | O_CREAT, 0600));
         }
     }
@@ -184,7 +186,7 @@ static stz_status write_text(const char *path, const char *text, stz_err *err)
 /* The names of the input's shard files (what is made here rather than
  * copied), with room for the index's name after them; NULL when out of
  * memory (*st set). */
-static char **shard_files(const cli_model_dir *m, const char *in_suffix, stz_status *st, stz_err *err)
+static char **shard_files(const stz_model_dir *m, const char *in_suffix, stz_status *st, stz_err *err)
 {
     char **skip = calloc(m->n + 2, sizeof *skip);
     if (!skip && !*st)
@@ -198,7 +200,7 @@ static char **shard_files(const cli_model_dir *m, const char *in_suffix, stz_sta
 }
 
 /* The shards largest first: the last one to start is a small one. */
-static stz_status order_shards(const cli_model_dir *m, const char *in, char *const *files, size_t *order, stz_err *err)
+static stz_status order_shards(const stz_model_dir *m, const char *in, char *const *files, size_t *order, stz_err *err)
 {
     double *sizes = calloc(m->n + 1, sizeof *sizes);
     if (!sizes)
@@ -206,140 +208,182 @@ static stz_status order_shards(const cli_model_dir *m, const char *in, char *con
     char p[PATH_MAX];
     struct stat sb;
     for (size_t i = 0; i < m->n; i++)
-        sizes[i] = cli_pjoin(p, sizeof p, in, files[i]) == 0 && stat(p, &sb) == 0 ? (double)sb.st_size : 0;
-    cli_largest_first(sizes, m->n, order);
+        sizes[i] = stz_path_join(p, sizeof p, in, files[i]) == 0 && stat(p, &sb) == 0 ? (double)sb.st_size : 0;
+    stz_largest_first(sizes, m->n, order);
     free(sizes);
     return STZ_OK;
 }
 
 /* The index into tmpdir: byte for byte when the names are unchanged, else
  * rebuilt. */
-static stz_status write_index(const cli_model_dir *m, const char *in, const char *tmpdir, int rewrite_index,
+static stz_status write_index(const stz_model_dir *m, const char *in, const char *tmpdir, int rewrite_index,
                               stz_err *err)
 {
     char p[PATH_MAX], q[PATH_MAX];
-    if (cli_pjoin(q, sizeof q, tmpdir, INDEX_NAME) || cli_pjoin(p, sizeof p, in, INDEX_NAME))
+    if (stz_path_join(q, sizeof q, tmpdir, STZ_INDEX_NAME) || stz_path_join(p, sizeof p, in, STZ_INDEX_NAME))
         return STZ_OK;
     if (!rewrite_index)
-        return cli_copy_file(p, q, err);
+        return stz_copy_file(p, q, err);
     char *txt = cJSON_Print(m->index);
     stz_status st = txt ? write_text(q, txt, err) : stz_err_set(err, STZ_E_NOMEM, "out of memory for the index");
     free(txt);
     return st;
 }
 
-/* Converts a sharded directory shard by shard into a temporary directory
- * renamed into place at the end. Longer than most: every MPI rank takes
- * the same collective steps (broadcast, failure agreement) in this order,
- * kept in one function so that they stay visible and matched. */
-int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix, int rewrite_index,
-                   int threads, int quiet, cli_shard_fn convert, void *user)
+/* ---- the caller's ranks ------------------------------------------------- */
+
+static int many(const stz_ranks *r) { return r && r->size > 1; }
+
+static void bcast(const stz_ranks *r, void *buf, size_t n, int root)
 {
-    stz_err err;
-    cli_model_dir m;
-    char tmpdir[PATH_MAX], q[PATH_MAX];
-    struct stat sb;
-    if (lstat(out, &sb) == 0) {
-        stz_err_set(&err, STZ_E_EXISTS,
-                    "%s: output exists; remove it first (directories are never replaced, even "
-                    "with --force)",
-                    out);
-        return cli_fail(&err);
-    }
-    stz_status st = cli_model_dir_load(&m, in, &err);
-    if (!st)
-        st = cli_model_dir_check(&m, in_suffix, &err);
-    int root = cli_mpi_rank() == 0, track = -1;
+    if (many(r))
+        r->bcast(r->user, buf, n, root);
+}
+
+/* 1 if this or any other rank failed (err: the first failing rank's). */
+static int any_failed(const stz_ranks *r, int failed, stz_err *err)
+{
+    return many(r) ? r->any_failed(r->user, failed, err) : failed;
+}
+
+/* ---- the run ------------------------------------------------------------ */
+
+/* Rank 0's temporary directory next to `out` (tracked: a signal removes it
+ * while empty), made an ordinary directory (mkdtemp makes it 0700). */
+static stz_status make_tmpdir(const char *out, char *tmpdir, size_t cap, int *track, stz_err *err)
+{
     const char *slash = strrchr(out, '/');
-    int tl = snprintf(tmpdir, sizeof tmpdir, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - out) + 1 : 0, out,
-                      slash ? slash + 1 : out);
-    /* tracked: a signal removes the directory itself if empty */
-    if (!st && root && (tl < 0 || (size_t)tl >= sizeof tmpdir || stz_tmp_make(tmpdir, 1, &track) < 0))
-        st = stz_err_set(&err, STZ_E_IO, "%s: cannot create a temporary directory: %s", out, strerror(errno));
-    cli_mpi_bcast(tmpdir, sizeof tmpdir, 0); /* every rank writes into rank 0's directory */
-    if (cli_mpi_failed(st != STZ_OK, &err)) {
+    int tl =
+        snprintf(tmpdir, cap, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - out) + 1 : 0, out, slash ? slash + 1 : out);
+    if (tl < 0 || (size_t)tl >= cap || stz_tmp_make(tmpdir, 1, track) < 0)
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary directory: %s", out, strerror(errno));
+    mode_t mask = umask(0);
+    umask(mask);
+    chmod(tmpdir, 0777 & ~mask);
+    return STZ_OK;
+}
+
+/* The new index's weight map from the outputs' tensors, in shard order (the
+ * same index for any thread count or rank count); its total_size too.
+ * Under ranks the names are read here, from every rank's outputs. */
+static stz_status rebuild_index(const stz_model_dir *m, shard_work *w, int read_outputs, stz_err *err)
+{
+    cJSON *wm = cJSON_CreateObject();
+    if (!wm || !cJSON_ReplaceItemInObjectCaseSensitive(m->index, "weight_map", wm))
+        return cJSON_Delete(wm), stz_err_set(err, STZ_E_NOMEM, "out of memory for the index");
+    double total = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        char dst[1024], q[PATH_MAX];
+        stz_status st;
+        if (read_outputs) {
+            if (snprintf(dst, sizeof dst, "%s%s", m->shards[i], w->out_suffix) >= (int)sizeof dst ||
+                stz_path_join(q, sizeof q, w->tmpdir, dst))
+                return stz_err_set(err, STZ_E_ARG, "%s: path too long", m->shards[i]);
+            if ((st = names_of(q, &w->names[i], err)))
+                return st;
+        }
+        for (size_t k = 0; k < w->names[i].n; k++)
+            cJSON_AddStringToObject(wm, w->names[i].names[k], m->shards[i]);
+        total += w->names[i].bytes;
+    }
+    cJSON *meta = cJSON_GetObjectItemCaseSensitive(m->index, "metadata");
+    if (cJSON_IsObject(meta)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(meta, "total_size");
+        cJSON_AddNumberToObject(meta, "total_size", total);
+    }
+    return STZ_OK;
+}
+
+/* Rank 0 after every shard is converted: the index, the other files, the
+ * rename into place (the temporary directory removed on failure). */
+static stz_status finish(const stz_shards_params *p, const stz_model_dir *m, shard_work *w, char **skip, const char *in,
+                         const char *out, stz_err *err)
+{
+    stz_status st = p->rewrite_index ? rebuild_index(m, w, many(p->ranks), err) : STZ_OK;
+    skip[m->n] = STZ_INDEX_NAME;
+    if (!st)
+        st = write_index(m, in, w->tmpdir, p->rewrite_index, err);
+    if (!st)
+        st = stz_copy_tree(m->real, in, w->tmpdir, skip, err);
+    if (!st && stz_rename_noreplace(w->tmpdir, out))
+        st = stz_err_set(err, errno == EEXIST || errno == ENOTEMPTY ? STZ_E_EXISTS : STZ_E_IO,
+                         "%s: cannot rename the finished directory into place: %s", out, strerror(errno));
+    if (st)
+        stz_remove_tree(w->tmpdir);
+    return st;
+}
+
+static void free_names(shard_work *w, size_t n)
+{
+    for (size_t i = 0; w->names && i < n; i++)
+        names_free(&w->names[i]);
+    free(w->names);
+}
+
+/* Every rank takes the same collective steps (broadcast, failure
+ * agreement) in this order, kept in one function so that they stay visible
+ * and matched. */
+stz_status stz_convert_shards(const stz_shards_params *p, const char *in, const char *out, stz_err *err)
+{
+    const stz_ranks *ranks = p->ranks;
+    int root = !ranks || ranks->rank == 0, mpi = many(ranks), track = -1;
+    char tmpdir[PATH_MAX] = "";
+    struct stat sb;
+    if (lstat(out, &sb) == 0)
+        return stz_err_set(err, STZ_E_EXISTS,
+                           "%s: output exists; remove it first (directories are never replaced, even with --force)",
+                           out);
+    stz_model_dir m;
+    stz_status st = stz_model_dir_load(&m, in, err);
+    if (!st)
+        st = stz_model_dir_check(&m, p->in_suffix, err);
+    if (!st && root)
+        st = make_tmpdir(out, tmpdir, sizeof tmpdir, &track, err);
+    bcast(ranks, tmpdir, sizeof tmpdir, 0); /* every rank writes into rank 0's directory */
+    if (any_failed(ranks, st != STZ_OK, err)) {
         if (track >= 0) { /* made here; another rank failed */
             stz_tmp_untrack(track);
             rmdir(tmpdir);
         }
-        cli_model_dir_free(&m);
-        return root ? cli_fail(&err) : CLI_ERROR;
+        stz_model_dir_free(&m);
+        return err->code ? err->code : STZ_E_IO;
     }
-    if (root) {
-        mode_t mask = umask(0);
-        umask(mask);
-        chmod(tmpdir, 0777 & ~mask); /* mkdtemp makes it 0700; the result is an ordinary directory */
-    }
-    cJSON *wm = cJSON_GetObjectItemCaseSensitive(m.index, "weight_map");
-    if (rewrite_index) { /* rebuilt from the converted shards' own tensors */
-        wm = cJSON_CreateObject();
-        cJSON_ReplaceItemInObjectCaseSensitive(m.index, "weight_map", wm);
-    }
-    double total = 0;
-    char **skip = shard_files(&m, in_suffix, &st, &err);
-    int mpi = cli_mpi_size() > 1;
+    char **skip = shard_files(&m, p->in_suffix, &st, err);
     size_t *order = calloc(m.n + 1, sizeof *order);
     if (!order && !st)
-        st = stz_err_set(&err, STZ_E_NOMEM, "out of memory for the shard order");
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the shard order");
     if (!st)
-        st = order_shards(&m, in, skip, order, &err);
+        st = order_shards(&m, in, skip, order, err);
     shard_work w = {.m = &m,
                     .in = in,
                     .tmpdir = tmpdir,
-                    .in_suffix = in_suffix,
-                    .out_suffix = out_suffix,
-                    .rewrite_index = rewrite_index && !mpi,
-                    .quiet = quiet || (mpi && !root),
-                    .convert = convert,
-                    .user = user,
+                    .in_suffix = p->in_suffix,
+                    .out_suffix = p->out_suffix,
+                    .rewrite_index = p->rewrite_index && !mpi, /* under ranks rank 0 reads every output */
+                    .quiet = p->quiet || !root,
+                    .convert = p->convert,
+                    .user = p->user,
                     .order = order,
                     .claim = mpi};
     if (!st)
-        st = convert_shards(&w, threads, &err);
-    if (cli_mpi_failed(st != STZ_OK, &err)) /* all ranks done writing: rank 0 finishes or removes */
-        st = err.code ? err.code : STZ_E_IO;
+        st = convert_shards(&w, p->threads, err);
+    if (any_failed(ranks, st != STZ_OK, err)) /* every rank done writing: rank 0 finishes or removes */
+        st = err->code ? err->code : STZ_E_IO;
     if (root && mpi)
         unclaim_all(&w);
-    for (size_t i = 0; !st && root && mpi && rewrite_index && i < m.n; i++) { /* the shards of every rank */
-        char dst[1024];
-        snprintf(dst, sizeof dst, "%s%s", m.shards[i], out_suffix);
-        if (cli_pjoin(q, sizeof q, tmpdir, dst) || (st = names_of(q, &w.names[i], &err)))
-            st = st ? st : stz_err_set(&err, STZ_E_ARG, "%s: path too long", dst);
-    }
+    if (root && !st)
+        st = finish(p, &m, &w, skip, in, out, err);
+    else if (root)
+        stz_remove_tree(tmpdir);
+    if (root)
+        stz_tmp_untrack(track);
     free(order);
-    for (size_t i = 0; !st && root && rewrite_index && i < m.n; i++) { /* in shard order: the same index for any -T */
-        for (size_t k = 0; k < w.names[i].n; k++)
-            cJSON_AddStringToObject(wm, w.names[i].names[k], m.shards[i]);
-        total += w.names[i].bytes;
-    }
-    for (size_t i = 0; w.names && i < m.n; i++)
-        names_free(&w.names[i]);
-    free(w.names);
-    if (skip)
-        skip[m.n] = INDEX_NAME;
-    cJSON *meta = cJSON_GetObjectItemCaseSensitive(m.index, "metadata");
-    if (!root) /* rank 0 writes the rest */
-        goto done;
-    if (!st && rewrite_index && cJSON_IsObject(meta)) {
-        cJSON_DeleteItemFromObjectCaseSensitive(meta, "total_size");
-        cJSON_AddNumberToObject(meta, "total_size", total);
-    }
-    if (!st)
-        st = write_index(&m, in, tmpdir, rewrite_index, &err);
-    if (!st)
-        st = cli_copy_tree(m.real, in, tmpdir, skip, &err);
-    if (!st && stz_rename_noreplace(tmpdir, out))
-        st = stz_err_set(&err, errno == EEXIST || errno == ENOTEMPTY ? STZ_E_EXISTS : STZ_E_IO,
-                         "%s: cannot rename the finished directory into place: %s", out, strerror(errno));
-    if (st)
-        cli_remove_tree(tmpdir);
-    stz_tmp_untrack(track);
-done:
+    free_names(&w, m.n);
     for (size_t i = 0; skip && i < m.n; i++)
         free(skip[i]);
     free(skip);
-    cli_model_dir_free(&m);
-    if (cli_mpi_failed(st != STZ_OK, &err)) /* rank 0's last steps, or a failure all ranks saw */
-        return root ? cli_fail(&err) : CLI_ERROR;
-    return CLI_OK;
+    stz_model_dir_free(&m);
+    if (any_failed(ranks, st != STZ_OK, err)) /* rank 0's last steps, or a failure every rank saw */
+        return err->code ? err->code : STZ_E_IO;
+    return STZ_OK;
 }
