@@ -273,11 +273,6 @@ stz_status cli_compress_policy(const char *in, const char *out, struct stz_polic
                                stz_err *err);
 
 struct stz_qmodel;
-/* How a listed tensor is stored: "svd", "int2".."int8", a GGUF block type
- * ("q4_0"), or `kept`. */
-const char *cli_action_of(const stz_qtensor *t, const char *kept);
-/* 1 for a tensor stored quantized: by stz, or in a GGUF block type. */
-int cli_quantized(const stz_qtensor *t);
 /* Handles option c if it is a sequence option: -1 handled, an exit status
  * (usage error), or -2 if not one. */
 int cli_seq_opt(const char *cmd, int c, cli_seq_opts *o);

@@ -1,6 +1,7 @@
 /* The command table, and stz_command: the program's commands run in-process
  * for bindings (include/stz.h). */
 #include "cli.h"
+#include "stz_eval.h"
 
 #include <getopt.h>
 #include <stdatomic.h>
@@ -105,3 +106,22 @@ STZ_API int stz_command(int argc, const char *const *argv, char **json, stz_err 
 }
 
 STZ_API void stz_command_free(char *json) { free(json); }
+
+size_t stz_struct_size(const char *name)
+{
+    static const struct {
+        const char *name;
+        size_t size;
+    } known[] = {{"stz_err", sizeof(stz_err)},
+                 {"stz_tensor", sizeof(stz_tensor)},
+                 {"stz_qtensor", sizeof(stz_qtensor)},
+                 {"stz_model_set", sizeof(stz_model_set)},
+                 {"stz_metrics", sizeof(stz_metrics)},
+                 {"stz_eval_row", sizeof(stz_eval_row)},
+                 {"stz_eval_problem", sizeof(stz_eval_problem)},
+                 {"stz_eval_result", sizeof(stz_eval_result)}};
+    for (size_t i = 0; name && i < sizeof known / sizeof *known; i++)
+        if (!strcmp(name, known[i].name))
+            return known[i].size;
+    return 0;
+}

@@ -291,20 +291,6 @@ void cli_err_path(stz_err *err, const char *tmp, const char *shown)
     memcpy(err->msg, buf, sizeof buf);
 }
 
-const char *cli_action_of(const stz_qtensor *t, const char *kept)
-{
-    static const char *const names[9] = {NULL, "int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8"};
-    if (t->gguf_type)
-        return cli_quantized(t) ? t->gguf_type : kept;
-    return t->rank ? "svd" : t->bits > 0 && t->bits <= 8 ? names[t->bits] : kept;
-}
-
-int cli_quantized(const stz_qtensor *t)
-{
-    return t->bits ||
-           (t->gguf_type && strcmp(t->gguf_type, "f32") && strcmp(t->gguf_type, "f16") && strcmp(t->gguf_type, "bf16"));
-}
-
 static uint64_t tree_bytes;
 static int tree_model_only;
 static int add_bytes(const char *path, const struct stat *sb, int type, struct FTW *ftw)

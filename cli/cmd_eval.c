@@ -34,19 +34,6 @@ static const char eval_help[] =
     "Exit status: 0 ok, 1 error, 2 usage, 3 the check failed (a tensor below\n"
     "--threshold, a tensor missing or mismatched, or nothing compared).\n";
 
-typedef struct {
-    const char *name;
-    const char *action;
-    uint64_t numel;
-    stz_metrics m;
-} eval_row;
-
-static int by_cosine(const void *a, const void *b)
-{
-    double x = ((const eval_row *)a)->m.cosine, y = ((const eval_row *)b)->m.cosine;
-    return (x > y) - (x < y);
-}
-
 static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
 /* One comparison: the options, the two sides, and what was found. */
@@ -55,12 +42,7 @@ typedef struct {
     int json, csv, quiet, allow_missing;
     const char *pa, *pb;
     stz_model_set A, B;
-    eval_row *rows;
-    size_t na, nr;
-    cJSON *missing, *extra, *mismatched; /* names */
-    size_t nmissing, nextra, nmismatch, done_n;
-    double wsum, wtot, minc;
-    uint64_t params, pq;
+    stz_eval_result r;
 } eval_run;
 
 /* Options into e; CLI_OK, or the usage error's exit status in *rc. */
@@ -99,112 +81,70 @@ static int eval_options(eval_run *e, int argc, char **argv, int *rc)
     return 0;
 }
 
-/* Tensor i of file fa of the original against its namesake in the
- * candidate: a row of figures, or one of the lists. */
-static stz_status compare_one(eval_run *e, size_t fa, size_t i, stz_err *err)
+/* The tensors one side lacks or holds otherwise, on standard error. */
+static void print_problems(const eval_run *e)
 {
-    stz_qmodel *a = e->A.m[fa];
-    const stz_qtensor *ta = stz_qmodel_tensor(a, i);
-    size_t fb, j;
-    e->params += ta->numel;
-    if (!stz_model_set_find(&e->B, ta->name, &fb, &j)) {
-        cJSON_AddItemToArray(e->missing, cJSON_CreateString(ta->name));
-        fprintf(stderr, "stz: %s: tensor '%s' is missing from %s\n", e->allow_missing ? "warning" : "check failed",
-                ta->name, e->pb);
-        e->nmissing++;
-        return STZ_OK;
+    for (size_t i = 0; i < e->r.nproblems; i++) {
+        const stz_eval_problem *p = &e->r.problems[i];
+        if (p->kind == STZ_EVAL_MISMATCHED)
+            fprintf(stderr, "stz: check failed: %s\n", p->why);
+        else
+            fprintf(stderr, "stz: %s: tensor '%s' is %s %s\n", e->allow_missing ? "warning" : "check failed", p->name,
+                    p->kind == STZ_EVAL_MISSING ? "missing from" : "only in", e->pb);
     }
-    stz_qmodel *b = e->B.m[fb];
-    const stz_qtensor *tb = stz_qmodel_tensor(b, j);
-    if (cli_quantized(tb))
-        e->pq += ta->numel;
-    if (!stz_dtype_is_float(ta->dtype) || !stz_dtype_is_float(tb->dtype) || ta->dtype == STZ_DTYPE_C64) {
-        e->done_n++; /* integer tensors are compared by shape only */
-        return STZ_OK;
-    }
-    stz_metrics m;
-    stz_status s = stz_eval_tensor(a, i, b, j, &m, err);
-    if (s == STZ_E_SHAPE || s == STZ_E_DTYPE) {
-        cJSON_AddItemToArray(e->mismatched, cJSON_CreateString(ta->name));
-        fprintf(stderr, "stz: check failed: %s\n", err->msg);
-        e->nmismatch++;
-        return STZ_OK;
-    }
-    if (s)
-        return s;
-    e->done_n++;
-    e->rows[e->nr++] = (eval_row){ta->name, cli_action_of(tb, "kept"), ta->numel, m};
-    e->wsum += m.cosine * (double)ta->numel, e->wtot += (double)ta->numel;
-    e->minc = m.cosine < e->minc ? m.cosine : e->minc;
-    return STZ_OK;
 }
 
-/* Every tensor of the original, then the candidate's that it lacks. */
-static stz_status compare_all(eval_run *e, stz_err *err)
+/* The names of the problems of one kind, as a JSON array. */
+static cJSON *problem_names(const stz_eval_result *r, stz_eval_problem_kind kind)
 {
-    cli_progress prog;
-    cli_progress_init(&prog, "eval", e->quiet || e->json || e->csv);
-    for (size_t fa = 0; fa < e->A.n; fa++)
-        for (size_t i = 0; i < stz_qmodel_count(e->A.m[fa]); i++) {
-            size_t before = e->nr;
-            stz_status st = compare_one(e, fa, i, err);
-            if (st)
-                return st;
-            if (e->nr > before && cli_progress_cb(&prog, e->nr, e->na))
-                return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-        }
-    for (size_t fb = 0; fb < e->B.n; fb++)
-        for (size_t j = 0; j < stz_qmodel_count(e->B.m[fb]); j++) {
-            const char *name = stz_qmodel_tensor(e->B.m[fb], j)->name;
-            size_t f, i;
-            if (!stz_model_set_find(&e->A, name, &f, &i)) {
-                cJSON_AddItemToArray(e->extra, cJSON_CreateString(name));
-                fprintf(stderr, "stz: %s: tensor '%s' is only in %s\n", e->allow_missing ? "warning" : "check failed",
-                        name, e->pb);
-                e->nextra++;
-            }
-        }
-    cli_progress_end(&prog);
-    return STZ_OK;
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < r->nproblems; i++)
+        if (r->problems[i].kind == kind)
+            cJSON_AddItemToArray(a, cJSON_CreateString(r->problems[i].name));
+    return a;
 }
 
-static int eval_print_json(eval_run *e, int failed)
+static double quantized_share(const stz_eval_result *r)
 {
-    double wmean = e->wtot ? e->wsum / e->wtot : 1, share = e->params ? (double)e->pq / (double)e->params : 0;
+    return r->params ? (double)r->params_quantized / (double)r->params : 0;
+}
+
+static int eval_print_json(const eval_run *e, int failed)
+{
+    const stz_eval_result *r = &e->r;
     cJSON *doc = cJSON_CreateObject(), *arr = cJSON_CreateArray();
-    for (size_t i = 0; i < e->nr; i++) {
-        const eval_row *r = &e->rows[i];
+    for (size_t i = 0; i < r->nrows; i++) {
+        const stz_eval_row *w = &r->rows[i];
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "name", r->name);
-        cJSON_AddStringToObject(o, "action", r->action);
-        cJSON_AddNumberToObject(o, "params", (double)r->numel);
-        cJSON_AddItemToObject(o, "cosine", num(r->m.cosine));
-        cJSON_AddItemToObject(o, "rel_frobenius", num(r->m.rel_frobenius));
-        cJSON_AddItemToObject(o, "snr_db", num(r->m.snr_db));
-        cJSON_AddItemToObject(o, "max_abs_error", num(r->m.max_abs));
+        cJSON_AddStringToObject(o, "name", w->name);
+        cJSON_AddStringToObject(o, "action", w->action);
+        cJSON_AddNumberToObject(o, "params", (double)w->params);
+        cJSON_AddItemToObject(o, "cosine", num(w->m.cosine));
+        cJSON_AddItemToObject(o, "rel_frobenius", num(w->m.rel_frobenius));
+        cJSON_AddItemToObject(o, "snr_db", num(w->m.snr_db));
+        cJSON_AddItemToObject(o, "max_abs_error", num(w->m.max_abs));
         cJSON_AddItemToArray(arr, o);
     }
     cJSON_AddStringToObject(doc, "original", e->pa);
     cJSON_AddStringToObject(doc, "candidate", e->pb);
     cJSON_AddItemToObject(doc, "tensors", arr);
-    if (e->nr) {
-        cJSON_AddNumberToObject(doc, "weighted_cosine", wmean);
-        cJSON_AddNumberToObject(doc, "min_cosine", e->minc);
+    if (r->nrows) {
+        cJSON_AddNumberToObject(doc, "weighted_cosine", r->weighted_cosine);
+        cJSON_AddNumberToObject(doc, "min_cosine", r->min_cosine);
     } else { /* nothing compared: no figure to give */
         cJSON_AddNullToObject(doc, "weighted_cosine");
         cJSON_AddNullToObject(doc, "min_cosine");
     }
-    cJSON_AddNumberToObject(doc, "params_quantized_share", share);
-    cJSON_AddNumberToObject(doc, "tensors_compared", (double)e->done_n);
-    cJSON_AddItemToObject(doc, "missing_from_candidate", e->missing);
-    cJSON_AddItemToObject(doc, "only_in_candidate", e->extra);
-    cJSON_AddItemToObject(doc, "mismatched", e->mismatched);
-    e->missing = e->extra = e->mismatched = NULL;
+    cJSON_AddNumberToObject(doc, "params_quantized_share", quantized_share(r));
+    cJSON_AddNumberToObject(doc, "tensors_compared", (double)r->compared);
+    cJSON_AddItemToObject(doc, "missing_from_candidate", problem_names(r, STZ_EVAL_MISSING));
+    cJSON_AddItemToObject(doc, "only_in_candidate", problem_names(r, STZ_EVAL_EXTRA));
+    cJSON_AddItemToObject(doc, "mismatched", problem_names(r, STZ_EVAL_MISMATCHED));
     if (e->threshold > -2) {
         cJSON *bl = cJSON_CreateArray();
-        for (size_t i = 0; i < e->nr; i++)
-            if (e->rows[i].m.cosine < e->threshold)
-                cJSON_AddItemToArray(bl, cJSON_CreateString(e->rows[i].name));
+        for (size_t i = 0; i < r->nrows; i++)
+            if (r->rows[i].m.cosine < e->threshold)
+                cJSON_AddItemToArray(bl, cJSON_CreateString(r->rows[i].name));
         cJSON_AddNumberToObject(doc, "threshold", e->threshold);
         cJSON_AddItemToObject(doc, "below_threshold", bl);
     }
@@ -215,59 +155,63 @@ static int eval_print_json(eval_run *e, int failed)
 static void eval_print_csv(const eval_run *e)
 {
     printf("name,action,params,cosine,rel_frobenius,snr_db,max_abs_error\n");
-    for (size_t i = 0; i < e->nr; i++) {
-        const eval_row *r = &e->rows[i];
-        printf("\"%s\",%s,%llu,%.9f,%.9g,%.4f,%.9g\n", r->name, r->action, (unsigned long long)r->numel, r->m.cosine,
-               r->m.rel_frobenius, r->m.snr_db, r->m.max_abs);
+    for (size_t i = 0; i < e->r.nrows; i++) {
+        const stz_eval_row *w = &e->r.rows[i];
+        printf("\"%s\",%s,%llu,%.9f,%.9g,%.4f,%.9g\n", w->name, w->action, (unsigned long long)w->params, w->m.cosine,
+               w->m.rel_frobenius, w->m.snr_db, w->m.max_abs);
     }
 }
 
 static void eval_print_table(const eval_run *e, size_t below)
 {
-    double wmean = e->wtot ? e->wsum / e->wtot : 1, share = e->params ? (double)e->pq / (double)e->params : 0;
+    const stz_eval_result *r = &e->r;
     size_t w = 4;
-    for (size_t i = 0; i < e->nr; i++)
-        w = strlen(e->rows[i].name) > w ? strlen(e->rows[i].name) : w;
+    for (size_t i = 0; i < r->nrows; i++)
+        w = strlen(r->rows[i].name) > w ? strlen(r->rows[i].name) : w;
     w = w > 60 ? 60 : w;
     if (!e->quiet)
         printf("%-*s  %-6s  %10s  %10s  %8s  %10s\n", (int)w, "name (worst first)", "action", "cosine", "rel.err",
                "SNR dB", "max |err|");
-    for (size_t i = 0; i < e->nr; i++) {
-        const eval_row *r = &e->rows[i];
-        if (!e->quiet || r->m.cosine < e->threshold)
-            printf("%-*s  %-6s  %10.6f  %10.3g  %8.2f  %10.3g%s\n", (int)w, r->name, r->action, r->m.cosine,
-                   r->m.rel_frobenius, r->m.snr_db, r->m.max_abs,
-                   r->m.cosine < e->threshold ? "  BELOW THRESHOLD" : "");
+    for (size_t i = 0; i < r->nrows; i++) {
+        const stz_eval_row *x = &r->rows[i];
+        if (!e->quiet || x->m.cosine < e->threshold)
+            printf("%-*s  %-6s  %10.6f  %10.3g  %8.2f  %10.3g%s\n", (int)w, x->name, x->action, x->m.cosine,
+                   x->m.rel_frobenius, x->m.snr_db, x->m.max_abs,
+                   x->m.cosine < e->threshold ? "  BELOW THRESHOLD" : "");
     }
     if (!e->quiet)
         printf("\n");
-    if (e->nr)
-        printf("%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n", e->nr,
-               wmean, e->minc, 100 * share);
+    if (r->nrows)
+        printf("%zu tensors compared: weighted mean cosine %.6f, minimum %.6f; %.1f%% of parameters quantized\n",
+               r->nrows, r->weighted_cosine, r->min_cosine, 100 * quantized_share(r));
     else
         printf("no tensor compared\n");
     if (e->threshold > -2)
         printf("%zu tensor(s) below the threshold %g\n", below, e->threshold);
-    if (e->nmissing + e->nextra + e->nmismatch)
+    if (r->nproblems)
         printf("%zu tensor(s) missing from the candidate, %zu only in it, %zu with another shape or dtype%s\n",
-               e->nmissing, e->nextra, e->nmismatch, e->allow_missing ? " (allowed)" : "");
+               r->count[STZ_EVAL_MISSING], r->count[STZ_EVAL_EXTRA], r->count[STZ_EVAL_MISMATCHED],
+               e->allow_missing ? " (allowed)" : "");
 }
 
 /* The figures in the form asked for; 3 when the check failed. */
-static int eval_report(eval_run *e)
+static int eval_report(const eval_run *e)
 {
-    qsort(e->rows, e->nr, sizeof *e->rows, by_cosine);
+    const stz_eval_result *r = &e->r;
     size_t below = 0;
-    for (size_t i = 0; i < e->nr; i++)
-        below += e->rows[i].m.cosine < e->threshold;
-    int failed = below || !e->done_n || e->nmismatch || (!e->allow_missing && e->nmissing + e->nextra), rc = CLI_OK;
+    for (size_t i = 0; i < r->nrows; i++)
+        below += r->rows[i].m.cosine < e->threshold;
+    int failed = below || !r->compared || r->count[STZ_EVAL_MISMATCHED] ||
+                 (!e->allow_missing && r->count[STZ_EVAL_MISSING] + r->count[STZ_EVAL_EXTRA]),
+        rc = CLI_OK;
+    print_problems(e);
     if (e->json)
         rc = eval_print_json(e, failed);
     else if (e->csv)
         eval_print_csv(e);
     else
         eval_print_table(e, below);
-    if (!e->done_n)
+    if (!r->compared)
         fprintf(stderr, "stz: check failed: no tensor of %s was compared with %s\n", e->pa, e->pb);
     return rc == CLI_OK && failed ? 3 : rc;
 }
@@ -277,7 +221,7 @@ int cmd_eval(int argc, char **argv)
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
         if (!strcmp(argv[i], "--forward"))
             return cmd_eval_forward(argc, argv);
-    eval_run e = {.threshold = -2, .minc = 1};
+    eval_run e = {.threshold = -2};
     int rc;
     if (eval_options(&e, argc, argv, &rc))
         return rc;
@@ -286,20 +230,12 @@ int cmd_eval(int argc, char **argv)
         stz_model_set_free(&e.A);
         return cli_fail(&err);
     }
-    for (size_t f = 0; f < e.A.n; f++)
-        e.na += stz_qmodel_count(e.A.m[f]);
-    e.rows = calloc(e.na + 1, sizeof *e.rows);
-    e.missing = cJSON_CreateArray(), e.extra = cJSON_CreateArray(), e.mismatched = cJSON_CreateArray();
-    if (!e.rows || !e.missing || !e.extra || !e.mismatched) {
-        stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for %zu tensors' figures", e.pa, e.na);
-        rc = cli_fail(&err);
-    } else {
-        rc = compare_all(&e, &err) ? cli_fail(&err) : eval_report(&e);
-    }
-    cJSON_Delete(e.missing);
-    cJSON_Delete(e.extra);
-    cJSON_Delete(e.mismatched);
-    free(e.rows);
+    cli_progress prog;
+    cli_progress_init(&prog, "eval", e.quiet || e.json || e.csv);
+    stz_status st = stz_eval_models(&e.A, &e.B, cli_progress_cb, &prog, &e.r, &err);
+    cli_progress_end(&prog);
+    rc = st ? cli_fail(&err) : eval_report(&e);
+    stz_eval_result_free(&e.r);
     stz_model_set_free(&e.A);
     stz_model_set_free(&e.B);
     return rc;

@@ -113,7 +113,7 @@ static stz_status quant_view(const stz_reader *r, cJSON *o, stz_err *err)
             cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
         cJSON_AddItemToObject(e, "shape", sh);
         cJSON_AddNumberToObject(e, "params", (double)t->numel);
-        cJSON_AddStringToObject(e, "action", cli_action_of(t, "keep"));
+        cJSON_AddStringToObject(e, "action", stz_qtensor_action(t, "keep"));
         if (t->method)
             cJSON_AddStringToObject(e, "method", t->method);
         if (t->block_size)

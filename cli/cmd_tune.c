@@ -322,7 +322,7 @@ static stz_status tune_open(tune_run *t, stz_err *err)
     char from[STZ_FWD_FROM_MAX];
     int found = stz_fwd_config_find(t->model, &t->S, o->config, &t->cfg, from, &t->cfg_json, err);
     if (found < 0)
-        return err->code; /* cli_model_config's error */
+        return err->code;
     if ((!found && (st = stz_fwd_no_config(t->model, &t->S, err))))
         return st;
     if (o->gguf) { /* before the long work: a model export cannot write */

@@ -177,6 +177,14 @@ STZ_API void stz_interrupt_clear(void);
 STZ_API int stz_command(int argc, const char *const *argv, char **json, stz_err *err);
 STZ_API void stz_command_free(char *json);
 
+/* sizeof the public structure `name`, for the structures bindings mirror
+ * ("stz_err", "stz_tensor", "stz_qtensor", "stz_model_set", "stz_metrics",
+ * "stz_eval_row", "stz_eval_problem", "stz_eval_result"), 0 for another
+ * name. Python's ctypes copies are checked against it when the library
+ * loads, so that a library of another layout is refused rather than
+ * misread. In the shared library (libstz.so), beside stz_command. */
+STZ_API size_t stz_struct_size(const char *name);
+
 #ifdef __cplusplus
 }
 #endif

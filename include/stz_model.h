@@ -65,13 +65,10 @@ struct stz_container;
 STZ_API struct stz_container *stz_qmodel_container(const stz_qmodel *m);
 STZ_API size_t stz_qmodel_count(const stz_qmodel *m);
 STZ_API const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
-
-/* sizeof the public structure `name` ("stz_err", "stz_tensor" or
- * "stz_qtensor": the ones bindings mirror), 0 for another name. Python's
- * ctypes copies are checked against it when the library loads, so that a
- * library of another layout is refused rather than misread. */
-STZ_API size_t stz_struct_size(const char *name);
+/* The index of the tensor `name` (its original name), or -1. */
 STZ_API long stz_qmodel_find(const stz_qmodel *m, const char *name);
+/* The SafeTensors header the tensors are read from (a container's
+ * original's). */
 STZ_API const stz_reader *stz_qmodel_reader(const stz_qmodel *m);
 /* Reads rows [row, row + nrows) of tensor i as floats (dequantized if
  * needed) into dst (nrows * cols floats). STZ_E_DTYPE for a non-float
@@ -88,6 +85,12 @@ STZ_API stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, 
  * floats, row by row), when scales is not NULL. */
 STZ_API stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
                                                float *scales, stz_err *err);
+
+/* 1 for a tensor stored quantized: by stz, or in a GGUF block type. */
+STZ_API int stz_qtensor_quantized(const stz_qtensor *t);
+/* How a tensor is stored, as a policy action names it: "int4", "svd", a GGUF
+ * block type ("q4_k"), or `kept` when it is stored as is. */
+STZ_API const char *stz_qtensor_action(const stz_qtensor *t, const char *kept);
 
 /* ---- model directories -------------------------------------------------- */
 

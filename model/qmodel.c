@@ -241,15 +241,16 @@ stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t n
     return st ? st : stz_reader_read(m->r, q->sc, row * sb, scales, nrows * sb, err);
 }
 
-size_t stz_struct_size(const char *name)
+int stz_qtensor_quantized(const stz_qtensor *t)
 {
-    static const struct {
-        const char *name;
-        size_t size;
-    } known[] = {
-        {"stz_err", sizeof(stz_err)}, {"stz_tensor", sizeof(stz_tensor)}, {"stz_qtensor", sizeof(stz_qtensor)}};
-    for (size_t i = 0; name && i < sizeof known / sizeof *known; i++)
-        if (!strcmp(name, known[i].name))
-            return known[i].size;
-    return 0;
+    return t->bits ||
+           (t->gguf_type && strcmp(t->gguf_type, "f32") && strcmp(t->gguf_type, "f16") && strcmp(t->gguf_type, "bf16"));
+}
+
+const char *stz_qtensor_action(const stz_qtensor *t, const char *kept)
+{
+    static const char *const names[9] = {NULL, "int1", "int2", "int3", "int4", "int5", "int6", "int7", "int8"};
+    if (t->gguf_type)
+        return stz_qtensor_quantized(t) ? t->gguf_type : kept;
+    return t->rank ? "svd" : t->bits > 0 && t->bits <= 8 ? names[t->bits] : kept;
 }

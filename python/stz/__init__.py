@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import struct
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from . import _lib
 from ._lib import Err, StzError, Tensor, call, cstr, lib, text
 
 __all__ = ["StzError", "safe_open", "load_file", "load_dir", "model_files", "save_file", "command", "compress",
@@ -270,28 +272,36 @@ def command(name: str, /, *args: Any, **options: Any) -> Dict[str, Any]:
     if "-" in argv or "-c" in argv:
         raise StzError("STZ_E_ARG", "stz %s: standard input/output ('-') is not available from Python" % name)
     L, c_argv = lib(), (ctypes.c_char_p * (len(argv) + 1))(*[cstr(a, "argument", True) for a in argv], None)
-    out, err, status = ctypes.c_void_p(), Err(), []
-    # the command runs on a thread (ctypes releases the GIL) so that Ctrl-C
-    # reaches Python, which asks stz to stop; polling a list, not join():
-    # join() interrupted by KeyboardInterrupt can report a live thread as done
-    threading.Thread(target=lambda: status.append(
-        L.stz_command(len(argv), c_argv, ctypes.byref(out), ctypes.byref(err))), daemon=True).start()
+    out, err = ctypes.c_void_p(), Err()
     try:
-        while not status:
-            time.sleep(0.02)
+        rc = _interruptible(lambda: L.stz_command(len(argv), c_argv, ctypes.byref(out), ctypes.byref(err)))
     except KeyboardInterrupt:
-        L.stz_interrupt_request()
-        while not status:
-            time.sleep(0.02)
         L.stz_command_free(out)
         raise
-    rc = status[0]
     if rc not in (0, 3):
         raise StzError(text(L.stz_status_name(err.code)), err.msg.decode(errors="replace"))
     try:
         return json.loads(ctypes.string_at(out.value).decode()) if out.value else {}
     finally:
         L.stz_command_free(out)
+
+
+def _interruptible(fn: Callable[[], int]) -> int:
+    """fn() (a long libstz call) on a thread, ctypes releasing the GIL, so
+    that Ctrl-C reaches Python, which asks stz to stop and re-raises once
+    fn returned. Polls a list, not join(): join() interrupted by
+    KeyboardInterrupt can report a live thread as done."""
+    status: List[int] = []
+    threading.Thread(target=lambda: status.append(fn()), daemon=True).start()
+    try:
+        while not status:
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        lib().stz_interrupt_request()
+        while not status:
+            time.sleep(0.02)
+        raise
+    return status[0]
 
 
 def compress(src: PathLike, dst: Optional[PathLike] = None, policy: str = "int4", lossless: bool = False,
@@ -323,6 +333,55 @@ def tune(model: PathLike, dst: Optional[PathLike] = None, force: bool = False, *
     return command("tune", model, output=dst, force=force, **options)
 
 
-def evaluate(original: PathLike, candidate: PathLike, forward: bool = False, **options: Any) -> Dict[str, Any]:
-    """stz eval (forward=True: --forward); options become --key value."""
-    return command("eval", original, candidate, forward=forward, **options)
+def _figure(v: float) -> Optional[float]:
+    return v if math.isfinite(v) else None  # as --json writes it
+
+
+def _eval_document(original: str, candidate: str, r: Any, threshold: Optional[float],
+                   allow_missing: bool) -> Dict[str, Any]:
+    """stz eval --json's document from libstz's stz_eval_result."""
+    rows = [r.rows[i] for i in range(r.nrows)]
+    names = [[text(r.problems[i].name) for i in range(r.nproblems) if r.problems[i].kind == k] for k in range(3)]
+    below = [text(w.name) for w in rows if threshold is not None and w.m.cosine < threshold]
+    doc: Dict[str, Any] = {
+        "original": original, "candidate": candidate,
+        "tensors": [{"name": text(w.name), "action": text(w.action), "params": w.params,
+                     "cosine": _figure(w.m.cosine), "rel_frobenius": _figure(w.m.rel_frobenius),
+                     "snr_db": _figure(w.m.snr_db), "max_abs_error": _figure(w.m.max_abs)} for w in rows],
+        "weighted_cosine": r.weighted_cosine if rows else None, "min_cosine": r.min_cosine if rows else None,
+        "params_quantized_share": r.params_quantized / r.params if r.params else 0,
+        "tensors_compared": r.compared, "missing_from_candidate": names[0], "only_in_candidate": names[1],
+        "mismatched": names[2]}
+    if threshold is not None:
+        doc.update(threshold=threshold, below_threshold=below)
+    doc["passed"] = not (below or not r.compared or names[2] or (not allow_missing and (names[0] or names[1])))
+    return doc
+
+
+def evaluate(original: PathLike, candidate: PathLike, forward: bool = False, threshold: Optional[float] = None,
+             allow_missing: bool = False, **options: Any) -> Dict[str, Any]:
+    """stz eval's --json document: every tensor of the candidate against the
+    original (libstz's stz_eval_models; "passed" as the program's exit status
+    says it). forward=True compares the models' outputs instead (stz eval
+    --forward; options become --key value)."""
+    if forward:
+        return command("eval", original, candidate, forward=True, threshold=threshold, allow_missing=allow_missing,
+                       **options)
+    if options:
+        raise TypeError("evaluate() takes no option %r without forward=True" % sorted(options)[0])
+    if threshold is not None and not -1 <= threshold <= 1:
+        raise StzError("STZ_E_ARG", "threshold takes a cosine in [-1, 1], not %r" % (threshold,))
+    pa, pb = os.fspath(original), os.fspath(candidate)
+    L, a, b, r = lib(), _lib.ModelSet(), _lib.ModelSet(), _lib.EvalResult()
+    try:
+        call(L.stz_model_set_open, ctypes.byref(a), cstr(pa, "path", path=True))
+        call(L.stz_model_set_open_like, ctypes.byref(b), cstr(pb, "path", path=True), ctypes.byref(a))
+        err = Err()
+        if _interruptible(lambda: L.stz_eval_models(ctypes.byref(a), ctypes.byref(b), None, None, ctypes.byref(r),
+                                                    ctypes.byref(err))):
+            raise StzError(text(L.stz_status_name(err.code)), err.msg.decode(errors="replace"))
+        return _eval_document(pa, pb, r, threshold, allow_missing)
+    finally:
+        L.stz_eval_result_free(ctypes.byref(r))
+        L.stz_model_set_free(ctypes.byref(b))
+        L.stz_model_set_free(ctypes.byref(a))

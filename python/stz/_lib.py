@@ -44,6 +44,30 @@ class QTensor(ctypes.Structure):  # stz_qtensor (stz_model.h)
                 ("scales_name", ctypes.c_char_p), ("gguf_type", ctypes.c_char_p)]
 
 
+class ModelSet(ctypes.Structure):  # stz_model_set (stz_model.h)
+    _fields_ = [("m", ctypes.POINTER(ctypes.c_void_p)), ("n", ctypes.c_size_t)]
+
+
+class Metrics(ctypes.Structure):  # stz_metrics (stz_eval.h)
+    _fields_ = [("cosine", ctypes.c_double), ("rel_frobenius", ctypes.c_double), ("snr_db", ctypes.c_double),
+                ("max_abs", ctypes.c_double), ("n", ctypes.c_uint64)]
+
+
+class EvalRow(ctypes.Structure):  # stz_eval_row (stz_eval.h)
+    _fields_ = [("name", ctypes.c_char_p), ("action", ctypes.c_char_p), ("params", ctypes.c_uint64), ("m", Metrics)]
+
+
+class EvalProblem(ctypes.Structure):  # stz_eval_problem (stz_eval.h)
+    _fields_ = [("kind", ctypes.c_int), ("name", ctypes.c_char_p), ("why", ctypes.c_char_p)]
+
+
+class EvalResult(ctypes.Structure):  # stz_eval_result (stz_eval.h)
+    _fields_ = [("rows", ctypes.POINTER(EvalRow)), ("nrows", ctypes.c_size_t),
+                ("problems", ctypes.POINTER(EvalProblem)), ("nproblems", ctypes.c_size_t),
+                ("count", ctypes.c_size_t * 3), ("compared", ctypes.c_size_t), ("weighted_cosine", ctypes.c_double),
+                ("min_cosine", ctypes.c_double), ("params", ctypes.c_uint64), ("params_quantized", ctypes.c_uint64)]
+
+
 def _candidates() -> list:
     """Where libstz is looked for, in order: $STZ_LIBRARY; the copy installed
     with this package; the build tree beside the sources (running from a
@@ -97,10 +121,19 @@ _SIGNATURES = [
     ("stz_command_free", None, [_P]),
     ("stz_interrupt_request", None, []),
     ("stz_struct_size", _S, [ctypes.c_char_p]),
+    ("stz_model_set_open", ctypes.c_int, [ctypes.POINTER(ModelSet), ctypes.c_char_p, _E]),
+    ("stz_model_set_open_like", ctypes.c_int, [ctypes.POINTER(ModelSet), ctypes.c_char_p, ctypes.POINTER(ModelSet),
+                                               _E]),
+    ("stz_model_set_free", None, [ctypes.POINTER(ModelSet)]),
+    ("stz_eval_models", ctypes.c_int, [ctypes.POINTER(ModelSet), ctypes.POINTER(ModelSet), _P, _P,
+                                       ctypes.POINTER(EvalResult), _E]),
+    ("stz_eval_result_free", None, [ctypes.POINTER(EvalResult)]),
 ]
 
 # the structures mirrored here, by their C names
-_MIRRORS = [("stz_err", Err), ("stz_tensor", Tensor), ("stz_qtensor", QTensor)]
+_MIRRORS = [("stz_err", Err), ("stz_tensor", Tensor), ("stz_qtensor", QTensor), ("stz_model_set", ModelSet),
+            ("stz_metrics", Metrics), ("stz_eval_row", EvalRow), ("stz_eval_problem", EvalProblem),
+            ("stz_eval_result", EvalResult)]
 
 
 def check_mirrors(loaded: ctypes.CDLL, path: str, mirrors: list = _MIRRORS) -> None:

@@ -8,6 +8,7 @@ installs it offline into a venv whose package finds its own libstz.
 STZ names the stz program (the tests' independent maker of files);
 STZ_LIBRARY the libstz.so.0 under test (default: the build tree's)."""
 import json
+import math
 import os
 import signal
 import struct
@@ -125,6 +126,37 @@ def test_commands(files, tmp_path):
     assert e["passed"] and e["min_cosine"] > 0.999
     f = stz.evaluate(files / "tiny.safetensors", files / "q.safetensors", forward=True, sequences=2, seq_len=16)
     assert f["positions"] == 30 and f["kl"]["mean"] > 0
+
+
+def same_document(a, b):
+    """JSON documents alike, floats to cJSON's printing (15 significant
+    digits where they read back within an epsilon: the last bit can go)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_document(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same_document, a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=4e-16, abs_tol=0)
+    return a == b
+
+
+def test_evaluate_through_c(files, tmp_path):
+    """evaluate() calls libstz's stz_eval_models, not the program: the same
+    document as stz eval --json, figures, lists and gate alike."""
+    orig, c = files / "tiny.safetensors", tmp_path / "c.stz"
+    stz.compress(orig, c, policy="int4")
+    for kw in ({}, {"threshold": 0.9999}, {"threshold": 0.5}):
+        assert same_document(stz.evaluate(orig, c, **kw), stz.command("eval", orig, c, **kw))
+    t = stz.load_file(orig)
+    gone = sorted(t)[0]
+    del t[gone]
+    stz.save_file(t, tmp_path / "less.safetensors")
+    for allow in (False, True):
+        d = stz.evaluate(orig, tmp_path / "less.safetensors", allow_missing=allow)
+        assert same_document(d, stz.command("eval", orig, tmp_path / "less.safetensors", allow_missing=allow))
+        assert d["missing_from_candidate"] == [gone] and d["passed"] == allow
+    with pytest.raises(TypeError, match="csv"):
+        stz.evaluate(orig, c, csv=True)
 
 
 def test_tune(files, tmp_path):

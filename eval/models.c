@@ -1,0 +1,110 @@
+/* Whole models compared tensor by tensor (stz eval): a row of figures for
+ * each float tensor both have, the tensors one side lacks or holds in
+ * another shape, and the parameter-weighted summary. */
+#include "stz_eval.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void stz_eval_result_free(stz_eval_result *r)
+{
+    for (size_t i = 0; r->problems && i < r->nproblems; i++)
+        free(r->problems[i].why);
+    free(r->problems);
+    free(r->rows);
+    memset(r, 0, sizeof *r);
+}
+
+static stz_status add_problem(stz_eval_result *r, stz_eval_problem_kind kind, const char *name, const char *why,
+                              stz_err *err)
+{
+    stz_eval_problem *p = realloc(r->problems, (r->nproblems + 1) * sizeof *p);
+    if (!p)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the list of tensors");
+    r->problems = p;
+    p[r->nproblems] = (stz_eval_problem){kind, name, why ? strdup(why) : NULL};
+    if (why && !p[r->nproblems].why)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the list of tensors");
+    r->nproblems++, r->count[kind]++;
+    return STZ_OK;
+}
+
+/* Tensor i of file fa of the original against its namesake in the
+ * candidate: a row of figures, or a problem. */
+static stz_status compare_one(const stz_model_set *a, const stz_model_set *b, size_t fa, size_t i, stz_eval_result *r,
+                              stz_err *err)
+{
+    const stz_qtensor *ta = stz_qmodel_tensor(a->m[fa], i);
+    size_t fb, j;
+    r->params += ta->numel;
+    if (!stz_model_set_find(b, ta->name, &fb, &j))
+        return add_problem(r, STZ_EVAL_MISSING, ta->name, NULL, err);
+    const stz_qtensor *tb = stz_qmodel_tensor(b->m[fb], j);
+    if (stz_qtensor_quantized(tb))
+        r->params_quantized += ta->numel;
+    if (!stz_dtype_is_float(ta->dtype) || !stz_dtype_is_float(tb->dtype) || ta->dtype == STZ_DTYPE_C64) {
+        r->compared++; /* integer tensors are compared by shape only */
+        return STZ_OK;
+    }
+    stz_metrics m;
+    stz_status st = stz_eval_tensor(a->m[fa], i, b->m[fb], j, &m, err);
+    if (st == STZ_E_SHAPE || st == STZ_E_DTYPE)
+        return add_problem(r, STZ_EVAL_MISMATCHED, ta->name, err->msg, err);
+    if (st)
+        return st;
+    r->compared++;
+    r->rows[r->nrows++] = (stz_eval_row){ta->name, stz_qtensor_action(tb, "kept"), ta->numel, m};
+    return STZ_OK;
+}
+
+static int by_cosine(const void *x, const void *y)
+{
+    double p = ((const stz_eval_row *)x)->m.cosine, q = ((const stz_eval_row *)y)->m.cosine;
+    return (p > q) - (p < q);
+}
+
+/* The weighted mean and the minimum over the rows (in the original's
+ * order), then the rows worst first. */
+static void summarize(stz_eval_result *r)
+{
+    double wsum = 0, wtot = 0;
+    r->min_cosine = 1;
+    for (size_t i = 0; i < r->nrows; i++) {
+        const stz_eval_row *w = &r->rows[i];
+        wsum += w->m.cosine * (double)w->params, wtot += (double)w->params;
+        r->min_cosine = w->m.cosine < r->min_cosine ? w->m.cosine : r->min_cosine;
+    }
+    r->weighted_cosine = wtot ? wsum / wtot : 1;
+    qsort(r->rows, r->nrows, sizeof *r->rows, by_cosine);
+}
+
+stz_status stz_eval_models(const stz_model_set *a, const stz_model_set *b, stz_progress_fn progress, void *user,
+                           stz_eval_result *r, stz_err *err)
+{
+    memset(r, 0, sizeof *r);
+    size_t na = 0;
+    for (size_t f = 0; f < a->n; f++)
+        na += stz_qmodel_count(a->m[f]);
+    if (!(r->rows = calloc(na + 1, sizeof *r->rows)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu tensors' figures", na);
+    for (size_t fa = 0; fa < a->n; fa++)
+        for (size_t i = 0; i < stz_qmodel_count(a->m[fa]); i++) {
+            size_t before = r->nrows;
+            stz_status st = compare_one(a, b, fa, i, r, err);
+            if (st)
+                return st;
+            if (r->nrows > before && progress && progress(user, r->nrows, na))
+                return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        }
+    for (size_t fb = 0; fb < b->n; fb++)
+        for (size_t j = 0; j < stz_qmodel_count(b->m[fb]); j++) {
+            const char *name = stz_qmodel_tensor(b->m[fb], j)->name;
+            size_t f, i;
+            stz_status st =
+                stz_model_set_find(a, name, &f, &i) ? STZ_OK : add_problem(r, STZ_EVAL_EXTRA, name, NULL, err);
+            if (st)
+                return st;
+        }
+    summarize(r);
+    return STZ_OK;
+}
