@@ -198,12 +198,8 @@ static void eval_print_table(const eval_run *e, size_t below)
 static int eval_report(const eval_run *e)
 {
     const stz_eval_result *r = &e->r;
-    size_t below = 0;
-    for (size_t i = 0; i < r->nrows; i++)
-        below += r->rows[i].m.cosine < e->threshold;
-    int failed = below || !r->compared || r->count[STZ_EVAL_MISMATCHED] ||
-                 (!e->allow_missing && r->count[STZ_EVAL_MISSING] + r->count[STZ_EVAL_EXTRA]),
-        rc = CLI_OK;
+    size_t below;
+    int failed = !stz_eval_passed(r, e->threshold, e->allow_missing, &below), rc = CLI_OK;
     print_problems(e);
     if (e->json)
         rc = eval_print_json(e, failed);

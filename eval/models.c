@@ -108,3 +108,14 @@ stz_status stz_eval_models(const stz_model_set *a, const stz_model_set *b, stz_p
     summarize(r);
     return STZ_OK;
 }
+
+int stz_eval_passed(const stz_eval_result *r, double threshold, int allow_missing, size_t *below)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nrows; i++)
+        n += r->rows[i].m.cosine < threshold;
+    if (below)
+        *below = n;
+    return !n && r->compared && !r->count[STZ_EVAL_MISMATCHED] &&
+           (allow_missing || !(r->count[STZ_EVAL_MISSING] + r->count[STZ_EVAL_EXTRA]));
+}

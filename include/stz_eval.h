@@ -80,6 +80,11 @@ typedef struct {
 STZ_API stz_status stz_eval_models(const stz_model_set *a, const stz_model_set *b, stz_progress_fn progress, void *user,
                                    stz_eval_result *r, stz_err *err);
 STZ_API void stz_eval_result_free(stz_eval_result *r);
+/* stz eval's check: 1 when something was compared, no tensor has another
+ * shape or dtype, none is on one side only (unless allow_missing) and no
+ * cosine is below `threshold` (below -1: no threshold); *below (if not
+ * NULL) gets how many are. */
+STZ_API int stz_eval_passed(const stz_eval_result *r, double threshold, int allow_missing, size_t *below);
 
 #ifdef __cplusplus
 }

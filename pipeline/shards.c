@@ -171,18 +171,12 @@ static stz_status convert_shards(shard_work *w, int threads, stz_err *err)
 static stz_status write_text(const char *path, const char *text, stz_err *err)
 {
     FILE *f = fopen(path, "wx");
-    if (!f || fputs(text, f) < 0 || fclose(f))
-        return stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
-    return STZ_OK;
+    int bad = !f || fputs(text, f) < 0;
+    if (f && fclose(f))
+        bad = 1;
+    return bad ? stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno)) : STZ_OK;
 }
 
-/*
- * For every shard SHARD of the index: convert(in/SHARD+in_suffix ->
- * tmp/SHARD+out_suffix), several shards at once when there are threads for
- * it, then (rewrite_index) map the tensors of the output to SHARD in the
- * new index, in shard order. Everything else is copied.
- * The directory appears at `out` only when everything succeeded.
- */
 /* The names of the input's shard files (what is made here rather than
  * copied), with room for the index's name after them; NULL when out of
  * memory (*st set). */

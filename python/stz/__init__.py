@@ -354,7 +354,8 @@ def _eval_document(original: str, candidate: str, r: Any, threshold: Optional[fl
         "mismatched": names[2]}
     if threshold is not None:
         doc.update(threshold=threshold, below_threshold=below)
-    doc["passed"] = not (below or not r.compared or names[2] or (not allow_missing and (names[0] or names[1])))
+    doc["passed"] = bool(lib().stz_eval_passed(ctypes.byref(r), -2 if threshold is None else threshold,
+                                               allow_missing, None))
     return doc
 
 

@@ -128,6 +128,8 @@ _SIGNATURES = [
     ("stz_eval_models", ctypes.c_int, [ctypes.POINTER(ModelSet), ctypes.POINTER(ModelSet), _P, _P,
                                        ctypes.POINTER(EvalResult), _E]),
     ("stz_eval_result_free", None, [ctypes.POINTER(EvalResult)]),
+    ("stz_eval_passed", ctypes.c_int, [ctypes.POINTER(EvalResult), ctypes.c_double, ctypes.c_int,
+                                       ctypes.POINTER(_S)]),
 ]
 
 # the structures mirrored here, by their C names
