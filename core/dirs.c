@@ -18,6 +18,12 @@ int stz_path_join(char *buf, size_t cap, const char *dir, const char *name)
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
+int stz_is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 int stz_path_inside(const char *root_real, const char *path)
 {
     char real[PATH_MAX];

@@ -112,6 +112,8 @@ int stz_rename_noreplace(const char *from, const char *to);
 
 /* dir/name into buf; 0, or -1 if it does not fit. */
 int stz_path_join(char *buf, size_t cap, const char *dir, const char *name);
+/* 1 if `path` is a directory (or a link to one). */
+int stz_is_dir(const char *path);
 /* 1 if `path` (which may be a link) resolves to a place inside `root_real`
  * (an already resolved directory). */
 int stz_path_inside(const char *root_real, const char *path);

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* A whole number in [lo, hi] under `key`, or `dflt` when absent (or null). */
@@ -192,12 +191,6 @@ stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char 
 
 /* ---- finding a model's configuration ------------------------------------ */
 
-static int is_dir(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 static int parse_config(const char *json, const char *label, stz_fwd_config *c, char **text, stz_err *err)
 {
     if (stz_fwd_config_parse(c, json, label, err))
@@ -217,9 +210,9 @@ int stz_fwd_config_find(const char *path, const stz_model_set *s, const char *co
         char *copy = strdup(path);
         if (!copy)
             return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path"), -1;
-        snprintf(from, STZ_FWD_FROM_MAX, "%s/config.json", is_dir(path) ? path : dirname(copy));
+        snprintf(from, STZ_FWD_FROM_MAX, "%s/config.json", stz_is_dir(path) ? path : dirname(copy));
         free(copy);
-        int in_dir = is_dir(path) && access(from, F_OK) == 0;
+        int in_dir = stz_is_dir(path) && access(from, F_OK) == 0;
         for (size_t f = 0; !in_dir && f < s->n; f++) {
             const char *meta = stz_reader_meta_get(stz_qmodel_reader(s->m[f]), "config");
             if (meta) {

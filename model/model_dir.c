@@ -17,17 +17,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 int stz_model_is_sharded(const char *path)
 {
     struct stat sb;
     char p[PATH_MAX];
-    return stz_path_join(p, sizeof p, path, STZ_INDEX_NAME) == 0 && is_dir(path) && stat(p, &sb) == 0;
+    return stz_path_join(p, sizeof p, path, STZ_INDEX_NAME) == 0 && stz_is_dir(path) && stat(p, &sb) == 0;
 }
 
 /* ---- the index and its shards ------------------------------------------ */
@@ -232,7 +226,7 @@ static stz_status one_file(const char *path, char ***files, size_t *n, stz_err *
 stz_status stz_model_files(const char *path, char ***files, size_t *n, stz_err *err)
 {
     *files = NULL, *n = 0;
-    if (!is_dir(path))
+    if (!stz_is_dir(path))
         return one_file(path, files, n, err);
     char p[PATH_MAX];
     stz_model_dir m;
