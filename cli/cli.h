@@ -84,11 +84,6 @@ int cli_stdout_ok(const char *cmd, cli_common *c);
  * shared option. */
 int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o);
 
-typedef struct {
-    const char *path; /* --tokens: one sequence per line or a JSON array of arrays; NULL: sample */
-    double nseq, len; /* sampled: sequences, tokens each (0: default_len, or the model's positions if fewer) */
-    double default_len, seed, temp, top_p;
-} cli_seq_opts;
 /* getopt_long codes and entries of the sequence options (--tokens,
  * --sequences, --seq-len, --seed), and their help lines. */
 enum { CLI_OPT_TOKENS = 1150, CLI_OPT_SEQS, CLI_OPT_LEN, CLI_OPT_SEED };
@@ -111,7 +106,7 @@ typedef struct {
     int block_size;      /* --block-size, 0 if not given */
     const char *imatrix; /* --imatrix FILE: the importance the quantizers weigh errors by */
     int feedback;        /* --feedback: "feedback": true on every block quantization rule */
-    cli_seq_opts so;     /* error feedback's calibration sequences */
+    stz_seq_spec so;     /* error feedback's calibration sequences (default_len 0: not given) */
     const char *config;  /* --config: the model's configuration, for the forward pass */
 } cli_policy_opts;
 
@@ -150,32 +145,18 @@ enum {
     "                      --tokens FILE; --sequences N (16), --seq-len L (256),\n"                                    \
     "                      --seed S; --config FILE: the model's config.json)\n"
 
-/* Error feedback's default sequences: 16 of 256 tokens sampled, seed 1. */
-// clang-format off
-#define CLI_FEEDBACK_SEQS {NULL, 16, 0, 256, 1, 1, 0.9}
-// clang-format on
-/* Bytes of F32 layers sampling keeps between steps for error feedback
- * (stz_fwd_set_keep): its peak memory stays near the quantizing's. */
-#define CLI_FEEDBACK_KEEP ((uint64_t)256 << 20)
 /* Handles option c if it is a policy option: -1 handled, an exit status
  * (usage error), or -2 if not a policy option. */
 int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po);
 struct stz_policy;
-struct stz_feedback;
-/* Error feedback for `model` when the policy asks for it (*fb NULL when not;
- * sequence options without such a rule are an error): `out` checked first
- * (stz_output_check; not when NULL or "-"), so that the long work is not
- * done for an output that would be refused; then the model opened for the
- * forward pass, the sequences sampled or read, its layers quantized
- * (stz_feedback_run), a progress line. */
+/* Sequence options and --config without a feedback rule: an error. */
+stz_status cli_feedback_check(const cli_policy_opts *po, const struct stz_policy *pol, stz_err *err);
+/* Error feedback for `model` when the policy asks for it (*fb NULL when
+ * not; cli_feedback_check first): `out` checked first (stz_output_check;
+ * not when NULL or "-"), so that the long work is not done for an output
+ * that would be refused; then stz_feedback_calibrate with progress. */
 stz_status cli_feedback_open(const cli_policy_opts *po, struct stz_policy *pol, const char *model, const char *out,
                              int force, int threads, int quiet, struct stz_feedback **fb, stz_err *err);
-struct stz_fwd;
-/* Error feedback's calibration sequences: so's (the defaults,
- * CLI_FEEDBACK_SEQS, when so is NULL or was not given), sampled with at
- * most CLI_FEEDBACK_KEEP of layers kept (they count in feedback's peak). */
-stz_status cli_feedback_seqs(const cli_seq_opts *so, struct stz_fwd *fwd, const char *model, int quiet, stz_seqs *q,
-                             stz_err *err);
 /* 1 if any policy option was given. */
 static inline int cli_policy_given(const cli_policy_opts *po) { return po->policy || po->nover; }
 struct stz_policy;
@@ -203,6 +184,8 @@ typedef struct {
 void cli_progress_init(cli_progress *p, const char *label, int quiet);
 int cli_progress_cb(void *user, uint64_t done, uint64_t total);
 void cli_progress_end(cli_progress *p);
+/* The same progress lines for the library's work in stages. */
+extern const stz_stages cli_stages;
 double cli_now(void);
 
 /* MODEL's path without trailing slashes and .safetensors, plus suffix
@@ -261,29 +244,21 @@ int cli_mpi_failed(int failed, stz_err *err);
  * file; NULL out of memory. */
 int *cli_mpi_share(char *const *files, size_t n);
 
-struct stz_policy;
-/* stz compress IN -o OUT with a loaded policy, as the command does (IN a
- * file or a sharded directory; a file OUT is replaced, a directory OUT
- * must not exist), error feedback calibrated when the policy asks for it
- * (on so's sequences, NULL: its default ones; config: the model's
- * config.json, NULL: found); *bytes: OUT's bytes (every file of a
- * directory). */
-stz_status cli_compress_policy(const char *in, const char *out, struct stz_policy *pol, const struct stz_imatrix *im,
-                               const cli_seq_opts *so, const char *config, int threads, int quiet, uint64_t *bytes,
-                               stz_err *err);
+/* MPI's ranks for the library (stz_ranks), this process alone without. */
+const stz_ranks *cli_ranks(void);
 
 struct stz_qmodel;
 /* Handles option c if it is a sequence option: -1 handled, an exit status
  * (usage error), or -2 if not one. */
-int cli_seq_opt(const char *cmd, int c, cli_seq_opts *o);
+int cli_seq_opt(const char *cmd, int c, stz_seq_spec *o);
 /* After parsing (defaults: the values o started from): --tokens excludes
- * the sampling options, which take whole numbers. -1 or an exit status. */
-int cli_seq_check(const char *cmd, const cli_seq_opts *o, const cli_seq_opts *defaults);
+ * the sampling options. -1 or an exit status. */
+int cli_seq_check(const char *cmd, const stz_seq_spec *o, const stz_seq_spec *defaults);
 /* A number option's value in [lo, hi]: -1, or the usage error's status. */
 int cli_number(const char *cmd, const char *opt, const char *arg, double lo, double hi, double *v);
 /* The sequences o asks for: read (ids checked against m's vocabulary) or
  * sampled from m. source (64 bytes) says where they came from. */
-stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, stz_seqs *q, char *source,
+stz_status cli_seqs_get(const stz_seq_spec *o, stz_fwd *m, const char *label, int quiet, stz_seqs *q, char *source,
                         stz_err *err);
 
 int cmd_export(int argc, char **argv);

@@ -106,14 +106,23 @@ int *cli_mpi_share(char *const *files, size_t n)
 
 static void ranks_bcast(void *user, void *buf, size_t n, int root) { (void)user, cli_mpi_bcast(buf, n, root); }
 static int ranks_failed(void *user, int failed, stz_err *err) { return (void)user, cli_mpi_failed(failed, err); }
+static void ranks_sum(void *user, double *v, int n) { (void)user, cli_mpi_sum(v, n); }
+static int ranks_min(void *user, double v) { return (void)user, cli_mpi_min_rank(v); }
+
+const stz_ranks *cli_ranks(void)
+{
+    static stz_ranks ranks = {0, 1, ranks_bcast, ranks_failed, ranks_sum, ranks_min, NULL};
+    ranks.rank = cli_mpi_rank();
+    ranks.size = cli_mpi_size();
+    return &ranks;
+}
 
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix, int rewrite_index,
                    int threads, int quiet, stz_shard_fn convert, void *user)
 {
-    stz_ranks ranks = {cli_mpi_rank(), cli_mpi_size(), ranks_bcast, ranks_failed, NULL};
-    stz_shards_params p = {in_suffix, out_suffix, rewrite_index, threads, quiet, convert, user, &ranks};
+    stz_shards_params p = {in_suffix, out_suffix, rewrite_index, threads, quiet, convert, user, cli_ranks()};
     stz_err err;
     if (!stz_convert_shards(&p, in, out, &err))
         return CLI_OK;
-    return ranks.rank == 0 ? cli_fail(&err) : CLI_ERROR;
+    return cli_mpi_rank() == 0 ? cli_fail(&err) : CLI_ERROR;
 }

@@ -33,7 +33,7 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
     case CLI_OPT_LEN:
     case CLI_OPT_SEED:
         if (!po->so.default_len) {
-            const cli_seq_opts d = CLI_FEEDBACK_SEQS;
+            const stz_seq_spec d = STZ_FEEDBACK_SEQS;
             po->so = d;
         }
         return cli_seq_opt(cmd, c, &po->so);
@@ -284,4 +284,26 @@ int cmd_policy(int argc, char **argv)
         putchar('\n');
     free(owned);
     return CLI_OK;
+}
+
+stz_status cli_feedback_check(const cli_policy_opts *po, const stz_policy *pol, stz_err *err)
+{
+    if (stz_policy_feedback(pol) || !(po->so.default_len || po->config))
+        return STZ_OK;
+    return stz_err_set(err, STZ_E_ARG,
+                       "--tokens, --sequences, --seq-len, --seed and --config are error feedback's: give "
+                       "--feedback (or a rule with \"feedback\": true)");
+}
+
+stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, const char *out, int force,
+                             int threads, int quiet, stz_feedback **fb, stz_err *err)
+{
+    *fb = NULL;
+    stz_status st = cli_feedback_check(po, pol, err);
+    if (!st && stz_policy_feedback(pol) && out && strcmp(out, "-"))
+        st = stz_output_check(out, force, err); /* before the long work */
+    if (!st)
+        st = stz_feedback_calibrate(fb, model, pol, po->so.default_len ? &po->so : NULL, po->config, threads,
+                                    &cli_stages, quiet, err);
+    return st;
 }

@@ -17,43 +17,51 @@ int cli_number(const char *cmd, const char *opt, const char *arg, double lo, dou
     return -1;
 }
 
-int cli_seq_opt(const char *cmd, int c, cli_seq_opts *o)
+/* A sequence option's whole number in [lo, hi] into *v: -1, or the usage
+ * error's status. */
+static int whole(const char *cmd, const char *opt, double lo, double hi, uint64_t *v)
 {
+    double d;
+    int rc = cli_number(cmd, opt, optarg, lo, hi, &d);
+    if (rc == -1 && d != floor(d))
+        return cli_usage_error(cmd, "--sequences, --seq-len and --seed take whole numbers");
+    if (rc == -1)
+        *v = (uint64_t)d;
+    return rc;
+}
+
+int cli_seq_opt(const char *cmd, int c, stz_seq_spec *o)
+{
+    uint64_t v = 0;
+    int rc;
     switch (c) {
     case CLI_OPT_TOKENS: o->path = optarg; return -1;
-    case CLI_OPT_SEQS: return cli_number(cmd, "--sequences", optarg, 1, 65536, &o->nseq);
-    case CLI_OPT_LEN: return cli_number(cmd, "--seq-len", optarg, 2, 1 << 20, &o->len);
-    case CLI_OPT_SEED: return cli_number(cmd, "--seed", optarg, 0, 1e15, &o->seed);
+    case CLI_OPT_SEED: return whole(cmd, "--seed", 0, 1e15, &o->seed);
+    case CLI_OPT_SEQS:
+        if ((rc = whole(cmd, "--sequences", 1, 65536, &v)) == -1)
+            o->nseq = (size_t)v;
+        return rc;
+    case CLI_OPT_LEN:
+        if ((rc = whole(cmd, "--seq-len", 2, 1 << 20, &v)) == -1)
+            o->len = (size_t)v;
+        return rc;
     default: return -2;
     }
 }
 
-int cli_seq_check(const char *cmd, const cli_seq_opts *o, const cli_seq_opts *d)
+int cli_seq_check(const char *cmd, const stz_seq_spec *o, const stz_seq_spec *d)
 {
     if (o->path && (o->nseq != d->nseq || o->len != d->len || o->seed != d->seed))
         return cli_usage_error(cmd, "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply");
-    if (o->nseq != floor(o->nseq) || o->len != floor(o->len) || o->seed != floor(o->seed))
-        return cli_usage_error(cmd, "--sequences, --seq-len and --seed take whole numbers");
     return -1;
 }
 
-stz_status cli_seqs_get(const cli_seq_opts *o, stz_fwd *m, const char *label, int quiet, stz_seqs *q, char *source,
+stz_status cli_seqs_get(const stz_seq_spec *o, stz_fwd *m, const char *label, int quiet, stz_seqs *q, char *source,
                         stz_err *err)
 {
-    const stz_fwd_config *c = stz_fwd_cfg(m);
-    memset(q, 0, sizeof *q);
-    if (o->path) {
-        snprintf(source, 64, "from %.50s", strrchr(o->path, '/') ? strrchr(o->path, '/') + 1 : o->path);
-        return stz_seqs_read(o->path, c->vocab, label, q, err);
-    }
-    size_t dl = (size_t)o->default_len, L = o->len ? (size_t)o->len : c->max_pos && c->max_pos < dl ? c->max_pos : dl;
-    if (L < 2)
-        return stz_err_set(err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", label, c->max_pos);
     cli_progress prog;
-    cli_progress_init(&prog, "sampling", quiet);
-    stz_status st =
-        stz_seqs_sample(m, (size_t)o->nseq, L, (uint64_t)o->seed, o->temp, o->top_p, cli_progress_cb, &prog, q, err);
+    cli_progress_init(&prog, "sampling", quiet || o->path);
+    stz_status st = stz_seqs_get(o, m, label, cli_progress_cb, &prog, q, source, err);
     cli_progress_end(&prog);
-    snprintf(source, 64, "%zu tokens sampled from the original, seed %.0f", L, o->seed);
     return st;
 }

@@ -207,6 +207,24 @@ void cli_progress_end(cli_progress *p)
     }
 }
 
+static void *stages_begin(void *user, const char *label, int quiet)
+{
+    cli_progress *p = malloc(sizeof *p);
+    (void)user;
+    if (p)
+        cli_progress_init(p, label, quiet);
+    return p; /* NULL: cli_progress_cb shows nothing, still stops on an interrupt */
+}
+
+static void stages_end(void *state)
+{
+    if (state)
+        cli_progress_end((cli_progress *)state);
+    free(state);
+}
+
+const stz_stages cli_stages = {stages_begin, cli_progress_cb, stages_end, NULL};
+
 int cli_ncores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -215,7 +215,7 @@ int cmd_eval_forward(int argc, char **argv)
         stz_fwd_open(&ma, A.m, A.n, &ca, pa, o.threads, &err) || stz_fwd_open(&mb, B.m, B.n, &cb, pb, o.threads, &err))
         goto fail;
     cli_progress prog;
-    cli_seq_opts so = {o.tokens_path, o.nseq, o.len, 128, o.seed, o.temp, o.top_p};
+    stz_seq_spec so = {o.tokens_path, (size_t)o.nseq, (size_t)o.len, 128, (uint64_t)o.seed, o.temp, o.top_p};
     if (cli_seqs_get(&so, ma, pa, o.quiet || o.json, &q, source, &err) ||
         (o.save && stz_seqs_save(o.save, &q, o.force, &err)))
         goto fail;

@@ -2,7 +2,6 @@
  * pass; and --imatrix FILE of quantize, compress and tune, checked against
  * the model before any work. */
 #include "cli.h"
-#include "stz_feedback.h"
 #include "stz_imatrix.h"
 #include "stz_safetensors.h"
 
@@ -39,7 +38,7 @@ static const char imatrix_help[] =
 
 typedef struct {
     cli_common c;
-    cli_seq_opts so;
+    stz_seq_spec so;
     const char *config;
 } imatrix_opts;
 
@@ -48,7 +47,7 @@ static int parse(int argc, char **argv, imatrix_opts *o)
     enum { O_CONFIG = 256 };
     static const struct option opts[] = {
         CLI_SEQ_LONG, {"config", required_argument, 0, O_CONFIG}, CLI_COMMON_LONG, {0, 0, 0, 0}};
-    const cli_seq_opts defaults = {NULL, 16, 0, 128, 1, 1, 0.9};
+    const stz_seq_spec defaults = {NULL, 16, 0, 128, 1, 1, 0.9};
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->so = defaults;
@@ -71,21 +70,6 @@ static int parse(int argc, char **argv, imatrix_opts *o)
     return cli_seq_check("imatrix", &o->so, &defaults);
 }
 
-/* The model at `model` opened for the forward pass (files in S). */
-static stz_status open_fwd(const char *model, const char *config, int threads, stz_model_set *S, stz_fwd **fwd,
-                           stz_err *err)
-{
-    stz_fwd_config cfg;
-    char from[STZ_FWD_FROM_MAX];
-    stz_status st = stz_model_set_open(S, model, err);
-    int found = st ? 0 : stz_fwd_config_find(model, S, config, &cfg, from, NULL, err);
-    if (!st && found < 0)
-        st = err->code;
-    else if (!st && !found)
-        st = stz_fwd_no_config(model, S, err);
-    return st ? st : stz_fwd_open(fwd, S->m, S->n, &cfg, model, threads, err);
-}
-
 /* The model opened, its sequences run (sampled while collecting, or read
  * then run), the importance written to out. */
 static stz_status collect(const imatrix_opts *o, const char *model, const char *out, stz_imatrix **im, stz_seqs *q,
@@ -94,7 +78,8 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
     stz_model_set S = {0};
     stz_fwd *fwd = NULL;
     stz_status st = stz_output_check(out, o->c.force, err);
-    if (!st && !(st = open_fwd(model, o->config, o->c.threads, &S, &fwd, err)) && !(st = stz_imatrix_new(im, err))) {
+    if (!st && !(st = stz_fwd_open_model(&fwd, &S, model, o->config, o->c.threads, err)) &&
+        !(st = stz_imatrix_new(im, err))) {
         int quiet = o->c.quiet || o->c.json;
         stz_fwd_set_imatrix(fwd, o->so.path ? NULL : *im); /* sampled: collected as they are sampled */
         st = cli_seqs_get(&o->so, fwd, model, quiet, q, source, err);
@@ -106,54 +91,6 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
             cli_progress_end(&prog);
         }
     }
-    stz_fwd_free(fwd);
-    stz_model_set_free(&S);
-    return st;
-}
-
-stz_status cli_feedback_seqs(const cli_seq_opts *so, stz_fwd *fwd, const char *model, int quiet, stz_seqs *q,
-                             stz_err *err)
-{
-    const cli_seq_opts defaults = CLI_FEEDBACK_SEQS;
-    char source[64];
-    stz_fwd_set_keep(fwd, CLI_FEEDBACK_KEEP);
-    stz_status st = cli_seqs_get(so && so->default_len ? so : &defaults, fwd, model, quiet, q, source, err);
-    stz_fwd_set_keep(fwd, 0);
-    return st;
-}
-
-stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, const char *out, int force,
-                             int threads, int quiet, stz_feedback **fb, stz_err *err)
-{
-    *fb = NULL;
-    if (!stz_policy_feedback(pol))
-        return po->so.default_len || po->config
-                   ? stz_err_set(err, STZ_E_ARG,
-                                 "--tokens, --sequences, --seq-len, --seed and --config are error "
-                                 "feedback's: give --feedback (or a rule with \"feedback\": true)")
-                   : STZ_OK;
-    stz_model_set S = {0};
-    stz_fwd *fwd = NULL;
-    stz_seqs q = {0};
-    stz_status st = out && strcmp(out, "-") ? stz_output_check(out, force, err) : STZ_OK; /* before the long work */
-    if (!st)
-        st = open_fwd(model, po->config, threads, &S, &fwd, err);
-    if (!st)
-        st = cli_feedback_seqs(&po->so, fwd, model, quiet, &q, err);
-    if (!st) {
-        cli_progress prog;
-        cli_progress_init(&prog, "feedback", quiet);
-        st = stz_feedback_run(fb, fwd, pol, q.tok, q.nseq, 0, q.lens, threads, cli_progress_cb, &prog, err);
-        cli_progress_end(&prog);
-    }
-    if (!st && !stz_feedback_count(*fb)) {
-        st = stz_err_set(err, STZ_E_ARG,
-                         "%s: the policy asks for error feedback, but on none of the model's matrices "
-                         "the forward pass reads",
-                         model);
-        stz_feedback_free(*fb), *fb = NULL;
-    }
-    stz_seqs_free(&q);
     stz_fwd_free(fwd);
     stz_model_set_free(&S);
     return st;

@@ -2,7 +2,6 @@
  * and back. Intermediate files live next to the output under a hidden
  * temporary name, tracked so that errors and signals remove them. */
 #include "cli.h"
-#include "stz_feedback.h"
 #include "stz_imatrix.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
@@ -12,8 +11,6 @@
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <limits.h>
-#include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -133,125 +130,81 @@ static char *default_output(const char *in, const popts *o)
     return out;
 }
 
-/* What compress does to one file, and the totals over all of them. */
-typedef struct {
-    const popts *o;
-    stz_policy *pol;
-    const stz_imatrix *im; /* --imatrix, or NULL */
-    stz_feedback *fb;      /* error feedback's results, or NULL */
-    uint64_t in_bytes, out_bytes;
-    stz_quant_stats qs; /* summed over files: counts, min cosine */
-    int64_t wfix;       /* sum of cosine x parameters in 1/65536: integers add up the same in any order */
-    double wtot;
-    int files;
-    pthread_mutex_t lock; /* the sums, when shards run at once */
-} compress_ctx;
-
-/* One file: quantized straight into the container (one pass, no
- * intermediate file), or packed as it is with --lossless. */
-static stz_status compress_one(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err)
+/* The policy, the importance matrix and error feedback's options loaded
+ * and checked (none with --lossless). */
+static stz_status load_policy(const popts *o, const char *in, stz_policy **pol, stz_imatrix **im, stz_err *err)
 {
-    compress_ctx *c = (compress_ctx *)user;
-    const popts *o = c->o;
-    const char *shard = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
-    stz_status s = STZ_OK;
-    cli_progress prog;
-    char label[64];
-    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
-    pp.threads = threads;
-    pp.level = o->best ? STZ_PACK_BEST : STZ_PACK_FAST;
-    pp.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
-    snprintf(label, sizeof label, "compress %.40s", shard);
-    cli_progress_init(&prog, label, quiet);
-    stz_pack_stats ps;
-    stz_quant_stats qs = {0};
-    if (o->lossless) {
-        pp.progress = cli_progress_cb;
-        pp.progress_user = &prog;
-        s = strcmp(in, "-") ? stz_pack_file(&pp, in, out, &ps, err)
-                            : stz_pack_stream(&pp, STDIN_FILENO, "standard input", out, &ps, err);
-    } else {
-        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
-        qp.threads = threads;
-        qp.progress = cli_progress_cb;
-        qp.progress_user = &prog;
-        qp.imatrix = c->im;
-        qp.feedback = c->fb;
-        if (!(s = stz_compress_file(&qp, &pp, c->pol, in, out, &qs, &ps, err))) {
-            pthread_mutex_lock(&c->lock); /* shards may run at once */
-            c->qs.tensors += qs.tensors, c->qs.quantized += qs.quantized;
-            c->qs.params += qs.params, c->qs.params_quantized += qs.params_quantized;
-            c->wfix += llround(ldexp(qs.weighted_cosine * (double)qs.params, 16)), c->wtot += (double)qs.params;
-            if (qs.quantized && qs.min_cosine < c->qs.min_cosine) {
-                c->qs.min_cosine = qs.min_cosine;
-                memcpy(c->qs.worst, qs.worst, sizeof qs.worst);
-            }
-            pthread_mutex_unlock(&c->lock);
-        }
-    }
-    cli_progress_end(&prog);
-    if (s)
-        return s;
-    pthread_mutex_lock(&c->lock);
-    c->in_bytes += o->lossless ? ps.in_bytes : qs.in_bytes; /* the model's bytes, not the quantized file's */
-    c->out_bytes += ps.out_bytes;
-    c->files++;
-    pthread_mutex_unlock(&c->lock);
-    return STZ_OK;
-}
-
-/* Under MPI: every rank's sums, the lowest cosine and its tensor. */
-static void mpi_gather(compress_ctx *c)
-{
-    double v[9] = {(double)c->in_bytes,
-                   (double)c->out_bytes,
-                   (double)c->files,
-                   (double)c->qs.tensors,
-                   (double)c->qs.quantized,
-                   (double)c->qs.params,
-                   (double)c->qs.params_quantized,
-                   (double)(c->wfix >> 32),
-                   (double)(c->wfix & 0xffffffff)}; /* exact in doubles */
-    cli_mpi_sum(v, 9);
-    cli_mpi_sum(&c->wtot, 1);
-    c->in_bytes = (uint64_t)v[0], c->out_bytes = (uint64_t)v[1], c->files = (int)v[2];
-    c->qs.tensors = (size_t)v[3], c->qs.quantized = (size_t)v[4], c->qs.params = (uint64_t)v[5];
-    c->qs.params_quantized = (uint64_t)v[6], c->wfix = (int64_t)v[7] * ((int64_t)1 << 32) + (int64_t)v[8];
-    int who = cli_mpi_min_rank(c->qs.min_cosine);
-    cli_mpi_bcast(&c->qs.min_cosine, sizeof c->qs.min_cosine, who);
-    cli_mpi_bcast(c->qs.worst, sizeof c->qs.worst, who);
-}
-
-stz_status cli_compress_policy(const char *in, const char *out, stz_policy *pol, const stz_imatrix *im,
-                               const cli_seq_opts *so, const char *config, int threads, int quiet, uint64_t *bytes,
-                               stz_err *err)
-{
-    popts o;
-    memset(&o, 0, sizeof o);
-    cli_common_init(&o.c);
-    o.c.threads = threads, o.c.quiet = quiet, o.c.force = 1; /* a file OUT is replaced: the caller's temporary */
-    compress_ctx c = {.o = &o, .pol = pol, .im = im};
-    c.qs.min_cosine = 1;
-    pthread_mutex_init(&c.lock, NULL);
-    o.po.config = stz_policy_feedback(pol) ? config : NULL; /* (refused without feedback) */
-    if (so)
-        o.po.so = *so;
-    stz_status st = cli_feedback_open(&o.po, pol, in, NULL, 1, threads, quiet, &c.fb, err);
-    if (!st && stz_model_is_sharded(in)) {
-        if (cli_shards_run(in, out, "", ".stz", 1, threads, quiet, compress_one, &c) != CLI_OK)
-            st = stz_err_set(err, STZ_E_IO, "%s: compressing the shards failed (above)", in);
-    } else if (!st) {
-        st = compress_one(&c, in, out, threads, quiet, err);
-    }
-    pthread_mutex_destroy(&c.lock);
-    stz_feedback_free(c.fb);
-    *bytes = st ? 0 : cli_path_bytes(out, 0);
+    *pol = NULL;
+    *im = NULL;
+    if (o->lossless)
+        return STZ_OK;
+    stz_status st = cli_policy_load(&o->po, pol, err);
+    if (!st)
+        st = cli_imatrix_open(o->po.imatrix, in, im, err);
+    if (!st)
+        st = cli_feedback_check(&o->po, *pol, err);
     return st;
 }
 
-/* stz compress. Longer than most: the options, the run (a file, standard
- * input, a sharded directory, over MPI ranks: each a call), then the
- * report as JSON or text, line by line. */
+/* Rules that matched no tensor, warned about (not under MPI, where each
+ * rank saw only its shards). */
+static void warn_unused(const popts *o, const stz_policy *pol, const char *in)
+{
+    if (!pol || o->c.quiet || cli_mpi_size() > 1)
+        return;
+    stz_reader *names = NULL;
+    stz_err ignored;
+    if (!stz_model_is_sharded(in))
+        stz_reader_open(&names, in, &ignored);
+    cli_policy_warn_unused(pol, names);
+    stz_reader_free(names);
+}
+
+/* The summary: --json's document, or lines of text. */
+static int report(const popts *o, const char *in, const char *out, const stz_compress_result *r, double secs)
+{
+    const stz_quant_stats *q = &r->stats;
+    const char *mode = o->lossless ? "lossless" : o->po.policy ? o->po.policy : "custom";
+    double ratio = r->out_bytes ? (double)r->in_bytes / (double)r->out_bytes : 0;
+    double share = q->params ? (double)q->params_quantized / (double)q->params : 0;
+    int show_eval = !o->lossless && !o->noeval;
+    if (o->c.json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "input", in);
+        cJSON_AddStringToObject(d, "output", out);
+        cJSON_AddStringToObject(d, "mode", mode);
+        cJSON_AddNumberToObject(d, "files", (double)r->files);
+        cJSON_AddNumberToObject(d, "in_bytes", (double)r->in_bytes);
+        cJSON_AddNumberToObject(d, "out_bytes", (double)r->out_bytes);
+        cJSON_AddNumberToObject(d, "ratio", ratio);
+        cJSON_AddNumberToObject(d, "seconds", secs);
+        if (!o->lossless) {
+            cJSON_AddNumberToObject(d, "tensors_quantized", (double)q->quantized);
+            cJSON_AddNumberToObject(d, "params_quantized_share", share);
+        }
+        if (show_eval) {
+            cJSON_AddNumberToObject(d, "weighted_cosine", q->weighted_cosine);
+            cJSON_AddNumberToObject(d, "min_cosine", q->min_cosine);
+            cJSON_AddStringToObject(d, "worst_tensor", q->worst);
+        }
+        return cli_print_json(d);
+    }
+    if (o->c.quiet)
+        return CLI_OK;
+    char a[32], b[32];
+    printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", strcmp(in, "-") ? in : "standard input", out,
+           cli_commas(a, r->in_bytes), cli_commas(b, r->out_bytes), ratio, secs,
+           o->lossless ? "lossless, bit-exact" : mode, stz_model_is_sharded(in) ? ", sharded" : "");
+    if (!o->lossless)
+        printf("%zu of %zu tensors quantized (%.1f%% of parameters)\n", q->quantized, q->tensors, 100.0 * share);
+    if (show_eval && q->quantized) /* the figures stz eval gives */
+        printf("cosine vs original: weighted mean %.6f, minimum %.6f (%s)\n", q->weighted_cosine, q->min_cosine,
+               q->worst);
+    return CLI_OK;
+}
+
+/* stz compress: the options, stz_compress_model (a file, standard input,
+ * a sharded directory, over MPI ranks), the report. */
 int cmd_compress(int argc, char **argv)
 {
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
@@ -271,97 +224,31 @@ int cmd_compress(int argc, char **argv)
         return cli_usage_error("compress", o.lossless ? "--lossless takes no policy options"
                                                       : "give one of --policy P, --int8, --int4, --set, --lossless");
     const char *in = argv[optind];
+    if (cli_mpi_size() > 1 && !stz_model_is_sharded(in))
+        return cli_mpi_rank() ? CLI_USAGE
+                              : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
     char *out = o.c.out ? strdup(o.c.out) : default_output(in, &o);
     stz_err err;
-    if (!out)
-        return stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for the output's name", in), cli_fail(&err);
-    compress_ctx c = {.o = &o};
-    c.qs.min_cosine = 1;
-    pthread_mutex_init(&c.lock, NULL);
-    double t0 = cli_now();
-    int sharded = stz_model_is_sharded(in);
+    stz_policy *pol = NULL;
     stz_imatrix *im = NULL;
-    if (!o.lossless && (cli_policy_load(&o.po, &c.pol, &err) || cli_imatrix_open(o.po.imatrix, in, &im, &err))) {
-        stz_policy_free(c.pol);
-        free(out);
-        return cli_fail(&err);
+    stz_compress_result r;
+    double t0 = cli_now();
+    stz_status st = out ? load_policy(&o, in, &pol, &im, &err)
+                        : stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for the output's name", in);
+    if (!st) {
+        stz_compress_params p = {pol,         im,         o.po.so.default_len ? &o.po.so : NULL, o.po.config,
+                                 o.c.threads, o.best,     o.c.force ? STZ_WRITE_FORCE : 0,       o.c.quiet,
+                                 &cli_stages, cli_ranks()};
+        st = stz_compress_model(&p, in, out, &r, &err);
     }
-    c.im = im;
-    if (!o.lossless &&
-        cli_feedback_open(&o.po, c.pol, in, sharded ? NULL : out, o.c.force, o.c.threads ? o.c.threads : cli_ncores(),
-                          o.c.quiet || o.c.json, &c.fb, &err)) {
-        stz_policy_free(c.pol);
-        stz_imatrix_free(im);
-        free(out);
-        return cli_fail(&err);
-    }
-    int mpi = cli_mpi_size() > 1;
-    if (mpi && !sharded) {
-        rc = cli_mpi_rank() ? CLI_USAGE
-                            : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
-    } else if (sharded) {
-        rc = cli_shards_run(in, out, "", ".stz", !o.lossless, o.c.threads, o.c.quiet, compress_one, &c);
-        if (mpi && rc == CLI_OK)
-            mpi_gather(&c);
-    } else if (strcmp(out, "-") && stz_output_check(out, o.c.force, &err)) { /* refuse before the long work */
-        rc = cli_fail(&err);
+    if (st) {
+        rc = cli_mpi_rank() ? CLI_ERROR : cli_fail(&err);
     } else {
-        rc = compress_one(&c, in, out, o.c.threads, o.c.quiet, &err) ? cli_fail(&err) : CLI_OK;
+        warn_unused(&o, pol, in);
+        rc = cli_mpi_rank() ? CLI_OK : report(&o, in, out, &r, cli_now() - t0); /* rank 0 reports for all */
     }
-    if (rc == CLI_OK && c.pol && !o.c.quiet && !mpi) { /* (under MPI each rank saw only its shards) */
-        stz_reader *names = NULL;
-        stz_err ignored;
-        if (!sharded)
-            stz_reader_open(&names, in, &ignored);
-        cli_policy_warn_unused(c.pol, names);
-        stz_reader_free(names);
-    }
-    stz_policy_free(c.pol);
+    stz_policy_free(pol);
     stz_imatrix_free(im);
-    stz_feedback_free(c.fb);
-    pthread_mutex_destroy(&c.lock);
-    if (rc != CLI_OK || cli_mpi_rank()) { /* rank 0 reports for all */
-        free(out);
-        return rc;
-    }
-    double secs = cli_now() - t0, ratio = c.out_bytes ? (double)c.in_bytes / (double)c.out_bytes : 0;
-    double wmean = c.wtot ? ldexp((double)c.wfix, -16) / c.wtot : 1;
-    int show_eval = !o.lossless && !o.noeval;
-    if (o.c.json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "input", in);
-        cJSON_AddStringToObject(d, "output", out);
-        cJSON_AddStringToObject(d, "mode", o.lossless ? "lossless" : o.po.policy ? o.po.policy : "custom");
-        cJSON_AddNumberToObject(d, "files", c.files);
-        cJSON_AddNumberToObject(d, "in_bytes", (double)c.in_bytes);
-        cJSON_AddNumberToObject(d, "out_bytes", (double)c.out_bytes);
-        cJSON_AddNumberToObject(d, "ratio", ratio);
-        cJSON_AddNumberToObject(d, "seconds", secs);
-        if (!o.lossless) {
-            cJSON_AddNumberToObject(d, "tensors_quantized", (double)c.qs.quantized);
-            cJSON_AddNumberToObject(d, "params_quantized_share",
-                                    c.qs.params ? (double)c.qs.params_quantized / (double)c.qs.params : 0);
-        }
-        if (show_eval) {
-            cJSON_AddNumberToObject(d, "weighted_cosine", wmean);
-            cJSON_AddNumberToObject(d, "min_cosine", c.qs.min_cosine);
-            cJSON_AddStringToObject(d, "worst_tensor", c.qs.worst);
-        }
-        rc = cli_print_json(d);
-    } else if (!o.c.quiet) {
-        char a[32], b[32];
-        printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", strcmp(in, "-") ? in : "standard input", out,
-               cli_commas(a, c.in_bytes), cli_commas(b, c.out_bytes), ratio, secs,
-               o.lossless    ? "lossless, bit-exact"
-               : o.po.policy ? o.po.policy
-                             : "custom",
-               sharded ? ", sharded" : "");
-        if (!o.lossless)
-            printf("%zu of %zu tensors quantized (%.1f%% of parameters)\n", c.qs.quantized, c.qs.tensors,
-                   c.qs.params ? 100.0 * (double)c.qs.params_quantized / (double)c.qs.params : 0);
-        if (show_eval && c.qs.quantized) /* the figures stz eval gives */
-            printf("cosine vs original: weighted mean %.6f, minimum %.6f (%s)\n", wmean, c.qs.min_cosine, c.qs.worst);
-    }
     free(out);
     return rc;
 }

@@ -132,7 +132,7 @@ static int parse(int argc, char **argv, tune_opts *o)
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->verify = 1;
-    const cli_seq_opts defaults = {NULL, 4, 0, 64, 1, 1, 0.9};
+    const stz_seq_spec defaults = {NULL, 4, 0, 64, 1, 1, 0.9};
     o->so = defaults;
     int c, rc, budgets = 0;
     optind = 1;
@@ -261,7 +261,21 @@ static stz_gguf_params gguf_params(const tune_opts *o)
 
 /* The sequences error feedback calibrates on: --tokens FILE's when given
  * (tune measures on them too), else NULL, its default sampled ones. */
-static const cli_seq_opts *feedback_seqs(const tune_opts *o) { return o->so.path ? &o->so : NULL; }
+static const stz_seq_spec *feedback_seqs(const tune_opts *o) { return o->so.path ? &o->so : NULL; }
+
+/* The model (a file or a sharded directory) compressed with the policy
+ * into `out` (a file replaced, a directory made), as stz compress does;
+ * *bytes: what out holds. */
+static stz_status compress(const tune_run *t, stz_policy *pol, const char *out, uint64_t *bytes, stz_err *err)
+{
+    const tune_opts *o = &t->o;
+    stz_compress_params p = {pol, t->im,           feedback_seqs(o),        o->config,   o->c.threads,
+                             0,   STZ_WRITE_FORCE, o->c.quiet || o->c.json, &cli_stages, cli_ranks()};
+    stz_compress_result r;
+    stz_status st = stz_compress_model(&p, t->in, out, &r, err);
+    *bytes = st ? 0 : cli_path_bytes(out, 0);
+    return st;
+}
 
 /* Compresses the model (a file or a sharded directory) with the policy
  * into `out` (--gguf: into the container t->tcc, exported to `out` as
@@ -281,8 +295,7 @@ static stz_status verify(tune_run *t, const char *out, measured *res, stz_err *e
     if (!st && t->sharded)
         stz_remove_tree(container); /* the first round's */
     if (!st)
-        st = cli_compress_policy(t->in, container, pol, t->im, feedback_seqs(o), o->config, o->c.threads,
-                                 o->c.quiet || o->c.json, &res->bytes, err);
+        st = compress(t, pol, container, &res->bytes, err);
     if (!st)
         st = stz_model_set_open(&C, container, err);
     if (!st && o->gguf && !(st = cli_export_gguf(t->model, &C, &t->cfg, t->cfg_json, &gp, out, &gs, err))) {
@@ -358,7 +371,8 @@ static stz_status tune_feedback(tune_run *t, const stz_tune_params *tp, cli_prog
         return STZ_OK;
     tune_opts *o = &t->o;
     stz_seqs q = {0};
-    stz_status st = cli_feedback_seqs(feedback_seqs(o), t->fwd, t->model, o->c.quiet || o->c.json, &q, err);
+    stz_status st =
+        stz_feedback_seqs(t->fwd, feedback_seqs(o), t->model, &cli_stages, o->c.quiet || o->c.json, &q, err);
     if (!st) {
         cli_progress_init(prog, "tune: feedback", o->c.quiet || o->c.json);
         st = stz_tune_feedback(&t->T, t->fwd, q.tok, q.nseq, 0, q.lens, tp, err);

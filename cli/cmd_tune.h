@@ -14,7 +14,7 @@ typedef struct {
     double size, ratio, bpw, max_kl;
     const char *candidates, *config, *plot, *save_policy, *imatrix;
     const char *tokenizer, *name; /* --gguf: as stz export --gguf takes them */
-    cli_seq_opts so;
+    stz_seq_spec so;
     int verify, compress, gguf;
     int feedback; /* --feedback: every block candidate with error feedback */
     int no_pad;   /* --no-pad: down projections only in types that take their rows whole */

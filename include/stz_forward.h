@@ -69,6 +69,12 @@ typedef struct stz_fwd stz_fwd;
  * not depend on it). */
 STZ_API stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
                                 const char *label, int threads, stz_err *err);
+/* The model at `path` (a file or a directory: its files opened into *s)
+ * opened for the forward pass on `threads` threads, with its configuration
+ * found as stz_fwd_config_find does (config: a config.json's path, or
+ * NULL); the caller frees *out and *s, also on failure. */
+STZ_API stz_status stz_fwd_open_model(stz_fwd **out, stz_model_set *s, const char *path, const char *config,
+                                      int threads, stz_err *err);
 STZ_API void stz_fwd_free(stz_fwd *m);
 STZ_API const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
 /* The token embedding's name; *tied (when not NULL) is 1 when the output
@@ -121,6 +127,26 @@ STZ_API stz_status stz_seqs_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t
                                    stz_fwd_progress progress, void *user, stz_seqs *q, stz_err *err);
 /* Writes the sequences in the line form (a file that is replaced only with
  * force; nothing at path until it is whole). */
+/* Which sequences to run: a tokens file's (stz_seqs_read), or nseq of len
+ * tokens sampled from the model (stz_seqs_sample); len 0: default_len, or
+ * the model's positions if fewer. */
+typedef struct {
+    const char *path; /* NULL: sample */
+    size_t nseq, len, default_len;
+    uint64_t seed;
+    double temperature, top_p;
+} stz_seq_spec;
+/* Error feedback's sequences unless told otherwise: 16 of 256 tokens
+ * sampled, seed 1. */
+// clang-format off
+#define STZ_FEEDBACK_SEQS {NULL, 16, 0, 256, 1, 1, 0.9}
+// clang-format on
+/* The sequences s asks for from model m, `label` naming it in messages
+ * (read: ids checked against its vocabulary); progress counts sampled
+ * tokens. `source` (STZ_SEQS_SOURCE_MAX bytes) says where they came from. */
+#define STZ_SEQS_SOURCE_MAX 64
+STZ_API stz_status stz_seqs_get(const stz_seq_spec *s, stz_fwd *m, const char *label, stz_fwd_progress progress,
+                                void *user, stz_seqs *q, char *source, stz_err *err);
 STZ_API stz_status stz_seqs_save(const char *path, const stz_seqs *q, int force, stz_err *err);
 STZ_API void stz_seqs_free(stz_seqs *q);
 

@@ -7,6 +7,8 @@
 #define STZ_PIPELINE_H
 
 #include "stz.h"
+#include "stz_feedback.h"
+#include "stz_forward.h"
 #include "stz_pack.h"
 #include "stz_policy.h"
 #include "stz_model.h"
@@ -109,6 +111,10 @@ typedef struct {
     /* Collective: 1 if any rank passed failed != 0; then *err becomes the
      * lowest failing rank's error. */
     int (*any_failed)(void *user, int failed, stz_err *err);
+    /* Collective: v[0..n) summed over every rank, in place */
+    void (*sum)(void *user, double *v, int n);
+    /* Collective: the rank that passed the smallest v (ties: the lowest) */
+    int (*min_rank)(void *user, double v);
     void *user;
 } stz_ranks;
 
@@ -139,6 +145,72 @@ typedef struct {
  * the rest; a failure on any rank fails every rank, with its error.
  */
 STZ_API stz_status stz_convert_shards(const stz_shards_params *p, const char *in, const char *out, stz_err *err);
+
+/* ---- whole models ---------------------------------------------------- */
+
+/* Progress of work in stages ("sampling", "feedback", "compress SHARD"):
+ * begin(user, label, quiet) starts one and returns its state (quiet: not
+ * shown), step(state, done, total) reports on it (non-zero: stop, as every
+ * stz_progress_fn), end(state) closes it. A NULL stz_stages shows nothing
+ * and stops on stz_interrupt_pending(). */
+typedef struct {
+    void *(*begin)(void *user, const char *label, int quiet);
+    stz_progress_fn step;
+    void (*end)(void *state);
+    void *user;
+} stz_stages;
+
+/* Bytes of F32 layers sampling keeps between steps for error feedback
+ * (stz_fwd_set_keep): its peak memory stays near the quantizing's. */
+#define STZ_FEEDBACK_KEEP ((uint64_t)256 << 20)
+
+/* Error feedback's calibration sequences from the open model m: seqs's
+ * (NULL: STZ_FEEDBACK_SEQS), sampled keeping at most STZ_FEEDBACK_KEEP of
+ * layers (they count in feedback's peak), or read; label names the model. */
+STZ_API stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *label,
+                                     const stz_stages *progress, int quiet, stz_seqs *q, stz_err *err);
+/* Error feedback for the model at `model` (a file or a directory) under
+ * `policy` when a rule asks for it (*fb NULL when none does): the model
+ * opened for the forward pass (config: its config.json, NULL: found as
+ * stz_fwd_open_model does), the sequences (stz_feedback_seqs), its
+ * layers quantized (stz_feedback_run) on `threads` threads. An error
+ * when no matrix the forward pass reads takes it. */
+STZ_API stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_policy *policy,
+                                          const stz_seq_spec *seqs, const char *config, int threads,
+                                          const stz_stages *progress, int quiet, stz_err *err);
+
+typedef struct {
+    stz_policy *policy;                /* NULL: lossless, every file packed as it is */
+    const struct stz_imatrix *imatrix; /* NULL: none (stz_quant_params) */
+    const stz_seq_spec *feedback_seqs; /* error feedback's sequences, NULL: STZ_FEEDBACK_SEQS */
+    const char *config;                /* the model's config.json for error feedback, NULL: found */
+    int threads;                       /* >= 1: quantizing, packing, shards at once */
+    int best;                          /* 1: STZ_PACK_BEST */
+    unsigned write_flags;              /* STZ_WRITE_FORCE: a file `out` is replaced */
+    int quiet;                         /* progress not shown */
+    const stz_stages *progress;        /* NULL: none */
+    const stz_ranks *ranks;            /* NULL: this process alone */
+} stz_compress_params;
+
+typedef struct {
+    uint64_t in_bytes, out_bytes; /* the model's bytes (not a quantized file's), the containers' */
+    size_t files;
+    stz_quant_stats stats; /* over every file (and every rank); in/out_bytes unused */
+} stz_compress_result;
+
+/*
+ * stz compress: the model `in` into containers. `in` is a file, "-"
+ * (standard input, lossless only), or a sharded directory (every shard into
+ * the directory `out`, stz_convert_shards, the index rewritten when
+ * quantizing); `out` a file, "-" or, for a sharded model, a directory that
+ * must not exist. A file `out` is checked before any work. Error feedback
+ * is calibrated first when the policy asks for it (stz_feedback_calibrate),
+ * then every file quantized straight into its container
+ * (stz_compress_file) or packed (stz_pack_file). On ranks: a sharded
+ * model only; every rank gets the totals of all.
+ */
+STZ_API stz_status stz_compress_model(const stz_compress_params *p, const char *in, const char *out,
+                                      stz_compress_result *r, stz_err *err);
 
 #ifdef __cplusplus
 }

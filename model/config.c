@@ -245,3 +245,18 @@ stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *
                        "__metadata__[\"config\"]): give one with --config FILE",
                        path);
 }
+
+stz_status stz_fwd_open_model(stz_fwd **out, stz_model_set *s, const char *path, const char *config, int threads,
+                              stz_err *err)
+{
+    stz_fwd_config cfg;
+    char from[STZ_FWD_FROM_MAX];
+    *out = NULL;
+    stz_status st = stz_model_set_open(s, path, err);
+    int found = st ? 0 : stz_fwd_config_find(path, s, config, &cfg, from, NULL, err);
+    if (!st && found < 0)
+        st = err->code;
+    else if (!st && !found)
+        st = stz_fwd_no_config(path, s, err);
+    return st ? st : stz_fwd_open(out, s->m, s->n, &cfg, path, threads, err);
+}

@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,4 +209,21 @@ stz_status stz_seqs_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, d
     if (st)
         stz_seqs_free(q);
     return st;
+}
+
+stz_status stz_seqs_get(const stz_seq_spec *s, stz_fwd *m, const char *label, stz_fwd_progress progress, void *user,
+                        stz_seqs *q, char *source, stz_err *err)
+{
+    const stz_fwd_config *c = stz_fwd_cfg(m);
+    memset(q, 0, sizeof *q);
+    if (s->path) {
+        const char *base = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
+        snprintf(source, STZ_SEQS_SOURCE_MAX, "from %.50s", base);
+        return stz_seqs_read(s->path, c->vocab, label, q, err);
+    }
+    size_t len = s->len ? s->len : c->max_pos && c->max_pos < s->default_len ? c->max_pos : s->default_len;
+    if (len < 2)
+        return stz_err_set(err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", label, c->max_pos);
+    snprintf(source, STZ_SEQS_SOURCE_MAX, "%zu tokens sampled from the original, seed %" PRIu64, len, s->seed);
+    return stz_seqs_sample(m, s->nseq, len, s->seed, s->temperature, s->top_p, progress, user, q, err);
 }

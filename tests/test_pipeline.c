@@ -808,11 +808,12 @@ static cJSON *index_of(const char *d)
  * tensors, the other files copied; an existing output is refused; a
  * failing shard leaves no directory behind; an index that disagrees with
  * its shards is refused by name. */
-static void test_convert_shards(void **state)
+static const char *const shard[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+
+/* The directory `in` made, with two shards (x.weight 300 x 64, y.weight
+ * 40 x 64), their index and a README.md. */
+static void write_sharded(const char *in)
 {
-    (void)state;
-    char *dir = tu_tmpdir(), *in = tu_path(dir, "in"), *out = tu_path(dir, "out"), *out2 = tu_path(dir, "out2");
-    static const char *const shard[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
     static const char index[] =
         "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {\"x.weight\": "
         "\"model-00001-of-00002.safetensors\", \"y.weight\": "
@@ -824,6 +825,16 @@ static void test_convert_shards(void **state)
     write_shard(q, "y.weight", 40);
     tu_write(ip, index, sizeof index - 1);
     tu_write(readme, "a model\n", 8);
+    free(p), free(q), free(ip), free(readme);
+}
+
+static void test_convert_shards(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *in = tu_path(dir, "in"), *out = tu_path(dir, "out"), *out2 = tu_path(dir, "out2");
+    write_sharded(in);
+    char *p = tu_path(in, shard[0]), *q = tu_path(in, shard[1]), *ip = tu_path(in, STZ_INDEX_NAME),
+         *readme = tu_path(in, "README.md");
     char **files;
     size_t n;
     stz_err err;
@@ -880,6 +891,105 @@ static void test_convert_shards(void **state)
     free(p), free(q), free(ip), free(readme), free(oi), free(or), free(in), free(out), free(out2), free(dir);
 }
 
+/* Stages seen by test_compress_model: begun, ended, steps. */
+typedef struct {
+    int begun, ended, steps;
+    char last[64];
+} stage_count;
+
+static void *count_begin(void *user, const char *label, int quiet)
+{
+    stage_count *c = (stage_count *)user;
+    assert_true(quiet); /* as the test asks */
+    c->begun++;
+    snprintf(c->last, sizeof c->last, "%s", label);
+    return c;
+}
+
+static int count_step(void *state, uint64_t done, uint64_t total)
+{
+    assert_true(done <= total);
+    ((stage_count *)state)->steps++;
+    return 0;
+}
+
+static void count_end(void *state) { ((stage_count *)state)->ended++; }
+
+/* stz_compress_model: a sharded directory, on 1 and 2 threads, the same
+ * bytes, its statistics summed over the shards (and equal to compressing
+ * each shard alone); one file as stz_compress_file makes it; lossless as
+ * stz_pack_file; an existing output refused before any work. */
+static void test_compress_model(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *in = tu_path(dir, "in"), *o1 = tu_path(dir, "o1"), *o2 = tu_path(dir, "o2");
+    write_sharded(in);
+    stz_policy *pol = tu_policy("{\"rules\": [{\"match\": \"*\", \"action\": \"int8\"}]}");
+    stage_count seen = {0};
+    stz_stages stages = {count_begin, count_step, count_end, &seen};
+    stz_compress_params cp = {pol, NULL, NULL, NULL, 1, 0, 0, 1, &stages, NULL};
+    stz_compress_result r1, r2;
+    stz_err err;
+    if (stz_compress_model(&cp, in, o1, &r1, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(seen.begun, 2);
+    assert_int_equal(seen.ended, 2);
+    assert_true(seen.steps >= 2);
+    assert_non_null(strstr(seen.last, "compress model-0000"));
+    cp.threads = 2;
+    cp.progress = NULL;
+    if (stz_compress_model(&cp, in, o2, &r2, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(r1.files, 2);
+    assert_int_equal(r1.stats.tensors, 2);
+    assert_int_equal(r1.stats.quantized, 2);
+    assert_int_equal(r1.stats.params, 340 * 64);
+    assert_true(r1.in_bytes > (uint64_t)340 * 64 * 4 && r1.in_bytes < (uint64_t)340 * 64 * 4 + 1024); /* headers */
+    assert_true(r1.stats.min_cosine > 0.999 && r1.stats.min_cosine < 1);
+    assert_true(r1.stats.weighted_cosine >= r1.stats.min_cosine && r1.stats.weighted_cosine < 1);
+    assert_true(r1.out_bytes == r2.out_bytes && r1.stats.min_cosine == r2.stats.min_cosine);
+    assert_true(r1.stats.weighted_cosine == r2.stats.weighted_cosine);
+    assert_string_equal(r1.stats.worst, r2.stats.worst);
+    for (int k = 0; k < 2; k++) { /* each shard as compressing it alone makes it */
+        char name[64], *a, *b, *src = tu_path(in, shard[k]), *one = tu_path(dir, "one.stz");
+        snprintf(name, sizeof name, "%s.stz", shard[k]);
+        a = tu_path(o1, name), b = tu_path(o2, name);
+        assert_true(tu_hash_file(a) == tu_hash_file(b));
+        stz_compress_result r;
+        cp.write_flags = STZ_WRITE_FORCE;
+        if (stz_compress_model(&cp, src, one, &r, &err))
+            fail_msg("%s", err.msg);
+        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+        stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+        stz_quant_stats qs;
+        qp.threads = pp.threads = 2;
+        pp.write_flags = STZ_WRITE_FORCE;
+        if (stz_compress_file(&qp, &pp, pol, src, a, &qs, NULL, &err))
+            fail_msg("%s", err.msg);
+        assert_true(tu_hash_file(a) == tu_hash_file(one));
+        assert_true(r.files == 1 && r.stats.params == qs.params && r.stats.min_cosine == qs.min_cosine);
+        assert_true(fabs(r.stats.weighted_cosine - qs.weighted_cosine) < 1e-4); /* summed in 1/65536 */
+        free(a), free(b), free(src), free(one);
+    }
+    cp.write_flags = 0; /* an existing output: refused before any work */
+    char *src = tu_path(in, shard[1]), *one = tu_path(dir, "one.stz"), *packed = tu_path(dir, "packed.stz");
+    assert_int_equal(stz_compress_model(&cp, src, one, &r1, &err), STZ_E_EXISTS);
+    assert_int_equal(stz_compress_model(&cp, in, o1, &r1, &err), STZ_E_EXISTS);
+    cp.policy = NULL; /* lossless: stz pack */
+    if (stz_compress_model(&cp, src, packed, &r1, &err))
+        fail_msg("%s", err.msg);
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    pp.write_flags = STZ_WRITE_FORCE;
+    assert_int_equal(stz_pack_file(&pp, src, one, NULL, &err), STZ_OK);
+    assert_true(tu_hash_file(one) == tu_hash_file(packed));
+    struct stat sb;
+    assert_int_equal(stat(src, &sb), 0);
+    assert_true(r1.files == 1 && r1.stats.quantized == 0 && r1.in_bytes == (uint64_t)sb.st_size);
+    stz_policy_free(pol);
+    stz_remove_tree(dir);
+    free(src), free(one), free(packed), free(in), free(o1), free(o2), free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -896,6 +1006,7 @@ int main(void)
         cmocka_unit_test(test_shared_f32),
         cmocka_unit_test(test_shared_bf16),
         cmocka_unit_test(test_convert_shards),
+        cmocka_unit_test(test_compress_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

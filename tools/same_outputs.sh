@@ -69,5 +69,9 @@ run eval-forward-save st.txt eval --forward "$S" "$W/old/c.stz" --sequences 3 --
 run eval-forward-tokens "" eval --forward "$S" "$W/old/c.stz" --tokens "$W/old/st.txt" --json
 run imatrix im.gguf imatrix "$S" --tokens "$W/old/st.txt" -o im.gguf -q
 run imatrix-sampled ims.gguf imatrix "$W/old/sh" -o ims.gguf -q
+run compress-feedback cf.stz compress --int4 --feedback --sequences 2 --seq-len 32 "$S" -o cf.stz -T 2 --json
+run quantize-feedback qf.safetensors quantize --int4 --feedback --sequences 2 --seq-len 32 "$S" -o qf.safetensors -T 2
+run compress-shards-json cshj compress --int8 "$W/old/sh" -o cshj -T 2 --json
+run tune-feedback tf.json tune "$S" --size 230000 --feedback -o tf.json --json -T 2
 echo "same_outputs: $n commands, $( [ $differ = 0 ] && echo "all identical" || echo "some differ")"
 exit $differ

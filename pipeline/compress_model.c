@@ -1,0 +1,233 @@
+/* A whole model compressed (stz compress, tune's rounds, Python's
+ * compress): error feedback calibrated when the policy asks for it, then
+ * every file quantized straight into its container (or packed as it is),
+ * a sharded directory shard by shard on threads and ranks, the statistics
+ * summed over all of them. */
+#include "core/stz_core.h"
+#include "stz_feedback.h"
+#include "stz_imatrix.h"
+#include "stz_pipeline.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- progress in stages ---------------------------------------------- */
+
+/* A stage under way: its stz_stages and what their begin returned. */
+typedef struct {
+    const stz_stages *stages;
+    void *state;
+} stz_stage;
+
+static void *stage_begin(const stz_stages *s, const char *label, int quiet)
+{
+    return s && s->begin ? s->begin(s->user, label, quiet) : NULL;
+}
+
+static int stage_step(void *user, uint64_t done, uint64_t total)
+{
+    const stz_stage *g = (const stz_stage *)user;
+    return g && g->stages && g->stages->step ? g->stages->step(g->state, done, total) : stz_interrupt_pending();
+}
+
+/* A stage begun: what stage_step takes as its user. */
+static stz_stage stage_open(const stz_stages *s, const char *label, int quiet)
+{
+    stz_stage g = {s, stage_begin(s, label, quiet)};
+    return g;
+}
+
+static void stage_close(stz_stage *g)
+{
+    if (g->stages && g->stages->end)
+        g->stages->end(g->state);
+}
+
+/* ---- error feedback -------------------------------------------------- */
+
+stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *label, const stz_stages *progress,
+                             int quiet, stz_seqs *q, stz_err *err)
+{
+    const stz_seq_spec defaults = STZ_FEEDBACK_SEQS;
+    char source[STZ_SEQS_SOURCE_MAX];
+    const stz_seq_spec *s = seqs ? seqs : &defaults;
+    stz_stage g = stage_open(progress, "sampling", quiet || s->path);
+    stz_fwd_set_keep(m, STZ_FEEDBACK_KEEP);
+    stz_status st = stz_seqs_get(s, m, label, stage_step, &g, q, source, err);
+    stz_fwd_set_keep(m, 0);
+    stage_close(&g);
+    return st;
+}
+
+stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_policy *policy, const stz_seq_spec *seqs,
+                                  const char *config, int threads, const stz_stages *progress, int quiet, stz_err *err)
+{
+    *fb = NULL;
+    if (!stz_policy_feedback(policy))
+        return STZ_OK;
+    stz_model_set S = {0};
+    stz_fwd *fwd = NULL;
+    stz_seqs q = {0};
+    stz_status st = stz_fwd_open_model(&fwd, &S, model, config, threads, err);
+    if (!st)
+        st = stz_feedback_seqs(fwd, seqs, model, progress, quiet, &q, err);
+    if (!st) {
+        stz_stage g = stage_open(progress, "feedback", quiet);
+        st = stz_feedback_run(fb, fwd, policy, q.tok, q.nseq, 0, q.lens, threads, stage_step, &g, err);
+        stage_close(&g);
+    }
+    if (!st && !stz_feedback_count(*fb))
+        st = stz_err_set(err, STZ_E_ARG,
+                         "%s: the policy asks for error feedback, but on none of the model's matrices "
+                         "the forward pass reads",
+                         model);
+    if (st) {
+        stz_feedback_free(*fb);
+        *fb = NULL;
+    }
+    stz_seqs_free(&q);
+    stz_fwd_free(fwd);
+    stz_model_set_free(&S);
+    return st;
+}
+
+/* ---- the files ------------------------------------------------------- */
+
+typedef struct {
+    const stz_compress_params *p;
+    stz_feedback *fb;
+    stz_compress_result *r;
+    int64_t wfix; /* sum of cosine x parameters in 1/65536: integers add up the same in any order */
+    double wtot;
+    pthread_mutex_t lock; /* the sums, when shards run at once */
+} compress_run;
+
+/* One file's statistics into the sums: qs->in_bytes the model's bytes (not
+ * a quantized file's), out_bytes the container's. */
+static void add_stats(compress_run *c, const stz_quant_stats *qs, uint64_t out_bytes)
+{
+    stz_quant_stats *t = &c->r->stats;
+    pthread_mutex_lock(&c->lock);
+    t->tensors += qs->tensors;
+    t->quantized += qs->quantized;
+    t->params += qs->params;
+    t->params_quantized += qs->params_quantized;
+    c->wfix += llround(ldexp(qs->weighted_cosine * (double)qs->params, 16));
+    c->wtot += (double)qs->params;
+    if (qs->quantized && qs->min_cosine < t->min_cosine) {
+        t->min_cosine = qs->min_cosine;
+        memcpy(t->worst, qs->worst, sizeof qs->worst);
+    }
+    c->r->in_bytes += qs->in_bytes;
+    c->r->out_bytes += out_bytes;
+    c->r->files++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* One file: quantized straight into the container (one pass, no
+ * intermediate file), or packed as it is without a policy; "-" is
+ * standard input (packed). */
+static stz_status compress_one(void *user, const char *in, const char *out, int threads, int quiet, stz_err *err)
+{
+    compress_run *c = (compress_run *)user;
+    const stz_compress_params *p = c->p;
+    const char *shard = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
+    char label[64];
+    snprintf(label, sizeof label, "compress %.40s", shard);
+    stz_stage g = stage_open(p->progress, label, quiet);
+    stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
+    pp.threads = threads;
+    pp.level = p->best ? STZ_PACK_BEST : STZ_PACK_FAST;
+    pp.write_flags = p->write_flags;
+    stz_pack_stats ps;
+    stz_quant_stats qs = {0};
+    stz_status s;
+    if (!p->policy) {
+        pp.progress = stage_step;
+        pp.progress_user = &g;
+        s = strcmp(in, "-") ? stz_pack_file(&pp, in, out, &ps, err)
+                            : stz_pack_stream(&pp, STDIN_FILENO, "standard input", out, &ps, err);
+        qs.in_bytes = ps.in_bytes;
+    } else {
+        stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
+        qp.threads = threads;
+        qp.progress = stage_step;
+        qp.progress_user = &g;
+        qp.imatrix = p->imatrix;
+        qp.feedback = c->fb;
+        s = stz_compress_file(&qp, &pp, p->policy, in, out, &qs, &ps, err);
+    }
+    stage_close(&g);
+    if (!s)
+        add_stats(c, &qs, ps.out_bytes);
+    return s;
+}
+
+/* Under ranks: every rank's sums, the lowest cosine and its tensor. */
+static void gather(const stz_ranks *k, compress_run *c)
+{
+    stz_compress_result *r = c->r;
+    stz_quant_stats *t = &r->stats;
+    double v[10] = {(double)r->in_bytes,
+                    (double)r->out_bytes,
+                    (double)r->files,
+                    (double)t->tensors,
+                    (double)t->quantized,
+                    (double)t->params,
+                    (double)t->params_quantized,
+                    (double)(c->wfix >> 32),
+                    (double)(c->wfix & 0xffffffff), /* exact in doubles */
+                    c->wtot};
+    k->sum(k->user, v, 10);
+    r->in_bytes = (uint64_t)v[0], r->out_bytes = (uint64_t)v[1], r->files = (size_t)v[2];
+    t->tensors = (size_t)v[3], t->quantized = (size_t)v[4], t->params = (uint64_t)v[5];
+    t->params_quantized = (uint64_t)v[6], c->wfix = (int64_t)v[7] * ((int64_t)1 << 32) + (int64_t)v[8];
+    c->wtot = v[9];
+    int who = k->min_rank(k->user, t->min_cosine);
+    k->bcast(k->user, &t->min_cosine, sizeof t->min_cosine, who);
+    k->bcast(k->user, t->worst, sizeof t->worst, who);
+}
+
+/* The files: a sharded directory's shards, or one file. */
+static stz_status compress_files(compress_run *c, const char *in, const char *out, stz_err *err)
+{
+    const stz_compress_params *p = c->p;
+    if (!stz_model_is_sharded(in))
+        return compress_one(c, in, out, p->threads, p->quiet, err);
+    stz_shards_params sp = {"", ".stz", p->policy != NULL, p->threads, p->quiet, compress_one, c, p->ranks};
+    stz_status st = stz_convert_shards(&sp, in, out, err);
+    if (!st && p->ranks && p->ranks->size > 1)
+        gather(p->ranks, c);
+    return st;
+}
+
+stz_status stz_compress_model(const stz_compress_params *p, const char *in, const char *out, stz_compress_result *r,
+                              stz_err *err)
+{
+    compress_run c = {.p = p, .r = r};
+    memset(r, 0, sizeof *r);
+    r->stats.min_cosine = 1;
+    int sharded = stz_model_is_sharded(in);
+    if (p->ranks && p->ranks->size > 1 && !sharded)
+        return stz_err_set(err, STZ_E_ARG, "%s: on several ranks the model must be a sharded directory", in);
+    if (!strcmp(in, "-") && p->policy)
+        return stz_err_set(err, STZ_E_ARG, "standard input: quantizing needs a file (it reads each tensor twice)");
+    stz_status st = STZ_OK;
+    if (!sharded && strcmp(out, "-")) /* before the long work */
+        st = stz_output_check(out, (p->write_flags & STZ_WRITE_FORCE) != 0, err);
+    if (!st && p->policy)
+        st = stz_feedback_calibrate(&c.fb, in, p->policy, p->feedback_seqs, p->config, p->threads, p->progress,
+                                    p->quiet, err);
+    if (st)
+        return st;
+    pthread_mutex_init(&c.lock, NULL);
+    st = compress_files(&c, in, out, err);
+    pthread_mutex_destroy(&c.lock);
+    stz_feedback_free(c.fb);
+    r->stats.weighted_cosine = c.wtot ? ldexp((double)c.wfix, -16) / c.wtot : 1;
+    return st;
+}
