@@ -30,6 +30,13 @@ void cli_print_meta(const char *key, const char *value);
 int cli_fail(const stz_err *err);
 /* Prints "stz CMD: MSG" + hint to stderr and returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* -1, or a usage error when `out` is named *.gguf but the command writes
+ * `what` (an stz container, SafeTensors, a policy), which llama.cpp does
+ * not read: the error names the commands that write GGUF. */
+int cli_not_gguf(const char *cmd, const char *out, const char *what);
+/* -1, or a usage error when `in` is a sharded directory, which `cmd`
+ * (working on one file) does not take: it names compress, which does. */
+int cli_not_sharded(const char *cmd, const char *in);
 
 struct cJSON;
 /* Prints a JSON document to stdout and frees it; CLI_ERROR if out of memory. */

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -108,6 +109,27 @@ int cli_print_json(cJSON *doc)
     puts(s);
     free(s);
     return CLI_OK;
+}
+
+int cli_not_gguf(const char *cmd, const char *out, const char *what)
+{
+    size_t n = out ? strlen(out) : 0;
+    if (n < 5 || strcasecmp(out + n - 5, ".gguf"))
+        return -1;
+    return cli_usage_error(cmd,
+                           "%s: %s writes %s, not a GGUF file llama.cpp runs: give --gguf to stz tune or compress "
+                           "--tune, or use stz export --gguf MODEL -o %s",
+                           out, cmd, what, out);
+}
+
+int cli_not_sharded(const char *cmd, const char *in)
+{
+    if (!stz_model_is_sharded(in))
+        return -1;
+    return cli_usage_error(cmd,
+                           "%s: a sharded model directory; %s works on one file: stz compress%s %s -o DIR converts "
+                           "it shard by shard",
+                           in, cmd, strcmp(cmd, "pack") ? " --int4 (or another policy)" : " --lossless", in);
 }
 
 void cli_common_init(cli_common *o)

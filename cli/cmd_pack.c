@@ -129,6 +129,8 @@ int cmd_pack(int argc, char **argv)
         return cli_usage_error("pack", "standard output is a terminal: redirect it, or give -o FILE");
     if (to_stdout && o.c.json)
         return cli_usage_error("pack", "--json prints to standard output, which -c takes: not both");
+    if ((rc = cli_not_gguf("pack", o.c.out, "an stz container")) >= 0 || (rc = cli_not_sharded("pack", in)) >= 0)
+        return rc;
     stz_err err;
     char *out = cli_output_name("pack", o.c.out, in, "", ".stz", &rc);
     if (!out)
@@ -143,8 +145,11 @@ int cmd_pack(int argc, char **argv)
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_pack_stats st;
+    char *file = NULL; /* a directory holding model.safetensors: that file */
     stz_status s = from_stdin ? stz_pack_stream(&p, STDIN_FILENO, "standard input", out, &st, &err)
-                              : stz_pack_file(&p, in, out, &st, &err);
+                   : stz_model_file(in, &file, &err) ? err.code
+                                                     : stz_pack_file(&p, file, out, &st, &err);
+    free(file);
     cli_progress_end(&prog);
     if (s) {
         free(out);

@@ -24,7 +24,8 @@ static const char compress_help[] =
     "intermediate file), so memory stays bounded. OUT defaults to IN.stz with\n"
     "--lossless and to BASE.POLICY.safetensors.stz otherwise (m.safetensors ->\n"
     "m.int4.safetensors.stz), so that lossy and lossless outputs never collide.\n"
-    "IN may be a directory of shards (model.safetensors.index.json).\n\n"
+    "IN may be a directory of shards (model.safetensors.index.json) or one\n"
+    "holding model.safetensors.\n\n"
     "  -o, --output FILE   where to write; - for standard output\n"
     "  -c, --stdout        write the container to standard output (as -o -; not to\n"
     "                      a terminal; a lossy one's quantized model waits in $TMPDIR)\n" CLI_POLICY_HELP
@@ -223,6 +224,8 @@ int cmd_compress(int argc, char **argv)
     if (cli_policy_given(&o.po) == o.lossless)
         return cli_usage_error("compress", o.lossless ? "--lossless takes no policy options"
                                                       : "give one of --policy P, --int8, --int4, --set, --lossless");
+    if ((rc = cli_not_gguf("compress", o.c.out, "an stz container")) >= 0)
+        return rc;
     const char *in = argv[optind];
     if (cli_mpi_size() > 1 && !stz_model_is_sharded(in))
         return cli_mpi_rank() ? CLI_USAGE

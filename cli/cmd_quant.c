@@ -300,28 +300,19 @@ int cmd_plan(int argc, char **argv)
     return rc;
 }
 
-int cmd_quantize(int argc, char **argv)
+/* stz quantize of the file `in`, options parsed. */
+static int quantize(const qopts *o, const char *in)
 {
-    qopts o;
-    int rc = parse("quantize", quantize_help, argc, argv, &o);
-    if (rc >= 0)
-        return rc;
-    if (!cli_policy_given(&o.po))
-        return cli_usage_error("quantize", "give --policy P, --int8, --int4 or --set");
-    if (!o.c.out)
-        return cli_usage_error("quantize", "missing -o OUT");
-    if ((rc = cli_stdout_ok("quantize", &o.c)) >= 0)
-        return rc;
     stz_err err;
     stz_policy *pol;
     stz_imatrix *im = NULL;
     stz_feedback *fb = NULL;
     double t0 = cli_now();
-    if (cli_policy_load(&o.po, &pol, &err))
+    if (cli_policy_load(&o->po, &pol, &err))
         return cli_fail(&err);
-    if (cli_imatrix_open(o.po.imatrix, argv[optind], &im, &err) ||
-        cli_feedback_open(&o.po, pol, argv[optind], o.c.out, o.c.force, o.c.threads ? o.c.threads : cli_ncores(),
-                          o.c.quiet || o.c.json, &fb, &err)) {
+    if (cli_imatrix_open(o->po.imatrix, in, &im, &err) ||
+        cli_feedback_open(&o->po, pol, in, o->c.out, o->c.force, o->c.threads ? o->c.threads : cli_ncores(),
+                          o->c.quiet || o->c.json, &fb, &err)) {
         stz_policy_free(pol);
         stz_imatrix_free(im);
         return cli_fail(&err);
@@ -329,26 +320,26 @@ int cmd_quantize(int argc, char **argv)
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
     p.imatrix = im;
     p.feedback = fb;
-    p.write_flags = o.c.force ? STZ_WRITE_FORCE : 0;
-    p.threads = o.c.threads;
+    p.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
+    p.threads = o->c.threads;
     cli_progress prog;
-    cli_progress_init(&prog, "quantize", o.c.quiet);
+    cli_progress_init(&prog, "quantize", o->c.quiet);
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_quant_stats st;
-    stz_status s = stz_quantize_file(&p, pol, argv[optind], o.c.out, &st, &err);
+    stz_status s = stz_quantize_file(&p, pol, in, o->c.out, &st, &err);
     cli_progress_end(&prog);
-    if (!s && !o.c.quiet) {
+    if (!s && !o->c.quiet) {
         stz_reader *names = NULL;
         stz_err ignored;
-        stz_reader_open(&names, argv[optind], &ignored);
+        stz_reader_open(&names, in, &ignored);
         cli_policy_warn_unused(pol, names);
         stz_reader_free(names);
     }
     size_t fed = fb ? stz_feedback_count(fb) : 0;
     const char *skip_name;
     size_t skipped = fb ? stz_feedback_skipped(fb, &skip_name) : 0;
-    if (skipped && !o.c.quiet && !s)
+    if (skipped && !o->c.quiet && !s)
         fprintf(stderr,
                 "stz: note: %zu tensor(s) such as '%s' quantized without error feedback: no matrix product "
                 "reads them (an untied token embedding)\n",
@@ -362,10 +353,10 @@ int cmd_quantize(int argc, char **argv)
     char a[32], b[32], r[32], fbs[64] = "";
     if (fed)
         snprintf(fbs, sizeof fbs, ", %zu with error feedback", fed);
-    if (o.c.json) {
+    if (o->c.json) {
         cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "input", argv[optind]);
-        cJSON_AddStringToObject(d, "output", o.c.out);
+        cJSON_AddStringToObject(d, "input", in);
+        cJSON_AddStringToObject(d, "output", o->c.out);
         cJSON_AddNumberToObject(d, "in_bytes", (double)st.in_bytes);
         cJSON_AddNumberToObject(d, "out_bytes", (double)st.out_bytes);
         cJSON_AddNumberToObject(d, "ratio", ratio);
@@ -380,14 +371,36 @@ int cmd_quantize(int argc, char **argv)
         cJSON_AddNumberToObject(d, "seconds", secs);
         return cli_print_json(d);
     }
-    if (!o.c.quiet)
+    if (!o->c.quiet)
         printf(
             "%s -> %s: %s -> %s bytes (%.3fx), %zu of %zu tensors quantized (%.1f%% of parameters)%s in %.2f s, "
             "%s/s\n",
-            argv[optind], o.c.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized,
-            st.tensors, st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0, fbs, secs,
+            in, o->c.out, cli_commas(a, st.in_bytes), cli_commas(b, st.out_bytes), ratio, st.quantized, st.tensors,
+            st.params ? 100.0 * (double)st.params_quantized / (double)st.params : 0, fbs, secs,
             cli_bytes(r, (uint64_t)((double)st.in_bytes / secs)));
     return CLI_OK;
+}
+
+int cmd_quantize(int argc, char **argv)
+{
+    qopts o;
+    int rc = parse("quantize", quantize_help, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (!cli_policy_given(&o.po))
+        return cli_usage_error("quantize", "give --policy P, --int8, --int4 or --set");
+    if (!o.c.out)
+        return cli_usage_error("quantize", "missing -o OUT");
+    if ((rc = cli_stdout_ok("quantize", &o.c)) >= 0 || (rc = cli_not_gguf("quantize", o.c.out, "SafeTensors")) >= 0 ||
+        (rc = cli_not_sharded("quantize", argv[optind])) >= 0)
+        return rc;
+    stz_err err;
+    char *in;
+    if (stz_model_file(argv[optind], &in, &err)) /* a directory holding model.safetensors: that file */
+        return cli_fail(&err);
+    rc = quantize(&o, in);
+    free(in);
+    return rc;
 }
 
 int cmd_dequantize(int argc, char **argv)

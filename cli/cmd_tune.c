@@ -194,6 +194,9 @@ static int parse(int argc, char **argv, tune_opts *o)
         return cli_usage_error("compress", "--tune writes the verified container: --no-verify does not apply");
     if (!o->gguf && (o->tokenizer || o->name))
         return cli_usage_error("tune", "--tokenizer and --name are for --gguf");
+    if (!o->gguf && (rc = cli_not_gguf(o->compress ? "compress" : "tune", o->c.out,
+                                       o->compress ? "an stz container" : "a policy")) >= 0)
+        return rc;
     if (!o->candidates)
         o->candidates = stz_tune_candidate_set(o->gguf ? "gguf" : "default");
     if (!o->compress && o->save_policy)

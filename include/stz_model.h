@@ -107,6 +107,10 @@ STZ_API int stz_model_is_sharded(const char *path);
  * model.safetensors (or model.safetensors.stz): that file. */
 STZ_API stz_status stz_model_files(const char *path, char ***files, size_t *n, stz_err *err);
 STZ_API void stz_model_files_free(char **files, size_t n);
+/* The file to work on for a model path (malloc'd into *file): a directory
+ * holding model.safetensors (or model.safetensors.stz, stz_model_files),
+ * that file; any other path (a file, "-", a sharded directory), itself. */
+STZ_API stz_status stz_model_file(const char *path, char **file, stz_err *err);
 
 /* Every file of a model path (stz_model_files) open as a stz_qmodel. */
 typedef struct {

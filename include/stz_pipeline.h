@@ -199,7 +199,8 @@ typedef struct {
 } stz_compress_result;
 
 /*
- * stz compress: the model `in` into containers. `in` is a file, "-"
+ * stz compress: the model `in` into containers. `in` is a file, a
+ * directory holding model.safetensors (that file, stz_model_file), "-"
  * (standard input, lossless only), or a sharded directory (every shard into
  * the directory `out`, stz_convert_shards, the index rewritten when
  * quantizing); `out` a file, "-" or, for a sharded model, a directory that

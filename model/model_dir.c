@@ -259,6 +259,22 @@ stz_status stz_model_files(const char *path, char ***files, size_t *n, stz_err *
                        STZ_INDEX_NAME);
 }
 
+stz_status stz_model_file(const char *path, char **file, stz_err *err)
+{
+    char **files;
+    size_t n;
+    *file = NULL;
+    if (!stz_is_dir(path) || stz_model_is_sharded(path))
+        return (*file = strdup(path)) ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "%s: out of memory", path);
+    stz_status st = stz_model_files(path, &files, &n, err);
+    if (!st) {
+        *file = files[0];
+        files[0] = NULL;
+        stz_model_files_free(files, n);
+    }
+    return st;
+}
+
 /* ---- a model's files together ------------------------------------------- */
 
 void stz_model_set_free(stz_model_set *s)

@@ -205,12 +205,11 @@ static stz_status compress_files(compress_run *c, const char *in, const char *ou
     return st;
 }
 
-stz_status stz_compress_model(const stz_compress_params *p, const char *in, const char *out, stz_compress_result *r,
-                              stz_err *err)
+/* stz_compress_model on `in`, a file or a sharded directory. */
+static stz_status compress_model(const stz_compress_params *p, const char *in, const char *out, stz_compress_result *r,
+                                 stz_err *err)
 {
     compress_run c = {.p = p, .r = r};
-    memset(r, 0, sizeof *r);
-    r->stats.min_cosine = 1;
     int sharded = stz_model_is_sharded(in);
     if (p->ranks && p->ranks->size > 1 && !sharded)
         return stz_err_set(err, STZ_E_ARG, "%s: on several ranks the model must be a sharded directory", in);
@@ -229,5 +228,18 @@ stz_status stz_compress_model(const stz_compress_params *p, const char *in, cons
     pthread_mutex_destroy(&c.lock);
     stz_feedback_free(c.fb);
     r->stats.weighted_cosine = c.wtot ? ldexp((double)c.wfix, -16) / c.wtot : 1;
+    return st;
+}
+
+stz_status stz_compress_model(const stz_compress_params *p, const char *in, const char *out, stz_compress_result *r,
+                              stz_err *err)
+{
+    char *file;
+    memset(r, 0, sizeof *r);
+    r->stats.min_cosine = 1;
+    stz_status st = stz_model_file(in, &file, err); /* a directory holding model.safetensors: that file */
+    if (!st)
+        st = compress_model(p, file, out, r, err);
+    free(file);
     return st;
 }

@@ -251,6 +251,24 @@ expect_rc 0 "eval .stz candidate" "$STZ" eval "$M" "$T/c4.stz" -q --threshold 0.
 has "$T/out" "0 tensor(s) below" "eval of a container"
 expect_rc 0 "compress --json" "$STZ" compress --policy int8 "$M" -o "$T/c8.stz" --json
 has "$T/out" '"min_cosine"' "compress json"
+# A folder holding one model.safetensors (as Hugging Face ships small models): its file.
+mkdir "$T/repo"; cp "$M" "$T/repo/model.safetensors"
+expect_rc 0 "compress a model folder" "$STZ" compress --int4 "$T/repo" -o "$T/repo4.stz"
+same "$T/c4.stz" "$T/repo4.stz" "compress of the folder is the file's"
+expect_rc 0 "quantize a model folder" "$STZ" quantize --int4 "$T/repo" -o "$T/repoq.safetensors"
+same "$T/q4g.safetensors" "$T/repoq.safetensors" "quantize of the folder is the file's"
+expect_rc 0 "pack a model folder" "$STZ" pack "$T/repo" -o "$T/repop.stz"
+expect_rc 0 "its unpack" "$STZ" unpack "$T/repop.stz" -o "$T/repou.safetensors"
+same "$M" "$T/repou.safetensors" "pack of the folder is its file, bit-exact"
+# -o *.gguf where the command writes no GGUF: refused, naming the commands that do.
+for c in "compress --int4" "quantize --int4" "pack" "tune --size 200000" "compress --tune --size 200000"; do
+    expect_rc 2 "$c -o x.gguf" "$STZ" $c "$M" -o "$T/x.gguf"
+    has "$T/err" "not a GGUF file llama.cpp runs: give --gguf" "$c -o x.gguf says what to do"
+done
+[ -e "$T/x.gguf" ] && bad "a refused -o x.gguf was written" || ok
+mkdir "$T/norepo"
+expect_rc 1 "pack a folder without a model" "$STZ" pack "$T/norepo" -o "$T/x.stz"
+has "$T/err" "norepo: a directory without model.safetensors.index.json or model.safetensors" "says what the folder lacks"
 ls -A "$T" | grep -q "\.quant-\|\.unpacked-\|tmp-" && bad "temporary files left: $(ls -A "$T" | grep -e '-[A-Za-z0-9]\{6\}$')" || ok
 
 # Sharded model: a directory with model.safetensors.index.json.
@@ -266,6 +284,10 @@ printf '{"model_type": "test"}\n' >"$T/sh/config.json"
     done | sed '$ s/,$//'
     printf '  }\n}\n'
 } >"$T/sh/model.safetensors.index.json"
+expect_rc 2 "quantize a sharded directory" "$STZ" quantize --int4 "$T/sh" -o "$T/shq.safetensors"
+has "$T/err" "a sharded model directory; quantize works on one file: stz compress --int4" "names compress"
+expect_rc 2 "pack a sharded directory" "$STZ" pack "$T/sh" -o "$T/shp.stz"
+has "$T/err" "stz compress --lossless" "names compress --lossless"
 expect_rc 0 "compress sharded lossless" "$STZ" compress --lossless "$T/sh" -o "$T/shl.stz"
 has "$T/out" "sharded" "sharded summary"
 [ -f "$T/shl.stz/model-00002-of-00002.safetensors.stz" ] && [ -f "$T/shl.stz/config.json" ] && ok || bad "sharded output layout"

@@ -117,6 +117,9 @@ def test_load_dir(files, tmp_path):
     d.mkdir()
     os.link(files / "tiny.safetensors", d / "model.safetensors")
     assert len(stz.load_dir(d)) == 27
+    s = stz.compress(d, tmp_path / "d.stz", policy="int8")  # the folder's model.safetensors
+    t = stz.compress(files / "tiny.safetensors", tmp_path / "f.stz", policy="int8")
+    assert s["in_bytes"] == t["in_bytes"] and (tmp_path / "d.stz").read_bytes() == (tmp_path / "f.stz").read_bytes()
 
 
 def test_commands(files, tmp_path):
