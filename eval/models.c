@@ -57,15 +57,18 @@ static stz_status compare_one(const stz_model_set *a, const stz_model_set *b, si
     return STZ_OK;
 }
 
-static int by_cosine(const void *x, const void *y)
+/* Row indices by cosine, lowest first; ties in the original's order. */
+static int by_cosine(const void *x, const void *y, void *rows)
 {
-    double p = ((const stz_eval_row *)x)->m.cosine, q = ((const stz_eval_row *)y)->m.cosine;
-    return (p > q) - (p < q);
+    size_t i = *(const size_t *)x, j = *(const size_t *)y;
+    double p = ((const stz_eval_row *)rows)[i].m.cosine, q = ((const stz_eval_row *)rows)[j].m.cosine;
+    return p < q ? -1 : p > q ? 1 : (i > j) - (i < j);
 }
 
 /* The weighted mean and the minimum over the rows (in the original's
- * order), then the rows worst first. */
-static void summarize(stz_eval_result *r)
+ * order), then the rows worst first (a stable order: the same table
+ * from any sort). */
+static stz_status summarize(stz_eval_result *r, stz_err *err)
 {
     double wsum = 0, wtot = 0;
     r->min_cosine = 1;
@@ -75,7 +78,20 @@ static void summarize(stz_eval_result *r)
         r->min_cosine = w->m.cosine < r->min_cosine ? w->m.cosine : r->min_cosine;
     }
     r->weighted_cosine = wtot ? wsum / wtot : 1;
-    qsort(r->rows, r->nrows, sizeof *r->rows, by_cosine);
+    size_t *ix = malloc((r->nrows + 1) * sizeof *ix);
+    stz_eval_row *copy = malloc((r->nrows + 1) * sizeof *copy);
+    int ok = ix && copy;
+    if (ok) {
+        for (size_t i = 0; i < r->nrows; i++)
+            ix[i] = i;
+        qsort_r(ix, r->nrows, sizeof *ix, by_cosine, r->rows);
+        memcpy(copy, r->rows, r->nrows * sizeof *copy);
+        for (size_t i = 0; i < r->nrows; i++)
+            r->rows[i] = copy[ix[i]];
+    }
+    free(ix);
+    free(copy);
+    return ok ? STZ_OK : stz_err_set(err, STZ_E_NOMEM, "out of memory for sorting %zu rows", r->nrows);
 }
 
 stz_status stz_eval_models(const stz_model_set *a, const stz_model_set *b, stz_progress_fn progress, void *user,
@@ -105,8 +121,7 @@ stz_status stz_eval_models(const stz_model_set *a, const stz_model_set *b, stz_p
             if (st)
                 return st;
         }
-    summarize(r);
-    return STZ_OK;
+    return summarize(r, err);
 }
 
 int stz_eval_passed(const stz_eval_result *r, double threshold, int allow_missing, size_t *below)

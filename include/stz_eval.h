@@ -62,7 +62,7 @@ typedef struct {
 } stz_eval_problem;
 
 typedef struct {
-    stz_eval_row *rows; /* float tensors compared, the lowest cosine first */
+    stz_eval_row *rows; /* float tensors compared, the lowest cosine first (ties: the original's order) */
     size_t nrows;
     stz_eval_problem *problems;        /* in the order found: the original's tensors, then the candidate's */
     size_t nproblems, count[3];        /* count[kind] */

@@ -891,6 +891,43 @@ static void test_convert_shards(void **state)
     free(p), free(q), free(ip), free(readme), free(oi), free(or), free(in), free(out), free(out2), free(dir);
 }
 
+/* stz_eval_models: rows worst first, ties (five tensors of the same values,
+ * each against itself) in the original's order, whatever the sort. */
+static void test_eval_order(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *path = tu_path(dir, "m.safetensors");
+    static const char *const names[] = {"z.weight", "a.weight", "m.weight", "b.weight", "y.weight"};
+    uint64_t shape[2] = {4, 8};
+    float v[32];
+    stz_writer *w;
+    stz_err err;
+    assert_int_equal(stz_writer_open(&w, path, 0, &err), STZ_OK);
+    for (int k = 0; k < 5; k++)
+        assert_int_equal(stz_writer_add(w, names[k], STZ_DTYPE_F32, 2, shape, &err), STZ_OK);
+    for (int i = 0; i < 32; i++)
+        v[i] = frand();
+    for (int k = 0; k < 5; k++) /* the same values: the same cosine, to the bit */
+        assert_int_equal(stz_writer_write(w, v, sizeof v, &err), STZ_OK);
+    assert_int_equal(stz_writer_finish(w, &err), STZ_OK);
+    stz_writer_free(w);
+    stz_model_set a = {0}, b = {0};
+    stz_eval_result r;
+    assert_int_equal(stz_model_set_open(&a, path, &err), STZ_OK);
+    assert_int_equal(stz_model_set_open(&b, path, &err), STZ_OK);
+    if (stz_eval_models(&a, &b, NULL, NULL, &r, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(r.nrows, 5);
+    for (int k = 0; k < 5; k++)
+        assert_string_equal(r.rows[k].name, stz_qmodel_tensor(a.m[0], (size_t)k)->name);
+    assert_true(stz_eval_passed(&r, 0.999, 0, NULL));
+    stz_eval_result_free(&r);
+    stz_model_set_free(&a);
+    stz_model_set_free(&b);
+    stz_remove_tree(dir);
+    free(path), free(dir);
+}
+
 /* Stages seen by test_compress_model: begun, ended, steps. */
 typedef struct {
     int begun, ended, steps;
@@ -1007,6 +1044,7 @@ int main(void)
         cmocka_unit_test(test_shared_bf16),
         cmocka_unit_test(test_convert_shards),
         cmocka_unit_test(test_compress_model),
+        cmocka_unit_test(test_eval_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
