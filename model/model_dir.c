@@ -57,15 +57,19 @@ stz_status stz_open_names(const char *path, stz_reader **r, stz_container **c, c
     return st;
 }
 
+int stz_shard_path(char *buf, size_t cap, const char *dir, const char *shard, const char *suffix)
+{
+    int n = snprintf(buf, cap, "%s/%s%s", dir, shard, suffix);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
 /* The path of shard i: dir/SHARD+suffix; suffix NULL: SHARD when it
  * exists, else SHARD.stz (a shard packed on its own). 0, or -1 if it does
  * not fit. */
 static int shard_path(const stz_model_dir *m, size_t i, const char *suffix, char *p, size_t cap)
 {
-    if (suffix) {
-        int n = snprintf(p, cap, "%s/%s%s", m->dir, m->shards[i], suffix);
-        return n < 0 || (size_t)n >= cap ? -1 : 0;
-    }
+    if (suffix)
+        return stz_shard_path(p, cap, m->dir, m->shards[i], suffix);
     char packed[PATH_MAX];
     struct stat sb;
     if (shard_path(m, i, "", p, cap))

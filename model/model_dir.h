@@ -21,6 +21,8 @@ typedef struct {
  * after, on failure too). */
 stz_status stz_model_dir_load(stz_model_dir *m, const char *dir, stz_err *err);
 void stz_model_dir_free(stz_model_dir *m);
+/* dir/SHARD+suffix into buf; 0, or -1 if it does not fit. */
+int stz_shard_path(char *buf, size_t cap, const char *dir, const char *shard, const char *suffix);
 /* Checks the shards (SHARD + suffix; suffix NULL: SHARD where it exists,
  * else SHARD.stz): present, not links out of the directory, and agreeing
  * with the index. */

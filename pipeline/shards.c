@@ -111,7 +111,7 @@ static void *shard_worker(void *arg)
         if (i >= w->m->n)
             return NULL;
         i = w->order[i];
-        char src[1024], dst[1024], p[PATH_MAX], q[PATH_MAX];
+        char p[PATH_MAX], q[PATH_MAX];
         stz_err err;
         stz_status st = STZ_OK;
         int mine = w->claim ? claim_shard(w, i, &err) : 1;
@@ -119,9 +119,8 @@ static void *shard_worker(void *arg)
             continue;
         if (mine < 0)
             st = err.code;
-        if (!st && (snprintf(src, sizeof src, "%s%s", w->m->shards[i], w->in_suffix) >= (int)sizeof src ||
-                    snprintf(dst, sizeof dst, "%s%s", w->m->shards[i], w->out_suffix) >= (int)sizeof dst ||
-                    stz_path_join(p, sizeof p, w->in, src) || stz_path_join(q, sizeof q, w->tmpdir, dst)))
+        if (!st && (stz_shard_path(p, sizeof p, w->in, w->m->shards[i], w->in_suffix) ||
+                    stz_shard_path(q, sizeof q, w->tmpdir, w->m->shards[i], w->out_suffix)))
             st = stz_err_set(&err, STZ_E_ARG, "%s: shard name or path too long", w->m->shards[i]);
         if (!st)
             st = w->convert(w->user, p, q, w->threads, w->quiet, &err);
@@ -267,11 +266,10 @@ static stz_status rebuild_index(const stz_model_dir *m, shard_work *w, int read_
         return cJSON_Delete(wm), stz_err_set(err, STZ_E_NOMEM, "out of memory for the index");
     double total = 0;
     for (size_t i = 0; i < m->n; i++) {
-        char dst[1024], q[PATH_MAX];
+        char q[PATH_MAX];
         stz_status st;
         if (read_outputs) {
-            if (snprintf(dst, sizeof dst, "%s%s", m->shards[i], w->out_suffix) >= (int)sizeof dst ||
-                stz_path_join(q, sizeof q, w->tmpdir, dst))
+            if (stz_shard_path(q, sizeof q, w->tmpdir, m->shards[i], w->out_suffix))
                 return stz_err_set(err, STZ_E_ARG, "%s: path too long", m->shards[i]);
             if ((st = names_of(q, &w->names[i], err)))
                 return st;
