@@ -103,11 +103,8 @@ enum { CLI_OPT_TOKENS = 1150, CLI_OPT_SEQS, CLI_OPT_LEN, CLI_OPT_SEED };
  * "Command-line rules"). */
 #define CLI_MAX_OVERRIDES 64
 typedef struct {
-    const char *policy; /* --policy / --int8 / --int4: file or shipped name */
-    struct {
-        const char *text; /* PATTERN (--keep) or PATTERN=ACTION[:k=v...] (--set) */
-        int keep;
-    } over[CLI_MAX_OVERRIDES];
+    const char *policy;                           /* --policy / --int8 / --int4: file or shipped name */
+    stz_policy_rule_text over[CLI_MAX_OVERRIDES]; /* --keep PATTERN, --set PATTERN=ACTION[:k=v...] */
     int nover;
     const char *method;  /* --method for int8/int4 rules */
     int block_size;      /* --block-size, 0 if not given */

@@ -1,6 +1,7 @@
 /* Policy options shared by plan, quantize and compress: --policy / --int8 /
  * --int4 and command-line overrides (--keep, --set, --method,
- * --block-size) applied on top of the policy's JSON; `stz policy`. */
+ * --block-size, --feedback), which stz_policy_build applies on top of the
+ * policy's JSON; `stz policy`. */
 #include "cli.h"
 #include "stz_policy.h"
 
@@ -53,141 +54,10 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
     return -1;
 }
 
-/* "PATTERN=ACTION[:key=value...]" as a rule object; PATTERN ends at the
- * first '='. Values that read as numbers or true/false are JSON numbers or
- * booleans, others strings. */
-static cJSON *parse_set(const char *text, stz_err *err)
-{
-    const char *eq = strchr(text, '=');
-    if (!eq || eq == text)
-        return stz_err_set(err, STZ_E_ARG, "--set '%s': expected PATTERN=ACTION[:key=value...]", text), NULL;
-    cJSON *r = cJSON_CreateObject();
-    char *pat = strndup(text, (size_t)(eq - text)), *rest = strdup(eq + 1), *save = NULL;
-    cJSON_AddStringToObject(r, "match", pat ? pat : "");
-    int first = 1;
-    for (char *tok = strtok_r(rest, ":", &save); tok; tok = strtok_r(NULL, ":", &save), first = 0) {
-        if (first) {
-            cJSON_AddStringToObject(r, "action", tok);
-            continue;
-        }
-        char *kv = strchr(tok, '='), *end;
-        if (!kv || kv == tok) {
-            stz_err_set(err, STZ_E_ARG, "--set '%s': '%s' is not key=value", text, tok);
-            cJSON_Delete(r), r = NULL;
-            break;
-        }
-        *kv++ = 0;
-        double d = strtod(kv, &end);
-        if (*kv && !*end)
-            cJSON_AddNumberToObject(r, tok, d);
-        else if (!strcmp(kv, "true") || !strcmp(kv, "false"))
-            cJSON_AddBoolToObject(r, tok, kv[0] == 't');
-        else
-            cJSON_AddStringToObject(r, tok, kv);
-    }
-    if (r && first)
-        stz_err_set(err, STZ_E_ARG, "--set '%s': no action after '='", text), cJSON_Delete(r), r = NULL;
-    free(pat);
-    free(rest);
-    return r;
-}
-
-/* --method / --block-size on every int2..int8 rule and default. asym
- * keeps its minimums in the scales' dtype, which cannot be U8: F16 then.
- * Returns 1 if o is such a rule. */
-static int apply_quant_opts(cJSON *o, const cli_policy_opts *po)
-{
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
-    if (po->feedback && stz_action_is_block(stz_action_of_name(cJSON_GetStringValue(a)))) {
-        cJSON_DeleteItemFromObjectCaseSensitive(o, "feedback"); /* every block quantization */
-        cJSON_AddBoolToObject(o, "feedback", 1);
-    }
-    if (!cJSON_IsString(a) || strncmp(a->valuestring, "int", 3))
-        return 0;
-    if (po->method) {
-        cJSON_DeleteItemFromObjectCaseSensitive(o, "method");
-        cJSON_AddStringToObject(o, "method", po->method);
-        const cJSON *sd = cJSON_GetObjectItemCaseSensitive(o, "scale_dtype");
-        if (!strcmp(po->method, "asym") && cJSON_IsString(sd) && !strcmp(sd->valuestring, "U8")) {
-            cJSON_DeleteItemFromObjectCaseSensitive(o, "scale_dtype");
-            cJSON_AddStringToObject(o, "scale_dtype", "F16");
-        }
-    }
-    if (po->block_size) {
-        cJSON_DeleteItemFromObjectCaseSensitive(o, "block_size");
-        cJSON_AddNumberToObject(o, "block_size", po->block_size);
-    }
-    return 1;
-}
-
 stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err *err)
 {
-    char *text = NULL;
-    const char *src = po->policy ? po->policy : "{\"default\": \"keep\"}";
-    struct stat sb;
-    *out = NULL;
-    if (!po->nover && !po->method && !po->block_size && !po->feedback)
-        return stz_policy_load(out, po->policy, err);
-    if (po->policy && stat(po->policy, &sb) == 0) {
-        stz_status st = stz_read_text(po->policy, 64u << 20, &text, NULL, err);
-        if (st)
-            return st;
-        src = text;
-    } else if (po->policy && !(src = stz_policy_builtin_text(po->policy))) {
-        return stz_policy_load(out, po->policy, err); /* its error names the problem */
-    }
-    /* parse as given first: errors in the file are reported against it */
-    stz_policy *check;
-    stz_status st = stz_policy_parse(&check, src, strlen(src), po->policy ? po->policy : "policy", err);
-    stz_policy_free(check);
-    cJSON *root = st ? NULL : cJSON_Parse(src);
-    free(text);
-    if (st)
-        return st;
-    cJSON *rules = cJSON_GetObjectItemCaseSensitive(root, "rules"),
-          *def = cJSON_GetObjectItemCaseSensitive(root, "default");
-    if (!rules)
-        cJSON_AddItemToObject(root, "rules", rules = cJSON_CreateArray());
-    if (cJSON_IsString(def)) { /* as an object, so that --method can reach it */
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "action", def->valuestring);
-        cJSON_ReplaceItemInObjectCaseSensitive(root, "default", def = o);
-    }
-    int applied = def ? apply_quant_opts(def, po) : 0;
-    for (cJSON *r = rules->child; r; r = r->next)
-        applied += apply_quant_opts(r, po);
-    /* command-line rules come first, in the order given: first match wins */
-    for (int i = po->nover - 1; i >= 0 && !st; i--) {
-        cJSON *r;
-        if (po->over[i].keep) {
-            r = cJSON_CreateObject();
-            cJSON_AddStringToObject(r, "match", po->over[i].text);
-            cJSON_AddStringToObject(r, "action", "keep");
-        } else if (!(r = parse_set(po->over[i].text, err))) {
-            st = err->code;
-            break;
-        }
-        applied += apply_quant_opts(r, po);
-        cJSON_InsertItemInArray(rules, 0, r);
-    }
-    if (!st && (po->method || po->block_size) && !applied)
-        st = stz_err_set(err, STZ_E_ARG,
-                         "--method/--block-size: %s has no int2..int8 rule to change (llama.cpp's types have their "
-                         "own blocks; --policy int4-nl is the nl policy of stz's own format)",
-                         po->policy ? po->policy : "the policy");
-    char *merged = st ? NULL : cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    if (st)
-        return st;
-    char label[512];
-    if (po->nover)
-        snprintf(label, sizeof label, "%s with command-line rules (0..%d)", po->policy ? po->policy : "policy",
-                 po->nover - 1);
-    else
-        snprintf(label, sizeof label, "%s with --method/--block-size/--feedback", po->policy ? po->policy : "policy");
-    st = stz_policy_parse(out, merged, strlen(merged), label, err);
-    free(merged);
-    return st;
+    stz_policy_spec spec = {po->policy, po->over, (size_t)po->nover, po->method, po->block_size, po->feedback};
+    return stz_policy_build(&spec, out, err);
 }
 
 /* Edit distance, for suggesting the tensor a misspelt pattern meant. */

@@ -36,6 +36,33 @@ STZ_API stz_status stz_policy_parse(stz_policy **out, const char *json, size_t l
 STZ_API stz_status stz_policy_load(stz_policy **out, const char *path_or_name, stz_err *err);
 STZ_API void stz_policy_free(stz_policy *p);
 
+/* A rule given on top of a policy: PATTERN=ACTION[:key=value...] (a value
+ * that reads as a number or true/false is one), or with keep, a PATTERN
+ * whose tensors are kept. */
+typedef struct {
+    const char *text;
+    int keep;
+} stz_policy_rule_text;
+/* A policy (a file or a shipped name; NULL: {"default": "keep"}) with, on
+ * top of it, rules before its own in the order given (the first match
+ * wins), a method and a block size for every int2..int8 rule (NULL, 0: as
+ * they are; asym's scales become F16 where they were U8), and with
+ * feedback "feedback": true on every block quantization rule; as the
+ * command line's --set, --keep, --method, --block-size and --feedback
+ * (docs/POLICY.md). */
+typedef struct {
+    const char *policy;
+    const stz_policy_rule_text *rules;
+    size_t nrules;
+    const char *method;
+    int block_size;
+    int feedback;
+} stz_policy_spec;
+/* The policy spec describes, parsed (errors in the policy itself are
+ * reported against it first). A method or block size with no int2..int8
+ * rule to change is an error. */
+STZ_API stz_status stz_policy_build(const stz_policy_spec *spec, stz_policy **out, stz_err *err);
+
 /* Decides for one tensor. Also counts matches per rule (for warnings);
  * safe to call from several threads. */
 STZ_API stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t);

@@ -95,6 +95,37 @@ static void expect_policy_error(const char *json, const char *needle1, const cha
     assert_non_null(strstr(err.msg, "pol.json"));
 }
 
+/* stz_policy_build: rules on top in the order given (the first match wins),
+ * --method and --feedback on every block rule they reach, and the errors. */
+static void test_policy_build(void **state)
+{
+    (void)state;
+    static const stz_policy_rule_text rules[] = {{"norm*", 1}, {"*.weight=int8:block_size=32", 0}};
+    stz_policy_spec spec = {NULL, rules, 2, "mse", 0, 1};
+    stz_policy *p;
+    stz_err err;
+    if (stz_policy_build(&spec, &p, &err))
+        fail_msg("%s", err.msg);
+    uint64_t shape[2] = {8, 64};
+    stz_tensor t = mk("a.weight", STZ_DTYPE_F32, 2, shape), n = mk("norm.weight", STZ_DTYPE_F32, 2, shape);
+    stz_decision d = stz_policy_decide(p, &t);
+    assert_int_equal(d.action, STZ_ACTION_INT8);
+    assert_int_equal(d.block_size, 32);
+    assert_int_equal(d.method, STZ_QMETHOD_MSE);
+    assert_int_equal(d.feedback, 1);
+    assert_int_equal(d.rule, 1);
+    assert_int_equal(stz_policy_decide(p, &n).action, STZ_ACTION_KEEP); /* the first rule, before the second */
+    stz_policy_free(p);
+    static const stz_policy_rule_text keep_only[] = {{"*", 1}};
+    stz_policy_spec none = {NULL, keep_only, 1, NULL, 64, 0};
+    assert_int_equal(stz_policy_build(&none, &p, &err), STZ_E_ARG);
+    assert_non_null(strstr(err.msg, "no int2..int8 rule to change"));
+    static const stz_policy_rule_text bad[] = {{"*.weight", 0}};
+    stz_policy_spec noeq = {"int8", bad, 1, NULL, 0, 0};
+    assert_int_equal(stz_policy_build(&noeq, &p, &err), STZ_E_ARG);
+    assert_non_null(strstr(err.msg, "expected PATTERN=ACTION"));
+}
+
 static void test_policy_errors(void **state)
 {
     (void)state;
@@ -341,7 +372,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_policy_matching),  cmocka_unit_test(test_policy_errors),
         cmocka_unit_test(test_builtin_policies), cmocka_unit_test(test_policy_randomized_keys),
-        cmocka_unit_test(test_policy_pad),
+        cmocka_unit_test(test_policy_pad),       cmocka_unit_test(test_policy_build),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
