@@ -39,6 +39,16 @@ static const char export_help[] =
 
 enum { O_GGUF = 1300, O_TYPE, O_REQUANT, O_TOKENIZER, O_CONFIG, O_NAME };
 
+/* --type's usage error: every type it takes. */
+static int bad_type(const char *given)
+{
+    char list[512] = "auto";
+    size_t at = strlen(list);
+    for (size_t i = 0; stz_ggml_type_written(i) && at < sizeof list; i++)
+        at += (size_t)snprintf(list + at, sizeof list - at, ", %s", stz_ggml_type_written(i));
+    return cli_usage_error("export", "--type takes %s, not '%s'", list, given);
+}
+
 static cJSON *types_json(const stz_gguf_stats *s)
 {
     cJSON *o = cJSON_CreateObject();
@@ -64,6 +74,7 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
         cJSON_AddNumberToObject(d, "requantized", (double)s->requantized);
         cJSON_AddNumberToObject(d, "requantize_max_rel_error", s->requant_max_err);
         cJSON_AddNumberToObject(d, "f16_fallback", (double)s->fallback);
+        cJSON_AddNumberToObject(d, "block_fallback", (double)s->block_fallback);
         if (s->ffn_to) {
             cJSON *w = cJSON_AddObjectToObject(d, "ffn_widened");
             cJSON_AddNumberToObject(w, "from", (double)s->ffn_from);
@@ -88,6 +99,10 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
     if (s->ffn_to)
         printf("  FFN widened from %llu to %llu units (zero rows and columns) for ffn_down's padded blocks\n",
                (unsigned long long)s->ffn_from, (unsigned long long)s->ffn_to);
+    if (s->block_fallback)
+        printf("  %zu tensors in llama.cpp's 32-block fallback: rows not whole 256-blocks (first: %s, %s -> %s)\n",
+               s->block_fallback, s->block_fallback_first, stz_ggml_type_name(s->block_fallback_from),
+               stz_ggml_type_name(s->block_fallback_to));
     if (s->fallback)
         printf(
             "  %zu tensors written as floats (F16; F32 for quantized values): rows not a multiple of 32 "
@@ -136,7 +151,7 @@ int cmd_export(int argc, char **argv)
         case O_GGUF: gguf = 1; break;
         case O_TYPE:
             if ((p.type = stz_ggml_type_parse(optarg)) == -2)
-                return cli_usage_error("export", "--type takes auto, f32, f16, bf16, q8_0, q5_0 or q4_0");
+                return bad_type(optarg);
             break;
         case O_REQUANT: p.requantize = 1; break;
         case O_TOKENIZER: p.tokenizer = optarg; break;

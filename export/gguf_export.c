@@ -77,8 +77,13 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     /* a down projection in padded 32-blocks ("pad") stays: widen_ffn widens the FFN to them */
     int padded = e->kind == K_COPY && e->role == STZ_ROLE_DOWN && stz_ggml_block(e->type) == STZ_GGML_QK;
     int fb = block_type(e->type) && !padded ? stz_ggml_fallback(e->type, e->cols) : e->type;
-    if (fb != e->type && fb != STZ_GGML_F16) {
-        e->type = fb; /* a 256-block type on rows of whole 32-blocks: llama.cpp's fallback */
+    if (fb != e->type && fb != STZ_GGML_F16) { /* a 256-block type on rows of whole 32-blocks: llama.cpp's fallback */
+        if (!x->stats->block_fallback++) {
+            snprintf(x->stats->block_fallback_first, sizeof x->stats->block_fallback_first, "%s", q->name);
+            x->stats->block_fallback_from = e->type;
+            x->stats->block_fallback_to = fb;
+        }
+        e->type = fb;
     } else if (fb != e->type) {
         /* no block type takes such rows: F16 as llama.cpp does, or F32 for
            stz's quantized values, which it holds exactly */

@@ -51,6 +51,12 @@ typedef struct {
     char requant_worst[256];
     size_t fallback; /* tensors written F16 because rows are not a multiple of 32 */
     char fallback_first[256];
+    /* tensors of a 256-block type (--type or a K-quant the model holds as
+     * floats) written in llama.cpp's 32-block fallback because their rows
+     * are not whole 256-blocks; the first, and its types */
+    size_t block_fallback;
+    char block_fallback_first[256];
+    int block_fallback_from, block_fallback_to;
     uint64_t ffn_from, ffn_to; /* the FFN widened with zero units from ffn_from to ffn_to (0: not), so that
                                   down projections stored in padded 32-blocks ("pad") are whole rows */
     uint64_t header_bytes;     /* the header before its padding to the data's alignment */

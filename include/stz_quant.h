@@ -313,6 +313,9 @@ typedef enum {
  * "auto" is STZ_GGML_AUTO). */
 STZ_API const char *stz_ggml_type_name(int type);
 STZ_API int stz_ggml_type_parse(const char *s);
+/* The name of the i-th type stz_ggml_type_parse takes besides "auto"
+ * (the types export writes), NULL past the last. */
+STZ_API const char *stz_ggml_type_written(size_t i);
 /* Bytes of a row of n elements of `type`: whole blocks, the last one
  * padded when n is not a multiple of the block (stz_qf_quantize_row). */
 STZ_API uint64_t stz_ggml_row_bytes(int type, uint64_t n);

@@ -459,6 +459,14 @@ char *stz_ggml_type_names(char *buf, size_t cap, int lib)
     return buf;
 }
 
+const char *stz_ggml_type_written(size_t i)
+{
+    for (size_t k = 0; k < NTYPES; k++)
+        if (types[k].quantize && i-- == 0)
+            return types[k].name;
+    return NULL;
+}
+
 int stz_ggml_is_block(int type)
 {
     const stz_ggml_traits *t = stz_ggml_traits_of(type);

@@ -277,6 +277,20 @@ def test_inexact_quantization_needs_requantize(tmp_path):
 
 
 @need_data
+def test_type_fallback_reported(tmp_path):
+    """--type q4_k on stories260K's 64-wide rows: llama.cpp's Q5_0 fallback,
+    said and counted; an unknown --type lists every type export takes."""
+    out = tmp_path / "k.gguf"
+    r = stz("export", "--gguf", F32, "--tokenizer", TOK, "-o", out, "--type", "q4_k")
+    assert "31 tensors in llama.cpp's 32-block fallback: rows not whole 256-blocks" in r.stdout
+    assert "(first: tok_embeddings.weight, q4_k -> q5_0)" in r.stdout
+    rep = json.loads(stz("export", "--gguf", F32, "--tokenizer", TOK, "-o", out, "-f", "--type", "q6_k", "--json").stdout)
+    assert rep["block_fallback"] == 31 and rep["types"]["q8_0"]["tensors"] == 31 and "q6_k" not in rep["types"]
+    r = stz("export", "--gguf", F32, "--tokenizer", TOK, "-o", tmp_path / "x.gguf", "--type", "q9", ok=False)
+    assert r.returncode == 2 and "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, bf16, not 'q9'" in r.stderr
+
+
+@need_data
 @pytest.mark.parametrize("src", ["f32", "bf16"])
 @pytest.mark.parametrize("typ", ["q8_0", "q5_0", "q4_0", "f16", "bf16", "f32"])
 def test_float_types(tmp_path, src, typ):
