@@ -29,6 +29,8 @@ static const char export_help[] =
     "                      nearest block type (or --type's), printing the error\n"
     "  --tokenizer FILE    tokenizer.json, or a llama2.c tokenizer .bin (default:\n"
     "                      tokenizer.json in the model's directory)\n"
+    "  --pad-vocab         pad a tokenizer whose ids cover less than 99% of the\n"
+    "                      embedding's rows with [PADn] tokens (else refused)\n"
     "  --config FILE       config.json (default: as stz eval --forward finds it)\n"
     "  --name NAME         general.name (default: the file name)\n"
     "  -T, --threads N     threads decoding an .stz container (default: all cores)\n"
@@ -37,7 +39,7 @@ static const char export_help[] =
     "  -q, --quiet         no progress, no summary\n"
     "  --json              print the summary as JSON\n";
 
-enum { O_GGUF = 1300, O_TYPE, O_REQUANT, O_TOKENIZER, O_CONFIG, O_NAME };
+enum { O_GGUF = 1300, O_TYPE, O_REQUANT, O_TOKENIZER, O_CONFIG, O_NAME, O_PADVOCAB };
 
 /* --type's usage error: every type it takes. */
 static int bad_type(const char *given)
@@ -75,6 +77,7 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
         cJSON_AddNumberToObject(d, "requantize_max_rel_error", s->requant_max_err);
         cJSON_AddNumberToObject(d, "f16_fallback", (double)s->fallback);
         cJSON_AddNumberToObject(d, "block_fallback", (double)s->block_fallback);
+        cJSON_AddNumberToObject(d, "vocab_padded", (double)s->vocab_padded);
         if (s->ffn_to) {
             cJSON *w = cJSON_AddObjectToObject(d, "ffn_widened");
             cJSON_AddNumberToObject(w, "from", (double)s->ffn_from);
@@ -103,6 +106,8 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
         printf("  %zu tensors in llama.cpp's 32-block fallback: rows not whole 256-blocks (first: %s, %s -> %s)\n",
                s->block_fallback, s->block_fallback_first, stz_ggml_type_name(s->block_fallback_from),
                stz_ggml_type_name(s->block_fallback_to));
+    if (s->vocab_padded)
+        printf("  %u embedding rows past the tokenizer's ids written as [PADn] tokens\n", s->vocab_padded);
     if (s->fallback)
         printf(
             "  %zu tensors written as floats (F16; F32 for quantized values): rows not a multiple of 32 "
@@ -135,6 +140,7 @@ int cmd_export(int argc, char **argv)
                                          {"tokenizer", required_argument, 0, O_TOKENIZER},
                                          {"config", required_argument, 0, O_CONFIG},
                                          {"name", required_argument, 0, O_NAME},
+                                         {"pad-vocab", no_argument, 0, O_PADVOCAB},
                                          {0, 0, 0, 0}};
     cli_common c;
     cli_common_init(&c);
@@ -157,6 +163,7 @@ int cmd_export(int argc, char **argv)
         case O_TOKENIZER: p.tokenizer = optarg; break;
         case O_CONFIG: config = optarg; break;
         case O_NAME: p.name = optarg; break;
+        case O_PADVOCAB: p.pad_vocab = 1; break;
         default: return cli_bad_option("export");
         }
     }

@@ -57,6 +57,7 @@ static const char tune_help[] =
     "                      widens the FFN); compress --tune writes the GGUF\n"
     "  --no-pad            no padded blocks: the model's own FFN width\n"
     "  --tokenizer FILE    --gguf: the tokenizer, as stz export --gguf takes it\n"
+    "  --pad-vocab         --gguf: as stz export --gguf takes it\n"
     "  --name NAME         --gguf: the GGUF's general.name\n"
     "  --tokens FILE       sequences to measure on (as stz eval --forward); error\n"
     "                      feedback calibrates on them too (then quantize with it)\n"
@@ -108,7 +109,8 @@ static int parse(int argc, char **argv, tune_opts *o)
         O_TOKENIZER,
         O_NAME,
         O_FEEDBACK,
-        O_NOPAD
+        O_NOPAD,
+        O_PADVOCAB
     };
     static const struct option opts[] = {{"size", required_argument, 0, O_SIZE},
                                          {"ratio", required_argument, 0, O_RATIO},
@@ -127,6 +129,7 @@ static int parse(int argc, char **argv, tune_opts *o)
                                          {"name", required_argument, 0, O_NAME},
                                          {"feedback", no_argument, 0, O_FEEDBACK},
                                          {"no-pad", no_argument, 0, O_NOPAD},
+                                         {"pad-vocab", no_argument, 0, O_PADVOCAB},
                                          CLI_COMMON_LONG,
                                          {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -166,6 +169,7 @@ static int parse(int argc, char **argv, tune_opts *o)
         case O_TUNE: o->compress = 1; break;
         case O_SAVEPOL: o->save_policy = optarg; break;
         case O_GGUF: o->gguf = 1; break;
+        case O_PADVOCAB: o->pad_vocab = 1; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
         case O_NAME: o->name = optarg; break;
         case O_FEEDBACK: o->feedback = 1; break;
@@ -192,8 +196,8 @@ static int parse(int argc, char **argv, tune_opts *o)
         return rc;
     if (o->compress && !o->verify)
         return cli_usage_error("compress", "--tune writes the verified container: --no-verify does not apply");
-    if (!o->gguf && (o->tokenizer || o->name))
-        return cli_usage_error("tune", "--tokenizer and --name are for --gguf");
+    if (!o->gguf && (o->tokenizer || o->name || o->pad_vocab))
+        return cli_usage_error("tune", "--tokenizer, --name and --pad-vocab are for --gguf");
     if (!o->gguf && (rc = cli_not_gguf(o->compress ? "compress" : "tune", o->c.out,
                                        o->compress ? "an stz container" : "a policy")) >= 0)
         return rc;
@@ -259,6 +263,7 @@ static stz_gguf_params gguf_params(const tune_opts *o)
 {
     stz_gguf_params p = STZ_GGUF_PARAMS_DEFAULT;
     p.tokenizer = o->tokenizer, p.name = o->name, p.threads = o->c.threads, p.write_flags = STZ_WRITE_FORCE;
+    p.pad_vocab = o->pad_vocab;
     return p;
 }
 

@@ -16,8 +16,9 @@ typedef struct {
     const char *tokenizer, *name; /* --gguf: as stz export --gguf takes them */
     stz_seq_spec so;
     int verify, compress, gguf;
-    int feedback; /* --feedback: every block candidate with error feedback */
-    int no_pad;   /* --no-pad: down projections only in types that take their rows whole */
+    int feedback;  /* --feedback: every block candidate with error feedback */
+    int no_pad;    /* --no-pad: down projections only in types that take their rows whole */
+    int pad_vocab; /* --pad-vocab: as stz export --gguf takes it */
 } tune_opts;
 
 /* A policy compressed (and with --gguf exported) and run: its container's

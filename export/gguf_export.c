@@ -319,7 +319,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     kv_u32(&kv, "general.file_type", ftype);
     if (stats->ffn_to) /* the model's own width, for readers that take the zero units out (stz) */
         kv_u32(&kv, STZ_GGUF_KEY_FFN, c->hidden);
-    STZ_TRY(st, gguf_vocab(&kv, tok, arch, config_json, c->vocab, err));
+    STZ_TRY(st, gguf_vocab(&kv, tok, arch, config_json, c->vocab, p->pad_vocab, &stats->vocab_padded, err));
     build_header(&x, &kv, &head, stats);
     if (kv.oom || head.oom) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the GGUF header");

@@ -47,8 +47,9 @@ static inline int block_type(int type) { return stz_ggml_is_block(type); }
 stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err);
 
 /* The tokenizer's keys from `path`: a tokenizer.json (name ending in
- * .json) or a llama2.c tokenizer file, for a model of n_vocab tokens. */
+ * .json) or a llama2.c tokenizer file, for a model of n_vocab tokens;
+ * *padded: rows past its ids (more than 1% refused unless pad_vocab). */
 stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
-                      stz_err *err);
+                      int pad_vocab, uint32_t *padded, stz_err *err);
 
 #endif /* STZ_GGUF_EXPORT_H */

@@ -195,8 +195,7 @@ static int config_id(const cJSON *cfg, const char *key)
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483647.0 ? (int)v->valuedouble : -1;
 }
 
-/* The tokens of model.vocab and added_tokens by id, checked; the model's
- * rows past the tokenizer's ids padded. */
+/* The tokens of model.vocab and added_tokens by id, checked. */
 static stz_status fill_tokens(vocab *v, const cJSON *vmap, const cJSON *added, int spm, uint32_t n_vocab,
                               const char *path, stz_err *err)
 {
@@ -226,7 +225,25 @@ static stz_status fill_tokens(vocab *v, const cJSON *vmap, const cJSON *added, i
                           : spm && is_byte_piece(s) ? TT_BYTE
                                                     : TT_NORMAL;
         }
-    for (uint32_t i = 0; i < n_vocab; i++) /* the model's rows past the tokenizer's ids */
+    return STZ_OK;
+}
+
+/* The model's rows past the tokenizer's ids as [PADn] tokens, counted into
+ * *padded: more than 1% of them (another model's tokenizer, whose text the
+ * model would write as garbage) only with pad_vocab. */
+static stz_status pad_tokens(vocab *v, uint32_t n_vocab, int pad_vocab, const char *path, uint32_t *padded,
+                             stz_err *err)
+{
+    *padded = 0;
+    for (uint32_t i = 0; i < n_vocab; i++)
+        *padded += !v->text[i];
+    if (*padded > n_vocab / 100 && !pad_vocab)
+        return stz_err_set(err, STZ_E_ARG,
+                           "%s: its ids cover %u of the model's %u embedding rows: the other %u would be [PADn] "
+                           "tokens, and text the model writes with them garbage; give the model's own tokenizer, "
+                           "or pad anyway (--pad-vocab)",
+                           path, n_vocab - *padded, n_vocab, *padded);
+    for (uint32_t i = 0; i < n_vocab; i++)
         if (!v->text[i]) {
             char pad[32];
             snprintf(pad, sizeof pad, "[PAD%u]", i);
@@ -276,7 +293,7 @@ static stz_status special_ids(gbuf *kv, const cJSON *cfg, const char *arch, int 
 }
 
 static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
-                           stz_err *err)
+                           int pad_vocab, uint32_t *padded, stz_err *err)
 {
     char *text;
     stz_status st = stz_read_text(path, 1u << 30, &text, NULL, err);
@@ -319,6 +336,7 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
             goto cleanup;
         }
     STZ_TRY(st, fill_tokens(&v, vmap, added, spm, n_vocab, path, err));
+    STZ_TRY(st, pad_tokens(&v, n_vocab, pad_vocab, path, padded, err));
     int i = 0;
     for (const cJSON *m = merges->child; m; m = m->next, i++)
         if (!(mtext[i] = merge_text(m)) || !merge_of_tokens(&ix, mtext[i])) {
@@ -359,9 +377,11 @@ cleanup:
 }
 
 stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
-                      stz_err *err)
+                      int pad_vocab, uint32_t *padded, stz_err *err)
 {
     size_t n = strlen(path);
-    return n >= 5 && !strcmp(path + n - 5, ".json") ? hf_vocab(kv, path, arch, config_json, n_vocab, err)
-                                                    : llama2c_vocab(kv, path, n_vocab, err);
+    *padded = 0;
+    return n >= 5 && !strcmp(path + n - 5, ".json")
+               ? hf_vocab(kv, path, arch, config_json, n_vocab, pad_vocab, padded, err)
+               : llama2c_vocab(kv, path, n_vocab, err);
 }

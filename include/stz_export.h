@@ -36,10 +36,14 @@ typedef struct {
     unsigned write_flags;     /* STZ_WRITE_FORCE */
     stz_progress_fn progress; /* output bytes */
     void *progress_user;
+    /* 1: a tokenizer whose ids cover less than 99% of the embedding's rows
+     * is padded with [PADn] tokens (0: refused; a few rows past its ids,
+     * as models pad their embedding, are padded either way and counted) */
+    int pad_vocab;
 } stz_gguf_params;
 
 // clang-format off
-#define STZ_GGUF_PARAMS_DEFAULT {STZ_GGML_AUTO, 0, NULL, NULL, 1, 0, NULL, NULL}
+#define STZ_GGUF_PARAMS_DEFAULT {STZ_GGML_AUTO, 0, NULL, NULL, 1, 0, NULL, NULL, 0}
 // clang-format on
 
 /* What an export wrote, per GGUF type. */
@@ -57,6 +61,7 @@ typedef struct {
     size_t block_fallback;
     char block_fallback_first[256];
     int block_fallback_from, block_fallback_to;
+    uint32_t vocab_padded;     /* embedding rows past the tokenizer's ids, written as [PADn] tokens */
     uint64_t ffn_from, ffn_to; /* the FFN widened with zero units from ffn_from to ffn_to (0: not), so that
                                   down projections stored in padded 32-blocks ("pad") are whole rows */
     uint64_t header_bytes;     /* the header before its padding to the data's alignment */

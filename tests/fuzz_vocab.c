@@ -28,9 +28,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     gbuf kv = {0};
     stz_err err;
-    stz_status st =
-        gguf_vocab(&kv, path, data[0] & 2 ? "qwen2" : "llama",
-                   data[0] & 4 ? "{\"bos_token_id\": 1, \"eos_token_id\": [2, 3]}" : NULL, (uint32_t)data[1] + 1, &err);
+    uint32_t padded;
+    stz_status st = gguf_vocab(&kv, path, data[0] & 2 ? "qwen2" : "llama",
+                               data[0] & 4 ? "{\"bos_token_id\": 1, \"eos_token_id\": [2, 3]}" : NULL,
+                               (uint32_t)data[1] + 1, data[0] & 8, &padded, &err);
     fuzz_failed(st, &err); /* a failure must say why */
     if (st == STZ_OK && !kv.oom && !kv.count)
         abort();

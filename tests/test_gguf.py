@@ -559,6 +559,29 @@ def tiny_tokenizer():
             "added_tokens": [{"id": 255, "content": "<|endoftext|>", "special": True}]}
 
 
+def test_tokenizer_coverage(tmp_path):
+    """A tokenizer whose ids leave more than 1% of the embedding's rows
+    uncovered (another model's) is refused unless --pad-vocab; a few rows
+    past its ids are padded either way, and counted."""
+    m = hf_dir(tmp_path, "llama")
+    out = tmp_path / "o.gguf"
+    t = tiny_tokenizer()
+    t["added_tokens"] = []  # id 255: one row of 256 past the ids, within 1%
+    (m / "tokenizer.json").write_text(json.dumps(t))
+    rep = json.loads(stz("export", "--gguf", m, "-o", out, "--json").stdout)
+    assert rep["vocab_padded"] == 1
+    out.unlink()
+    t["model"]["vocab"] = {k: v for k, v in t["model"]["vocab"].items() if not 240 <= v < 250}
+    (m / "tokenizer.json").write_text(json.dumps(t))
+    r = stz("export", "--gguf", m, "-o", out, ok=False)
+    assert r.returncode == 1 and "its ids cover 245 of the model's 256 embedding rows" in r.stderr, r.stderr
+    assert "--pad-vocab" in r.stderr and not out.exists()
+    r = stz("export", "--gguf", m, "-o", out, "--pad-vocab")
+    assert "11 embedding rows past the tokenizer's ids written as [PADn] tokens" in r.stdout
+    kv, _ = read_gguf(out)
+    assert kv["tokenizer.ggml.tokens"][245] == "[PAD245]"
+
+
 def test_bad_tokenizer_and_model(tmp_path):
     """What llama.cpp would load wrongly or not at all is refused by name:
     tokenizer.json with two tokens on one id, a token twice, no token, a
@@ -1228,4 +1251,4 @@ def test_tune_gguf_refusals(tmp_path):
     assert r.returncode == 1 and "candidate '4:nl:32:U8' is not a type GGUF holds" in r.stderr
     assert not (tmp_path / "p.json").exists()
     r = stz("tune", m, "--tokenizer", TOK, "--size", "1M", ok=False)
-    assert r.returncode == 2 and "--tokenizer and --name are for --gguf" in r.stderr
+    assert r.returncode == 2 and "--tokenizer, --name and --pad-vocab are for --gguf" in r.stderr
