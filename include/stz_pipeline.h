@@ -208,7 +208,8 @@ typedef struct {
  * is calibrated first when the policy asks for it (stz_feedback_calibrate),
  * then every file quantized straight into its container
  * (stz_compress_file) or packed (stz_pack_file). On ranks: a sharded
- * model only; every rank gets the totals of all.
+ * model only; a failure on any rank fails every rank, with its error
+ * (stz_convert_shards); every rank gets the totals of all.
  */
 STZ_API stz_status stz_compress_model(const stz_compress_params *p, const char *in, const char *out,
                                       stz_compress_result *r, stz_err *err);

@@ -221,8 +221,12 @@ static stz_status compress_model(const stz_compress_params *p, const char *in, c
     if (!st && p->policy)
         st = stz_feedback_calibrate(&c.fb, in, p->policy, p->feedback_seqs, p->config, p->threads, p->progress,
                                     p->quiet, err);
-    if (st)
+    if (p->ranks && p->ranks->size > 1 && p->ranks->any_failed(p->ranks->user, st != STZ_OK, err))
+        st = st ? st : err->code; /* every rank stops, with the lowest failing rank's error */
+    if (st) {
+        stz_feedback_free(c.fb);
         return st;
+    }
     pthread_mutex_init(&c.lock, NULL);
     st = compress_files(&c, in, out, err);
     pthread_mutex_destroy(&c.lock);
