@@ -234,7 +234,7 @@ static int kl_far(double predicted, double got)
  * measurements, the solution and what was verified. */
 typedef struct {
     tune_opts o;
-    const char *model, *in; /* in: the file compressed (a directory's model.safetensors) */
+    const char *model;
     char *out;
     int sharded;
     stz_model_set S;
@@ -280,7 +280,7 @@ static stz_status compress(const tune_run *t, stz_policy *pol, const char *out, 
     stz_compress_params p = {pol, t->im,           feedback_seqs(o),        o->config,   o->c.threads,
                              0,   STZ_WRITE_FORCE, o->c.quiet || o->c.json, &cli_stages, cli_ranks()};
     stz_compress_result r;
-    stz_status st = stz_compress_model(&p, t->in, out, &r, err);
+    stz_status st = stz_compress_model(&p, t->model, out, &r, err); /* a folder: its model.safetensors */
     *bytes = st ? 0 : cli_path_bytes(out, 0);
     return st;
 }
@@ -338,8 +338,6 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         (o->feedback && (st = stz_tune_cands_feedback(t->cand, t->ncand, err)))) /* keep, svd and f16 stay */
         return st;
     t->sharded = stz_model_is_sharded(t->model);
-    if (!t->sharded && t->S.n == 1) /* a repository directory holding model.safetensors: that file */
-        t->in = stz_reader_path(stz_qmodel_reader(t->S.m[0]));
     char from[STZ_FWD_FROM_MAX];
     int found = stz_fwd_config_find(t->model, &t->S, o->config, &t->cfg, from, &t->cfg_json, err);
     if (found < 0)
@@ -584,7 +582,7 @@ int cmd_tune(int argc, char **argv)
     int rc = parse(argc, argv, &t.o);
     if (rc >= 0)
         return rc;
-    t.model = t.in = argv[optind];
+    t.model = argv[optind];
     t.out = t.o.c.out ? strdup(t.o.c.out) : t.o.compress ? NULL : cli_model_output_name(t.model, ".tune.json");
     if (!t.out)
         return cli_usage_error("compress", t.o.gguf ? "--tune --gguf needs -o OUT.gguf" : "--tune needs -o OUT.stz");

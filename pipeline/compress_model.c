@@ -193,10 +193,10 @@ static void gather(const stz_ranks *k, compress_run *c)
 }
 
 /* The files: a sharded directory's shards, or one file. */
-static stz_status compress_files(compress_run *c, const char *in, const char *out, stz_err *err)
+static stz_status compress_files(compress_run *c, const char *in, int sharded, const char *out, stz_err *err)
 {
     const stz_compress_params *p = c->p;
-    if (!stz_model_is_sharded(in))
+    if (!sharded)
         return compress_one(c, in, out, p->threads, p->quiet, err);
     stz_shards_params sp = {"", ".stz", p->policy != NULL, p->threads, p->quiet, compress_one, c, p->ranks};
     stz_status st = stz_convert_shards(&sp, in, out, err);
@@ -228,7 +228,7 @@ static stz_status compress_model(const stz_compress_params *p, const char *in, c
         return st;
     }
     pthread_mutex_init(&c.lock, NULL);
-    st = compress_files(&c, in, out, err);
+    st = compress_files(&c, in, sharded, out, err);
     pthread_mutex_destroy(&c.lock);
     stz_feedback_free(c.fb);
     r->stats.weighted_cosine = c.wtot ? ldexp((double)c.wfix, -16) / c.wtot : 1;
