@@ -199,28 +199,16 @@ char *cli_model_output_name(const char *model, const char *suffix);
 int cli_threads(const char *s);
 int cli_ncores(void);
 
-/* An intermediate file next to `out` (".OUT.WHAT-XXXXXX"), created empty and
- * tracked so that signals remove it; cli_tmp_drop removes it. */
-typedef struct {
-    char *path;
-    int handle;
-} cli_tmpfile;
-int cli_tmp_make(cli_tmpfile *t, const char *out, const char *what);
 /* Where intermediate files of `out` go: next to it, or in $TMPDIR (/tmp)
  * when out is "-" (standard output). Returns buf. */
 const char *cli_tmp_base(const char *out, char *buf, size_t cap);
-void cli_tmp_drop(cli_tmpfile *t);
 /* Closes f, written to t's file, and moves that to `path` (errors name
  * path); t is dropped either way. */
-stz_status cli_tmp_finish(cli_tmpfile *t, FILE *f, const char *path, int force, stz_err *err);
+stz_status cli_tmp_finish(stz_tmpfile *t, FILE *f, const char *path, int force, stz_err *err);
 /* Replaces the temporary path `tmp` in err's message by `shown` (the file
  * the user named), so that errors name the input. */
 void cli_err_path(stz_err *err, const char *tmp, const char *shown);
 
-/* Bytes of a file, or of every regular file below a directory (model_only:
- * its .safetensors and .stz files, as summaries count them; budgets count
- * all). */
-uint64_t cli_path_bytes(const char *path, int model_only);
 /* The one-line summary of a command that turned `in` into `out` (or its
  * --json document): sizes, time, mode. Returns an exit status. */
 int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs);
@@ -270,12 +258,6 @@ int cmd_export(int argc, char **argv);
  * NULL); stz_is_gguf (gguf/gguf_layout.h) tells GGUF files apart. */
 struct cJSON;
 int cli_inspect_gguf(const char *path, struct cJSON **json);
-/* stz export --gguf of the model `in` (its files opened in set, its
- * configuration and config.json text), tokenizer.json looked for beside
- * it; out NULL: only the stats. */
-stz_status cli_export_gguf(const char *in, const stz_model_set *set, const stz_fwd_config *cfg, const char *json,
-                           const stz_gguf_params *p, const char *out, stz_gguf_stats *stats, stz_err *err);
-
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
@@ -289,11 +271,6 @@ int cmd_eval_forward(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 int cmd_imatrix(int argc, char **argv);
-struct stz_imatrix;
-/* --imatrix FILE for the model at `model`: loaded, and checked against the
- * model's tensors (an entry's columns must match; some entry must name a
- * matrix of the model). NULL path: *im NULL. */
-stz_status cli_imatrix_open(const char *path, const char *model, struct stz_imatrix **im, stz_err *err);
 int cmd_decompress(int argc, char **argv);
 int cmd_policy(int argc, char **argv);
 

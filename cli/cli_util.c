@@ -1,6 +1,5 @@
 /* Helpers shared by the stz commands: errors, numbers, progress. */
 #include "cli.h"
-#include "model/gguf_view.h"
 #include "stz_pack.h"
 #include "stz_model.h"
 #include "stz_pipeline.h"
@@ -10,7 +9,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <ftw.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -275,49 +273,14 @@ int cli_threads(const char *s)
     return v == 0 ? cli_ncores() : (int)v;
 }
 
-/* A temporary name next to `out` for an intermediate file; tracked. */
-int cli_tmp_make(cli_tmpfile *t, const char *out, const char *what)
-{
-    size_t n = strlen(out) + 32;
-    const char *slash = strrchr(out, '/');
-    int dirlen = slash ? (int)(slash - out) + 1 : 0;
-    t->path = malloc(n);
-    t->handle = -1;
-    if (!t->path)
-        return -1;
-    snprintf(t->path, n, "%.*s.%s.%s-XXXXXX", dirlen, out, out + dirlen, what);
-    int fd = mkstemp(t->path);
-    if (fd < 0) {
-        free(t->path);
-        t->path = NULL;
-        return -1;
-    }
-    mode_t mask = umask(0); /* mkstemp makes it 0600; renamed into place, it is an ordinary file */
-    umask(mask);
-    fchmod(fd, 0666 & ~mask);
-    close(fd);
-    t->handle = stz_tmp_track(t->path);
-    return 0;
-}
-
-void cli_tmp_drop(cli_tmpfile *t)
-{
-    if (!t->path)
-        return;
-    unlink(t->path);
-    stz_tmp_untrack(t->handle);
-    free(t->path);
-    t->path = NULL;
-}
-
-stz_status cli_tmp_finish(cli_tmpfile *t, FILE *f, const char *path, int force, stz_err *err)
+stz_status cli_tmp_finish(stz_tmpfile *t, FILE *f, const char *path, int force, stz_err *err)
 {
     stz_status st = STZ_OK;
     if (!f || ferror(f) | fclose(f))
         st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
     else
         st = stz_output_place(t->path, path, force, err);
-    cli_tmp_drop(t);
+    stz_tmp_remove(t);
     return st;
 }
 
@@ -329,24 +292,6 @@ void cli_err_path(stz_err *err, const char *tmp, const char *shown)
         return;
     snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - err->msg), err->msg, shown, at + strlen(tmp));
     memcpy(err->msg, buf, sizeof buf);
-}
-
-static uint64_t tree_bytes;
-static int tree_model_only;
-static int add_bytes(const char *path, const struct stat *sb, int type, struct FTW *ftw)
-{
-    size_t n = strlen(path);
-    int model = (n > 12 && !strcmp(path + n - 12, ".safetensors")) || (n > 4 && !strcmp(path + n - 4, ".stz"));
-    if (type == FTW_F && S_ISREG(sb->st_mode) && (ftw->level == 0 || model || !tree_model_only))
-        tree_bytes += (uint64_t)sb->st_size;
-    return 0;
-}
-
-uint64_t cli_path_bytes(const char *path, int model_only)
-{
-    tree_bytes = 0, tree_model_only = model_only;
-    nftw(path, add_bytes, 16, FTW_PHYS);
-    return tree_bytes;
 }
 
 char *cli_output_name(const char *cmd, const char *given, const char *in, const char *strip, const char *add, int *rc)
@@ -369,7 +314,7 @@ char *cli_output_name(const char *cmd, const char *given, const char *in, const 
 
 int cli_print_summary(const cli_common *c, const char *in, const char *out, const char *mode, int sharded, double secs)
 {
-    uint64_t a = cli_path_bytes(in, 1), b = cli_path_bytes(out, 1);
+    uint64_t a = stz_path_bytes(in, 1), b = stz_path_bytes(out, 1);
     if (c->json) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "input", in);

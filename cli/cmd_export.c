@@ -4,10 +4,8 @@
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static const char export_help[] =
@@ -116,19 +114,6 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
     return CLI_OK;
 }
 
-stz_status cli_export_gguf(const char *in, const stz_model_set *set, const stz_fwd_config *cfg, const char *json,
-                           const stz_gguf_params *p, const char *out, stz_gguf_stats *stats, stz_err *err)
-{
-    struct stat sb;
-    char *copy = strdup(in);
-    if (!copy)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
-    const char *dir = stat(in, &sb) == 0 && S_ISDIR(sb.st_mode) ? in : dirname(copy); /* where tokenizer.json is */
-    stz_status st = stz_gguf_export(p, set->m, set->n, cfg, json, in, dir, out, stats, err);
-    free(copy);
-    return st;
-}
-
 /* stz export --gguf. Longer than most: the option table and its switch,
  * then one library call and its report. */
 int cmd_export(int argc, char **argv)
@@ -201,7 +186,7 @@ int cmd_export(int argc, char **argv)
     p.progress = cli_progress_cb;
     p.progress_user = &prog;
     stz_gguf_stats s;
-    stz_status st = cli_export_gguf(in, &set, &cfg, json, &p, c.out, &s, &err);
+    stz_status st = stz_gguf_export(&p, set.m, set.n, &cfg, json, in, NULL, c.out, &s, &err);
     cli_progress_end(&prog);
     if (!st)
         rc = report(&c, in, &s, cli_now() - prog.start);

@@ -141,7 +141,7 @@ static stz_status load_policy(const popts *o, const char *in, stz_policy **pol, 
         return STZ_OK;
     stz_status st = cli_policy_load(&o->po, pol, err);
     if (!st)
-        st = cli_imatrix_open(o->po.imatrix, in, im, err);
+        st = stz_imatrix_load_for(im, o->po.imatrix, in, err);
     if (!st)
         st = cli_feedback_check(&o->po, *pol, err);
     return st;
@@ -268,7 +268,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, in
 {
     const popts *o = (const popts *)user;
     stz_status s;
-    cli_tmpfile tu = {0};
+    stz_tmpfile tu = {0};
     if (strcmp(out, "-") && (s = stz_refuse_input_as_output(in, out, err))) /* --dequantize: a temporary file */
         return s;
     stz_unpack_params up = STZ_UNPACK_PARAMS_DEFAULT;
@@ -284,7 +284,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, in
         return s;
     }
     char base[PATH_MAX];
-    if (cli_tmp_make(&tu, cli_tmp_base(out, base, sizeof base), "unpacked"))
+    if (stz_tmp_beside(&tu, cli_tmp_base(out, base, sizeof base), "unpacked"))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", base);
     up.write_flags = STZ_WRITE_FORCE;
     s = unpack_any(&up, in, tu.path, err);
@@ -300,7 +300,7 @@ static stz_status decompress_one(void *user, const char *in, const char *out, in
         if (s)
             cli_err_path(err, tu.path, in);
     }
-    cli_tmp_drop(&tu);
+    stz_tmp_remove(&tu);
     return s;
 }
 

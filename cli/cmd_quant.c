@@ -310,7 +310,7 @@ static int quantize(const qopts *o, const char *in)
     double t0 = cli_now();
     if (cli_policy_load(&o->po, &pol, &err))
         return cli_fail(&err);
-    if (cli_imatrix_open(o->po.imatrix, in, &im, &err) ||
+    if (stz_imatrix_load_for(&im, o->po.imatrix, in, &err) ||
         cli_feedback_open(&o->po, pol, in, o->c.out, o->c.force, o->c.threads ? o->c.threads : cli_ncores(),
                           o->c.quiet || o->c.json, &fb, &err)) {
         stz_policy_free(pol);

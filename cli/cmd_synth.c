@@ -127,7 +127,7 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
         stz_remove_tree(tmp);
     stz_tmp_untrack(track);
     if (!s)
-        st->bytes = cli_path_bytes(dir, 0);
+        st->bytes = stz_path_bytes(dir, 0);
     return s;
 }
 

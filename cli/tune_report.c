@@ -26,10 +26,10 @@ static size_t pick_points(const stz_tune_solution *s, size_t want, size_t *idx)
 }
 
 stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
-                               const measured *m, const char *what, int force, stz_err *err)
+                               const stz_tune_check *m, const char *what, int force, stz_err *err)
 {
-    cli_tmpfile t;
-    if (cli_tmp_make(&t, path, "plot"))
+    stz_tmpfile t;
+    if (stz_tmp_beside(&t, path, "plot"))
         return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
     FILE *f = fopen(t.path, "w");
     double x0 = (double)s->curve[0].bytes, x1 = (double)s->curve[s->ncurve - 1].bytes, y1 = 0;
@@ -81,28 +81,26 @@ stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, con
     return cli_tmp_finish(&t, f, path, force, err);
 }
 
-int cli_tune_missed(const tune_opts *o, const measured *m)
-{
-    return o->kind == STZ_BUDGET_KL ? m->fwd.kl_mean > o->value : (double)m->bytes > o->value;
-}
-
 /* Longer than most: the --json document or the text report, one entry or
  * line per figure, from the same figures and in the same order. */
-int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune *T,
-                    const stz_tune_solution *s, const stz_tune_point *first, const measured *m1, const measured *m2,
-                    int corrections, double budget_bytes, const char *source)
+int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune_result *r)
 {
+    const stz_tune *T = &r->T;
+    const stz_tune_solution *s = &r->sol;
+    const stz_tune_point *first = &r->first;
+    const stz_tune_check *m1 = r->checks ? &r->check[0] : NULL, *m2 = r->checks > 1 ? &r->check[r->checks - 1] : NULL;
+    int corrections = r->checks - 1;
     size_t idx[16], np = pick_points(s, 12, idx);
-    const measured *m = m2 ? m2 : m1;
+    const stz_tune_check *m = m2 ? m2 : m1;
     char a[32], b[32];
     if (o->c.json) {
         cJSON *d = cJSON_CreateObject(), *ts = cJSON_CreateArray(), *cv = cJSON_CreateArray();
         cJSON_AddStringToObject(d, "model", model);
-        cJSON_AddStringToObject(d, o->compress ? (o->gguf ? "gguf" : "container") : "policy", out);
+        cJSON_AddStringToObject(d, o->compress ? (o->p.gguf ? "gguf" : "container") : "policy", out);
         cJSON_AddStringToObject(d, "budget", o->budget_opt);
-        cJSON_AddNumberToObject(d, o->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", o->value);
-        cJSON_AddStringToObject(d, "tokens", source);
-        cJSON_AddBoolToObject(d, "met", !(m && cli_tune_missed(o, m)));
+        cJSON_AddNumberToObject(d, r->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", r->budget);
+        cJSON_AddStringToObject(d, "tokens", r->source);
+        cJSON_AddBoolToObject(d, "met", !(m && stz_tune_missed(r, m)));
         cJSON_AddNumberToObject(d, "predicted_bytes", (double)s->pred.bytes);
         cJSON_AddNumberToObject(d, "predicted_kl", s->pred.kl);
         if (m) {
@@ -161,8 +159,8 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
     for (size_t i = 0; i < np; i++)
         printf("%14s %12.4g\n", cli_commas(a, s->curve[idx[i]].bytes), s->curve[idx[i]].kl);
     printf("\nbudget %s: %s\n", o->budget_opt,
-           o->kind == STZ_BUDGET_KL ? (snprintf(b, sizeof b, "mean KL <= %g", o->value), b)
-                                    : (snprintf(b, sizeof b, "<= %.0f bytes", budget_bytes), b));
+           r->kind == STZ_BUDGET_KL ? (snprintf(b, sizeof b, "mean KL <= %g", r->budget), b)
+                                    : (snprintf(b, sizeof b, "<= %.0f bytes", r->budget), b));
     if (m2)
         printf("first choice:  predicted %s bytes, KL %.4g; measured %s bytes, KL %.4g: missed, corrected %s\n",
                cli_commas(a, first->bytes), first->kl, cli_commas(b, m1->bytes), m1->fwd.kl_mean,
@@ -173,6 +171,6 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
                cli_commas(b, m->bytes), 100.0 * ((double)m->bytes / (double)s->pred.bytes - 1), m->fwd.kl_mean,
                s->pred.kl > 0 ? 100.0 * (m->fwd.kl_mean / s->pred.kl - 1) : 0.0, 100 * m->fwd.top1,
                100 * m->fwd.ppl_change);
-    printf("\n%s: %s\n", o->compress ? (o->gguf ? "gguf" : "container") : "policy", out);
+    printf("\n%s: %s\n", o->compress ? (o->p.gguf ? "gguf" : "container") : "policy", out);
     return CLI_OK;
 }

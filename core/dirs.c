@@ -4,6 +4,7 @@
 #include "core/stz_core.h"
 
 #include <dirent.h>
+#include <ftw.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -143,4 +144,22 @@ void stz_largest_first(const double *sizes, size_t n, size_t *order)
             order[k] = order[k - 1];
         order[k] = i;
     }
+}
+
+static __thread uint64_t tree_bytes; /* nftw passes no user pointer */
+static __thread int tree_model_only;
+static int add_bytes(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    size_t n = strlen(path);
+    int model = (n > 12 && !strcmp(path + n - 12, ".safetensors")) || (n > 4 && !strcmp(path + n - 4, ".stz"));
+    if (type == FTW_F && S_ISREG(sb->st_mode) && (ftw->level == 0 || model || !tree_model_only))
+        tree_bytes += (uint64_t)sb->st_size;
+    return 0;
+}
+
+uint64_t stz_path_bytes(const char *path, int model_only)
+{
+    tree_bytes = 0, tree_model_only = model_only;
+    nftw(path, add_bytes, 16, FTW_PHYS);
+    return tree_bytes;
 }

@@ -231,6 +231,37 @@ int stz_tmp_make(char *tmpl, int dir, int *handle)
     return r;
 }
 
+int stz_tmp_beside(stz_tmpfile *t, const char *out, const char *what)
+{
+    size_t n = strlen(out) + strlen(what) + 16;
+    const char *slash = strrchr(out, '/');
+    int dirlen = slash ? (int)(slash - out) + 1 : 0, fd;
+    t->handle = -1;
+    if (!(t->path = malloc(n)))
+        return -1;
+    snprintf(t->path, n, "%.*s.%s.%s-XXXXXX", dirlen, out, out + dirlen, what);
+    if ((fd = stz_tmp_make(t->path, 0, &t->handle)) < 0) {
+        free(t->path);
+        t->path = NULL;
+        return -1;
+    }
+    mode_t mask = umask(0); /* mkstemp makes it 0600; renamed into place, it is an ordinary file */
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    close(fd);
+    return 0;
+}
+
+void stz_tmp_remove(stz_tmpfile *t)
+{
+    if (!t->path)
+        return;
+    unlink(t->path);
+    stz_tmp_untrack(t->handle);
+    free(t->path);
+    t->path = NULL;
+}
+
 /* Empties the directory open at fd, in a signal handler: raw getdents64
  * into a stack buffer and unlinkat, no allocation; passes over it until a
  * pass removes nothing (removing entries moves the others). */

@@ -46,6 +46,18 @@ void stz_tmp_untrack(int handle);
  * can leave it behind; -1 (errno set) when it cannot be made. */
 int stz_tmp_make(char *tmpl, int dir, int *handle);
 
+/* An intermediate file: its path (malloc'd) and stz_tmp_track's handle. */
+typedef struct {
+    char *path;
+    int handle;
+} stz_tmpfile;
+/* An empty intermediate file next to `out` (".OUT.WHAT-XXXXXX", the mode of
+ * an ordinary new file), tracked (stz_tmp_make): 0, or -1 with errno set. */
+int stz_tmp_beside(stz_tmpfile *t, const char *out, const char *what);
+/* Removes t's file (or what was moved to its name), untracks it, frees
+ * its path; nothing when t->path is NULL. */
+void stz_tmp_remove(stz_tmpfile *t);
+
 /* 1 if a and b name the same existing file (same device and inode), else 0. */
 int stz_same_file(const char *a, const char *b);
 /* STZ_E_EXISTS ("output is the input file") if out is in, else STZ_OK. */
@@ -125,6 +137,9 @@ stz_status stz_copy_file(const char *from, const char *to, stz_err *err);
  * already resolved path) is made again as the same link; a link out of it,
  * or a FIFO, socket or device, is refused by name. */
 stz_status stz_copy_tree(const char *root, const char *from, const char *to, char *const *skip, stz_err *err);
+/* Bytes of a file, or of every regular file below a directory (model_only:
+ * only its .safetensors and .stz files, and the top level's own). */
+uint64_t stz_path_bytes(const char *path, int model_only);
 /* Removes a directory and everything below it (links themselves, never
  * what they point to). */
 void stz_remove_tree(const char *dir);

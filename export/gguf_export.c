@@ -227,12 +227,24 @@ static stz_status qwen2_biases(const exporter *x, stz_err *err)
     return STZ_OK;
 }
 
-/* The tokenizer: --tokenizer, else the model directory's tokenizer.json. */
-/* The tokenizer's path (*tok, malloc'd: a path of any length, never cut). */
+/* tokenizer.json in dir, or (dir NULL) beside model_path: in it when it is a
+ * directory, else in the directory holding it; -1 out of memory. */
+static int tokenizer_beside(char **tok, const char *dir, const char *model_path)
+{
+    if (dir)
+        return asprintf(tok, "%s/tokenizer.json", dir);
+    char *copy = strdup(model_path);
+    int n = copy ? asprintf(tok, "%s/tokenizer.json", stz_is_dir(model_path) ? model_path : dirname(copy)) : -1;
+    free(copy);
+    return n;
+}
+
+/* The tokenizer: --tokenizer, else the model directory's tokenizer.json.
+ * The tokenizer's path (*tok, malloc'd: a path of any length, never cut). */
 static stz_status find_tokenizer(const stz_gguf_params *p, const char *dir, const char *model_path, char **tok,
                                  stz_err *err)
 {
-    if (p->tokenizer ? !(*tok = strdup(p->tokenizer)) : asprintf(tok, "%s/tokenizer.json", dir) < 0)
+    if (p->tokenizer ? !(*tok = strdup(p->tokenizer)) : tokenizer_beside(tok, dir, model_path) < 0)
         return *tok = NULL, stz_err_set(err, STZ_E_NOMEM, "out of memory for a path");
     if (!p->tokenizer && access(*tok, F_OK))
         return stz_err_set(err, STZ_E_ARG,

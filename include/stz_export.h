@@ -70,9 +70,10 @@ typedef struct {
 } stz_gguf_stats;
 
 /* Exports the model in `files` (one checkpoint's shards, opened by the
- * caller; `dir` is its directory, where config.json and tokenizer.json may
- * be) with configuration c to `out`. `model_path` names the model in
- * messages. out NULL: nothing written, the stats of what would be. */
+ * caller; `dir` is its directory, where tokenizer.json may be; NULL: the
+ * model_path's, itself when a directory) with configuration c to `out`.
+ * `model_path` names the model in messages. out NULL: nothing written, the
+ * stats of what would be. */
 STZ_API stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, size_t nfiles,
                                    const stz_fwd_config *c, const char *config_json, const char *model_path,
                                    const char *dir, const char *out, stz_gguf_stats *stats, stz_err *err);

@@ -62,6 +62,13 @@ STZ_API stz_status stz_imatrix_save(const stz_imatrix *im, const char *path, int
  * negative token count, an entry zero in every column. */
 STZ_API stz_status stz_imatrix_load(stz_imatrix **out, const char *path, stz_err *err);
 
+/* stz_imatrix_load of `path` (NULL: *im NULL, STZ_OK) checked against the
+ * model at `model` (a file or a directory, stz_model_files): an entry's
+ * columns must match the tensor it names (STZ_E_SHAPE naming the file),
+ * and some entry must name a matrix of the model (STZ_E_ARG: an importance
+ * matrix of another model?). What --imatrix FILE does before any work. */
+STZ_API stz_status stz_imatrix_load_for(stz_imatrix **im, const char *path, const char *model, stz_err *err);
+
 /* Entries: count, and entry i's name, columns and tokens. */
 STZ_API size_t stz_imatrix_count(const stz_imatrix *im);
 STZ_API const char *stz_imatrix_name(const stz_imatrix *im, size_t i, uint64_t *cols, double *tokens);

@@ -21,6 +21,7 @@
 #include "stz_experimental.h"
 #include "stz_forward.h"
 #include "stz_pack.h"
+#include "stz_pipeline.h"
 #include "stz_policy.h"
 
 #ifdef __cplusplus
@@ -186,6 +187,74 @@ STZ_API uint64_t stz_tune_bytes(const stz_tune *T);
 /* The current choice as a policy (JSON text, malloc'ed): one explicit rule
  * per tunable tensor, default keep; `description` is stored with it. */
 STZ_API char *stz_tune_policy(const stz_tune *T, const char *description);
+
+/* ---- a whole tune (stz tune, compress --tune) ------------------------ */
+
+/* The budget: container (with gguf: GGUF file) bytes, the model's bytes
+ * over them, bits per parameter, or the mean KL of the model's outputs. */
+typedef enum { STZ_TUNE_SIZE, STZ_TUNE_RATIO, STZ_TUNE_BPW, STZ_TUNE_MAX_KL } stz_tune_goal;
+
+/* The verification's correction rounds: a missed budget is solved again
+ * with the prediction corrected by what was measured, at most this often. */
+#define STZ_TUNE_CORRECTIONS 2
+
+typedef struct {
+    stz_tune_goal goal;
+    double amount;                /* in the goal's unit */
+    const char *candidates;       /* stz_tune_parse_candidates's list; NULL: stz_tune_candidate_set's
+                             * "gguf" or "default" */
+    const char *imatrix;          /* an importance matrix's path (stz_imatrix_load_for), NULL: none */
+    stz_seq_spec seqs;            /* the sequences measured on; from a file (seqs.path), error feedback's too */
+    const char *config;           /* the model's config.json, NULL: found (stz_fwd_config_find) */
+    int feedback;                 /* every block candidate with error feedback (stz_tune_cands_feedback) */
+    int gguf, no_pad;             /* as stz_tune_params */
+    const char *tokenizer, *name; /* gguf: as stz_gguf_params takes them */
+    int pad_vocab;
+    int verify;                 /* compress (gguf: and export) the choice, run it, correct a miss */
+    int threads;                /* >= 1 */
+    int quiet;                  /* progress not shown */
+    const stz_stages *progress; /* NULL: none */
+    const stz_ranks *ranks;     /* NULL: this process alone */
+    const char *out;            /* verify: the last container (gguf: GGUF file) placed here; NULL: not kept */
+    const char *scratch;        /* verify: intermediate files beside it (NULL: beside out, else the model) */
+    unsigned write_flags;       /* STZ_WRITE_FORCE: a file `out` is replaced (a directory never) */
+} stz_tune_run_params;
+
+/* A choice compressed (and exported) and run against the original. */
+typedef struct {
+    uint64_t bytes; /* the container's or GGUF file's */
+    stz_fwd_report fwd;
+} stz_tune_check;
+
+typedef struct {
+    stz_tune T;            /* the measurements and the last choice */
+    stz_tune_solution sol; /* the last solve's: met (0: nothing written), the choice, the curve */
+    stz_tune_point first;  /* the first solve's prediction */
+    stz_budget kind;       /* the budget in bytes or KL, */
+    double budget;         /* resolved */
+    char *policy;          /* the choice as a policy (stz_tune_policy), NULL when not met */
+    stz_tune_check check[1 + STZ_TUNE_CORRECTIONS]; /* the verification, then each correction's */
+    int checks;
+    char source[STZ_SEQS_SOURCE_MAX]; /* where the sequences came from */
+} stz_tune_result;
+
+/* 1 if what check measured misses r's budget. */
+STZ_API int stz_tune_missed(const stz_tune_result *r, const stz_tune_check *check);
+
+/*
+ * stz tune: the model at `model` (a file, a directory holding
+ * model.safetensors, or a sharded directory) opened with its forward pass
+ * and sequences (sampled, or read from seqs.path); every candidate measured
+ * (stz_tune_measure, with feedback stz_tune_feedback) and every matrix's
+ * sensitivity probed (stz_tune_probe); the budget solved. Not met: STZ_OK
+ * with r->sol.met 0. Met: r->policy; with verify, the model compressed with
+ * it (stz_compress_model; gguf: exported, stz_gguf_export) and run against
+ * the original, solved again up to STZ_TUNE_CORRECTIONS times while the
+ * budget is missed, and the last one placed at `out`.
+ * stz_tune_result_free frees r, whatever was returned.
+ */
+STZ_API stz_status stz_tune_run(const stz_tune_run_params *p, const char *model, stz_tune_result *r, stz_err *err);
+STZ_API void stz_tune_result_free(stz_tune_result *r);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,8 @@
 #include "forward_internal.h"
 #include "gguf/gguf_format.h"
 #include "stz_imatrix.h"
+#include "stz_model.h"
+#include "stz_safetensors.h"
 
 #include <errno.h>
 #include <float.h>
@@ -570,5 +572,58 @@ cleanup:
     if (fd >= 0)
         close(fd);
     stz_imatrix_free(im);
+    return st;
+}
+
+/* ---- checked against a model ---------------------------------------- */
+
+/* How many of the matrices of the file at `path` the importance matrix
+ * names, into *matched; a mismatch of columns is an error. */
+static stz_status match_file(const stz_imatrix *im, const char *path, size_t *matched, char *example, stz_err *err)
+{
+    stz_reader *r;
+    stz_status st = stz_reader_open(&r, path, err);
+    for (size_t i = 0; !st && i < stz_reader_count(r); i++) {
+        const stz_tensor *t = stz_reader_tensor(r, i);
+        const float *w;
+        if (t->ndim < 2 || !stz_dtype_is_float(t->dtype))
+            continue;
+        if (!*example)
+            snprintf(example, 128, "%s", t->name);
+        if (!(st = stz_imatrix_find(im, t->name, t->shape[t->ndim - 1], &w, err)))
+            *matched += w != NULL;
+    }
+    stz_reader_free(r);
+    return st;
+}
+
+stz_status stz_imatrix_load_for(stz_imatrix **im, const char *path, const char *model, stz_err *err)
+{
+    *im = NULL;
+    if (!path)
+        return STZ_OK;
+    char **files = NULL, example[128] = "";
+    size_t n = 0, matched = 0;
+    stz_status st = stz_imatrix_load(im, path, err);
+    if (!st)
+        st = stz_model_files(model, &files, &n, err);
+    for (size_t f = 0; !st && f < n; f++)
+        st = match_file(*im, files[f], &matched, example, err);
+    if (!st && !matched)
+        st = stz_err_set(err, STZ_E_ARG,
+                         "%s: none of its %zu entries (such as '%s') names a matrix of %s (such as "
+                         "'%s'): an importance matrix of another model?",
+                         path, stz_imatrix_count(*im),
+                         stz_imatrix_count(*im) ? stz_imatrix_name(*im, 0, NULL, NULL) : "", model, example);
+    else if (st == STZ_E_SHAPE) { /* the entry's columns: say which file */
+        char msg[sizeof err->msg];
+        memcpy(msg, err->msg, sizeof msg);
+        stz_err_set(err, st, "%s: %s", path, msg);
+    }
+    stz_model_files_free(files, n);
+    if (st) {
+        stz_imatrix_free(*im);
+        *im = NULL;
+    }
     return st;
 }

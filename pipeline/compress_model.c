@@ -4,6 +4,7 @@
  * a sharded directory shard by shard on threads and ranks, the statistics
  * summed over all of them. */
 #include "core/stz_core.h"
+#include "stages.h"
 #include "stz_feedback.h"
 #include "stz_imatrix.h"
 #include "stz_pipeline.h"
@@ -15,38 +16,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- progress in stages ---------------------------------------------- */
-
-/* A stage under way: its stz_stages and what their begin returned. */
-typedef struct {
-    const stz_stages *stages;
-    void *state;
-} stz_stage;
-
-static void *stage_begin(const stz_stages *s, const char *label, int quiet)
-{
-    return s && s->begin ? s->begin(s->user, label, quiet) : NULL;
-}
-
-static int stage_step(void *user, uint64_t done, uint64_t total)
-{
-    const stz_stage *g = (const stz_stage *)user;
-    return g && g->stages && g->stages->step ? g->stages->step(g->state, done, total) : stz_interrupt_pending();
-}
-
-/* A stage begun: what stage_step takes as its user. */
-static stz_stage stage_open(const stz_stages *s, const char *label, int quiet)
-{
-    stz_stage g = {s, stage_begin(s, label, quiet)};
-    return g;
-}
-
-static void stage_close(stz_stage *g)
-{
-    if (g->stages && g->stages->end)
-        g->stages->end(g->state);
-}
-
 /* ---- error feedback -------------------------------------------------- */
 
 stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *label, const stz_stages *progress,
@@ -55,11 +24,11 @@ stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *l
     const stz_seq_spec defaults = STZ_FEEDBACK_SEQS;
     char source[STZ_SEQS_SOURCE_MAX];
     const stz_seq_spec *s = seqs ? seqs : &defaults;
-    stz_stage g = stage_open(progress, "sampling", quiet || s->path);
+    stz_stage g = stz_stage_open(progress, "sampling", quiet || s->path);
     stz_fwd_set_keep(m, STZ_FEEDBACK_KEEP);
-    stz_status st = stz_seqs_get(s, m, label, stage_step, &g, q, source, err);
+    stz_status st = stz_seqs_get(s, m, label, stz_stage_step, &g, q, source, err);
     stz_fwd_set_keep(m, 0);
-    stage_close(&g);
+    stz_stage_close(&g);
     return st;
 }
 
@@ -76,9 +45,9 @@ stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_poli
     if (!st)
         st = stz_feedback_seqs(fwd, seqs, model, progress, quiet, &q, err);
     if (!st) {
-        stz_stage g = stage_open(progress, "feedback", quiet);
-        st = stz_feedback_run(fb, fwd, policy, q.tok, q.nseq, 0, q.lens, threads, stage_step, &g, err);
-        stage_close(&g);
+        stz_stage g = stz_stage_open(progress, "feedback", quiet);
+        st = stz_feedback_run(fb, fwd, policy, q.tok, q.nseq, 0, q.lens, threads, stz_stage_step, &g, err);
+        stz_stage_close(&g);
     }
     if (!st && !stz_feedback_count(*fb))
         st = stz_err_set(err, STZ_E_ARG,
@@ -138,7 +107,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
     const char *shard = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
     char label[64];
     snprintf(label, sizeof label, "compress %.40s", shard);
-    stz_stage g = stage_open(p->progress, label, quiet);
+    stz_stage g = stz_stage_open(p->progress, label, quiet);
     stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
     pp.threads = threads;
     pp.level = p->best ? STZ_PACK_BEST : STZ_PACK_FAST;
@@ -147,7 +116,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
     stz_quant_stats qs = {0};
     stz_status s;
     if (!p->policy) {
-        pp.progress = stage_step;
+        pp.progress = stz_stage_step;
         pp.progress_user = &g;
         s = strcmp(in, "-") ? stz_pack_file(&pp, in, out, &ps, err)
                             : stz_pack_stream(&pp, STDIN_FILENO, "standard input", out, &ps, err);
@@ -155,13 +124,13 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
     } else {
         stz_quant_params qp = STZ_QUANT_PARAMS_DEFAULT;
         qp.threads = threads;
-        qp.progress = stage_step;
+        qp.progress = stz_stage_step;
         qp.progress_user = &g;
         qp.imatrix = p->imatrix;
         qp.feedback = c->fb;
         s = stz_compress_file(&qp, &pp, p->policy, in, out, &qs, &ps, err);
     }
-    stage_close(&g);
+    stz_stage_close(&g);
     if (!s)
         add_stats(c, &qs, ps.out_bytes);
     return s;

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 # lowest first; a folder may use the folders before it
-ORDER = ["core", "safetensors", "svd", "quant", "policy", "gguf", "pack", "model", "eval", "pipeline", "tune", "export",
+ORDER = ["core", "safetensors", "svd", "quant", "policy", "gguf", "pack", "model", "eval", "pipeline", "export", "tune",
          "synth", "cli"]
 # each public header belongs to the folder that implements it
 PUBLIC = {"stz.h": "core", "stz_safetensors.h": "safetensors", "stz_svd.h": "svd", "stz_quant.h": "quant",

@@ -14,6 +14,7 @@
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "stz_synth.h"
+#include "stz_tune.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -1027,6 +1028,47 @@ static void test_compress_model(void **state)
     free(src), free(one), free(packed), free(in), free(o1), free(o2), free(dir);
 }
 
+/* stz_tune_run: a bits-per-weight budget met and verified, the container
+ * placed at out holding what was measured; the same policy and bytes on 1
+ * and 2 threads; a budget no choice meets writes nothing; out without
+ * verification refused. */
+static void test_tune_run(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors"), *o1 = tu_path(dir, "t1.stz"),
+         *o2 = tu_path(dir, "t2.stz"), *o3 = tu_path(dir, "t3.stz");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
+    const stz_seq_spec seqs = {NULL, 2, 0, 16, 1, 1, 0.9};
+    stz_tune_run_params p = {.goal = STZ_TUNE_BPW, .amount = 6, .seqs = seqs};
+    p.verify = 1, p.threads = 1, p.quiet = 1, p.out = o1;
+    stz_tune_result r1, r2;
+    if (stz_tune_run(&p, m, &r1, &err))
+        fail_msg("%s", err.msg);
+    assert_true(r1.sol.met && r1.policy && r1.checks >= 1 && r1.kind == STZ_BUDGET_BYTES);
+    assert_true(r1.budget > 0 && r1.check[r1.checks - 1].fwd.positions > 0);
+    assert_true(r1.check[r1.checks - 1].bytes == tu_file_size(o1));
+    assert_non_null(strstr(r1.policy, "--bits-per-weight 6"));
+    p.threads = 2, p.out = o2;
+    if (stz_tune_run(&p, m, &r2, &err))
+        fail_msg("%s", err.msg);
+    assert_string_equal(r1.policy, r2.policy);
+    assert_true(tu_hash_file(o1) == tu_hash_file(o2));
+    assert_true(r1.check[0].fwd.kl_mean == r2.check[0].fwd.kl_mean);
+    stz_tune_result_free(&r2);
+    p.goal = STZ_TUNE_SIZE, p.amount = 10, p.out = o3; /* ten bytes: not met, nothing written */
+    assert_int_equal(stz_tune_run(&p, m, &r2, &err), STZ_OK);
+    assert_true(!r2.sol.met && !r2.policy && !r2.checks && !tu_exists(o3));
+    assert_true(r2.sol.pred.bytes > 10);
+    stz_tune_result_free(&r2);
+    p.verify = 0; /* a container only from a verified tune */
+    assert_int_equal(stz_tune_run(&p, m, &r2, &err), STZ_E_ARG);
+    stz_tune_result_free(&r2);
+    stz_tune_result_free(&r1);
+    free(m), free(o1), free(o2), free(o3), free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1044,6 +1086,7 @@ int main(void)
         cmocka_unit_test(test_shared_bf16),
         cmocka_unit_test(test_convert_shards),
         cmocka_unit_test(test_compress_model),
+        cmocka_unit_test(test_tune_run),
         cmocka_unit_test(test_eval_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

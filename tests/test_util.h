@@ -96,6 +96,12 @@ static inline uint64_t tu_hash_file(const char *path)
     return h;
 }
 
+static inline uint64_t tu_file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
 static inline int tu_exists(const char *path)
 {
     struct stat st;
