@@ -23,6 +23,9 @@ demo: build
 	$(BUILD)/stz decompress $(EXAMPLE).stz -o $(EXAMPLE).back -f
 	cmp $(EXAMPLE) $(EXAMPLE).back && echo "lossless round trip: identical bytes"
 	@rm -f $(EXAMPLE).back
+	@rm -rf $(BUILD)/example/tiny-hf
+	$(BUILD)/stz synth tiny --shards 1 -o $(BUILD)/example/tiny-hf -q
+	$(BUILD)/stz gguf $(BUILD)/example/tiny-hf --like q4_k_m -o $(BUILD)/example/tiny.gguf -f | tail -4
 
 # The Python package in a venv over Debian's numpy, installed offline; its
 # wheel carries this build's libstz.so.0. Then: .venv/bin/python -c 'import stz'

@@ -258,6 +258,10 @@ int cmd_export(int argc, char **argv);
  * NULL); stz_is_gguf (gguf/gguf_layout.h) tells GGUF files apart. */
 struct cJSON;
 int cli_inspect_gguf(const char *path, struct cJSON **json);
+/* "llama_quantize_bytes": the file llama-quantize makes of the model
+ * exported, per type it can make (stz_gguf_stats.like_bytes). */
+void cli_like_json(struct cJSON *d, const stz_gguf_stats *s);
+
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
@@ -270,6 +274,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_eval_forward(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_gguf(int argc, char **argv);
 int cmd_imatrix(int argc, char **argv);
 int cmd_decompress(int argc, char **argv);
 int cmd_policy(int argc, char **argv);

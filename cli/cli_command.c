@@ -9,6 +9,7 @@
 #include <string.h>
 
 static const cli_command commands[] = {
+    {"gguf", cmd_gguf, "the best GGUF for llama.cpp for a budget, calibrated, in one command"},
     {"compress", cmd_compress, "policy -> quantize / SVD -> pack, in one command (or --lossless)"},
     {"decompress", cmd_decompress, "back from a container (--dequantize: a plain float model)"},
     {"inspect", cmd_inspect, "list the tensors, dtypes, sizes and metadata of a file"},

@@ -47,7 +47,7 @@ static int parse(int argc, char **argv, imatrix_opts *o)
     enum { O_CONFIG = 256 };
     static const struct option opts[] = {
         CLI_SEQ_LONG, {"config", required_argument, 0, O_CONFIG}, CLI_COMMON_LONG, {0, 0, 0, 0}};
-    const stz_seq_spec defaults = {NULL, 16, 0, 128, 1, 1, 0.9};
+    const stz_seq_spec defaults = STZ_IMATRIX_SEQS;
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->so = defaults;
@@ -71,7 +71,7 @@ static int parse(int argc, char **argv, imatrix_opts *o)
 }
 
 /* The model opened, its sequences run (sampled while collecting, or read
- * then run), the importance written to out. */
+ * then run), the importance collected. */
 static stz_status collect(const imatrix_opts *o, const char *model, const char *out, stz_imatrix **im, stz_seqs *q,
                           char *source, stz_err *err)
 {
@@ -79,18 +79,8 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
     stz_fwd *fwd = NULL;
     stz_status st = stz_output_check(out, o->c.force, err);
     if (!st && !(st = stz_fwd_open_model(&fwd, &S, model, o->config, o->c.threads, err)) &&
-        !(st = stz_imatrix_new(im, err))) {
-        int quiet = o->c.quiet || o->c.json;
-        stz_fwd_set_imatrix(fwd, o->so.path ? NULL : *im); /* sampled: collected as they are sampled */
-        st = cli_seqs_get(&o->so, fwd, model, quiet, q, source, err);
-        stz_fwd_set_imatrix(fwd, NULL);
-        if (!st && o->so.path) {
-            cli_progress prog;
-            cli_progress_init(&prog, "imatrix", quiet);
-            st = stz_imatrix_collect(*im, fwd, q->tok, q->nseq, 0, q->lens, cli_progress_cb, &prog, err);
-            cli_progress_end(&prog);
-        }
-    }
+        !(st = stz_imatrix_new(im, err)))
+        st = stz_imatrix_sample(*im, fwd, &o->so, model, &cli_stages, o->c.quiet || o->c.json, q, source, err);
     stz_fwd_free(fwd);
     stz_model_set_free(&S);
     return st;
@@ -126,8 +116,8 @@ int cmd_imatrix(int argc, char **argv)
     if (rc >= 0)
         return rc;
     const char *model = argv[optind];
-    char *out = o.c.out ? strdup(o.c.out) : cli_model_output_name(model, ".imatrix.gguf"), source[64] = "",
-         dataset[512];
+    char *out = o.c.out ? strdup(o.c.out) : cli_model_output_name(model, ".imatrix.gguf"),
+         source[STZ_SEQS_SOURCE_MAX] = "";
     stz_err err;
     if (!out)
         return stz_err_set(&err, STZ_E_NOMEM, "out of memory"), cli_fail(&err);
@@ -136,11 +126,8 @@ int cmd_imatrix(int argc, char **argv)
     stz_seqs q = {0};
     double t0 = cli_now();
     stz_status st = collect(&o, model, out, &im, &q, source, &err);
-    if (!st) {
-        snprintf(dataset, sizeof dataset, "stz imatrix: %zu sequences, %s", q.nseq, source);
-        stz_imatrix_describe(im, dataset, (uint32_t)q.nseq, (uint32_t)q.longest);
+    if (!st)
         st = stz_imatrix_save(im, out, o.c.force, &err);
-    }
     rc = st ? cli_fail(&err) : report(&o, model, out, im, &q, cli_now() - t0);
     free(out);
     stz_imatrix_free(im);

@@ -24,7 +24,8 @@ static const char synth_help[] =
     "  --seed N            random seed (default 1)\n"
     "  --layers N          N decoder layers instead of the architecture's (1..1024)\n"
     "  --shards N          a Hugging Face directory FILE of N shards (whole tensors,\n"
-    "                      cut by bytes), model.safetensors.index.json and config.json\n"
+    "                      cut by bytes), model.safetensors.index.json, config.json\n"
+    "                      and a small byte-level tokenizer.json\n"
     "  --sparsity S        a pruned model: S in [0, 1) zeroes that fraction of the\n"
     "                      smallest values of each linear weight (not embeddings or\n"
     "                      the head), or 2:4 keeps the 2 largest of every 4\n"
@@ -108,9 +109,12 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
             st->exp_entropy_bits -= q * log2(q);
         }
     cJSON_AddNumberToObject(meta, "total_size", total);
-    char *text = cJSON_Print(index);
-    const char *files[2] = {"model.safetensors.index.json", "config.json"}, *body[2] = {text, config};
-    for (int k = 0; !s && k < 2; k++) {
+    char *text = cJSON_Print(index), *hf_config = NULL, *tokenizer = NULL;
+    if (!s && config)
+        s = stz_synth_hf_files(config, &hf_config, &tokenizer, err);
+    const char *files[3] = {"model.safetensors.index.json", "config.json", "tokenizer.json"},
+               *body[3] = {text, hf_config, tokenizer};
+    for (int k = 0; !s && k < 3; k++) {
         snprintf(f, sizeof f, "%s/%s", tmp, files[k]);
         FILE *o = fopen(f, "wx");
         if (!body[k] || !o || fputs(body[k], o) < 0 || fputc('\n', o) < 0 || fclose(o)) {
@@ -118,7 +122,7 @@ static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t ns
             o = NULL;
         }
     }
-    free(text), free(config);
+    free(text), free(config), free(hf_config), free(tokenizer);
     cJSON_Delete(index);
     if (!s && stz_rename_noreplace(tmp, dir))
         s = stz_err_set(err, STZ_E_EXISTS, "%s: cannot rename the finished directory into place: %s", dir,

@@ -10,6 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The options and exit status tune and gguf share. */
+#define COMMON_HELP                                                                                                    \
+    "  -T N                threads (default: all cores)\n"                                                             \
+    "  -f, --force         replace existing outputs\n"                                                                 \
+    "  --json              the report as JSON on standard output\n"                                                    \
+    "  -q, --quiet         no progress, no report\n"                                                                   \
+    "  -h, --help          this text\n\n"                                                                              \
+    "Exit status: 0 ok, 1 error, 2 usage, 3 the budget cannot be met (the\n"
+
 static const char tune_help[] =
     "usage: stz tune MODEL BUDGET [options]\n"
     "       stz compress MODEL --tune BUDGET [options] -o OUT.stz\n"
@@ -62,30 +71,63 @@ static const char tune_help[] =
     "  --no-verify         do not compress and measure the choice\n"
     "  -o FILE             tune: the policy (default MODEL's name + .tune.json);\n"
     "                      compress --tune: the container, or with --gguf the GGUF\n"
-    "                      file (its policy with --save-policy FILE)\n"
-    "  -T N                threads (default: all cores)\n"
-    "  -f, --force         replace existing outputs\n"
-    "  --json              the report as JSON on standard output\n"
-    "  -q, --quiet         no progress, no report\n"
-    "  -h, --help          this text\n\n"
-    "Exit status: 0 ok, 1 error, 2 usage, 3 the budget cannot be met (the\n"
+    "                      file (its policy with --save-policy FILE)\n" COMMON_HELP
     "closest feasible point is reported; nothing is written).\n";
 
-static int number(const char *opt, const char *arg, double lo, double hi, double *v)
+static const char gguf_help[] =
+    "usage: stz gguf MODEL BUDGET -o OUT.gguf [options]\n\n"
+    "The best GGUF file for llama.cpp that stz makes for a budget, in one\n"
+    "command: MODEL (a file, a folder holding model.safetensors, or a sharded\n"
+    "folder; config.json and tokenizer.json found beside it) calibrated on its\n"
+    "own sampled sequences (an importance matrix, and error feedback for every\n"
+    "block type), each matrix given the llama.cpp type that gives the lowest KL\n"
+    "divergence of the model's outputs for the budget, exported, run against\n"
+    "the original and corrected when the budget is missed (stz compress --tune\n"
+    "--gguf --feedback, calibrated). Llama-family models (those stz eval\n"
+    "--forward runs).\n\n"
+    "BUDGET, one of:\n"
+    "  --like TYPE         the size of the file llama.cpp's llama-quantize TYPE\n"
+    "                      makes of this model (its own per-tensor rules and\n"
+    "                      fallbacks, computed): q4_0, q4_1, q5_0, q5_1, q8_0,\n"
+    "                      iq4_nl, iq4_xs, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s,\n"
+    "                      q4_k_m, q5_k_s, q5_k_m, q6_k\n"
+    "  --bits-per-weight B at most B bits per parameter of tensor data, as\n"
+    "                      llama.cpp counts (the file less its header)\n"
+    "  --size BYTES        a file of at most BYTES (suffixes K, M, G)\n"
+    "  --max-kl K          the smallest file with mean KL at most K nats/token\n\n"
+    "  --fast              no calibration: neither the importance matrix nor\n"
+    "                      error feedback (faster; higher KL at the same size)\n"
+    "  --imatrix FILE      this importance matrix instead of one collected\n"
+    "  --tokens FILE       sequences to calibrate and measure on, instead of\n"
+    "                      sampled ones (one per line, token ids split by spaces)\n"
+    "  --candidates LIST   as stz tune --gguf takes it\n"
+    "  --no-pad            the model's own FFN width (no padded blocks)\n"
+    "  --tokenizer FILE    the tokenizer (default: tokenizer.json beside MODEL)\n"
+    "  --pad-vocab         as stz export --gguf takes it\n"
+    "  --name NAME         the GGUF's general.name\n"
+    "  --config FILE       the model's config.json\n"
+    "  --save-policy FILE  the chosen policy too (stz compress --policy)\n"
+    "  --plot FILE.svg     the Pareto curve (size against predicted KL)\n"
+    "  -o FILE             the GGUF file\n" COMMON_HELP "smallest file is reported; nothing is written).\n";
+
+static int number(const char *cmd, const char *opt, const char *arg, double lo, double hi, double *v)
 {
     size_t n = strlen(arg);
     char c = n > 1 && !strcmp(opt, "--size") ? arg[n - 1] : 0, num[64];
     double mul = c == 'K' || c == 'k' ? 1024.0 : c == 'M' ? 1048576.0 : c == 'G' ? 1073741824.0 : 1;
     if (mul == 1 || n >= sizeof num)
-        return cli_number("tune", opt, arg, lo, hi, v);
+        return cli_number(cmd, opt, arg, lo, hi, v);
     snprintf(num, sizeof num, "%.*s", (int)n - 1, arg); /* the number before the suffix */
-    int rc = cli_number("tune", opt, num, lo / mul, hi / mul, v);
+    int rc = cli_number(cmd, opt, num, lo / mul, hi / mul, v);
     *v *= mul;
     return rc;
 }
 
-static int parse(int argc, char **argv, tune_opts *o)
+/* stz tune's options, or with gguf stz gguf's (a calibrated compress --tune
+ * --gguf: --like, --fast, bits per weight over tensor data). */
+static int parse(int argc, char **argv, tune_opts *o, int gguf)
 {
+    const char *cmd = gguf ? "gguf" : "tune";
     enum {
         O_SIZE = 256,
         O_RATIO,
@@ -103,7 +145,9 @@ static int parse(int argc, char **argv, tune_opts *o)
         O_NAME,
         O_FEEDBACK,
         O_NOPAD,
-        O_PADVOCAB
+        O_PADVOCAB,
+        O_LIKE,
+        O_FAST
     };
     static const struct option opts[] = {{"size", required_argument, 0, O_SIZE},
                                          {"ratio", required_argument, 0, O_RATIO},
@@ -123,6 +167,8 @@ static int parse(int argc, char **argv, tune_opts *o)
                                          {"feedback", no_argument, 0, O_FEEDBACK},
                                          {"no-pad", no_argument, 0, O_NOPAD},
                                          {"pad-vocab", no_argument, 0, O_PADVOCAB},
+                                         {"like", required_argument, 0, O_LIKE},
+                                         {"fast", no_argument, 0, O_FAST},
                                          CLI_COMMON_LONG,
                                          {0, 0, 0, 0}};
     static const struct {
@@ -134,7 +180,7 @@ static int parse(int argc, char **argv, tune_opts *o)
     o->p.verify = 1;
     const stz_seq_spec defaults = {NULL, 4, 0, 64, 1, 1, 0.9};
     o->p.seqs = defaults;
-    int c, rc, budgets = 0;
+    int c, rc, budgets = 0, fast = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
         switch (c) {
@@ -143,7 +189,10 @@ static int parse(int argc, char **argv, tune_opts *o)
         case O_BPW:
         case O_MAXKL:
             budgets++, o->p.goal = (stz_tune_goal)(c - O_SIZE), o->budget_opt = goals[c - O_SIZE].opt;
-            if ((rc = number(o->budget_opt, optarg, goals[c - O_SIZE].lo, goals[c - O_SIZE].hi, &o->p.amount)) >= 0)
+            if (gguf && c == O_RATIO)
+                return cli_usage_error(cmd, "--ratio does not apply: give --like, --size or --bits-per-weight");
+            if ((rc = number(cmd, o->budget_opt, optarg, goals[c - O_SIZE].lo, goals[c - O_SIZE].hi, &o->p.amount)) >=
+                0)
                 return rc;
             break;
         case O_CAND: o->p.candidates = optarg; break;
@@ -159,26 +208,37 @@ static int parse(int argc, char **argv, tune_opts *o)
         case O_NAME: o->p.name = optarg; break;
         case O_FEEDBACK: o->p.feedback = 1; break;
         case O_NOPAD: o->p.no_pad = 1; break;
+        case O_LIKE: budgets++, o->p.goal = STZ_TUNE_LIKE, o->p.like = optarg, o->budget_opt = "--like"; break;
+        case O_FAST: fast = 1; break;
         default:
-            if ((rc = cli_seq_opt("tune", c, &o->p.seqs)) != -2) {
+            if ((rc = cli_seq_opt(cmd, c, &o->p.seqs)) != -2) {
                 if (rc == -1)
                     break;
                 return rc;
             }
-            if ((rc = cli_common_opt("tune", tune_help, c, &o->c)) != -2) {
+            if ((rc = cli_common_opt(cmd, gguf ? gguf_help : tune_help, c, &o->c)) != -2) {
                 if (rc == -1)
                     break;
                 return rc;
             }
-            return cli_bad_option("tune");
+            return cli_bad_option(cmd);
         }
+        if (gguf ? c == O_TUNE || c == O_GGUF || c == O_NOVERIFY || c == O_FEEDBACK : c == O_LIKE || c == O_FAST)
+            return cli_usage_error(cmd, "%s does not apply%s", argv[optind - 1],
+                                   gguf ? " (stz gguf calibrates, verifies and writes the GGUF)" : ": see stz gguf");
     }
     if (optind != argc - 1)
-        return cli_usage_error("tune", "expected one MODEL");
+        return cli_usage_error(cmd, "expected one MODEL");
     if (budgets != 1)
-        return cli_usage_error("tune", "give exactly one budget: --size, --ratio, --bits-per-weight or --max-kl");
-    if ((rc = cli_seq_check("tune", &o->p.seqs, &defaults)) >= 0)
+        return cli_usage_error(cmd, gguf ? "give exactly one budget: --like, --size, --bits-per-weight or --max-kl"
+                                         : "give exactly one budget: --size, --ratio, --bits-per-weight or --max-kl");
+    if ((rc = cli_seq_check(cmd, &o->p.seqs, &defaults)) >= 0)
         return rc;
+    if (gguf) { /* compress --tune --gguf, calibrated unless --fast */
+        o->compress = o->p.gguf = 1, o->p.feedback = o->p.calibrate = !fast;
+        o->p.goal = o->p.goal == STZ_TUNE_BPW ? STZ_TUNE_DATA_BPW : o->p.goal;
+        return o->c.out ? -1 : cli_usage_error(cmd, "give -o OUT.gguf");
+    }
     if (o->compress && !o->p.verify)
         return cli_usage_error("compress", "--tune writes the verified container: --no-verify does not apply");
     if (!o->p.gguf && (o->p.tokenizer || o->p.name || o->p.pad_vocab))
@@ -211,6 +271,41 @@ static int kl_far(double predicted, double got)
     return got > 1e-3 && (predicted <= 0 || got > 2 * predicted || got < predicted / 2);
 }
 
+/* Why a byte budget cannot be met: the smallest container or file the
+ * candidates make, and its fixed parts. */
+static void smallest_parts(const tune_opts *o, const stz_tune_result *r)
+{
+    const stz_tune *T = &r->T;
+    uint64_t kept = 0, whole = 0;
+    size_t unblocked = 0;
+    for (size_t i = 0; i < T->nt; i++) {
+        const stz_tune_tensor *t = &T->t[i];
+        if (!t->tunable) {
+            kept += t->bytes[0];
+            continue;
+        }
+        size_t best = 0;
+        for (size_t c = 1; c < T->noffered; c++)
+            best = t->bytes[c] < t->bytes[best] ? c : best;
+        if (!strcmp(T->cand[best].name, "keep") || !strcmp(T->cand[best].name, "f16"))
+            unblocked++, whole += t->bytes[best]; /* no block type takes its rows */
+    }
+    uint64_t least = r->sol.pred.bytes, matrices = least - T->extra_bytes - kept;
+    char a[32], b[32], c[32], d[32];
+    fprintf(stderr,
+            "stz: the smallest %s these candidates make is %s bytes (%.3f bits per weight over the tensors' data, "
+            "%.3f over the file): %s of header%s, %s of tensors kept as they are (norms, vectors), %s of "
+            "matrices in their smallest types",
+            o->p.gguf ? "GGUF file" : "container", cli_commas(a, least),
+            T->params ? (double)(least - T->extra_bytes) * 8 / (double)T->params : 0.0,
+            T->params ? (double)least * 8 / (double)T->params : 0.0, cli_commas(b, T->extra_bytes),
+            o->p.gguf ? " and vocabulary" : "", cli_commas(c, kept), cli_commas(d, matrices));
+    if (unblocked)
+        fprintf(stderr, " (%zu of them, %s bytes, as floats: their rows are whole blocks of no type offered)",
+                unblocked, cli_commas(a, whole));
+    fprintf(stderr, "\n");
+}
+
 /* No point of the curve meets the budget: the closest one, exit 3. */
 static int tune_unmet(const tune_opts *o, const char *model, const stz_tune_result *r)
 {
@@ -230,6 +325,8 @@ static int tune_unmet(const tune_opts *o, const char *model, const stz_tune_resu
             "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n",
             model, o->budget_opt, r->kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", r->budget,
             cli_commas(a, r->sol.pred.bytes), r->sol.pred.kl);
+    if (r->kind == STZ_BUDGET_BYTES)
+        smallest_parts(o, r);
     return 3;
 }
 
@@ -298,10 +395,10 @@ static int tune_main(tune_opts *o, const char *model, const char *out)
     return rc;
 }
 
-int cmd_tune(int argc, char **argv)
+static int tune_command(int argc, char **argv, int gguf)
 {
     tune_opts o;
-    int rc = parse(argc, argv, &o);
+    int rc = parse(argc, argv, &o, gguf);
     if (rc >= 0)
         return rc;
     const char *model = argv[optind];
@@ -315,3 +412,6 @@ int cmd_tune(int argc, char **argv)
     free(out);
     return rc;
 }
+
+int cmd_tune(int argc, char **argv) { return tune_command(argc, argv, 0); }
+int cmd_gguf(int argc, char **argv) { return tune_command(argc, argv, 1); }

@@ -81,6 +81,47 @@ stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, con
     return cli_tmp_finish(&t, f, path, force, err);
 }
 
+/* A GGUF written: its bits per weight over the tensors' data (llama.cpp's
+ * count: the file less its header) and over the file; the smallest of
+ * llama-quantize's files of this model at least as large (-1: none). */
+static int gguf_figures(const stz_tune_result *r, const stz_tune_check *m, double *data_bpw, double *file_bpw)
+{
+    double params = (double)r->T.params, header = (double)r->T.extra_bytes;
+    *data_bpw = params > 0 ? ((double)m->bytes - header) * 8 / params : 0;
+    *file_bpw = params > 0 ? (double)m->bytes * 8 / params : 0;
+    int match = -1;
+    for (int i = 0; i < STZ_GGUF_LIKE_COUNT; i++)
+        if (r->gguf.like_bytes[i] >= m->bytes && (match < 0 || r->gguf.like_bytes[i] < r->gguf.like_bytes[match]))
+            match = i;
+    return match;
+}
+
+static void gguf_json(cJSON *d, const stz_tune_result *r, const stz_tune_check *m)
+{
+    double data_bpw, file_bpw;
+    int match = gguf_figures(r, m, &data_bpw, &file_bpw);
+    cJSON_AddNumberToObject(d, "bits_per_weight", data_bpw);
+    cJSON_AddNumberToObject(d, "file_bits_per_weight", file_bpw);
+    cJSON_AddNumberToObject(d, "header_bytes", (double)r->T.extra_bytes);
+    cli_like_json(d, &r->gguf);
+    if (match >= 0)
+        cJSON_AddStringToObject(d, "like", stz_gguf_like_name(match));
+}
+
+static void gguf_text(const stz_tune_result *r, const stz_tune_check *m)
+{
+    double data_bpw, file_bpw;
+    int match = gguf_figures(r, m, &data_bpw, &file_bpw);
+    char a[32], b[32];
+    printf(
+        "bits per weight: %.3f over the tensors' data (llama.cpp's count), %.3f over the file (header %s "
+        "bytes)\n",
+        data_bpw, file_bpw, cli_commas(a, r->T.extra_bytes));
+    if (match >= 0)
+        printf("llama.cpp's nearest file at least as large: llama-quantize %s, %s bytes\n", stz_gguf_like_name(match),
+               cli_commas(b, r->gguf.like_bytes[match]));
+}
+
 /* Longer than most: the --json document or the text report, one entry or
  * line per figure, from the same figures and in the same order. */
 int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune_result *r)
@@ -141,6 +182,8 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
             cJSON_AddItemToArray(cv, p);
         }
         cJSON_AddItemToObject(d, "pareto", cv);
+        if (o->compress && o->p.gguf && m)
+            gguf_json(d, r, m);
         return cli_print_json(d);
     }
     if (o->c.quiet)
@@ -172,5 +215,7 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
                s->pred.kl > 0 ? 100.0 * (m->fwd.kl_mean / s->pred.kl - 1) : 0.0, 100 * m->fwd.top1,
                100 * m->fwd.ppl_change);
     printf("\n%s: %s\n", o->compress ? (o->p.gguf ? "gguf" : "container") : "policy", out);
+    if (o->compress && o->p.gguf && m)
+        gguf_text(r, m);
     return CLI_OK;
 }

@@ -338,6 +338,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
         goto cleanup;
     }
     stats->file_bytes = head.n + x.total;
+    stz_gguf_like_sizes(x.t, x.n, c, !strcmp(arch, "qwen2"), stats->header_bytes, stats->like_bytes);
     if (!out)
         goto cleanup; /* the figures only */
     STZ_TRY(st, stz_outfile_open(&x.of, out, (p->write_flags & STZ_WRITE_FORCE) != 0, err));

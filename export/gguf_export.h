@@ -52,4 +52,10 @@ stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err);
 stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
                       int pad_vocab, uint32_t *padded, stz_err *err);
 
+/* stats->like_bytes: the file llama-quantize makes of the n tensors t
+ * (planned in the model's own types, their GGUF names and shapes; a Qwen2
+ * model or not) under each of its types, with this header (gguf_like.c). */
+void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, uint64_t header,
+                         uint64_t *out);
+
 #endif /* STZ_GGUF_EXPORT_H */

@@ -25,6 +25,9 @@
 extern "C" {
 #endif
 
+/* The llama-quantize types stz_gguf_stats.like_bytes covers. */
+#define STZ_GGUF_LIKE_COUNT 16
+
 typedef struct {
     int type;              /* float 2-D tensors: STZ_GGML_AUTO (default) or a type */
     int requantize;        /* quantized tensors GGUF cannot hold exactly: write them
@@ -67,7 +70,16 @@ typedef struct {
     uint64_t header_bytes;     /* the header before its padding to the data's alignment */
     uint64_t file_bytes;
     char arch[16]; /* "llama" or "qwen2" */
+    /* per type of llama-quantize (stz_gguf_like_name): the bytes of the file
+     * it would make of this model without an importance matrix, by its own
+     * per-tensor rules and fallbacks, this header kept */
+    uint64_t like_bytes[STZ_GGUF_LIKE_COUNT];
 } stz_gguf_stats;
+
+/* llama-quantize's types whose sizes stz computes: i-th's name ("q4_k_m"),
+ * NULL past the last; the index of a name (any case), -1 if not one. */
+STZ_API const char *stz_gguf_like_name(int i);
+STZ_API int stz_gguf_like_parse(const char *name);
 
 /* Exports the model in `files` (one checkpoint's shards, opened by the
  * caller; `dir` is its directory, where tokenizer.json may be; NULL: the

@@ -179,6 +179,20 @@ STZ_API stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, 
                                           const stz_seq_spec *seqs, const char *config, int threads,
                                           const stz_stages *progress, int quiet, stz_err *err);
 
+/* An importance matrix's sequences unless told otherwise (stz imatrix's):
+ * 16 of 128 tokens sampled, seed 1. */
+// clang-format off
+#define STZ_IMATRIX_SEQS {NULL, 16, 0, 128, 1, 1, 0.9}
+// clang-format on
+/* Collects into im the importance of the open model m's matrices over the
+ * sequences seqs asks for (NULL: STZ_IMATRIX_SEQS): sampled ones as they
+ * are sampled (one pass), read ones run after (stz_imatrix_collect);
+ * described as "stz imatrix: N sequences, SOURCE". *q: the sequences, for
+ * the caller to free; source (STZ_SEQS_SOURCE_MAX bytes) where they came
+ * from. label names the model. */
+STZ_API stz_status stz_imatrix_sample(struct stz_imatrix *im, stz_fwd *m, const stz_seq_spec *seqs, const char *label,
+                                      const stz_stages *progress, int quiet, stz_seqs *q, char *source, stz_err *err);
+
 typedef struct {
     stz_policy *policy;                /* NULL: lossless, every file packed as it is */
     const struct stz_imatrix *imatrix; /* NULL: none (stz_quant_params) */

@@ -62,6 +62,12 @@ STZ_API stz_status stz_synth_arch_size(const char *arch, size_t *tensors, uint64
  * STZ_E_INTERRUPTED (progress callback asked to stop; no file is left). */
 STZ_API stz_status stz_synth_write(const stz_synth_params *p, const char *path, stz_synth_stats *stats, stz_err *err);
 
+/* A generated model's Hugging Face files, from its file's "config"
+ * metadata: config.json (model_type and the keys transformers and
+ * llama.cpp's converter read) and a byte-level BPE tokenizer.json whose
+ * ids cover its vocabulary, "<|endoftext|>" last (malloc'd texts). */
+STZ_API stz_status stz_synth_hf_files(const char *meta_config, char **config, char **tokenizer, stz_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,7 @@
 
 #include "stz.h"
 #include "stz_experimental.h"
+#include "stz_export.h"
 #include "stz_forward.h"
 #include "stz_pack.h"
 #include "stz_pipeline.h"
@@ -191,8 +192,18 @@ STZ_API char *stz_tune_policy(const stz_tune *T, const char *description);
 /* ---- a whole tune (stz tune, compress --tune) ------------------------ */
 
 /* The budget: container (with gguf: GGUF file) bytes, the model's bytes
- * over them, bits per parameter, or the mean KL of the model's outputs. */
-typedef enum { STZ_TUNE_SIZE, STZ_TUNE_RATIO, STZ_TUNE_BPW, STZ_TUNE_MAX_KL } stz_tune_goal;
+ * over them, bits per parameter, the mean KL of the model's outputs, or
+ * bits per parameter of the tensors' data (the file less its header and
+ * index: llama.cpp's count), or (gguf) the size of llama.cpp's file of a
+ * type. */
+typedef enum {
+    STZ_TUNE_SIZE,
+    STZ_TUNE_RATIO,
+    STZ_TUNE_BPW,
+    STZ_TUNE_MAX_KL,
+    STZ_TUNE_DATA_BPW,
+    STZ_TUNE_LIKE /* gguf: the file llama-quantize `like` makes (stz_gguf_stats.like_bytes) */
+} stz_tune_goal;
 
 /* The verification's correction rounds: a missed budget is solved again
  * with the prediction corrected by what was measured, at most this often. */
@@ -201,9 +212,12 @@ typedef enum { STZ_TUNE_SIZE, STZ_TUNE_RATIO, STZ_TUNE_BPW, STZ_TUNE_MAX_KL } st
 typedef struct {
     stz_tune_goal goal;
     double amount;                /* in the goal's unit */
+    const char *like;             /* STZ_TUNE_LIKE: llama-quantize's type (stz_gguf_like_name) */
     const char *candidates;       /* stz_tune_parse_candidates's list; NULL: stz_tune_candidate_set's
                              * "gguf" or "default" */
-    const char *imatrix;          /* an importance matrix's path (stz_imatrix_load_for), NULL: none */
+    const char *imatrix;          /* an importance matrix's path (stz_imatrix_load_for), NULL: none, */
+    int calibrate;                /* or with calibrate, one collected from the model's own sequences
+                                   * (stz_imatrix_sample: STZ_IMATRIX_SEQS, or seqs.path's) */
     stz_seq_spec seqs;            /* the sequences measured on; from a file (seqs.path), error feedback's too */
     const char *config;           /* the model's config.json, NULL: found (stz_fwd_config_find) */
     int feedback;                 /* every block candidate with error feedback (stz_tune_cands_feedback) */
@@ -236,6 +250,8 @@ typedef struct {
     stz_tune_check check[1 + STZ_TUNE_CORRECTIONS]; /* the verification, then each correction's */
     int checks;
     char source[STZ_SEQS_SOURCE_MAX]; /* where the sequences came from */
+    stz_gguf_stats gguf;              /* gguf: the model exported with every tensor kept (header_bytes,
+                                       * like_bytes: llama.cpp's file of each type) */
 } stz_tune_result;
 
 /* 1 if what check measured misses r's budget. */

@@ -64,6 +64,29 @@ stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_poli
     return st;
 }
 
+stz_status stz_imatrix_sample(stz_imatrix *im, stz_fwd *m, const stz_seq_spec *seqs, const char *label,
+                              const stz_stages *progress, int quiet, stz_seqs *q, char *source, stz_err *err)
+{
+    const stz_seq_spec defaults = STZ_IMATRIX_SEQS;
+    const stz_seq_spec *s = seqs ? seqs : &defaults;
+    stz_stage g = stz_stage_open(progress, "sampling", quiet || s->path);
+    stz_fwd_set_imatrix(m, s->path ? NULL : im); /* sampled: collected as they are sampled */
+    stz_status st = stz_seqs_get(s, m, label, stz_stage_step, &g, q, source, err);
+    stz_fwd_set_imatrix(m, NULL);
+    stz_stage_close(&g);
+    if (!st && s->path) {
+        g = stz_stage_open(progress, "imatrix", quiet);
+        st = stz_imatrix_collect(im, m, q->tok, q->nseq, 0, q->lens, stz_stage_step, &g, err);
+        stz_stage_close(&g);
+    }
+    if (!st) {
+        char dataset[STZ_SEQS_SOURCE_MAX + 64];
+        snprintf(dataset, sizeof dataset, "stz imatrix: %zu sequences, %s", q->nseq, source);
+        stz_imatrix_describe(im, dataset, (uint32_t)q->nseq, (uint32_t)q->longest);
+    }
+    return st;
+}
+
 /* ---- the files ------------------------------------------------------- */
 
 typedef struct {

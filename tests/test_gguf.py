@@ -708,12 +708,12 @@ TYPE_NO = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_k": 10, "q
            "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "f16": 1, "f32": 0}
 
 
-def wide_dir(tmp_path, name="w"):
-    """A one-layer Llama whose rows are all whole 256-blocks (hidden 256,
-    ffn 512, vocabulary 256), weights with per-row magnitudes and a few
-    outliers, so that every type's blocks are exercised."""
+def wide_dir(tmp_path, name="w", layers=1, kv_heads=2, tied=False):
+    """A Llama whose rows are all whole 256-blocks (hidden 256, ffn 512,
+    vocabulary 256; one layer unless told), weights with per-row magnitudes
+    and a few outliers, so that every type's blocks are exercised."""
     rng = np.random.default_rng(7)
-    H, F, V = 256, 512, 256
+    H, F, V, KV = 256, 512, 256, 64 * kv_heads
 
     def mat(r, c, s=1.0):
         w = rng.standard_normal((r, c)) * s / np.sqrt(c) * np.exp(rng.standard_normal((r, 1)) * 0.3)
@@ -721,18 +721,23 @@ def wide_dir(tmp_path, name="w"):
         return w.astype(np.float32)
 
     t = {"model.embed_tokens.weight": mat(V, H, 16), "model.norm.weight": np.ones(H, np.float32),
-         "lm_head.weight": mat(V, H, 4), "model.layers.0.input_layernorm.weight": np.ones(H, np.float32),
-         "model.layers.0.post_attention_layernorm.weight": np.ones(H, np.float32)}
-    for k, (r, c) in {"self_attn.q_proj": (H, H), "self_attn.k_proj": (128, H), "self_attn.v_proj": (128, H),
-                      "self_attn.o_proj": (H, H), "mlp.gate_proj": (F, H), "mlp.up_proj": (F, H),
-                      "mlp.down_proj": (H, F)}.items():
-        t["model.layers.0.%s.weight" % k] = mat(r, c, 2)
+         "lm_head.weight": mat(V, H, 4)}
+    for l in range(layers):
+        t["model.layers.%d.input_layernorm.weight" % l] = np.ones(H, np.float32)
+        t["model.layers.%d.post_attention_layernorm.weight" % l] = np.ones(H, np.float32)
+        for k, (r, c) in {"self_attn.q_proj": (H, H), "self_attn.k_proj": (KV, H), "self_attn.v_proj": (KV, H),
+                          "self_attn.o_proj": (H, H), "mlp.gate_proj": (F, H), "mlp.up_proj": (F, H),
+                          "mlp.down_proj": (H, F)}.items():
+            t["model.layers.%d.%s.weight" % (l, k)] = mat(r, c, 2)
+    if tied:
+        del t["lm_head.weight"]
     m = tmp_path / name
     m.mkdir()
     save(m / "model.safetensors", t)
-    cfg = dict(model_type="llama", hidden_size=H, intermediate_size=F, num_attention_heads=4, num_key_value_heads=2,
-               num_hidden_layers=1, vocab_size=V, max_position_embeddings=128, rope_theta=10000.0,
-               rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=255, eos_token_id=255, tie_word_embeddings=False)
+    cfg = dict(model_type="llama", hidden_size=H, intermediate_size=F, num_attention_heads=4,
+               num_key_value_heads=kv_heads, num_hidden_layers=layers, vocab_size=V, max_position_embeddings=128,
+               rope_theta=10000.0, rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=255, eos_token_id=255,
+               tie_word_embeddings=tied)
     (m / "config.json").write_text(json.dumps(cfg))
     (m / "tokenizer.json").write_text(json.dumps(tiny_tokenizer()))
     return m
@@ -1252,3 +1257,156 @@ def test_tune_gguf_refusals(tmp_path):
     assert not (tmp_path / "p.json").exists()
     r = stz("tune", m, "--tokenizer", TOK, "--size", "1M", ok=False)
     assert r.returncode == 2 and "--tokenizer, --name and --pad-vocab are for --gguf" in r.stderr
+
+
+# ---- stz gguf: the one command ---------------------------------------------------------
+
+LLAMA_FTYPE = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k_s": 11, "q3_k_m": 12,
+               "q3_k_l": 13, "q4_k_s": 14, "q4_k_m": 15, "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25,
+               "iq4_xs": 30}
+
+
+class QuantizeParams(ctypes.Structure):  # llama.h's llama_model_quantize_params: its leading fields, then room
+    _fields_ = [("nthread", ctypes.c_int32), ("ftype", ctypes.c_int32), ("rest", ctypes.c_char * 248)]
+
+
+def llama_quantize(src, dst, ftype):
+    """llama.cpp's own llama_model_quantize (node-llama-cpp's libllama), no
+    importance matrix: 0 when it wrote dst."""
+    d = os.path.dirname(ggml_lib())
+    for so in ["libggml-base.so"] + glob.glob(os.path.join(d, "libggml.v*.so")):
+        ctypes.CDLL(os.path.join(d, so), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(glob.glob(os.path.join(d, "libllama.v*.so"))[0])
+    lib.llama_model_quantize_default_params.restype = QuantizeParams
+    lib.llama_model_quantize.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(QuantizeParams)]
+    lib.llama_backend_init()
+    p = lib.llama_model_quantize_default_params()
+    p.ftype, p.nthread = LLAMA_FTYPE[ftype], 1
+    return lib.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p))
+
+
+@need_lib
+@pytest.mark.parametrize("shape", [dict(), dict(layers=8, kv_heads=1, tied=True)])
+def test_like_sizes_are_llama_quantize(tmp_path, shape):
+    """The sizes stz computes for llama-quantize's types (its per-tensor
+    rules: the head in Q6_K, attn_v and ffn_down in more bits on chosen
+    layers, the GQA rules, a tied embedding as the head) are the bytes
+    llama.cpp's own quantizer writes from the same F32 GGUF, for every
+    type, on one layer and on eight with a tied embedding and 4 query
+    heads per key head."""
+    m = wide_dir(tmp_path, **shape)
+    f32 = tmp_path / "f32.gguf"
+    like = json.loads(stz("export", "--gguf", m, "-o", f32, "--json").stdout)["llama_quantize_bytes"]
+    assert sorted(like) == sorted(LLAMA_FTYPE)
+    for name in LLAMA_FTYPE:
+        out = tmp_path / (name + ".gguf")
+        assert llama_quantize(f32, out, name) == 0, name
+        assert os.path.getsize(out) == like[name], name
+
+
+@need_data
+def test_like_impossible_refused(tmp_path):
+    """stories260K's 172-wide down projections: llama-quantize cannot make
+    its 32-block types of it ("Unsupported tensor size"), so --like q4_0
+    is refused before any work, naming why; a name it does not know lists
+    the ones it does."""
+    g = tmp_path / "g.gguf"
+    r = stz("gguf", F32, "--like", "q4_0", "--tokenizer", TOK, "-o", g, ok=False)
+    assert r.returncode == 1 and "llama-quantize q4_0 cannot make a file of this model" in r.stderr
+    r = stz("gguf", F32, "--like", "q4_k_x", "--tokenizer", TOK, "-o", g, ok=False)
+    assert r.returncode == 1 and "q4_0, q4_1, q5_0" in r.stderr and "q4_k_m" in r.stderr
+    assert not g.exists()
+
+
+@need_data
+def test_budget_explained(tmp_path):
+    """A bits-per-weight budget below the smallest file: exit 3, nothing
+    written, the smallest file named with its fixed parts and its bits per
+    weight both ways; with --no-pad, the down projections no block type
+    takes are counted."""
+    g = tmp_path / "g.gguf"
+    r = stz("gguf", F32, "--bits-per-weight", "4.5", "--tokenizer", TOK, "-o", g, "--no-pad", "--fast", ok=False)
+    assert r.returncode == 3 and not g.exists()
+    assert "the smallest GGUF file these candidates make is" in r.stderr
+    assert "of header and vocabulary" in r.stderr and "over the tensors' data" in r.stderr
+    assert "5 of them" in r.stderr and "rows are whole blocks of no type offered" in r.stderr
+
+
+def test_gguf_usage(tmp_path):
+    """stz gguf calibrates, verifies and writes the GGUF itself: tune's
+    --feedback, --no-verify, --gguf and --tune are refused; tune takes no
+    --like or --fast; -o is required."""
+    m = wide_dir(tmp_path)
+    for extra in (["--feedback"], ["--no-verify"], ["--ratio", "4"]):
+        r = stz("gguf", m, "--like", "q4_k_m", "-o", tmp_path / "g.gguf", *extra, ok=False)
+        assert r.returncode == 2 and extra[0] in r.stderr, r.stderr
+    r = stz("gguf", m, "--like", "q4_k_m", ok=False)
+    assert r.returncode == 2 and "give -o OUT.gguf" in r.stderr
+    r = stz("tune", m, "--like", "q4_k_m", ok=False)
+    assert r.returncode == 2 and "see stz gguf" in r.stderr
+
+
+@need_lib
+def test_gguf_like_q4_k_m(tmp_path):
+    """The one command at llama.cpp's Q4_K_M size of an eight-layer model:
+    no larger than llama.cpp's own file, its bits per weight stated both
+    ways, calibrated (the policy says so), lower KL than --fast at the same
+    budget and than llama.cpp's Q4_K_M file itself; llama.cpp runs it."""
+    m = wide_dir(tmp_path, layers=8, kv_heads=1)
+    f32, ref = tmp_path / "f32.gguf", tmp_path / "ref.gguf"
+    stz("export", "--gguf", m, "-o", f32, "-q")
+    assert llama_quantize(f32, ref, "q4_k_m") == 0
+    runs = {}
+    for mode in ("calibrated", "fast"):
+        g, pol = tmp_path / (mode + ".gguf"), tmp_path / (mode + ".json")
+        runs[mode] = json.loads(stz("gguf", m, "--like", "q4_k_m", "-o", g, "--save-policy", pol, "--json",
+                                    *(["--fast"] if mode == "fast" else [])).stdout)
+        r = runs[mode]
+        assert os.path.getsize(g) == r["measured_bytes"] <= os.path.getsize(ref)
+        assert r["like"] == "q4_k_m" and r["llama_quantize_bytes"]["q4_k_m"] == os.path.getsize(ref)
+        data = (r["measured_bytes"] - r["header_bytes"]) * 8
+        params = sum(e["params"] for e in r["tensors"])
+        assert r["bits_per_weight"] == pytest.approx(data / params)
+        assert r["file_bits_per_weight"] == pytest.approx(r["measured_bytes"] * 8 / params)
+        assert ("importance:" in json.loads(pol.read_text())["description"]) == (mode == "calibrated")
+    ev = json.loads(stz("eval", "--forward", m, ref, "--sequences", "4", "--seq-len", "64", "--json").stdout)
+    assert runs["calibrated"]["measured_kl"] < runs["fast"]["measured_kl"], runs
+    assert runs["calibrated"]["measured_kl"] < ev["kl"]["mean"], (runs["calibrated"]["measured_kl"], ev["kl"])
+    if engine():
+        run_engine(tmp_path, tmp_path / "calibrated.gguf", [255] + list(range(40)))
+
+
+@need_engine
+def test_gguf_from_generated_folder(tmp_path):
+    """stz synth --shards writes a Hugging Face folder with model_type and a
+    byte-level tokenizer.json covering the vocabulary; stz gguf takes the
+    folder as it is (config and tokenizer found beside the shards) and
+    llama.cpp runs the file, its tokenizer merging the words."""
+    m = tmp_path / "m"
+    stz("synth", "tiny", "--dtype", "f32", "--shards", "2", "-o", m, "-q")
+    cfg = json.loads((m / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["eos_token_id"] == 255
+    tok = json.loads((m / "tokenizer.json").read_text())
+    assert len(tok["model"]["vocab"]) + len(tok["added_tokens"]) == cfg["vocab_size"]
+    g = tmp_path / "m.gguf"
+    r = json.loads(stz("gguf", m, "--like", "q4_k_m", "-o", g, "--json").stdout)
+    assert os.path.getsize(g) == r["measured_bytes"] <= r["llama_quantize_bytes"]["q4_k_m"]
+    _, o = run_engine(tmp_path, g, [255] + list(range(20)), text="abc")
+    assert len(o["tokenized"]) >= 1
+
+
+def test_generated_tokenizer_sizes(tmp_path):
+    """Every generated architecture's folder: a tokenizer whose ids are
+    exactly 0 .. vocab_size - 1 (words past the byte symbols, each merged
+    from its prefix and its last letter)."""
+    for arch in ("small", "tiny", "gpt-neo-tiny"):
+        m = tmp_path / arch
+        stz("synth", arch, "--layers", "1", "--shards", "1", "-o", m, "-q")
+        cfg = json.loads((m / "config.json").read_text())
+        tok = json.loads((m / "tokenizer.json").read_text())
+        ids = sorted(list(tok["model"]["vocab"].values()) + [a["id"] for a in tok["added_tokens"]])
+        assert ids == list(range(cfg["vocab_size"])), arch
+        vocab = tok["model"]["vocab"]
+        for merge in tok["model"]["merges"][:3000]:
+            a, b = merge.split(" ")
+            assert a in vocab and b in vocab and a + b in vocab, merge

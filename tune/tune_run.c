@@ -36,7 +36,8 @@ typedef struct {
     stz_tmpfile tcc;     /* gguf: the container exported */
 } tune_run;
 
-static const char *const goal_opt[] = {"--size", "--ratio", "--bits-per-weight", "--max-kl"};
+static const char *const goal_opt[] = {"--size",   "--ratio",           "--bits-per-weight",
+                                       "--max-kl", "--bits-per-weight", "--like"};
 
 static stz_gguf_params gguf_params(const stz_tune_run_params *p)
 {
@@ -71,10 +72,42 @@ static int any_feedback(const tune_run *t)
 static stz_status gguf_check(tune_run *t, stz_err *err)
 {
     stz_gguf_params gp = gguf_params(t->p);
-    stz_gguf_stats gs;
-    stz_status st = stz_gguf_export(&gp, t->S.m, t->S.n, &t->cfg, t->cfg_json, t->model, NULL, NULL, &gs, err);
-    t->gguf_keep = gs.file_bytes;
-    t->gguf_widen = gguf_padded(gs.header_bytes + STZ_GGUF_KEY_FFN_BYTES) - gguf_padded(gs.header_bytes);
+    stz_gguf_stats *gs = &t->r->gguf;
+    stz_status st = stz_gguf_export(&gp, t->S.m, t->S.n, &t->cfg, t->cfg_json, t->model, NULL, NULL, gs, err);
+    if (!st && t->p->goal == STZ_TUNE_LIKE && !gs->like_bytes[stz_gguf_like_parse(t->p->like)])
+        return stz_err_set(err, STZ_E_ARG,
+                           "%s: llama-quantize %s cannot make a file of this model: a matrix's rows are not whole "
+                           "blocks of its type or of the fallback it allows (llama.cpp: \"Unsupported tensor size "
+                           "encountered\"); give another --like, --size or --bits-per-weight",
+                           t->model, t->p->like);
+    t->gguf_keep = gs->file_bytes;
+    t->gguf_widen = gguf_padded(gs->header_bytes + STZ_GGUF_KEY_FFN_BYTES) - gguf_padded(gs->header_bytes);
+    return st;
+}
+
+/* STZ_TUNE_LIKE of a type stz does not compute (or without gguf). */
+static stz_status like_unknown(const char *like, stz_err *err)
+{
+    char names[256] = "";
+    for (int i = 0; stz_gguf_like_name(i); i++) {
+        size_t n = strlen(names);
+        snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", stz_gguf_like_name(i));
+    }
+    return stz_err_set(err, STZ_E_ARG, "--like %s: a GGUF budget takes one of llama-quantize's types: %s",
+                       like ? like : "(none)", names);
+}
+
+/* calibrate: the importance matrix of the model's own sequences (the
+ * tokens file's when given), as stz imatrix collects it. */
+static stz_status calibrate(tune_run *t, stz_err *err)
+{
+    const stz_tune_run_params *p = t->p;
+    stz_seqs q = {0};
+    char source[STZ_SEQS_SOURCE_MAX];
+    stz_status st = stz_imatrix_new(&t->im, err);
+    if (!st)
+        st = stz_imatrix_sample(t->im, t->fwd, feedback_seqs(p), t->model, p->progress, p->quiet, &q, source, err);
+    stz_seqs_free(&q);
     return st;
 }
 
@@ -87,6 +120,8 @@ static stz_status tune_open(tune_run *t, stz_err *err)
     stz_status st = STZ_OK;
     if (p->out && !p->verify)
         return stz_err_set(err, STZ_E_ARG, "%s: a tune writes the verified container: verify it", p->out);
+    if (p->goal == STZ_TUNE_LIKE && (!p->gguf || stz_gguf_like_parse(p->like) < 0))
+        return like_unknown(p->like, err);
     if ((p->out && (st = stz_output_check(p->out, p->write_flags & STZ_WRITE_FORCE, err))) ||
         (st = stz_tune_parse_candidates(list, &t->cand, &t->ncand, err)) ||
         (st = stz_model_set_open(&t->S, t->model, err)) ||
@@ -101,6 +136,8 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         return err->code;
     if ((!found && (st = stz_fwd_no_config(t->model, &t->S, err))) || (p->gguf && (st = gguf_check(t, err))) ||
         (st = stz_fwd_open(&t->fwd, t->S.m, t->S.n, &t->cfg, t->model, p->threads, err)))
+        return st;
+    if (p->calibrate && !p->imatrix && (st = calibrate(t, err)))
         return st;
     stz_fwd_set_keep(t->fwd, 0); /* sampling rereads the weights: memory stays one layer's, whatever the depth */
     stz_stage g = stz_stage_open(p->progress, "sampling", p->quiet || p->seqs.path);
@@ -171,9 +208,11 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
     double model_bytes = (double)stz_path_bytes(t->model, 0);
     extra_bytes(t, model_bytes);
     r->kind = p->goal == STZ_TUNE_MAX_KL ? STZ_BUDGET_KL : STZ_BUDGET_BYTES;
-    r->budget = p->goal == STZ_TUNE_RATIO ? model_bytes / p->amount
-                : p->goal == STZ_TUNE_BPW ? p->amount * (double)r->T.params / 8
-                                          : p->amount;
+    r->budget = p->goal == STZ_TUNE_RATIO      ? model_bytes / p->amount
+                : p->goal == STZ_TUNE_BPW      ? p->amount * (double)r->T.params / 8
+                : p->goal == STZ_TUNE_DATA_BPW ? p->amount * (double)r->T.params / 8 + (double)r->T.extra_bytes
+                : p->goal == STZ_TUNE_LIKE     ? (double)r->gguf.like_bytes[stz_gguf_like_parse(p->like)]
+                                               : p->amount;
     return STZ_OK;
 }
 
@@ -183,9 +222,16 @@ static stz_status write_policy(tune_run *t, stz_err *err)
     const stz_tune_run_params *p = t->p;
     const char *list = p->candidates ? p->candidates : stz_tune_candidate_set(p->gguf ? "gguf" : "default");
     char desc[512];
-    snprintf(desc, sizeof desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model, goal_opt[p->goal],
-             p->amount, list);
+    if (p->goal == STZ_TUNE_LIKE)
+        snprintf(desc, sizeof desc, "stz gguf of %.200s for --like %.32s (candidates %.200s)", t->model, p->like, list);
+    else
+        snprintf(desc, sizeof desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model, goal_opt[p->goal],
+                 p->amount, list);
     int fb_tokens = feedback_seqs(p) && any_feedback(t);
+    if (t->im && !p->imatrix) { /* calibrate's */
+        size_t n = strlen(desc);
+        snprintf(desc + n, sizeof desc - n, "; importance: %.200s", stz_imatrix_dataset(t->im, NULL));
+    }
     if (p->imatrix || fb_tokens) { /* the figures hold with the importance and calibration the candidates had */
         size_t n = strlen(desc);
         snprintf(desc + n, sizeof desc - n, "; quantize with%s%.200s%s%.200s", p->imatrix ? " --imatrix " : "",

@@ -30,7 +30,7 @@ from . import _lib
 from ._lib import Err, StzError, Tensor, call, cstr, lib, text
 
 __all__ = ["StzError", "safe_open", "load_file", "load_dir", "model_files", "save_file", "command", "compress",
-           "decompress", "evaluate", "tune", "export_gguf"]
+           "decompress", "evaluate", "tune", "export_gguf", "gguf"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -331,6 +331,16 @@ def tune(model: PathLike, dst: Optional[PathLike] = None, force: bool = False, *
     seq_len, tokens, plot, ...). Returns the --json report; "met" is False
     (and nothing is written) when the budget cannot be met."""
     return command("tune", model, output=dst, force=force, **options)
+
+
+def gguf(model: PathLike, dst: PathLike, force: bool = False, **options: Any) -> Dict[str, Any]:
+    """stz gguf: the best GGUF file for llama.cpp for a budget, given as
+    like= (llama-quantize's type: "q4_k_m"...), bits_per_weight=, size= or
+    max_kl=, calibrated on the model's own sequences (fast=True skips it);
+    other options become --key value (tokenizer, tokens, candidates, ...).
+    Returns the --json report ("met" False, nothing written, when the
+    budget cannot be met)."""
+    return command("gguf", model, output=dst, force=force, **options)
 
 
 def _figure(v: float) -> Optional[float]:

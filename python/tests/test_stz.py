@@ -170,6 +170,18 @@ def test_tune(files, tmp_path):
     assert not no["met"] and no["closest_bytes"] > 1000 and not (tmp_path / "no.json").exists()
 
 
+def test_gguf(tmp_path):
+    """The one command from Python: a generated Hugging Face folder to a
+    GGUF at llama-quantize's Q4_K_M size; --fast through fast=True."""
+    m = tmp_path / "m"
+    stz.command("synth", "tiny", "--shards", "1", output=m)
+    r = stz.gguf(m, tmp_path / "m.gguf", like="q4_k_m")
+    assert r["met"] and r["measured_bytes"] <= r["llama_quantize_bytes"]["q4_k_m"]
+    assert (tmp_path / "m.gguf").stat().st_size == r["measured_bytes"]
+    fast = stz.gguf(m, tmp_path / "f.gguf", like="q4_k_m", fast=True)
+    assert fast["measured_kl"] > r["measured_kl"]
+
+
 def test_export_gguf(files, tmp_path):
     tok = tmp_path / "tok.bin"  # a llama2.c tokenizer of the tiny model's 256 tokens
     tok.write_bytes(struct.pack("<i", 8) + b"".join(struct.pack("<fi", -i, 3) + b"t%02x" % i for i in range(256)))

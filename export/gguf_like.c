@@ -1,0 +1,153 @@
+/* The size of the file llama.cpp's llama-quantize TYPE makes of a model
+ * (no importance matrix, not --pure): its per-tensor rules, as
+ * llama_tensor_get_type in llama.cpp's src/llama-quant.cpp gives them for
+ * Llama and Qwen2 models without experts, and its fallbacks for rows that
+ * are not whole 256-blocks. The budget `stz gguf --like TYPE` meets. */
+#include "gguf_export.h"
+#include "quant/ggml_types.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* llama-quantize's types: the name, the type most tensors get. */
+static const struct {
+    const char *name;
+    int type;
+} likes[STZ_GGUF_LIKE_COUNT] = {
+    {"q4_0", STZ_GGML_Q4_0},   {"q4_1", STZ_GGML_Q4_1},     {"q5_0", STZ_GGML_Q5_0},     {"q5_1", STZ_GGML_Q5_1},
+    {"q8_0", STZ_GGML_Q8_0},   {"iq4_nl", STZ_GGML_IQ4_NL}, {"iq4_xs", STZ_GGML_IQ4_XS}, {"q2_k", STZ_GGML_Q2_K},
+    {"q3_k_s", STZ_GGML_Q3_K}, {"q3_k_m", STZ_GGML_Q3_K},   {"q3_k_l", STZ_GGML_Q3_K},   {"q4_k_s", STZ_GGML_Q4_K},
+    {"q4_k_m", STZ_GGML_Q4_K}, {"q5_k_s", STZ_GGML_Q5_K},   {"q5_k_m", STZ_GGML_Q5_K},   {"q6_k", STZ_GGML_Q6_K},
+};
+enum {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K_S,
+    Q3_K_M,
+    Q3_K_L,
+    Q4_K_S,
+    Q4_K_M,
+    Q5_K_S,
+    Q5_K_M,
+    Q6_K
+};
+
+const char *stz_gguf_like_name(int i) { return i >= 0 && i < STZ_GGUF_LIKE_COUNT ? likes[i].name : NULL; }
+
+int stz_gguf_like_parse(const char *name)
+{
+    for (int i = 0; name && i < STZ_GGUF_LIKE_COUNT; i++)
+        if (!strcasecmp(name, likes[i].name))
+            return i;
+    return -1;
+}
+
+/* What llama-quantize leaves as it is: not a matrix, not named "weight",
+ * a norm. */
+static int kept(const etensor *e)
+{
+    size_t n = strlen(e->name);
+    return e->ndim < 2 || n < 6 || strcmp(e->name + n - 6, "weight") || strstr(e->name, "_norm.weight");
+}
+
+/* llama.cpp's use_more_bits: the first and last eighth, and every third
+ * layer between. */
+static int more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+/* The layer of "blk.N.*", else -1. */
+static int layer_of(const char *name)
+{
+    int l;
+    return sscanf(name, "blk.%d.", &l) == 1 ? l : -1;
+}
+
+/* The model's shape as the rules read it. */
+typedef struct {
+    int n_layer, gqa4, is_70b, tied;
+} shape;
+
+static int attn_v(int f, int def, int i, const shape *s)
+{
+    int t = f == Q2_K                                                  ? (s->gqa4 ? STZ_GGML_Q4_K : STZ_GGML_Q3_K)
+            : f == Q3_K_M                                              ? (i < 2 ? STZ_GGML_Q5_K : STZ_GGML_Q4_K)
+            : f == Q3_K_L                                              ? STZ_GGML_Q5_K
+            : (f == IQ4_NL || f == IQ4_XS) && s->gqa4                  ? STZ_GGML_Q5_K
+            : (f == Q4_K_M || f == Q5_K_M) && more_bits(i, s->n_layer) ? STZ_GGML_Q6_K
+            : f == Q4_K_S && i < 4                                     ? STZ_GGML_Q5_K
+                                                                       : def;
+    return s->is_70b && (t == STZ_GGML_Q3_K || t == STZ_GGML_Q4_K) ? STZ_GGML_Q5_K : t;
+}
+
+static int ffn_down(int f, int def, int i, const shape *s)
+{
+    int n = s->n_layer;
+    return f == Q2_K                                                  ? STZ_GGML_Q3_K
+           : f == Q3_K_M                                              ? (i < n / 16 ? STZ_GGML_Q5_K : STZ_GGML_Q4_K)
+           : f == Q3_K_L                                              ? STZ_GGML_Q5_K
+           : (f == Q4_K_M || f == Q5_K_M) && more_bits(i, n)          ? STZ_GGML_Q6_K
+           : (f == Q4_K_S || f == IQ4_NL || f == IQ4_XS) && i < n / 8 ? STZ_GGML_Q5_K
+                                                                      : def;
+}
+
+/* llama_tensor_get_type's choice for tensor e under type f. */
+static int rule(int f, const etensor *e, const shape *s)
+{
+    int def = likes[f].type, i = layer_of(e->name);
+    if (!strcmp(e->name, "output.weight") || (s->tied && !strcmp(e->name, "token_embd.weight")))
+        return e->ne[0] % stz_ggml_traits_of(def)->block ? STZ_GGML_Q8_0 : def == STZ_GGML_Q8_0 ? def : STZ_GGML_Q6_K;
+    if (strstr(e->name, "attn_v.weight"))
+        return attn_v(f, def, i, s);
+    if (strstr(e->name, "ffn_down"))
+        return ffn_down(f, def, i, s);
+    if (strstr(e->name, "attn_output.weight"))
+        return f == Q2_K ? STZ_GGML_Q3_K : f == Q3_K_M ? STZ_GGML_Q4_K : f == Q3_K_L ? STZ_GGML_Q5_K : def;
+    return def;
+}
+
+/* Rows that are not whole blocks of a 256-block type: its fallback (F16
+ * when that does not fit either); -1 when llama-quantize fails. */
+static int fallback(int t, uint64_t ne0)
+{
+    uint32_t block = stz_ggml_traits_of(t)->block;
+    if (ne0 % block == 0)
+        return t;
+    if (block != 256)
+        return -1; /* "Unsupported tensor size encountered" */
+    int f = t == STZ_GGML_Q4_K   ? STZ_GGML_Q5_0
+            : t == STZ_GGML_Q5_K ? STZ_GGML_Q5_1
+            : t == STZ_GGML_Q6_K ? STZ_GGML_Q8_0
+                                 : STZ_GGML_IQ4_NL; /* Q2_K, Q3_K, IQ4_XS */
+    return ne0 % stz_ggml_traits_of(f)->block ? STZ_GGML_F16 : f;
+}
+
+/* The file's bytes under type f: the header, each tensor's data padded to
+ * the alignment (a tensor kept as F32, as llama.cpp's convert writes it);
+ * 0 when llama-quantize cannot make it. */
+static uint64_t like_bytes(const etensor *t, size_t n, int f, const shape *s, uint64_t header)
+{
+    uint64_t total = gguf_padded(header);
+    for (size_t k = 0; k < n; k++) {
+        const etensor *e = &t[k];
+        int type = kept(e) ? STZ_GGML_F32 : fallback(rule(f, e, s), e->ne[0]);
+        if (type < 0)
+            return 0;
+        total += gguf_padded(stz_ggml_row_bytes(type, e->ne[0]) * (e->ndim == 2 ? e->ne[1] : 1));
+    }
+    return total;
+}
+
+void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, uint64_t header, uint64_t *out)
+{
+    shape s = {(int)c->n_layers, c->n_kv_heads && c->n_heads / c->n_kv_heads >= 4,
+               c->n_layers == 80 && (qwen2 || c->n_heads != c->n_kv_heads), 1};
+    for (size_t k = 0; k < n; k++)
+        s.tied &= strcmp(t[k].name, "output.weight") != 0;
+    for (int f = 0; f < STZ_GGUF_LIKE_COUNT; f++)
+        out[f] = like_bytes(t, n, f, &s, header);
+}
