@@ -68,13 +68,14 @@ typedef struct {
 } cli_common;
 
 /* getopt_long codes of the shared long-only options. */
-enum { CLI_OPT_JSON = 1000, CLI_OPT_DTYPE };
+enum { CLI_OPT_JSON = 1000, CLI_OPT_DTYPE, CLI_OPT_PROGRESS };
 #define CLI_COMMON_SHORT "o:T:fqh"
 // clang-format off
 #define CLI_COMMON_LONG                                                                                  \
     {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, 'T'},                     \
         {"force", no_argument, 0, 'f'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'}, \
-        {"json", no_argument, 0, CLI_OPT_JSON}, {"dtype", required_argument, 0, CLI_OPT_DTYPE}
+        {"json", no_argument, 0, CLI_OPT_JSON}, {"dtype", required_argument, 0, CLI_OPT_DTYPE},         \
+        {"progress", no_argument, 0, CLI_OPT_PROGRESS}
 // clang-format on
 
 void cli_common_init(cli_common *o);
@@ -176,14 +177,18 @@ const char *cli_commas(char *buf, uint64_t v);
 /* "988.1 MB" (decimal units) into buf (>= 32 bytes); returns buf. */
 const char *cli_bytes(char *buf, uint64_t v);
 
-/* Progress line on stderr, drawn only when stderr is a terminal and not
- * quiet; at most ~10 redraws a second. Pass cli_progress_cb + &progress to
- * library calls. */
+/* Progress on stderr unless quiet: a line redrawn at most ~10 times a
+ * second when stderr is a terminal, or with --progress (cli_progress_lines)
+ * plain lines, one every few seconds; done / total as bytes, or as items
+ * for the stages that count them (tokens, layers, tensors, forward units).
+ * Pass cli_progress_cb + &progress to library calls. */
 typedef struct {
     const char *label;
-    int enabled;
+    int enabled, items;
     double start, last;
 } cli_progress;
+/* --progress: plain progress lines, also when stderr is not a terminal. */
+extern int cli_progress_lines;
 
 void cli_progress_init(cli_progress *p, const char *label, int quiet);
 int cli_progress_cb(void *user, uint64_t done, uint64_t total);

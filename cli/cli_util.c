@@ -148,6 +148,7 @@ int cli_common_opt(const char *cmd, const char *help, int c, cli_common *o)
     case 'f': o->force = 1; return -1;
     case 'q': o->quiet = 1; return -1;
     case CLI_OPT_JSON: o->json = 1; return -1;
+    case CLI_OPT_PROGRESS: cli_progress_lines = 1; return -1;
     case CLI_OPT_DTYPE:
         if (stz_dtype_parse_nocase(optarg, &o->dtype) ||
             (o->dtype != STZ_DTYPE_BF16 && o->dtype != STZ_DTYPE_F16 && o->dtype != STZ_DTYPE_F32))
@@ -190,10 +191,24 @@ double cli_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int cli_progress_lines;
+
+/* The stages whose progress counts items, not bytes. */
+static int counts_items(const char *label)
+{
+    static const char *const items[] = {"sampling",          "feedback",     "imatrix", "tune: feedback",
+                                        "tune: sensitivity", "tune: verify", "forward"};
+    for (size_t i = 0; i < sizeof items / sizeof *items; i++)
+        if (!strncmp(label, items[i], strlen(items[i])))
+            return 1;
+    return 0;
+}
+
 void cli_progress_init(cli_progress *p, const char *label, int quiet)
 {
     p->label = label;
-    p->enabled = !quiet && isatty(STDERR_FILENO);
+    p->enabled = !quiet && (cli_progress_lines || isatty(STDERR_FILENO));
+    p->items = counts_items(label);
     p->start = cli_now();
     p->last = 0;
 }
@@ -206,22 +221,24 @@ int cli_progress_cb(void *user, uint64_t done, uint64_t total)
     if (!p || !p->enabled)
         return 0;
     double now = cli_now(), el = now - p->start;
-    if (now - p->last < 0.1 && done < total)
+    if (now - p->last < (cli_progress_lines ? 5 : 0.1) && done < total)
         return 0;
     p->last = now;
     char a[32], b[32], r[32];
     double rate = el > 0 ? (double)done / el : 0;
-    fprintf(stderr, "\r\033[K%s %s / %s  %3.0f%%  %s/s", p->label, cli_bytes(a, done), cli_bytes(b, total),
-            total ? 100.0 * (double)done / (double)total : 100.0, cli_bytes(r, (uint64_t)rate));
+    const char *(*fmt)(char *, uint64_t) = p->items ? cli_commas : cli_bytes;
+    fprintf(stderr, "%s%s %s / %s  %3.0f%%  %s/s", cli_progress_lines ? "" : "\r\033[K", p->label, fmt(a, done),
+            fmt(b, total), total ? 100.0 * (double)done / (double)total : 100.0, fmt(r, (uint64_t)rate));
     if (rate > 0 && done < total)
         fprintf(stderr, "  %.0fs left", (double)(total - done) / rate);
+    fputs(cli_progress_lines ? "\n" : "", stderr);
     fflush(stderr);
     return 0;
 }
 
 void cli_progress_end(cli_progress *p)
 {
-    if (p->enabled) {
+    if (p->enabled && !cli_progress_lines) {
         fprintf(stderr, "\r\033[K");
         fflush(stderr);
     }

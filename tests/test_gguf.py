@@ -1332,6 +1332,22 @@ def test_budget_explained(tmp_path):
     assert "5 of them" in r.stderr and "rows are whole blocks of no type offered" in r.stderr
 
 
+def test_progress_lines(tmp_path):
+    """--progress: every stage as plain lines on stderr (no terminal
+    needed), items counted as items; -q: none."""
+    m = wide_dir(tmp_path)
+    r = stz("gguf", m, "--like", "q4_k_m", "-o", tmp_path / "g.gguf", "--progress")
+    lines = r.stderr.splitlines()
+    assert "\r" not in r.stderr
+    for stage in ("sampling", "tune: measure candidates", "tune: feedback", "tune: sensitivity", "feedback",
+                  "tune: verify, forward"):
+        assert any(re.match(r"%s [0-9,.]+( [kMG]?B)? / [0-9,.]+( [kMG]?B)?  +100%%" % re.escape(stage), l)
+                   for l in lines), (stage, lines)
+    assert any(re.match(r"tune: sensitivity [0-9,]+ / [0-9,]+ ", l) for l in lines)  # counted, not bytes
+    q = stz("gguf", m, "--like", "q4_k_m", "-o", tmp_path / "q.gguf", "--progress", "-q")
+    assert q.stderr == ""
+
+
 def test_gguf_usage(tmp_path):
     """stz gguf calibrates, verifies and writes the GGUF itself: tune's
     --feedback, --no-verify, --gguf and --tune are refused; tune takes no
