@@ -105,6 +105,7 @@ static stz_status calibrate(tune_run *t, stz_err *err)
     stz_seqs q = {0};
     char source[STZ_SEQS_SOURCE_MAX];
     stz_status st = stz_imatrix_new(&t->im, err);
+    stz_fwd_set_keep(t->fwd, STZ_FEEDBACK_KEEP); /* bounded: layers past it are read again */
     if (!st)
         st = stz_imatrix_sample(t->im, t->fwd, feedback_seqs(p), t->model, p->progress, p->quiet, &q, source, err);
     stz_seqs_free(&q);
