@@ -190,7 +190,8 @@ typedef struct {
 /* --progress: plain progress lines, also when stderr is not a terminal. */
 extern int cli_progress_lines;
 
-void cli_progress_init(cli_progress *p, const char *label, int quiet);
+/* flags: STZ_STAGE_QUIET (a quiet flag of 0 or 1 is one), STZ_STAGE_ITEMS. */
+void cli_progress_init(cli_progress *p, const char *label, int flags);
 int cli_progress_cb(void *user, uint64_t done, uint64_t total);
 void cli_progress_end(cli_progress *p);
 /* The same progress lines for the library's work in stages. */
@@ -253,10 +254,6 @@ int cli_seq_opt(const char *cmd, int c, stz_seq_spec *o);
 int cli_seq_check(const char *cmd, const stz_seq_spec *o, const stz_seq_spec *defaults);
 /* A number option's value in [lo, hi]: -1, or the usage error's status. */
 int cli_number(const char *cmd, const char *opt, const char *arg, double lo, double hi, double *v);
-/* The sequences o asks for: read (ids checked against m's vocabulary) or
- * sampled from m. source (64 bytes) says where they came from. */
-stz_status cli_seqs_get(const stz_seq_spec *o, stz_fwd *m, const char *label, int quiet, stz_seqs *q, char *source,
-                        stz_err *err);
 
 int cmd_export(int argc, char **argv);
 /* stz inspect's listing of a GGUF file (JSON into *json when json is not

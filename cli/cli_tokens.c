@@ -55,13 +55,3 @@ int cli_seq_check(const char *cmd, const stz_seq_spec *o, const stz_seq_spec *d)
         return cli_usage_error(cmd, "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply");
     return -1;
 }
-
-stz_status cli_seqs_get(const stz_seq_spec *o, stz_fwd *m, const char *label, int quiet, stz_seqs *q, char *source,
-                        stz_err *err)
-{
-    cli_progress prog;
-    cli_progress_init(&prog, "sampling", quiet || o->path);
-    stz_status st = stz_seqs_get(o, m, label, cli_progress_cb, &prog, q, source, err);
-    cli_progress_end(&prog);
-    return st;
-}

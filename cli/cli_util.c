@@ -193,22 +193,11 @@ double cli_now(void)
 
 int cli_progress_lines;
 
-/* The stages whose progress counts items, not bytes. */
-static int counts_items(const char *label)
-{
-    static const char *const items[] = {"sampling",          "feedback",     "imatrix", "tune: feedback",
-                                        "tune: sensitivity", "tune: verify", "forward"};
-    for (size_t i = 0; i < sizeof items / sizeof *items; i++)
-        if (!strncmp(label, items[i], strlen(items[i])))
-            return 1;
-    return 0;
-}
-
-void cli_progress_init(cli_progress *p, const char *label, int quiet)
+void cli_progress_init(cli_progress *p, const char *label, int flags)
 {
     p->label = label;
-    p->enabled = !quiet && (cli_progress_lines || isatty(STDERR_FILENO));
-    p->items = counts_items(label);
+    p->enabled = !(flags & STZ_STAGE_QUIET) && (cli_progress_lines || isatty(STDERR_FILENO));
+    p->items = !!(flags & STZ_STAGE_ITEMS);
     p->start = cli_now();
     p->last = 0;
 }
@@ -244,12 +233,12 @@ void cli_progress_end(cli_progress *p)
     }
 }
 
-static void *stages_begin(void *user, const char *label, int quiet)
+static void *stages_begin(void *user, const char *label, int flags)
 {
     cli_progress *p = malloc(sizeof *p);
     (void)user;
     if (p)
-        cli_progress_init(p, label, quiet);
+        cli_progress_init(p, label, flags);
     return p; /* NULL: cli_progress_cb shows nothing, still stops on an interrupt */
 }
 

@@ -216,11 +216,11 @@ int cmd_eval_forward(int argc, char **argv)
         goto fail;
     cli_progress prog;
     stz_seq_spec so = {o.tokens_path, (size_t)o.nseq, (size_t)o.len, 128, (uint64_t)o.seed, o.temp, o.top_p};
-    if (cli_seqs_get(&so, ma, pa, o.quiet || o.json, &q, source, &err) ||
+    if (stz_seqs_get_staged(ma, &so, pa, &cli_stages, o.quiet || o.json, &q, source, &err) ||
         (o.save && stz_seqs_save(o.save, &q, o.force, &err)))
         goto fail;
     stz_fwd_report r;
-    cli_progress_init(&prog, "forward", o.quiet || o.json);
+    cli_progress_init(&prog, "forward", (o.quiet || o.json ? STZ_STAGE_QUIET : 0) | STZ_STAGE_ITEMS);
     stz_status st = stz_fwd_compare(ma, mb, q.tok, q.nseq, 0, q.lens, cli_progress_cb, &prog, &r, &err);
     cli_progress_end(&prog);
     if (st)

@@ -171,10 +171,7 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
                                          {"fast", no_argument, 0, O_FAST},
                                          CLI_COMMON_LONG,
                                          {0, 0, 0, 0}};
-    static const struct {
-        const char *opt;
-        double lo, hi;
-    } goals[] = {{"--size", 1, 1e18}, {"--ratio", 0.01, 1e6}, {"--bits-per-weight", 0.01, 64}, {"--max-kl", 0, 1e9}};
+    static const double range[][2] = {{1, 1e18}, {0.01, 1e6}, {0.01, 64}, {0, 1e9}}; /* by goal */
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->p.verify = 1;
@@ -188,11 +185,11 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
         case O_RATIO:
         case O_BPW:
         case O_MAXKL:
-            budgets++, o->p.goal = (stz_tune_goal)(c - O_SIZE), o->budget_opt = goals[c - O_SIZE].opt;
+            budgets++, o->p.goal = (stz_tune_goal)(c - O_SIZE);
             if (gguf && c == O_RATIO)
                 return cli_usage_error(cmd, "--ratio does not apply: give --like, --size or --bits-per-weight");
-            if ((rc = number(cmd, o->budget_opt, optarg, goals[c - O_SIZE].lo, goals[c - O_SIZE].hi, &o->p.amount)) >=
-                0)
+            if ((rc = number(cmd, stz_tune_goal_option(o->p.goal), optarg, range[c - O_SIZE][0], range[c - O_SIZE][1],
+                             &o->p.amount)) >= 0)
                 return rc;
             break;
         case O_CAND: o->p.candidates = optarg; break;
@@ -208,7 +205,7 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
         case O_NAME: o->p.name = optarg; break;
         case O_FEEDBACK: o->p.feedback = 1; break;
         case O_NOPAD: o->p.no_pad = 1; break;
-        case O_LIKE: budgets++, o->p.goal = STZ_TUNE_LIKE, o->p.like = optarg, o->budget_opt = "--like"; break;
+        case O_LIKE: budgets++, o->p.goal = STZ_TUNE_LIKE, o->p.like = optarg; break;
         case O_FAST: fast = 1; break;
         default:
             if ((rc = cli_seq_opt(cmd, c, &o->p.seqs)) != -2) {
@@ -291,15 +288,16 @@ static void smallest_parts(const tune_opts *o, const stz_tune_result *r)
             unblocked++, whole += t->bytes[best]; /* no block type takes its rows */
     }
     uint64_t least = r->sol.pred.bytes, matrices = least - T->extra_bytes - kept;
+    double data_bpw, file_bpw;
+    stz_tune_bpw(T, least, &data_bpw, &file_bpw);
     char a[32], b[32], c[32], d[32];
     fprintf(stderr,
             "stz: the smallest %s these candidates make is %s bytes (%.3f bits per weight over the tensors' data, "
             "%.3f over the file): %s of header%s, %s of tensors kept as they are (norms, vectors), %s of "
             "matrices in their smallest types",
-            o->p.gguf ? "GGUF file" : "container", cli_commas(a, least),
-            T->params ? (double)(least - T->extra_bytes) * 8 / (double)T->params : 0.0,
-            T->params ? (double)least * 8 / (double)T->params : 0.0, cli_commas(b, T->extra_bytes),
-            o->p.gguf ? " and vocabulary" : "", cli_commas(c, kept), cli_commas(d, matrices));
+            o->p.gguf ? "GGUF file" : "container", cli_commas(a, least), data_bpw, file_bpw,
+            cli_commas(b, T->extra_bytes), o->p.gguf ? " and vocabulary" : "", cli_commas(c, kept),
+            cli_commas(d, matrices));
     if (unblocked)
         fprintf(stderr, " (%zu of them, %s bytes, as floats: their rows are whole blocks of no type offered)",
                 unblocked, cli_commas(a, whole));
@@ -313,7 +311,7 @@ static int tune_unmet(const tune_opts *o, const char *model, const stz_tune_resu
     if (o->c.json) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "model", model);
-        cJSON_AddStringToObject(d, "budget", o->budget_opt);
+        cJSON_AddStringToObject(d, "budget", stz_tune_goal_option(o->p.goal));
         cJSON_AddNumberToObject(d, r->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", r->budget);
         cJSON_AddBoolToObject(d, "met", 0);
         cJSON_AddNumberToObject(d, "closest_bytes", (double)r->sol.pred.bytes);
@@ -323,7 +321,7 @@ static int tune_unmet(const tune_opts *o, const char *model, const stz_tune_resu
     fprintf(stderr,
             "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
             "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n",
-            model, o->budget_opt, r->kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", r->budget,
+            model, stz_tune_goal_option(o->p.goal), r->kind == STZ_BUDGET_KL ? "mean KL <=" : "bytes <=", r->budget,
             cli_commas(a, r->sol.pred.bytes), r->sol.pred.kl);
     if (r->kind == STZ_BUDGET_BYTES)
         smallest_parts(o, r);

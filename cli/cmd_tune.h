@@ -9,7 +9,6 @@
 typedef struct {
     cli_common c;
     stz_tune_run_params p;
-    const char *budget_opt; /* as given */
     const char *plot, *save_policy;
     int compress; /* stz compress --tune: the container (or GGUF file) is the output */
 } tune_opts;

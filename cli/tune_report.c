@@ -86,9 +86,7 @@ stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, con
  * llama-quantize's files of this model at least as large (-1: none). */
 static int gguf_figures(const stz_tune_result *r, const stz_tune_check *m, double *data_bpw, double *file_bpw)
 {
-    double params = (double)r->T.params, header = (double)r->T.extra_bytes;
-    *data_bpw = params > 0 ? ((double)m->bytes - header) * 8 / params : 0;
-    *file_bpw = params > 0 ? (double)m->bytes * 8 / params : 0;
+    stz_tune_bpw(&r->T, m->bytes, data_bpw, file_bpw);
     int match = -1;
     for (int i = 0; i < STZ_GGUF_LIKE_COUNT; i++)
         if (r->gguf.like_bytes[i] >= m->bytes && (match < 0 || r->gguf.like_bytes[i] < r->gguf.like_bytes[match]))
@@ -138,7 +136,7 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
         cJSON *d = cJSON_CreateObject(), *ts = cJSON_CreateArray(), *cv = cJSON_CreateArray();
         cJSON_AddStringToObject(d, "model", model);
         cJSON_AddStringToObject(d, o->compress ? (o->p.gguf ? "gguf" : "container") : "policy", out);
-        cJSON_AddStringToObject(d, "budget", o->budget_opt);
+        cJSON_AddStringToObject(d, "budget", stz_tune_goal_option(o->p.goal));
         cJSON_AddNumberToObject(d, r->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", r->budget);
         cJSON_AddStringToObject(d, "tokens", r->source);
         cJSON_AddBoolToObject(d, "met", !(m && stz_tune_missed(r, m)));
@@ -201,7 +199,7 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
     printf("\nPareto curve (predicted; %zu points, %zu shown):\n%14s %12s\n", s->ncurve, np, "bytes", "mean KL");
     for (size_t i = 0; i < np; i++)
         printf("%14s %12.4g\n", cli_commas(a, s->curve[idx[i]].bytes), s->curve[idx[i]].kl);
-    printf("\nbudget %s: %s\n", o->budget_opt,
+    printf("\nbudget %s: %s\n", stz_tune_goal_option(o->p.goal),
            r->kind == STZ_BUDGET_KL ? (snprintf(b, sizeof b, "mean KL <= %g", r->budget), b)
                                     : (snprintf(b, sizeof b, "<= %.0f bytes", r->budget), b));
     if (m2)

@@ -149,12 +149,14 @@ STZ_API stz_status stz_convert_shards(const stz_shards_params *p, const char *in
 /* ---- whole models ---------------------------------------------------- */
 
 /* Progress of work in stages ("sampling", "feedback", "compress SHARD"):
- * begin(user, label, quiet) starts one and returns its state (quiet: not
- * shown), step(state, done, total) reports on it (non-zero: stop, as every
- * stz_progress_fn), end(state) closes it. A NULL stz_stages shows nothing
- * and stops on stz_interrupt_pending(). */
+ * begin(user, label, flags) starts one and returns its state (flags:
+ * STZ_STAGE_*), step(state, done, total) reports on it (non-zero: stop, as
+ * every stz_progress_fn), end(state) closes it. A NULL stz_stages shows
+ * nothing and stops on stz_interrupt_pending(). */
+#define STZ_STAGE_QUIET 1 /* not shown */
+#define STZ_STAGE_ITEMS 2 /* done and total count items (sequences, matrices), not bytes */
 typedef struct {
-    void *(*begin)(void *user, const char *label, int quiet);
+    void *(*begin)(void *user, const char *label, int flags);
     stz_progress_fn step;
     void (*end)(void *state);
     void *user;
@@ -164,6 +166,10 @@ typedef struct {
  * (stz_fwd_set_keep): its peak memory stays near the quantizing's. */
 #define STZ_FEEDBACK_KEEP ((uint64_t)256 << 20)
 
+/* The sequences seqs asks for, sampled from the open model m or read
+ * (stz_seqs_get), as a "sampling" stage (shown unless quiet or read). */
+STZ_API stz_status stz_seqs_get_staged(stz_fwd *m, const stz_seq_spec *seqs, const char *label,
+                                       const stz_stages *progress, int quiet, stz_seqs *q, char *source, stz_err *err);
 /* Error feedback's calibration sequences from the open model m: seqs's
  * (NULL: STZ_FEEDBACK_SEQS), sampled keeping at most STZ_FEEDBACK_KEEP of
  * layers (they count in feedback's peak), or read; label names the model. */

@@ -205,6 +205,13 @@ typedef enum {
     STZ_TUNE_LIKE /* gguf: the file llama-quantize `like` makes (stz_gguf_stats.like_bytes) */
 } stz_tune_goal;
 
+/* The option that states goal g on stz's command line ("--size", "--like"). */
+STZ_API const char *stz_tune_goal_option(stz_tune_goal g);
+/* Bits per weight of a file of `bytes` made of T's tensors: over the
+ * tensors' data (the file less T's extra_bytes: llama.cpp's count) and
+ * over the whole file; 0 when T has no parameters. */
+STZ_API void stz_tune_bpw(const stz_tune *T, uint64_t bytes, double *data_bpw, double *file_bpw);
+
 /* The verification's correction rounds: a missed budget is solved again
  * with the prediction corrected by what was measured, at most this often. */
 #define STZ_TUNE_CORRECTIONS 2

@@ -18,17 +18,23 @@
 
 /* ---- error feedback -------------------------------------------------- */
 
+stz_status stz_seqs_get_staged(stz_fwd *m, const stz_seq_spec *seqs, const char *label, const stz_stages *progress,
+                               int quiet, stz_seqs *q, char *source, stz_err *err)
+{
+    stz_stage g = stz_stage_open(progress, "sampling", quiet || seqs->path, 1);
+    stz_status st = stz_seqs_get(seqs, m, label, stz_stage_step, &g, q, source, err);
+    stz_stage_close(&g);
+    return st;
+}
+
 stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *label, const stz_stages *progress,
                              int quiet, stz_seqs *q, stz_err *err)
 {
     const stz_seq_spec defaults = STZ_FEEDBACK_SEQS;
     char source[STZ_SEQS_SOURCE_MAX];
-    const stz_seq_spec *s = seqs ? seqs : &defaults;
-    stz_stage g = stz_stage_open(progress, "sampling", quiet || s->path);
     stz_fwd_set_keep(m, STZ_FEEDBACK_KEEP);
-    stz_status st = stz_seqs_get(s, m, label, stz_stage_step, &g, q, source, err);
+    stz_status st = stz_seqs_get_staged(m, seqs ? seqs : &defaults, label, progress, quiet, q, source, err);
     stz_fwd_set_keep(m, 0);
-    stz_stage_close(&g);
     return st;
 }
 
@@ -45,7 +51,7 @@ stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_poli
     if (!st)
         st = stz_feedback_seqs(fwd, seqs, model, progress, quiet, &q, err);
     if (!st) {
-        stz_stage g = stz_stage_open(progress, "feedback", quiet);
+        stz_stage g = stz_stage_open(progress, "feedback", quiet, 1);
         st = stz_feedback_run(fb, fwd, policy, q.tok, q.nseq, 0, q.lens, threads, stz_stage_step, &g, err);
         stz_stage_close(&g);
     }
@@ -69,13 +75,11 @@ stz_status stz_imatrix_sample(stz_imatrix *im, stz_fwd *m, const stz_seq_spec *s
 {
     const stz_seq_spec defaults = STZ_IMATRIX_SEQS;
     const stz_seq_spec *s = seqs ? seqs : &defaults;
-    stz_stage g = stz_stage_open(progress, "sampling", quiet || s->path);
     stz_fwd_set_imatrix(m, s->path ? NULL : im); /* sampled: collected as they are sampled */
-    stz_status st = stz_seqs_get(s, m, label, stz_stage_step, &g, q, source, err);
+    stz_status st = stz_seqs_get_staged(m, s, label, progress, quiet, q, source, err);
     stz_fwd_set_imatrix(m, NULL);
-    stz_stage_close(&g);
     if (!st && s->path) {
-        g = stz_stage_open(progress, "imatrix", quiet);
+        stz_stage g = stz_stage_open(progress, "imatrix", quiet, 1);
         st = stz_imatrix_collect(im, m, q->tok, q->nseq, 0, q->lens, stz_stage_step, &g, err);
         stz_stage_close(&g);
     }
@@ -130,7 +134,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
     const char *shard = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
     char label[64];
     snprintf(label, sizeof label, "compress %.40s", shard);
-    stz_stage g = stz_stage_open(p->progress, label, quiet);
+    stz_stage g = stz_stage_open(p->progress, label, quiet, 0);
     stz_pack_params pp = STZ_PACK_PARAMS_DEFAULT;
     pp.threads = threads;
     pp.level = p->best ? STZ_PACK_BEST : STZ_PACK_FAST;

@@ -2,9 +2,10 @@
 #include "stages.h"
 #include "core/stz_core.h"
 
-stz_stage stz_stage_open(const stz_stages *s, const char *label, int quiet)
+stz_stage stz_stage_open(const stz_stages *s, const char *label, int quiet, int items)
 {
-    stz_stage g = {s, s && s->begin ? s->begin(s->user, label, quiet) : NULL};
+    int flags = (quiet ? STZ_STAGE_QUIET : 0) | (items ? STZ_STAGE_ITEMS : 0);
+    stz_stage g = {s, s && s->begin ? s->begin(s->user, label, flags) : NULL};
     return g;
 }
 

@@ -12,8 +12,9 @@ typedef struct {
     void *state;
 } stz_stage;
 
-/* A stage begun (s NULL: shows nothing); quiet: not shown. */
-stz_stage stz_stage_open(const stz_stages *s, const char *label, int quiet);
+/* A stage begun (s NULL: shows nothing); quiet: not shown; items: it
+ * counts items, not bytes. */
+stz_stage stz_stage_open(const stz_stages *s, const char *label, int quiet, int items);
 /* An stz_progress_fn whose user is a stz_stage *: non-zero stops (an
  * interrupt when s has no step). */
 int stz_stage_step(void *user, uint64_t done, uint64_t total);

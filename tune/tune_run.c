@@ -28,6 +28,7 @@ typedef struct {
     stz_fwd_config cfg;
     char *cfg_json; /* config.json's text, for gguf's export */
     stz_seqs q;
+    const char *list; /* the candidates, as given or by default */
     stz_tune_cand *cand;
     size_t ncand;
     uint64_t gguf_keep;  /* gguf: the GGUF file's bytes with every tensor kept */
@@ -36,8 +37,19 @@ typedef struct {
     stz_tmpfile tcc;     /* gguf: the container exported */
 } tune_run;
 
-static const char *const goal_opt[] = {"--size",   "--ratio",           "--bits-per-weight",
-                                       "--max-kl", "--bits-per-weight", "--like"};
+const char *stz_tune_goal_option(stz_tune_goal g)
+{
+    static const char *const opt[] = {"--size",   "--ratio",           "--bits-per-weight",
+                                      "--max-kl", "--bits-per-weight", "--like"};
+    return (unsigned)g < sizeof opt / sizeof *opt ? opt[g] : "?";
+}
+
+void stz_tune_bpw(const stz_tune *T, uint64_t bytes, double *data_bpw, double *file_bpw)
+{
+    double params = (double)T->params, data = bytes > T->extra_bytes ? (double)(bytes - T->extra_bytes) : 0;
+    *data_bpw = params > 0 ? data * 8 / params : 0;
+    *file_bpw = params > 0 ? (double)bytes * 8 / params : 0;
+}
 
 static stz_gguf_params gguf_params(const stz_tune_run_params *p)
 {
@@ -117,14 +129,14 @@ static stz_status calibrate(tune_run *t, stz_err *err)
 static stz_status tune_open(tune_run *t, stz_err *err)
 {
     const stz_tune_run_params *p = t->p;
-    const char *list = p->candidates ? p->candidates : stz_tune_candidate_set(p->gguf ? "gguf" : "default");
     stz_status st = STZ_OK;
+    t->list = p->candidates ? p->candidates : stz_tune_candidate_set(p->gguf ? "gguf" : "default");
     if (p->out && !p->verify)
         return stz_err_set(err, STZ_E_ARG, "%s: a tune writes the verified container: verify it", p->out);
     if (p->goal == STZ_TUNE_LIKE && (!p->gguf || stz_gguf_like_parse(p->like) < 0))
         return like_unknown(p->like, err);
     if ((p->out && (st = stz_output_check(p->out, p->write_flags & STZ_WRITE_FORCE, err))) ||
-        (st = stz_tune_parse_candidates(list, &t->cand, &t->ncand, err)) ||
+        (st = stz_tune_parse_candidates(t->list, &t->cand, &t->ncand, err)) ||
         (st = stz_model_set_open(&t->S, t->model, err)) ||
         (p->out && (st = stz_refuse_input_as_output(t->model, p->out, err))) ||
         (st = stz_imatrix_load_for(&t->im, p->imatrix, t->model, err)) ||
@@ -141,10 +153,7 @@ static stz_status tune_open(tune_run *t, stz_err *err)
     if (p->calibrate && !p->imatrix && (st = calibrate(t, err)))
         return st;
     stz_fwd_set_keep(t->fwd, 0); /* sampling rereads the weights: memory stays one layer's, whatever the depth */
-    stz_stage g = stz_stage_open(p->progress, "sampling", p->quiet || p->seqs.path);
-    st = stz_seqs_get(&p->seqs, t->fwd, t->model, stz_stage_step, &g, &t->q, t->r->source, err);
-    stz_stage_close(&g);
-    return st;
+    return stz_seqs_get_staged(t->fwd, &p->seqs, t->model, p->progress, p->quiet, &t->q, t->r->source, err);
 }
 
 /* ---- measuring ------------------------------------------------------- */
@@ -159,7 +168,7 @@ static stz_status tune_feedback(tune_run *t, stz_tune_params *tp, stz_err *err)
     stz_seqs q = {0};
     stz_status st = stz_feedback_seqs(t->fwd, feedback_seqs(p), t->model, p->progress, p->quiet, &q, err);
     if (!st) {
-        stz_stage g = stz_stage_open(p->progress, "tune: feedback", p->quiet);
+        stz_stage g = stz_stage_open(p->progress, "tune: feedback", p->quiet, 1);
         tp->progress_user = &g;
         st = stz_tune_feedback(&t->r->T, t->fwd, q.tok, q.nseq, 0, q.lens, tp, err);
         stz_stage_close(&g);
@@ -192,7 +201,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
 {
     const stz_tune_run_params *p = t->p;
     stz_tune_result *r = t->r;
-    stz_stage g = stz_stage_open(p->progress, "tune: measure candidates", p->quiet);
+    stz_stage g = stz_stage_open(p->progress, "tune: measure candidates", p->quiet, 0);
     stz_tune_params tp = {p->threads, stz_stage_step, &g, t->im, p->gguf, p->no_pad};
     stz_status st = stz_tune_measure(&r->T, t->S.m, t->S.n, t->cand, t->ncand, &tp, err);
     stz_stage_close(&g);
@@ -200,7 +209,7 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
         st = tune_feedback(t, &tp, err);
     if (st)
         return st;
-    g = stz_stage_open(p->progress, "tune: sensitivity", p->quiet);
+    g = stz_stage_open(p->progress, "tune: sensitivity", p->quiet, 1);
     tp.progress_user = &g;
     st = stz_tune_probe(&r->T, t->fwd, t->q.tok, t->q.nseq, 0, t->q.lens, &tp, err);
     stz_stage_close(&g);
@@ -221,13 +230,13 @@ static stz_status tune_measure(tune_run *t, stz_err *err)
 static stz_status write_policy(tune_run *t, stz_err *err)
 {
     const stz_tune_run_params *p = t->p;
-    const char *list = p->candidates ? p->candidates : stz_tune_candidate_set(p->gguf ? "gguf" : "default");
+    const char *list = t->list;
     char desc[512];
     if (p->goal == STZ_TUNE_LIKE)
         snprintf(desc, sizeof desc, "stz gguf of %.200s for --like %.32s (candidates %.200s)", t->model, p->like, list);
     else
-        snprintf(desc, sizeof desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model, goal_opt[p->goal],
-                 p->amount, list);
+        snprintf(desc, sizeof desc, "stz tune of %.200s for %s %g (candidates %.200s)", t->model,
+                 stz_tune_goal_option(p->goal), p->amount, list);
     int fb_tokens = feedback_seqs(p) && any_feedback(t);
     if (t->im && !p->imatrix) { /* calibrate's */
         size_t n = strlen(desc);
@@ -284,7 +293,7 @@ static stz_status verify(tune_run *t, stz_tune_check *res, stz_err *err)
     }
     const stz_model_set *run = p->gguf ? &R : &C;
     if (!st && !(st = stz_fwd_open(&cand, run->m, run->n, &t->cfg, out, p->threads, err))) {
-        stz_stage g = stz_stage_open(p->progress, "tune: verify, forward", p->quiet);
+        stz_stage g = stz_stage_open(p->progress, "tune: verify, forward", p->quiet, 1);
         st = stz_fwd_compare(t->fwd, cand, t->q.tok, t->q.nseq, 0, t->q.lens, stz_stage_step, &g, &res->fwd, err);
         stz_stage_close(&g);
     }
