@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import shutil
 import struct
 import subprocess
@@ -291,6 +292,22 @@ def test_type_fallback_reported(tmp_path):
 
 
 @need_data
+@pytest.mark.parametrize("typ", ["q4_0", "q8_0"])
+def test_gguf_policies_as_small_as_type(tmp_path, typ):
+    """The shipped gguf-q4_0 and gguf-q8_0 policies export to the very types
+    and bytes export --type writes (stories260K's 172-wide rows as F16, not
+    as F32 values), every tensor copied without requantizing."""
+    q = tmp_path / "q.safetensors"
+    stz("quantize", "--policy", "gguf-" + typ, F32, "-o", q, "-q")
+    a = json.loads(stz("export", "--gguf", q, "--tokenizer", TOK, "-o", tmp_path / "a.gguf", "--json").stdout)
+    b = json.loads(stz("export", "--gguf", F32, "--type", typ, "--tokenizer", TOK, "-o", tmp_path / "b.gguf",
+                       "--json").stdout)
+    assert os.path.getsize(tmp_path / "a.gguf") == os.path.getsize(tmp_path / "b.gguf")
+    assert a["types"] == b["types"] and a["types"]["f32"]["tensors"] == 11  # the norms
+    assert a["requantized"] == 0 and a["repacked_exactly"] == 36
+
+
+@need_data
 @pytest.mark.parametrize("src", ["f32", "bf16"])
 @pytest.mark.parametrize("typ", ["q8_0", "q5_0", "q4_0", "f16", "bf16", "f32"])
 def test_float_types(tmp_path, src, typ):
@@ -461,6 +478,23 @@ def test_llama_cpp_runs_stories_exactly(tmp_path):
     assert np.abs(got - want).max() < 1e-4
     assert o["generated"] == ref[1:]  # llama.cpp's own greedy continuation from BOS
     assert o["tokenized"] == ref[1:16]
+
+
+@need_data
+@need_engine
+def test_export_md_engine_command(tmp_path):
+    """export.md's node-llama-cpp command, word for word (with --threads, so
+    that it is quick on a small machine), completes the exported Q4_0 file."""
+    doc = open(os.path.join(HERE, "..", "docs", "cli", "export.md")).read()
+    prefix = "~/.cache/stz/node/node_modules/.bin/node-llama-cpp complete "
+    line = next(l for l in doc.splitlines() if l.startswith(prefix))
+    args = shlex.split(line)
+    assert "--threads" in args
+    args[0] = os.path.join(NODE_DIR, "node_modules", ".bin", "node-llama-cpp")
+    q = quantized(tmp_path, "q4_0")
+    stz("export", "--gguf", q, "--tokenizer", TOK, "-o", tmp_path / "stories.q4_0.gguf", "-q")
+    r = subprocess.run(args, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    assert "Completion: , there was a little girl named Lily" in r.stdout, r.stdout + r.stderr
 
 
 @need_data
