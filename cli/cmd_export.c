@@ -22,7 +22,9 @@ static const char export_help[] =
     "                      f16, bf16, or a block type stz quantizes to (q8_0,\n"
     "                      q6_k, q5_k, q5_1, q5_0, q4_k, q4_1, q4_0, iq4_nl,\n"
     "                      iq4_xs, q3_k, q2_k; 256-blocks on other rows fall back\n"
-    "                      as llama.cpp's do)\n"
+    "                      as llama.cpp's do), or a mix of llama-quantize's\n"
+    "                      (q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s,\n"
+    "                      q5_k_m): each matrix in the type its rules give it\n"
     "  --requantize        write quantized tensors GGUF cannot hold exactly as the\n"
     "                      nearest block type (or --type's), printing the error\n"
     "  --tokenizer FILE    tokenizer.json, or a llama2.c tokenizer .bin (default:\n"
@@ -39,6 +41,9 @@ static const char export_help[] =
 
 enum { O_GGUF = 1300, O_TYPE, O_REQUANT, O_TOKENIZER, O_CONFIG, O_NAME, O_PADVOCAB };
 
+/* A mix of llama-quantize's that is not one type ("q4_k_m"). */
+static int is_mix(const char *name) { return stz_gguf_like_parse(name) >= 0 && stz_ggml_type_parse(name) == -2; }
+
 /* --type's usage error: every type it takes. */
 static int bad_type(const char *given)
 {
@@ -46,6 +51,10 @@ static int bad_type(const char *given)
     size_t at = strlen(list);
     for (size_t i = 0; stz_ggml_type_written(i) && at < sizeof list; i++)
         at += (size_t)snprintf(list + at, sizeof list - at, ", %s", stz_ggml_type_written(i));
+    const char *sep = ", or a mix of llama-quantize's: ";
+    for (int i = 0; stz_gguf_like_name(i) && at < sizeof list; i++)
+        if (is_mix(stz_gguf_like_name(i)))
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", sep, stz_gguf_like_name(i)), sep = ", ";
     return cli_usage_error("export", "--type takes %s, not '%s'", list, given);
 }
 
@@ -150,7 +159,8 @@ int cmd_export(int argc, char **argv)
         switch (k) {
         case O_GGUF: gguf = 1; break;
         case O_TYPE:
-            if ((p.type = stz_ggml_type_parse(optarg)) == -2)
+            p.mix = is_mix(optarg) ? optarg : NULL;
+            if ((p.type = p.mix ? STZ_GGML_AUTO : stz_ggml_type_parse(optarg)) == -2)
                 return bad_type(optarg);
             break;
         case O_REQUANT: p.requantize = 1; break;

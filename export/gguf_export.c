@@ -47,7 +47,8 @@ static int nearest_type(const stz_qtensor *q)
 static stz_status choose(exporter *x, etensor *e, stz_err *err)
 {
     const stz_qtensor *q = e->q;
-    int want = x->p->type;
+    /* a mix's type for e, before fallbacks: counted below as --type's are */
+    int want = x->mix < 0 ? x->p->type : stz_gguf_like_type(x->mix, e, x->c, x->qwen2, x->tied);
     e->kind = K_FLOAT;
     if (e->ndim == 1) {
         e->type = STZ_GGML_F32; /* norms and biases: llama.cpp keeps them F32 */
@@ -101,6 +102,9 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
     size_t cap = NROLES * (size_t)c->n_layers + 8;
     if (!(x->t = calloc(cap, sizeof *x->t)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor plan");
+    x->tied = 1;
+    for (size_t f = 0; f < nfiles; f++)
+        x->tied &= stz_qmodel_find(files[f], stz_roles[STZ_ROLE_HEAD].name[hf]) < 0;
     /* in file order: the embedding, layer by layer, then the norm and head */
     for (uint32_t l = 0; l <= c->n_layers + 1; l++)
         for (size_t k = 0; k < NROLES; k++) {
@@ -273,6 +277,8 @@ static uint32_t file_type(const exporter *x)
 {
     uint64_t elems[STZ_GGML_TYPE_LIMIT] = {0};
     int most = STZ_GGML_F32;
+    if (x->mix >= 0)
+        return (uint32_t)stz_gguf_like_ftype(x->mix);
     for (size_t i = 0; i < x->n; i++)
         if (x->t[i].ndim == 2 && (elems[x->t[i].type] += x->t[i].rows * x->t[i].cols) > elems[most])
             most = x->t[i].type;
@@ -307,7 +313,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
                            const char *config_json, const char *model_path, const char *dir, const char *out,
                            stz_gguf_stats *stats, stz_err *err)
 {
-    exporter x = {.p = p, .c = c, .model = model_path, .of = STZ_OUTFILE_INIT, .stats = stats};
+    exporter x = {.p = p, .c = c, .model = model_path, .mix = -1, .of = STZ_OUTFILE_INIT, .stats = stats};
     memset(stats, 0, sizeof *stats);
     cJSON *cfg = cJSON_Parse(config_json ? config_json : "{}");
     gbuf kv = {0}, head = {0};
@@ -316,6 +322,11 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     const char *mt = model_type(cfg);
     const char *arch = !strncmp(mt, "qwen2", 5) ? "qwen2" : "llama";
     snprintf(stats->arch, sizeof stats->arch, "%s", arch);
+    x.qwen2 = !strcmp(arch, "qwen2");
+    if (p->mix && (x.mix = stz_gguf_like_parse(p->mix)) < 0) {
+        cJSON_Delete(cfg);
+        return stz_err_set(err, STZ_E_ARG, "%s: '%s' is not one of llama-quantize's types", model_path, p->mix);
+    }
     /* Hugging Face names: the embedding's; llama.cpp's "llama" RoPE takes pairs */
     int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF;
     STZ_TRY(st, plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err));
@@ -338,7 +349,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
         goto cleanup;
     }
     stats->file_bytes = head.n + x.total;
-    stz_gguf_like_sizes(x.t, x.n, c, !strcmp(arch, "qwen2"), stats->header_bytes, stats->like_bytes);
+    stz_gguf_like_sizes(x.t, x.n, c, x.qwen2, x.tied, stats->header_bytes, stats->like_bytes);
     if (!out)
         goto cleanup; /* the figures only */
     STZ_TRY(st, stz_outfile_open(&x.of, out, (p->write_flags & STZ_WRITE_FORCE) != 0, err));

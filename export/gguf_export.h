@@ -30,6 +30,8 @@ typedef struct {
     const stz_gguf_params *p;
     const stz_fwd_config *c;
     const char *model;
+    int mix;         /* p->mix's stz_gguf_like_parse, or -1 */
+    int qwen2, tied; /* the architecture; no output.weight (the embedding is the head) */
     etensor *t;
     size_t n;
     stz_outfile of;
@@ -54,8 +56,15 @@ stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *
 
 /* stats->like_bytes: the file llama-quantize makes of the n tensors t
  * (planned in the model's own types, their GGUF names and shapes; a Qwen2
- * model or not) under each of its types, with this header (gguf_like.c). */
-void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, uint64_t header,
+ * model or not; tied: no output.weight) under each of its types, with this
+ * header (gguf_like.c). */
+void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, int tied, uint64_t header,
                          uint64_t *out);
+/* The type llama-quantize's type `like` (stz_gguf_like_name) gives tensor
+ * e (its GGUF name and shape), its fallbacks included; -1 when it cannot
+ * make it. */
+int stz_gguf_like_type(int like, const etensor *e, const stz_fwd_config *c, int qwen2, int tied);
+/* Its LLAMA_FTYPE, general.file_type of the files it writes. */
+int stz_gguf_like_ftype(int like);
 
 #endif /* STZ_GGUF_EXPORT_H */

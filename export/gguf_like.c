@@ -2,22 +2,26 @@
  * (no importance matrix, not --pure): its per-tensor rules, as
  * llama_tensor_get_type in llama.cpp's src/llama-quant.cpp gives them for
  * Llama and Qwen2 models without experts, and its fallbacks for rows that
- * are not whole 256-blocks. The budget `stz gguf --like TYPE` meets. */
+ * are not whole 256-blocks: the budget `stz gguf --like TYPE` meets, and
+ * the types `stz export --type q4_k_m` (a mix) writes. */
 #include "gguf_export.h"
 #include "quant/ggml_types.h"
 
 #include <stdio.h>
 #include <string.h>
 
-/* llama-quantize's types: the name, the type most tensors get. */
+/* llama-quantize's types: the name, the type most tensors get, its
+ * LLAMA_FTYPE (general.file_type). */
 static const struct {
     const char *name;
-    int type;
+    int type, ftype;
 } likes[STZ_GGUF_LIKE_COUNT] = {
-    {"q4_0", STZ_GGML_Q4_0},   {"q4_1", STZ_GGML_Q4_1},     {"q5_0", STZ_GGML_Q5_0},     {"q5_1", STZ_GGML_Q5_1},
-    {"q8_0", STZ_GGML_Q8_0},   {"iq4_nl", STZ_GGML_IQ4_NL}, {"iq4_xs", STZ_GGML_IQ4_XS}, {"q2_k", STZ_GGML_Q2_K},
-    {"q3_k_s", STZ_GGML_Q3_K}, {"q3_k_m", STZ_GGML_Q3_K},   {"q3_k_l", STZ_GGML_Q3_K},   {"q4_k_s", STZ_GGML_Q4_K},
-    {"q4_k_m", STZ_GGML_Q4_K}, {"q5_k_s", STZ_GGML_Q5_K},   {"q5_k_m", STZ_GGML_Q5_K},   {"q6_k", STZ_GGML_Q6_K},
+    {"q4_0", STZ_GGML_Q4_0, 2},      {"q4_1", STZ_GGML_Q4_1, 3},    {"q5_0", STZ_GGML_Q5_0, 8},
+    {"q5_1", STZ_GGML_Q5_1, 9},      {"q8_0", STZ_GGML_Q8_0, 7},    {"iq4_nl", STZ_GGML_IQ4_NL, 25},
+    {"iq4_xs", STZ_GGML_IQ4_XS, 30}, {"q2_k", STZ_GGML_Q2_K, 10},   {"q3_k_s", STZ_GGML_Q3_K, 11},
+    {"q3_k_m", STZ_GGML_Q3_K, 12},   {"q3_k_l", STZ_GGML_Q3_K, 13}, {"q4_k_s", STZ_GGML_Q4_K, 14},
+    {"q4_k_m", STZ_GGML_Q4_K, 15},   {"q5_k_s", STZ_GGML_Q5_K, 16}, {"q5_k_m", STZ_GGML_Q5_K, 17},
+    {"q6_k", STZ_GGML_Q6_K, 18},
 };
 enum {
     Q4_0,
@@ -110,31 +114,41 @@ static int rule(int f, const etensor *e, const shape *s)
     return def;
 }
 
-/* Rows that are not whole blocks of a 256-block type: its fallback (F16
- * when that does not fit either); -1 when llama-quantize fails. */
-static int fallback(int t, uint64_t ne0)
+static shape shape_of(const stz_fwd_config *c, int qwen2, int tied)
 {
-    uint32_t block = stz_ggml_traits_of(t)->block;
-    if (ne0 % block == 0)
-        return t;
-    if (block != 256)
-        return -1; /* "Unsupported tensor size encountered" */
-    int f = t == STZ_GGML_Q4_K   ? STZ_GGML_Q5_0
-            : t == STZ_GGML_Q5_K ? STZ_GGML_Q5_1
-            : t == STZ_GGML_Q6_K ? STZ_GGML_Q8_0
-                                 : STZ_GGML_IQ4_NL; /* Q2_K, Q3_K, IQ4_XS */
-    return ne0 % stz_ggml_traits_of(f)->block ? STZ_GGML_F16 : f;
+    return (shape){(int)c->n_layers, c->n_kv_heads && c->n_heads / c->n_kv_heads >= 4,
+                   c->n_layers == 80 && (qwen2 || c->n_heads != c->n_kv_heads), tied};
+}
+
+/* The type tensor e takes under type f before fallbacks (F32 where
+ * llama-quantize keeps a tensor, as llama.cpp's convert writes it). */
+static int like_rule(int f, const etensor *e, const shape *s) { return kept(e) ? STZ_GGML_F32 : rule(f, e, s); }
+
+int stz_gguf_like_type(int like, const etensor *e, const stz_fwd_config *c, int qwen2, int tied)
+{
+    shape s = shape_of(c, qwen2, tied);
+    return like_rule(like, e, &s);
+}
+
+int stz_gguf_like_ftype(int like) { return likes[like].ftype; }
+
+/* ... and after them: llama.cpp's fallbacks for rows that are not whole
+ * blocks (stz_ggml_fallback); -1 where llama-quantize fails ("Unsupported
+ * tensor size encountered": a 32-block type on such rows). */
+static int like_final(int f, const etensor *e, const shape *s)
+{
+    int t = like_rule(f, e, s), fb = t == STZ_GGML_F32 ? t : stz_ggml_fallback(t, e->ne[0]);
+    return fb == STZ_GGML_F16 && stz_ggml_block(t) != 256 ? -1 : fb;
 }
 
 /* The file's bytes under type f: the header, each tensor's data padded to
- * the alignment (a tensor kept as F32, as llama.cpp's convert writes it);
- * 0 when llama-quantize cannot make it. */
+ * the alignment; 0 when llama-quantize cannot make it. */
 static uint64_t like_bytes(const etensor *t, size_t n, int f, const shape *s, uint64_t header)
 {
     uint64_t total = gguf_padded(header);
     for (size_t k = 0; k < n; k++) {
         const etensor *e = &t[k];
-        int type = kept(e) ? STZ_GGML_F32 : fallback(rule(f, e, s), e->ne[0]);
+        int type = like_final(f, e, s);
         if (type < 0)
             return 0;
         total += gguf_padded(stz_ggml_row_bytes(type, e->ne[0]) * (e->ndim == 2 ? e->ne[1] : 1));
@@ -142,12 +156,10 @@ static uint64_t like_bytes(const etensor *t, size_t n, int f, const shape *s, ui
     return total;
 }
 
-void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, uint64_t header, uint64_t *out)
+void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, int tied, uint64_t header,
+                         uint64_t *out)
 {
-    shape s = {(int)c->n_layers, c->n_kv_heads && c->n_heads / c->n_kv_heads >= 4,
-               c->n_layers == 80 && (qwen2 || c->n_heads != c->n_kv_heads), 1};
-    for (size_t k = 0; k < n; k++)
-        s.tied &= strcmp(t[k].name, "output.weight") != 0;
+    shape s = shape_of(c, qwen2, tied);
     for (int f = 0; f < STZ_GGUF_LIKE_COUNT; f++)
         out[f] = like_bytes(t, n, f, &s, header);
 }

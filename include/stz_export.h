@@ -43,10 +43,15 @@ typedef struct {
      * is padded with [PADn] tokens (0: refused; a few rows past its ids,
      * as models pad their embedding, are padded either way and counted) */
     int pad_vocab;
+    /* float 2-D tensors in the types llama-quantize's mix of this name gives
+     * each (stz_gguf_like_parse: "q4_k_m", "q3_k_s", ...: its per-tensor
+     * rules and fallbacks, as stz_gguf_stats.like_bytes counts them), with
+     * stz's scales; instead of `type`. NULL: none */
+    const char *mix;
 } stz_gguf_params;
 
 // clang-format off
-#define STZ_GGUF_PARAMS_DEFAULT {STZ_GGML_AUTO, 0, NULL, NULL, 1, 0, NULL, NULL, 0}
+#define STZ_GGUF_PARAMS_DEFAULT {STZ_GGML_AUTO, 0, NULL, NULL, 1, 0, NULL, NULL, 0, NULL}
 // clang-format on
 
 /* What an export wrote, per GGUF type. */

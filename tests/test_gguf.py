@@ -288,7 +288,7 @@ def test_type_fallback_reported(tmp_path):
     rep = json.loads(stz("export", "--gguf", F32, "--tokenizer", TOK, "-o", out, "-f", "--type", "q6_k", "--json").stdout)
     assert rep["block_fallback"] == 31 and rep["types"]["q8_0"]["tensors"] == 31 and "q6_k" not in rep["types"]
     r = stz("export", "--gguf", F32, "--tokenizer", TOK, "-o", tmp_path / "x.gguf", "--type", "q9", ok=False)
-    assert r.returncode == 2 and "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, bf16, not 'q9'" in r.stderr
+    assert r.returncode == 2 and "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, bf16, or a mix" in r.stderr
 
 
 @need_data
@@ -1336,6 +1336,28 @@ def test_like_sizes_are_llama_quantize(tmp_path, shape):
         out = tmp_path / (name + ".gguf")
         assert llama_quantize(f32, out, name) == 0, name
         assert os.path.getsize(out) == like[name], name
+
+
+@need_lib
+@pytest.mark.parametrize("shape", [dict(), dict(layers=8, kv_heads=1, tied=True)])
+def test_type_mix_is_llama_quantize(tmp_path, shape):
+    """export --type MIX gives every tensor the type llama-quantize's own
+    mix gives it from the same F32 GGUF (same names, types, file_type and
+    file size); a plain type keeps its meaning, and an unknown name lists
+    the mixes."""
+    m = wide_dir(tmp_path, **shape)
+    f32 = tmp_path / "f32.gguf"
+    stz("export", "--gguf", m, "-o", f32, "-q")
+    for mix in ["q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m"]:
+        ref, out = tmp_path / ("ref." + mix), tmp_path / ("stz." + mix)
+        assert llama_quantize(f32, ref, mix) == 0, mix
+        stz("export", "--gguf", m, "-o", out, "--type", mix, "-q")
+        (kr, ir, _, _), (ks, is_, _, _) = [parse_gguf(open(f, "rb").read()) for f in (ref, out)]
+        assert {n: t for n, _, t, _ in is_} == {n: t for n, _, t, _ in ir}, mix
+        assert ks["general.file_type"] == kr["general.file_type"] == LLAMA_FTYPE[mix]
+        assert os.path.getsize(out) == os.path.getsize(ref), mix
+    r = stz("export", "--gguf", m, "-o", tmp_path / "x.gguf", "--type", "q4_k_x", ok=False)
+    assert r.returncode == 2 and "a mix of llama-quantize's: q3_k_s, q3_k_m" in r.stderr and "q5_k_m, not 'q4_k_x'" in r.stderr
 
 
 @need_data
