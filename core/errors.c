@@ -141,3 +141,5 @@ stz_status stz_dtype_nbytes(stz_dtype d, uint64_t n, uint64_t *bytes, stz_err *e
     *bytes = nbits / 8;
     return STZ_OK;
 }
+
+const char *stz_version(void) { return STZ_VERSION_STRING; }

@@ -32,6 +32,8 @@ extern "C" {
 #define STZ_VERSION_MINOR  1
 #define STZ_VERSION_PATCH  0
 #define STZ_VERSION_STRING "0.1.0"
+/* The library's STZ_VERSION_STRING, as built (Python's stz.__version__). */
+STZ_API const char *stz_version(void);
 
 /* Stable status codes: values never change once released. */
 typedef enum {

@@ -81,6 +81,7 @@ _P, _S, _E = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(Err)
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _SIGNATURES = [
     ("stz_status_name", ctypes.c_char_p, [ctypes.c_int]),
+    ("stz_version", ctypes.c_char_p, []),
     ("stz_dtype_name", ctypes.c_char_p, [ctypes.c_int]),
     ("stz_dtype_parse", ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]),
     ("stz_qmodel_open", ctypes.c_int, [_PP, ctypes.c_char_p, _E]),

@@ -438,3 +438,58 @@ def test_struct_mirrors_checked():
     with pytest.raises(stz.StzError) as e:
         _lib.check_mirrors(lib, "libstz.so.0", [("stz_qtensor", Short)])
     assert e.value.code == "STZ_E_UNSUPPORTED" and "stz_qtensor" in e.value.message
+
+
+SLICES = [np.s_[:], np.s_[3], np.s_[-1], np.s_[2:7], np.s_[7:2:-1], np.s_[::-2], np.s_[::3, 1:5], np.s_[..., 0],
+          np.s_[5:5], np.s_[1, ::2], np.s_[None], np.s_[10**6], np.s_[-10**6:2]]
+
+
+@pytest.mark.parametrize("name", ["tiny.safetensors", "q.safetensors", "qnl.safetensors", "q.stz", "m.stz"])
+def test_get_slice_is_get_tensor_indexed(files, name):
+    """get_slice(n)[key] is get_tensor(n)[key] for every tensor and index
+    (plain BF16, both quantized kinds, containers; bf16_raw too), with the
+    same IndexError where numpy gives one; the shape and dtype come without
+    reading the tensor."""
+    for raw in (False, True):
+        with stz.safe_open(files / name, bf16_raw=raw) as f:
+            for k in f.keys():
+                whole, s = f.get_tensor(k), f.get_slice(k)
+                assert s.get_shape() == list(whole.shape), k
+                assert s.get_dtype() in ("F32", "BF16", "F16"), k
+                for key in SLICES:
+                    try:
+                        want = whole[key]
+                    except IndexError:
+                        with pytest.raises(IndexError):
+                            s[key]
+                        continue
+                    got = s[key]
+                    assert got.dtype == want.dtype and np.array_equal(got, want), (k, key)
+
+
+def test_save_and_load_bytes(files, tmp_path):
+    """save() gives the bytes save_file writes; load() reads them (and a
+    quantized file's bytes, dequantized as load_file does); cut bytes are
+    the reader's error."""
+    t = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "i": np.array([1, -2, 3], dtype=np.int32)}
+    b = stz.save(t, metadata={"k": "v"})
+    stz.save_file(t, tmp_path / "s.safetensors", metadata={"k": "v"})
+    assert b == (tmp_path / "s.safetensors").read_bytes()
+    back = stz.load(b)
+    assert set(back) == set(t) and all(np.array_equal(back[k], t[k]) for k in t)
+    want = stz.load_file(files / "q.safetensors")
+    got = stz.load((files / "q.safetensors").read_bytes())
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    with pytest.raises(stz.StzError):
+        stz.load(b[:-3])
+
+
+def test_version_and_namespace():
+    """__version__ is the library's and the program's; the module holds
+    only its API (and private names)."""
+    out = subprocess.run([STZ, "--version"], capture_output=True, text=True, check=True).stdout.split()
+    assert stz.__version__ == out[1]
+    assert 'version = "%s"' % stz.__version__ in open(os.path.join(ROOT, "python", "pyproject.toml")).read()
+    public = {n for n in vars(stz) if not n.startswith("_")}
+    assert public == set(stz.__all__) - {"__version__"}
+    assert dir(stz) == sorted(stz.__all__)
