@@ -30,7 +30,16 @@ struct stz_policy {
     rule *rules;
     size_t n;
     stz_decision def;
+    int def_method; /* the default gave a method: its rules inherit it */
 };
+
+/* A block width's method when neither the rule nor the default names one:
+ * the one measured best at the same bytes (docs/POLICY.md: nl for int4,
+ * mse for int8); absmax for the rest. */
+static stz_qmethod width_method(stz_action a, stz_qmethod given)
+{
+    return a == STZ_ACTION_INT4 ? STZ_QMETHOD_NL : a == STZ_ACTION_INT8 ? STZ_QMETHOD_MSE : given;
+}
 
 static stz_decision default_decision(void)
 {
@@ -199,6 +208,8 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
             return perr(err, p, where, pat, "unknown key '%s'", key, NULL);
         }
     }
+    if (!cJSON_GetObjectItemCaseSensitive(o, "method") && !p->def_method)
+        d->method = width_method(d->action, d->method);
     const char *block_key = cJSON_GetObjectItemCaseSensitive(o, "method")        ? "method"
                             : cJSON_GetObjectItemCaseSensitive(o, "block_size")  ? "block_size"
                             : cJSON_GetObjectItemCaseSensitive(o, "scale_dtype") ? "scale_dtype"
@@ -369,6 +380,7 @@ static stz_status parse_default(stz_policy *p, const cJSON *root, stz_err *err)
         cJSON_Delete(tmp);
     } else if (cJSON_IsObject(def)) {
         st = parse_action(p, -1, NULL, def, &p->def, NULL, err);
+        p->def_method = cJSON_GetObjectItemCaseSensitive(def, "method") != NULL;
     } else if (def) {
         st = perr(err, p, -1, NULL, "must be an action name or an object", NULL, NULL);
     }

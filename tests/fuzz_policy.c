@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (d.action >= STZ_ACTION_COUNT || d.rule < -1 || d.rule >= (int)stz_policy_rule_count(p))
             abort();
         if ((d.action == STZ_ACTION_INT8 || d.action == STZ_ACTION_INT4) &&
-            (!d.block_size || d.method > STZ_QMETHOD_MSE))
+            (!d.block_size || d.method >= STZ_QMETHOD_COUNT))
             abort();
         if (d.action != STZ_ACTION_KEEP && ts[i].dtype == STZ_DTYPE_I32)
             abort(); /* integer tensors are never quantized, whatever the rule says */

@@ -720,7 +720,8 @@ static void check_shared(const char *file, double min8, double min4, double mean
     assert_int_equal(cnt, 36); /* every 2-D tensor of stories260K */
     if (minc < min8)
         fail_msg("%s INT8 minimum cosine %.6f < %.6f", file, minc, min8);
-    quantize_with("{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2}]}", p, q, STZ_OK, &err);
+    quantize_with("{\"rules\": [{\"match\": \"*\", \"action\": \"int4\", \"min_ndim\": 2, \"method\": \"absmax\"}]}", p,
+                  q, STZ_OK, &err);
     eval_files(p, q, &minc, &wmean, &cnt);
     if (minc < min4 || wmean < mean4)
         fail_msg("%s INT4 minimum cosine %.5f (want %.3f), weighted %.5f (want %.3f)", file, minc, min4, wmean, mean4);

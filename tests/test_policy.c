@@ -203,6 +203,43 @@ static void test_policy_randomized_keys(void **state)
     stz_policy_free(p);
 }
 
+/* A width with no method: int4 takes nl and int8 mse (measured best at
+ * the same bytes), other widths absmax; a method the rule or the default
+ * names wins, and the default's is inherited. */
+static void test_policy_width_methods(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        stz_qmethod a, b, c;
+    } cases[] = {
+        {"{\"rules\": [{\"match\": \"a\", \"action\": \"int4\"}, {\"match\": \"b\", \"action\": \"int8\"}, "
+         "{\"match\": \"c\", \"action\": \"int5\"}]}",
+         STZ_QMETHOD_NL, STZ_QMETHOD_MSE, STZ_QMETHOD_ABSMAX},
+        {"{\"rules\": [{\"match\": \"a\", \"action\": \"int4\", \"method\": \"absmax\"}, "
+         "{\"match\": \"b\", \"action\": \"int8\", \"method\": \"full\"}, {\"match\": \"c\", \"action\": \"int4\", "
+         "\"method\": \"mse\"}]}",
+         STZ_QMETHOD_ABSMAX, STZ_QMETHOD_FULL, STZ_QMETHOD_MSE},
+        {"{\"default\": {\"action\": \"keep\", \"method\": \"full\"}, \"rules\": [{\"match\": \"a\", \"action\": "
+         "\"int4\"}, {\"match\": \"b\", \"action\": \"int8\"}, {\"match\": \"c\", \"action\": \"int4\", \"method\": "
+         "\"nl\"}]}",
+         STZ_QMETHOD_FULL, STZ_QMETHOD_FULL, STZ_QMETHOD_NL},
+    };
+    uint64_t sq[2] = {64, 128};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        stz_policy *p;
+        stz_err err;
+        assert_int_equal(stz_policy_parse(&p, cases[k].json, strlen(cases[k].json), "t", &err), STZ_OK);
+        const char *names[] = {"a", "b", "c"};
+        stz_qmethod want[] = {cases[k].a, cases[k].b, cases[k].c};
+        for (int i = 0; i < 3; i++) {
+            stz_tensor t = mk(names[i], STZ_DTYPE_F32, 2, sq);
+            assert_int_equal(stz_policy_decide(p, &t).method, want[i]);
+        }
+        stz_policy_free(p);
+    }
+}
+
 /* "pad": rows that are not whole 32-blocks keep a 32-block type (a
  * 256-block type its stand-in), not F16; whole rows are as without it. */
 static void test_policy_pad(void **state)
@@ -354,9 +391,10 @@ static void test_builtin_policies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_policy_matching),  cmocka_unit_test(test_policy_errors),
-        cmocka_unit_test(test_builtin_policies), cmocka_unit_test(test_policy_randomized_keys),
-        cmocka_unit_test(test_policy_pad),       cmocka_unit_test(test_policy_build),
+        cmocka_unit_test(test_policy_matching),      cmocka_unit_test(test_policy_errors),
+        cmocka_unit_test(test_builtin_policies),     cmocka_unit_test(test_policy_randomized_keys),
+        cmocka_unit_test(test_policy_pad),           cmocka_unit_test(test_policy_build),
+        cmocka_unit_test(test_policy_width_methods),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
