@@ -169,8 +169,9 @@ struct stz_policy;
 stz_status cli_policy_load(const cli_policy_opts *po, struct stz_policy **out, stz_err *err);
 struct stz_reader;
 /* Warns on stderr about rules that matched no tensor, suggesting the name
- * of `names` (may be NULL) a plain pattern was probably meant to be. */
-void cli_policy_warn_unused(const struct stz_policy *pol, const struct stz_reader *names);
+ * of `names` (may be NULL) a plain pattern was probably meant to be, or
+ * saying which earlier rule took the tensor it names (deciding it again). */
+void cli_policy_warn_unused(struct stz_policy *pol, const struct stz_reader *names);
 
 /* "1,234,567" into buf (>= 32 bytes); returns buf. */
 const char *cli_commas(char *buf, uint64_t v);

@@ -80,7 +80,7 @@ static size_t edits(const char *a, const char *b)
     return row[lb];
 }
 
-void cli_policy_warn_unused(const stz_policy *pol, const stz_reader *names)
+void cli_policy_warn_unused(stz_policy *pol, const stz_reader *names)
 {
     for (size_t i = 0; i < stz_policy_rule_count(pol); i++) {
         if (stz_policy_rule_hits(pol, i) || stz_policy_rule_optional(pol, i))
@@ -93,7 +93,19 @@ void cli_policy_warn_unused(const stz_policy *pol, const stz_reader *names)
             if (d < bd)
                 bd = d, best = stz_reader_tensor(names, t)->name;
         }
-        if (best)
+        int there = best && !strcmp(best, pat); /* the tensor is there: an earlier rule or a condition */
+        int took =
+            there ? stz_policy_decide(pol, stz_reader_tensor(names, (size_t)stz_reader_find(names, best))).rule : -1;
+        if (took >= 0)
+            fprintf(stderr,
+                    "stz: warning: rule %zu ('%s') matched no tensor: rule %d ('%s') comes first and takes it\n", i,
+                    pat, took, stz_policy_rule_pattern(pol, (size_t)took));
+        else if (there)
+            fprintf(stderr,
+                    "stz: warning: rule %zu ('%s') matched no tensor: its conditions (dtypes, min_ndim, max_ndim) "
+                    "leave the tensor out\n",
+                    i, pat);
+        else if (best)
             fprintf(stderr, "stz: warning: rule %zu ('%s') matched no tensor; did you mean '%s'?\n", i, pat, best);
         else
             fprintf(stderr, "stz: warning: rule %zu ('%s') matched no tensor\n", i, pat);

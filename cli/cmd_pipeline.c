@@ -149,7 +149,7 @@ static stz_status load_policy(const popts *o, const char *in, stz_policy **pol, 
 
 /* Rules that matched no tensor, warned about (not under MPI, where each
  * rank saw only its shards). */
-static void warn_unused(const popts *o, const stz_policy *pol, const char *in)
+static void warn_unused(const popts *o, stz_policy *pol, const char *in)
 {
     if (!pol || o->c.quiet || cli_mpi_size() > 1)
         return;

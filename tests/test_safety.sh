@@ -480,6 +480,9 @@ expect_rc 0 "a typo in a --keep" "$STZ" quantize --int4 --keep lm-head.weight "$
 has "$T/err" "rule 0 ('lm-head.weight') matched no tensor; did you mean 'lm_head.weight'?" "suggests the name"
 expect_rc 0 "compress warns too" "$STZ" compress --int4 --keep lm-head.weight "$M" -o "$T/typo.stz"
 has "$T/err" "did you mean 'lm_head.weight'" "compress suggests"
+# a rule for a tensor that is there, after one that takes it first (first match wins)
+expect_rc 0 "a shadowed --set" "$STZ" plan --set '*=int4:min_ndim=2' --set 'lm_head.weight=int8' "$M"
+has "$T/err" "rule 1 ('lm_head.weight') matched no tensor: rule 0 ('\*') comes first and takes it" "names the rule"
 # a model with tied embeddings (no lm_head): the shipped policies' head rules
 # are optional, so no warning; a user's rule that matches nothing still warns
 python3 -c '
