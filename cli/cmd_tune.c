@@ -127,7 +127,7 @@ static int number(const char *cmd, const char *opt, const char *arg, double lo, 
  * --gguf: --like, --fast, bits per weight over tensor data). */
 static int parse(int argc, char **argv, tune_opts *o, int gguf)
 {
-    const char *cmd = gguf ? "gguf" : "tune";
+    const char *cmd = gguf ? "gguf" : !strcmp(argv[0], "compress") ? "compress" : "tune";
     enum {
         O_SIZE = 256,
         O_RATIO,
@@ -208,6 +208,11 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
         case O_LIKE: budgets++, o->p.goal = STZ_TUNE_LIKE, o->p.like = optarg; break;
         case O_FAST: fast = 1; break;
         default:
+            if (c == '?' && !strcmp(cmd, "compress"))
+                return cli_usage_error(cmd,
+                                       "'%s' is not an option of --tune, which chooses the policy itself (its "
+                                       "options: stz tune --help)",
+                                       argv[optind - 1]);
             if ((rc = cli_seq_opt(cmd, c, &o->p.seqs)) != -2) {
                 if (rc == -1)
                     break;

@@ -393,10 +393,16 @@ def _interruptible(fn: Callable[[], int]) -> int:
     return status[0]
 
 
-def compress(src: PathLike, dst: Optional[PathLike] = None, policy: str = "int4", lossless: bool = False,
+def compress(src: PathLike, dst: Optional[PathLike] = None, policy: Optional[str] = None, lossless: bool = False,
              force: bool = False, **options: Any) -> Dict[str, Any]:
-    """stz compress (a file or a model directory): returns its --json summary."""
-    how = {"lossless": True} if lossless else {"policy": policy}
+    """stz compress (a file or a model directory): returns its --json summary.
+    policy: a shipped name or a file (default "int4"); tune=True with a
+    budget (size=, bits_per_weight=, ...) chooses it instead, as
+    compress --tune does, returning tune's report."""
+    if lossless:
+        how: Dict[str, Any] = {"lossless": True}
+    else:  # --tune chooses the policy
+        how = {} if options.get("tune") and not policy else {"policy": policy or "int4"}
     return command("compress", src, **how, output=dst, force=force, **options)
 
 

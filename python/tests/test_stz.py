@@ -168,6 +168,10 @@ def test_tune(files, tmp_path):
     assert {t["name"] for t in r["tensors"]} >= {"lm_head.weight"}
     no = stz.tune(files / "tiny.safetensors", tmp_path / "no.json", size=1000)
     assert not no["met"] and no["closest_bytes"] > 1000 and not (tmp_path / "no.json").exists()
+    c = stz.compress(files / "tiny.safetensors", tmp_path / "t.stz", tune=True, size=100000, sequences=2, seq_len=16)
+    assert c["met"] and c["container"] == str(tmp_path / "t.stz") and os.path.getsize(tmp_path / "t.stz") <= 100000
+    with pytest.raises(stz.StzError, match="not an option of --tune"):
+        stz.compress(files / "tiny.safetensors", tmp_path / "u.stz", policy="int8", tune=True, size=100000)
 
 
 def test_gguf(tmp_path):
