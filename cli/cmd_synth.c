@@ -1,16 +1,11 @@
 /* stz synth: realistic stand-in models. */
 #include "cli.h"
-#include "stz_safetensors.h"
 #include "stz_synth.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <getopt.h>
-#include <limits.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 static const char synth_help[] =
     "usage: stz synth ARCH -o FILE [options]\n"
@@ -50,89 +45,6 @@ static int list_archs(void)
                stz_synth_arch_desc(i));
     }
     return CLI_OK;
-}
-
-/* A Hugging Face directory: nshards files model-0000K-of-0000N.safetensors,
- * model.safetensors.index.json and config.json, built under a temporary
- * name and renamed into place at the end. *st sums the shards. */
-static stz_status write_shards(stz_synth_params *p, const char *dir, uint32_t nshards, stz_synth_stats *st,
-                               stz_err *err)
-{
-    struct stat sb;
-    if (lstat(dir, &sb) == 0)
-        return stz_err_set(err, STZ_E_EXISTS,
-                           "%s: output exists; remove it first (directories are never replaced, "
-                           "even with --force)",
-                           dir);
-    char tmp[PATH_MAX], f[PATH_MAX + 64];
-    const char *slash = strrchr(dir, '/');
-    int track = -1;
-    if (snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - dir) + 1 : 0, dir,
-                 slash ? slash + 1 : dir) >= (int)sizeof tmp ||
-        stz_tmp_make(tmp, 1, &track) < 0)
-        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
-    mode_t mask = umask(0);
-    umask(mask);
-    chmod(tmp, 0777 & ~mask);
-    memset(st, 0, sizeof *st);
-    cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
-          *wm = cJSON_AddObjectToObject(index, "weight_map");
-    char *config = NULL;
-    double total = 0;
-    stz_status s = STZ_OK;
-    for (uint32_t k = 0; !s && k < nshards; k++) {
-        char name[64];
-        stz_synth_stats one;
-        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", k + 1, nshards);
-        snprintf(f, sizeof f, "%s/%s", tmp, name);
-        p->shard = k, p->nshards = nshards;
-        if ((s = stz_synth_write(p, f, &one, err)))
-            break;
-        st->tensors += one.tensors, st->params += one.params, st->bytes += one.bytes;
-        for (int b = 0; b < 256; b++)
-            st->exp_hist[b] += one.exp_hist[b];
-        stz_reader *r;
-        if ((s = stz_reader_open(&r, f, err)))
-            break;
-        for (size_t i = 0; i < stz_reader_count(r); i++) {
-            const stz_tensor *t = stz_reader_tensor(r, i);
-            cJSON_AddStringToObject(wm, t->name, name);
-            total += (double)(t->end - t->begin);
-        }
-        if (!config && stz_reader_meta_get(r, "config"))
-            config = strdup(stz_reader_meta_get(r, "config"));
-        stz_reader_free(r);
-    }
-    for (int b = 0; b < 256; b++)
-        if (st->exp_hist[b]) {
-            double q = (double)st->exp_hist[b] / (double)st->params;
-            st->exp_entropy_bits -= q * log2(q);
-        }
-    cJSON_AddNumberToObject(meta, "total_size", total);
-    char *text = cJSON_Print(index), *hf_config = NULL, *tokenizer = NULL;
-    if (!s && config)
-        s = stz_synth_hf_files(config, &hf_config, &tokenizer, err);
-    const char *files[3] = {"model.safetensors.index.json", "config.json", "tokenizer.json"},
-               *body[3] = {text, hf_config, tokenizer};
-    for (int k = 0; !s && k < 3; k++) {
-        snprintf(f, sizeof f, "%s/%s", tmp, files[k]);
-        FILE *o = fopen(f, "wx");
-        if (!body[k] || !o || fputs(body[k], o) < 0 || fputc('\n', o) < 0 || fclose(o)) {
-            s = stz_err_set(err, STZ_E_IO, "%s: cannot write %s", dir, files[k]);
-            o = NULL;
-        }
-    }
-    free(text), free(config), free(hf_config), free(tokenizer);
-    cJSON_Delete(index);
-    if (!s && stz_rename_noreplace(tmp, dir))
-        s = stz_err_set(err, STZ_E_EXISTS, "%s: cannot rename the finished directory into place: %s", dir,
-                        strerror(errno));
-    if (s)
-        stz_remove_tree(tmp);
-    stz_tmp_untrack(track);
-    if (!s)
-        st->bytes = stz_path_bytes(dir, 0);
-    return s;
 }
 
 /* stz synth. Longer than most: the option table and its switch, then one
@@ -213,7 +125,7 @@ int cmd_synth(int argc, char **argv)
     p.progress_user = &prog;
     stz_synth_stats st;
     stz_err err;
-    stz_status s = nshards ? write_shards(&p, out, nshards, &st, &err) : stz_synth_write(&p, out, &st, &err);
+    stz_status s = nshards ? stz_synth_write_dir(&p, out, nshards, &st, &err) : stz_synth_write(&p, out, &st, &err);
     cli_progress_end(&prog);
     if (s)
         return cli_fail(&err);

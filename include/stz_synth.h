@@ -68,6 +68,15 @@ STZ_API stz_status stz_synth_write(const stz_synth_params *p, const char *path, 
  * ids cover its vocabulary, "<|endoftext|>" last (malloc'd texts). */
 STZ_API stz_status stz_synth_hf_files(const char *meta_config, char **config, char **tokenizer, stz_err *err);
 
+/* The model as a Hugging Face folder `dir` (which must not exist): nshards
+ * files model-0000K-of-0000N.safetensors (whole tensors, cut by bytes),
+ * model.safetensors.index.json, config.json and tokenizer.json
+ * (stz_synth_hf_files), built under a temporary name beside it and renamed
+ * into place at the end. stats (not NULL) sums the shards; its bytes are
+ * the folder's. */
+STZ_API stz_status stz_synth_write_dir(const stz_synth_params *p, const char *dir, uint32_t nshards,
+                                       stz_synth_stats *stats, stz_err *err);
+
 #ifdef __cplusplus
 }
 #endif

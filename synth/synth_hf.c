@@ -1,16 +1,22 @@
-/* A generated model as a Hugging Face folder holds it: config.json with
- * its model_type and the keys transformers and llama.cpp's converter read,
- * and a small valid tokenizer.json (byte-level BPE) covering its
- * vocabulary, so that the folder -> GGUF -> llama.cpp path runs on it. */
+/* A generated model as a Hugging Face folder holds it: its shards and
+ * their index, config.json with its model_type and the keys transformers
+ * and llama.cpp's converter read, and a small valid tokenizer.json
+ * (byte-level BPE) covering its vocabulary, so that the folder -> GGUF ->
+ * llama.cpp path runs on it. */
 #include "core/stz_core.h"
 #include "synth_internal.h"
+#include "stz_safetensors.h"
 #include "stz_synth.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* A growing text. */
 typedef struct {
@@ -124,4 +130,87 @@ stz_status stz_synth_hf_files(const char *meta_config, char **config, char **tok
     free(*config), free(*tokenizer);
     *config = *tokenizer = NULL;
     return stz_err_set(err, STZ_E_NOMEM, "synth: out of memory for config.json and tokenizer.json");
+}
+
+/* ---- the folder ------------------------------------------------------ */
+
+stz_status stz_synth_write_dir(const stz_synth_params *params, const char *dir, uint32_t nshards, stz_synth_stats *st,
+                               stz_err *err)
+{
+    stz_synth_params one_shard = *params, *p = &one_shard;
+    struct stat sb;
+    if (lstat(dir, &sb) == 0)
+        return stz_err_set(err, STZ_E_EXISTS,
+                           "%s: output exists; remove it first (directories are never replaced, "
+                           "even with --force)",
+                           dir);
+    char tmp[PATH_MAX], f[PATH_MAX + 64];
+    const char *slash = strrchr(dir, '/');
+    int track = -1;
+    if (snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-XXXXXX", slash ? (int)(slash - dir) + 1 : 0, dir,
+                 slash ? slash + 1 : dir) >= (int)sizeof tmp ||
+        stz_tmp_make(tmp, 1, &track) < 0)
+        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
+    mode_t mask = umask(0);
+    umask(mask);
+    chmod(tmp, 0777 & ~mask);
+    memset(st, 0, sizeof *st);
+    cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
+          *wm = cJSON_AddObjectToObject(index, "weight_map");
+    char *config = NULL;
+    double total = 0;
+    stz_status s = STZ_OK;
+    for (uint32_t k = 0; !s && k < nshards; k++) {
+        char name[64];
+        stz_synth_stats one;
+        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", k + 1, nshards);
+        snprintf(f, sizeof f, "%s/%s", tmp, name);
+        p->shard = k, p->nshards = nshards;
+        if ((s = stz_synth_write(p, f, &one, err)))
+            break;
+        st->tensors += one.tensors, st->params += one.params, st->bytes += one.bytes;
+        for (int b = 0; b < 256; b++)
+            st->exp_hist[b] += one.exp_hist[b];
+        stz_reader *r;
+        if ((s = stz_reader_open(&r, f, err)))
+            break;
+        for (size_t i = 0; i < stz_reader_count(r); i++) {
+            const stz_tensor *t = stz_reader_tensor(r, i);
+            cJSON_AddStringToObject(wm, t->name, name);
+            total += (double)(t->end - t->begin);
+        }
+        if (!config && stz_reader_meta_get(r, "config"))
+            config = strdup(stz_reader_meta_get(r, "config"));
+        stz_reader_free(r);
+    }
+    for (int b = 0; b < 256; b++)
+        if (st->exp_hist[b]) {
+            double q = (double)st->exp_hist[b] / (double)st->params;
+            st->exp_entropy_bits -= q * log2(q);
+        }
+    cJSON_AddNumberToObject(meta, "total_size", total);
+    char *index_text = cJSON_Print(index), *hf_config = NULL, *tokenizer = NULL;
+    if (!s && config)
+        s = stz_synth_hf_files(config, &hf_config, &tokenizer, err);
+    const char *files[3] = {"model.safetensors.index.json", "config.json", "tokenizer.json"},
+               *body[3] = {index_text, hf_config, tokenizer};
+    for (int k = 0; !s && k < 3; k++) {
+        snprintf(f, sizeof f, "%s/%s", tmp, files[k]);
+        FILE *o = fopen(f, "wx");
+        if (!body[k] || !o || fputs(body[k], o) < 0 || fputc('\n', o) < 0 || fclose(o)) {
+            s = stz_err_set(err, STZ_E_IO, "%s: cannot write %s", dir, files[k]);
+            o = NULL;
+        }
+    }
+    free(index_text), free(config), free(hf_config), free(tokenizer);
+    cJSON_Delete(index);
+    if (!s && stz_rename_noreplace(tmp, dir))
+        s = stz_err_set(err, STZ_E_EXISTS, "%s: cannot rename the finished directory into place: %s", dir,
+                        strerror(errno));
+    if (s)
+        stz_remove_tree(tmp);
+    stz_tmp_untrack(track);
+    if (!s)
+        st->bytes = stz_path_bytes(dir, 0);
+    return s;
 }

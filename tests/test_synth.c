@@ -134,6 +134,38 @@ static void test_interrupted_leaves_nothing(void **state)
     tu_rmdir(dir);
 }
 
+/* A Hugging Face folder: its shards hold the single file's tensors (the
+ * same counts), beside the index, config.json and tokenizer.json; an
+ * existing folder is refused and left as it is; an interrupted one leaves
+ * nothing behind. */
+static void test_folder(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *hf = tu_path(dir, "hf"), *hf2 = tu_path(dir, "hf2"), *one = tu_path(dir, "one.st");
+    stz_synth_params prm = STZ_SYNTH_PARAMS_DEFAULT;
+    stz_synth_stats a, b;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&prm, one, &a, &err), STZ_OK);
+    assert_int_equal(stz_synth_write_dir(&prm, hf, 3, &b, &err), STZ_OK);
+    assert_int_equal(b.tensors, a.tensors);
+    assert_int_equal(b.params, a.params);
+    assert_int_equal(tu_count_entries(hf), 6);
+    static const char *const names[] = {"model-00003-of-00003.safetensors", "model.safetensors.index.json",
+                                        "config.json", "tokenizer.json"};
+    for (int k = 0; k < 4; k++) {
+        char *f = tu_path(hf, names[k]);
+        assert_true(tu_exists(f));
+        free(f);
+    }
+    assert_int_equal(stz_synth_write_dir(&prm, hf, 3, &b, &err), STZ_E_EXISTS);
+    assert_int_equal(tu_count_entries(hf), 6);
+    prm.progress = stop_early;
+    assert_int_equal(stz_synth_write_dir(&prm, hf2, 2, &b, &err), STZ_E_INTERRUPTED);
+    assert_int_equal(tu_count_entries(dir), 2); /* one.st and hf: no temporary folder left */
+    stz_remove_tree(dir);
+    free(dir), free(hf), free(hf2), free(one);
+}
+
 /* Pruned variants: the fraction of zeros in linear weights, whole 2:4
  * groups, embeddings and norms untouched, the other values as in the dense
  * model; bad settings refused. */
@@ -187,7 +219,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arch_sizes), cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_contents),   cmocka_unit_test(test_interrupted_leaves_nothing),
-        cmocka_unit_test(test_sparsity),
+        cmocka_unit_test(test_sparsity),   cmocka_unit_test(test_folder),
     };
     return cmocka_run_group_tests_name("synth", tests, NULL, NULL);
 }
