@@ -61,8 +61,8 @@ stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *
 void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, int tied, uint64_t header,
                          uint64_t *out);
 /* The type llama-quantize's type `like` (stz_gguf_like_name) gives tensor
- * e (its GGUF name and shape), its fallbacks included; -1 when it cannot
- * make it. */
+ * e by its GGUF name and shape, before the fallbacks for rows that are not
+ * whole blocks (F32: a tensor it keeps). */
 int stz_gguf_like_type(int like, const etensor *e, const stz_fwd_config *c, int qwen2, int tied);
 /* Its LLAMA_FTYPE, general.file_type of the files it writes. */
 int stz_gguf_like_ftype(int like);
