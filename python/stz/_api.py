@@ -191,57 +191,57 @@ class TensorSlice:
 
     def __init__(self, f: safe_open, name: str) -> None:
         self._f, self._name, self._i = f, name, f._position(name)
+        self._decoded = f._decoded(self._i)
+        t = f._lib.stz_qmodel_tensor(f._m, self._i).contents if self._decoded else f._file_tensor(name, self._i)
+        self._shape = _shape(t)
+        self._dtype = "F32" if self._decoded else text(f._lib.stz_dtype_name(t.dtype))
 
     def get_shape(self) -> List[int]:
-        f = self._f
-        if f._decoded(self._i):
-            return _shape(f._lib.stz_qmodel_tensor(f._m, self._i).contents)
-        return _shape(f._file_tensor(self._name, self._i))
+        return list(self._shape)
 
     def get_dtype(self) -> str:
-        f = self._f
-        return "F32" if f._decoded(self._i) else text(f._lib.stz_dtype_name(f._file_tensor(self._name, self._i).dtype))
+        return self._dtype
 
-    def _rows(self, lo: int, hi: int, shape: List[int]) -> Tuple[np.ndarray, str]:
-        """Rows [lo, hi) of the first dimension as stored (or decoded), and their dtype."""
-        f, kind = self._f, self.get_dtype()
-        if f._decoded(self._i):
+    def _rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows [lo, hi) of the first dimension as stored (or decoded)."""
+        f, shape, kind = self._f, self._shape, self._dtype
+        if self._decoded:
             if len(shape) != 2:
-                return f._floats(self._i)[lo:hi], kind
+                return f._floats(self._i)[lo:hi]
             out = np.empty((hi - lo, shape[1]), dtype=np.float32)
             if hi > lo:
                 call(f._lib.stz_qmodel_read_rows, f._m, self._i, lo, hi - lo, out.ctypes.data)
-            return out, kind
+            return out
         t = f._file_tensor(self._name, self._i)
+        if not shape:  # a scalar
+            return f._stored(t)
         if kind not in _NUMPY:  # F4 / F6: packed below a byte
-            return f._stored(t)[lo:hi], kind
+            return f._stored(t)[lo:hi]
         row = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(_NUMPY[kind]).itemsize
         buf = np.empty((hi - lo) * row, dtype=np.uint8)
         if buf.nbytes:
             call(f._lib.stz_reader_read, f._r, ctypes.byref(t), lo * row, buf.ctypes.data, buf.nbytes)
-        return buf.view(_NUMPY[kind]).reshape([hi - lo] + shape[1:]), kind
+        return buf.view(_NUMPY[kind]).reshape([hi - lo] + shape[1:])
 
     def __getitem__(self, key: Any) -> Any:
-        key, shape = key if isinstance(key, tuple) else (key,), self.get_shape()
+        self._f._position(self._name)  # a StzError once the file is closed
+        key, shape = key if isinstance(key, tuple) else (key,), self._shape
         first = key[0] if key and shape else None
         if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
             k = int(first) + (shape[0] if first < 0 else 0)
             if not 0 <= k < shape[0]:
                 raise IndexError("%s: index %d is out of bounds for axis 0 with size %d" % (self._name, first, shape[0]))
-            a, kind = self._rows(k, k + 1, shape)
+            a = self._rows(k, k + 1)
             rest = (0,) + key[1:]
         elif isinstance(first, slice):
             start, stop, step = first.indices(shape[0])
             lo, hi = (start, max(start, stop)) if step > 0 else (stop + 1, start + 1) if start > stop else (0, 0)
-            a, kind = self._rows(lo, hi, shape)
+            a = self._rows(lo, hi)
             local = slice(start - lo, stop - lo if stop >= lo else None, step) if hi > lo else slice(0, 0)
             rest = (local,) + key[1:]
         else:  # Ellipsis, None, arrays: the whole tensor, then numpy's indexing
-            f = self._f
-            a, kind = self._rows(0, shape[0], shape) if shape else (f._stored(f._file_tensor(self._name, self._i)),
-                                                                    self.get_dtype())
-            rest = key
-        return self._f._convert(a[rest], kind, None)
+            a, rest = self._rows(0, shape[0] if shape else 0), key
+        return self._f._convert(a[rest], self._dtype, None)
 
 
 def load_file(path: PathLike, framework: str = "np", dequantize: bool = True, dtype: Any = None,

@@ -469,6 +469,9 @@ def test_get_slice_is_get_tensor_indexed(files, name):
                         continue
                     got = s[key]
                     assert got.dtype == want.dtype and np.array_equal(got, want), (k, key)
+    with pytest.raises(stz.StzError, match="closed"):  # not a read through a freed reader
+        s[0]
+    assert s.get_shape() == list(whole.shape)
 
 
 def test_save_and_load_bytes(files, tmp_path):
