@@ -86,16 +86,15 @@ void cli_policy_warn_unused(stz_policy *pol, const stz_reader *names)
         if (stz_policy_rule_hits(pol, i) || stz_policy_rule_optional(pol, i))
             continue;
         const char *pat = stz_policy_rule_pattern(pol, i), *best = NULL;
-        size_t bd = 4; /* a suggestion at most 3 edits away */
+        size_t bd = 4, bt = 0; /* a suggestion at most 3 edits away, and its tensor */
         for (size_t t = 0; names && !strpbrk(pat, "*?[") && strncmp(pat, "re:", 3) && t < stz_reader_count(names);
              t++) {
             size_t d = edits(pat, stz_reader_tensor(names, t)->name);
             if (d < bd)
-                bd = d, best = stz_reader_tensor(names, t)->name;
+                bd = d, bt = t, best = stz_reader_tensor(names, t)->name;
         }
-        int there = best && !strcmp(best, pat); /* the tensor is there: an earlier rule or a condition */
-        int took =
-            there ? stz_policy_decide(pol, stz_reader_tensor(names, (size_t)stz_reader_find(names, best))).rule : -1;
+        int there = best && !bd; /* the tensor is there: an earlier rule or a condition */
+        int took = there ? stz_policy_decide(pol, stz_reader_tensor(names, bt)).rule : -1;
         if (took >= 0)
             fprintf(stderr,
                     "stz: warning: rule %zu ('%s') matched no tensor: rule %d ('%s') comes first and takes it\n", i,
