@@ -16,7 +16,7 @@ build:
 demo: build
 	@mkdir -p $(BUILD)/example
 	$(BUILD)/stz synth qwen2-0.5b -o $(EXAMPLE) --stats -f
-	$(BUILD)/stz compress --int4 $(EXAMPLE) -o $(EXAMPLE).int4.stz -f
+	$(BUILD)/stz compress --int4 --fast $(EXAMPLE) -o $(EXAMPLE).int4.stz -f
 	$(BUILD)/stz decompress $(EXAMPLE).int4.stz --dequantize -o $(BUILD)/example/plain.safetensors -f
 	$(BUILD)/stz eval $(EXAMPLE) $(EXAMPLE).int4.stz --threshold 0.98 -q
 	$(BUILD)/stz compress --lossless $(EXAMPLE) -o $(EXAMPLE).stz -f

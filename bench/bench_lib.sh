@@ -20,6 +20,14 @@ best_time() {
     echo "$b"
 }
 
+# stories_and_small WORK DATA: generates a two-layer `small` model in WORK and
+# sets MODELS to stories260K F32 (when DATA holds it) and that model.
+stories_and_small() {
+    "$STZ" synth small --layers 2 -o "$1/small.safetensors" -q -f
+    MODELS="$1/small.safetensors"
+    if [ -f "$2/stories260K.f32.safetensors" ]; then MODELS="$2/stories260K.f32.safetensors $MODELS"; fi
+}
+
 # pack_vs_zstd FILE: packs FILE with $STZ (default), checks that it unpacks
 # to the same bytes, and compresses it with zstd -19 --long; sets
 # orig_bytes, stz_bytes, zstd_bytes and leaves FILE.stz.

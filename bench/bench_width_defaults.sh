@@ -11,9 +11,8 @@ STZ=$(cd "${1:-build}" && pwd)/stz
 WORK=${2:-/dev/shm/stz-bench-width}
 DATA=${3:-$(dirname "$0")/../../shared/data}
 mkdir -p "$WORK"
-"$STZ" synth small --layers 2 -o "$WORK/small.safetensors" -q -f
-MODELS="$WORK/small.safetensors"
-[ -f "$DATA/stories260K.f32.safetensors" ] && MODELS="$DATA/stories260K.f32.safetensors $MODELS"
+. "$(dirname "$0")/bench_lib.sh"
+stories_and_small "$WORK" "$DATA"
 printf '%-28s %-6s %-7s %12s %10s\n' model width method bytes "mean KL"
 for m in $MODELS; do
     for wm in 4:absmax 4:mse 4:full 4:nl 4:asym 8:absmax 8:mse 8:full; do

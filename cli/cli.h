@@ -110,7 +110,9 @@ typedef struct {
     const char *method;  /* --method for int8/int4 rules */
     int block_size;      /* --block-size, 0 if not given */
     const char *imatrix; /* --imatrix FILE: the importance the quantizers weigh errors by */
-    int feedback;        /* --feedback: "feedback": true on every block quantization rule */
+    int feedback;        /* stz_policy_spec's: --feedback (every block rule), calibration by default (those that
+                          * do not say) */
+    int fast;            /* --fast: no calibration (plain rounding) */
     stz_seq_spec so;     /* error feedback's calibration sequences (default_len 0: not given) */
     const char *config;  /* --config: the model's configuration, for the forward pass */
 } cli_policy_opts;
@@ -125,7 +127,8 @@ enum {
     CLI_OPT_BLOCK,
     CLI_OPT_IMATRIX,
     CLI_OPT_FEEDBACK,
-    CLI_OPT_CONFIG
+    CLI_OPT_CONFIG,
+    CLI_OPT_FAST
 };
 // clang-format off
 #define CLI_POLICY_LONG                                                                                       \
@@ -134,7 +137,7 @@ enum {
         {"set", required_argument, 0, CLI_OPT_SET}, {"method", required_argument, 0, CLI_OPT_METHOD},        \
         {"block-size", required_argument, 0, CLI_OPT_BLOCK}, {"imatrix", required_argument, 0, CLI_OPT_IMATRIX}, \
         {"feedback", no_argument, 0, CLI_OPT_FEEDBACK}, {"config", required_argument, 0, CLI_OPT_CONFIG},       \
-        CLI_SEQ_LONG
+        {"fast", no_argument, 0, CLI_OPT_FAST}, CLI_SEQ_LONG
 // clang-format on
 #define CLI_POLICY_HELP                                                                                                \
     "  --policy P          policy file or shipped name (stz policy list)\n"                                            \
@@ -143,17 +146,28 @@ enum {
     "  --set PAT=ACTION[:key=value...]  a rule before the policy's, e.g. 'lm_head.weight=int8:block_size=32'\n"        \
     "  --method M          absmax, mse, full, asym, nl or nl-fit for every int2..int8 rule\n"                          \
     "  --block-size N      block size of every int8/int4 rule\n"                                                       \
-    "  --imatrix FILE      importance matrix (stz imatrix, or llama.cpp's): every\n"                                   \
-    "                      block's scales chosen for the least error weighted by it\n"                                 \
-    "  --feedback          error feedback (GPTQ) on every block quantization rule:\n"                                  \
-    "                      layer by layer on sequences sampled from the model (or\n"                                   \
-    "                      --tokens FILE; --sequences N (16), --seq-len L (256),\n"                                    \
-    "                      --seed S; --config FILE: the model's config.json)\n"
+    "  --imatrix FILE      importance matrix (stz imatrix, or llama.cpp's): blocks\n"                                  \
+    "                      rounded without feedback (--fast, a model stz does not\n"                                   \
+    "                      run) get the scales of least error weighted by it\n"                                        \
+    "  --fast              no calibration: by default a model stz runs forward is\n"                                   \
+    "                      calibrated on sequences sampled from it: error feedback\n"                                  \
+    "                      (GPTQ) on every block quantization rule, each block's\n"                                    \
+    "                      scales weighed by its columns' importance over them;\n"                                     \
+    "                      --fast: plain rounding (much faster, higher KL at the\n"                                    \
+    "                      same size). Calibration's options:\n"                                                       \
+    "                      --tokens FILE (instead of sampling), --sequences N (16),\n"                                 \
+    "                      --seq-len L (256), --seed S, --config FILE (config.json)\n"                                 \
+    "  --feedback          calibrate, or fail saying why the model cannot be run\n"
 
 /* Handles option c if it is a policy option: -1 handled, an exit status
  * (usage error), or -2 if not a policy option. */
 int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po);
 struct stz_policy;
+/* Calibration by default: po->feedback set when the model at `model` runs
+ * forward and neither --fast nor --feedback was given; when it does not,
+ * one line on stderr (unless quiet) saying why it is quantized by tensor
+ * names alone. Before cli_policy_load. */
+stz_status cli_calibration(cli_policy_opts *po, const char *model, int quiet, stz_err *err);
 /* Sequence options and --config without a feedback rule: an error. */
 stz_status cli_feedback_check(const cli_policy_opts *po, const struct stz_policy *pol, stz_err *err);
 /* Error feedback for `model` when the policy asks for it (*fb NULL when

@@ -27,7 +27,12 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
         return -1;
     case CLI_OPT_METHOD: po->method = optarg; return -1;
     case CLI_OPT_IMATRIX: po->imatrix = optarg; return -1;
-    case CLI_OPT_FEEDBACK: po->feedback = 1; return -1;
+    case CLI_OPT_FEEDBACK:
+    case CLI_OPT_FAST:
+        *(c == CLI_OPT_FAST ? &po->fast : &po->feedback) = STZ_POLICY_FEEDBACK_ALL;
+        if (po->fast && po->feedback)
+            return cli_usage_error(cmd, "--fast skips the error feedback --feedback asks for: give one of them");
+        return -1;
     case CLI_OPT_CONFIG: po->config = optarg; return -1;
     case CLI_OPT_TOKENS:
     case CLI_OPT_SEQS:
@@ -167,13 +172,31 @@ int cmd_policy(int argc, char **argv)
     return CLI_OK;
 }
 
+stz_status cli_calibration(cli_policy_opts *po, const char *model, int quiet, stz_err *err)
+{
+    if (!po->fast && (po->so.default_len || po->config))
+        po->feedback = STZ_POLICY_FEEDBACK_UNSAID; /* calibration's options: it is asked for */
+    if (po->fast || po->feedback)
+        return STZ_OK;
+    stz_err why;
+    int runs = stz_fwd_runs(model, po->config, &why);
+    if (runs < 0)
+        return *err = why, err->code;
+    po->feedback = runs ? STZ_POLICY_FEEDBACK_UNSAID : 0;
+    if (!runs && !quiet)
+        fprintf(stderr, "stz: note: quantized by tensor names alone, without calibration: %s\n", why.msg);
+    return STZ_OK;
+}
+
 stz_status cli_feedback_check(const cli_policy_opts *po, const stz_policy *pol, stz_err *err)
 {
     if (stz_policy_feedback(pol) || !(po->so.default_len || po->config))
         return STZ_OK;
     return stz_err_set(err, STZ_E_ARG,
-                       "--tokens, --sequences, --seq-len, --seed and --config are error feedback's: give "
-                       "--feedback (or a rule with \"feedback\": true)");
+                       po->fast ? "--tokens, --sequences, --seq-len, --seed and --config are "
+                                  "calibration's: not with --fast"
+                                : "--tokens, --sequences, --seq-len, --seed and --config are "
+                                  "calibration's, and the policy quantizes no blocks");
 }
 
 stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, const char *out, int force,

@@ -133,13 +133,15 @@ static char *default_output(const char *in, const popts *o)
 
 /* The policy, the importance matrix and error feedback's options loaded
  * and checked (none with --lossless). */
-static stz_status load_policy(const popts *o, const char *in, stz_policy **pol, stz_imatrix **im, stz_err *err)
+static stz_status load_policy(popts *o, const char *in, stz_policy **pol, stz_imatrix **im, stz_err *err)
 {
     *pol = NULL;
     *im = NULL;
     if (o->lossless)
         return STZ_OK;
-    stz_status st = cli_policy_load(&o->po, pol, err);
+    stz_status st = cli_calibration(&o->po, in, o->c.quiet || cli_mpi_rank(), err);
+    if (!st)
+        st = cli_policy_load(&o->po, pol, err);
     if (!st)
         st = stz_imatrix_load_for(im, o->po.imatrix, in, err);
     if (!st)
@@ -162,10 +164,12 @@ static void warn_unused(const popts *o, stz_policy *pol, const char *in)
 }
 
 /* The summary: --json's document, or lines of text. */
-static int report(const popts *o, const char *in, const char *out, const stz_compress_result *r, double secs)
+static int report(const popts *o, const char *in, const char *out, const stz_policy *pol, const stz_compress_result *r,
+                  double secs)
 {
     const stz_quant_stats *q = &r->stats;
     const char *mode = o->lossless ? "lossless" : o->po.policy ? o->po.policy : "custom";
+    int calibrated = pol && stz_policy_feedback(pol);
     double ratio = r->out_bytes ? (double)r->in_bytes / (double)r->out_bytes : 0;
     double share = q->params ? (double)q->params_quantized / (double)q->params : 0;
     int show_eval = !o->lossless && !o->noeval;
@@ -182,6 +186,7 @@ static int report(const popts *o, const char *in, const char *out, const stz_com
         if (!o->lossless) {
             cJSON_AddNumberToObject(d, "tensors_quantized", (double)q->quantized);
             cJSON_AddNumberToObject(d, "params_quantized_share", share);
+            cJSON_AddBoolToObject(d, "calibrated", calibrated);
         }
         if (show_eval) {
             cJSON_AddNumberToObject(d, "weighted_cosine", q->weighted_cosine);
@@ -193,9 +198,10 @@ static int report(const popts *o, const char *in, const char *out, const stz_com
     if (o->c.quiet)
         return CLI_OK;
     char a[32], b[32];
-    printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s)\n", strcmp(in, "-") ? in : "standard input", out,
+    printf("%s -> %s: %s -> %s bytes (%.3fx) in %.2f s (%s%s%s)\n", strcmp(in, "-") ? in : "standard input", out,
            cli_commas(a, r->in_bytes), cli_commas(b, r->out_bytes), ratio, secs,
-           o->lossless ? "lossless, bit-exact" : mode, stz_model_is_sharded(in) ? ", sharded" : "");
+           o->lossless ? "lossless, bit-exact" : mode, calibrated ? ", calibrated" : "",
+           stz_model_is_sharded(in) ? ", sharded" : "");
     if (!o->lossless)
         printf("%zu of %zu tensors quantized (%.1f%% of parameters)\n", q->quantized, q->tensors, 100.0 * share);
     if (show_eval && q->quantized) /* the figures stz eval gives */
@@ -248,7 +254,7 @@ int cmd_compress(int argc, char **argv)
         rc = cli_mpi_rank() ? CLI_ERROR : cli_fail(&err);
     } else {
         warn_unused(&o, pol, in);
-        rc = cli_mpi_rank() ? CLI_OK : report(&o, in, out, &r, cli_now() - t0); /* rank 0 reports for all */
+        rc = cli_mpi_rank() ? CLI_OK : report(&o, in, out, pol, &r, cli_now() - t0); /* rank 0 reports for all */
     }
     stz_policy_free(pol);
     stz_imatrix_free(im);

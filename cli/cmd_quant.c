@@ -258,10 +258,10 @@ int cmd_plan(int argc, char **argv)
         return rc;
     if (!cli_policy_given(&o.po))
         return cli_usage_error("plan", "give --policy P, --int8, --int4 or --set");
-    if (o.po.feedback || o.po.so.default_len || o.po.config)
+    if (o.po.feedback || o.po.fast || o.po.so.default_len || o.po.config)
         return cli_usage_error("plan",
-                               "--feedback and its sequence options change how blocks are quantized, not the "
-                               "plan: give them to quantize or compress");
+                               "--feedback, --fast and calibration's options change how blocks are quantized, not "
+                               "the plan: give them to quantize or compress");
     if (o.po.imatrix)
         return cli_usage_error("plan",
                                "--imatrix changes how blocks are quantized, not the plan: give it to quantize "
@@ -301,14 +301,14 @@ int cmd_plan(int argc, char **argv)
 }
 
 /* stz quantize of the file `in`, options parsed. */
-static int quantize(const qopts *o, const char *in)
+static int quantize(qopts *o, const char *in)
 {
     stz_err err;
     stz_policy *pol;
     stz_imatrix *im = NULL;
     stz_feedback *fb = NULL;
     double t0 = cli_now();
-    if (cli_policy_load(&o->po, &pol, &err))
+    if (cli_calibration(&o->po, in, o->c.quiet, &err) || cli_policy_load(&o->po, &pol, &err))
         return cli_fail(&err);
     if (stz_imatrix_load_for(&im, o->po.imatrix, in, &err) ||
         cli_feedback_open(&o->po, pol, in, o->c.out, o->c.force, o->c.threads ? o->c.threads : cli_ncores(),
@@ -368,6 +368,7 @@ static int quantize(const qopts *o, const char *in)
         cJSON_AddNumberToObject(d, "min_cosine", st.min_cosine);
         cJSON_AddStringToObject(d, "worst_tensor", st.worst);
         cJSON_AddNumberToObject(d, "feedback_matrices", (double)fed);
+        cJSON_AddBoolToObject(d, "calibrated", fed > 0);
         cJSON_AddNumberToObject(d, "seconds", secs);
         return cli_print_json(d);
     }

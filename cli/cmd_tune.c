@@ -43,13 +43,18 @@ static const char tune_help[] =
     "  --candidates LIST   comma-separated: keep, BITS:METHOD:BLOCK:SCALES,\n"
     "                      svd:RANK and llama.cpp's types (q4_k, iq4_nl, f16, ...);\n"
     "                      a block candidate's name + \"+fb\": with error feedback\n"
+    "                      (a list naming one: only those, unless --feedback)\n"
     "                      (default keep,8:absmax:32:F16,6:nl:32:U8,5:nl:32:U8,\n"
     "                      4:nl:16:U8,4:nl:32:U8,3:nl:32:U8,2:nl:32:U8)\n"
-    "  --feedback          every block candidate with error feedback (+fb): its\n"
-    "                      errors, and plain rounding's, measured on the layers'\n"
-    "                      outputs over 16 x 256 sampled tokens (seed 1; --tokens\n"
-    "                      FILE's when given); the policy says \"feedback\": true\n"
-    "                      (compress then calibrates again)\n"
+    "  --fast              no calibration. By default tune calibrates on the\n"
+    "                      model's own sampled sequences (--tokens FILE's when\n"
+    "                      given): an importance matrix (16 x 128 tokens, unless\n"
+    "                      --imatrix) its candidates are quantized and weighed\n"
+    "                      with, and every block candidate with error feedback\n"
+    "                      (+fb; 16 x 256 tokens), the policy saying \"feedback\":\n"
+    "                      true (compress then calibrates again). --fast: neither\n"
+    "                      (faster; higher KL at the same size)\n"
+    "  --feedback          calibrated (the default; not with --fast)\n"
     "  --gguf              sizes are the GGUF file's (stz export --gguf of the\n"
     "                      result); candidates keep and llama.cpp's types (default\n"
     "                      keep,f16,q8_0,q6_k,q5_k,q5_1,q5_0,q4_k,q4_1,q4_0,iq4_nl,\n"
@@ -83,7 +88,7 @@ static const char gguf_help[] =
     "block type), each matrix given the llama.cpp type that gives the lowest KL\n"
     "divergence of the model's outputs for the budget, exported, run against\n"
     "the original and corrected when the budget is missed (stz compress --tune\n"
-    "--gguf --feedback, calibrated). Llama-family models (those stz eval\n"
+    "--gguf). Llama-family models (those stz eval\n"
     "--forward runs).\n\n"
     "BUDGET, one of:\n"
     "  --like TYPE         the size of the file llama.cpp's llama-quantize TYPE\n"
@@ -225,7 +230,7 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
             }
             return cli_bad_option(cmd);
         }
-        if (gguf ? c == O_TUNE || c == O_GGUF || c == O_NOVERIFY || c == O_FEEDBACK : c == O_LIKE || c == O_FAST)
+        if (gguf ? c == O_TUNE || c == O_GGUF || c == O_NOVERIFY || c == O_FEEDBACK : c == O_LIKE)
             return cli_usage_error(cmd, "%s does not apply%s", argv[optind - 1],
                                    gguf ? " (stz gguf calibrates, verifies and writes the GGUF)" : ": see stz gguf");
     }
@@ -236,8 +241,13 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
                                          : "give exactly one budget: --size, --ratio, --bits-per-weight or --max-kl");
     if ((rc = cli_seq_check(cmd, &o->p.seqs, &defaults)) >= 0)
         return rc;
-    if (gguf) { /* compress --tune --gguf, calibrated unless --fast */
-        o->compress = o->p.gguf = 1, o->p.feedback = o->p.calibrate = !fast;
+    if (fast && o->p.feedback)
+        return cli_usage_error(cmd, "--fast skips the error feedback --feedback asks for: give one of them");
+    /* calibrated unless --fast; a list naming +fb candidates says which take feedback */
+    o->p.calibrate = !fast;
+    o->p.feedback |= !fast && !(o->p.candidates && strstr(o->p.candidates, "+fb"));
+    if (gguf) { /* compress --tune --gguf */
+        o->compress = o->p.gguf = 1;
         o->p.goal = o->p.goal == STZ_TUNE_BPW ? STZ_TUNE_DATA_BPW : o->p.goal;
         return o->c.out ? -1 : cli_usage_error(cmd, "give -o OUT.gguf");
     }

@@ -186,15 +186,18 @@ int cli_tune_report(const tune_opts *o, const char *model, const char *out, cons
     }
     if (o->c.quiet)
         return CLI_OK;
-    printf("%-48s %-14s %12s %9s %11s %11s\n", "tensor", "choice", "bytes", "rel.err", "KL/err^2", "pred. KL");
+    int w = 14; /* the choice column: as wide as the longest candidate's name */
+    for (size_t c = 0; c < T->ncand; c++)
+        w = strlen(T->cand[c].name) > (size_t)w ? (int)strlen(T->cand[c].name) : w;
+    printf("%-48s %-*s %12s %9s %11s %11s\n", "tensor", w, "choice", "bytes", "rel.err", "KL/err^2", "pred. KL");
     for (size_t i = 0; i < T->nt; i++) {
         const stz_tune_tensor *t = &T->t[i];
         if (t->tunable)
-            printf("%-48s %-14s %12s %9.4f %11.4g %11.3g\n", t->name, T->cand[t->choice].name,
+            printf("%-48s %-*s %12s %9.4f %11.4g %11.3g\n", t->name, w, T->cand[t->choice].name,
                    cli_commas(a, t->bytes[t->choice]), t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0, t->sens,
                    t->sens * t->err2[t->choice]);
         else
-            printf("%-48s %-14s %12s   (kept: %s)\n", t->name, "keep", cli_commas(a, t->bytes[0]), t->why);
+            printf("%-48s %-*s %12s   (kept: %s)\n", t->name, w, "keep", cli_commas(a, t->bytes[0]), t->why);
     }
     printf("\nPareto curve (predicted; %zu points, %zu shown):\n%14s %12s\n", s->ncurve, np, "bytes", "mean KL");
     for (size_t i = 0; i < np; i++)

@@ -75,6 +75,12 @@ STZ_API stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t 
  * NULL); the caller frees *out and *s, also on failure. */
 STZ_API stz_status stz_fwd_open_model(stz_fwd **out, stz_model_set *s, const char *path, const char *config,
                                       int threads, stz_err *err);
+/* Whether stz runs the model at `path` forward (stz_fwd_open_model
+ * succeeds): 1 yes; 0 no, err saying why, when its files are not ones the
+ * forward pass reads, it has no configuration, or one of an architecture
+ * stz does not run (and config is NULL: a given one must work); -1 on any
+ * other error (err set). */
+STZ_API int stz_fwd_runs(const char *path, const char *config, stz_err *err);
 STZ_API void stz_fwd_free(stz_fwd *m);
 STZ_API const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
 /* The token embedding's name; *tied (when not NULL) is 1 when the output

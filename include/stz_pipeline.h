@@ -179,8 +179,9 @@ STZ_API stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const
  * `policy` when a rule asks for it (*fb NULL when none does): the model
  * opened for the forward pass (config: its config.json, NULL: found as
  * stz_fwd_open_model does), the sequences (stz_feedback_seqs), its
- * layers quantized (stz_feedback_run) on `threads` threads. An error
- * when no matrix the forward pass reads takes it. */
+ * layers quantized (stz_feedback_run) on `threads` threads. A rule's
+ * tensor no matrix product reads (an untied token embedding) is left to
+ * plain rounding (stz_feedback_skipped counts them). */
 STZ_API stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_policy *policy,
                                           const stz_seq_spec *seqs, const char *config, int threads,
                                           const stz_stages *progress, int quiet, stz_err *err);

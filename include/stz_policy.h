@@ -47,9 +47,11 @@ typedef struct {
  * top of it, rules before its own in the order given (the first match
  * wins), a method and a block size for every int2..int8 rule (NULL, 0: as
  * they are; asym's scales become F16 where they were U8), and with
- * feedback "feedback": true on every block quantization rule; as the
- * command line's --set, --keep, --method, --block-size and --feedback
- * (docs/POLICY.md). */
+ * feedback "feedback": true on every block quantization rule
+ * (STZ_POLICY_FEEDBACK_ALL) or on those that do not say (UNSAID: the
+ * default calibration); as the command line's --set, --keep, --method,
+ * --block-size and --feedback (docs/POLICY.md). */
+enum { STZ_POLICY_FEEDBACK_ALL = 1, STZ_POLICY_FEEDBACK_UNSAID = 2 };
 typedef struct {
     const char *policy;
     const stz_policy_rule_text *rules;

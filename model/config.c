@@ -260,3 +260,24 @@ stz_status stz_fwd_open_model(stz_fwd **out, stz_model_set *s, const char *path,
         st = stz_fwd_no_config(path, s, err);
     return st ? st : stz_fwd_open(out, s->m, s->n, &cfg, path, threads, err);
 }
+
+int stz_fwd_runs(const char *path, const char *config, stz_err *err)
+{
+    stz_model_set s = {0};
+    stz_fwd_config cfg;
+    char from[STZ_FWD_FROM_MAX];
+    stz_fwd *m = NULL;
+    int r = 0; /* files the forward pass cannot read: the quantizer says what it makes of them */
+    if (!stz_model_set_open(&s, path, err)) {
+        r = stz_fwd_config_find(path, &s, config, &cfg, from, NULL, err);
+        if (!r)
+            stz_fwd_no_config(path, &s, err);
+        else if (r > 0 && stz_fwd_open(&m, s.m, s.n, &cfg, path, 1, err))
+            r = -1;
+        if (r < 0 && !config && err->code == STZ_E_UNSUPPORTED)
+            r = 0; /* an architecture stz does not run */
+    }
+    stz_fwd_free(m);
+    stz_model_set_free(&s);
+    return r;
+}

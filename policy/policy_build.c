@@ -56,7 +56,9 @@ static cJSON *parse_set(const char *text, stz_err *err)
 static int apply_quant_opts(cJSON *o, const stz_policy_spec *spec)
 {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
-    if (spec->feedback && stz_action_is_block(stz_action_of_name(cJSON_GetStringValue(a)))) {
+    int said = cJSON_GetObjectItemCaseSensitive(o, "feedback") != NULL;
+    if (spec->feedback && stz_action_is_block(stz_action_of_name(cJSON_GetStringValue(a))) &&
+        (spec->feedback == STZ_POLICY_FEEDBACK_ALL || !said)) {
         cJSON_DeleteItemFromObjectCaseSensitive(o, "feedback"); /* every block quantization */
         cJSON_AddBoolToObject(o, "feedback", 1);
     }
@@ -98,10 +100,13 @@ stz_status stz_policy_build(const stz_policy_spec *spec, stz_policy **out, stz_e
     stz_policy *check;
     stz_status st = stz_policy_parse(&check, src, strlen(src), spec->policy ? spec->policy : "policy", err);
     stz_policy_free(check);
+    stz_json_begin(); /* an item cJSON could not allocate is dropped silently: a policy with a rule missing */
     cJSON *root = st ? NULL : cJSON_Parse(src);
     free(text);
     if (st)
         return st;
+    if (!root)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the policy");
     cJSON *rules = cJSON_GetObjectItemCaseSensitive(root, "rules"),
           *def = cJSON_GetObjectItemCaseSensitive(root, "default");
     if (!rules)
@@ -136,8 +141,12 @@ stz_status stz_policy_build(const stz_policy_spec *spec, stz_policy **out, stz_e
                          spec->policy ? spec->policy : "the policy");
     char *merged = st ? NULL : cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (st)
+    if (!st && (!merged || stz_json_failed()))
+        st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the policy");
+    if (st) {
+        free(merged);
         return st;
+    }
     char label[512];
     if (spec->nrules)
         snprintf(label, sizeof label, "%s with command-line rules (0..%zu)", spec->policy ? spec->policy : "policy",

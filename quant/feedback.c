@@ -333,6 +333,7 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
     if (!stz_action_is_block(d->action))
         return stz_err_set(err, STZ_E_ARG, "error feedback needs a block quantization, not '%s'",
                            stz_action_name(d->action));
+    memset(out, 0, sizeof *out); /* freed on every failure, also before stz_qtensor_begin fills it */
     float *w = malloc(cols * sizeof *w + 1), *U = malloc(cols * cols * sizeof *U + 1), *sc = NULL, *mn = NULL;
     stz_status st = w && U ? STZ_OK
                            : stz_err_set(err, STZ_E_NOMEM, "out of memory for a %llu x %llu Hessian",

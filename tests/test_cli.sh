@@ -147,10 +147,16 @@ expect_rc 0 "dequantize -o -" "$STZ" dequantize "$T/so4.safetensors" -o -
 same "$T/out" "$T/sod4.safetensors" "dequantize -o -"
 expect_rc 2 "compress -c --json" "$STZ" compress --int4 "$M" -c --json
 # compress is one pass: no intermediate file anywhere (none in $TMPDIR, none beside the output), and its
-# container is the one pack makes of quantize's file
+# container is the one pack makes of quantize's file (calibration's results wait in an unlinked file in
+# $TMPDIR: --fast has none)
 "$STZ" pack "$T/so4.safetensors" -o "$T/so4p.stz" -q && same "$T/so4p.stz" "$T/so4.stz" "compress = pack(quantize)"
-expect_rc 0 "compress -c with no usable TMPDIR" env TMPDIR=/nonexistent "$STZ" compress --int4 "$M" -c -T 2
-same "$T/out" "$T/so4.stz" "compress -c in one pass"
+"$STZ" compress --int4 --fast "$M" -o "$T/so4f.stz" -q
+expect_rc 0 "compress --fast -c with no usable TMPDIR" env TMPDIR=/nonexistent "$STZ" compress --int4 --fast "$M" -c -T 2
+same "$T/out" "$T/so4f.stz" "compress -c in one pass"
+mkdir "$T/tmpdir"
+expect_rc 0 "compress -c, calibrated" env TMPDIR="$T/tmpdir" "$STZ" compress --int4 "$M" -c -T 2
+same "$T/out" "$T/so4.stz" "compress -c, calibrated"
+[ -z "$(ls -A "$T/tmpdir")" ] && ok || bad "calibration left $(ls -A "$T/tmpdir") in TMPDIR"
 # containers piped in: unpack, decompress and verify read standard input in order
 "$STZ" pack "$M" -c -q | "$STZ" unpack - -o "$T/piped.safetensors" && same "$T/piped.safetensors" "$M" "pack -c | unpack -"
 "$STZ" compress --int4 "$M" -c | "$STZ" decompress - --dequantize -c >"$T/piped.deq" && same "$T/piped.deq" "$T/sod4.safetensors" "compress -c | decompress - --dequantize -c"

@@ -1,8 +1,9 @@
-"""Error feedback (--feedback, "feedback": true): the model's outputs
-closer to the original's than plain rounding at the same bytes, the same
-bytes on any thread count and through compress, readable and exportable
-as any quantized file, and its options refused where they mean nothing.
-Run with pytest; STZ names the stz binary."""
+"""Error feedback (the default calibration of a model stz runs forward;
+--feedback, "feedback": true): the model's outputs closer to the
+original's than plain rounding (--fast) at the same bytes, the same bytes
+on any thread count and through compress, readable and exportable as any
+quantized file, and its options refused where they mean nothing. Run
+with pytest; STZ names the stz binary."""
 import hashlib
 import json
 import os
@@ -32,7 +33,7 @@ def stories(tmp_path_factory):
         pytest.skip("shared data absent: %s" % STORIES)
     d = tmp_path_factory.mktemp("feedback")
     plain, fed = d / "plain.safetensors", d / "fed.safetensors"
-    stz("quantize", STORIES, "--set", INT3, "-o", plain, "-q")
+    stz("quantize", STORIES, "--set", INT3, "--fast", "-o", plain, "-q")
     r = stz("quantize", STORIES, "--set", INT3, "--feedback", "-T", 1, "-o", fed, "--json")
     return d, plain, fed, json.loads(r.stdout)
 
@@ -50,7 +51,7 @@ def test_lowers_kl_at_equal_bytes(stories):
 def test_same_bytes_any_threads_and_compress(stories):
     d, plain, fed, doc = stories
     t2, c = d / "t2.safetensors", d / "fed.stz"
-    stz("quantize", STORIES, "--set", INT3, "--feedback", "-T", 2, "-o", t2, "-q")
+    stz("quantize", STORIES, "--set", INT3, "-T", 2, "-o", t2, "-q")  # calibrated by default: as --feedback
     assert sha(t2) == sha(fed)
     stz("compress", STORIES, "--set", INT3, "--feedback", "-T", 2, "-o", c, "-q")
     stz("decompress", c, "-o", d / "back.safetensors", "-q")
@@ -85,10 +86,13 @@ def test_tokens_and_untied_embedding(tiny):  # noqa: F811
 def test_refused(tiny, tmp_path):  # noqa: F811
     d, m, w, cfg, seqs = tiny
     m, out = m / "model.safetensors", tmp_path / "o.safetensors"
-    r = stz("quantize", m, "--set", "*=q4_0", "--tokens", d / "tokens.json", "-o", out, ok=False)
-    assert "give --feedback" in r.stderr and not out.exists()
-    r = stz("plan", m, "--set", "*=q4_0", "--feedback", ok=False)
-    assert "not the plan" in r.stderr
+    r = stz("quantize", m, "--set", "*=q4_0", "--fast", "--tokens", d / "tokens.json", "-o", out, ok=False)
+    assert "calibration's: not with --fast" in r.stderr and not out.exists()
+    r = stz("quantize", m, "--set", "*=q4_0", "--fast", "--feedback", "-o", out, ok=False)
+    assert r.returncode == 2 and "give one of them" in r.stderr and not out.exists()
+    for opt in ("--feedback", "--fast"):
+        r = stz("plan", m, "--set", "*=q4_0", opt, ok=False)
+        assert "not the plan" in r.stderr
     pol = tmp_path / "p.json"
     pol.write_text('{"default": "keep", "rules": [{"match": "*", "action": "keep", "feedback": true}]}')
     r = stz("quantize", m, "--policy", pol, "-o", out, ok=False)
@@ -105,6 +109,36 @@ def test_refused(tiny, tmp_path):  # noqa: F811
     assert "missing.json" in r.stderr
 
 
+def test_calibrated_by_default(tiny, tmp_path):  # noqa: F811
+    """quantize and compress calibrate a model stz runs (as --feedback) and
+    say so; --fast does not; a model stz does not run is quantized by its
+    names, one line saying why (none with -q), the bytes --fast gives; a
+    --config given must work."""
+    d, m, w, cfg, seqs = tiny
+    m = m / "model.safetensors"
+    for cmd, ext in (("quantize", ".safetensors"), ("compress", ".stz")):
+        a, b, f = (tmp_path / (k + ext) for k in ("default", "feedback", "fast"))
+        doc = json.loads(stz(cmd, m, "--int4", "-o", a, "--json").stdout)
+        stz(cmd, m, "--int4", "--feedback", "-o", b, "-q")
+        fast = json.loads(stz(cmd, m, "--int4", "--fast", "-o", f, "--json").stdout)
+        assert doc["calibrated"] is True and fast["calibrated"] is False
+        assert sha(a) == sha(b) != sha(f)
+    r = stz("compress", m, "--int8", "-o", tmp_path / "c8.stz")
+    assert "(int8, calibrated)" in r.stdout
+    neo = tmp_path / "neo.safetensors"
+    stz("synth", "gpt-neo-tiny", "-o", neo, "-q")
+    r = stz("quantize", neo, "--int8", "-o", tmp_path / "n.safetensors")
+    assert re.search(r"stz: note: quantized by tensor names alone, without calibration: .*neo.safetensors: .*"
+                     r"architecture 'gpt-neo-tiny' is not supported", r.stderr), r.stderr
+    r = stz("quantize", neo, "--int8", "--fast", "-o", tmp_path / "nf.safetensors")
+    assert r.stderr == ""
+    assert sha(tmp_path / "n.safetensors") == sha(tmp_path / "nf.safetensors")
+    r = stz("compress", neo, "--int8", "-o", tmp_path / "n.stz", "-q")
+    assert r.stderr == ""
+    r = stz("quantize", m, "--int4", "--config", tmp_path / "missing.json", "-o", tmp_path / "x.safetensors", ok=False)
+    assert r.returncode == 1 and "missing.json" in r.stderr and not (tmp_path / "x.safetensors").exists()
+
+
 def test_tune_with_feedback(stories, tmp_path):
     """stz tune --feedback: candidates measured by the layers' output errors,
     the chosen ones with "feedback": true; the verified container is what
@@ -112,7 +146,7 @@ def test_tune_with_feedback(stories, tmp_path):
     than plain tune at the same budget."""
     d = tmp_path
     plain, fed, pol = d / "plain.stz", d / "fed.stz", d / "fed.json"
-    stz("compress", STORIES, "--tune", "--bits-per-weight", 3.5, "-o", plain, "-q")
+    stz("compress", STORIES, "--tune", "--bits-per-weight", 3.5, "--fast", "-o", plain, "-q")
     r = stz("compress", STORIES, "--tune", "--bits-per-weight", 3.5, "--feedback", "--save-policy", pol, "-T", 2,
             "-o", fed, "--json")
     doc = json.loads(r.stdout)

@@ -205,7 +205,7 @@ QUANT = {  # how to quantize stories260K so that GGUF holds it exactly
 
 def quantized(tmp_path, kind):
     q = tmp_path / ("%s.safetensors" % kind)
-    stz("quantize", F32, "-o", q, "-q", *QUANT[kind])
+    stz("quantize", F32, "-o", q, "-q", "--fast", *QUANT[kind])  # plain rounding: far enough from F32 to tell
     return q
 
 
@@ -1270,7 +1270,7 @@ def test_tune_gguf_row_lengths(tmp_path, cands):
          "model.layers.0.mlp.gate_proj.weight": (256, 64), "model.layers.0.mlp.up_proj.weight": (256, 64),
          "model.layers.0.mlp.down_proj.weight": (64, 256)}
     save(m / "model.safetensors", {k: (rng.standard_normal(s) / 8).astype(np.float32) for k, s in t.items()})
-    r = json.loads(stz("tune", m, "--gguf", "--candidates", cands, "--max-kl", "1", "-o",
+    r = json.loads(stz("tune", m, "--gguf", "--fast", "--candidates", cands, "--max-kl", "1", "-o",
                        tmp_path / "p.json", "--json", "--sequences", "2", "--seq-len", "16").stdout)
     chosen = {e["name"]: e["choice"] for e in r["tensors"]}
     assert chosen["model.layers.0.mlp.down_proj.weight"].endswith("_k")  # the 256-wide rows take the k type

@@ -88,8 +88,8 @@ def test_long_string_arrays_in_a_container(tmp_path):
 
 def quantize_with(tiny, tmp_path, im, name="q.safetensors"):
     out = tmp_path / name
-    r = run("quantize", tiny[1] / "model.safetensors", "--set", "*proj.weight=q4_0", "--imatrix", im, "-o", out, "-q",
-            "-f")
+    r = run("quantize", tiny[1] / "model.safetensors", "--set", "*proj.weight=q4_0", "--fast", "--imatrix", im, "-o",
+            out, "-q", "-f")  # --fast: plain rounding is what the importance weighs
     return r, out
 
 

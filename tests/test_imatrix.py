@@ -121,7 +121,7 @@ def test_llama_cpp_files_read_as_they_hold(tiny, tmp_path):
     for k, im in (("stz", d / "im.gguf"), ("dat", tmp_path / "im.dat"), ("pooled", tmp_path / "pooled.gguf"),
                   ("other", tmp_path / "other.gguf"), ("none", None)):
         out = tmp_path / (k + ".safetensors")
-        stz("quantize", m / "model.safetensors", "--set", "*proj.weight=q4_0", *(["--imatrix", im] if im else []), "-o", out, "-q")
+        stz("quantize", "--fast", m / "model.safetensors", "--set", "*proj.weight=q4_0", *(["--imatrix", im] if im else []), "-o", out, "-q")
         outs[k] = out.read_bytes()
     assert outs["stz"] == outs["dat"] == outs["pooled"]
     assert outs["other"] != outs["stz"] and outs["none"] != outs["stz"]
@@ -146,7 +146,7 @@ def test_weighted_search_lowers_weighted_error(tiny, tmp_path):
            for k, v in t.items() if k.endswith(".in_sum2")}
     err = {}
     for k, im in (("with", ["--imatrix", d / "im.gguf"]), ("without", [])):
-        stz("quantize", m / "model.safetensors", "--set", "*proj.weight=q4_0", *im, "-o", tmp_path / (k + ".safetensors"), "-q")
+        stz("quantize", "--fast", m / "model.safetensors", "--set", "*proj.weight=q4_0", *im, "-o", tmp_path / (k + ".safetensors"), "-q")
         err[k] = weighted_error(tmp_path / (k + ".safetensors"), w, imx)
     assert err["with"] < 0.97 * err["without"], err
 
@@ -160,7 +160,7 @@ def test_every_method_takes_weights(tiny, tmp_path):
         b = []
         for im in ([], ["--imatrix", d / "im.gguf"]):
             out = tmp_path / "o.safetensors"
-            stz("quantize", m / "model.safetensors", "--set", "*proj.weight=" + rule, *im, "-o", out, "-q", "-f")
+            stz("quantize", "--fast", m / "model.safetensors", "--set", "*proj.weight=" + rule, *im, "-o", out, "-q", "-f")
             b.append(out.read_bytes())
         assert (b[0] != b[1]) == changes, rule
 
@@ -172,12 +172,12 @@ def test_tied_head_is_the_embedding(tmp_path):
     assert json.loads(r.stdout)["entries"] == 36
     _, t = read_gguf(tmp_path / "s.gguf")
     assert "token_embd.weight.in_sum2" in t and "output.weight.in_sum2" not in t
-    stz("quantize", STORIES, "--set", "*=iq4_nl", "--imatrix", tmp_path / "s.gguf", "-o", tmp_path / "q.safetensors", "-q")
+    stz("quantize", "--fast", STORIES, "--set", "*=iq4_nl", "--imatrix", tmp_path / "s.gguf", "-o", tmp_path / "q.safetensors", "-q")
 
 
 def test_bad_inputs(tiny, tmp_path):
     d, m = tiny[0], tiny[1]
-    q = ["quantize", m / "model.safetensors", "--set", "*proj.weight=q4_0", "-o", tmp_path / "q.safetensors", "--imatrix"]
+    q = ["quantize", "--fast", m / "model.safetensors", "--set", "*proj.weight=q4_0", "-o", tmp_path / "q.safetensors", "--imatrix"]
     _, t = read_gguf(d / "im.gguf")
     name = next(k for k in t if k.endswith(".in_sum2"))[:-len(".in_sum2")]
     cases = {

@@ -61,7 +61,7 @@ export PKG_CONFIG_PATH=$PCDIR
 if cc "$T/prog.c" -o "$T/prog" $(pkg-config --cflags --libs stz) 2>"$T/cc.log"; then ok; else bad "cc with pkg-config --libs stz"; cat "$T/cc.log"; fi
 expect_rc 0 "run against the installed libstz.so" env LD_LIBRARY_PATH="$(dirname "$LIB")" "$T/prog" "$T/m.safetensors"
 has "$T/out" "^27 tensors$" "the program works"
-"$P/bin/stz" compress --int4 "$T/m.safetensors" -o "$T/cli.stz" -q
+"$P/bin/stz" compress --int4 --fast "$T/m.safetensors" -o "$T/cli.stz" -q
 [ "$(wc -c <"$T/cli.stz") bytes packed" = "$(tail -1 "$T/out")" ] && ok || bad "stz_compress_file's container differs from stz compress's"
 cmp -s "$T/cli.stz" "$T/m.safetensors.stz" && ok || bad "stz_compress_file = stz compress"
 # static: the private dependencies come from pkg-config --static

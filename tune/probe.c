@@ -425,19 +425,26 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
     return st;
 }
 
+stz_status stz_tune_gguf_cands(const stz_tune_cand *cand, size_t ncand, stz_err *err)
+{
+    for (size_t c = 0; c < ncand; c++)
+        if (cand[c].d.action != STZ_ACTION_KEEP && stz_action_ggml_type(cand[c].d.action) < 0)
+            return stz_err_set(err, STZ_E_ARG,
+                               "candidate '%s' is not a type GGUF holds: with --gguf the candidates "
+                               "are keep and llama.cpp's types (%s)",
+                               cand[c].name, stz_tune_candidate_set("gguf") + 5);
+    return STZ_OK;
+}
+
 stz_status stz_tune_measure(stz_tune *T, stz_qmodel *const *files, size_t nfiles, const stz_tune_cand *cand,
                             size_t ncand, const stz_tune_params *p, stz_err *err)
 {
     memset(T, 0, sizeof *T);
     T->pack = (stz_pack_params)STZ_PACK_PARAMS_DEFAULT;
     T->gguf = p->gguf;
-    for (size_t c = 0; p->gguf && c < ncand; c++)
-        if (cand[c].d.action != STZ_ACTION_KEEP && stz_action_ggml_type(cand[c].d.action) < 0)
-            return stz_err_set(err, STZ_E_ARG,
-                               "candidate '%s' is not a type GGUF holds: with --gguf the candidates "
-                               "are keep and llama.cpp's types (%s)",
-                               cand[c].name, stz_tune_candidate_set("gguf") + 5);
-    stz_status st = set_candidates(T, cand, ncand, err);
+    stz_status st = p->gguf ? stz_tune_gguf_cands(cand, ncand, err) : STZ_OK;
+    if (!st)
+        st = set_candidates(T, cand, ncand, err);
     if (st)
         return st;
     size_t nt = 0;
@@ -663,8 +670,8 @@ char *stz_tune_policy(const stz_tune *T, const char *description)
             cJSON_AddNumberToObject(r, "block_size", c->d.block_size);
             cJSON_AddStringToObject(r, "scale_dtype", stz_dtype_name(c->d.scale_dtype));
         }
-        if (c->d.feedback && t->fed)
-            cJSON_AddBoolToObject(r, "feedback", 1);
+        if (stz_action_is_block(c->d.action)) /* said either way: calibration by default keeps to it */
+            cJSON_AddBoolToObject(r, "feedback", c->d.feedback && t->fed);
         if (t->ffn == STZ_TUNE_FFN_DOWN && stz_action_ggml_type(c->d.action) >= 0 && stz_action_is_block(c->d.action))
             cJSON_AddBoolToObject(r, "pad", 1);
         snprintf(comment, sizeof comment, "%s: %llu bytes, relative error %.4f, predicted KL %.3g", c->name,

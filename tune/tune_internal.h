@@ -14,4 +14,8 @@ stz_tune_tensor *stz_tune_find(const stz_tune *T, const char *name);
 stz_status stz_tune_cand_bytes(const stz_tune *T, stz_tune_tensor *t, size_t c, const stz_qmem *q, uint64_t *raw,
                                stz_err *err);
 
+/* With gguf, STZ_E_ARG naming the first candidate GGUF cannot hold (not
+ * keep, not one of llama.cpp's types). */
+stz_status stz_tune_gguf_cands(const stz_tune_cand *cand, size_t ncand, stz_err *err);
+
 #endif

@@ -9,6 +9,7 @@
 #include "stz_export.h"
 #include "stz_imatrix.h"
 #include "stz_tune.h"
+#include "tune_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +138,7 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         return like_unknown(p->like, err);
     if ((p->out && (st = stz_output_check(p->out, p->write_flags & STZ_WRITE_FORCE, err))) ||
         (st = stz_tune_parse_candidates(t->list, &t->cand, &t->ncand, err)) ||
+        (p->gguf && (st = stz_tune_gguf_cands(t->cand, t->ncand, err))) || /* named as given, before +fb */
         (st = stz_model_set_open(&t->S, t->model, err)) ||
         (p->out && (st = stz_refuse_input_as_output(t->model, p->out, err))) ||
         (st = stz_imatrix_load_for(&t->im, p->imatrix, t->model, err)) ||

@@ -398,7 +398,9 @@ def compress(src: PathLike, dst: Optional[PathLike] = None, policy: Optional[str
     """stz compress (a file or a model directory): returns its --json summary.
     policy: a shipped name or a file (default "int4"); tune=True with a
     budget (size=, bits_per_weight=, ...) chooses it instead, as
-    compress --tune does, returning tune's report."""
+    compress --tune does, returning tune's report. A model stz runs forward
+    is calibrated on its own sampled sequences (error feedback) unless
+    fast=True; other options become --key value."""
     if lossless:
         how: Dict[str, Any] = {"lossless": True}
     else:  # --tune chooses the policy
@@ -423,7 +425,8 @@ def export_gguf(src: PathLike, dst: PathLike, tokenizer: Optional[PathLike] = No
 def tune(model: PathLike, dst: Optional[PathLike] = None, force: bool = False, **options: Any) -> Dict[str, Any]:
     """stz tune: a policy for a budget, given as size=, ratio=, bits_per_weight=
     or max_kl=; other options become --key value (candidates, sequences,
-    seq_len, tokens, plot, ...). Returns the --json report; "met" is False
+    seq_len, tokens, plot, fast, ...). Calibrated on the model's own
+    sequences unless fast=True. Returns the --json report; "met" is False
     (and nothing is written) when the budget cannot be met."""
     return command("tune", model, output=dst, force=force, **options)
 

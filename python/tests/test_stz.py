@@ -124,7 +124,9 @@ def test_load_dir(files, tmp_path):
 
 def test_commands(files, tmp_path):
     s = stz.compress(files / "tiny.safetensors", tmp_path / "c.stz", policy="int8")
-    assert s["output"].endswith("c.stz") and s["ratio"] > 1
+    assert s["output"].endswith("c.stz") and s["ratio"] > 1 and s["calibrated"] is True
+    fast = stz.compress(files / "tiny.safetensors", tmp_path / "fast.stz", policy="int8", fast=True)
+    assert fast["calibrated"] is False and (tmp_path / "fast.stz").read_bytes() != (tmp_path / "c.stz").read_bytes()
     e = stz.evaluate(files / "tiny.safetensors", tmp_path / "c.stz")
     assert e["passed"] and e["min_cosine"] > 0.999
     f = stz.evaluate(files / "tiny.safetensors", files / "q.safetensors", forward=True, sequences=2, seq_len=16)
