@@ -131,6 +131,9 @@ enum {
     CLI_OPT_FAST
 };
 // clang-format off
+/* the usage error of --fast with --feedback (quantize, compress and tune) */
+#define CLI_FAST_NOT_FEEDBACK "--fast skips the error feedback --feedback asks for: give one of them"
+
 #define CLI_POLICY_LONG                                                                                       \
     {"policy", required_argument, 0, CLI_OPT_POLICY}, {"int8", no_argument, 0, CLI_OPT_INT8},                \
         {"int4", no_argument, 0, CLI_OPT_INT4}, {"keep", required_argument, 0, CLI_OPT_KEEP},                \

@@ -31,7 +31,7 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
     case CLI_OPT_FAST:
         *(c == CLI_OPT_FAST ? &po->fast : &po->feedback) = STZ_POLICY_FEEDBACK_ALL;
         if (po->fast && po->feedback)
-            return cli_usage_error(cmd, "--fast skips the error feedback --feedback asks for: give one of them");
+            return cli_usage_error(cmd, CLI_FAST_NOT_FEEDBACK);
         return -1;
     case CLI_OPT_CONFIG: po->config = optarg; return -1;
     case CLI_OPT_TOKENS:

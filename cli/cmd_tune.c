@@ -242,7 +242,7 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
     if ((rc = cli_seq_check(cmd, &o->p.seqs, &defaults)) >= 0)
         return rc;
     if (fast && o->p.feedback)
-        return cli_usage_error(cmd, "--fast skips the error feedback --feedback asks for: give one of them");
+        return cli_usage_error(cmd, CLI_FAST_NOT_FEEDBACK);
     /* calibrated unless --fast; a list naming +fb candidates says which take feedback */
     o->p.calibrate = !fast;
     o->p.feedback |= !fast && !(o->p.candidates && strstr(o->p.candidates, "+fb"));

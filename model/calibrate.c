@@ -111,6 +111,13 @@ size_t stz_feedback_skipped(const stz_feedback *fb, const char **example)
     return fb->skipped;
 }
 
+/* Where the feedback results wait for the writer: $TMPDIR, else /tmp. */
+static const char *spill_dir(void)
+{
+    const char *dir = getenv("TMPDIR");
+    return dir && *dir ? dir : "/tmp";
+}
+
 static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decision *d, const stz_qmem *q, stz_err *err)
 {
     if (fb->n == fb->cap) {
@@ -131,7 +138,8 @@ static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decisi
         e->len[k] = q->part[k] ? q->len[k] : 0, e->dtype[k] = q->dtype[k];
         e->off[k] = ftell(fb->spill);
         if (e->len[k] && fwrite(q->part[k], 1, e->len[k], fb->spill) != e->len[k])
-            return stz_err_set(err, STZ_E_IO, "cannot write the feedback results to a temporary file (disk full?)");
+            return stz_err_set(err, STZ_E_IO,
+                               "cannot write the feedback results to a temporary file in %s (disk full?)", spill_dir());
     }
     return STZ_OK;
 }
@@ -454,12 +462,11 @@ static stz_status fb_matrix(void *user, const stz_qtensor *t, const float *W, co
     return st;
 }
 
-/* An unlinked temporary file in $TMPDIR (else /tmp), or NULL. */
+/* An unlinked temporary file in spill_dir(), or NULL. */
 static FILE *spill_open(void)
 {
-    const char *dir = getenv("TMPDIR");
     char path[4096];
-    snprintf(path, sizeof path, "%s/stz-feedback-XXXXXX", dir && *dir ? dir : "/tmp");
+    snprintf(path, sizeof path, "%s/stz-feedback-XXXXXX", spill_dir());
     int handle, fd = stz_tmp_make(path, 0, &handle); /* tracked until unlinked: no signal leaves it behind */
     if (fd < 0)
         return NULL;
@@ -477,13 +484,18 @@ stz_status stz_feedback_run(stz_feedback **out, stz_fwd *m, stz_policy *policy, 
 {
     fb_run R = {.m = m, .policy = policy, .threads = threads};
     stz_gram_visitor v = {fb_wants, fb_matrix, &R, 1};
-    stz_status st = (R.fb = calloc(1, sizeof *R.fb)) && (R.fb->spill = spill_open())
-                        ? STZ_OK
-                        : stz_err_set(err, STZ_E_IO, "cannot create a temporary file for the feedback results");
+    stz_status st =
+        (R.fb = calloc(1, sizeof *R.fb)) && (R.fb->spill = spill_open())
+            ? STZ_OK
+            : stz_err_set(
+                  err, STZ_E_IO,
+                  "cannot create a temporary file for the feedback results in %s (set TMPDIR to a writable directory)",
+                  spill_dir());
     if (!st)
         st = stz_forward_grams(m, tokens, nseq, stride, lens, &v, progress, user, err);
     if (!st && fflush(R.fb->spill)) /* read back with pread */
-        st = stz_err_set(err, STZ_E_IO, "cannot write the feedback results to a temporary file (disk full?)");
+        st = stz_err_set(err, STZ_E_IO, "cannot write the feedback results to a temporary file in %s (disk full?)",
+                         spill_dir());
     loc emb = m->global[G_EMBED];
     if (!st && !stz_forward_tied(m) && emb.f >= 0 && fb_wants(&R, stz_forward_tensor(m, emb))) {
         R.fb->skipped++; /* an untied embedding: no matrix product reads it */

@@ -246,37 +246,40 @@ stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *
                        path);
 }
 
+/* The model set at `path` (opened into `s`) and its configuration: 1 found,
+ * 0 none (why in err), -1 an error reading the configuration, -2 the files
+ * cannot be read as a model set. */
+static int model_config(stz_model_set *s, const char *path, const char *config, stz_fwd_config *cfg, stz_err *err)
+{
+    char from[STZ_FWD_FROM_MAX];
+    if (stz_model_set_open(s, path, err))
+        return -2;
+    int found = stz_fwd_config_find(path, s, config, cfg, from, NULL, err);
+    if (!found)
+        stz_fwd_no_config(path, s, err);
+    return found;
+}
+
 stz_status stz_fwd_open_model(stz_fwd **out, stz_model_set *s, const char *path, const char *config, int threads,
                               stz_err *err)
 {
     stz_fwd_config cfg;
-    char from[STZ_FWD_FROM_MAX];
     *out = NULL;
-    stz_status st = stz_model_set_open(s, path, err);
-    int found = st ? 0 : stz_fwd_config_find(path, s, config, &cfg, from, NULL, err);
-    if (!st && found < 0)
-        st = err->code;
-    else if (!st && !found)
-        st = stz_fwd_no_config(path, s, err);
-    return st ? st : stz_fwd_open(out, s->m, s->n, &cfg, path, threads, err);
+    if (model_config(s, path, config, &cfg, err) <= 0)
+        return err->code;
+    return stz_fwd_open(out, s->m, s->n, &cfg, path, threads, err);
 }
 
 int stz_fwd_runs(const char *path, const char *config, stz_err *err)
 {
     stz_model_set s = {0};
     stz_fwd_config cfg;
-    char from[STZ_FWD_FROM_MAX];
     stz_fwd *m = NULL;
-    int r = 0; /* files the forward pass cannot read: the quantizer says what it makes of them */
-    if (!stz_model_set_open(&s, path, err)) {
-        r = stz_fwd_config_find(path, &s, config, &cfg, from, NULL, err);
-        if (!r)
-            stz_fwd_no_config(path, &s, err);
-        else if (r > 0 && stz_fwd_open(&m, s.m, s.n, &cfg, path, 1, err))
-            r = -1;
-        if (r < 0 && !config && err->code == STZ_E_UNSUPPORTED)
-            r = 0; /* an architecture stz does not run */
-    }
+    int r = model_config(&s, path, config, &cfg, err);
+    if (r > 0 && stz_fwd_open(&m, s.m, s.n, &cfg, path, 1, err))
+        r = -1;
+    if (r == -2 || (r < 0 && !config && err->code == STZ_E_UNSUPPORTED))
+        r = 0; /* files the forward pass cannot read, or an architecture it does not run: quantized by names */
     stz_fwd_free(m);
     stz_model_set_free(&s);
     return r;

@@ -23,14 +23,45 @@ typedef struct {
     int32_t id;
 } choice;
 
-static int by_prob_desc(const void *a, const void *b)
+/* The radix sort's key: ascending keys are descending probabilities (a
+ * positive double orders as its bits do). */
+static uint64_t desc_key(double p)
 {
-    double x = ((const choice *)a)->p, y = ((const choice *)b)->p;
-    return (x < y) - (x > y);
+    uint64_t k;
+    memcpy(&k, &p, sizeof k);
+    return ~k;
+}
+
+/* c[0..n) by probability, largest first, ties in the order given (ids
+ * ascending): the order a stable sort gives, on any C library, by a
+ * least-significant-digit radix sort of the keys through tmp (n more). */
+static void sort_by_prob(choice *c, choice *tmp, size_t n)
+{
+    size_t count[8][256] = {{0}};
+    for (size_t i = 0; i < n; i++)
+        for (uint64_t k = desc_key(c[i].p), b = 0; b < 8; b++)
+            count[b][(k >> (8 * b)) & 255]++;
+    choice *from = c, *to = tmp;
+    for (int b = 0; b < 8; b++) {
+        size_t *at = count[b], sum = 0;
+        if (at[(desc_key(from[0].p) >> (8 * b)) & 255] == n)
+            continue; /* every key has this byte */
+        for (int d = 0; d < 256; d++) {
+            size_t k = at[d];
+            at[d] = sum, sum += k;
+        }
+        for (size_t i = 0; i < n; i++)
+            to[at[(desc_key(from[i].p) >> (8 * b)) & 255]++] = from[i];
+        choice *t = from;
+        from = to, to = t;
+    }
+    if (from != c)
+        memcpy(c, from, n * sizeof *c);
 }
 
 /* One token from logits: argmax at temperature 0, else softmax(l / T)
- * restricted to the smallest set of tokens holding top_p of the mass. */
+ * restricted to the smallest set of tokens holding top_p of the mass;
+ * c holds 2 V choices. */
 static int32_t pick(const float *l, size_t V, double temperature, double top_p, uint64_t *rng, choice *c)
 {
     size_t best = 0;
@@ -49,7 +80,7 @@ static int32_t pick(const float *l, size_t V, double temperature, double top_p, 
             c[n++] = (choice){c[i].p / sum, c[i].id};
     if (!n)
         return (int32_t)best;
-    qsort(c, n, sizeof *c, by_prob_desc);
+    sort_by_prob(c, c + V, n);
     double cum = 0;
     size_t last = n - 1;
     for (size_t i = 0; i < n; i++)
@@ -102,7 +133,7 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
           *logits = malloc(nseq * V * sizeof *logits);
     uint32_t *pos = malloc(nseq * sizeof *pos), *seq = malloc(nseq * sizeof *seq);
     int32_t *tok = malloc(nseq * sizeof *tok);
-    choice *cd = malloc(V * sizeof *cd);
+    choice *cd = malloc(2 * V * sizeof *cd);
     uint64_t *rng = malloc(nseq * sizeof *rng), done = 0, total = (uint64_t)(len - 1) * c->n_layers;
     stz_status st = !m->keep || !k || !v || !X || !logits || !pos || !seq || !tok || !cd || !rng
                         ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the sampling buffers")

@@ -157,6 +157,9 @@ mkdir "$T/tmpdir"
 expect_rc 0 "compress -c, calibrated" env TMPDIR="$T/tmpdir" "$STZ" compress --int4 "$M" -c -T 2
 same "$T/out" "$T/so4.stz" "compress -c, calibrated"
 [ -z "$(ls -A "$T/tmpdir")" ] && ok || bad "calibration left $(ls -A "$T/tmpdir") in TMPDIR"
+expect_rc 1 "quantize, calibrated, with no usable TMPDIR" env TMPDIR=/nonexistent "$STZ" quantize --int4 "$M" -o "$T/notmp.safetensors"
+has "$T/err" "temporary file for the feedback results in /nonexistent (set TMPDIR" "the error names TMPDIR"
+[ ! -e "$T/notmp.safetensors" ] && ok || bad "quantize left its output after failing"
 # containers piped in: unpack, decompress and verify read standard input in order
 "$STZ" pack "$M" -c -q | "$STZ" unpack - -o "$T/piped.safetensors" && same "$T/piped.safetensors" "$M" "pack -c | unpack -"
 "$STZ" compress --int4 "$M" -c | "$STZ" decompress - --dequantize -c >"$T/piped.deq" && same "$T/piped.deq" "$T/sod4.safetensors" "compress -c | decompress - --dequantize -c"

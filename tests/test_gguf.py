@@ -266,7 +266,7 @@ def test_defaults_export_exactly(tmp_path):
 @need_data
 def test_inexact_quantization_needs_requantize(tmp_path):
     q = tmp_path / "nl.safetensors"
-    stz("quantize", "--policy", "int4-nl", F32, "-o", q, "-q")  # nl levels, U8 scales
+    stz("quantize", "--policy", "int4-nl", F32, "-o", q, "-q", "--fast")  # nl levels, U8 scales
     out = tmp_path / "nl.gguf"
     r = stz("export", "--gguf", q, "--tokenizer", TOK, "-o", out, ok=False)
     assert r.returncode == 1 and "GGUF cannot hold exactly" in r.stderr and "--requantize" in r.stderr
@@ -298,7 +298,7 @@ def test_gguf_policies_as_small_as_type(tmp_path, typ):
     and bytes export --type writes (stories260K's 172-wide rows as F16, not
     as F32 values), every tensor copied without requantizing."""
     q = tmp_path / "q.safetensors"
-    stz("quantize", "--policy", "gguf-" + typ, F32, "-o", q, "-q")
+    stz("quantize", "--policy", "gguf-" + typ, F32, "-o", q, "-q", "--fast")
     a = json.loads(stz("export", "--gguf", q, "--tokenizer", TOK, "-o", tmp_path / "a.gguf", "--json").stdout)
     b = json.loads(stz("export", "--gguf", F32, "--type", typ, "--tokenizer", TOK, "-o", tmp_path / "b.gguf",
                        "--json").stdout)
@@ -541,7 +541,7 @@ def test_llama_cpp_runs_padded_ffn(tmp_path, mix):
             ["--set", "layers.[02].feed_forward.w2.weight=q8_0:pad=true",
              "--set", "layers.[13].feed_forward.w2.weight=q5_k:pad=true"])
     q, out = tmp_path / "q.safetensors", tmp_path / "q.gguf"
-    stz("quantize", F32, "-o", q, "-q", *sets)
+    stz("quantize", F32, "-o", q, "-q", "--fast", *sets)  # calibration is not what this measures
     rep = json.loads(stz("export", "--gguf", q, "--tokenizer", TOK, "-o", out, "--json").stdout)
     assert rep["ffn_widened"] == {"from": 172, "to": 192} and rep["f16_fallback"] == 0 and rep["requantized"] == 0
     kv, t = read_gguf(out)
@@ -710,7 +710,7 @@ def test_padded_ffn_hugging_face(tmp_path, arch):
     values; tune --gguf finds the down projections by these names too."""
     m = hf_dir(tmp_path, arch)
     q = m / "q.safetensors"
-    stz("quantize", m / "model.safetensors", "-o", q, "-q", "--set", "*.down_proj.weight=q8_0:pad=true")
+    stz("quantize", m / "model.safetensors", "-o", q, "-q", "--fast", "--set", "*.down_proj.weight=q8_0:pad=true")
     (m / "model.safetensors").unlink()
     q.rename(m / "model.safetensors")
     out = tmp_path / "t.gguf"
@@ -730,7 +730,7 @@ def test_padded_ffn_hugging_face(tmp_path, arch):
     assert wa.keys() == wb.keys() and all(np.array_equal(wa[n], wb[n]) for n in wa)
     pol = tmp_path / "p.json"
     plain = hf_dir(tmp_path, arch, name="plain")
-    stz("tune", plain, "--gguf", "--size", os.path.getsize(out), "-o", pol, "-q", "--no-verify")
+    stz("tune", plain, "--gguf", "--size", os.path.getsize(out), "-o", pol, "-q", "--no-verify", "--fast")
     down = [r for r in json.loads(pol.read_text())["rules"] if "down_proj" in r["match"]]
     assert len(down) == 2 and all(r.get("pad") for r in down if r["action"] not in ("keep", "f16")), down
 
@@ -1209,7 +1209,7 @@ def test_tune_gguf_no_pad(tmp_path):
     for flag, padded in (("--no-pad", 0), (None, 5)):
         pol = tmp_path / "p.json"
         stz("tune", F32, "--gguf", "--size", 258816, "--tokenizer", TOK, "-o", pol, "-q", "-f", "--no-verify",
-            *([flag] if flag else []))
+            "--fast", *([flag] if flag else []))
         rules = json.loads(pol.read_text())["rules"]
         down = [r for r in rules if "w2" in r["match"]]
         assert len(down) == 5 and sum(r.get("pad", False) for r in down) == padded, down
@@ -1217,8 +1217,8 @@ def test_tune_gguf_no_pad(tmp_path):
 
 
 @need_data
-@pytest.mark.parametrize("budget", ["258816", "300000"])
-def test_tune_gguf_file(tmp_path, budget):
+@pytest.mark.parametrize("budget,fast", [("258816", []), ("300000", ["--fast"])])
+def test_tune_gguf_file(tmp_path, budget, fast):
     """compress --tune --gguf writes the GGUF: no larger than the budget,
     its bytes predicted exactly (the widened FFN's zero units and key
     included), every matrix in a type its row length allows (no
@@ -1226,10 +1226,11 @@ def test_tune_gguf_file(tmp_path, budget):
     in F16/F32, or in padded 32-blocks with the FFN widened to 192), the
     verified KL the one stz eval measures on the file; the policy saved
     quantizes and exports to the same file byte for byte, with no
-    --requantize."""
+    --requantize: calibrated, and with --fast (its rules say "feedback":
+    false, which the calibrated default of quantize keeps)."""
     g, pol = tmp_path / "t.gguf", tmp_path / "p.json"
     rep = json.loads(stz("compress", F32, "--tune", "--gguf", "--size", budget, "--tokenizer", TOK, "--name", "s",
-                         "-o", g, "--save-policy", pol, "--json").stdout)
+                         "-o", g, "--save-policy", pol, "--json", *fast).stdout)
     size = os.path.getsize(g)
     assert size == rep["measured_bytes"] <= int(budget) and rep["predicted_bytes"] == size
     kv, t = read_gguf(g)
