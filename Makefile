@@ -45,7 +45,7 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # (with allocations that fail on request: the oom test runs every other one)
-# -O1: the same checks in a fraction of -O0's time (BENCHMARKS.md, "The sanitizer build")
+# -O1: the same checks in under half of -O0's time (docs/TESTING.md)
 ASAN_CMAKE = -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DSTZ_SANITIZE=ON -DSTZ_FAILMALLOC=ON
 
 asan:
