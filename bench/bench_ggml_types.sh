@@ -21,17 +21,11 @@ SRC=${GGML_SRC:-/work/.mirror/ggml-org+ggml/repo}
 HERE=$(cd "$(dirname "$0")" && pwd)
 DATA=$HERE/../../shared/data
 mkdir -p "$WORK"
-if [ -f "$SRC/CMakeLists.txt" ]; then
-    G=$SRC
-elif [ -d "$SRC" ] && git --git-dir="$SRC" rev-parse HEAD >/dev/null 2>&1; then
-    G=$WORK/ggml-src
-    rm -rf "$G" && mkdir -p "$G"
-    git --git-dir="$SRC" archive HEAD | tar -x -C "$G"
-    echo "ggml snapshot $(git --git-dir="$SRC" rev-parse --short HEAD)"
-else
+if ! source_tree "$SRC" "$WORK/ggml-src"; then
     echo "skip: no ggml source at $SRC (set GGML_SRC)"
     exit 0
 fi
+G=$TREE
 cmake -S "$G" -B "$WORK/ggml-build" -DCMAKE_BUILD_TYPE=Release -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF \
     -DGGML_NATIVE=ON >/dev/null
 cmake --build "$WORK/ggml-build" --target ggml-base -j2 >/dev/null

@@ -40,6 +40,23 @@ pack_vs_zstd() {
     rm -f "$1.back" "$1.zst"
 }
 
+# source_tree SRC DEST [PATHSPEC...]: sets TREE to SRC when it is a source
+# tree (a CMakeLists.txt), else to DEST, where HEAD of the git directory SRC
+# is extracted (PATHSPEC's files, default all) unless it already was, and
+# prints the commit; returns 1 when SRC is neither.
+source_tree() {
+    src=$1 dest=$2
+    shift 2
+    if [ -f "$src/CMakeLists.txt" ]; then TREE=$src && return 0; fi
+    git --git-dir="$src" rev-parse HEAD >/dev/null 2>&1 || return 1
+    TREE=$dest
+    if [ ! -f "$dest/CMakeLists.txt" ]; then
+        rm -rf "$dest" && mkdir -p "$dest"
+        git --git-dir="$src" archive HEAD -- "${@:-.}" | tar -x -C "$dest"
+    fi
+    echo "snapshot $(git --git-dir="$src" rev-parse --short HEAD)"
+}
+
 # byte_tokenizer FILE: a byte-level BPE tokenizer.json (256 byte symbols, no
 # merges; Qwen2's end-of-text token) for exporting generated models.
 byte_tokenizer() {

@@ -14,9 +14,11 @@
 /* Exit statuses, documented in docs/CLI.md. */
 enum { CLI_OK = 0, CLI_ERROR = 1, CLI_USAGE = 2 };
 
+typedef int cli_main(int argc, char **argv); /* a command's main: argv[0] is its name */
+
 typedef struct {
     const char *name;
-    int (*run)(int argc, char **argv);
+    cli_main *run;
     const char *summary;
 } cli_command;
 

@@ -51,13 +51,31 @@ void cli_usage(FILE *f)
 
 static char **running_argv; /* the running command's arguments */
 
+/* Options that hand a command to another main: stz compress --tune is
+ * tune's, stz eval --forward the forward pass's (no command calls another). */
+static const struct {
+    const char *cmd, *flag;
+    cli_main *run;
+} modes[] = {{"compress", "--tune", cmd_tune}, {"eval", "--forward", cmd_eval_forward}};
+
+/* The main that runs argv: a mode's when its flag is among the options
+ * (before any "--"), else the command's own. */
+static cli_main *runner(const cli_command *cmd, int argc, char **argv)
+{
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++)
+        for (int i = 1; !strcmp(cmd->name, modes[m].cmd) && i < argc && strcmp(argv[i], "--"); i++)
+            if (!strcmp(argv[i], modes[m].flag))
+                return modes[m].run;
+    return cmd->run;
+}
+
 int cli_run(const cli_command *cmd, int argc, char **argv)
 {
     running_argv = argv;
     opterr = 0;                   /* cli_bad_option says it, once */
     stz_json_route_allocations(); /* cJSON through stz's allocator: cli_print_json sees a failure */
     stz_json_begin();
-    int rc = cmd->run(argc, argv);
+    int rc = runner(cmd, argc, argv)(argc, argv);
     running_argv = NULL;
     return rc;
 }

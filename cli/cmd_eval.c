@@ -214,9 +214,6 @@ static int eval_report(const eval_run *e)
 
 int cmd_eval(int argc, char **argv)
 {
-    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-        if (!strcmp(argv[i], "--forward"))
-            return cmd_eval_forward(argc, argv);
     eval_run e = {.threshold = -2};
     int rc;
     if (eval_options(&e, argc, argv, &rc))

@@ -214,9 +214,6 @@ static int report(const popts *o, const char *in, const char *out, const stz_pol
  * a sharded directory, over MPI ranks), the report. */
 int cmd_compress(int argc, char **argv)
 {
-    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-        if (!strcmp(argv[i], "--tune"))
-            return cmd_tune(argc, argv); /* stz compress MODEL --tune BUDGET -o OUT.stz */
     popts o;
     int rc = parse("compress", compress_help, argc, argv, &o);
     if (rc >= 0)

@@ -574,9 +574,9 @@ def test_llama_cpp_runs_padded_ffn(tmp_path, mix):
     assert r.returncode == 1 and "'blk.3.ffn_up.weight': row 180 is not zero" in r.stderr, r.stderr
 
 
-def tiny_tokenizer():
-    """A byte-level BPE tokenizer.json for stz synth's 256-token model: 250
-    byte symbols, three merges, two tokens past them and one special token."""
+def byte_chars():
+    """GPT-2's byte-level alphabet: the bytes, and the character standing
+    for each (printable bytes as themselves, the others past 255)."""
     bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     cs = bs[:]
     n = 0
@@ -584,7 +584,13 @@ def tiny_tokenizer():
         if b not in bs:
             bs.append(b), cs.append(256 + n)
             n += 1
-    sym = [chr(c) for c in cs][:250]
+    return bs, [chr(c) for c in cs]
+
+
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer.json for stz synth's 256-token model: 250
+    byte symbols, three merges, two tokens past them and one special token."""
+    sym = byte_chars()[1][:250]
     vocab = {s: i for i, s in enumerate(sym)}
     for s in ["he", "\u0120t", "\u0120the", "\u0120a", "ll"]:
         vocab[s] = len(vocab)
@@ -778,9 +784,10 @@ def wide_dir(tmp_path, name="w", layers=1, kv_heads=2, tied=False):
 
 
 def quantize_dir(m, typ):
-    """m's model quantized in place to llama.cpp's type `typ` (every matrix)."""
+    """m's model quantized in place to llama.cpp's type `typ` (every matrix;
+    plain rounding: what is checked is the file, not calibration)."""
     src, q = m / "model.safetensors", m / "q.safetensors"
-    stz("quantize", src, "-o", q, "-q", "--set", "*=%s" % typ)
+    stz("quantize", src, "-o", q, "-q", "--fast", "--set", "*=%s" % typ)
     src.unlink()
     q.rename(src)
     return src
@@ -878,7 +885,7 @@ def test_read_back_exactly(tmp_path, arch, typ):
     src = m / "model.safetensors"
     if READ_TYPES[typ]:
         q = m / "q.safetensors"
-        stz("quantize", src, "-o", q, "-q", *READ_TYPES[typ])
+        stz("quantize", src, "-o", q, "-q", "--fast", *READ_TYPES[typ])
         (m / "model.safetensors").unlink()
         q.rename(src)
         want = tmp_path / "want.safetensors"

@@ -109,6 +109,22 @@ for mod, syms in used.items():
 if not edges:
     problems.append("no calls between folders found in %s: nothing was checked" % lib)
 
+# ---- commands: no command's main calls another's (cli_command.c's table and
+# its modes hand argv to each; a shared step is a library call or a cli_ helper)
+cli_dir = os.path.join(root, "cli")
+with open(os.path.join(cli_dir, "cli_command.c"), encoding="utf-8") as fh:
+    mains = set(re.findall(r'\{"[\w-]+", (?:"--[\w-]+", )?(cmd_\w+)', fh.read()))
+if len(mains) < 10:
+    problems.append("cli/cli_command.c: found %d command mains in its table: nothing was checked" % len(mains))
+for fn in sorted(os.listdir(cli_dir)):
+    if not fn.endswith(".c") or fn == "cli_command.c":
+        continue
+    with open(os.path.join(cli_dir, fn), encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            for called in re.findall(r"\b(cmd_\w+)\(", line):
+                if called in mains and not re.match(r"int %s\(" % called, line):
+                    problems.append("cli/%s:%d: calls %s, another command's main" % (fn, lineno, called))
+
 if problems:
     sys.exit("test_layers:\n  " + "\n  ".join(problems))
 calls = ["%s -> %s" % (m, ", ".join(sorted(edges[m], key=RANK.get))) for m in ORDER if edges[m]]
