@@ -62,10 +62,13 @@ static const struct {
  * (before any "--"), else the command's own. */
 static cli_main *runner(const cli_command *cmd, int argc, char **argv)
 {
-    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++)
-        for (int i = 1; !strcmp(cmd->name, modes[m].cmd) && i < argc && strcmp(argv[i], "--"); i++)
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        if (strcmp(cmd->name, modes[m].cmd))
+            continue;
+        for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
             if (!strcmp(argv[i], modes[m].flag))
                 return modes[m].run;
+    }
     return cmd->run;
 }
 

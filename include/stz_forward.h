@@ -66,8 +66,9 @@ typedef struct stz_fwd stz_fwd;
 /* A model over the files of one checkpoint (shards), which the caller
  * keeps open. Checks that every tensor the config needs is there with the
  * right shape. `threads`: the threads its products run on (the results do
- * not depend on it). One call at a time on a stz_fwd (the qmodels' read
- * buffers are its own); two threads use two. */
+ * not depend on it). One call at a time on a stz_fwd and on the files
+ * under it (their read buffers are shared): two threads open the files
+ * twice. */
 STZ_API stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, const stz_fwd_config *c,
                                 const char *label, int threads, stz_err *err);
 /* The model at `path` (a file or a directory: its files opened into *s)

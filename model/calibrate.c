@@ -118,6 +118,13 @@ static const char *spill_dir(void)
     return dir && *dir ? dir : "/tmp";
 }
 
+/* A write to the spill file failed. */
+static stz_status spill_write_error(stz_err *err)
+{
+    return stz_err_set(err, STZ_E_IO, "cannot write the feedback results to a temporary file in %s (disk full?)",
+                       spill_dir());
+}
+
 static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decision *d, const stz_qmem *q, stz_err *err)
 {
     if (fb->n == fb->cap) {
@@ -138,8 +145,7 @@ static stz_status spill_put(stz_feedback *fb, const char *name, const stz_decisi
         e->len[k] = q->part[k] ? q->len[k] : 0, e->dtype[k] = q->dtype[k];
         e->off[k] = ftell(fb->spill);
         if (e->len[k] && fwrite(q->part[k], 1, e->len[k], fb->spill) != e->len[k])
-            return stz_err_set(err, STZ_E_IO,
-                               "cannot write the feedback results to a temporary file in %s (disk full?)", spill_dir());
+            return spill_write_error(err);
     }
     return STZ_OK;
 }
@@ -494,8 +500,7 @@ stz_status stz_feedback_run(stz_feedback **out, stz_fwd *m, stz_policy *policy, 
     if (!st)
         st = stz_forward_grams(m, tokens, nseq, stride, lens, &v, progress, user, err);
     if (!st && fflush(R.fb->spill)) /* read back with pread */
-        st = stz_err_set(err, STZ_E_IO, "cannot write the feedback results to a temporary file in %s (disk full?)",
-                         spill_dir());
+        st = spill_write_error(err);
     loc emb = m->global[G_EMBED];
     if (!st && !stz_forward_tied(m) && emb.f >= 0 && fb_wants(&R, stz_forward_tensor(m, emb))) {
         R.fb->skipped++; /* an untied embedding: no matrix product reads it */
