@@ -277,7 +277,7 @@ int cli_number(const char *cmd, const char *opt, const char *arg, double lo, dou
 
 int cmd_export(int argc, char **argv);
 /* stz inspect's listing of a GGUF file (JSON into *json when json is not
- * NULL); stz_is_gguf (gguf/gguf_layout.h) tells GGUF files apart. */
+ * NULL); stz_is_gguf (stz_gguf.h) tells GGUF files apart. */
 struct cJSON;
 int cli_inspect_gguf(const char *path, struct cJSON **json);
 /* "llama_quantize_bytes": the file llama-quantize makes of the model

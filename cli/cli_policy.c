@@ -207,7 +207,7 @@ stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const c
     if (!st && stz_policy_feedback(pol) && out && strcmp(out, "-"))
         st = stz_output_check(out, force, err); /* before the long work */
     if (!st)
-        st = stz_feedback_calibrate(fb, model, pol, po->so.default_len ? &po->so : NULL, po->config, threads,
+        st = stz_feedback_calibrate(fb, model, pol, po->so.default_len ? &po->so : NULL, NULL, po->config, threads,
                                     &cli_stages, quiet, err);
     return st;
 }

@@ -80,7 +80,7 @@ static stz_status collect(const imatrix_opts *o, const char *model, const char *
     stz_status st = stz_output_check(out, o->c.force, err);
     if (!st && !(st = stz_fwd_open_model(&fwd, &S, model, o->config, o->c.threads, err)) &&
         !(st = stz_imatrix_new(im, err)))
-        st = stz_imatrix_sample(*im, fwd, &o->so, model, &cli_stages, o->c.quiet || o->c.json, q, source, err);
+        st = stz_imatrix_sample(*im, fwd, &o->so, NULL, model, &cli_stages, o->c.quiet || o->c.json, q, source, err);
     stz_fwd_free(fwd);
     stz_model_set_free(&S);
     return st;

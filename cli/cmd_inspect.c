@@ -1,7 +1,5 @@
 /* stz inspect: what a model file holds. */
 #include "cli.h"
-#include "gguf/gguf_layout.h"
-#include "pack/pack_internal.h"
 #include "stz_pack.h"
 #include "stz_model.h"
 #include "stz_pipeline.h"
@@ -225,21 +223,9 @@ typedef struct {
 
 #define KINDS (STZ_DTYPE_COUNT + 256) /* dtypes, then ggml types */
 
-static const char *const plane_names[STZ_XFORM_GGML][STZ_MAX_PLANES] = {
-    [STZ_XFORM_NONE] = {"bytes"},
-    [STZ_XFORM_BF16] = {"exponent", "sign+mantissa"},
-    [STZ_XFORM_F16] = {"exponent", "sign+mantissa-hi", "mantissa-lo"},
-    [STZ_XFORM_F32] = {"exponent", "sign+mantissa-hi", "mantissa-mid", "mantissa-lo"},
-    [STZ_XFORM_BYTES2] = {"byte0", "byte1"},
-    [STZ_XFORM_BYTES4] = {"byte0", "byte1", "byte2", "byte3"},
-    [STZ_XFORM_BYTES8] = {"byte0", "byte1", "byte2", "byte3", "byte4", "byte5", "byte6", "byte7"},
-};
-
 static const char *plane_name(const tsum *t, int k, char *buf, size_t cap)
 {
-    if (t->xform == STZ_XFORM_GGML)
-        return stz_blocks_plane_name(t->block_type, k, buf, cap);
-    return t->xform < STZ_XFORM_GGML && plane_names[t->xform][k] ? plane_names[t->xform][k] : "?";
+    return stz_plane_name(t->xform, t->block_type, k, buf, cap);
 }
 
 static void codec_list(unsigned mask, char *buf, size_t cap)

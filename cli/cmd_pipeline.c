@@ -242,9 +242,17 @@ int cmd_compress(int argc, char **argv)
     stz_status st = out ? load_policy(&o, in, &pol, &im, &err)
                         : stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for the output's name", in);
     if (!st) {
-        stz_compress_params p = {pol,         im,         o.po.so.default_len ? &o.po.so : NULL, o.po.config,
-                                 o.c.threads, o.best,     o.c.force ? STZ_WRITE_FORCE : 0,       o.c.quiet,
-                                 &cli_stages, cli_ranks()};
+        stz_compress_params p = {pol,
+                                 im,
+                                 o.po.so.default_len ? &o.po.so : NULL,
+                                 o.po.config,
+                                 o.c.threads,
+                                 o.best,
+                                 o.c.force ? STZ_WRITE_FORCE : 0,
+                                 o.c.quiet,
+                                 &cli_stages,
+                                 cli_ranks(),
+                                 NULL};
         st = stz_compress_model(&p, in, out, &r, &err);
     }
     if (st) {

@@ -8,17 +8,9 @@
 #include "safetensors/st_sink.h"
 #include "stz_gguf.h"
 
-/* 1 when the file at path starts with GGUF's magic (model/, pack/ and the
- * program tell GGUF files apart by it). */
-int stz_is_gguf(const char *path);
 /* Reads a GGUF file's header leniently through fd (fsize bytes; fd stays
  * the caller's, who reads the data through it too), path naming it. */
 stz_status stz_gguf_read_layout_fd(stz_gguf **out, int fd, uint64_t fsize, const char *path, stz_err *err);
-/* The same from img[n], a GGUF file's first n bytes, which must end where
- * its data section starts (the container's header section); fsize: the
- * whole file's size. */
-stz_status stz_gguf_parse_layout(stz_gguf **out, const uint8_t *img, size_t n, uint64_t fsize, const char *label,
-                                 stz_err *err);
 /* Where the data section starts; the file's size. */
 uint64_t stz_gguf_data_offset(const stz_gguf *g);
 uint64_t stz_gguf_file_size(const stz_gguf *g);

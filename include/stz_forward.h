@@ -108,7 +108,11 @@ STZ_API stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq
 STZ_API void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes);
 
 /* Samples nseq sequences of len tokens (BOS first) at `temperature` with
- * nucleus `top_p`, deterministically from `seed`. */
+ * nucleus `top_p`, deterministically from `seed`: each sequence's tokens
+ * depend on the seed and its index, not on nseq or len. m keeps the largest
+ * draw and answers a request it covers (the same seed, temperature and
+ * top-p, no more sequences or tokens) from it without a pass, unless an
+ * importance matrix is attached. */
 STZ_API stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
                                   int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err);
 
@@ -153,6 +157,9 @@ typedef struct {
  * (read: ids checked against its vocabulary); progress counts sampled
  * tokens. `source` (STZ_SEQS_SOURCE_MAX bytes) says where they came from. */
 #define STZ_SEQS_SOURCE_MAX 64
+/* The tokens per sequence a sampling s asks of m (len, else default_len or
+ * the model's positions if fewer). */
+STZ_API size_t stz_seq_spec_len(const stz_seq_spec *s, const stz_fwd *m);
 STZ_API stz_status stz_seqs_get(const stz_seq_spec *s, stz_fwd *m, const char *label, stz_fwd_progress progress,
                                 void *user, stz_seqs *q, char *source, stz_err *err);
 STZ_API stz_status stz_seqs_save(const char *path, const stz_seqs *q, int force, stz_err *err);

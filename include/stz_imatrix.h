@@ -36,6 +36,10 @@ STZ_API void stz_imatrix_free(stz_imatrix *im);
  * matrices to im: stz_fwd_sample's included, so that sampling calibration
  * sequences collects their importance in the same pass. NULL detaches. */
 STZ_API void stz_fwd_set_imatrix(stz_fwd *m, stz_imatrix *im);
+/* The same, but stz_fwd_sample adds only the steps that draw each
+ * sequence's first len tokens (what sampling len tokens adds), so that one
+ * sampling of longer sequences collects it too (0: every step). */
+STZ_API void stz_fwd_set_imatrix_tokens(stz_fwd *m, stz_imatrix *im, size_t len);
 
 /* Runs m's layers over nseq sequences (lens[s] tokens each, stride apart; 0: back to back),
  * a few sequences at a time, adding every matrix's inputs to im (the

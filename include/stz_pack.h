@@ -223,6 +223,9 @@ STZ_API void stz_container_set_threads(stz_container *c, int threads);
 /* Names of a codec and a plane transform, as `stz inspect` prints them. */
 STZ_API const char *stz_codec_name(stz_codec c);
 STZ_API const char *stz_xform_name(stz_xform x);
+/* The name of plane k of transform x ("exponent", ...; "?" past its planes);
+ * for STZ_XFORM_GGML, of llama.cpp type block_type's block field (in buf). */
+STZ_API const char *stz_plane_name(stz_xform x, int block_type, int k, char *buf, size_t cap);
 
 /* ---- plane kernels (exposed for tests and benchmarks) ------------------ */
 

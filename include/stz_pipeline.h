@@ -178,13 +178,13 @@ STZ_API stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const
 /* Error feedback for the model at `model` (a file or a directory) under
  * `policy` when a rule asks for it (*fb NULL when none does): the model
  * opened for the forward pass (config: its config.json, NULL: found as
- * stz_fwd_open_model does), the sequences (stz_feedback_seqs), its
- * layers quantized (stz_feedback_run) on `threads` threads. A rule's
- * tensor no matrix product reads (an untied token embedding) is left to
- * plain rounding (stz_feedback_skipped counts them). */
+ * stz_fwd_open_model does), the sequences (`drawn` when given, else
+ * stz_feedback_seqs), its layers quantized (stz_feedback_run) on `threads`
+ * threads. A rule's tensor no matrix product reads (an untied token
+ * embedding) is left to plain rounding (stz_feedback_skipped counts them). */
 STZ_API stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_policy *policy,
-                                          const stz_seq_spec *seqs, const char *config, int threads,
-                                          const stz_stages *progress, int quiet, stz_err *err);
+                                          const stz_seq_spec *seqs, const stz_seqs *drawn, const char *config,
+                                          int threads, const stz_stages *progress, int quiet, stz_err *err);
 
 /* An importance matrix's sequences unless told otherwise (stz imatrix's):
  * 16 of 128 tokens sampled, seed 1. */
@@ -196,9 +196,13 @@ STZ_API stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, 
  * are sampled (one pass), read ones run after (stz_imatrix_collect);
  * described as "stz imatrix: N sequences, SOURCE". *q: the sequences, for
  * the caller to free; source (STZ_SEQS_SOURCE_MAX bytes) where they came
- * from. label names the model. */
-STZ_API stz_status stz_imatrix_sample(struct stz_imatrix *im, stz_fwd *m, const stz_seq_spec *seqs, const char *label,
-                                      const stz_stages *progress, int quiet, stz_seqs *q, char *source, stz_err *err);
+ * from. label names the model. `ahead` (or NULL): longer sampled sequences
+ * the caller will ask m for next (the same seed, temperature, top-p and
+ * count): sampled first, the importance collected over their first tokens,
+ * so that one pass serves both (the same importance, the same sequences). */
+STZ_API stz_status stz_imatrix_sample(struct stz_imatrix *im, stz_fwd *m, const stz_seq_spec *seqs,
+                                      const stz_seq_spec *ahead, const char *label, const stz_stages *progress,
+                                      int quiet, stz_seqs *q, char *source, stz_err *err);
 
 typedef struct {
     stz_policy *policy;                /* NULL: lossless, every file packed as it is */
@@ -211,6 +215,7 @@ typedef struct {
     int quiet;                         /* progress not shown */
     const stz_stages *progress;        /* NULL: none */
     const stz_ranks *ranks;            /* NULL: this process alone */
+    const stz_seqs *feedback_drawn;    /* feedback_seqs's sequences already drawn (tune's), NULL: drawn here */
 } stz_compress_params;
 
 typedef struct {

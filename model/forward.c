@@ -151,6 +151,7 @@ void stz_fwd_free(stz_fwd *m)
     if (!m)
         return;
     stz_forward_drop_kept(m);
+    free(m->drawn.tok);
     free(m->files);
     free(m->layer);
     free(m->inv_freq);

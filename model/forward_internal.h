@@ -31,7 +31,14 @@ struct stz_fwd {
     uint64_t keep_budget;       /* sampling: bytes of F32 weights kept between steps */
     const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
     loc probe_at;
-    stz_imatrix *imatrix;         /* stz_fwd_set_imatrix: every matrix's inputs are added to it */
+    stz_imatrix *imatrix; /* stz_fwd_set_imatrix: every matrix's inputs are added to it */
+    size_t imatrix_len;   /* sampling: only the steps drawing the first imatrix_len tokens (0: all) */
+    struct {              /* the largest sequences stz_fwd_sample drew, for the requests they cover */
+        int32_t *tok;
+        size_t nseq, len;
+        uint64_t seed;
+        double temperature, top_p;
+    } drawn;
     struct stz_fb_hess *hess;     /* error feedback (calibrate.c): one layer's input Gram matrices collected */
     const stz_fwd_probe *rewrite; /* error feedback: every tensor's rows, as read, go through rewrite->perturb */
 };

@@ -100,6 +100,33 @@ static int32_t pick(const float *l, size_t V, double temperature, double top_p, 
 
 void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes) { m->keep_budget = bytes; }
 
+/* 1 if the sequences drawn before hold these as their first nseq x len:
+ * the same draw (each sequence's tokens depend on its seed, not on how many
+ * sequences or tokens are drawn), nothing observing or perturbing the pass. */
+static int drawn_covers(const stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p)
+{
+    return m->drawn.tok && nseq <= m->drawn.nseq && len <= m->drawn.len && seed == m->drawn.seed &&
+           temperature == m->drawn.temperature && top_p == m->drawn.top_p && !m->imatrix && !m->hess && !m->probe &&
+           !m->rewrite;
+}
+
+/* Keeps what an unperturbed pass drew, when it covers what was kept. */
+static void drawn_keep(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
+                       const int32_t *tokens)
+{
+    int32_t *t;
+    if (m->probe || m->rewrite || (m->drawn.tok && (nseq < m->drawn.nseq || len < m->drawn.len)) ||
+        !(t = malloc(nseq * len * sizeof *t)))
+        return; /* without it, the next draw samples again */
+    free(m->drawn.tok);
+    m->drawn.tok = memcpy(t, tokens, nseq * len * sizeof *t);
+    m->drawn.nseq = nseq, m->drawn.len = len, m->drawn.seed = seed;
+    m->drawn.temperature = temperature, m->drawn.top_p = top_p;
+}
+
+static stz_status draw(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
+                       int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err);
+
 stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
                           int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err)
 {
@@ -113,6 +140,25 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
         return stz_err_set(err, STZ_E_UNSUPPORTED,
                            "%s: %zu tokens is more than the sliding window of %u (not supported)", m->label, len,
                            c->sliding_window);
+    if (drawn_covers(m, nseq, len, seed, temperature, top_p)) {
+        for (size_t s = 0; s < nseq; s++)
+            memcpy(tokens + s * len, m->drawn.tok + s * m->drawn.len, len * sizeof *tokens);
+        return STZ_OK; /* no pass, no progress to show */
+    }
+    stz_imatrix *im = m->imatrix;
+    stz_status st = draw(m, nseq, len, seed, temperature, top_p, tokens, progress, user, err);
+    m->imatrix = im;
+    if (!st)
+        drawn_keep(m, nseq, len, seed, temperature, top_p, tokens);
+    return st;
+}
+
+/* stz_fwd_sample's sampling, the importance matrix detached after the
+ * steps that draw its first imatrix_len tokens. */
+static stz_status draw(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
+                       int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err)
+{
+    const stz_fwd_config *c = &m->c;
     size_t V = c->vocab, D = c->dim, KD = (size_t)c->n_kv_heads * c->head_dim;
     uint64_t per_layer = 0;
     for (int k = 0; k < STZ_ROLE_PER_LAYER; k++)
@@ -141,6 +187,8 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
     for (size_t s = 0; !st && s < nseq; s++)
         tokens[s * len] = c->bos, seq[s] = (uint32_t)s, rng[s] = seed ^ (0x632BE59BD9B4E019ull * (s + 1));
     for (size_t p = 0; !st && p + 1 < len; p++) {
+        if (m->imatrix_len && p + 1 >= m->imatrix_len)
+            m->imatrix = NULL;
         for (size_t s = 0; s < nseq; s++)
             pos[s] = (uint32_t)p, tok[s] = tokens[s * len + p];
         batch b = {nseq, pos, seq, len, k, v, c->n_layers};

@@ -177,7 +177,9 @@ static void update_weights(entry *e)
 
 /* ---- collecting ------------------------------------------------------------ */
 
-void stz_fwd_set_imatrix(stz_fwd *m, stz_imatrix *im) { m->imatrix = im; }
+void stz_fwd_set_imatrix(stz_fwd *m, stz_imatrix *im) { stz_fwd_set_imatrix_tokens(m, im, 0); }
+
+void stz_fwd_set_imatrix_tokens(stz_fwd *m, stz_imatrix *im, size_t len) { m->imatrix = im, m->imatrix_len = len; }
 
 stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
                                size_t cols, stz_err *err)

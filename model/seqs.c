@@ -211,6 +211,12 @@ stz_status stz_seqs_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, d
     return st;
 }
 
+size_t stz_seq_spec_len(const stz_seq_spec *s, const stz_fwd *m)
+{
+    const stz_fwd_config *c = stz_fwd_cfg(m);
+    return s->len ? s->len : c->max_pos && c->max_pos < s->default_len ? c->max_pos : s->default_len;
+}
+
 stz_status stz_seqs_get(const stz_seq_spec *s, stz_fwd *m, const char *label, stz_fwd_progress progress, void *user,
                         stz_seqs *q, char *source, stz_err *err)
 {
@@ -221,7 +227,7 @@ stz_status stz_seqs_get(const stz_seq_spec *s, stz_fwd *m, const char *label, st
         snprintf(source, STZ_SEQS_SOURCE_MAX, "from %.50s", base);
         return stz_seqs_read(s->path, c->vocab, label, q, err);
     }
-    size_t len = s->len ? s->len : c->max_pos && c->max_pos < s->default_len ? c->max_pos : s->default_len;
+    size_t len = stz_seq_spec_len(s, m);
     if (len < 2)
         return stz_err_set(err, STZ_E_ARG, "%s: the model takes %u positions, too few to score", label, c->max_pos);
     snprintf(source, STZ_SEQS_SOURCE_MAX, "%zu tokens sampled from the original, seed %" PRIu64, len, s->seed);

@@ -1,6 +1,7 @@
 /* Plane transforms: rearrange the bits of each element so that bits that
  * behave alike (exponents, mantissa bytes) sit in their own byte plane. */
 #include "core/stz_core.h"
+#include "pack_internal.h"
 #include "stz_pack.h"
 
 static const struct {
@@ -14,7 +15,24 @@ static const struct {
     [STZ_XFORM_MEMBERS] = {"members", 1, 0},
 };
 
+static const char *const plane_names[STZ_XFORM_GGML][STZ_MAX_PLANES] = {
+    [STZ_XFORM_NONE] = {"bytes"},
+    [STZ_XFORM_BF16] = {"exponent", "sign+mantissa"},
+    [STZ_XFORM_F16] = {"exponent", "sign+mantissa-hi", "mantissa-lo"},
+    [STZ_XFORM_F32] = {"exponent", "sign+mantissa-hi", "mantissa-mid", "mantissa-lo"},
+    [STZ_XFORM_BYTES2] = {"byte0", "byte1"},
+    [STZ_XFORM_BYTES4] = {"byte0", "byte1", "byte2", "byte3"},
+    [STZ_XFORM_BYTES8] = {"byte0", "byte1", "byte2", "byte3", "byte4", "byte5", "byte6", "byte7"},
+};
+
 const char *stz_xform_name(stz_xform x) { return (unsigned)x < STZ_XFORM_COUNT ? xform_table[x].name : "?"; }
+
+const char *stz_plane_name(stz_xform x, int block_type, int k, char *buf, size_t cap)
+{
+    if (x == STZ_XFORM_GGML)
+        return stz_blocks_plane_name(block_type, k, buf, cap);
+    return (unsigned)x < STZ_XFORM_GGML && (unsigned)k < STZ_MAX_PLANES && plane_names[x][k] ? plane_names[x][k] : "?";
+}
 unsigned stz_xform_width(stz_xform x) { return (unsigned)x < STZ_XFORM_COUNT ? xform_table[x].width : 0; }
 unsigned stz_xform_planes(stz_xform x) { return (unsigned)x < STZ_XFORM_COUNT ? xform_table[x].planes : 0; }
 

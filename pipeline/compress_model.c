@@ -39,7 +39,8 @@ stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *l
 }
 
 stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_policy *policy, const stz_seq_spec *seqs,
-                                  const char *config, int threads, const stz_stages *progress, int quiet, stz_err *err)
+                                  const stz_seqs *drawn, const char *config, int threads, const stz_stages *progress,
+                                  int quiet, stz_err *err)
 {
     *fb = NULL;
     if (!stz_policy_feedback(policy))
@@ -48,11 +49,12 @@ stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_poli
     stz_fwd *fwd = NULL;
     stz_seqs q = {0};
     stz_status st = stz_fwd_open_model(&fwd, &S, model, config, threads, err);
-    if (!st)
+    if (!st && !drawn)
         st = stz_feedback_seqs(fwd, seqs, model, progress, quiet, &q, err);
     if (!st) {
+        const stz_seqs *d = drawn ? drawn : &q;
         stz_stage g = stz_stage_open(progress, "feedback", quiet, 1);
-        st = stz_feedback_run(fb, fwd, policy, q.tok, q.nseq, 0, q.lens, threads, stz_stage_step, &g, err);
+        st = stz_feedback_run(fb, fwd, policy, d->tok, d->nseq, 0, d->lens, threads, stz_stage_step, &g, err);
         stz_stage_close(&g);
     }
     if (st) {
@@ -65,14 +67,35 @@ stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_poli
     return st;
 }
 
-stz_status stz_imatrix_sample(stz_imatrix *im, stz_fwd *m, const stz_seq_spec *seqs, const char *label,
-                              const stz_stages *progress, int quiet, stz_seqs *q, char *source, stz_err *err)
+/* 1 if sampling `ahead` draws the sequences of s and more tokens of each. */
+static int draws_ahead(const stz_seq_spec *s, const stz_seq_spec *ahead, const stz_fwd *m)
+{
+    return ahead && !s->path && !ahead->path && ahead->nseq == s->nseq && ahead->seed == s->seed &&
+           ahead->temperature == s->temperature && ahead->top_p == s->top_p &&
+           stz_seq_spec_len(ahead, m) > stz_seq_spec_len(s, m);
+}
+
+stz_status stz_imatrix_sample(stz_imatrix *im, stz_fwd *m, const stz_seq_spec *seqs, const stz_seq_spec *ahead,
+                              const char *label, const stz_stages *progress, int quiet, stz_seqs *q, char *source,
+                              stz_err *err)
 {
     const stz_seq_spec defaults = STZ_IMATRIX_SEQS;
     const stz_seq_spec *s = seqs ? seqs : &defaults;
-    stz_fwd_set_imatrix(m, s->path ? NULL : im); /* sampled: collected as they are sampled */
-    stz_status st = stz_seqs_get_staged(m, s, label, progress, quiet, q, source, err);
-    stz_fwd_set_imatrix(m, NULL);
+    stz_status st;
+    if (draws_ahead(s, ahead, m)) { /* m keeps them: s's are their first tokens, given without a pass */
+        stz_seqs a = {0};
+        char from[STZ_SEQS_SOURCE_MAX];
+        stz_fwd_set_imatrix_tokens(m, im, stz_seq_spec_len(s, m));
+        st = stz_seqs_get_staged(m, ahead, label, progress, quiet, &a, from, err);
+        stz_fwd_set_imatrix(m, NULL);
+        stz_seqs_free(&a);
+        if (!st)
+            st = stz_seqs_get(s, m, label, NULL, NULL, q, source, err);
+    } else {
+        stz_fwd_set_imatrix(m, s->path ? NULL : im); /* sampled: collected as they are sampled */
+        st = stz_seqs_get_staged(m, s, label, progress, quiet, q, source, err);
+        stz_fwd_set_imatrix(m, NULL);
+    }
     if (!st && s->path) {
         stz_stage g = stz_stage_open(progress, "imatrix", quiet, 1);
         st = stz_imatrix_collect(im, m, q->tok, q->nseq, 0, q->lens, stz_stage_step, &g, err);
@@ -210,8 +233,8 @@ static stz_status compress_model(const stz_compress_params *p, const char *in, c
     if (!sharded && strcmp(out, "-")) /* before the long work */
         st = stz_output_check(out, (p->write_flags & STZ_WRITE_FORCE) != 0, err);
     if (!st && p->policy)
-        st = stz_feedback_calibrate(&c.fb, in, p->policy, p->feedback_seqs, p->config, p->threads, p->progress,
-                                    p->quiet, err);
+        st = stz_feedback_calibrate(&c.fb, in, p->policy, p->feedback_seqs, p->feedback_drawn, p->config, p->threads,
+                                    p->progress, p->quiet, err);
     if (p->ranks && p->ranks->size > 1 && p->ranks->any_failed(p->ranks->user, st != STZ_OK, err))
         st = st ? st : err->code; /* every rank stops, with the lowest failing rank's error */
     if (st) {

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "stz_forward.h"
+#include "stz_imatrix.h"
 #include "stz_policy.h"
 #include "stz_pipeline.h"
 #include "stz_quant.h"
@@ -193,7 +194,9 @@ static void kl_behaves(const char *path, const char *bf16)
     enum { NSEQ = 3, LEN = 48 };
     int32_t tok[NSEQ * LEN];
     assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 42, 1.0, 0.9, tok, NULL, NULL, &err), STZ_OK);
+    close_model(&m);
     int32_t again[NSEQ * LEN];
+    assert_int_equal(open_model(&m, path, &err), STZ_OK); /* a new pass: nothing kept */
     assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 42, 1.0, 0.9, again, NULL, NULL, &err), STZ_OK);
     assert_memory_equal(tok, again, sizeof tok); /* same seed, same text */
     close_model(&m);
@@ -237,6 +240,74 @@ static void test_kl_synth(void **state)
     (void)state;
     char *p = synth_tiny();
     kl_behaves(p, NULL);
+    free(p);
+}
+
+/* The bytes of the importance matrix of a draw of n x len tokens, attached
+ * for its first `first` tokens (0: all), saved as `name` in dir. */
+static void *imatrix_of(const char *path, const char *name, size_t n, size_t first, size_t len, size_t *bytes)
+{
+    model m;
+    stz_err err;
+    stz_imatrix *im;
+    int32_t tok[4 * 48];
+    assert_int_equal(open_model(&m, path, &err), STZ_OK);
+    assert_int_equal(stz_imatrix_new(&im, &err), STZ_OK);
+    stz_fwd_set_imatrix_tokens(m.f, im, first);
+    assert_int_equal(stz_fwd_sample(m.f, n, len, 9, 1.0, 0.9, tok, NULL, NULL, &err), STZ_OK);
+    stz_fwd_set_imatrix(m.f, NULL);
+    stz_imatrix_describe(im, "test", (uint32_t)n, 20);
+    char *file = tu_path(dir, name);
+    assert_int_equal(stz_imatrix_save(im, file, 1, &err), STZ_OK);
+    void *b = tu_read(file, bytes);
+    stz_imatrix_free(im);
+    close_model(&m);
+    free(file);
+    return b;
+}
+
+/* stz_fwd_sample keeps its largest draw and answers what it covers: the
+ * first sequences and tokens of a longer draw are a shorter draw's (a new
+ * pass computes them the same), and an importance matrix attached for the
+ * first tokens of a longer draw is the shorter draw's, byte for byte. */
+static void draws_kept(const char *path)
+{
+    enum { NSEQ = 4, LEN = 48, N = 3, L = 20 };
+    model m, fresh;
+    stz_err err;
+    int32_t tok[NSEQ * LEN], shorter[N * L], kept[N * L];
+    assert_int_equal(open_model(&m, path, &err), STZ_OK);
+    assert_int_equal(open_model(&fresh, path, &err), STZ_OK);
+    assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 9, 1.0, 0.9, tok, NULL, NULL, &err), STZ_OK);
+    assert_int_equal(stz_fwd_sample(fresh.f, N, L, 9, 1.0, 0.9, shorter, NULL, NULL, &err), STZ_OK);
+    assert_int_equal(stz_fwd_sample(m.f, N, L, 9, 1.0, 0.9, kept, NULL, NULL, &err), STZ_OK);
+    for (size_t s = 0; s < N; s++)
+        assert_memory_equal(shorter + s * L, tok + s * LEN, L * sizeof *tok);
+    assert_memory_equal(kept, shorter, sizeof kept);
+    assert_int_equal(stz_fwd_sample(m.f, N, L, 10, 1.0, 0.9, kept, NULL, NULL, &err), STZ_OK); /* another seed */
+    assert_memory_not_equal(kept, shorter, sizeof kept);
+    close_model(&m), close_model(&fresh);
+
+    size_t na, nb;
+    void *a = imatrix_of(path, "alone.imatrix", NSEQ, 0, L, &na),
+         *b = imatrix_of(path, "ahead.imatrix", NSEQ, L, LEN, &nb),
+         *all = imatrix_of(path, "all.imatrix", NSEQ, 0, LEN, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    assert_memory_not_equal(a, all, na); /* the test tells apart what it compares */
+    free(a), free(b), free(all);
+}
+
+static void test_draws_kept(void **state)
+{
+    (void)state;
+    char *p = synth_tiny();
+    draws_kept(p);
+    free(p);
+    if (!have_data("stories260K.f32.safetensors"))
+        skip();
+    p = tu_path(STZ_SHARED_DATA_DIR, "stories260K.f32.safetensors");
+    draws_kept(p);
     free(p);
 }
 
@@ -514,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_bad_models),
         cmocka_unit_test(test_probe_matches_compare),
         cmocka_unit_test(test_compare_in_batches),
+        cmocka_unit_test(test_draws_kept),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmdir(dir);

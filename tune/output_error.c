@@ -77,7 +77,10 @@ static stz_status fed_matrix(void *user, const stz_qtensor *q, const float *W, c
     for (size_t c = 0; !st && c < R->T->ncand; c++) {
         if (R->T->cand[c].d.action == STZ_ACTION_KEEP || t->bytes[c] == UINT64_MAX)
             continue;
-        st = measure_one(R, t, c, 0, W, w, H, Y, &t->err2[c], err);
+        if (stz_interrupt_pending()) /* a layer's candidates take minutes on large models */
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        else
+            st = measure_one(R, t, c, 0, W, w, H, Y, &t->err2[c], err);
         if (!st && t->plain_out && R->T->cand[c].d.feedback)
             st = measure_one(R, t, c, 1, W, w, H, Y, &t->plain_out[c], err);
     }

@@ -29,6 +29,7 @@ typedef struct {
     stz_fwd_config cfg;
     char *cfg_json; /* config.json's text, for gguf's export */
     stz_seqs q;
+    stz_seqs fq;      /* error feedback's sequences, drawn once for the measures and every round's compress */
     const char *list; /* the candidates, as given or by default */
     stz_tune_cand *cand;
     size_t ncand;
@@ -111,16 +112,20 @@ static stz_status like_unknown(const char *like, stz_err *err)
 }
 
 /* calibrate: the importance matrix of the model's own sequences (the
- * tokens file's when given), as stz imatrix collects it. */
+ * tokens file's when given), as stz imatrix collects it; sampled, in the
+ * pass that samples error feedback's longer sequences when a candidate
+ * takes feedback (the forward pass keeps them for tune_feedback). */
 static stz_status calibrate(tune_run *t, stz_err *err)
 {
     const stz_tune_run_params *p = t->p;
+    const stz_seq_spec fb = STZ_FEEDBACK_SEQS;
     stz_seqs q = {0};
     char source[STZ_SEQS_SOURCE_MAX];
     stz_status st = stz_imatrix_new(&t->im, err);
     stz_fwd_set_keep(t->fwd, STZ_FEEDBACK_KEEP); /* bounded: layers past it are read again */
     if (!st)
-        st = stz_imatrix_sample(t->im, t->fwd, feedback_seqs(p), t->model, p->progress, p->quiet, &q, source, err);
+        st = stz_imatrix_sample(t->im, t->fwd, feedback_seqs(p), any_feedback(t) ? &fb : NULL, t->model, p->progress,
+                                p->quiet, &q, source, err);
     stz_seqs_free(&q);
     return st;
 }
@@ -167,15 +172,14 @@ static stz_status tune_feedback(tune_run *t, stz_tune_params *tp, stz_err *err)
     if (!any_feedback(t))
         return STZ_OK;
     const stz_tune_run_params *p = t->p;
-    stz_seqs q = {0};
-    stz_status st = stz_feedback_seqs(t->fwd, feedback_seqs(p), t->model, p->progress, p->quiet, &q, err);
+    stz_seqs *q = &t->fq;
+    stz_status st = stz_feedback_seqs(t->fwd, feedback_seqs(p), t->model, p->progress, p->quiet, q, err);
     if (!st) {
         stz_stage g = stz_stage_open(p->progress, "tune: feedback", p->quiet, 1);
         tp->progress_user = &g;
-        st = stz_tune_feedback(&t->r->T, t->fwd, q.tok, q.nseq, 0, q.lens, tp, err);
+        st = stz_tune_feedback(&t->r->T, t->fwd, q->tok, q->nseq, 0, q->lens, tp, err);
         stz_stage_close(&g);
     }
-    stz_seqs_free(&q);
     return st;
 }
 
@@ -262,8 +266,9 @@ static stz_status write_policy(tune_run *t, stz_err *err)
 static stz_status compress(const tune_run *t, stz_policy *pol, const char *out, uint64_t *bytes, stz_err *err)
 {
     const stz_tune_run_params *p = t->p;
-    stz_compress_params cp = {pol, t->im,           feedback_seqs(p), p->config,   p->threads,
-                              0,   STZ_WRITE_FORCE, p->quiet,         p->progress, p->ranks};
+    stz_compress_params cp = {pol,         t->im,    feedback_seqs(p),          p->config,
+                              p->threads,  0,        STZ_WRITE_FORCE,           p->quiet,
+                              p->progress, p->ranks, t->fq.nseq ? &t->fq : NULL};
     stz_compress_result cr;
     stz_status st = stz_compress_model(&cp, t->model, out, &cr, err);
     *bytes = st ? 0 : stz_path_bytes(out, 0);
@@ -359,6 +364,7 @@ static void tune_close(tune_run *t)
     free(t->cfg_json);
     free(t->cand);
     stz_seqs_free(&t->q);
+    stz_seqs_free(&t->fq);
     stz_fwd_free(t->fwd);
     stz_imatrix_free(t->im);
     stz_model_set_free(&t->S);
