@@ -16,14 +16,8 @@ WORK=${2:-/dev/shm/stz-bench-gguf-cost}
 SRC=${LLAMA_SRC:-/work/.mirror/ggerganov+llama.cpp/repo}
 mkdir -p "$WORK"
 . "$(dirname "$0")/bench_lib.sh"
-if ! source_tree "$SRC" "$WORK/llama-src" . ':!models/*.gguf'; then
-    echo "skip: no llama.cpp source at $SRC (set LLAMA_SRC)"
-    exit 0
-fi
-cmake -S "$TREE" -B "$WORK/llama-build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF >/dev/null
-cmake --build "$WORK/llama-build" --target llama-imatrix llama-quantize -j2 >/dev/null
-BIN=$WORK/llama-build/bin
+llama_tools "$WORK" llama-imatrix llama-quantize || exit 0
+BIN=$LLAMA_BIN
 cd "$WORK"
 
 [ -d qwen ] || "$STZ" synth qwen2-0.5b --shards 1 -o qwen -q

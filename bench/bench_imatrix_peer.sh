@@ -23,15 +23,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SRC=${LLAMA_SRC:-/work/.mirror/ggerganov+llama.cpp/repo}
 mkdir -p "$WORK"
 . "$(dirname "$0")/bench_lib.sh"
-# its large vocabulary files are not in the snapshot
-if ! source_tree "$SRC" "$WORK/llama-src" . ':!models/*.gguf'; then
-    echo "skip: no llama.cpp source at $SRC (set LLAMA_SRC)"
-    exit 0
-fi
-cmake -S "$TREE" -B "$WORK/llama-build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF >/dev/null
-cmake --build "$WORK/llama-build" --target llama-imatrix llama-quantize -j2 >/dev/null
-STZ=$BUILD/stz LLAMA_BIN=$WORK/llama-build/bin SHARED_DATA_DIR=$DATA /usr/bin/python3 - "$ROOT" "$WORK" "$DATA" <<'PY'
+llama_tools "$WORK" llama-imatrix llama-quantize || exit 0
+STZ=$BUILD/stz LLAMA_BIN=$LLAMA_BIN SHARED_DATA_DIR=$DATA /usr/bin/python3 - "$ROOT" "$WORK" "$DATA" <<'PY'
 import json, os, subprocess, sys, time
 from pathlib import Path
 root, work, data = sys.argv[1], Path(sys.argv[2]), sys.argv[3]

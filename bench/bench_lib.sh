@@ -57,6 +57,24 @@ source_tree() {
     echo "snapshot $(git --git-dir="$src" rev-parse --short HEAD)"
 }
 
+# llama_tools WORK TARGET...: builds llama.cpp's TARGETs (llama-imatrix,
+# llama-quantize, ...) in WORK/llama-build from the snapshot at $SRC (a
+# source tree or a git directory, extracted to WORK/llama-src) and sets
+# LLAMA_BIN; returns 1 (after saying skip) when there is no snapshot.
+llama_tools() {
+    w=$1
+    shift
+    # its large vocabulary files are not in the snapshot
+    if ! source_tree "$SRC" "$w/llama-src" . ':!models/*.gguf'; then
+        echo "skip: no llama.cpp source at $SRC (set LLAMA_SRC)"
+        return 1
+    fi
+    cmake -S "$TREE" -B "$w/llama-build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_SERVER=OFF >/dev/null
+    for t in "$@"; do cmake --build "$w/llama-build" --target "$t" -j2 >/dev/null; done
+    LLAMA_BIN=$w/llama-build/bin
+}
+
 # byte_tokenizer FILE: a byte-level BPE tokenizer.json (256 byte symbols, no
 # merges; Qwen2's end-of-text token) for exporting generated models.
 byte_tokenizer() {
