@@ -33,6 +33,7 @@ const char *stz_plane_name(stz_xform x, int block_type, int k, char *buf, size_t
         return stz_blocks_plane_name(block_type, k, buf, cap);
     return (unsigned)x < STZ_XFORM_GGML && (unsigned)k < STZ_MAX_PLANES && plane_names[x][k] ? plane_names[x][k] : "?";
 }
+
 unsigned stz_xform_width(stz_xform x) { return (unsigned)x < STZ_XFORM_COUNT ? xform_table[x].width : 0; }
 unsigned stz_xform_planes(stz_xform x) { return (unsigned)x < STZ_XFORM_COUNT ? xform_table[x].planes : 0; }
 
