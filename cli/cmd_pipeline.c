@@ -242,17 +242,16 @@ int cmd_compress(int argc, char **argv)
     stz_status st = out ? load_policy(&o, in, &pol, &im, &err)
                         : stz_err_set(&err, STZ_E_NOMEM, "%s: out of memory for the output's name", in);
     if (!st) {
-        stz_compress_params p = {pol,
-                                 im,
-                                 o.po.so.default_len ? &o.po.so : NULL,
-                                 o.po.config,
-                                 o.c.threads,
-                                 o.best,
-                                 o.c.force ? STZ_WRITE_FORCE : 0,
-                                 o.c.quiet,
-                                 &cli_stages,
-                                 cli_ranks(),
-                                 NULL};
+        stz_compress_params p = {.policy = pol,
+                                 .imatrix = im,
+                                 .feedback_seqs = o.po.so.default_len ? &o.po.so : NULL,
+                                 .config = o.po.config,
+                                 .threads = o.c.threads,
+                                 .best = o.best,
+                                 .write_flags = o.c.force ? STZ_WRITE_FORCE : 0,
+                                 .quiet = o.c.quiet,
+                                 .progress = &cli_stages,
+                                 .ranks = cli_ranks()};
         st = stz_compress_model(&p, in, out, &r, &err);
     }
     if (st) {

@@ -966,7 +966,7 @@ static void test_compress_model(void **state)
     stz_policy *pol = tu_policy("{\"rules\": [{\"match\": \"*\", \"action\": \"int8\"}]}");
     stage_count seen = {0};
     stz_stages stages = {count_begin, count_step, count_end, &seen};
-    stz_compress_params cp = {pol, NULL, NULL, NULL, 1, 0, 0, 1, &stages, NULL, NULL};
+    stz_compress_params cp = {.policy = pol, .threads = 1, .quiet = 1, .progress = &stages};
     stz_compress_result r1, r2;
     stz_err err;
     if (stz_compress_model(&cp, in, o1, &r1, &err))

@@ -266,9 +266,16 @@ static stz_status write_policy(tune_run *t, stz_err *err)
 static stz_status compress(const tune_run *t, stz_policy *pol, const char *out, uint64_t *bytes, stz_err *err)
 {
     const stz_tune_run_params *p = t->p;
-    stz_compress_params cp = {pol,         t->im,    feedback_seqs(p),          p->config,
-                              p->threads,  0,        STZ_WRITE_FORCE,           p->quiet,
-                              p->progress, p->ranks, t->fq.nseq ? &t->fq : NULL};
+    stz_compress_params cp = {.policy = pol,
+                              .imatrix = t->im,
+                              .feedback_seqs = feedback_seqs(p),
+                              .config = p->config,
+                              .threads = p->threads,
+                              .write_flags = STZ_WRITE_FORCE,
+                              .quiet = p->quiet,
+                              .progress = p->progress,
+                              .ranks = p->ranks,
+                              .feedback_drawn = t->fq.nseq ? &t->fq : NULL};
     stz_compress_result cr;
     stz_status st = stz_compress_model(&cp, t->model, out, &cr, err);
     *bytes = st ? 0 : stz_path_bytes(out, 0);
