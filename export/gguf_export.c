@@ -16,10 +16,10 @@
 
 /* The order of tensors in the file: the embedding, layer by layer, then
  * the norm and head. */
-static const stz_role file_order[] = {STZ_ROLE_EMBED, STZ_ROLE_ANORM, STZ_ROLE_WQ,    STZ_ROLE_BQ,
-                                      STZ_ROLE_WK,    STZ_ROLE_BK,    STZ_ROLE_WV,    STZ_ROLE_BV,
-                                      STZ_ROLE_WO,    STZ_ROLE_BO,    STZ_ROLE_FNORM, STZ_ROLE_GATE,
-                                      STZ_ROLE_UP,    STZ_ROLE_DOWN,  STZ_ROLE_NORM,  STZ_ROLE_HEAD};
+static const stz_role file_order[] = {STZ_ROLE_EMBED,   STZ_ROLE_ANORM, STZ_ROLE_WQKV, STZ_ROLE_WQ,    STZ_ROLE_BQ,
+                                      STZ_ROLE_QNORM,   STZ_ROLE_WK,    STZ_ROLE_BK,   STZ_ROLE_KNORM, STZ_ROLE_WV,
+                                      STZ_ROLE_BV,      STZ_ROLE_WO,    STZ_ROLE_BO,   STZ_ROLE_FNORM, STZ_ROLE_GATE,
+                                      STZ_ROLE_GATE_UP, STZ_ROLE_UP,    STZ_ROLE_DOWN, STZ_ROLE_NORM,  STZ_ROLE_HEAD};
 #define NROLES (sizeof file_order / sizeof file_order[0])
 
 static int float_type(stz_dtype d)
@@ -149,17 +149,24 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
  * the FFN's width, so the FFN grows to the blocks' instead: zero rows
  * after the gate and up projections (whole zero blocks decode to 0 in
  * every type, so the new units output silu(0) * 0 = 0) and zero columns
- * after any down projection not stored so. The model computes the same. */
-static void widen_ffn(exporter *x)
+ * after any down projection not stored so. The model computes the same.
+ * Not done for a fused gate and up (Phi-3): refused. */
+static stz_status widen_ffn(exporter *x, stz_err *err)
 {
     uint64_t from = x->c->hidden, to = from;
+    const char *padded = NULL;
     for (size_t i = 0; i < x->n; i++) {
         const etensor *e = &x->t[i];
         if (e->role == STZ_ROLE_DOWN && e->kind == K_COPY && e->cols % stz_ggml_block(e->type))
-            to = (e->cols + STZ_GGML_QK - 1) / STZ_GGML_QK * STZ_GGML_QK;
+            to = (e->cols + STZ_GGML_QK - 1) / STZ_GGML_QK * STZ_GGML_QK, padded = e->q->name;
     }
     if (to == from)
-        return;
+        return STZ_OK;
+    if (stz_arch_of(x->c)->flags & STZ_ARCH_FUSED)
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: tensor '%s' is stored in padded blocks, which would widen the FFN; a fused "
+                           "gate_up_proj is not widened: quantize it without pad",
+                           x->model, padded);
     for (size_t i = 0; i < x->n; i++) {
         etensor *e = &x->t[i];
         if ((e->role == STZ_ROLE_GATE || e->role == STZ_ROLE_UP) && e->ndim == 2 && e->rows == from)
@@ -171,19 +178,14 @@ static void widen_ffn(exporter *x)
         }
     }
     x->stats->ffn_from = from, x->stats->ffn_to = to;
+    return STZ_OK;
 }
 
 /* ---- metadata -------------------------------------------------------------- */
 
-static const char *model_type(const cJSON *cfg)
-{
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
-    const cJSON *ar = cJSON_GetObjectItemCaseSensitive(cfg, "architecture");
-    return cJSON_IsString(mt) ? mt->valuestring : cJSON_IsString(ar) ? ar->valuestring : "";
-}
-
 static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, const char *name)
 {
+    const stz_arch *row = stz_arch_of(c);
     char k[96];
 #define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
     kv_str(kv, "general.architecture", arch);
@@ -204,6 +206,11 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
         kv_u32(kv, KEY("attention.key_length"), c->head_dim);
         kv_u32(kv, KEY("attention.value_length"), c->head_dim);
     }
+    if (row->flags & STZ_ARCH_GGUF_SWA) /* llama.cpp requires it (no window: the whole context) */
+        kv_u32(kv, KEY("attention.sliding_window"),
+               c->sliding_window ? c->sliding_window
+               : c->max_pos      ? c->max_pos
+                                 : 2048);
     if (c->rope_scaling == STZ_ROPE_LINEAR) {
         kv_str(kv, KEY("rope.scaling.type"), "linear");
         kv_f32(kv, KEY("rope.scaling.factor"), (float)c->rope_factor);
@@ -315,34 +322,32 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
 {
     exporter x = {.p = p, .c = c, .model = model_path, .mix = -1, .of = STZ_OUTFILE_INIT, .stats = stats};
     memset(stats, 0, sizeof *stats);
-    cJSON *cfg = cJSON_Parse(config_json ? config_json : "{}");
     gbuf kv = {0}, head = {0};
     char *tok = NULL, *name = NULL;
     stz_status st = STZ_OK;
-    const char *mt = model_type(cfg);
-    const char *arch = !strncmp(mt, "qwen2", 5) ? "qwen2" : "llama";
+    const stz_arch *A = stz_arch_of(c);
+    const char *arch = A->gguf;
     snprintf(stats->arch, sizeof stats->arch, "%s", arch);
-    x.qwen2 = !strcmp(arch, "qwen2");
+    x.qwen2 = (A->flags & STZ_ARCH_70B_BY_DEPTH) != 0;
     if (p->mix && (x.mix = stz_gguf_like_parse(p->mix)) < 0) {
-        cJSON_Delete(cfg);
         return stz_err_set(err, STZ_E_ARG, "%s: '%s' is not one of llama-quantize's types", model_path, p->mix);
     }
     /* Hugging Face names: the embedding's; llama.cpp's "llama" RoPE takes pairs */
     int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF;
-    STZ_TRY(st, plan(&x, files, nfiles, hf, hf && !strcmp(arch, "llama"), err));
-    if (!strcmp(arch, "qwen2"))
+    STZ_TRY(st, plan(&x, files, nfiles, hf, hf && (A->flags & STZ_ARCH_ROPE_PAIRS), err));
+    if (A->flags & STZ_ARCH_QKV_BIAS)
         STZ_TRY(st, qwen2_biases(&x, err));
     STZ_TRY(st, find_tokenizer(p, dir, model_path, &tok, err));
     STZ_TRY(st, model_name(p, model_path, &name, err));
     uint32_t ftype = file_type(&x);
-    widen_ffn(&x);
+    STZ_TRY(st, widen_ffn(&x, err));
     stz_fwd_config wide = *c;
     wide.hidden = (uint32_t)(stats->ffn_to ? stats->ffn_to : c->hidden);
     put_hparams(&kv, &wide, arch, name);
     kv_u32(&kv, "general.file_type", ftype);
     if (stats->ffn_to) /* the model's own width, for readers that take the zero units out (stz) */
         kv_u32(&kv, STZ_GGUF_KEY_FFN, c->hidden);
-    STZ_TRY(st, gguf_vocab(&kv, tok, arch, config_json, c->vocab, p->pad_vocab, &stats->vocab_padded, err));
+    STZ_TRY(st, gguf_vocab(&kv, tok, A, config_json, c->vocab, p->pad_vocab, &stats->vocab_padded, err));
     build_header(&x, &kv, &head, stats);
     if (kv.oom || head.oom) {
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for the GGUF header");
@@ -363,6 +368,5 @@ cleanup:
     stz_outfile_abort(&x.of);
     free(x.f), free(x.g), free(x.sc), free(x.sg), free(x.q), free(x.out), free(x.t);
     free(kv.p), free(head.p), free(tok), free(name);
-    cJSON_Delete(cfg);
     return st;
 }

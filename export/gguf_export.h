@@ -5,6 +5,7 @@
 #define STZ_GGUF_EXPORT_H
 
 #include "gguf/gguf_format.h"
+#include "model/arch.h"
 #include "stz_export.h"
 #include "core/stz_core.h"
 
@@ -51,7 +52,7 @@ stz_status stz_gguf_write_tensor(exporter *x, etensor *e, stz_err *err);
 /* The tokenizer's keys from `path`: a tokenizer.json (name ending in
  * .json) or a llama2.c tokenizer file, for a model of n_vocab tokens;
  * *padded: rows past its ids (more than 1% refused unless pad_vocab). */
-stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
+stz_status gguf_vocab(gbuf *kv, const char *path, const stz_arch *arch, const char *config_json, uint32_t n_vocab,
                       int pad_vocab, uint32_t *padded, stz_err *err);
 
 /* stats->like_bytes: the file llama-quantize makes of the n tensors t

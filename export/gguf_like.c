@@ -109,6 +109,11 @@ static int rule(int f, const etensor *e, const shape *s)
         return attn_v(f, def, i, s);
     if (strstr(e->name, "ffn_down"))
         return ffn_down(f, def, i, s);
+    if (strstr(e->name, "attn_qkv.weight"))
+        return f == Q3_K_M || f == Q3_K_L ? STZ_GGML_Q4_K
+               : f == Q4_K_M              ? STZ_GGML_Q5_K
+               : f == Q5_K_M              ? STZ_GGML_Q6_K
+                                          : def;
     if (strstr(e->name, "attn_output.weight"))
         return f == Q2_K ? STZ_GGML_Q3_K : f == Q3_K_M ? STZ_GGML_Q4_K : f == Q3_K_L ? STZ_GGML_Q5_K : def;
     return def;

@@ -276,8 +276,8 @@ static void spm_scores(vocab *v, const vocab_index *ix, char *const *mtext, int 
 }
 
 /* The configuration's BOS and EOS ids, which must be tokens. */
-static stz_status special_ids(gbuf *kv, const cJSON *cfg, const char *arch, int spm, uint32_t n_vocab, const char *path,
-                              stz_err *err)
+static stz_status special_ids(gbuf *kv, const cJSON *cfg, const stz_arch *arch, int spm, uint32_t n_vocab,
+                              const char *path, stz_err *err)
 {
     int bos = config_id(cfg, "bos_token_id"), eos = config_id(cfg, "eos_token_id");
     if ((bos >= 0 && (uint32_t)bos >= n_vocab) || (eos >= 0 && (uint32_t)eos >= n_vocab))
@@ -288,11 +288,11 @@ static stz_status special_ids(gbuf *kv, const cJSON *cfg, const char *arch, int 
         kv_u32(kv, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
     if (eos >= 0)
         kv_u32(kv, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
-    kv_bool(kv, "tokenizer.ggml.add_bos_token", spm || (strcmp(arch, "qwen2") && bos >= 0));
+    kv_bool(kv, "tokenizer.ggml.add_bos_token", spm || (!(arch->flags & STZ_ARCH_NO_BOS) && bos >= 0));
     return STZ_OK;
 }
 
-static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
+static stz_status hf_vocab(gbuf *kv, const char *path, const stz_arch *arch, const char *config_json, uint32_t n_vocab,
                            int pad_vocab, uint32_t *padded, stz_err *err)
 {
     char *text;
@@ -358,7 +358,7 @@ static stz_status hf_vocab(gbuf *kv, const char *path, const char *arch, const c
         put_vocab(kv, &v, 1);
     } else {
         kv_str(kv, "tokenizer.ggml.model", "gpt2");
-        kv_str(kv, "tokenizer.ggml.pre", !strcmp(arch, "qwen2") ? "qwen2" : "llama-bpe");
+        kv_str(kv, "tokenizer.ggml.pre", arch->pre);
         put_vocab(kv, &v, 0);
         kv_arr(kv, "tokenizer.ggml.merges", GV_STR, (uint64_t)nm);
         for (int k = 0; k < nm; k++)
@@ -376,7 +376,7 @@ cleanup:
     return st;
 }
 
-stz_status gguf_vocab(gbuf *kv, const char *path, const char *arch, const char *config_json, uint32_t n_vocab,
+stz_status gguf_vocab(gbuf *kv, const char *path, const stz_arch *arch, const char *config_json, uint32_t n_vocab,
                       int pad_vocab, uint32_t *padded, stz_err *err)
 {
     size_t n = strlen(path);

@@ -3,7 +3,8 @@
  * to judge a compressed model by what it outputs.
  *
  * Supported: Llama 2/3, Mistral (while sequences fit its sliding window),
- * TinyLlama, Qwen2 (q/k/v biases) in Hugging Face names, and llama2.c
+ * TinyLlama, Qwen2 (q/k/v biases), Qwen3 (q/k head norms), Phi-3 (fused q/k/v
+ * and gate/up matrices) in Hugging Face names, and llama2.c
  * checkpoints (tok_embeddings, layers.N.attention.wq, ...). Grouped-query
  * attention, RoPE (llama2.c's interleaved pairs for llama2.c names, Hugging
  * Face's rotate_half otherwise), RMSNorm, SwiGLU, tied or separate head.
@@ -28,6 +29,17 @@ extern "C" {
 
 typedef enum { STZ_ROPE_NONE = 0, STZ_ROPE_LINEAR, STZ_ROPE_LLAMA3 } stz_rope_scaling;
 
+/* The families the forward pass runs (Hugging Face model_type; llama2.c
+ * checkpoints are Llama). */
+typedef enum {
+    STZ_ARCH_LLAMA = 0,
+    STZ_ARCH_MISTRAL,
+    STZ_ARCH_QWEN2,
+    STZ_ARCH_QWEN3,
+    STZ_ARCH_PHI3,
+    STZ_ARCH_COUNT
+} stz_arch_id;
+
 typedef struct {
     uint32_t dim, hidden, n_layers, n_heads, n_kv_heads, head_dim, vocab;
     uint32_t max_pos;        /* longest sequence the model takes; 0: not stated */
@@ -39,6 +51,7 @@ typedef struct {
     stz_rope_scaling rope_scaling; /* Hugging Face rope_scaling: linear or llama3 */
     double rope_factor, rope_low_freq, rope_high_freq;
     uint32_t rope_orig_pos; /* llama3: original_max_position_embeddings */
+    stz_arch_id arch;       /* the family: what its layers do beyond Llama's (Qwen3: q/k head norms) */
 } stz_fwd_config;
 
 /* Parses a Hugging Face config.json or llama2.c-style config (dim,

@@ -1,5 +1,6 @@
 /* Model configuration of the forward pass: Hugging Face config.json or
  * llama2.c-style JSON, checked and refused by name when unsupported. */
+#include "arch.h"
 #include "core/stz_core.h"
 #include "stz_forward.h"
 
@@ -89,36 +90,48 @@ static int parse_rope_scaling(stz_fwd_config *c, const cJSON *root, const char *
            -1;
 }
 
-/* Hugging Face config.json of LlamaForCausalLM, MistralForCausalLM or
- * Qwen2ForCausalLM (and stz synth's metadata). */
+/* The family of a Hugging Face config.json: its model_type's row, whose
+ * class architectures[0] must be when given; Llama when neither is given
+ * (stz synth's metadata). */
+static int parse_arch(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
+{
+    const char *mt = get_str(root, "model_type"), *arch = get_str(root, "architecture");
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const char *cls = cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0))
+                          ? cJSON_GetArrayItem(archs, 0)->valuestring
+                          : NULL;
+    int a = mt    ? stz_arch_find(mt, STZ_ARCH_BY_MODEL_TYPE)
+            : cls ? stz_arch_find(cls, STZ_ARCH_BY_CLASS)
+                  : STZ_ARCH_LLAMA;
+    char list[256];
+    if (arch && !strncmp(arch, "gpt-neo", 7)) /* stz synth's GPT-Neo shapes */
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: architecture '%s' is not supported (stz runs %s)", label, arch,
+                           stz_arch_list(list, sizeof list, 0)),
+               -1;
+    if (a < 0 || (cls && strcmp(cls, stz_arch_get(a)->hf_class)))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: %s '%s' is not supported (stz runs %s)", label,
+                           a < 0 && mt ? "model_type" : "architecture", a < 0 && mt ? mt : cls,
+                           stz_arch_list(list, sizeof list, !(a < 0 && mt))),
+               -1;
+    c->arch = (stz_arch_id)a;
+    return 0;
+}
+
+/* Hugging Face config.json of a family in arch.c (and stz synth's metadata). */
 static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
 {
-    static const char *const types[] = {"llama", "mistral", "qwen2"};
-    const char *mt = get_str(root, "model_type"), *arch = get_str(root, "architecture");
-    int known = !mt;
-    for (size_t i = 0; mt && i < sizeof types / sizeof *types; i++)
-        known |= !strcmp(mt, types[i]);
-    if (!known)
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: model_type '%s' is not supported (llama, mistral, qwen2)",
-                           label, mt),
-               -1;
-    if (arch && !strncmp(arch, "gpt-neo", 7)) /* stz synth's GPT-Neo shapes */
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: architecture '%s' is not supported (Llama family only)", label,
-                           arch),
-               -1;
-    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
-    if (cJSON_IsArray(archs) && cJSON_GetArraySize(archs) > 0) {
-        const char *a = cJSON_IsString(archs->child) ? archs->child->valuestring : "";
-        if (strcmp(a, "LlamaForCausalLM") && strcmp(a, "MistralForCausalLM") && strcmp(a, "Qwen2ForCausalLM"))
-            return stz_err_set(err, STZ_E_UNSUPPORTED,
-                               "%s: architecture '%s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                               "Qwen2ForCausalLM)",
-                               label, a),
-                   -1;
-    }
+    if (parse_arch(c, root, label, err))
+        return -1;
     const char *act = get_str(root, "hidden_act");
     if (act && strcmp(act, "silu"))
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu only)", label, act), -1;
+    double rotary;
+    if (get_real(root, "partial_rotary_factor", 0, 1, 1, &rotary, label, err))
+        return -1;
+    if (rotary != 1)
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: partial_rotary_factor %g is not supported (RoPE on whole heads only)", label, rotary),
+               -1;
     if (get_bool(root, "mlp_bias", 0))
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: mlp_bias is not supported", label), -1;
     if (get_u32(root, "hidden_size", 1, BIG, UINT32_MAX, &c->dim, label, err) ||
@@ -139,7 +152,7 @@ static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz
     c->bos = (int32_t)(bos < c->vocab ? bos : 0);
     c->tied = get_bool(root, "tie_word_embeddings", 0);
     /* Qwen2 states a window it does not use unless use_sliding_window. */
-    int sw = mt && !strcmp(mt, "qwen2") ? get_bool(root, "use_sliding_window", 0) : 1;
+    int sw = stz_arch_of(c)->flags & STZ_ARCH_SW_OPT_IN ? get_bool(root, "use_sliding_window", 0) : 1;
     if (sw && get_u32(root, "sliding_window", 1, 1e9, 0, &c->sliding_window, label, err))
         return -1;
     c->rope_interleaved = 0;
@@ -237,8 +250,8 @@ stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *
     if (s && s->n && stz_qmodel_count(s->m[0]) && stz_fwd_layout(s->m, s->n) < 0)
         return stz_err_set(err, STZ_E_UNSUPPORTED,
                            "%s: not a Llama-family model (no model.embed_tokens.weight or "
-                           "tok_embeddings.weight; its tensors are named like '%s'): stz runs Llama, Mistral, Qwen2 "
-                           "and llama2.c models",
+                           "tok_embeddings.weight; its tensors are named like '%s'): stz runs Llama, Mistral, Qwen2, "
+                           "Qwen3 and llama2.c models",
                            path, stz_qmodel_tensor(s->m[0], 0)->name);
     return stz_err_set(err, STZ_E_FORMAT,
                        "%s: no model configuration (no config.json beside it, no "

@@ -1,5 +1,6 @@
 /* A reference forward pass of Llama-family decoders, one layer at a time
  * over every position of a batch (see stz_forward.h). */
+#include "arch.h"
 #include "forward_internal.h"
 
 #include "core/stz_math.h"
@@ -104,8 +105,24 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     stz_fwd_rope_frequencies(&m->c, m->inv_freq);
     uint64_t D = c->dim, F = c->hidden, QD = (uint64_t)c->n_heads * c->head_dim,
              KD = (uint64_t)c->n_kv_heads * c->head_dim;
-    const uint64_t shape[STZ_ROLE_PER_LAYER][2] = {{D, 0},  {QD, D}, {KD, D}, {KD, D}, {D, QD}, {QD, 0}, {KD, 0},
-                                                   {KD, 0}, {D, 0},  {D, 0},  {F, D},  {F, D},  {D, F}};
+    const uint64_t shape[STZ_ROLE_PER_LAYER][2] = {[STZ_ROLE_ANORM] = {D, 0},
+                                                   [STZ_ROLE_WQ] = {QD, D},
+                                                   [STZ_ROLE_WK] = {KD, D},
+                                                   [STZ_ROLE_WV] = {KD, D},
+                                                   [STZ_ROLE_WO] = {D, QD},
+                                                   [STZ_ROLE_BQ] = {QD, 0},
+                                                   [STZ_ROLE_BK] = {KD, 0},
+                                                   [STZ_ROLE_BV] = {KD, 0},
+                                                   [STZ_ROLE_BO] = {D, 0},
+                                                   [STZ_ROLE_FNORM] = {D, 0},
+                                                   [STZ_ROLE_GATE] = {F, D},
+                                                   [STZ_ROLE_UP] = {F, D},
+                                                   [STZ_ROLE_DOWN] = {D, F},
+                                                   [STZ_ROLE_QNORM] = {c->head_dim, 0},
+                                                   [STZ_ROLE_KNORM] = {c->head_dim, 0},
+                                                   [STZ_ROLE_WQKV] = {QD + 2 * KD, D},
+                                                   [STZ_ROLE_GATE_UP] = {2 * F, D}};
+    const stz_arch *arch = stz_arch_of(c);
     stz_status st = STZ_OK;
     char name[160];
     for (uint32_t l = 0; !st && l <= c->n_layers; l++)
@@ -118,8 +135,13 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
                                      c->n_layers, name);
                 continue;
             }
-            int optional = k >= STZ_ROLE_BQ && k <= STZ_ROLE_BO;
-            st = need(m, name, shape[k][0], shape[k][1], optional, &m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k], err);
+            int use = stz_arch_use(arch, k);
+            if (use == STZ_USE_NONE) {
+                m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k].f = -1; /* not the family's */
+                continue;
+            }
+            st = need(m, name, shape[k][0], shape[k][1], use == STZ_USE_MAY,
+                      &m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k], err);
         }
     if (!st)
         st = need(m, stz_roles[STZ_ROLE_EMBED].name[hf], c->vocab, D, 0, &m->global[G_EMBED], err);
@@ -171,10 +193,9 @@ stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, floa
         stz_status st = stz_qmodel_read_rows(m->files[at.f], at.i, r0 + r, k, d, err);
         if (st)
             return st;
-        if ((m->probe && at.f == m->probe_at.f && at.i == m->probe_at.i &&
-             m->probe->perturb(m->probe->user, t->name, d, r0 + r, k, (size_t)t->cols)) ||
-            (m->rewrite && m->rewrite->perturb(m->rewrite->user, t->name, d, r0 + r, k, (size_t)t->cols)))
-            return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory perturbing '%s'", m->label, t->name);
+        for (stz_fwd_hook *h = m->hooks; h; h = h->next)
+            if (h->weights && h->weights(h, m, at, d, r0 + r, k, (size_t)t->cols))
+                return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory perturbing '%s'", m->label, t->name);
         for (size_t i = 0; i < k * t->cols; i++)
             if (!isfinite(d[i]))
                 return stz_err_set(err, STZ_E_NUMERIC, "%s: tensor '%s' holds NaN or Inf (row %llu)", m->label, t->name,
@@ -190,7 +211,7 @@ static stz_status load_layer(stz_fwd *m, uint32_t l, float *const buf[STZ_ROLE_P
                              stz_err *err)
 {
     float **kept = l < m->keep_layers ? m->keep + (size_t)l * STZ_ROLE_PER_LAYER : NULL;
-    if (kept && kept[STZ_ROLE_WQ]) {
+    if (kept && kept[STZ_ROLE_WO]) { /* every family has it */
         memcpy(w, kept, STZ_ROLE_PER_LAYER * sizeof *w);
         return STZ_OK;
     }
@@ -253,6 +274,17 @@ static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos)
             x[i1] = x1 * c + x0 * s;
         }
     }
+}
+
+/* The RMSNorm of every query head (n rows of QD in q) and key head (n
+ * rows of KD in k), with the weights of one head each. */
+static void head_norms(const stz_fwd_config *c, float *q, float *k, const float *wq, const float *wk, size_t n)
+{
+    size_t hd = c->head_dim;
+    for (size_t h = 0; h < n * c->n_heads; h++)
+        stz_forward_rmsnorm(q + h * hd, q + h * hd, wq, hd, c->norm_eps);
+    for (size_t h = 0; h < n * c->n_kv_heads; h++)
+        stz_forward_rmsnorm(k + h * hd, k + h * hd, wk, hd, c->norm_eps);
 }
 
 /* Causal attention, one row at a time: row r sees positions 0..pos[r] of
@@ -331,16 +363,51 @@ static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks,
     }
 }
 
+void stz_forward_attach(stz_fwd *m, stz_fwd_hook *h)
+{
+    stz_fwd_hook **end = &m->hooks;
+    while (*end && *end != h)
+        end = &(*end)->next;
+    if (!*end)
+        *end = h, h->next = NULL;
+}
+
+void stz_forward_detach(stz_fwd *m, const stz_fwd_hook *h)
+{
+    for (stz_fwd_hook **at = &m->hooks; *at; at = &(*at)->next)
+        if (*at == h) {
+            *at = h->next;
+            return;
+        }
+}
+
 stz_status stz_forward_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
                                size_t cols, stz_err *err)
 {
-    stz_status st = m->hess ? stz_feedback_observe(m, layer, roles, X, n, cols, err) : STZ_OK;
-    return st ? st : stz_imatrix_observe(m, layer, roles, k, X, n, cols, err);
+    stz_status st = STZ_OK;
+    for (stz_fwd_hook *h = m->hooks; !st && h; h = h->next)
+        if (h->input && !(m->step && h->tokens && m->step >= h->tokens))
+            st = h->input(h, m, layer, roles, k, X, n, cols, err);
+    return st;
 }
 
-/* The matrices that read each input, for the attached importance matrix. */
+/* The matrices that read each input, for the hooks (fused: Phi-3's). */
 static const int attn_in[3] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV}, out_in[1] = {STZ_ROLE_WO},
-                 ffn_in[2] = {STZ_ROLE_GATE, STZ_ROLE_UP}, down_in[1] = {STZ_ROLE_DOWN}, head_in[1] = {STZ_ROLE_HEAD};
+                 ffn_in[2] = {STZ_ROLE_GATE, STZ_ROLE_UP}, down_in[1] = {STZ_ROLE_DOWN}, head_in[1] = {STZ_ROLE_HEAD},
+                 attn_fused[1] = {STZ_ROLE_WQKV}, ffn_fused[1] = {STZ_ROLE_GATE_UP};
+
+/* A fused matrix's parts (rows part * rows_each on) as the separate roles: q,
+ * k and v of WQKV; gate and up of GATE_UP. Products over a part's rows are
+ * those over the separate matrix, bit for bit. */
+static void split_fused(float *w[STZ_ROLE_PER_LAYER], const stz_fwd_config *c)
+{
+    size_t D = c->dim, QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
+    if (w[STZ_ROLE_WQKV])
+        w[STZ_ROLE_WQ] = w[STZ_ROLE_WQKV], w[STZ_ROLE_WK] = w[STZ_ROLE_WQKV] + QD * D,
+        w[STZ_ROLE_WV] = w[STZ_ROLE_WQKV] + (QD + KD) * D;
+    if (w[STZ_ROLE_GATE_UP])
+        w[STZ_ROLE_GATE] = w[STZ_ROLE_GATE_UP], w[STZ_ROLE_UP] = w[STZ_ROLE_GATE_UP] + (size_t)c->hidden * D;
+}
 
 /* Every row through layers l0..l1-1: X (n, dim) in place. */
 stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
@@ -366,15 +433,19 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         float *w[STZ_ROLE_PER_LAYER];
         if ((st = load_layer(m, l, buf, w, err)))
             break;
+        split_fused(w, c);
+        int fused = w[STZ_ROLE_WQKV] != NULL;
         size_t lk = b->layers > 1 ? l : 0;
         float *kc = b->k + lk * nseq * b->cap * KD, *vc = b->v + lk * nseq * b->cap * KD;
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
-        if ((st = stz_forward_observe(m, l, attn_in, 3, xb, n, D, err)))
+        if ((st = stz_forward_observe(m, l, fused ? attn_fused : attn_in, fused ? 1 : 3, xb, n, D, err)))
             break;
         stz_forward_linear(m, q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);  /* (n, dim) @ wq^T -> (n, QD) */
         stz_forward_linear(m, kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD); /* -> (n, KD) */
         stz_forward_linear(m, kv + n * KD, xb, w[STZ_ROLE_WV], w[STZ_ROLE_BV], n, D, KD);
+        if (w[STZ_ROLE_QNORM]) /* Qwen3: every head normed before RoPE */
+            head_norms(c, q, kv, w[STZ_ROLE_QNORM], w[STZ_ROLE_KNORM], n);
         for (size_t r = 0; r < n; r++) {
             rope(m, q + r * QD, c->n_heads, b->pos[r]);
             rope(m, kv + r * KD, c->n_kv_heads, b->pos[r]);
@@ -398,7 +469,7 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
             X[i] += xb[i];
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_FNORM], D, c->norm_eps);
-        if ((st = stz_forward_observe(m, l, ffn_in, 2, xb, n, D, err)))
+        if ((st = stz_forward_observe(m, l, fused ? ffn_fused : ffn_in, fused ? 1 : 2, xb, n, D, err)))
             break;
         stz_forward_linear(m, h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
         stz_forward_linear(m, h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);

@@ -6,7 +6,6 @@
 
 #include "core/stz_core.h"
 #include "roles.h"
-#include "stz_imatrix.h"
 
 /* m->global[]: the per-model roles, STZ_ROLE_EMBED + G_x */
 enum { G_EMBED, G_NORM, G_HEAD, G_COUNT };
@@ -29,19 +28,36 @@ struct stz_fwd {
     size_t keep_layers;         /* layers kept */
     float *keep_head;           /* sampling: the output head (vocab, dim), when it fits too */
     uint64_t keep_budget;       /* sampling: bytes of F32 weights kept between steps */
-    const stz_fwd_probe *probe; /* stz_fwd_probe_run: the matrix at probe_at is perturbed as it is read */
-    loc probe_at;
-    stz_imatrix *imatrix; /* stz_fwd_set_imatrix: every matrix's inputs are added to it */
-    size_t imatrix_len;   /* sampling: only the steps drawing the first imatrix_len tokens (0: all) */
-    struct {              /* the largest sequences stz_fwd_sample drew, for the requests they cover */
+    struct stz_fwd_hook *hooks; /* observers and rewriters attached (stz_forward_attach), in order */
+    size_t step;                /* sampling: the tokens drawn so far, the one being drawn included (0: not sampling) */
+    struct {                    /* the largest sequences stz_fwd_sample drew, for the requests they cover */
         int32_t *tok;
         size_t nseq, len;
         uint64_t seed;
         double temperature, top_p;
     } drawn;
-    struct stz_fb_hess *hess;     /* error feedback (calibrate.c): one layer's input Gram matrices collected */
-    const stz_fwd_probe *rewrite; /* error feedback: every tensor's rows, as read, go through rewrite->perturb */
 };
+
+/* An observer or rewriter of the forward pass (llama.cpp's cb_eval),
+ * attached to a model and called as its layers run: the importance matrix
+ * (imatrix.c), error feedback's Gram matrices and rewritten weights
+ * (calibrate.c) and tune's probes (forward_use.c) are its clients, so the
+ * layers name none of them. Callbacks may be NULL. */
+typedef struct stz_fwd_hook stz_fwd_hook;
+struct stz_fwd_hook {
+    /* X (n rows of cols): the input of matrices roles[0..k) of `layer` (the head's: layer 0) */
+    stz_status (*input)(stz_fwd_hook *h, const stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X,
+                        size_t n, size_t cols, stz_err *err);
+    /* rows [r0, r0 + n) of the tensor at `at` as read, changed in place; nonzero: out of memory */
+    int (*weights)(stz_fwd_hook *h, const stz_fwd *m, loc at, float *rows, uint64_t r0, size_t n, size_t cols);
+    size_t tokens; /* sampling: observes the steps that draw the first `tokens` tokens only (0: all) */
+    void *user;
+    stz_fwd_hook *next; /* the model's list */
+};
+
+/* Attaches h after the hooks attached before (none twice); detaches it. */
+void stz_forward_attach(stz_fwd *m, stz_fwd_hook *h);
+void stz_forward_detach(stz_fwd *m, const stz_fwd_hook *h);
 
 /* A batch of rows: row r is the token at position pos[r] of sequence
  * seq[r]; the key/value cache holds cap positions per sequence. */
@@ -105,14 +121,9 @@ size_t stz_forward_batch_end(const size_t *lens, size_t nseq, size_t s0, size_t 
 void stz_forward_drop_kept(stz_fwd *m);
 /* The final norm of rows X (n, dim) in place (the head's input). */
 stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err);
-/* Adds X (n rows of cols), the input of matrices roles[0..k) of `layer`,
- * to the attached importance matrix (imatrix.c) and Gram matrices
- * (calibrate.c); nothing when none is. */
+/* Gives X (n rows of cols), the input of matrices roles[0..k) of `layer`,
+ * to the hooks attached. */
 stz_status stz_forward_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
-                               size_t cols, stz_err *err);
-stz_status stz_feedback_observe(stz_fwd *m, uint32_t layer, const int *roles, const float *X, size_t n, size_t cols,
-                                stz_err *err);
-stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
                                size_t cols, stz_err *err);
 
 #endif /* STZ_FORWARD_INTERNAL_H */

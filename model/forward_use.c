@@ -106,8 +106,16 @@ void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes) { m->keep_budget = bytes; }
 static int drawn_covers(const stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p)
 {
     return m->drawn.tok && nseq <= m->drawn.nseq && len <= m->drawn.len && seed == m->drawn.seed &&
-           temperature == m->drawn.temperature && top_p == m->drawn.top_p && !m->imatrix && !m->hess && !m->probe &&
-           !m->rewrite;
+           temperature == m->drawn.temperature && top_p == m->drawn.top_p && !m->hooks;
+}
+
+/* 1 when a hook changes the weights as they are read. */
+static int perturbed(const stz_fwd *m)
+{
+    for (const stz_fwd_hook *h = m->hooks; h; h = h->next)
+        if (h->weights)
+            return 1;
+    return 0;
 }
 
 /* Keeps what an unperturbed pass drew, when it covers what was kept. */
@@ -115,7 +123,7 @@ static void drawn_keep(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, doubl
                        const int32_t *tokens)
 {
     int32_t *t;
-    if (m->probe || m->rewrite || (m->drawn.tok && (nseq < m->drawn.nseq || len < m->drawn.len)) ||
+    if (perturbed(m) || (m->drawn.tok && (nseq < m->drawn.nseq || len < m->drawn.len)) ||
         !(t = malloc(nseq * len * sizeof *t)))
         return; /* without it, the next draw samples again */
     free(m->drawn.tok);
@@ -145,16 +153,15 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
             memcpy(tokens + s * len, m->drawn.tok + s * m->drawn.len, len * sizeof *tokens);
         return STZ_OK; /* no pass, no progress to show */
     }
-    stz_imatrix *im = m->imatrix;
     stz_status st = draw(m, nseq, len, seed, temperature, top_p, tokens, progress, user, err);
-    m->imatrix = im;
+    m->step = 0;
     if (!st)
         drawn_keep(m, nseq, len, seed, temperature, top_p, tokens);
     return st;
 }
 
-/* stz_fwd_sample's sampling, the importance matrix detached after the
- * steps that draw its first imatrix_len tokens. */
+/* stz_fwd_sample's sampling; m->step says which token each step draws
+ * (hooks observing the first `tokens` only stop there). */
 static stz_status draw(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
                        int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err)
 {
@@ -187,8 +194,7 @@ static stz_status draw(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, doubl
     for (size_t s = 0; !st && s < nseq; s++)
         tokens[s * len] = c->bos, seq[s] = (uint32_t)s, rng[s] = seed ^ (0x632BE59BD9B4E019ull * (s + 1));
     for (size_t p = 0; !st && p + 1 < len; p++) {
-        if (m->imatrix_len && p + 1 >= m->imatrix_len)
-            m->imatrix = NULL;
+        m->step = p + 1;
         for (size_t s = 0; s < nseq; s++)
             pos[s] = (uint32_t)p, tok[s] = tokens[s * len + p];
         batch b = {nseq, pos, seq, len, k, v, c->n_layers};
@@ -407,9 +413,10 @@ stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *tokens, s
 
 /* ---- sensitivity ----------------------------------------------------------- */
 
-#define MATS 7 /* the projections of a layer */
-static const int mats[MATS] = {STZ_ROLE_WQ,   STZ_ROLE_WK, STZ_ROLE_WV,  STZ_ROLE_WO,
-                               STZ_ROLE_GATE, STZ_ROLE_UP, STZ_ROLE_DOWN};
+#define MATS 7 /* the most projections a layer has */
+static const int mats[] = {STZ_ROLE_WQ,   STZ_ROLE_WK, STZ_ROLE_WV,      STZ_ROLE_WQKV, STZ_ROLE_WO,
+                           STZ_ROLE_GATE, STZ_ROLE_UP, STZ_ROLE_GATE_UP, STZ_ROLE_DOWN}; /* a family has some */
+#define NMATS (sizeof mats / sizeof *mats)
 
 /* State of stz_fwd_probe_run: the rows once (R) and MATS times over (W, one
  * copy of every sequence per stream, for the runs that perturb each
@@ -417,6 +424,8 @@ static const int mats[MATS] = {STZ_ROLE_WQ,   STZ_ROLE_WK, STZ_ROLE_WV,  STZ_ROL
 typedef struct {
     stz_fwd *m;
     const stz_fwd_probe *probe;
+    stz_fwd_hook hook; /* probe->perturb on the tensor at `at` as it is read */
+    loc at;
     seq_rows R, W;
     size_t n, scored, *idx; /* rows; scored rows and their index */
     int32_t *next;
@@ -427,6 +436,26 @@ typedef struct {
     void *user;
     uint64_t done, total;
 } probe_state;
+
+#define NOWHERE ((loc){-1, 0})
+
+static int probe_weights(stz_fwd_hook *h, const stz_fwd *m, loc at, float *rows, uint64_t r0, size_t n, size_t cols)
+{
+    const probe_state *ps = h->user;
+    if (at.f != ps->at.f || at.i != ps->at.i)
+        return 0;
+    return ps->probe->perturb(ps->probe->user, stz_forward_tensor(m, at)->name, rows, r0, n, cols);
+}
+
+/* The probe perturbing the tensor at `at` from now on (at.f < 0: none). */
+static void probe_at(probe_state *ps, loc at)
+{
+    ps->at = at;
+    if (at.f < 0)
+        stz_forward_detach(ps->m, &ps->hook);
+    else
+        stz_forward_attach(ps->m, &ps->hook);
+}
 
 /* Final norm of the `ns` streams of scored rows in ps->S, then the head in
  * vocabulary slices, each slice read once for all streams. fill (one
@@ -541,8 +570,9 @@ static uint64_t probe_total(const stz_fwd *m, const stz_fwd_probe *probe, int wa
     *walk = want_head;
     for (size_t l = 0; l < L; l++) {
         int any = 0;
-        for (size_t k = 0; k < MATS; k++)
-            if (probe->select(probe->user, stz_forward_tensor(m, m->layer[l * STZ_ROLE_PER_LAYER + mats[k]])->name))
+        for (size_t k = 0; k < NMATS; k++)
+            if (m->layer[l * STZ_ROLE_PER_LAYER + mats[k]].f >= 0 &&
+                probe->select(probe->user, stz_forward_tensor(m, m->layer[l * STZ_ROLE_PER_LAYER + mats[k]])->name))
                 total += 1, any = 1, *walk = 1;
         total += any ? L - l - 1 + 1 : 0; /* the later layers and the head once */
     }
@@ -559,16 +589,16 @@ static stz_status probe_layers(probe_state *ps, size_t nseq, const char **names,
     stz_status st = STZ_OK;
     for (size_t l = 0; !st && l < m->c.n_layers; l++) {
         size_t ns = 0; /* layer l once per perturbed matrix, then all of them on together */
-        for (size_t k = 0; !st && k < MATS; k++) {
+        for (size_t k = 0; !st && k < NMATS; k++) {
             loc at = m->layer[l * STZ_ROLE_PER_LAYER + mats[k]];
-            if (!probe->select(probe->user, names[ns] = stz_forward_tensor(m, at)->name))
+            if (at.f < 0 || !probe->select(probe->user, names[ns] = stz_forward_tensor(m, at)->name))
                 continue;
             float *Pk = ps->P + ns++ * n * D;
             memcpy(Pk, ps->X, n * D * sizeof *Pk);
-            m->probe = probe, m->probe_at = at;
+            probe_at(ps, at);
             st = stz_forward_run_layers(m, Pk, &ps->R.b, nseq, (uint32_t)l, (uint32_t)l + 1, ps->progress, ps->user,
                                         &ps->done, ps->total, err);
-            m->probe = NULL;
+            probe_at(ps, NOWHERE);
         }
         if (!st && ns)
             st = run_streams(ps, ns, (uint32_t)l + 1, names, 0, err);
@@ -586,8 +616,9 @@ static stz_status probe_head(probe_state *ps, const char *name, stz_err *err)
     size_t D = m->c.dim, sc = ps->scored;
     for (size_t i = 0; i < sc; i++)
         memcpy(ps->S + i * D, ps->X + ps->idx[i] * D, D * sizeof *ps->S);
-    m->probe = ps->probe, m->probe_at = m->global[G_HEAD];
+    probe_at(ps, m->global[G_HEAD]);
     stz_status st = head_streams(ps, 1, 0, err);
+    probe_at(ps, NOWHERE);
     if (!st) {
         stz_fwd_report rep;
         report_from(ps->rs, sc, ps->kl, &rep);
@@ -601,7 +632,8 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
 {
     loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
     int tied = stz_forward_tied(m);
-    probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user};
+    probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user, .hook.weights = probe_weights};
+    ps.hook.user = &ps;
     stz_status st = probe_setup(&ps, tokens, nseq, stride, lens, err);
     size_t n = ps.n;
     const char *names[MATS];
@@ -616,10 +648,10 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     for (size_t k = 0; !st && want_emb && k < emb_runs(probe); k++) {
         if (probe->variant)
             probe->variant(probe->user, k);
-        m->probe = probe, m->probe_at = emb;
+        probe_at(&ps, emb);
         if (!(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
             st = run_streams(&ps, 1, 0, names, 0, err);
-        m->probe = NULL;
+        probe_at(&ps, NOWHERE);
     }
     if (!st && walk)
         st = stz_forward_embed(m, ps.R.tok, n, ps.X, err);
@@ -627,7 +659,7 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
         st = probe_layers(&ps, nseq, names, err);
     if (!st && want_head)
         st = probe_head(&ps, head, err);
-    m->probe = NULL;
+    probe_at(&ps, NOWHERE);
     stz_forward_rows_free(&ps.R), stz_forward_rows_free(&ps.W);
     free(ps.idx), free(ps.next), free(ps.X), free(ps.P), free(ps.S), free(ps.store), free(ps.rs), free(ps.kl);
     return st;

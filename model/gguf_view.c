@@ -1,6 +1,7 @@
 /* A GGUF file seen as a SafeTensors file of floats (gguf_view.h): a header
  * built from the GGUF tensor table, and a reader source that decodes rows
  * with the ggml types' reference dequantizers. */
+#include "arch.h"
 #include "gguf_view.h"
 #include "quant/ggml_types.h"
 #include "roles.h"
@@ -69,15 +70,16 @@ static stz_status arch_u64(const stz_gguf_view *v, const char *arch, const char 
 
 /* Name, shape and permutation of GGUF tensor i. 0: listed; 1: left out
  * (rope_freqs: export derives it from the configuration); -1: out of
- * memory. */
-static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, int permute, uint64_t heads, uint64_t kv_heads,
-                      vtensor *t)
+ * memory. arch: the file's family (NULL: unknown), which tells GGUF names
+ * that two families use for different roles apart. */
+static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, const stz_arch *arch, int permute, uint64_t heads,
+                      uint64_t kv_heads, vtensor *t)
 {
     const stz_gguf_tensor *g = stz_gguf_tensor_at(v->g, i);
     if (!strcmp(g->name, "rope_freqs.weight"))
         return 1;
     unsigned layer = 0;
-    int role = names < 0 ? -1 : stz_role_find(g->name, STZ_NAMES_GGUF, &layer);
+    int role = names < 0 ? -1 : stz_role_find(g->name, STZ_NAMES_GGUF, arch, &layer);
     if (role >= 0 ? asprintf(&t->name, stz_roles[role].name[names], layer) < 0 : !(t->name = strdup(g->name)))
         return t->name = NULL, -1;
     t->g = g, t->tr = stz_ggml_traits_of(g->type);
@@ -218,7 +220,8 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
 /* Every tensor mapped, of a type stz decodes; the row buffers. */
 static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtype, const char *arch, stz_err *err)
 {
-    int permute = names == STZ_NAMES_HF && !strcmp(arch, "llama");
+    const stz_arch *row = stz_arch_get(stz_arch_find(arch, STZ_ARCH_BY_GGUF));
+    int permute = names == STZ_NAMES_HF && row && (row->flags & STZ_ARCH_ROPE_PAIRS); /* llama.cpp's pairs undone */
     uint64_t heads = 0, kv = 0;
     stz_status st = STZ_OK; /* the keys read only where they are used: GGUF's own names need none */
     if ((names >= 0 && (st = arch_u64(v, arch, "feed_forward_length", &v->ffn_wide, err))) ||
@@ -233,7 +236,7 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
         return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for %zu tensors", v->path, nt);
     for (size_t i = 0; i < nt; i++) {
         vtensor *t = &v->t[v->n];
-        int r = map_tensor(v, i, names, permute, heads, kv ? kv : heads, t);
+        int r = map_tensor(v, i, names, row, permute, heads, kv ? kv : heads, t);
         if (r < 0)
             return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for tensor names", v->path);
         if (r)

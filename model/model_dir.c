@@ -3,6 +3,7 @@
  * shards, and the files a model path stands for (inspect, verify, plan,
  * eval, Python's load_dir read them). */
 #include "model/model_dir.h"
+#include "model/roles.h"
 #include "core/stz_core.h"
 #include "gguf/gguf_layout.h"
 #include "stz_forward.h"
@@ -326,4 +327,13 @@ int stz_model_set_find(const stz_model_set *s, const char *name, size_t *f, size
             return *i = (size_t)j, 1;
     }
     return 0;
+}
+
+int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
+{
+    for (int hf = STZ_NAMES_HF; hf >= STZ_NAMES_LLAMA2C; hf--)
+        for (size_t f = 0; f < nfiles; f++)
+            if (stz_qmodel_find(files[f], stz_roles[STZ_ROLE_EMBED].name[hf]) >= 0)
+                return hf;
+    return -1;
 }

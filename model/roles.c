@@ -1,4 +1,5 @@
 /* The Llama-family tensor roles table (roles.h). */
+#include "arch.h"
 #include "roles.h"
 
 #include <stdio.h>
@@ -38,14 +39,28 @@ const stz_role_info stz_roles[STZ_ROLE_COUNT] = {
     [STZ_ROLE_DOWN] = {{"layers.%u.feed_forward.w2.weight", "model.layers.%u.mlp.down_proj.weight"},
                        "blk.%u.ffn_down.weight",
                        0},
+    [STZ_ROLE_QNORM] = {{"layers.%u.attention.q_norm.weight", "model.layers.%u.self_attn.q_norm.weight"},
+                        "blk.%u.attn_q_norm.weight",
+                        0},
+    [STZ_ROLE_KNORM] = {{"layers.%u.attention.k_norm.weight", "model.layers.%u.self_attn.k_norm.weight"},
+                        "blk.%u.attn_k_norm.weight",
+                        0},
+    [STZ_ROLE_WQKV] = {{"layers.%u.attention.wqkv.weight", "model.layers.%u.self_attn.qkv_proj.weight"},
+                       "blk.%u.attn_qkv.weight",
+                       0},
+    [STZ_ROLE_GATE_UP] = {{"layers.%u.feed_forward.w13.weight", "model.layers.%u.mlp.gate_up_proj.weight"},
+                          "blk.%u.ffn_up.weight",
+                          0},
     [STZ_ROLE_EMBED] = {{"tok_embeddings.weight", "model.embed_tokens.weight"}, "token_embd.weight", 0},
     [STZ_ROLE_NORM] = {{"norm.weight", "model.norm.weight"}, "output_norm.weight", 0},
     [STZ_ROLE_HEAD] = {{"output.weight", "lm_head.weight"}, "output.weight", 0},
 };
 
-int stz_role_find(const char *name, int names, unsigned *layer)
+int stz_role_find(const char *name, int names, const stz_arch *arch, unsigned *layer)
 {
     for (int r = 0; r < STZ_ROLE_COUNT; r++) {
+        if (arch && r < STZ_ROLE_PER_LAYER && stz_arch_use(arch, r) == STZ_USE_NONE)
+            continue;
         const char *pat = names < 0 ? stz_roles[r].gguf : stz_roles[r].name[names];
         char back[256];
         unsigned l = 0;
@@ -65,18 +80,9 @@ int stz_role_gguf_name(const char *name, char *out, size_t cap)
 {
     unsigned l = 0;
     for (int names = STZ_NAMES_HF; names >= STZ_NAMES_LLAMA2C; names--) {
-        int r = stz_role_find(name, names, &l);
+        int r = stz_role_find(name, names, NULL, &l);
         if (r >= 0)
             return snprintf(out, cap, stz_roles[r].gguf, l), 1;
     }
     return 0;
-}
-
-int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
-{
-    for (int hf = STZ_NAMES_HF; hf >= STZ_NAMES_LLAMA2C; hf--)
-        for (size_t f = 0; f < nfiles; f++)
-            if (stz_qmodel_find(files[f], stz_roles[STZ_ROLE_EMBED].name[hf]) >= 0)
-                return hf;
-    return -1;
 }

@@ -1,4 +1,4 @@
-/* The tensors of a Llama-family checkpoint by role: their names in
+/* The tensors of a Llama-family checkpoint (arch.h's families) by role: their names in
  * llama2.c's and Hugging Face's layouts and in GGUF, one table shared by
  * the forward pass (model/), GGUF export (export/) and whatever maps names
  * between them. Not installed. */
@@ -26,6 +26,10 @@ typedef enum {
     STZ_ROLE_GATE,
     STZ_ROLE_UP,
     STZ_ROLE_DOWN,
+    STZ_ROLE_QNORM,   /* Qwen3: RMSNorm of each query head (arch.h, STZ_ARCH_QK_NORM) */
+    STZ_ROLE_KNORM,   /* and of each key head */
+    STZ_ROLE_WQKV,    /* Phi-3: q, k and v fused (rows: QD, then KD, KD) (STZ_ARCH_FUSED) */
+    STZ_ROLE_GATE_UP, /* and gate and up fused (rows: hidden, then hidden) */
     STZ_ROLE_PER_LAYER,
     STZ_ROLE_EMBED = STZ_ROLE_PER_LAYER,
     STZ_ROLE_NORM,
@@ -44,8 +48,10 @@ typedef struct {
 extern const stz_role_info stz_roles[STZ_ROLE_COUNT];
 
 /* The role of tensor `name` in a layout (STZ_NAMES_GGUF, _LLAMA2C, _HF)
- * and its layer (0 for a per-model role), or -1. */
-int stz_role_find(const char *name, int names, unsigned *layer);
+ * among the roles family `arch` has (arch.h; NULL: any), and its layer (0
+ * for a per-model role), or -1. */
+struct stz_arch_row;
+int stz_role_find(const char *name, int names, const struct stz_arch_row *arch, unsigned *layer);
 /* The GGUF name of a model tensor named in llama2.c's or Hugging Face's
  * layout, into out; 0 when the name has no role. */
 int stz_role_gguf_name(const char *name, char *out, size_t cap);

@@ -1,7 +1,13 @@
 /* The quantizing writer's per-tensor plan: the kernel format of a
- * decision, and what it needs from the whole tensor before any row is
- * quantized (plan.h). */
+ * decision, its bytes, what it needs from the whole tensor before any row
+ * is quantized, and its metadata entry (plan.h); shared by quantize.c and
+ * svd_factors.c, which call each other through nothing else. */
 #include "plan.h"
+#include "quant/ggml_types.h"
+#include "stz_svd.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -125,4 +131,40 @@ void stz_quant_plan_free(stz_quant_plan *x)
     free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);
     for (int j = 0; j < 5; j++)
         free(x->fname[j]);
+}
+
+uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
+{
+    if (d->action == STZ_ACTION_SVD) {
+        stz_decision fb = *d;
+        fb.action = d->fallback;
+        uint64_t fbb = stz_quant_bytes(t, &fb), n = t->shape[t->ndim - 1], m = t->numel / n;
+        if (!d->svd_rank) /* rank comes from the spectrum: at most the fallback's bytes */
+            return fbb;
+        uint64_t sb = stz_svd_bytes(m, n, d->svd_rank);
+        return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
+    }
+    int bits = stz_action_bits(d->action), type = stz_action_ggml_type(d->action);
+    if (!bits)
+        return t->end - t->begin;
+    uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;
+    if (type >= 0) /* the type's blocks, scales inside */
+        return rows * stz_ggml_row_bytes(stz_ggml_fit(type, cols, d->pad), cols);
+    uint64_t blocks = rows * stz_q_blocks(cols, d->block_size), per = stz_dtype_bits(d->scale_dtype) / 8;
+    per *= d->method == STZ_QMETHOD_ASYM ? 2 : 1; /* scale and minimum */
+    return rows * stz_qf_row_bytes(bits, cols) + (blocks > 1 ? blocks * per : 0);
+}
+
+stz_status stz_quant_put_meta(stz_writer *w, const stz_tensor *t, struct cJSON *o, const char *what, stz_err *err)
+{
+    char *s = cJSON_PrintUnformatted(o), key[1024];
+    cJSON_Delete(o);
+    if (!s || stz_json_failed()) {
+        free(s);
+        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its %s metadata", t->name, what);
+    }
+    snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, t->name);
+    stz_status st = stz_writer_set_meta(w, key, s, err);
+    free(s);
+    return st;
 }

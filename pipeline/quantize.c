@@ -27,28 +27,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
-{
-    if (d->action == STZ_ACTION_SVD) {
-        stz_decision fb = *d;
-        fb.action = d->fallback;
-        uint64_t fbb = stz_quant_bytes(t, &fb), n = t->shape[t->ndim - 1], m = t->numel / n;
-        if (!d->svd_rank) /* rank comes from the spectrum: at most the fallback's bytes */
-            return fbb;
-        uint64_t sb = stz_svd_bytes(m, n, d->svd_rank);
-        return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
-    }
-    int bits = stz_action_bits(d->action), type = stz_action_ggml_type(d->action);
-    if (!bits)
-        return t->end - t->begin;
-    uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;
-    if (type >= 0) /* the type's blocks, scales inside */
-        return rows * stz_ggml_row_bytes(stz_ggml_fit(type, cols, d->pad), cols);
-    uint64_t blocks = rows * stz_q_blocks(cols, d->block_size), per = stz_dtype_bits(d->scale_dtype) / 8;
-    per *= d->method == STZ_QMETHOD_ASYM ? 2 : 1; /* scale and minimum */
-    return rows * stz_qf_row_bytes(bits, cols) + (blocks > 1 ? blocks * per : 0);
-}
-
 static void row_shape(const stz_tensor *t, uint64_t *rows, uint64_t *cols)
 {
     *cols = t->ndim ? t->shape[t->ndim - 1] : 1;
@@ -122,20 +100,6 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_p
     else if (pl->bits != 8)
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_MSB_PACKING);
     return stz_quant_put_meta(w, t, o, "quantization", err);
-}
-
-stz_status stz_quant_put_meta(stz_writer *w, const stz_tensor *t, struct cJSON *o, const char *what, stz_err *err)
-{
-    char *s = cJSON_PrintUnformatted(o), key[1024];
-    cJSON_Delete(o);
-    if (!s || stz_json_failed()) {
-        free(s);
-        return stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for its %s metadata", t->name, what);
-    }
-    snprintf(key, sizeof key, "%s%s", STZ_QUANT_META_PREFIX, t->name);
-    stz_status st = stz_writer_set_meta(w, key, s, err);
-    free(s);
-    return st;
 }
 
 /* One tensor quantized by the ordered pipeline: batches of rows are read,

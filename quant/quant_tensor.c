@@ -181,8 +181,8 @@ static double cosine_of(const cos_sums *c)
     return c->xx > 0 && c->yy > 0 ? c->xy / sqrt(c->xx * c->yy) : c->xx == c->yy;
 }
 
-static stz_status svd_tensor(const stz_decision *d, const float *x, const float *w, size_t m, size_t n, stz_qmem *out,
-                             float *y, stz_err *err)
+stz_status stz_svd_tensor(const stz_decision *d, const float *x, const float *w, size_t m, size_t n, stz_qmem *out,
+                          float *y, stz_err *err)
 {
     stz_svd_params sp = stz_svd_params_of(d);
     stz_svd_result f = {0};
@@ -314,39 +314,4 @@ const char *stz_qtensor_overflow(const stz_qformat *f)
 {
     return f->ggml ? "a block scale (or value) exceeds the F16 range"
                    : "a block scale exceeds the F16 range; use \"scale_dtype\": \"F32\"";
-}
-
-stz_status stz_quantize_tensor(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
-                               uint64_t cols, stz_qmem *out, stz_err *err)
-{
-    return stz_quantize_tensor_y(d, x, weights, rows, cols, out, NULL, err);
-}
-
-stz_status stz_quantize_tensor_y(const stz_decision *d, const float *x, const float *weights, uint64_t rows,
-                                 uint64_t cols, stz_qmem *out, float *y, stz_err *err)
-{
-    if (d->action == STZ_ACTION_SVD) {
-        memset(out, 0, sizeof *out);
-        stz_status st = svd_tensor(d, x, weights, (size_t)rows, (size_t)cols, out, y, err);
-        if (st)
-            stz_qmem_free(out);
-        return st;
-    }
-    if (d->method == STZ_QMETHOD_TRELLIS)
-        return stz_trellis_tensor(d, x, weights, rows, cols, 1, out, y, err);
-    float *sc, *mn;
-    stz_status st = stz_qtensor_begin(d, x, weights, rows, cols, out, &sc, &mn, err);
-    const stz_qformat *f = &out->fmt;
-    uint64_t nb = stz_q_blocks(cols, f->block);
-    size_t rb = st ? 0 : stz_qf_bytes(f, (size_t)cols);
-    for (uint64_t r = 0; !st && r < rows; r++)
-        if (stz_qf_quantize_any(f, x + r * cols, (size_t)cols, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb,
-                                mn ? mn + r * nb : NULL))
-            st = stz_err_set(err, STZ_E_NUMERIC, "%s", stz_qtensor_overflow(f));
-    if (!st)
-        st = stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
-    free(sc), free(mn);
-    if (st)
-        stz_qmem_free(out);
-    return st;
 }

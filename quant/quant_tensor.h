@@ -49,6 +49,10 @@ int stz_qf_block_feedback(const stz_qformat *f, float *x, const float *w, size_t
 /* The same for one block of a ggml type (32 or 256 elements), written to
  * out as the type stores it. */
 int stz_ggml_block_feedback(int type, float *x, const float *w, const float *U, size_t ldu, uint8_t *out, float *E);
+/* An SVD decision's factors in out (INT8, as svd_factors.c stores them)
+ * and their product in y (m x n; NULL: not kept). */
+stz_status stz_svd_tensor(const stz_decision *d, const float *x, const float *w, size_t m, size_t n, stz_qmem *out,
+                          float *y, stz_err *err);
 /* stz_quantize_tensor's start, shared with error feedback: out's format for
  * decision d over x (checked finite; the U8 scales' base, nl-fit's
  * codebook), its values allocated, and sc (and mn, asym) for the blocks'

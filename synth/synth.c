@@ -249,14 +249,17 @@ static float base_scale(const spec *t)
 
 static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synth_params *p, stz_err *err)
 {
-    char cfg[512], seed[32];
+    char cfg[640], seed[32], more[96] = "";
+    if (a->model_type) /* a family the configuration's other keys do not tell */
+        snprintf(more, sizeof more, ",\"model_type\":\"%s\",\"head_dim\":%llu", a->model_type,
+                 (unsigned long long)(a->head_dim ? a->head_dim : a->hidden / a->heads));
     snprintf(cfg, sizeof cfg,
              "{\"architecture\":\"%s\",\"hidden_size\":%llu,\"intermediate_size\":%llu,"
              "\"num_hidden_layers\":%llu,\"num_attention_heads\":%llu,\"num_key_value_heads\":%llu,"
-             "\"vocab_size\":%llu,\"tie_word_embeddings\":%s}",
+             "\"vocab_size\":%llu,\"tie_word_embeddings\":%s%s}",
              a->name, (unsigned long long)a->hidden, (unsigned long long)a->inter, (unsigned long long)a->layers,
              (unsigned long long)a->heads, (unsigned long long)a->kv_heads, (unsigned long long)a->vocab,
-             a->tied ? "true" : "false");
+             a->tied ? "true" : "false", more);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
     stz_status st;
     if ((st = stz_writer_set_meta(w, "stz.synthetic", "true", err)) ||

@@ -9,21 +9,29 @@
 
 static const arch archs[] = {
     {"qwen2-0.5b", "Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, q/k/v biases, tied embeddings", FAM_HF_LLAMA, 896,
-     4864, 24, 14, 2, 151936, 0, 1, 1},
+     4864, 24, 14, 2, 151936, 0, 1, 1, NULL, 0, 0, 0},
+    {"qwen3-0.6b", "Qwen3-0.6B: 28 layers, hidden 1024, 16/8 heads of 128, q/k head norms, tied embeddings",
+     FAM_HF_LLAMA, 1024, 3072, 28, 16, 8, 151936, 0, 0, 1, "qwen3", 128, 1, 0},
+    {"phi3-mini", "Phi-3-mini-4k: 32 layers, hidden 3072, 32 heads, fused qkv and gate_up projections, lm_head",
+     FAM_HF_LLAMA, 3072, 8192, 32, 32, 32, 32064, 0, 0, 0, "phi3", 0, 0, 1},
     {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings", FAM_HF_LLAMA, 2048, 8192, 16, 32,
-     8, 128256, 0, 0, 1},
+     8, 128256, 0, 0, 1, NULL, 0, 0, 0},
     {"llama-3.1-8b", "Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, separate lm_head", FAM_HF_LLAMA, 4096, 14336,
-     32, 32, 8, 128256, 0, 0, 0},
+     32, 32, 8, 128256, 0, 0, 0, NULL, 0, 0, 0},
     {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head", FAM_HF_LLAMA, 2048, 5632,
-     22, 32, 4, 32000, 0, 0, 0},
+     22, 32, 4, 32000, 0, 0, 0, NULL, 0, 0, 0},
     {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied", FAM_GPT_NEO, 2048, 8192,
-     24, 16, 16, 50257, 2048, 0, 1},
+     24, 16, 16, 50257, 2048, 0, 1, NULL, 0, 0, 0},
     {"small", "small Llama-style model for quick runs: 8 layers, hidden 512, 8/4 heads, vocab 32000", FAM_HF_LLAMA, 512,
-     1408, 8, 8, 4, 32000, 0, 0, 1},
+     1408, 8, 8, 4, 32000, 0, 0, 1, NULL, 0, 0, 0},
     {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head", FAM_HF_LLAMA, 64, 172, 2,
-     4, 2, 256, 0, 1, 0},
+     4, 2, 256, 0, 1, 0, NULL, 0, 0, 0},
+    {"qwen3-tiny", "tiny Qwen3-style test model: 2 layers, hidden 64, 4/2 heads of 32, q/k head norms, lm_head",
+     FAM_HF_LLAMA, 64, 192, 2, 4, 2, 256, 0, 0, 0, "qwen3", 32, 1, 0},
+    {"phi3-tiny", "tiny Phi-3-style test model: 2 layers, hidden 64, 4/2 heads, fused qkv and gate_up, lm_head",
+     FAM_HF_LLAMA, 64, 192, 2, 4, 2, 256, 0, 0, 0, "phi3", 0, 0, 1},
     {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64", FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0,
-     1},
+     1, NULL, 0, 0, 0},
 };
 #define NARCH (sizeof archs / sizeof archs[0])
 
@@ -57,23 +65,33 @@ static void add(specs *s, enum kind k, uint64_t d0, uint64_t d1, const char *fmt
 
 void stz_synth_build_specs(const arch *a, specs *s)
 {
-    uint64_t H = a->hidden, I = a->inter, V = a->vocab, KV = H / a->heads * a->kv_heads;
+    uint64_t H = a->hidden, I = a->inter, V = a->vocab, HD = a->head_dim ? a->head_dim : H / a->heads,
+             Q = HD * a->heads, KV = HD * a->kv_heads;
     if (a->fam == FAM_HF_LLAMA) {
         add(s, K_EMBED, V, H, "model.embed_tokens.weight");
         for (uint64_t l = 0; l < a->layers; l++) {
             const char *p = "model.layers";
             add(s, K_NORM, H, 0, "%s.%llu.input_layernorm.weight", p, (unsigned long long)l);
             const char *qkv[3] = {"q", "k", "v"};
-            for (int j = 0; j < 3; j++) {
-                uint64_t out = j ? KV : H;
+            if (a->fused)
+                add(s, K_LINEAR, Q + 2 * KV, H, "%s.%llu.self_attn.qkv_proj.weight", p, (unsigned long long)l);
+            for (int j = 0; !a->fused && j < 3; j++) {
+                uint64_t out = j ? KV : Q;
                 add(s, K_LINEAR, out, H, "%s.%llu.self_attn.%s_proj.weight", p, (unsigned long long)l, qkv[j]);
                 if (a->qkv_bias)
                     add(s, K_BIAS, out, 0, "%s.%llu.self_attn.%s_proj.bias", p, (unsigned long long)l, qkv[j]);
             }
-            add(s, K_LINEAR, H, H, "%s.%llu.self_attn.o_proj.weight", p, (unsigned long long)l);
+            add(s, K_LINEAR, H, Q, "%s.%llu.self_attn.o_proj.weight", p, (unsigned long long)l);
+            if (a->qk_norm)
+                for (int j = 0; j < 2; j++)
+                    add(s, K_NORM, HD, 0, "%s.%llu.self_attn.%s_norm.weight", p, (unsigned long long)l, qkv[j]);
             add(s, K_NORM, H, 0, "%s.%llu.post_attention_layernorm.weight", p, (unsigned long long)l);
-            add(s, K_LINEAR, I, H, "%s.%llu.mlp.gate_proj.weight", p, (unsigned long long)l);
-            add(s, K_LINEAR, I, H, "%s.%llu.mlp.up_proj.weight", p, (unsigned long long)l);
+            if (a->fused)
+                add(s, K_LINEAR, 2 * I, H, "%s.%llu.mlp.gate_up_proj.weight", p, (unsigned long long)l);
+            else {
+                add(s, K_LINEAR, I, H, "%s.%llu.mlp.gate_proj.weight", p, (unsigned long long)l);
+                add(s, K_LINEAR, I, H, "%s.%llu.mlp.up_proj.weight", p, (unsigned long long)l);
+            }
             add(s, K_LINEAR, H, I, "%s.%llu.mlp.down_proj.weight", p, (unsigned long long)l);
         }
         add(s, K_NORM, H, 0, "model.norm.weight");

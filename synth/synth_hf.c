@@ -115,7 +115,8 @@ stz_status stz_synth_hf_files(const char *meta_config, char **config, char **tok
         return stz_err_set(err, STZ_E_ARG, "synth: not a generated model's configuration");
     }
     double eos = vocab->valuedouble - 1;
-    cJSON_AddStringToObject(c, "model_type", a->fam == FAM_GPT_NEO ? "gpt_neo" : a->qkv_bias ? "qwen2" : "llama");
+    if (!cJSON_HasObjectItem(c, "model_type"))
+        cJSON_AddStringToObject(c, "model_type", a->fam == FAM_GPT_NEO ? "gpt_neo" : a->qkv_bias ? "qwen2" : "llama");
     cJSON_AddNumberToObject(c, "rope_theta", 10000);
     cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
     cJSON_AddStringToObject(c, "hidden_act", "silu");

@@ -13,6 +13,10 @@ typedef struct {
     enum family fam;
     uint64_t hidden, inter, layers, heads, kv_heads, vocab, positions;
     int qkv_bias, tied;
+    const char *model_type; /* written into the configuration (NULL: llama, or qwen2 with qkv_bias) */
+    uint64_t head_dim;      /* 0: hidden / heads */
+    int qk_norm;            /* q_norm and k_norm of every head (Qwen3) */
+    int fused;              /* qkv_proj and gate_up_proj (Phi-3) */
 } arch;
 
 enum kind { K_LINEAR, K_EMBED, K_NORM, K_BIAS };

@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     gbuf kv = {0};
     stz_err err;
     uint32_t padded;
-    stz_status st = gguf_vocab(&kv, path, data[0] & 2 ? "qwen2" : "llama",
+    stz_status st = gguf_vocab(&kv, path, stz_arch_get(data[0] & 2 ? STZ_ARCH_QWEN2 : STZ_ARCH_LLAMA),
                                data[0] & 4 ? "{\"bos_token_id\": 1, \"eos_token_id\": [2, 3]}" : NULL,
                                (uint32_t)data[1] + 1, data[0] & 8, &padded, &err);
     fuzz_failed(st, &err); /* a failure must say why */

@@ -1,7 +1,9 @@
-"""stz eval --forward against an independent numpy forward pass of a
-Qwen2-style model (q/k/v biases, grouped-query attention, rotate_half RoPE
-with rope_theta from config.json, untied head), stz synth's tiny model in a
-Hugging Face directory. Run with pytest; STZ names the stz binary."""
+"""stz eval --forward against an independent numpy forward pass of
+Qwen2-, Qwen3- and Phi-3-style models (q/k/v biases; per-head q/k RMSNorm
+and heads wider than hidden / heads; fused qkv and gate_up projections;
+grouped-query attention, rotate_half RoPE with rope_theta from
+config.json, untied head), stz synth's tiny models in a Hugging Face
+directory. Run with pytest; STZ names the stz binary."""
 import json
 import os
 import subprocess
@@ -28,15 +30,17 @@ def rotate_half(x, pos, theta):
 
 
 def logits(w, cfg, tokens, inputs=None):
-    """Hugging Face Qwen2ForCausalLM, written from its modeling code;
-    inputs (a dict), when given, gets each matrix's input rows by name."""
+    """Hugging Face Qwen2ForCausalLM, Qwen3ForCausalLM and Phi3ForCausalLM,
+    written from their modeling code; inputs (a dict), when given, gets each
+    matrix's input rows by name."""
     def mm(h, name):
         if inputs is not None:
             inputs.setdefault(name, []).append(h)
         return h @ w[name].T
 
     H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd, eps, theta = H // nh, cfg["rms_norm_eps"], cfg["rope_theta"]
+    hd, eps, theta = cfg.get("head_dim", H // nh), cfg["rms_norm_eps"], cfg["rope_theta"]
+    F = cfg["intermediate_size"]
     T = len(tokens)
     x = w["model.embed_tokens.weight"][tokens]     # (T, H)
     pos = np.arange(T)
@@ -44,12 +48,16 @@ def logits(w, cfg, tokens, inputs=None):
     for l in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % l
         h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
-        q = mm(h, p + "self_attn.q_proj.weight") + w[p + "self_attn.q_proj.bias"]
-        k = mm(h, p + "self_attn.k_proj.weight") + w[p + "self_attn.k_proj.bias"]
-        v = mm(h, p + "self_attn.v_proj.weight") + w[p + "self_attn.v_proj.bias"]
-        q = rotate_half(q.reshape(T, nh, hd), pos, theta)
-        k = rotate_half(k.reshape(T, nkv, hd), pos, theta)
-        v = v.reshape(T, nkv, hd)
+        if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: q, k, v rows of one matrix
+            q, k, v = np.split(mm(h, p + "self_attn.qkv_proj.weight"), [nh * hd, (nh + nkv) * hd], axis=1)
+        else:
+            q, k, v = (mm(h, p + "self_attn.%s_proj.weight" % n) + w.get(p + "self_attn.%s_proj.bias" % n, 0)
+                       for n in "qkv")
+        q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3: every head normed before RoPE
+            q = rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k = rotate_half(q, pos, theta), rotate_half(k, pos, theta)
         rep = nh // nkv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
         s = np.einsum("thd,uhd->htu", q, k) / np.sqrt(hd) + mask
@@ -58,8 +66,11 @@ def logits(w, cfg, tokens, inputs=None):
         o = np.einsum("htu,uhd->thd", s, v).reshape(T, nh * hd)
         x = x + mm(o, p + "self_attn.o_proj.weight")
         h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-        g = mm(h, p + "mlp.gate_proj.weight")
-        x = x + mm((g / (1 + np.exp(-g))) * mm(h, p + "mlp.up_proj.weight"), p + "mlp.down_proj.weight")
+        if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: gate rows, then up rows
+            g, u = np.split(mm(h, p + "mlp.gate_up_proj.weight"), [F], axis=1)
+        else:
+            g, u = mm(h, p + "mlp.gate_proj.weight"), mm(h, p + "mlp.up_proj.weight")
+        x = x + mm((g / (1 + np.exp(-g))) * u, p + "mlp.down_proj.weight")
     return mm(rmsnorm(x, w["model.norm.weight"], eps), "lm_head.weight")
 
 
@@ -68,17 +79,24 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
+FAMILIES = {"qwen2": ("tiny", "Qwen2ForCausalLM"), "qwen3": ("qwen3-tiny", "Qwen3ForCausalLM"),
+            "phi3": ("phi3-tiny", "Phi3ForCausalLM")}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def models(tmp_path_factory, request):
     d = tmp_path_factory.mktemp("fwd")
     orig, cand = d / "orig", d / "cand"
     orig.mkdir(), cand.mkdir()
-    subprocess.run([STZ, "synth", "tiny", "--dtype", "f32", "-o", str(orig / "model.safetensors"), "-q"], check=True)
+    synth, cls = FAMILIES[request.param]
+    subprocess.run([STZ, "synth", synth, "--dtype", "f32", "-o", str(orig / "model.safetensors"), "-q"], check=True)
     w, meta = load(orig / "model.safetensors", dtypes=("F32",))
     w = {n: v.astype(np.float64) for n, v in w.items()}
     cfg = json.loads(meta["config"])
-    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0, rms_norm_eps=1e-6,
-               hidden_act="silu", use_sliding_window=False, sliding_window=4)
+    cfg.update(model_type=request.param, architectures=[cls], rope_theta=1000000.0, rms_norm_eps=1e-6,
+               hidden_act="silu", use_sliding_window=False)
+    if request.param != "phi3":  # stated, not used (Phi-3 has no use_sliding_window: a window applies)
+        cfg["sliding_window"] = 4
     del cfg["architecture"]
     for p in (orig, cand):
         (p / "config.json").write_text(json.dumps(cfg))
@@ -132,7 +150,7 @@ def test_check_is_sensitive(models):
 
 def test_sliding_window_refused(models):
     d, w, wc, cfg, seqs = models
-    cfg = dict(cfg, use_sliding_window=True)
+    cfg = dict(cfg, use_sliding_window=True, sliding_window=4)
     (d / "sw.json").write_text(json.dumps(cfg))
     r = subprocess.run([STZ, "eval", str(d / "orig"), str(d / "cand"), "--forward", "--tokens", str(d / "tokens.json"),
                         "--config", str(d / "sw.json")], capture_output=True, text=True)

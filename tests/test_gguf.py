@@ -400,11 +400,16 @@ def test_hostile_gguf(tmp_path):
     assert re.search(r"\nb +q6_k +\[512, 1\] +420", r.stdout), r.stdout
 
 
+TINY = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny"}
+
+
 def hf_dir(tmp_path, arch, name="m", **extra):
-    """stz synth's tiny model as a Hugging Face directory of `arch`."""
+    """stz synth's tiny model as a Hugging Face directory of `arch` (Qwen3
+    and Phi-3: their own tiny shapes, with q/k head norms and heads of 32 on
+    hidden 64; with fused qkv and gate_up projections)."""
     m = tmp_path / name
     m.mkdir()
-    stz("synth", "tiny", "--dtype", "f32", "-o", m / "model.safetensors", "-q")
+    stz("synth", TINY.get(arch, "tiny"), "--dtype", "f32", "-o", m / "model.safetensors", "-q")
     cfg = json.loads(json.loads(stz("inspect", "--json", m / "model.safetensors").stdout)["metadata"]["config"])
     del cfg["architecture"]
     cfg.update(model_type=arch, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=255,
@@ -460,6 +465,13 @@ def run_engine(tmp_path, gguf, tokens, text=None, generate=0):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     return np.fromfile(tmp_path / "engine.f32", "<f4").reshape(len(tokens), -1), out
+
+
+def kl_mean(p_logits, q_logits):
+    """Mean KL(p || q) in nats per row of two logit matrices."""
+    lp = p_logits - np.logaddexp.reduce(p_logits.astype(np.float64), axis=1, keepdims=True)
+    lq = q_logits - np.logaddexp.reduce(q_logits.astype(np.float64), axis=1, keepdims=True)
+    return float((np.exp(lp) * (lp - lq)).sum(1).mean())
 
 
 def stz_logits(model, tokens, config="-"):
@@ -676,20 +688,25 @@ ROPE = {  # Llama 3.1's scaling, with a short original context so that it acts o
 
 
 @need_engine
-@pytest.mark.parametrize("arch,rope", [("qwen2", None), ("llama", None), ("llama", "llama3"), ("llama", "linear")])
+@pytest.mark.parametrize("arch,rope", [("qwen2", None), ("qwen3", None), ("phi3", None), ("llama", None),
+                                       ("llama", "llama3"), ("llama", "linear")])
 def test_llama_cpp_runs_hugging_face_model(tmp_path, arch, rope):
     """stz synth's tiny model with q/k/v biases as a Hugging Face directory:
-    Qwen2 (rotate_half RoPE kept as is) and Llama (q/k rows permuted to
-    llama.cpp's pairs; also with Llama 3.1's RoPE scaling, written as the
-    rope_freqs.weight tensor, and linear scaling, written as keys).
-    llama.cpp's logits match stz's forward pass."""
+    Qwen2 (rotate_half RoPE kept as is), Qwen3 (q/k head norms, heads wider
+    than hidden / heads), Phi-3 (fused qkv and gate_up) and Llama (q/k rows permuted to llama.cpp's pairs;
+    also with Llama 3.1's RoPE scaling, written as the rope_freqs.weight
+    tensor, and linear scaling, written as keys). llama.cpp's logits match
+    stz's forward pass."""
     m = hf_dir(tmp_path, arch, **({"rope_scaling": ROPE[rope]} if rope else {}))
     out = tmp_path / "t.gguf"
     rep = json.loads(stz("export", "--gguf", m, "-o", out, "--json").stdout)
     assert rep["architecture"] == arch
     kv, t = read_gguf(out)
     assert kv["tokenizer.ggml.model"] == "gpt2" and len(kv["tokenizer.ggml.merges"]) == 5
-    assert kv["tokenizer.ggml.pre"] == ("qwen2" if arch == "qwen2" else "llama-bpe")
+    assert kv["tokenizer.ggml.pre"] == {"llama": "llama-bpe", "phi3": "default"}.get(arch, "qwen2")
+    assert kv["tokenizer.ggml.add_bos_token"] == (arch in ("llama", "phi3"))
+    assert ("blk.1.attn_k_norm.weight" in t) == (arch == "qwen3")
+    assert ("blk.1.attn_qkv.weight" in t) == (arch == "phi3") != ("blk.1.attn_q.weight" in t)
     assert ("rope_freqs.weight" in t) == (rope == "llama3")
     assert kv.get("llama.rope.scaling.type") == ("linear" if rope == "linear" else None)
     rng = np.random.default_rng(5)
@@ -697,6 +714,7 @@ def test_llama_cpp_runs_hugging_face_model(tmp_path, arch, rope):
     got, o = run_engine(tmp_path, out, tokens, text=" the hell")
     mine = stz_logits(m / "model.safetensors", tokens, m / "config.json")
     assert np.abs(got - mine).max() < 1e-3
+    assert kl_mean(mine, got) < 1e-4  # issue 55's bound, nats per token
     assert o["tokenized"] == [252, 220, 250, 254]  # " the" merged whole; " hell" as "\u0120", "he", "ll"
     if rope:  # the scaling matters here: without it the logits move
         plain = tmp_path / "plain"
@@ -739,6 +757,35 @@ def test_padded_ffn_hugging_face(tmp_path, arch):
     stz("tune", plain, "--gguf", "--size", os.path.getsize(out), "-o", pol, "-q", "--no-verify", "--fast")
     down = [r for r in json.loads(pol.read_text())["rules"] if "down_proj" in r["match"]]
     assert len(down) == 2 and all(r.get("pad") for r in down if r["action"] not in ("keep", "f16")), down
+
+
+@need_engine
+@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+def test_family_one_command_in_llama_cpp(tmp_path, arch):
+    """Qwen3 and Phi-3 end to end (issue 55): `stz gguf` calibrates
+    (importance matrix, error feedback, tune on the model's own outputs) and
+    writes a file at llama-quantize Q4_K_M's size that llama.cpp runs as
+    stz's forward pass runs it, and that stz reads back to the values it
+    wrote."""
+    m = hf_dir(tmp_path, arch)
+    out = tmp_path / "q.gguf"
+    rep = json.loads(stz("gguf", m, "-o", out, "--like", "q4_k_m", "--json").stdout)
+    assert rep["met"] and rep["measured_bytes"] <= rep["max_bytes"], rep
+    assert any(t["choice"].endswith("+fb") for t in rep["tensors"]), rep["tensors"]  # error feedback ran
+    kv, t = read_gguf(out)
+    assert kv["general.architecture"] == arch
+    assert ("blk.0.attn_q_norm.weight" if arch == "qwen3" else "blk.0.attn_qkv.weight") in t
+    assert len({typ for _, typ in t.values()} - {0, 1}) >= 2  # a quantized mix, not floats
+    tokens = [255] + np.random.default_rng(5).integers(0, 255, 63).tolist()
+    got, _ = run_engine(tmp_path, out, tokens)
+    mine = stz_logits(out, tokens, m / "config.json")
+    # llama.cpp rounds the quantized matrices' inputs to 8 bits (see test_padded_ffn_hugging_face)
+    d = np.abs(got - mine)
+    assert d.mean() < 0.02 and d.max() < 0.15 and (got.argmax(1) == mine.argmax(1)).mean() >= 0.9, (d.mean(), d.max())
+    back = tmp_path / "back.safetensors"
+    stz("dequantize", out, "-o", back, "-q", "--dtype", "f32")
+    w = load_f32(back)
+    assert ("model.layers.1.self_attn.k_norm.weight" if arch == "qwen3" else "model.layers.1.mlp.gate_up_proj.weight") in w
 
 
 # ---- llama.cpp's own types, chosen by stz (issue 30, item 1) ---------------------------
@@ -873,7 +920,7 @@ def test_bad_ggml_entries(tmp_path):
 READ_TYPES = {"f32": [], "q8_0": QUANT["q8_0"], "q4_0": QUANT["q4_0"], "q5_0": QUANT["q5_0"]}
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
 @pytest.mark.parametrize("typ", sorted(READ_TYPES))
 def test_read_back_exactly(tmp_path, arch, typ):
     """`stz dequantize X.gguf` (issue 30, item 4) gives every tensor under the
@@ -902,7 +949,8 @@ def test_read_back_exactly(tmp_path, arch, typ):
     for name in w:
         assert np.array_equal(w[name], b[name]), name
     # llama2.c names, and GGUF's own
-    for names, key in (("llama2c", "layers.0.attention.wq.weight"), ("gguf", "blk.0.attn_q.weight")):
+    q = "qkv" if arch == "phi3" else "q"
+    for names, key in (("llama2c", "layers.0.attention.w%s.weight" % q), ("gguf", "blk.0.attn_%s.weight" % q)):
         stz("dequantize", out, "-o", back, "-f", "-q", "--names", names)
         assert key in load_f32(back)
 

@@ -19,7 +19,7 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sha
 STORIES = os.path.join(DATA, "stories260K.f32.safetensors")
 HF_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
            "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down"}
+           "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
 
 
 def stz(*args, ok=True):
@@ -35,16 +35,14 @@ def gguf_of(hf):
     return "blk.%s.%s.weight" % (layer, HF_GGUF[rest[:-len(".weight")]])
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """stz synth's tiny Qwen2-style model in a directory, and two token sequences."""
-    d = tmp_path_factory.mktemp("imatrix")
+def model_dir(d, synth="tiny", model_type="qwen2", cls="Qwen2ForCausalLM"):
+    """stz synth's model `synth` in a directory as `model_type`, and two token sequences."""
     m = d / "m"
     m.mkdir()
-    stz("synth", "tiny", "--dtype", "f32", "-o", m / "model.safetensors", "-q")
+    stz("synth", synth, "--dtype", "f32", "-o", m / "model.safetensors", "-q")
     w, meta = load(m / "model.safetensors", dtypes=("F32",))
     cfg = json.loads(meta["config"])
-    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0, rms_norm_eps=1e-6,
+    cfg.update(model_type=model_type, architectures=[cls], rope_theta=1000000.0, rms_norm_eps=1e-6,
                hidden_act="silu", use_sliding_window=False, sliding_window=4096)
     del cfg["architecture"]
     (m / "config.json").write_text(json.dumps(cfg))
@@ -54,8 +52,15 @@ def tiny(tmp_path_factory):
     return d, m, {n: v.astype(np.float64) for n, v in w.items()}, cfg, seqs
 
 
-def test_matches_numpy(tiny):
-    d, m, w, cfg, seqs = tiny
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """stz synth's tiny Qwen2-style model in a directory, and two token sequences."""
+    return model_dir(tmp_path_factory.mktemp("imatrix"))
+
+
+def check_numpy(model):
+    """stz imatrix's sums and counts per matrix: those of the numpy forward pass's inputs."""
+    d, m, w, cfg, seqs = model
     r = stz("imatrix", m, "--tokens", d / "tokens.json", "-o", d / "im.gguf", "--json", "-T", "1")
     doc = json.loads(r.stdout)
     assert doc["tokens"] == 30 and doc["sequences"] == 2
@@ -70,6 +75,19 @@ def test_matches_numpy(tiny):
         sums, counts = t[gguf_of(name) + ".in_sum2"][0], t[gguf_of(name) + ".counts"][0]
         assert counts.shape == (1, 1) and counts[0, 0] == len(x)
         np.testing.assert_allclose(sums[0], (x * x).sum(0), rtol=2e-4, atol=1e-6, err_msg=name)
+    return t
+
+
+def test_matches_numpy(tiny):
+    check_numpy(tiny)
+
+
+def test_fused_matrices(tmp_path):
+    """Phi-3's fused qkv_proj and gate_up_proj: one entry each, under
+    llama.cpp's names (attn_qkv; ffn_up, which holds gate and up)."""
+    t = check_numpy(model_dir(tmp_path, "phi3-tiny", "phi3", "Phi3ForCausalLM"))
+    assert "blk.1.attn_qkv.weight.in_sum2" in t and "blk.1.ffn_up.weight.in_sum2" in t
+    assert not any(".attn_q." in n or ".ffn_gate." in n for n in t)
 
 
 def test_sampled_in_one_pass_and_deterministic(tiny):

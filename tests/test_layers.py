@@ -1,7 +1,9 @@
 """The library's folders are the pipeline's stages, in one order: a folder
 uses only folders below it, by its calls (the symbols of libstz.a) and by
 its #includes (sources and headers, public ones included), so that the
-include graph and the call graph both point one way (docs/ARCHITECTURE.md).
+include graph and the call graph both point one way (docs/ARCHITECTURE.md);
+and no two files call each other, directly or around a cycle, but the
+llama.cpp type registry's.
 
 Usage: test_layers.py LIBSTZ_A SOURCE_ROOT
 """
@@ -16,7 +18,7 @@ ORDER = ["core", "safetensors", "svd", "quant", "policy", "gguf", "pack", "model
          "synth", "cli"]
 # each public header belongs to the folder that implements it
 PUBLIC = {"stz.h": "core", "stz_safetensors.h": "safetensors", "stz_svd.h": "svd", "stz_quant.h": "quant",
-          "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model", "stz_imatrix.h": "model", "stz_feedback.h": "model",
+          "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model", "stz_imatrix.h": "pipeline", "stz_feedback.h": "pipeline",
           "stz_eval.h": "eval", "stz_pipeline.h": "pipeline", "stz_tune.h": "tune", "stz_gguf.h": "gguf",
           "stz_export.h": "export",
           "stz_synth.h": "synth", "stz_experimental.h": "core"}
@@ -108,6 +110,64 @@ for mod, syms in used.items():
                 problems.append("%s calls %s of %s, a later stage" % (mod, s, defined[s]))
 if not edges:
     problems.append("no calls between folders found in %s: nothing was checked" % lib)
+
+# ---- file cycles: the objects' calls form no cycle but the llama.cpp type
+# registry's (its traits table and the quantizers and library it points to)
+REGISTRY = {"ggml_types.c.o", "ggml_quant.c.o", "ggml_lib.c.o"}
+obj_of = {}  # symbol -> the object defining it
+obj_used = collections.defaultdict(set)
+for line in out.splitlines():
+    name, _, rest = line.rpartition(":")
+    obj, parts = name.split(":")[-1], rest.split()
+    if len(parts) == 3 and parts[1] in "TDBRi":
+        obj_of[parts[2]] = obj
+    elif len(parts) == 2 and parts[0] == "U":
+        obj_used[obj].add(parts[1])
+calls_of = {o: {obj_of[s] for s in syms if s in obj_of and obj_of[s] != o} for o, syms in obj_used.items()}
+
+
+def cycles(graph):
+    """The strongly connected components of more than one node (Tarjan's, without recursion)."""
+    index, low, on, stack, found = {}, {}, set(), [], []
+    for root_node in graph:
+        if root_node in index:
+            continue
+        work = [(root_node, iter(graph.get(root_node, ())))]
+        index[root_node] = low[root_node] = len(index)
+        stack.append(root_node), on.add(root_node)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w), on.add(w)
+                    work.append((w, iter(graph.get(w, ()))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+file_cycles = cycles(calls_of)
+if not any(calls_of.values()):
+    problems.append("no calls between objects found in %s: nothing was checked" % lib)
+for c in file_cycles:
+    if not set(c) <= REGISTRY:
+        problems.append("the files %s call each other (a cycle; only the llama.cpp type registry may)" % ", ".join(c))
 
 # ---- commands: no command's main calls another's (cli_command.c's table and
 # its modes hand argv to each; a shared step is a library call or a cli_ helper)

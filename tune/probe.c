@@ -299,8 +299,8 @@ stz_status stz_tune_cand_bytes(const stz_tune *T, stz_tune_tensor *t, size_t c, 
 static int ffn_part(const stz_qtensor *q)
 {
     unsigned layer;
-    int r = stz_role_find(q->name, STZ_NAMES_LLAMA2C, &layer);
-    r = r >= 0 ? r : stz_role_find(q->name, STZ_NAMES_HF, &layer);
+    int r = stz_role_find(q->name, STZ_NAMES_LLAMA2C, NULL, &layer);
+    r = r >= 0 ? r : stz_role_find(q->name, STZ_NAMES_HF, NULL, &layer);
     if (q->ndim != 2)
         return 0;
     return r == STZ_ROLE_DOWN && q->cols % STZ_GGML_QK ? STZ_TUNE_FFN_DOWN

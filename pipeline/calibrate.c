@@ -1,11 +1,11 @@
 /* Error feedback with sequential calibration (stz_feedback.h): the
  * forward pass layer by layer, each layer's input Gram matrices collected
- * (stz_feedback_observe, from the layers' observation points), its
+ * (grams_input, a hook on the layers' observation points), its
  * matrices quantized by stz_quantize_tensor_feedback input by input, with
  * the drift of their inputs from the original model's (which runs
  * alongside), the layer run again with them; results kept in an unlinked
  * temporary file. */
-#include "forward_internal.h"
+#include "model/forward_internal.h"
 #include "quant/quant_tensor.h"
 #include "stz_feedback.h"
 
@@ -34,19 +34,24 @@ static int input_of(int role)
     switch (role) {
     case STZ_ROLE_WQ:
     case STZ_ROLE_WK:
-    case STZ_ROLE_WV: return IN_ATTN;
+    case STZ_ROLE_WV:
+    case STZ_ROLE_WQKV: return IN_ATTN;
     case STZ_ROLE_WO: return IN_OUT;
     case STZ_ROLE_GATE:
-    case STZ_ROLE_UP: return IN_FFN;
+    case STZ_ROLE_UP:
+    case STZ_ROLE_GATE_UP: return IN_FFN;
     case STZ_ROLE_DOWN: return IN_DOWN;
     default: return IN_HEAD;
     }
 }
 
-stz_status stz_feedback_observe(stz_fwd *m, uint32_t layer, const int *roles, const float *X, size_t n, size_t cols,
-                                stz_err *err)
+/* The Gram matrices' hook: the layer's inputs added up (or kept, or the
+ * run stopped once `only` is collected). */
+static stz_status grams_input(stz_fwd_hook *hook, const stz_fwd *m, uint32_t layer, const int *roles, int k,
+                              const float *X, size_t n, size_t cols, stz_err *err)
 {
-    struct stz_fb_hess *h = m->hess;
+    (void)k; /* the matrices of one input share its Gram matrix */
+    struct stz_fb_hess *h = hook->user;
     int g = input_of(roles[0]);
     if (!h->cols[g] || (g != IN_HEAD && layer != h->layer) || (h->only >= 0 && g != h->only))
         return STZ_OK;
@@ -197,6 +202,7 @@ typedef struct {
 typedef struct {
     stz_fwd *m;
     const stz_gram_visitor *v;
+    stz_fwd_hook grams, rewrite; /* on m while the Gram matrices are collected; while the layer runs rewritten */
     gram_matrix mat[STZ_ROLE_PER_LAYER + 1];
     int nmat, drifted; /* drifted: a matrix was rewritten, the original model's states differ */
     size_t n;          /* positions */
@@ -210,11 +216,12 @@ static int wanted(gram_run *R, loc at)
 }
 
 /* Replaces the rows of the matrices visited so far with their values as rewritten. */
-static int rewrite_rows(void *user, const char *name, float *rows, uint64_t r0, size_t n, size_t cols)
+static int rewrite_rows(stz_fwd_hook *h, const stz_fwd *m, loc at, float *rows, uint64_t r0, size_t n, size_t cols)
 {
-    gram_run *R = user;
+    (void)m;
+    gram_run *R = h->user;
     for (int i = 0; i < R->nmat; i++)
-        if (R->mat[i].y && !strcmp(stz_forward_tensor(R->m, R->mat[i].at)->name, name))
+        if (R->mat[i].y && R->mat[i].at.f == at.f && R->mat[i].at.i == at.i)
             memcpy(rows, R->mat[i].y + r0 * cols, n * cols * sizeof *rows);
     return 0;
 }
@@ -278,11 +285,11 @@ static stz_status visit_one(gram_run *R, gram_matrix *x, stz_err *err)
  * run collecting one input stops there (X is then left part way). */
 static stz_status run_layer(gram_run *R, uint32_t l, float *X, const batch *b, size_t nseq, stz_err *err)
 {
-    stz_fwd_probe rw = {.perturb = rewrite_rows, .user = R};
-    R->m->rewrite = R->v->rewrite ? &rw : NULL;
+    if (R->v->rewrite)
+        stz_forward_attach(R->m, &R->rewrite);
     R->h.stopped = 0;
     stz_status st = stz_forward_run_layers(R->m, X, b, nseq, l, l + 1, NULL, NULL, &(uint64_t){0}, 0, err);
-    R->m->rewrite = NULL;
+    stz_forward_detach(R->m, &R->rewrite);
     return st == STZ_E_INTERRUPTED && R->h.stopped ? STZ_OK : st;
 }
 
@@ -347,11 +354,11 @@ static stz_status walk_layer(gram_run *R, uint32_t l, float *X, float *Xin, floa
     }
     mark_inputs(R);
     R->h.layer = l;
-    m->hess = &R->h;
+    stz_forward_attach(m, &R->grams);
     stz_status st = !R->v->rewrite ? visit_as_read(R, l, X, b, nseq, err)
                     : R->nmat      ? visit_rewriting(R, l, X, Xin, X0, b, nseq, err)
                                    : STZ_OK;
-    m->hess = NULL;
+    stz_forward_detach(m, &R->grams);
     if (!st && R->v->rewrite) { /* the layer as rewritten carries X on */
         if (R->nmat)
             memcpy(X, Xin, R->n * m->c.dim * sizeof *X);
@@ -383,14 +390,14 @@ static stz_status walk_head(gram_run *R, float *X, float *X0, stz_err *err)
     stz_status st = alloc_gram(R, IN_HEAD, with_D, err);
     if (!st && with_D && !(R->h.X0[IN_HEAD] = malloc(R->n * m->c.dim * sizeof(float) + 1)))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", R->n);
-    m->hess = &R->h;
+    stz_forward_attach(m, &R->grams);
     R->h.only = -1, R->h.keep = with_D;
     if (!st && with_D)
         st = stz_forward_final_norm(m, X0, R->n, err);
     R->h.keep = 0;
     if (!st)
         st = stz_forward_final_norm(m, X, R->n, err);
-    m->hess = NULL;
+    stz_forward_detach(m, &R->grams);
     if (!st)
         st = visit_one(R, x, err);
     clear_layer(R);
@@ -400,7 +407,8 @@ static stz_status walk_head(gram_run *R, float *X, float *X0, stz_err *err)
 stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                              const stz_gram_visitor *v, stz_fwd_progress progress, void *user, stz_err *err)
 {
-    gram_run R = {.m = m, .v = v};
+    gram_run R = {.m = m, .v = v, .grams.input = grams_input, .rewrite.weights = rewrite_rows};
+    R.grams.user = &R.h, R.rewrite.user = &R;
     seq_rows S = {0};
     float *X = NULL, *Xin = NULL, *X0 = NULL;
     if (v->rewrite)

@@ -1,6 +1,6 @@
 /* Importance matrices: collected from the forward pass, read and written
  * as llama.cpp's files (see stz_imatrix.h). */
-#include "forward_internal.h"
+#include "model/forward_internal.h"
 #include "gguf/gguf_format.h"
 #include "stz_imatrix.h"
 #include "stz_model.h"
@@ -33,12 +33,17 @@ struct stz_imatrix {
     uint32_t chunks, chunk_size;
     double *col; /* collecting: one input's sums of squares per column */
     size_t ncol;
+    stz_fwd_hook hook; /* collecting from a forward pass: imatrix_input */
 };
+
+static stz_status imatrix_input(stz_fwd_hook *h, const stz_fwd *m, uint32_t layer, const int *roles, int k,
+                                const float *X, size_t n, size_t cols, stz_err *err);
 
 stz_status stz_imatrix_new(stz_imatrix **out, stz_err *err)
 {
     if (!(*out = calloc(1, sizeof **out)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for an importance matrix");
+    (*out)->hook.input = imatrix_input, (*out)->hook.user = *out;
     return STZ_OK;
 }
 
@@ -179,13 +184,29 @@ static void update_weights(entry *e)
 
 void stz_fwd_set_imatrix(stz_fwd *m, stz_imatrix *im) { stz_fwd_set_imatrix_tokens(m, im, 0); }
 
-void stz_fwd_set_imatrix_tokens(stz_fwd *m, stz_imatrix *im, size_t len) { m->imatrix = im, m->imatrix_len = len; }
-
-stz_status stz_imatrix_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,
-                               size_t cols, stz_err *err)
+/* The importance matrix attached to m, or NULL. */
+static stz_imatrix *attached(const stz_fwd *m)
 {
-    stz_imatrix *im = m->imatrix;
-    if (!im || !n)
+    for (stz_fwd_hook *h = m->hooks; h; h = h->next)
+        if (h->input == imatrix_input)
+            return h->user;
+    return NULL;
+}
+
+void stz_fwd_set_imatrix_tokens(stz_fwd *m, stz_imatrix *im, size_t len)
+{
+    stz_imatrix *was = attached(m);
+    if (was)
+        stz_forward_detach(m, &was->hook);
+    if (im)
+        im->hook.tokens = len, stz_forward_attach(m, &im->hook);
+}
+
+static stz_status imatrix_input(stz_fwd_hook *h, const stz_fwd *m, uint32_t layer, const int *roles, int k,
+                                const float *X, size_t n, size_t cols, stz_err *err)
+{
+    stz_imatrix *im = h->user;
+    if (!n)
         return STZ_OK;
     if (im->ncol < cols) {
         double *c = realloc(im->col, cols * sizeof *c);
@@ -233,8 +254,10 @@ stz_status stz_imatrix_collect(stz_imatrix *im, stz_fwd *m, const int32_t *token
     uint64_t done = 0, total = (uint64_t)groups * m->c.n_layers;
     float *X = NULL;
     stz_status st = STZ_OK;
-    stz_imatrix *was = m->imatrix;
-    m->imatrix = im;
+    stz_imatrix *was = attached(m); /* im alone, its own limit kept */
+    if (was)
+        stz_forward_detach(m, &was->hook);
+    stz_forward_attach(m, &im->hook);
     for (size_t s0 = 0, s1, at = 0; !st && s0 < nseq; s0 = s1) {
         size_t rows, first = at;
         s1 = stz_forward_batch_end(lens, nseq, s0, COLLECT_ROWS, &rows);
@@ -249,7 +272,9 @@ stz_status stz_imatrix_collect(stz_imatrix *im, stz_fwd *m, const int32_t *token
                                              total, err)))
             st = stz_forward_final_norm(m, X, rows, err);
     }
-    m->imatrix = was;
+    stz_forward_detach(m, &im->hook);
+    if (was)
+        stz_forward_attach(m, &was->hook);
     free(X);
     return st;
 }

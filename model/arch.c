@@ -1,0 +1,61 @@
+/* The architecture rows (arch.h). */
+#include "arch.h"
+#include "roles.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const stz_arch rows[STZ_ARCH_COUNT] = {
+    [STZ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", "llama-bpe", STZ_ARCH_ROPE_PAIRS},
+    [STZ_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM", "llama", "llama-bpe", STZ_ARCH_ROPE_PAIRS},
+    [STZ_ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "qwen2", "qwen2",
+                        STZ_ARCH_SW_OPT_IN | STZ_ARCH_NO_BOS | STZ_ARCH_QKV_BIAS | STZ_ARCH_70B_BY_DEPTH},
+    [STZ_ARCH_QWEN3] = {"qwen3", "Qwen3ForCausalLM", "qwen3", "qwen2",
+                        STZ_ARCH_QK_NORM | STZ_ARCH_SW_OPT_IN | STZ_ARCH_NO_BOS},
+    [STZ_ARCH_PHI3] = {"phi3", "Phi3ForCausalLM", "phi3", "default", STZ_ARCH_FUSED | STZ_ARCH_GGUF_SWA},
+};
+
+int stz_arch_use(const stz_arch *a, int role)
+{
+    int fused = (a->flags & STZ_ARCH_FUSED) != 0;
+    switch (role) {
+    case STZ_ROLE_BQ:
+    case STZ_ROLE_BK:
+    case STZ_ROLE_BV:
+    case STZ_ROLE_BO: return fused ? STZ_USE_NONE : STZ_USE_MAY;
+    case STZ_ROLE_QNORM:
+    case STZ_ROLE_KNORM: return a->flags & STZ_ARCH_QK_NORM ? STZ_USE_NEED : STZ_USE_NONE;
+    case STZ_ROLE_WQ:
+    case STZ_ROLE_WK:
+    case STZ_ROLE_WV:
+    case STZ_ROLE_GATE:
+    case STZ_ROLE_UP: return fused ? STZ_USE_NONE : STZ_USE_NEED;
+    case STZ_ROLE_WQKV:
+    case STZ_ROLE_GATE_UP: return fused ? STZ_USE_NEED : STZ_USE_NONE;
+    default: return STZ_USE_NEED;
+    }
+}
+
+const stz_arch *stz_arch_get(int id) { return id >= 0 && id < STZ_ARCH_COUNT ? &rows[id] : NULL; }
+
+const stz_arch *stz_arch_of(const stz_fwd_config *c) { return &rows[c->arch < STZ_ARCH_COUNT ? c->arch : 0]; }
+
+int stz_arch_find(const char *name, int by)
+{
+    for (int i = 0; i < STZ_ARCH_COUNT; i++)
+        if (!strcmp(by == STZ_ARCH_BY_GGUF    ? rows[i].gguf
+                    : by == STZ_ARCH_BY_CLASS ? rows[i].hf_class
+                                              : rows[i].model_type,
+                    name))
+            return i;
+    return -1;
+}
+
+const char *stz_arch_list(char *buf, size_t cap, int classes)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < STZ_ARCH_COUNT && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", classes ? rows[i].hf_class : rows[i].model_type);
+    return buf;
+}

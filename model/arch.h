@@ -1,0 +1,48 @@
+/* The architectures the forward pass runs, one row each: the names a
+ * family goes by (Hugging Face's model_type and class, llama.cpp's GGUF
+ * architecture and tokenizer pre-processing) and what its layers do that
+ * a Llama layer does not. config.c, the forward pass, GGUF export and the
+ * vocabulary read the row; adding a Llama variant is a row here (the
+ * table in docs/ARCHITECTURE.md says what else a new family takes). Not
+ * installed. */
+#ifndef STZ_ARCH_H
+#define STZ_ARCH_H
+
+#include "stz_forward.h"
+
+enum {
+    STZ_ARCH_QK_NORM = 1 << 0,      /* RMSNorm of every query and key head (q_norm, k_norm) before RoPE */
+    STZ_ARCH_SW_OPT_IN = 1 << 1,    /* sliding_window applies only with use_sliding_window */
+    STZ_ARCH_NO_BOS = 1 << 2,       /* llama.cpp adds no BOS token for a BPE vocabulary */
+    STZ_ARCH_QKV_BIAS = 1 << 3,     /* llama.cpp's loader needs the q, k and v biases of every layer */
+    STZ_ARCH_ROPE_PAIRS = 1 << 4,   /* llama.cpp's RoPE takes (2i, 2i+1) pairs: HF q/k rows permuted */
+    STZ_ARCH_70B_BY_DEPTH = 1 << 5, /* llama-quantize takes 80 layers for its 70B rules */
+    STZ_ARCH_FUSED = 1 << 6,        /* q/k/v and gate/up fused in one matrix each (Phi-3) */
+    STZ_ARCH_GGUF_SWA = 1 << 7,     /* the sliding window written as GGUF's attention.sliding_window */
+};
+
+/* How a family has a per-layer role (roles.h). */
+enum { STZ_USE_NONE, STZ_USE_NEED, STZ_USE_MAY };
+
+typedef struct stz_arch_row {
+    const char *model_type; /* Hugging Face config.json's model_type */
+    const char *hf_class;   /* its architectures[0] */
+    const char *gguf;       /* general.architecture, and the prefix of the hyperparameters' keys */
+    const char *pre;        /* tokenizer.ggml.pre of a BPE vocabulary */
+    unsigned flags;
+} stz_arch;
+
+/* Row `id` (stz_arch_id), or NULL. */
+const stz_arch *stz_arch_get(int id);
+/* The row of config.c's stz_fwd_config.arch. */
+const stz_arch *stz_arch_of(const stz_fwd_config *c);
+/* How family a has per-layer role `role`: STZ_USE_NONE, _NEED or _MAY (optional). */
+int stz_arch_use(const stz_arch *a, int role);
+/* Which name stz_arch_find looks up. */
+enum { STZ_ARCH_BY_MODEL_TYPE, STZ_ARCH_BY_CLASS, STZ_ARCH_BY_GGUF };
+/* The first row of that name, or -1. */
+int stz_arch_find(const char *name, int by);
+/* The model_types (classes) stz runs, comma-separated, into buf (for messages). */
+const char *stz_arch_list(char *buf, size_t cap, int classes);
+
+#endif /* STZ_ARCH_H */
