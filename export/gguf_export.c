@@ -48,7 +48,7 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
 {
     const stz_qtensor *q = e->q;
     /* a mix's type for e, before fallbacks: counted below as --type's are */
-    int want = x->mix < 0 ? x->p->type : stz_gguf_like_type(x->mix, e, x->c, x->qwen2, x->tied);
+    int want = x->mix < 0 ? x->p->type : stz_gguf_like_type(x->mix, e, x->c, x->tied);
     e->kind = K_FLOAT;
     if (e->ndim == 1) {
         e->type = STZ_GGML_F32; /* norms and biases: llama.cpp keeps them F32 */
@@ -328,7 +328,6 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     const stz_arch *A = stz_arch_of(c);
     const char *arch = A->gguf;
     snprintf(stats->arch, sizeof stats->arch, "%s", arch);
-    x.qwen2 = (A->flags & STZ_ARCH_70B_BY_DEPTH) != 0;
     if (p->mix && (x.mix = stz_gguf_like_parse(p->mix)) < 0) {
         return stz_err_set(err, STZ_E_ARG, "%s: '%s' is not one of llama-quantize's types", model_path, p->mix);
     }
@@ -354,7 +353,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
         goto cleanup;
     }
     stats->file_bytes = head.n + x.total;
-    stz_gguf_like_sizes(x.t, x.n, c, x.qwen2, x.tied, stats->header_bytes, stats->like_bytes);
+    stz_gguf_like_sizes(x.t, x.n, c, x.tied, stats->header_bytes, stats->like_bytes);
     if (!out)
         goto cleanup; /* the figures only */
     STZ_TRY(st, stz_outfile_open(&x.of, out, (p->write_flags & STZ_WRITE_FORCE) != 0, err));

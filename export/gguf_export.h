@@ -31,8 +31,8 @@ typedef struct {
     const stz_gguf_params *p;
     const stz_fwd_config *c;
     const char *model;
-    int mix;         /* p->mix's stz_gguf_like_parse, or -1 */
-    int qwen2, tied; /* the architecture; no output.weight (the embedding is the head) */
+    int mix;  /* p->mix's stz_gguf_like_parse, or -1 */
+    int tied; /* no output.weight (the embedding is the head) */
     etensor *t;
     size_t n;
     stz_outfile of;
@@ -59,12 +59,11 @@ stz_status gguf_vocab(gbuf *kv, const char *path, const stz_arch *arch, const ch
  * (planned in the model's own types, their GGUF names and shapes; a Qwen2
  * model or not; tied: no output.weight) under each of its types, with this
  * header (gguf_like.c). */
-void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, int tied, uint64_t header,
-                         uint64_t *out);
+void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int tied, uint64_t header, uint64_t *out);
 /* The type llama-quantize's type `like` (stz_gguf_like_name) gives tensor
  * e by its GGUF name and shape, before the fallbacks for rows that are not
  * whole blocks (F32: a tensor it keeps). */
-int stz_gguf_like_type(int like, const etensor *e, const stz_fwd_config *c, int qwen2, int tied);
+int stz_gguf_like_type(int like, const etensor *e, const stz_fwd_config *c, int tied);
 /* Its LLAMA_FTYPE, general.file_type of the files it writes. */
 int stz_gguf_like_ftype(int like);
 

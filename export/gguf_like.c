@@ -119,19 +119,20 @@ static int rule(int f, const etensor *e, const shape *s)
     return def;
 }
 
-static shape shape_of(const stz_fwd_config *c, int qwen2, int tied)
+static shape shape_of(const stz_fwd_config *c, int tied)
 {
-    return (shape){(int)c->n_layers, c->n_kv_heads && c->n_heads / c->n_kv_heads >= 4,
-                   c->n_layers == 80 && (qwen2 || c->n_heads != c->n_kv_heads), tied};
+    return (shape){
+        (int)c->n_layers, c->n_kv_heads && c->n_heads / c->n_kv_heads >= 4,
+        c->n_layers == 80 && ((stz_arch_of(c)->flags & STZ_ARCH_70B_BY_DEPTH) || c->n_heads != c->n_kv_heads), tied};
 }
 
 /* The type tensor e takes under type f before fallbacks (F32 where
  * llama-quantize keeps a tensor, as llama.cpp's convert writes it). */
 static int like_rule(int f, const etensor *e, const shape *s) { return kept(e) ? STZ_GGML_F32 : rule(f, e, s); }
 
-int stz_gguf_like_type(int like, const etensor *e, const stz_fwd_config *c, int qwen2, int tied)
+int stz_gguf_like_type(int like, const etensor *e, const stz_fwd_config *c, int tied)
 {
-    shape s = shape_of(c, qwen2, tied);
+    shape s = shape_of(c, tied);
     return like_rule(like, e, &s);
 }
 
@@ -161,10 +162,9 @@ static uint64_t like_bytes(const etensor *t, size_t n, int f, const shape *s, ui
     return total;
 }
 
-void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int qwen2, int tied, uint64_t header,
-                         uint64_t *out)
+void stz_gguf_like_sizes(const etensor *t, size_t n, const stz_fwd_config *c, int tied, uint64_t header, uint64_t *out)
 {
-    shape s = shape_of(c, qwen2, tied);
+    shape s = shape_of(c, tied);
     for (int f = 0; f < STZ_GGUF_LIKE_COUNT; f++)
         out[f] = like_bytes(t, n, f, &s, header);
 }

@@ -396,9 +396,9 @@ static const int attn_in[3] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV}, out_in[1]
                  ffn_in[2] = {STZ_ROLE_GATE, STZ_ROLE_UP}, down_in[1] = {STZ_ROLE_DOWN}, head_in[1] = {STZ_ROLE_HEAD},
                  attn_fused[1] = {STZ_ROLE_WQKV}, ffn_fused[1] = {STZ_ROLE_GATE_UP};
 
-/* A fused matrix's parts (rows part * rows_each on) as the separate roles: q,
- * k and v of WQKV; gate and up of GATE_UP. Products over a part's rows are
- * those over the separate matrix, bit for bit. */
+/* A fused matrix's row ranges as the separate roles: q, k and v of WQKV;
+ * gate and up of GATE_UP. Products over a range's rows are those over the
+ * separate matrix, bit for bit. */
 static void split_fused(float *w[STZ_ROLE_PER_LAYER], const stz_fwd_config *c)
 {
     size_t D = c->dim, QD = (size_t)c->n_heads * c->head_dim, KD = (size_t)c->n_kv_heads * c->head_dim;
@@ -434,12 +434,12 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         if ((st = load_layer(m, l, buf, w, err)))
             break;
         split_fused(w, c);
-        int fused = w[STZ_ROLE_WQKV] != NULL;
+        int fused_qkv = w[STZ_ROLE_WQKV] != NULL;
         size_t lk = b->layers > 1 ? l : 0;
         float *kc = b->k + lk * nseq * b->cap * KD, *vc = b->v + lk * nseq * b->cap * KD;
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
-        if ((st = stz_forward_observe(m, l, fused ? attn_fused : attn_in, fused ? 1 : 3, xb, n, D, err)))
+        if ((st = stz_forward_observe(m, l, fused_qkv ? attn_fused : attn_in, fused_qkv ? 1 : 3, xb, n, D, err)))
             break;
         stz_forward_linear(m, q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);  /* (n, dim) @ wq^T -> (n, QD) */
         stz_forward_linear(m, kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD); /* -> (n, KD) */
@@ -469,7 +469,8 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
             X[i] += xb[i];
         for (size_t r = 0; r < n; r++)
             stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_FNORM], D, c->norm_eps);
-        if ((st = stz_forward_observe(m, l, fused ? ffn_fused : ffn_in, fused ? 1 : 2, xb, n, D, err)))
+        int fused_ffn = w[STZ_ROLE_GATE_UP] != NULL;
+        if ((st = stz_forward_observe(m, l, fused_ffn ? ffn_fused : ffn_in, fused_ffn ? 1 : 2, xb, n, D, err)))
             break;
         stz_forward_linear(m, h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
         stz_forward_linear(m, h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
