@@ -2,7 +2,7 @@
 #ifndef STZ_CLI_H
 #define STZ_CLI_H
 
-#include "core/stz_core.h"
+#include "stz_files.h"
 #include "stz_export.h"
 #include "stz_forward.h"
 #include "stz_model.h"

@@ -3,6 +3,7 @@
 #define STZ_CORE_H
 
 #include "stz.h"
+#include "stz_files.h" /* the helpers the command layer uses too */
 
 #include <stdint.h>
 #include <string.h>
@@ -46,22 +47,8 @@ void stz_tmp_untrack(int handle);
  * can leave it behind; -1 (errno set) when it cannot be made. */
 int stz_tmp_make(char *tmpl, int dir, int *handle);
 
-/* An intermediate file: its path (malloc'd) and stz_tmp_track's handle. */
-typedef struct {
-    char *path;
-    int handle;
-} stz_tmpfile;
-/* An empty intermediate file next to `out` (".OUT.WHAT-XXXXXX", the mode of
- * an ordinary new file), tracked (stz_tmp_make): 0, or -1 with errno set. */
-int stz_tmp_beside(stz_tmpfile *t, const char *out, const char *what);
-/* Removes t's file (or what was moved to its name), untracks it, frees
- * its path; nothing when t->path is NULL. */
-void stz_tmp_remove(stz_tmpfile *t);
-
 /* 1 if a and b name the same existing file (same device and inode), else 0. */
 int stz_same_file(const char *a, const char *b);
-/* STZ_E_EXISTS ("output is the input file") if out is in, else STZ_OK. */
-stz_status stz_refuse_input_as_output(const char *in, const char *out, stz_err *err);
 
 /* Opens an existing regular file for reading: *fd and its *size, or
  * STZ_E_IO naming the path (*fd = -1); a FIFO
@@ -82,40 +69,10 @@ struct cJSON;
 const char *stz_json_duplicate_key(const struct cJSON *obj);
 /* The first key of `obj` not in the NULL-terminated list `allowed`, or NULL. */
 const char *stz_json_unknown_key(const struct cJSON *obj, const char *const *allowed);
-/* Building JSON with cJSON, whose adders drop an item silently when an
- * allocation fails: stz_json_begin() before a document, stz_json_failed() after it says
- * whether any allocation failed on this thread since. stz_json_put adds
- * item to object o under key (to array o when key is NULL), and on failure
- * frees item (cJSON's own adders leak it) and marks the failure. */
-void stz_json_begin(void);
-/* Routes cJSON's allocations through malloc as stz sees it, so that a failure
- * inside cJSON is noticed by stz_json_failed (cJSON_InitHooks: process-wide,
- * so only the command layer calls it, documented at stz_command). Without
- * it, only failures that cJSON reports by its return values are seen. */
-void stz_json_route_allocations(void);
-int stz_json_failed(void);
-int stz_json_put(struct cJSON *o, const char *key, struct cJSON *item);
-
-/* Reads a whole small regular file (policy, index, config) into a new
- * NUL-terminated buffer; refuses FIFOs and devices and files over `limit`. */
-stz_status stz_read_text(const char *path, size_t limit, char **text, size_t *len, stz_err *err);
-
-/* May an output be written at `path`? STZ_OK when nothing is there, or a
- * regular file and `force`; STZ_E_EXISTS otherwise, naming what is there
- * (devices, FIFOs, sockets and directories are never replaced, even with
- * force). */
-stz_status stz_output_check(const char *path, int force, stz_err *err);
-/* Renames a finished temporary file `tmp` to `path`. Without force it never
- * replaces a file that appeared meanwhile; with force it replaces only a
- * regular file (or a symbolic link). STZ_E_EXISTS or STZ_E_IO, naming path. */
-stz_status stz_output_place(const char *tmp, const char *path, int force, stz_err *err);
 
 /* The first control character (below 0x20, or DEL) of s[0..n), NUL
  * included, or NULL: names of tensors and keys may hold none. */
 const char *stz_control_char(const char *s, size_t n);
-/* Strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): the
- * offset of the first byte of s[0..n) that is not valid UTF-8, or n. */
-size_t stz_utf8_check(const uint8_t *s, size_t n);
 
 /* rename() that never replaces an existing `to` (EEXIST); 0 or -1/errno. */
 int stz_rename_noreplace(const char *from, const char *to);
@@ -137,15 +94,9 @@ stz_status stz_copy_file(const char *from, const char *to, stz_err *err);
  * already resolved path) is made again as the same link; a link out of it,
  * or a FIFO, socket or device, is refused by name. */
 stz_status stz_copy_tree(const char *root, const char *from, const char *to, char *const *skip, stz_err *err);
-/* Bytes of a file, or of every regular file below a directory (model_only:
- * only its .safetensors and .stz files, and the top level's own). */
-uint64_t stz_path_bytes(const char *path, int model_only);
 /* Removes a directory and everything below it (links themselves, never
  * what they point to). */
 void stz_remove_tree(const char *dir);
-/* Indices 0..n-1 of files by size, largest first (equal sizes in index
- * order): the order in which to start work on them. */
-void stz_largest_first(const double *sizes, size_t n, size_t *order);
 
 /* Little-endian loads and stores: never cast pointers into file data. */
 static inline uint16_t stz_le16(const void *p)

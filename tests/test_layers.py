@@ -21,7 +21,7 @@ PUBLIC = {"stz.h": "core", "stz_safetensors.h": "safetensors", "stz_svd.h": "svd
           "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model", "stz_imatrix.h": "pipeline", "stz_feedback.h": "pipeline",
           "stz_eval.h": "eval", "stz_pipeline.h": "pipeline", "stz_tune.h": "tune", "stz_gguf.h": "gguf",
           "stz_export.h": "export",
-          "stz_synth.h": "synth", "stz_experimental.h": "core"}
+          "stz_synth.h": "synth", "stz_experimental.h": "core", "stz_files.h": "core"}
 RANK = {f: i for i, f in enumerate(ORDER)}
 
 lib, root = sys.argv[1], sys.argv[2]
@@ -77,6 +77,9 @@ for folder in ORDER + ["include"]:
                     problems.append('%s: includes "%s", which is no stage\'s header' % (where, name))
                 elif RANK[to] > RANK[owner]:
                     problems.append('%s: %s includes "%s" of %s, a later stage' % (where, owner, name, to))
+                elif folder == "cli" and name not in PUBLIC and to != "cli":
+                    problems.append('%s: the program includes "%s", an internal header: it is a client of include/ '
+                                    'alone' % (where, name))
 if not includes:
     problems.append("no #include found under %s: nothing was checked" % root)
 
