@@ -168,15 +168,12 @@ enum {
  * (usage error), or -2 if not a policy option. */
 int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po);
 struct stz_policy;
-/* Calibration by default: po->feedback set when the model at `model` runs
- * forward and neither --fast nor --feedback was given; when it does not,
- * one line on stderr (unless quiet) saying why it is quantized by tensor
- * names alone. Before cli_policy_load. */
-stz_status cli_calibration(cli_policy_opts *po, const char *model, int quiet, stz_err *err);
-/* Sequence options and --config without a feedback rule: an error. */
-stz_status cli_feedback_check(const cli_policy_opts *po, const struct stz_policy *pol, stz_err *err);
+/* The policy of po for `model`, calibrated by default (stz_policy_for_model;
+ * its note on stderr unless quiet). */
+stz_status cli_policy_for(const cli_policy_opts *po, const char *model, int quiet, struct stz_policy **pol,
+                          stz_err *err);
 /* Error feedback for `model` when the policy asks for it (*fb NULL when
- * not; cli_feedback_check first): `out` checked first (stz_output_check;
+ * not; the policy from cli_policy_for): `out` checked first (stz_output_check;
  * not when NULL or "-"), so that the long work is not done for an output
  * that would be refused; then stz_feedback_calibrate with progress. */
 stz_status cli_feedback_open(const cli_policy_opts *po, struct stz_policy *pol, const char *model, const char *out,

@@ -141,7 +141,13 @@ size_t stz_struct_size(const char *name)
                  {"stz_metrics", sizeof(stz_metrics)},
                  {"stz_eval_row", sizeof(stz_eval_row)},
                  {"stz_eval_problem", sizeof(stz_eval_problem)},
-                 {"stz_eval_result", sizeof(stz_eval_result)}};
+                 {"stz_eval_result", sizeof(stz_eval_result)},
+                 {"stz_policy_rule_text", sizeof(stz_policy_rule_text)},
+                 {"stz_policy_spec", sizeof(stz_policy_spec)},
+                 {"stz_seq_spec", sizeof(stz_seq_spec)},
+                 {"stz_compress_params", sizeof(stz_compress_params)},
+                 {"stz_quant_stats", sizeof(stz_quant_stats)},
+                 {"stz_compress_result", sizeof(stz_compress_result)}};
     for (size_t i = 0; name && i < sizeof known / sizeof *known; i++)
         if (!strcmp(name, known[i].name))
             return known[i].size;

@@ -172,39 +172,22 @@ int cmd_policy(int argc, char **argv)
     return CLI_OK;
 }
 
-stz_status cli_calibration(cli_policy_opts *po, const char *model, int quiet, stz_err *err)
+stz_status cli_policy_for(const cli_policy_opts *po, const char *model, int quiet, stz_policy **pol, stz_err *err)
 {
-    if (!po->fast && (po->so.default_len || po->config))
-        po->feedback = STZ_POLICY_FEEDBACK_UNSAID; /* calibration's options: it is asked for */
-    if (po->fast || po->feedback)
-        return STZ_OK;
-    stz_err why;
-    int runs = stz_fwd_runs(model, po->config, &why);
-    if (runs < 0)
-        return *err = why, err->code;
-    po->feedback = runs ? STZ_POLICY_FEEDBACK_UNSAID : 0;
-    if (!runs && !quiet)
-        fprintf(stderr, "stz: note: quantized by tensor names alone, without calibration: %s\n", why.msg);
-    return STZ_OK;
-}
-
-stz_status cli_feedback_check(const cli_policy_opts *po, const stz_policy *pol, stz_err *err)
-{
-    if (stz_policy_feedback(pol) || !(po->so.default_len || po->config))
-        return STZ_OK;
-    return stz_err_set(err, STZ_E_ARG,
-                       po->fast ? "--tokens, --sequences, --seq-len, --seed and --config are "
-                                  "calibration's: not with --fast"
-                                : "--tokens, --sequences, --seq-len, --seed and --config are "
-                                  "calibration's, and the policy quantizes no blocks");
+    stz_policy_spec spec = {po->policy, po->over, (size_t)po->nover, po->method, po->block_size, po->feedback};
+    stz_err note;
+    stz_status st = stz_policy_for_model(&spec, model, po->config, po->fast, po->so.default_len != 0, pol, &note, err);
+    if (!st && note.msg[0] && !quiet)
+        fprintf(stderr, "stz: note: quantized by tensor names alone, without calibration: %s\n", note.msg);
+    return st;
 }
 
 stz_status cli_feedback_open(const cli_policy_opts *po, stz_policy *pol, const char *model, const char *out, int force,
                              int threads, int quiet, stz_feedback **fb, stz_err *err)
 {
     *fb = NULL;
-    stz_status st = cli_feedback_check(po, pol, err);
-    if (!st && stz_policy_feedback(pol) && out && strcmp(out, "-"))
+    stz_status st = STZ_OK;
+    if (stz_policy_feedback(pol) && out && strcmp(out, "-"))
         st = stz_output_check(out, force, err); /* before the long work */
     if (!st)
         st = stz_feedback_calibrate(fb, model, pol, po->so.default_len ? &po->so : NULL, NULL, po->config, threads,

@@ -100,34 +100,13 @@ static int parse(const char *cmd, const char *help, int argc, char **argv, popts
     return cli_stdout_ok(cmd, &o->c);
 }
 
-/* The name of the policy for default output names: a shipped name, or a
- * policy file's name without its directory and .json. */
-static char *policy_tag(const cli_policy_opts *po)
+/* The container's name when -o is not given (malloc'd; NULL: no memory). */
+static char *output_name(const char *in, const popts *o)
 {
-    const char *p = po->policy ? po->policy : "custom", *slash = strrchr(p, '/');
-    char *t = strdup(slash ? slash + 1 : p);
-    size_t n = t ? strlen(t) : 0;
-    if (n > 5 && !strcmp(t + n - 5, ".json"))
-        t[n - 5] = 0;
-    return t;
-}
-
-/* IN.stz (lossless), BASE.TAG.safetensors.stz or IN.TAG.stz (lossy). */
-static char *default_output(const char *in, const popts *o)
-{
-    size_t n = strlen(in);
-    while (n > 1 && in[n - 1] == '/')
-        n--;
-    char *tag = o->lossless ? NULL : policy_tag(&o->po), *out = malloc(n + (tag ? strlen(tag) : 0) + 32);
-    if (!o->lossless && !tag) /* out of memory: not the lossless name */
-        free(out), out = NULL;
-    if (out && !tag)
-        sprintf(out, "%.*s.stz", (int)n, in);
-    else if (out && n > 12 && !strncmp(in + n - 12, ".safetensors", 12))
-        sprintf(out, "%.*s.%s.safetensors.stz", (int)(n - 12), in, tag);
-    else if (out)
-        sprintf(out, "%.*s.%s.stz", (int)n, in, tag);
-    free(tag);
+    size_t n = stz_compress_output_name(NULL, 0, in, o->lossless, o->po.policy) + 1;
+    char *out = malloc(n);
+    if (out)
+        stz_compress_output_name(out, n, in, o->lossless, o->po.policy);
     return out;
 }
 
@@ -139,13 +118,9 @@ static stz_status load_policy(popts *o, const char *in, stz_policy **pol, stz_im
     *im = NULL;
     if (o->lossless)
         return STZ_OK;
-    stz_status st = cli_calibration(&o->po, in, o->c.quiet || cli_mpi_rank(), err);
-    if (!st)
-        st = cli_policy_load(&o->po, pol, err);
+    stz_status st = cli_policy_for(&o->po, in, o->c.quiet || cli_mpi_rank(), pol, err);
     if (!st)
         st = stz_imatrix_load_for(im, o->po.imatrix, in, err);
-    if (!st)
-        st = cli_feedback_check(&o->po, *pol, err);
     return st;
 }
 
@@ -233,7 +208,7 @@ int cmd_compress(int argc, char **argv)
     if (cli_mpi_size() > 1 && !stz_model_is_sharded(in))
         return cli_mpi_rank() ? CLI_USAGE
                               : cli_usage_error("compress", "under mpirun IN must be a sharded model directory");
-    char *out = o.c.out ? strdup(o.c.out) : default_output(in, &o);
+    char *out = o.c.out ? strdup(o.c.out) : output_name(in, &o);
     stz_err err;
     stz_policy *pol = NULL;
     stz_imatrix *im = NULL;

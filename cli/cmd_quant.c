@@ -308,7 +308,7 @@ static int quantize(qopts *o, const char *in)
     stz_imatrix *im = NULL;
     stz_feedback *fb = NULL;
     double t0 = cli_now();
-    if (cli_calibration(&o->po, in, o->c.quiet, &err) || cli_policy_load(&o->po, &pol, &err))
+    if (cli_policy_for(&o->po, in, o->c.quiet, &pol, &err))
         return cli_fail(&err);
     if (stz_imatrix_load_for(&im, o->po.imatrix, in, &err) ||
         cli_feedback_open(&o->po, pol, in, o->c.out, o->c.force, o->c.threads ? o->c.threads : cli_ncores(),

@@ -240,6 +240,25 @@ typedef struct {
 STZ_API stz_status stz_compress_model(const stz_compress_params *p, const char *in, const char *out,
                                       stz_compress_result *r, stz_err *err);
 
+/*
+ * The policy stz's commands quantize `model` with: spec's (stz_policy_build),
+ * calibrated by default. Error feedback goes on the block rules that do not
+ * say (STZ_POLICY_FEEDBACK_UNSAID) when calibration is asked for (`asked`:
+ * its sequences were given; or a `config`) or, unless `fast`, when stz runs
+ * the model forward (stz_fwd_runs); a model it does not run is quantized by
+ * tensor names, and *note says why in one line (an empty message when
+ * calibrated or fast). Calibration asked for with fast, or by a policy that
+ * quantizes no blocks, is refused (STZ_E_ARG). *out is NULL on error.
+ */
+STZ_API stz_status stz_policy_for_model(const stz_policy_spec *spec, const char *model, const char *config, int fast,
+                                        int asked, stz_policy **out, stz_err *note, stz_err *err);
+/* The output stz compress names for `in` when none is given: IN.stz
+ * lossless; else BASE.TAG.safetensors.stz or IN.TAG.stz, TAG the policy's
+ * name (a shipped one, a file's without its directory and .json; NULL:
+ * "custom"). Written into dst (cap bytes, NUL-terminated when cap > 0);
+ * returns the name's length: a name as long as cap or longer was cut. */
+STZ_API size_t stz_compress_output_name(char *dst, size_t cap, const char *in, int lossless, const char *policy);
+
 #ifdef __cplusplus
 }
 #endif

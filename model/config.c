@@ -291,6 +291,8 @@ int stz_fwd_runs(const char *path, const char *config, stz_err *err)
     int r = model_config(&s, path, config, &cfg, err);
     if (r > 0 && stz_fwd_open(&m, s.m, s.n, &cfg, path, 1, err))
         r = -1;
+    if (r == -2 && err->code == STZ_E_IO)
+        r = -1; /* not there, or unreadable: an error, not a model to quantize by names */
     if (r == -2 || (r < 0 && !config && err->code == STZ_E_UNSUPPORTED))
         r = 0; /* files the forward pass cannot read, or an architecture it does not run: quantized by names */
     stz_fwd_free(m);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 /* ---- error feedback -------------------------------------------------- */
@@ -229,6 +230,12 @@ static stz_status compress_model(const stz_compress_params *p, const char *in, c
         return stz_err_set(err, STZ_E_ARG, "%s: on several ranks the model must be a sharded directory", in);
     if (!strcmp(in, "-") && p->policy)
         return stz_err_set(err, STZ_E_ARG, "standard input: quantizing needs a file (it reads each tensor twice)");
+    size_t n = strlen(out);
+    if (!sharded && n > 5 && !strcasecmp(out + n - 5, ".gguf"))
+        return stz_err_set(err, STZ_E_ARG,
+                           "%s: stz compress writes an stz container, not a GGUF file llama.cpp runs: export one "
+                           "(stz export --gguf, or stz gguf)",
+                           out);
     stz_status st = STZ_OK;
     if (!sharded && strcmp(out, "-")) /* before the long work */
         st = stz_output_check(out, (p->write_flags & STZ_WRITE_FORCE) != 0, err);
@@ -260,4 +267,52 @@ stz_status stz_compress_model(const stz_compress_params *p, const char *in, cons
         st = compress_model(p, file, out, r, err);
     free(file);
     return st;
+}
+
+/* ---- what the commands choose by default ----------------------------- */
+
+stz_status stz_policy_for_model(const stz_policy_spec *spec, const char *model, const char *config, int fast, int asked,
+                                stz_policy **out, stz_err *note, stz_err *err)
+{
+    stz_policy_spec s = *spec;
+    *out = NULL;
+    stz_err_clear(note);
+    if (!fast && (asked || config))
+        s.feedback = STZ_POLICY_FEEDBACK_UNSAID; /* calibration's options: it is asked for */
+    if (!fast && !s.feedback) {
+        int runs = stz_fwd_runs(model, config, note);
+        if (runs < 0)
+            return *err = *note, err->code;
+        s.feedback = runs ? STZ_POLICY_FEEDBACK_UNSAID : 0;
+        if (runs)
+            stz_err_clear(note);
+    }
+    stz_status st = stz_policy_build(&s, out, err);
+    if (!st && (asked || config) && !stz_policy_feedback(*out))
+        st = stz_err_set(err, STZ_E_ARG,
+                         fast ? "--tokens, --sequences, --seq-len, --seed and --config are calibration's: not with "
+                                "--fast"
+                              : "--tokens, --sequences, --seq-len, --seed and --config are calibration's, and the "
+                                "policy quantizes no blocks");
+    if (st) {
+        stz_policy_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+size_t stz_compress_output_name(char *dst, size_t cap, const char *in, int lossless, const char *policy)
+{
+    size_t n = strlen(in);
+    while (n > 1 && in[n - 1] == '/')
+        n--;
+    const char *p = policy ? policy : "custom", *slash = strrchr(p, '/'), *tag = slash ? slash + 1 : p;
+    size_t t = strlen(tag);
+    if (t > 5 && !strcmp(tag + t - 5, ".json")) /* a policy file: its name without .json */
+        t -= 5;
+    int w = lossless ? snprintf(dst, cap, "%.*s.stz", (int)n, in)
+            : n > 12 && !strncmp(in + n - 12, ".safetensors", 12)
+                ? snprintf(dst, cap, "%.*s.%.*s.safetensors.stz", (int)(n - 12), in, (int)t, tag)
+                : snprintf(dst, cap, "%.*s.%.*s.stz", (int)n, in, (int)t, tag);
+    return w < 0 ? 0 : (size_t)w;
 }

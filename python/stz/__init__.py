@@ -11,8 +11,10 @@ models into numpy (or PyTorch), write SafeTensors, and run stz's commands.
 
 Everything goes through libstz (the C library the stz program is built
 on): the same validating reader, container decoder and dequantizer, the
-same writer, and the commands run in this process (stz_command). Every
-failure is a StzError carrying stz's status name and message.
+same writer, compress and evaluate through their C entry points
+(stz_compress_model, stz_eval_models), and the other commands run in this
+process (stz_command). Every failure is a StzError carrying stz's status
+name and message.
 """
 from ._api import (StzError, TensorSlice, command, compress, decompress, evaluate, export_gguf, gguf, load, load_dir,
                    load_file, model_files, safe_open, save, save_file, tune)

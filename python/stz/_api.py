@@ -9,6 +9,7 @@ import struct
 import tempfile
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -393,19 +394,131 @@ def _interruptible(fn: Callable[[], int]) -> int:
     return status[0]
 
 
+# error feedback's sequences unless told otherwise (STZ_FEEDBACK_SEQS, stz_forward.h)
+_FEEDBACK_SEQS = {"nseq": 16, "len": 0, "default_len": 256, "seed": 1, "temperature": 1.0, "top_p": 0.9}
+_POLICY_FEEDBACK_ALL = 1  # STZ_POLICY_FEEDBACK_ALL (stz_policy.h)
+_COMPRESS_OPTIONS = {"int4", "int8", "set", "keep", "method", "block_size", "imatrix", "feedback", "fast", "config",
+                     "tokens", "sequences", "seq_len", "seed", "best", "no_eval", "threads", "quiet"}
+
+
+def _fail(L: ctypes.CDLL, err: Err) -> None:
+    raise StzError(text(L.stz_status_name(err.code)), err.msg.decode(errors="replace"))
+
+
+def _usage(cmd: str, message: str) -> None:
+    raise StzError("STZ_E_ARG", "stz %s: %s" % (cmd, message))
+
+
+def _texts(v: Any) -> List[str]:
+    """An option given once (a string) or several times (a list)."""
+    return [] if v is None else [v] if isinstance(v, (str, os.PathLike)) else list(v)
+
+
+def _compress_policy(src: str, policy: Optional[str], o: Dict[str, Any]) -> Tuple[Any, Any, Any]:
+    """The policy (stz_policy_for_model: calibrated by default), the importance
+    matrix and error feedback's sequences, as stz compress loads them; the
+    set= and keep= rules in the order of the keywords, before the policy's."""
+    L = lib()
+    rules = [_lib.PolicyRuleText(cstr(os.fspath(t), "rule"), k == "keep") for k in o if k in ("set", "keep")
+             for t in _texts(o[k])]
+    arr = (_lib.PolicyRuleText * max(1, len(rules)))(*rules)
+    spec = _lib.PolicySpec(cstr(policy, "policy", True) if policy else None, arr, len(rules),
+                           cstr(o["method"], "method") if o.get("method") else None, int(o.get("block_size") or 0),
+                           _POLICY_FEEDBACK_ALL if o.get("feedback") else 0)
+    seq_keys = [k for k in ("tokens", "sequences", "seq_len", "seed") if o.get(k) is not None]
+    seqs = _lib.SeqSpec(**_FEEDBACK_SEQS)
+    if o.get("tokens") is not None:
+        seqs.path = cstr(os.fspath(o["tokens"]), "path", path=True)
+    for k, field in (("sequences", "nseq"), ("seq_len", "len"), ("seed", "seed")):
+        if o.get(k) is not None:
+            setattr(seqs, field, int(o[k]))
+    config = cstr(os.fspath(o["config"]), "path", path=True) if o.get("config") else None
+    pol, im, note, err = ctypes.c_void_p(), ctypes.c_void_p(), Err(), Err()
+    model = cstr(src, "path", path=True)
+    if L.stz_policy_for_model(ctypes.byref(spec), model, config, bool(o.get("fast")), bool(seq_keys),
+                              ctypes.byref(pol), ctypes.byref(note), ctypes.byref(err)):
+        _fail(L, err)
+    if note.msg and not o.get("quiet"):
+        warnings.warn("quantized by tensor names alone, without calibration: " + note.msg.decode(errors="replace"))
+    if o.get("imatrix") and L.stz_imatrix_load_for(ctypes.byref(im), cstr(os.fspath(o["imatrix"]), "path", path=True),
+                                                    model, ctypes.byref(err)):
+        L.stz_policy_free(pol)
+        _fail(L, err)
+    return pol, im, (ctypes.pointer(seqs) if seq_keys else None)
+
+
 def compress(src: PathLike, dst: Optional[PathLike] = None, policy: Optional[str] = None, lossless: bool = False,
              force: bool = False, **options: Any) -> Dict[str, Any]:
-    """stz compress (a file or a model directory): returns its --json summary.
-    policy: a shipped name or a file (default "int4"); tune=True with a
-    budget (size=, bits_per_weight=, ...) chooses it instead, as
-    compress --tune does, returning tune's report. A model stz runs forward
-    is calibrated on its own sampled sequences (error feedback) unless
-    fast=True; other options become --key value."""
-    if lossless:
-        how: Dict[str, Any] = {"lossless": True}
-    else:  # --tune chooses the policy
-        how = {} if options.get("tune") and not policy else {"policy": policy or "int4"}
-    return command("compress", src, **how, output=dst, force=force, **options)
+    """stz compress (a file, a folder holding model.safetensors, or a sharded
+    directory) through libstz's stz_compress_model; returns the document
+    stz compress --json prints. policy: a shipped name or a file (default
+    "int4"; int4=True, int8=True name them too); options as the program's
+    (set= and keep= rules, a string or a list; method, block_size, imatrix,
+    config, tokens, sequences, seq_len, seed, best, no_eval, threads,
+    quiet). A model stz runs forward is calibrated on its own sampled
+    sequences (error feedback) unless fast=True; one it does not run is
+    quantized by names, with a warning saying why. tune=True with a budget
+    (size=, bits_per_weight=, ...) chooses the policy instead, as compress
+    --tune does, returning tune's report."""
+    if options.get("tune"):  # --tune chooses the policy
+        return command("compress", src, **({"policy": policy} if policy else {}), output=dst, force=force, **options)
+    unknown = sorted(set(options) - _COMPRESS_OPTIONS)
+    if unknown:
+        _usage("compress", "unrecognized option '--%s'" % unknown[0].replace("_", "-"))
+    named = [n for n in ("int4", "int8") if options.get(n)] + ([policy] if policy else [])
+    if len(set(named)) > 1:
+        _usage("compress", "give one policy: '%s' and '%s' conflict" % tuple(sorted(set(named))[:2]))
+    given = [k for k in _COMPRESS_OPTIONS - {"best", "no_eval", "threads", "quiet"} if options.get(k)]
+    if lossless and (named or given):
+        _usage("compress", "--lossless takes no policy options")
+    if options.get("fast") and options.get("feedback"):
+        _usage("compress", "--fast skips the error feedback --feedback asks for: give one of them")
+    if os.fspath(src) == "-" or (dst is not None and os.fspath(dst) == "-"):
+        _usage("compress", "standard input/output ('-') is not available from Python")
+    policy = None if lossless else named[0] if named else None if options.get("set") or options.get("keep") else "int4"
+    L, src_s = lib(), os.fspath(src)
+    if dst is None:
+        n = L.stz_compress_output_name(None, 0, cstr(src_s, "path", path=True), lossless,
+                                       policy.encode() if policy else None) + 1
+        buf = ctypes.create_string_buffer(n)
+        L.stz_compress_output_name(buf, n, cstr(src_s, "path", path=True), lossless, policy.encode() if policy else None)
+        dst = os.fsdecode(buf.value)
+    dst_s = os.fspath(dst)
+    pol, im, seqs = ctypes.c_void_p(), ctypes.c_void_p(), None
+    if not lossless:
+        pol, im, seqs = _compress_policy(src_s, policy, options)
+    threads = int(options.get("threads") or os.sysconf("SC_NPROCESSORS_ONLN"))
+    p = _lib.CompressParams(pol, im, seqs, cstr(os.fspath(options["config"]), "path", path=True)
+                            if options.get("config") else None, threads, bool(options.get("best")),
+                            1 if force else 0, 1, None, None, None)  # 1: STZ_WRITE_FORCE; quiet
+    r, err = _lib.CompressResult(), Err()
+    t0 = time.monotonic()
+    try:
+        if _interruptible(lambda: L.stz_compress_model(ctypes.byref(p), cstr(src_s, "path", path=True),
+                                                       cstr(dst_s, "path", path=True), ctypes.byref(r),
+                                                       ctypes.byref(err))):
+            _fail(L, err)
+        calibrated = bool(pol and L.stz_policy_feedback(pol))
+    finally:
+        L.stz_policy_free(pol)
+        L.stz_imatrix_free(im)
+    return _compress_document(src_s, dst_s, "lossless" if lossless else policy or "custom", lossless, calibrated,
+                              not lossless and not options.get("no_eval"), r, time.monotonic() - t0)
+
+
+def _compress_document(src: str, dst: str, mode: str, lossless: bool, calibrated: bool, show_eval: bool,
+                       r: Any, secs: float) -> Dict[str, Any]:
+    """stz compress --json's document from libstz's stz_compress_result."""
+    q = r.stats
+    d: Dict[str, Any] = {"input": src, "output": dst, "mode": mode, "files": r.files, "in_bytes": r.in_bytes,
+                         "out_bytes": r.out_bytes, "ratio": r.in_bytes / r.out_bytes if r.out_bytes else 0,
+                         "seconds": secs}
+    if not lossless:
+        d.update(tensors_quantized=q.quantized, params_quantized_share=q.params_quantized / q.params if q.params else 0,
+                 calibrated=calibrated)
+    if show_eval:
+        d.update(weighted_cosine=q.weighted_cosine, min_cosine=q.min_cosine, worst_tensor=text(q.worst))
+    return d
 
 
 def decompress(src: PathLike, dst: Optional[PathLike] = None, dequantize: bool = False, force: bool = False,

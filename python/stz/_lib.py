@@ -2,8 +2,9 @@
 
 Everything the package does goes through the C library: reading (the
 validating SafeTensors reader, the container decoder and the dequantizer),
-writing (the SafeTensors writer) and the commands (stz_command). Nothing of
-the file formats is implemented twice.
+writing (the SafeTensors writer), whole models (stz_compress_model,
+stz_eval_models) and the other commands (stz_command). Nothing of the file
+formats is implemented twice.
 """
 from __future__ import annotations
 
@@ -66,6 +67,39 @@ class EvalResult(ctypes.Structure):  # stz_eval_result (stz_eval.h)
                 ("problems", ctypes.POINTER(EvalProblem)), ("nproblems", ctypes.c_size_t),
                 ("count", ctypes.c_size_t * 3), ("compared", ctypes.c_size_t), ("weighted_cosine", ctypes.c_double),
                 ("min_cosine", ctypes.c_double), ("params", ctypes.c_uint64), ("params_quantized", ctypes.c_uint64)]
+
+
+class PolicyRuleText(ctypes.Structure):  # stz_policy_rule_text (stz_policy.h)
+    _fields_ = [("text", ctypes.c_char_p), ("keep", ctypes.c_int)]
+
+
+class PolicySpec(ctypes.Structure):  # stz_policy_spec (stz_policy.h)
+    _fields_ = [("policy", ctypes.c_char_p), ("rules", ctypes.POINTER(PolicyRuleText)), ("nrules", ctypes.c_size_t),
+                ("method", ctypes.c_char_p), ("block_size", ctypes.c_int), ("feedback", ctypes.c_int)]
+
+
+class SeqSpec(ctypes.Structure):  # stz_seq_spec (stz_forward.h)
+    _fields_ = [("path", ctypes.c_char_p), ("nseq", ctypes.c_size_t), ("len", ctypes.c_size_t),
+                ("default_len", ctypes.c_size_t), ("seed", ctypes.c_uint64), ("temperature", ctypes.c_double),
+                ("top_p", ctypes.c_double)]
+
+
+class CompressParams(ctypes.Structure):  # stz_compress_params (stz_pipeline.h)
+    _fields_ = [("policy", ctypes.c_void_p), ("imatrix", ctypes.c_void_p), ("feedback_seqs", ctypes.POINTER(SeqSpec)),
+                ("config", ctypes.c_char_p), ("threads", ctypes.c_int), ("best", ctypes.c_int),
+                ("write_flags", ctypes.c_uint), ("quiet", ctypes.c_int), ("progress", ctypes.c_void_p),
+                ("ranks", ctypes.c_void_p), ("feedback_drawn", ctypes.c_void_p)]
+
+
+class QuantStats(ctypes.Structure):  # stz_quant_stats (stz_pipeline.h)
+    _fields_ = [("in_bytes", ctypes.c_uint64), ("out_bytes", ctypes.c_uint64), ("tensors", ctypes.c_size_t),
+                ("quantized", ctypes.c_size_t), ("params", ctypes.c_uint64), ("params_quantized", ctypes.c_uint64),
+                ("min_cosine", ctypes.c_double), ("weighted_cosine", ctypes.c_double), ("worst", ctypes.c_char * 256)]
+
+
+class CompressResult(ctypes.Structure):  # stz_compress_result (stz_pipeline.h)
+    _fields_ = [("in_bytes", ctypes.c_uint64), ("out_bytes", ctypes.c_uint64), ("files", ctypes.c_size_t),
+                ("stats", QuantStats)]
 
 
 def _candidates() -> list:
@@ -131,12 +165,24 @@ _SIGNATURES = [
     ("stz_eval_result_free", None, [ctypes.POINTER(EvalResult)]),
     ("stz_eval_passed", ctypes.c_int, [ctypes.POINTER(EvalResult), ctypes.c_double, ctypes.c_int,
                                        ctypes.POINTER(_S)]),
+    ("stz_policy_for_model", ctypes.c_int, [ctypes.POINTER(PolicySpec), ctypes.c_char_p, ctypes.c_char_p,
+                                            ctypes.c_int, ctypes.c_int, _PP, _E, _E]),
+    ("stz_policy_free", None, [_P]),
+    ("stz_imatrix_load_for", ctypes.c_int, [_PP, ctypes.c_char_p, ctypes.c_char_p, _E]),
+    ("stz_imatrix_free", None, [_P]),
+    ("stz_compress_output_name", _S, [ctypes.c_char_p, _S, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]),
+    ("stz_compress_model", ctypes.c_int, [ctypes.POINTER(CompressParams), ctypes.c_char_p, ctypes.c_char_p,
+                                          ctypes.POINTER(CompressResult), _E]),
+    ("stz_policy_feedback", ctypes.c_int, [_P]),
+    ("stz_model_is_sharded", ctypes.c_int, [ctypes.c_char_p]),
 ]
 
 # the structures mirrored here, by their C names
 _MIRRORS = [("stz_err", Err), ("stz_tensor", Tensor), ("stz_qtensor", QTensor), ("stz_model_set", ModelSet),
             ("stz_metrics", Metrics), ("stz_eval_row", EvalRow), ("stz_eval_problem", EvalProblem),
-            ("stz_eval_result", EvalResult)]
+            ("stz_eval_result", EvalResult), ("stz_policy_rule_text", PolicyRuleText),
+            ("stz_policy_spec", PolicySpec), ("stz_seq_spec", SeqSpec), ("stz_compress_params", CompressParams),
+            ("stz_quant_stats", QuantStats), ("stz_compress_result", CompressResult)]
 
 
 def check_mirrors(loaded: ctypes.CDLL, path: str, mirrors: list = _MIRRORS) -> None:

@@ -10,11 +10,13 @@ STZ_LIBRARY the libstz.so.0 under test (default: the build tree's)."""
 import json
 import math
 import os
+import re
 import signal
 import struct
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -162,6 +164,48 @@ def test_evaluate_through_c(files, tmp_path):
         assert d["missing_from_candidate"] == [gone] and d["passed"] == allow
     with pytest.raises(TypeError, match="csv"):
         stz.evaluate(orig, c, csv=True)
+
+
+def test_compress_through_c(files, tmp_path):
+    """compress() calls libstz's stz_compress_model, not the program: the same
+    bytes and the same document as stz compress --json (but its seconds),
+    for a calibrated, a fast, a lossless and a rule-edited policy; a model
+    stz does not run is quantized by names with a warning; the errors the
+    program gives."""
+    orig = files / "tiny.safetensors"
+    for kw in ({"policy": "int4"}, {"policy": "int8", "fast": True}, {"lossless": True},
+               {"int4": True, "sequences": 2, "seq_len": 16, "seed": 3},
+               {"policy": "int4", "set": "*.mlp.*=int8", "keep": "lm_head.weight", "fast": True},
+               {"policy": "int4-nl", "method": "mse", "block_size": 64, "no_eval": True, "fast": True}):
+        a = stz.compress(orig, tmp_path / "a.stz", force=True, **kw)
+        b = stz.command("compress", orig, output=tmp_path / "b.stz", force=True, **kw)
+        a.pop("seconds"), b.pop("seconds")
+        b["output"] = a["output"]
+        assert same_document(a, b), kw
+        assert (tmp_path / "a.stz").read_bytes() == (tmp_path / "b.stz").read_bytes(), kw
+    named = stz.compress(orig, policy="int8", fast=True)  # the program's default name
+    assert named["output"] == str(files / "tiny.int8.safetensors.stz") and os.path.exists(named["output"])
+    os.remove(named["output"])
+    neo = tmp_path / "neo.safetensors"
+    stz.command("synth", "gpt-neo-tiny", output=neo)
+    with pytest.warns(UserWarning, match="without calibration: .*gpt-neo-tiny.* is not supported"):
+        assert stz.compress(neo, tmp_path / "neo.stz", policy="int8")["calibrated"] is False
+    for kw, said in (({"lossless": True, "policy": "int8"}, "--lossless takes no policy options"),
+                     ({"fast": True, "feedback": True}, "--fast skips"),
+                     ({"int4": True, "int8": True}, "give one policy"),
+                     ({"tokens": "t.txt", "fast": True}, "calibration's: not with --fast"),
+                     ({"bogus": 1}, "'--bogus'")):
+        with pytest.raises(stz.StzError, match=re.escape(said)) as e:
+            stz.compress(orig, tmp_path / "x.stz", **kw)
+        assert e.value.code == "STZ_E_ARG" and not (tmp_path / "x.stz").exists()
+    with pytest.raises(stz.StzError, match="not a GGUF file") as e:
+        stz.compress(orig, tmp_path / "x.gguf", policy="int8", fast=True)
+    assert e.value.code == "STZ_E_ARG" and not (tmp_path / "x.gguf").exists()
+    with warnings.catch_warnings():  # a missing model is an error, not one to quantize by names
+        warnings.simplefilter("error")
+        with pytest.raises(stz.StzError, match="cannot open") as e:
+            stz.compress(tmp_path / "missing.safetensors", tmp_path / "x.stz")
+    assert e.value.code == "STZ_E_IO"
 
 
 def test_tune(files, tmp_path):
