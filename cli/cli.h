@@ -43,6 +43,8 @@ int cli_not_sharded(const char *cmd, const char *in);
 struct cJSON;
 /* Prints a JSON document to stdout and frees it; CLI_ERROR if out of memory. */
 int cli_print_json(struct cJSON *doc);
+/* The same for a document's text (malloc'd, freed here; NULL: out of memory). */
+int cli_print_json_text(char *s);
 
 /* The commands, by name (NULL if none); cli_usage prints the list. */
 const cli_command *cli_command_find(const char *name);
@@ -225,9 +227,6 @@ int cli_ncores(void);
 /* Where intermediate files of `out` go: next to it, or in $TMPDIR (/tmp)
  * when out is "-" (standard output). Returns buf. */
 const char *cli_tmp_base(const char *out, char *buf, size_t cap);
-/* Closes f, written to t's file, and moves that to `path` (errors name
- * path); t is dropped either way. */
-stz_status cli_tmp_finish(stz_tmpfile *t, FILE *f, const char *path, int force, stz_err *err);
 /* Replaces the temporary path `tmp` in err's message by `shown` (the file
  * the user named), so that errors name the input. */
 void cli_err_path(stz_err *err, const char *tmp, const char *shown);
@@ -277,9 +276,6 @@ int cmd_export(int argc, char **argv);
  * NULL); stz_is_gguf (stz_gguf.h) tells GGUF files apart. */
 struct cJSON;
 int cli_inspect_gguf(const char *path, struct cJSON **json);
-/* "llama_quantize_bytes": the file llama-quantize makes of the model
- * exported, per type it can make (stz_gguf_stats.like_bytes). */
-void cli_like_json(struct cJSON *d, const stz_gguf_stats *s);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);

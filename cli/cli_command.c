@@ -2,6 +2,7 @@
  * for bindings (include/stz.h). */
 #include "cli.h"
 #include "stz_eval.h"
+#include "stz_tune.h"
 
 #include <getopt.h>
 #include <stdatomic.h>
@@ -147,7 +148,9 @@ size_t stz_struct_size(const char *name)
                  {"stz_seq_spec", sizeof(stz_seq_spec)},
                  {"stz_compress_params", sizeof(stz_compress_params)},
                  {"stz_quant_stats", sizeof(stz_quant_stats)},
-                 {"stz_compress_result", sizeof(stz_compress_result)}};
+                 {"stz_compress_result", sizeof(stz_compress_result)},
+                 {"stz_tune_run_params", sizeof(stz_tune_run_params)},
+                 {"stz_tune_result", sizeof(stz_tune_result)}};
     for (size_t i = 0; name && i < sizeof known / sizeof *known; i++)
         if (!strcmp(name, known[i].name))
             return known[i].size;

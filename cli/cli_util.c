@@ -93,9 +93,15 @@ int cli_print_json(cJSON *doc)
 {
     char *s = doc ? cJSON_Print(doc) : NULL;
     cJSON_Delete(doc);
-    if (!s || stz_json_failed()) { /* a document with items missing is not printed */
+    if (s && stz_json_failed()) /* a document with items missing is not printed */
+        free(s), s = NULL;
+    return cli_print_json_text(s);
+}
+
+int cli_print_json_text(char *s)
+{
+    if (!s) {
         stz_err e;
-        free(s);
         stz_err_set(&e, STZ_E_NOMEM, "out of memory building the JSON document");
         return cli_fail(&e);
     }
@@ -259,14 +265,10 @@ int cli_ncores(void)
 
 char *cli_model_output_name(const char *model, const char *suffix)
 {
-    size_t n = strlen(model), k = strlen(suffix) + 1;
-    while (n > 1 && model[n - 1] == '/')
-        n--;
-    if (n > 12 && !strncmp(model + n - 12, ".safetensors", 12))
-        n -= 12;
-    char *p = malloc(n + k);
+    size_t n = stz_output_name_for(NULL, 0, model, suffix) + 1;
+    char *p = malloc(n);
     if (p)
-        snprintf(p, n + k, "%.*s%s", (int)n, model, suffix);
+        stz_output_name_for(p, n, model, suffix);
     return p;
 }
 
@@ -277,17 +279,6 @@ int cli_threads(const char *s)
     if (*s == 0 || *end || v < 0 || v > 256)
         return -1;
     return v == 0 ? cli_ncores() : (int)v;
-}
-
-stz_status cli_tmp_finish(stz_tmpfile *t, FILE *f, const char *path, int force, stz_err *err)
-{
-    stz_status st = STZ_OK;
-    if (!f || ferror(f) | fclose(f))
-        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
-    else
-        st = stz_output_place(t->path, path, force, err);
-    stz_tmp_remove(t);
-    return st;
 }
 
 void cli_err_path(stz_err *err, const char *tmp, const char *shown)

@@ -85,7 +85,7 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
         cJSON_AddNumberToObject(d, "f16_fallback", (double)s->fallback);
         cJSON_AddNumberToObject(d, "block_fallback", (double)s->block_fallback);
         cJSON_AddNumberToObject(d, "vocab_padded", (double)s->vocab_padded);
-        cli_like_json(d, s);
+        stz_gguf_like_json(d, s);
         if (s->ffn_to) {
             cJSON *w = cJSON_AddObjectToObject(d, "ffn_widened");
             cJSON_AddNumberToObject(w, "from", (double)s->ffn_from);
@@ -122,14 +122,6 @@ static int report(const cli_common *c, const char *in, const stz_gguf_stats *s, 
             "(first: %s)\n",
             s->fallback, s->fallback_first);
     return CLI_OK;
-}
-
-void cli_like_json(cJSON *d, const stz_gguf_stats *s)
-{
-    cJSON *like = cJSON_AddObjectToObject(d, "llama_quantize_bytes");
-    for (int i = 0; like && i < STZ_GGUF_LIKE_COUNT; i++)
-        if (s->like_bytes[i])
-            cJSON_AddNumberToObject(like, stz_gguf_like_name(i), (double)s->like_bytes[i]);
 }
 
 /* stz export --gguf. Longer than most: the option table and its switch,

@@ -4,7 +4,6 @@
 #include "cmd_tune.h"
 #include "stz_tune.h"
 
-#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,17 +264,6 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
 
 /* ---- the command ------------------------------------------------------------------ */
 
-static stz_status write_text(const char *path, const char *text, int force, stz_err *err)
-{
-    stz_tmpfile t;
-    if (stz_tmp_beside(&t, path, "policy"))
-        return stz_err_set(err, STZ_E_IO, "%s: cannot create a temporary file next to it", path);
-    FILE *f = fopen(t.path, "w");
-    if (f) /* a failed write shows in ferror */
-        fputs(text, f), fputc('\n', f);
-    return cli_tmp_finish(&t, f, path, force, err);
-}
-
 /* A verified KL more than twice or less than half the prediction (above
  * noise: 0.001). */
 static int kl_far(double predicted, double got)
@@ -323,16 +311,8 @@ static void smallest_parts(const tune_opts *o, const stz_tune_result *r)
 static int tune_unmet(const tune_opts *o, const char *model, const stz_tune_result *r)
 {
     char a[32];
-    if (o->c.json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "model", model);
-        cJSON_AddStringToObject(d, "budget", stz_tune_goal_option(o->p.goal));
-        cJSON_AddNumberToObject(d, r->kind == STZ_BUDGET_KL ? "max_kl" : "max_bytes", r->budget);
-        cJSON_AddBoolToObject(d, "met", 0);
-        cJSON_AddNumberToObject(d, "closest_bytes", (double)r->sol.pred.bytes);
-        cJSON_AddNumberToObject(d, "closest_kl", r->sol.pred.kl);
-        cli_print_json(d);
-    }
+    if (o->c.json)
+        cli_print_json_text(stz_tune_report_json(&o->p, model, NULL, o->compress, r));
     fprintf(stderr,
             "stz: budget cannot be met: %s with %s asks for %s %.6g; the closest feasible point with "
             "these candidates is %s bytes at predicted KL %.4g. Nothing written.\n",
@@ -345,14 +325,12 @@ static int tune_unmet(const tune_opts *o, const char *model, const stz_tune_resu
 
 /* The policy (stz tune) or, beside the container stz_tune_run placed,
  * --save-policy's; and the plot. */
-static stz_status tune_write(const tune_opts *o, const char *out, const stz_tune_result *r, const stz_tune_check *fin,
-                             stz_err *err)
+static stz_status tune_write(const tune_opts *o, const char *out, const stz_tune_result *r, stz_err *err)
 {
     const char *policy_out = o->compress ? o->save_policy : out;
-    stz_status st = policy_out ? write_text(policy_out, r->policy, o->c.force, err) : STZ_OK;
+    stz_status st = policy_out ? stz_tune_write_policy(policy_out, r, o->c.force, err) : STZ_OK;
     if (!st && o->plot)
-        st = cli_tune_write_plot(o->plot, &r->sol, &r->sol.pred, fin, o->p.gguf ? "GGUF file" : "container", o->c.force,
-                                 err);
+        st = stz_tune_write_plot(o->plot, r, o->p.gguf, o->c.force, err);
     return st;
 }
 
@@ -400,10 +378,10 @@ static int tune_main(tune_opts *o, const char *model, const char *out)
         st = stz_tune_run(&o->p, model, &r, &err);
     }
     const stz_tune_check *fin = r.checks ? &r.check[r.checks - 1] : NULL;
-    int rc = st                                  ? cli_fail(&err)
-             : !r.sol.met                        ? tune_unmet(o, model, &r)
-             : tune_write(o, out, &r, fin, &err) ? cli_fail(&err)
-                                                 : tune_report(o, model, out, &r, fin);
+    int rc = st                             ? cli_fail(&err)
+             : !r.sol.met                   ? tune_unmet(o, model, &r)
+             : tune_write(o, out, &r, &err) ? cli_fail(&err)
+                                            : tune_report(o, model, out, &r, fin);
     stz_tune_result_free(&r);
     return rc;
 }

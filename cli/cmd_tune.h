@@ -13,10 +13,6 @@ typedef struct {
     int compress; /* stz compress --tune: the container (or GGUF file) is the output */
 } tune_opts;
 
-/* The SVG plot of the curve, the choice and what was measured; `what`
- * names the sizes ("container", "GGUF file"). */
-stz_status cli_tune_write_plot(const char *path, const stz_tune_solution *s, const stz_tune_point *choice,
-                               const stz_tune_check *m, const char *what, int force, stz_err *err);
 /* The per-tensor table, the curve, the budget and the result (or --json); a CLI exit status. */
 int cli_tune_report(const tune_opts *o, const char *model, const char *out, const stz_tune_result *r);
 

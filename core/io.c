@@ -262,6 +262,30 @@ void stz_tmp_remove(stz_tmpfile *t)
     t->path = NULL;
 }
 
+stz_status stz_tmp_finish(stz_tmpfile *t, FILE *f, const char *path, int force, stz_err *err)
+{
+    stz_status st = STZ_OK;
+    if (!f || ferror(f) | fclose(f))
+        st = stz_err_set(err, STZ_E_IO, "%s: cannot write: %s", path, strerror(errno));
+    else
+        st = stz_output_place(t->path, path, force, err);
+    stz_tmp_remove(t);
+    return st;
+}
+
+size_t stz_output_name_for(char *dst, size_t cap, const char *model, const char *suffix)
+{
+    size_t n = strlen(model);
+    while (n > 1 && model[n - 1] == '/')
+        n--;
+    if (n > 12 && !strncmp(model + n - 12, ".safetensors", 12))
+        n -= 12;
+    int w = snprintf(dst, cap, "%.*s%s", (int)n, model, suffix);
+    return w < 0 ? 0 : (size_t)w;
+}
+
+void stz_free(void *p) { free(p); }
+
 /* Empties the directory open at fd, in a signal handler: raw getdents64
  * into a stack buffer and unlinkat, no allocation; passes over it until a
  * pass removes nothing (removing entries moves the others). */

@@ -7,6 +7,7 @@
 #include "gguf_export.h"
 #include "quant/ggml_types.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,6 +44,14 @@ enum {
 };
 
 const char *stz_gguf_like_name(int i) { return i >= 0 && i < STZ_GGUF_LIKE_COUNT ? likes[i].name : NULL; }
+
+void stz_gguf_like_json(cJSON *d, const stz_gguf_stats *s)
+{
+    cJSON *like = cJSON_AddObjectToObject(d, "llama_quantize_bytes");
+    for (int i = 0; like && i < STZ_GGUF_LIKE_COUNT; i++)
+        if (s->like_bytes[i])
+            cJSON_AddNumberToObject(like, stz_gguf_like_name(i), (double)s->like_bytes[i]);
+}
 
 int stz_gguf_like_parse(const char *name)
 {

@@ -149,6 +149,11 @@ typedef int (*stz_progress_fn)(void *user, uint64_t done, uint64_t total);
  */
 STZ_API void stz_tmp_cleanup_all(void);
 
+/* Frees what a library call handed over as its caller's to free (a
+ * report's text, stz_tune_report_json); NULL is ignored. For callers that
+ * do not share the library's C library, such as Python's ctypes. */
+STZ_API void stz_free(void *p);
+
 /* Interruption, for a SIGINT/SIGTERM handler (async-signal-safe): after
  * stz_interrupt_request(), every read from a pipe or terminal and every
  * write to standard output that stz is blocked in, or starts, gives up

@@ -85,6 +85,11 @@ typedef struct {
  * NULL past the last; the index of a name (any case), -1 if not one. */
 STZ_API const char *stz_gguf_like_name(int i);
 STZ_API int stz_gguf_like_parse(const char *name);
+struct cJSON;
+/* Adds "llama_quantize_bytes" to the JSON object d: the bytes of the file
+ * llama-quantize makes of the model under each type it can make
+ * (s->like_bytes), as export and tune's reports give them. */
+STZ_API void stz_gguf_like_json(struct cJSON *d, const stz_gguf_stats *s);
 
 /* Exports the model in `files` (one checkpoint's shards, opened by the
  * caller; `dir` is its directory, where tokenizer.json may be; NULL: the

@@ -13,6 +13,8 @@
 #include "stz.h"
 #include "stz_experimental.h"
 
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -45,6 +47,16 @@ STZ_API int stz_tmp_beside(stz_tmpfile *t, const char *out, const char *what);
 /* Removes t's file (or what was moved to its name), untracks it, frees
  * its path; nothing when t->path is NULL. */
 STZ_API void stz_tmp_remove(stz_tmpfile *t);
+/* Closes f (written to t's file; NULL: it could not be opened) and, when
+ * every write went through, places t's file at `path` (stz_output_place);
+ * STZ_E_IO naming path otherwise. t is removed either way. */
+STZ_API stz_status stz_tmp_finish(stz_tmpfile *t, FILE *f, const char *path, int force, stz_err *err);
+/* The default name of an output made from the model `model`: its name
+ * without trailing slashes and .safetensors, then suffix (stz tune's
+ * MODEL.tune.json, stz imatrix's MODEL.imatrix.gguf). Written into dst (cap
+ * bytes, NUL-terminated when cap > 0); returns the name's length: a name as
+ * long as cap or longer was cut. */
+STZ_API size_t stz_output_name_for(char *dst, size_t cap, const char *model, const char *suffix);
 
 /* ---- inputs ------------------------------------------------------------ */
 

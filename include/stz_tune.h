@@ -279,6 +279,26 @@ STZ_API int stz_tune_missed(const stz_tune_result *r, const stz_tune_check *chec
 STZ_API stz_status stz_tune_run(const stz_tune_run_params *p, const char *model, stz_tune_result *r, stz_err *err);
 STZ_API void stz_tune_result_free(stz_tune_result *r);
 
+/* A tune run's report, as stz tune, stz compress --tune and stz gguf print
+ * it with --json: for r of stz_tune_run(p, model, ...), the choice of every
+ * tensor, the curve, the budget and what the verification measured
+ * ("met": whether the last one met the budget), with p->gguf and compress
+ * the GGUF's bits per weight and llama-quantize's sizes; `out` is what was
+ * written (compress 0: the policy, 1: the container or GGUF file). A budget
+ * no point meets: the closest point ("met": false). The text is the
+ * caller's (stz_free); NULL when out of memory. */
+STZ_API char *stz_tune_report_json(const stz_tune_run_params *p, const char *model, const char *out, int compress,
+                                   const stz_tune_result *r);
+/* The smallest of llama-quantize's files of r's model (r->gguf.like_bytes,
+ * by stz_gguf_like_name's index) at least `bytes` large; -1: none. */
+STZ_API int stz_tune_like_nearest(const stz_tune_result *r, uint64_t bytes);
+/* r's policy (r->policy, the budget met) written to `path` as a policy file
+ * (stz compress --policy), under a temporary name placed at the end. */
+STZ_API stz_status stz_tune_write_policy(const char *path, const stz_tune_result *r, int force, stz_err *err);
+/* The SVG plot of r's curve (size against predicted KL), its choice and
+ * what the last verification measured; gguf: sizes are the GGUF file's. */
+STZ_API stz_status stz_tune_write_plot(const char *path, const stz_tune_result *r, int gguf, int force, stz_err *err);
+
 #ifdef __cplusplus
 }
 #endif

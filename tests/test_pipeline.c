@@ -958,6 +958,32 @@ static void count_end(void *state) { ((stage_count *)state)->ended++; }
  * bytes, its statistics summed over the shards (and equal to compressing
  * each shard alone); one file as stz_compress_file makes it; lossless as
  * stz_pack_file; an existing output refused before any work. */
+/* stz compress's default names: a policy's tag (a file's without its
+ * folder and .json), .safetensors kept last, trailing slashes dropped; a
+ * name longer than the buffer is cut and says its length. */
+static void test_compress_output_name(void **state)
+{
+    (void)state;
+    char b[64];
+    static const struct {
+        const char *in, *policy, *want;
+        int lossless;
+    } cases[] = {{"m.safetensors", "int4", "m.int4.safetensors.stz", 0},
+                 {"dir/m.safetensors", "pol/my.json", "dir/m.my.safetensors.stz", 0},
+                 {"model/", NULL, "model.custom.stz", 0},
+                 {"model//", "int8", "model.stz", 1},
+                 {"x.gguf", ".json", "x.gguf..json.stz", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t n = stz_compress_output_name(b, sizeof b, cases[i].in, cases[i].lossless, cases[i].policy);
+        assert_string_equal(b, cases[i].want);
+        assert_int_equal(n, strlen(cases[i].want));
+    }
+    assert_int_equal(stz_compress_output_name(b, 4, "m.safetensors", 0, "int4"), strlen("m.int4.safetensors.stz"));
+    assert_string_equal(b, "m.i");
+    assert_int_equal(stz_output_name_for(b, sizeof b, "dir/m.safetensors/", ".tune.json"), strlen("dir/m.tune.json"));
+    assert_string_equal(b, "dir/m.tune.json");
+}
+
 static void test_compress_model(void **state)
 {
     (void)state;
@@ -1086,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_shared_f32),
         cmocka_unit_test(test_shared_bf16),
         cmocka_unit_test(test_convert_shards),
+        cmocka_unit_test(test_compress_output_name),
         cmocka_unit_test(test_compress_model),
         cmocka_unit_test(test_tune_run),
         cmocka_unit_test(test_eval_order),

@@ -11,9 +11,9 @@ models into numpy (or PyTorch), write SafeTensors, and run stz's commands.
 
 Everything goes through libstz (the C library the stz program is built
 on): the same validating reader, container decoder and dequantizer, the
-same writer, compress and evaluate through their C entry points
-(stz_compress_model, stz_eval_models), and the other commands run in this
-process (stz_command). Every failure is a StzError carrying stz's status
+same writer, compress, tune, gguf and evaluate through their C entry
+points (stz_compress_model, stz_tune_run, stz_eval_models), and the other
+commands run in this process (stz_command). Every failure is a StzError carrying stz's status
 name and message.
 """
 from ._api import (StzError, TensorSlice, command, compress, decompress, evaluate, export_gguf, gguf, load, load_dir,

@@ -409,6 +409,14 @@ def _usage(cmd: str, message: str) -> None:
     raise StzError("STZ_E_ARG", "stz %s: %s" % (cmd, message))
 
 
+def _c_name(fn: Callable[..., int], *args: Any) -> str:
+    """The name a libstz call of the form fn(dst, cap, ...) -> length writes."""
+    n = fn(None, 0, *args) + 1
+    buf = ctypes.create_string_buffer(n)
+    fn(buf, n, *args)
+    return os.fsdecode(buf.value)
+
+
 def _texts(v: Any) -> List[str]:
     """An option given once (a string) or several times (a list)."""
     return [] if v is None else [v] if isinstance(v, (str, os.PathLike)) else list(v)
@@ -461,7 +469,10 @@ def compress(src: PathLike, dst: Optional[PathLike] = None, policy: Optional[str
     (size=, bits_per_weight=, ...) chooses the policy instead, as compress
     --tune does, returning tune's report."""
     if options.get("tune"):  # --tune chooses the policy
-        return command("compress", src, **({"policy": policy} if policy else {}), output=dst, force=force, **options)
+        if policy or lossless:
+            _usage("compress", "'--%s' is not an option of --tune, which chooses the policy itself (its options: stz "
+                               "tune --help)" % ("lossless" if lossless else "policy"))
+        return _tune("compress", src, dst, force, {k: v for k, v in options.items() if k != "tune"})
     unknown = sorted(set(options) - _COMPRESS_OPTIONS)
     if unknown:
         _usage("compress", "unrecognized option '--%s'" % unknown[0].replace("_", "-"))
@@ -477,13 +488,8 @@ def compress(src: PathLike, dst: Optional[PathLike] = None, policy: Optional[str
         _usage("compress", "standard input/output ('-') is not available from Python")
     policy = None if lossless else named[0] if named else None if options.get("set") or options.get("keep") else "int4"
     L, src_s = lib(), os.fspath(src)
-    if dst is None:
-        n = L.stz_compress_output_name(None, 0, cstr(src_s, "path", path=True), lossless,
-                                       policy.encode() if policy else None) + 1
-        buf = ctypes.create_string_buffer(n)
-        L.stz_compress_output_name(buf, n, cstr(src_s, "path", path=True), lossless, policy.encode() if policy else None)
-        dst = os.fsdecode(buf.value)
-    dst_s = os.fspath(dst)
+    dst_s = os.fspath(dst) if dst is not None else _c_name(L.stz_compress_output_name, cstr(src_s, "path", True),
+                                                            lossless, cstr(policy, "policy", True) if policy else None)
     pol, im, seqs = ctypes.c_void_p(), ctypes.c_void_p(), None
     if not lossless:
         pol, im, seqs = _compress_policy(src_s, policy, options)
@@ -535,23 +541,149 @@ def export_gguf(src: PathLike, dst: PathLike, tokenizer: Optional[PathLike] = No
                    force=force, **options)
 
 
+# tune's sequences unless told otherwise (cmd_tune.c's, docs/cli/tune.md)
+_TUNE_SEQS = {"nseq": 4, "len": 0, "default_len": 64, "seed": 1, "temperature": 1.0, "top_p": 0.9}
+# the budgets, as stz_tune_goal numbers them, with their ranges
+_BUDGETS = {"size": (0, 1, 1e18), "ratio": (1, 0.01, 1e6), "bits_per_weight": (2, 0.01, 64), "max_kl": (3, 0, 1e9)}
+_STZ_TUNE_DATA_BPW, _STZ_TUNE_LIKE = 4, 5
+_TUNE_OPTIONS = {"candidates", "imatrix", "tokens", "sequences", "seq_len", "seed", "config", "plot", "fast",
+                 "no_pad", "tokenizer", "pad_vocab", "name", "threads", "quiet"}
+_NOT_FOR = {"tune": {"like", "save_policy"}, "compress": {"like", "no_verify"},  # options a command does not take
+            "gguf": {"ratio", "gguf", "no_verify", "feedback"}}
+
+
+def _amount(cmd: str, key: str, v: Any) -> float:
+    """A budget's amount in its range; --size takes the suffixes K, M, G (powers of 1024) in a string."""
+    lo, hi = _BUDGETS[key][1:]
+    mul, t = 1.0, str(v)
+    if key == "size" and t[-1:] in ("K", "k", "M", "G"):
+        mul, t = {"K": 1024.0, "k": 1024.0, "M": 1048576.0, "G": 1073741824.0}[t[-1]], t[:-1]
+    try:
+        x = float(t) * mul
+    except ValueError:
+        x = math.nan
+    if not lo <= x <= hi:
+        _usage(cmd, "--%s takes a number in [%g, %g], not '%s'" % (key.replace("_", "-"), lo, hi, v))
+    return x
+
+
+def _tune_params(cmd: str, o: Dict[str, Any]) -> Tuple[Any, List[Any]]:
+    """stz_tune_run_params from tune's options (and what must live while they are used)."""
+    gguf = cmd == "gguf" or bool(o.get("gguf"))
+    budgets = [k for k in list(_BUDGETS) + ["like"] if o.get(k) is not None]
+    if len(budgets) != 1:
+        _usage(cmd, "give exactly one budget: " + ("--like, --size, --bits-per-weight or --max-kl" if cmd == "gguf"
+                                                    else "--size, --ratio, --bits-per-weight or --max-kl"))
+    if o.get("fast") and o.get("feedback"):
+        _usage(cmd, "--fast skips the error feedback --feedback asks for: give one of them")
+    if o.get("tokens") is not None and any(o.get(k) is not None for k in ("sequences", "seq_len", "seed")):
+        _usage(cmd, "--tokens gives the sequences: --sequences, --seq-len and --seed do not apply")
+    if not gguf and any(o.get(k) for k in ("tokenizer", "name", "pad_vocab")):
+        _usage(cmd, "--tokenizer, --name and --pad-vocab are for --gguf")
+    keep: List[Any] = []
+
+    def c(v: Any, path: bool = False) -> Optional[bytes]:
+        if v is None:
+            return None
+        keep.append(cstr(os.fspath(v) if path else str(v), "option", path))
+        return keep[-1]
+
+    seqs = _lib.SeqSpec(**_TUNE_SEQS)
+    seqs.path = c(o.get("tokens"), True)
+    for k, field in (("sequences", "nseq"), ("seq_len", "len"), ("seed", "seed")):
+        if o.get(k) is not None:
+            setattr(seqs, field, int(o[k]))
+    b = budgets[0]
+    goal = _STZ_TUNE_LIKE if b == "like" else _BUDGETS[b][0]
+    if cmd == "gguf" and goal == _BUDGETS["bits_per_weight"][0]:
+        goal = _STZ_TUNE_DATA_BPW  # llama.cpp's count: over the tensors' data
+    fast, candidates = bool(o.get("fast")), o.get("candidates")
+    p = _lib.TuneRunParams(goal=goal, amount=0 if b == "like" else _amount(cmd, b, o[b]), like=c(o.get("like")),
+                           candidates=c(candidates), imatrix=c(o.get("imatrix"), True), calibrate=not fast, seqs=seqs,
+                           config=c(o.get("config"), True),
+                           feedback=bool(o.get("feedback")) or (not fast and "+fb" not in (candidates or "")),
+                           gguf=gguf, no_pad=bool(o.get("no_pad")), tokenizer=c(o.get("tokenizer"), True),
+                           name=c(o.get("name")), pad_vocab=bool(o.get("pad_vocab")), verify=not o.get("no_verify"),
+                           threads=int(o.get("threads") or os.sysconf("SC_NPROCESSORS_ONLN")), quiet=1)
+    return p, keep
+
+
+def _tune(cmd: str, model: PathLike, dst: Optional[PathLike], force: bool, o: Dict[str, Any]) -> Dict[str, Any]:
+    """stz tune, stz compress --tune or stz gguf through libstz's stz_tune_run:
+    the outputs checked, the run, the policy and plot written, the report
+    (stz_tune_report_json, as --json prints it)."""
+    allowed = _TUNE_OPTIONS | set(_BUDGETS) | {"like", "no_verify", "gguf", "feedback", "save_policy"}
+    bad = sorted((set(o) - allowed) | (set(o) & _NOT_FOR[cmd]))
+    if bad:
+        _usage(cmd, "unrecognized option '--%s'" % bad[0].replace("_", "-"))
+    L, model_s = lib(), os.fspath(model)
+    compress = cmd != "tune"
+    if dst is None and compress:
+        _usage(cmd, "give -o OUT.gguf" if cmd == "gguf" or o.get("gguf") else "--tune needs -o OUT.stz")
+    out = os.fspath(dst) if dst is not None else _c_name(L.stz_output_name_for, cstr(model_s, "path", True),
+                                                            b".tune.json")
+    p, keep = _tune_params(cmd, o)
+    if not p.gguf and out.lower().endswith(".gguf"):
+        _usage(cmd, "%s: %s writes %s, not a GGUF file llama.cpp runs: give gguf=True, or use export_gguf"
+               % (out, cmd, "an stz container" if compress else "a policy"))
+    if compress and not p.verify:
+        _usage(cmd, "--tune writes the verified container: --no-verify does not apply")
+    out_b, model_b = cstr(out, "path", True), cstr(model_s, "path", True)
+    extra = [o.get("save_policy") if compress else o.get("plot"), o.get("plot") if compress else None]
+    err = Err()
+    for path in [out] + [os.fspath(x) for x in extra if x]:
+        if L.stz_output_check(cstr(path, "path", True), force, ctypes.byref(err)):
+            _fail(L, err)
+    if not compress and L.stz_refuse_input_as_output(model_b, out_b, ctypes.byref(err)):
+        _fail(L, err)
+    p.out, p.scratch, p.write_flags = out_b if compress else None, out_b, 1 if force else 0
+    r = ctypes.create_string_buffer(L.stz_struct_size(b"stz_tune_result"))  # stz_tune_result, read by libstz only
+    try:
+        if _interruptible(lambda: L.stz_tune_run(ctypes.byref(p), model_b, r, ctypes.byref(err))):
+            _fail(L, err)
+        doc = L.stz_tune_report_json(ctypes.byref(p), model_b, out_b, compress, r)
+        if not doc:
+            raise StzError("STZ_E_NOMEM", "out of memory building the JSON document")
+        try:
+            report = json.loads(ctypes.string_at(doc).decode())
+        finally:
+            L.stz_free(doc)
+        if report["met"] is False and "closest_bytes" in report:
+            return report  # nothing written
+        policy_out = o.get("save_policy") if compress else out
+        if policy_out and L.stz_tune_write_policy(cstr(os.fspath(policy_out), "path", True), r, force,
+                                                  ctypes.byref(err)):
+            _fail(L, err)
+        if o.get("plot") and L.stz_tune_write_plot(cstr(os.fspath(o["plot"]), "path", True), r, p.gguf, force,
+                                                   ctypes.byref(err)):
+            _fail(L, err)
+        return report
+    finally:
+        L.stz_tune_result_free(r)
+
+
 def tune(model: PathLike, dst: Optional[PathLike] = None, force: bool = False, **options: Any) -> Dict[str, Any]:
-    """stz tune: a policy for a budget, given as size=, ratio=, bits_per_weight=
-    or max_kl=; other options become --key value (candidates, sequences,
-    seq_len, tokens, plot, fast, ...). Calibrated on the model's own
-    sequences unless fast=True. Returns the --json report; "met" is False
-    (and nothing is written) when the budget cannot be met."""
-    return command("tune", model, output=dst, force=force, **options)
+    """stz tune through libstz's stz_tune_run: a policy for a budget, given as
+    size= (bytes; a string may end in K, M or G), ratio=, bits_per_weight= or
+    max_kl=; other options as the program's (candidates, imatrix, tokens,
+    sequences, seq_len, seed, config, plot, no_verify, gguf, tokenizer,
+    name, pad_vocab, no_pad, feedback, threads). Calibrated on the model's
+    own sequences unless fast=True. Returns the document tune --json prints;
+    "met" is False (and nothing is written) when the budget cannot be met.
+    The policy goes to dst (default MODEL.tune.json)."""
+    return _tune("tune", model, dst, force, options)
 
 
 def gguf(model: PathLike, dst: PathLike, force: bool = False, **options: Any) -> Dict[str, Any]:
-    """stz gguf: the best GGUF file for llama.cpp for a budget, given as
-    like= (llama-quantize's type: "q4_k_m"...), bits_per_weight=, size= or
+    """stz gguf through libstz's stz_tune_run: the best GGUF file for llama.cpp
+    for a budget, given as like= (llama-quantize's type: "q4_k_m"...),
+    bits_per_weight= (llama.cpp's count, over the tensors' data), size= or
     max_kl=, calibrated on the model's own sequences (fast=True skips it);
-    other options become --key value (tokenizer, tokens, candidates, ...).
-    Returns the --json report ("met" False, nothing written, when the
+    other options as the program's (tokenizer, tokens, candidates, imatrix,
+    config, name, pad_vocab, no_pad, save_policy, plot, threads). Returns the
+    document stz gguf --json prints ("met" False, nothing written, when the
     budget cannot be met)."""
-    return command("gguf", model, output=dst, force=force, **options)
+    return _tune("gguf", model, dst, force, options)
 
 
 def _figure(v: float) -> Optional[float]:

@@ -3,7 +3,7 @@
 Everything the package does goes through the C library: reading (the
 validating SafeTensors reader, the container decoder and the dequantizer),
 writing (the SafeTensors writer), whole models (stz_compress_model,
-stz_eval_models) and the other commands (stz_command). Nothing of the file
+stz_tune_run, stz_eval_models) and the other commands (stz_command). Nothing of the file
 formats is implemented twice.
 """
 from __future__ import annotations
@@ -102,6 +102,16 @@ class CompressResult(ctypes.Structure):  # stz_compress_result (stz_pipeline.h)
                 ("stats", QuantStats)]
 
 
+class TuneRunParams(ctypes.Structure):  # stz_tune_run_params (stz_tune.h)
+    _fields_ = [("goal", ctypes.c_int), ("amount", ctypes.c_double), ("like", ctypes.c_char_p),
+                ("candidates", ctypes.c_char_p), ("imatrix", ctypes.c_char_p), ("calibrate", ctypes.c_int),
+                ("seqs", SeqSpec), ("config", ctypes.c_char_p), ("feedback", ctypes.c_int), ("gguf", ctypes.c_int),
+                ("no_pad", ctypes.c_int), ("tokenizer", ctypes.c_char_p), ("name", ctypes.c_char_p),
+                ("pad_vocab", ctypes.c_int), ("verify", ctypes.c_int), ("threads", ctypes.c_int),
+                ("quiet", ctypes.c_int), ("progress", ctypes.c_void_p), ("ranks", ctypes.c_void_p),
+                ("out", ctypes.c_char_p), ("scratch", ctypes.c_char_p), ("write_flags", ctypes.c_uint)]
+
+
 def _candidates() -> list:
     """Where libstz is looked for, in order: $STZ_LIBRARY; the copy installed
     with this package; the build tree beside the sources (running from a
@@ -175,6 +185,16 @@ _SIGNATURES = [
                                           ctypes.POINTER(CompressResult), _E]),
     ("stz_policy_feedback", ctypes.c_int, [_P]),
     ("stz_model_is_sharded", ctypes.c_int, [ctypes.c_char_p]),
+    ("stz_output_name_for", _S, [ctypes.c_char_p, _S, ctypes.c_char_p, ctypes.c_char_p]),
+    ("stz_output_check", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, _E]),
+    ("stz_refuse_input_as_output", ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, _E]),
+    ("stz_tune_run", ctypes.c_int, [ctypes.POINTER(TuneRunParams), ctypes.c_char_p, _P, _E]),
+    ("stz_tune_result_free", None, [_P]),
+    ("stz_tune_report_json", _P, [ctypes.POINTER(TuneRunParams), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+                                  _P]),
+    ("stz_tune_write_policy", ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_int, _E]),
+    ("stz_tune_write_plot", ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_int, ctypes.c_int, _E]),
+    ("stz_free", None, [_P]),
 ]
 
 # the structures mirrored here, by their C names
@@ -182,7 +202,8 @@ _MIRRORS = [("stz_err", Err), ("stz_tensor", Tensor), ("stz_qtensor", QTensor), 
             ("stz_metrics", Metrics), ("stz_eval_row", EvalRow), ("stz_eval_problem", EvalProblem),
             ("stz_eval_result", EvalResult), ("stz_policy_rule_text", PolicyRuleText),
             ("stz_policy_spec", PolicySpec), ("stz_seq_spec", SeqSpec), ("stz_compress_params", CompressParams),
-            ("stz_quant_stats", QuantStats), ("stz_compress_result", CompressResult)]
+            ("stz_quant_stats", QuantStats), ("stz_compress_result", CompressResult),
+            ("stz_tune_run_params", TuneRunParams)]
 
 
 def check_mirrors(loaded: ctypes.CDLL, path: str, mirrors: list = _MIRRORS) -> None:

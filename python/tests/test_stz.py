@@ -220,6 +220,57 @@ def test_tune(files, tmp_path):
         stz.compress(files / "tiny.safetensors", tmp_path / "u.stz", policy="int8", tune=True, size=100000)
 
 
+def test_tune_through_c(files, tmp_path):
+    """tune(), gguf() and compress(tune=True) call libstz's stz_tune_run, not
+    the program: the same report as --json (policy, container and GGUF names
+    aside), the same policy, plot, container and GGUF bytes."""
+    orig, m = files / "tiny.safetensors", tmp_path / "m"
+    stz.command("synth", "tiny", "--shards", "1", output=m)
+    runs = [("tune", orig, {"size": "100K", "sequences": 2, "seq_len": 16}, ".json", "policy"),
+            ("tune", orig, {"size": 1000}, ".json", None),
+            ("tune", orig, {"max_kl": 0.05, "fast": True, "candidates": "keep,8:absmax:32:F16,4:nl:32:U8"}, ".json",
+             "policy"),
+            ("compress", orig, {"size": 100000, "sequences": 2, "seq_len": 16}, ".stz", "container"),
+            ("gguf", m, {"like": "q4_k_m"}, ".gguf", "gguf"),
+            ("gguf", m, {"bits_per_weight": 6, "fast": True}, ".gguf", "gguf")]
+    for cmd, model, kw, ext, key in runs:
+        a, b = tmp_path / ("a" + ext), tmp_path / ("b" + ext)
+        plots = {"plot": tmp_path / "a.svg"}, {"plot": tmp_path / "b.svg"}
+        if cmd == "compress":
+            ra = stz.compress(model, a, tune=True, force=True, **kw, **plots[0])
+            rb = stz.command("compress", model, "--tune", output=b, force=True, **kw, **plots[1])
+        else:
+            ra = getattr(stz, cmd)(model, a, force=True, **kw, **plots[0])
+            rb = stz.command(cmd, model, output=b, force=True, **kw, **plots[1])
+        if key:
+            assert ra[key] == str(a) and rb[key] == str(b)
+            ra[key] = rb[key]
+            assert a.read_bytes() == b.read_bytes(), (cmd, kw)
+            svg = [p.read_text().replace(str(a), "").replace(str(b), "") for p in (tmp_path / "a.svg", tmp_path / "b.svg")]
+            assert svg[0] == svg[1]
+        else:
+            assert not a.exists() and not b.exists() and ra["met"] is False
+        assert same_document(ra, rb), (cmd, kw)
+        for f in (a, b, tmp_path / "a.svg", tmp_path / "b.svg"):
+            f.unlink(missing_ok=True)
+    named = stz.tune(orig, size=100000, sequences=2, seq_len=16)  # the program's default name
+    assert named["policy"] == str(files / "tiny.tune.json") and os.path.exists(named["policy"])
+    os.remove(named["policy"])
+    for fn, kw, said in ((stz.tune, {"size": 1, "max_kl": 1}, "give exactly one budget"),
+                         (stz.tune, {"like": "q4_k_m"}, "'--like'"),
+                         (stz.gguf, {"like": "q4_k_m", "ratio": 2}, "'--ratio'"),
+                         (stz.gguf, {"like": "q4_k_m", "no_verify": True}, "'--no-verify'"),
+                         (stz.tune, {"size": "12Q"}, "--size takes a number"),
+                         (stz.tune, {"size": 1000, "tokenizer": "t.json"}, "are for --gguf"),
+                         (stz.tune, {"size": 1000, "fast": True, "feedback": True}, "--fast skips")):
+        with pytest.raises(stz.StzError, match=re.escape(said)) as e:
+            fn(orig, tmp_path / "x.gguf" if fn is stz.gguf else tmp_path / "x.json", **kw)
+        assert e.value.code == "STZ_E_ARG"
+    with pytest.raises(stz.StzError, match="--like q9_k") as e:
+        stz.gguf(m, tmp_path / "x.gguf", like="q9_k")
+    assert e.value.code == "STZ_E_ARG" and not (tmp_path / "x.gguf").exists()
+
+
 def test_gguf(tmp_path):
     """The one command from Python: a generated Hugging Face folder to a
     GGUF at llama-quantize's Q4_K_M size; --fast through fast=True."""
