@@ -13,6 +13,7 @@
  * Usage: ggml_requant IN.gguf OUT.gguf [FROM.gguf [IMATRIX]] */
 #define STZ_EXPERIMENTAL
 #include "ggml.h"
+#include "stz_kernels.h"
 #include "stz_gguf.h"
 #include "stz_imatrix.h"
 #include "stz_quant.h"

@@ -16,6 +16,7 @@
  * Usage: ggml_types_bench MODEL [--no-imatrix | --read] TYPE... (built by
  * bench/bench_ggml_types.sh against a ggml snapshot; not part of the build). */
 #include "ggml.h"
+#include "stz_kernels.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 

@@ -4,6 +4,7 @@
  * then one line per plane: "dtype plane bytes bits_per_byte". Streams the
  * file in 1 MiB pieces. Usage: plane_entropy FILE */
 #include "stz_pack.h"
+#include "stz_planes.h"
 #include "stz_safetensors.h"
 
 #include <math.h>

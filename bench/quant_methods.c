@@ -6,6 +6,7 @@
  * Usage: quant_methods MODEL [--cols-multiple K] [--layers A,B] [CONFIG...]
  * CONFIG is bits:method:block:scale_dtype, e.g. 4:nl:32:U8; default: a set. */
 #include "stz_model.h"
+#include "stz_kernels.h"
 #include "stz_quant.h"
 #include "quant/quant_tensor.h"
 #include "stz_safetensors.h"

@@ -1,6 +1,7 @@
 /* GGUF export, the data: each tensor's rows converted, reordered for
  * llama.cpp's RoPE, requantized or repacked, or copied as stored. */
 #include "gguf_export.h"
+#include "stz_kernels.h"
 #include "pack/pack_sink.h"
 #include "quant/quant_tensor.h"
 

@@ -3,7 +3,7 @@
  * (docs/cli/quantize.md, "Error feedback").
  *
  * A policy rule with "feedback": true quantizes its matrices with
- * stz_quantize_tensor_feedback (stz_quant.h): each rounding error is pushed
+ * stz_quantize_tensor_feedback (stz_kernels.h): each rounding error is pushed
  * onto the columns not yet quantized through the inverse Gram matrix of the
  * layer's inputs. Those inputs come from stz's own forward pass over
  * calibration sequences (sampled from the model, or given), layer by
@@ -26,6 +26,7 @@
 #define STZ_FEEDBACK_H
 
 #include "stz.h"
+#include "stz_kernels.h"
 #include "stz_experimental.h"
 #include "stz_forward.h"
 #include "stz_policy.h"

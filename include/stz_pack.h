@@ -227,21 +227,6 @@ STZ_API const char *stz_xform_name(stz_xform x);
  * for STZ_XFORM_GGML, of llama.cpp type block_type's block field (in buf). */
 STZ_API const char *stz_plane_name(stz_xform x, int block_type, int k, char *buf, size_t cap);
 
-/* ---- plane kernels (exposed for tests and benchmarks) ------------------ */
-
-/* Transform used for a dtype. */
-STZ_API stz_xform stz_xform_for_dtype(stz_dtype d);
-/* Element width in bytes and plane count of a transform (0 for
- * STZ_XFORM_GGML, whose planes depend on the block type and the chunk's
- * start, and which these split and merge functions do not do). */
-STZ_API unsigned stz_xform_width(stz_xform x);
-STZ_API unsigned stz_xform_planes(stz_xform x);
-/* Splits n bytes (a multiple of the width) into planes; plane k gets
- * n / width bytes at planes[k]. Reference implementation, no allocation. */
-STZ_API void stz_xform_split(stz_xform x, const uint8_t *src, size_t n, uint8_t *const *planes);
-/* Inverse of stz_xform_split. */
-STZ_API void stz_xform_merge(stz_xform x, const uint8_t *const *planes, size_t n, uint8_t *dst);
-
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,7 @@
 #define STZ_TUNE_H
 
 #include "stz.h"
+#include "stz_kernels.h"
 #include "stz_experimental.h"
 #include "stz_export.h"
 #include "stz_forward.h"

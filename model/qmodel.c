@@ -1,6 +1,7 @@
 /* stz_qmodel: any file, plain or quantized, or a container of one, read as
  * floats. docs/FORMAT.md, "Quantized SafeTensors", is the reference. */
 #include "gguf_view.h"
+#include "stz_kernels.h"
 #include "quant/quant_meta.h"
 #include "stz_model.h"
 #include "stz_pack.h"

@@ -1,6 +1,7 @@
 /* Opening containers: the file header, the original SafeTensors (or GGUF)
  * header, the index and trailer, all checked; chunk records' plane tables. */
 #include "pack_internal.h"
+#include "stz_planes.h"
 #include "gguf/gguf_layout.h"
 #include "safetensors/st_reader.h"
 #include "safetensors/st_sink.h"

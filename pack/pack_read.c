@@ -1,6 +1,7 @@
 /* Reading containers: decoding, unpack, verify, single-tensor extract,
  * random access to the original file. */
 #include "pack_internal.h"
+#include "stz_planes.h"
 
 #include <errno.h>
 #include <fcntl.h>

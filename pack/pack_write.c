@@ -1,5 +1,6 @@
 /* stz_pack_file: SafeTensors -> container. */
 #include "pack_write.h"
+#include "stz_planes.h"
 
 #include "gguf/gguf_layout.h"
 #include "safetensors/st_reader.h"

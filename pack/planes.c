@@ -1,6 +1,7 @@
 /* Plane transforms: rearrange the bits of each element so that bits that
  * behave alike (exponents, mantissa bytes) sit in their own byte plane. */
 #include "core/stz_core.h"
+#include "stz_planes.h"
 #include "pack_internal.h"
 #include "stz_pack.h"
 

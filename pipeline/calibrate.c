@@ -6,6 +6,7 @@
  * alongside), the layer run again with them; results kept in an unlinked
  * temporary file. */
 #include "model/forward_internal.h"
+#include "stz_kernels.h"
 #include "quant/quant_tensor.h"
 #include "stz_feedback.h"
 

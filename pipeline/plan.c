@@ -3,6 +3,7 @@
  * is quantized, and its metadata entry (plan.h); shared by quantize.c and
  * svd_factors.c, which call each other through nothing else. */
 #include "plan.h"
+#include "stz_kernels.h"
 #include "quant/ggml_types.h"
 #include "stz_svd.h"
 

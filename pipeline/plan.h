@@ -5,6 +5,7 @@
 #define STZ_QUANT_PLAN_H
 
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "stz_pipeline.h"
 #include "stz_safetensors.h"
 #include "quant/quant_tensor.h"

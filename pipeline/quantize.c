@@ -11,6 +11,7 @@
  * "dtype", "shape", "scales" | "scale", "scale_dtype", "packing"}.
  * docs/FORMAT.md, "Quantized SafeTensors", is the reference. */
 #include "pack/pack_sink.h"
+#include "stz_kernels.h"
 #include "quant/ggml_types.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"

@@ -4,6 +4,7 @@
  * fit the caller's budget, else factored again when written (the same
  * bits, checked by a hash). */
 #include "plan.h"
+#include "stz_kernels.h"
 #include "stz_eval.h"
 #include "stz_svd.h"
 

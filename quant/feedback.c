@@ -27,6 +27,7 @@
  * order, each column's errors fed to the block's later columns; without U
  * the same sweep quantizes a trellis with no feedback. */
 #include "quant_tensor.h"
+#include "stz_kernels.h"
 #include "ggml_types.h"
 #include "core/stz_core.h"
 

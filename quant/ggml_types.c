@@ -1,6 +1,7 @@
 /* llama.cpp's tensor types (ggml_types.h): the traits table, and the
  * packers and reference dequantizers of the types stz writes. */
 #include "ggml_types.h"
+#include "stz_kernels.h"
 #include "core/stz_core.h"
 
 #include <math.h>

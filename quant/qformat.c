@@ -3,6 +3,7 @@
  * non-uniform codebook (nl); scales as F16, F32 or 8-bit log codes.
  * The scalar reference; see stz_quant.h for the definitions. */
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "stz_quant.h"
 #include "ggml_types.h"
 #include "quant_tensor.h"

@@ -1,6 +1,7 @@
 /* Block-wise symmetric quantization kernels (scalar reference) and float
  * conversions. See stz_quant.h for the exact definitions. */
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "stz_quant.h"
 
 #include <math.h>

@@ -2,6 +2,7 @@
  * against the tensors it names (docs/FORMAT.md, "Quantized SafeTensors"),
  * and its rows dequantized. */
 #include "quant_meta.h"
+#include "stz_kernels.h"
 #include "ggml_types.h"
 #include "stz_svd.h"
 

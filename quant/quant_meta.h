@@ -4,6 +4,7 @@
 #define STZ_QUANT_META_H
 
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "stz_quant.h"
 #include "stz_safetensors.h"
 #include "quant_tensor.h"

@@ -2,6 +2,7 @@
  * it (values, scales, minimums), with its squared error: what stz tune
  * measures each candidate by. */
 #include "quant_tensor.h"
+#include "stz_kernels.h"
 #include "ggml_types.h"
 #include "stz_svd.h"
 

@@ -4,6 +4,7 @@
 #define STZ_QUANT_TENSOR_H
 
 #include "stz_quant.h"
+#include "stz_kernels.h"
 #include "stz_safetensors.h"
 #include "stz_svd.h"
 

@@ -3,6 +3,7 @@
  * or blocks, each row on its own; quant_tensor.c holds the steps they
  * share, so that neither it nor feedback.c calls back into this file. */
 #include "quant_tensor.h"
+#include "stz_kernels.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -19,6 +19,7 @@
  * quantizes a whole column of a segment at a time, and pushes its errors
  * onto the columns after it. */
 #include "quant_tensor.h"
+#include "stz_kernels.h"
 #include "core/stz_core.h"
 
 #include <float.h>

@@ -6,6 +6,7 @@
 #define STZ_KERNEL_COPIES_H
 
 #include "stz_pack.h"
+#include "stz_kernels.h"
 #include "stz_quant.h"
 
 void plain_xform_split(stz_xform x, const uint8_t *src, size_t n, uint8_t *const *p);

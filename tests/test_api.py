@@ -36,6 +36,14 @@ for h in sorted(os.listdir(inc)):
             j -= 1
         if j < 0 or not lines[j].rstrip().endswith("*/"):
             problems.append("include/%s:%d: %s has no comment saying what it does" % (h, i + 1, m.group(1)))
+# the stable headers declare no kernel (a row, a block, a plane at a time): those are experimental
+STABLE = {"stz.h", "stz_safetensors.h", "stz_quant.h", "stz_policy.h", "stz_pack.h", "stz_model.h", "stz_pipeline.h",
+          "stz_eval.h"}
+KERNEL = re.compile(r"_ref$|_row$|^stz_qf_|^stz_q[48]_|^stz_xform_(split|merge)$|^stz_quantize_tensor|^stz_mm_")
+for name, where in sorted(declared.items()):
+    if where.split(":")[0] in STABLE and KERNEL.search(name):
+        problems.append("include/%s: the kernel %s in a stable header (kernels are experimental: stz_kernels.h, "
+                        "stz_planes.h)" % (where, name))
 for s in sorted(exported - set(declared)):
     problems.append("libstz.so exports %s, which no header of include/ declares with STZ_API" % s)
 for s in sorted(set(declared) - exported):

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "quant/ggml_types.h"
 #include "stz_quant.h"
 #include "stz_tune.h"

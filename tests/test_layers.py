@@ -21,7 +21,7 @@ PUBLIC = {"stz.h": "core", "stz_safetensors.h": "safetensors", "stz_svd.h": "svd
           "stz_policy.h": "policy", "stz_pack.h": "pack", "stz_model.h": "model", "stz_forward.h": "model", "stz_imatrix.h": "pipeline", "stz_feedback.h": "pipeline",
           "stz_eval.h": "eval", "stz_pipeline.h": "pipeline", "stz_tune.h": "tune", "stz_gguf.h": "gguf",
           "stz_export.h": "export",
-          "stz_synth.h": "synth", "stz_experimental.h": "core", "stz_files.h": "core"}
+          "stz_synth.h": "synth", "stz_experimental.h": "core", "stz_files.h": "core", "stz_kernels.h": "quant", "stz_planes.h": "pack"}
 RANK = {f: i for i, f in enumerate(ORDER)}
 
 lib, root = sys.argv[1], sys.argv[2]

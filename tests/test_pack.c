@@ -7,6 +7,8 @@
 #include <cmocka.h>
 
 #include "pack/pack_internal.h"
+#include "stz_planes.h"
+#include "stz_kernels.h"
 #include "quant/ggml_types.h"
 #include "core/stz_core.h"
 #include "stz_pack.h"

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "stz_eval.h"
+#include "stz_kernels.h"
 #include "core/stz_core.h"
 #include "stz_policy.h"
 #include "stz_pack.h"

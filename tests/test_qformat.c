@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "stz_policy.h"
 #include "stz_model.h"
 #include "stz_pipeline.h"

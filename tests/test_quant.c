@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "stz_eval.h"
+#include "stz_kernels.h"
 #include "core/stz_core.h"
 #include "quant/ggml_types.h"
 #include "quant/quant_tensor.h"

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include "stz_quant.h"
+#include "stz_kernels.h"
 #include "stz_svd.h"
 #include "svd/svd_internal.h"
 

@@ -4,6 +4,7 @@
  * Plain rounding and feedback then compare on what the layer computes,
  * which is what feedback lowers (its weights' own error grows). */
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "quant/quant_tensor.h"
 #include "stz_feedback.h"
 #include "stz_imatrix.h"

@@ -1,6 +1,7 @@
 /* stz tune: measure candidates, probe sensitivity (the budget is solved in
  * solve.c), write the policy (see stz_tune.h). */
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "stz_safetensors.h"
 #include "stz_imatrix.h"
 #include "stz_tune.h"

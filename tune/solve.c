@@ -2,6 +2,7 @@
  * convex hull of each tensor's bytes and predicted KL, walked by slope;
  * see stz_tune.h). */
 #include "core/stz_core.h"
+#include "stz_kernels.h"
 #include "stz_pack.h"
 #include "stz_safetensors.h"
 #include "stz_tune.h"

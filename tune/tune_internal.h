@@ -4,6 +4,7 @@
 #define STZ_TUNE_INTERNAL_H
 
 #include "stz_tune.h"
+#include "stz_kernels.h"
 
 /* The tensor of that name, or NULL. */
 stz_tune_tensor *stz_tune_find(const stz_tune *T, const char *name);
