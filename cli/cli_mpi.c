@@ -120,7 +120,14 @@ const stz_ranks *cli_ranks(void)
 int cli_shards_run(const char *in, const char *out, const char *in_suffix, const char *out_suffix, int rewrite_index,
                    int threads, int quiet, stz_shard_fn convert, void *user)
 {
-    stz_shards_params p = {in_suffix, out_suffix, rewrite_index, threads, quiet, convert, user, cli_ranks()};
+    stz_shards_params p = {.in_suffix = in_suffix,
+                           .out_suffix = out_suffix,
+                           .rewrite_index = rewrite_index,
+                           .threads = threads,
+                           .quiet = quiet,
+                           .convert = convert,
+                           .user = user,
+                           .ranks = cli_ranks()};
     stz_err err;
     if (!stz_convert_shards(&p, in, out, &err))
         return CLI_OK;

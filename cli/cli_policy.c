@@ -59,9 +59,20 @@ int cli_policy_opt(const char *cmd, int c, cli_policy_opts *po)
     return -1;
 }
 
+/* The policy the options name, with their rules on top. */
+static stz_policy_spec spec_of(const cli_policy_opts *po)
+{
+    return (stz_policy_spec){.policy = po->policy,
+                             .rules = po->over,
+                             .nrules = (size_t)po->nover,
+                             .method = po->method,
+                             .block_size = po->block_size,
+                             .feedback = po->feedback};
+}
+
 stz_status cli_policy_load(const cli_policy_opts *po, stz_policy **out, stz_err *err)
 {
-    stz_policy_spec spec = {po->policy, po->over, (size_t)po->nover, po->method, po->block_size, po->feedback};
+    stz_policy_spec spec = spec_of(po);
     return stz_policy_build(&spec, out, err);
 }
 
@@ -174,7 +185,7 @@ int cmd_policy(int argc, char **argv)
 
 stz_status cli_policy_for(const cli_policy_opts *po, const char *model, int quiet, stz_policy **pol, stz_err *err)
 {
-    stz_policy_spec spec = {po->policy, po->over, (size_t)po->nover, po->method, po->block_size, po->feedback};
+    stz_policy_spec spec = spec_of(po);
     stz_err note;
     stz_status st = stz_policy_for_model(&spec, model, po->config, po->fast, po->so.default_len != 0, pol, &note, err);
     if (!st && note.msg[0] && !quiet)

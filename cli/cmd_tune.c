@@ -179,7 +179,7 @@ static int parse(int argc, char **argv, tune_opts *o, int gguf)
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->p.verify = 1;
-    const stz_seq_spec defaults = {NULL, 4, 0, 64, 1, 1, 0.9};
+    const stz_seq_spec defaults = STZ_TUNE_SEQS;
     o->p.seqs = defaults;
     int c, rc, budgets = 0, fast = 0;
     optind = 1;

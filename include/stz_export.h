@@ -51,7 +51,7 @@ typedef struct {
 } stz_gguf_params;
 
 // clang-format off
-#define STZ_GGUF_PARAMS_DEFAULT {STZ_GGML_AUTO, 0, NULL, NULL, 1, 0, NULL, NULL, 0, NULL}
+#define STZ_GGUF_PARAMS_DEFAULT {.type = STZ_GGML_AUTO, .threads = 1}
 // clang-format on
 
 /* What an export wrote, per GGUF type. */

@@ -164,7 +164,7 @@ typedef struct {
 /* Error feedback's sequences unless told otherwise: 16 of 256 tokens
  * sampled, seed 1. */
 // clang-format off
-#define STZ_FEEDBACK_SEQS {NULL, 16, 0, 256, 1, 1, 0.9}
+#define STZ_FEEDBACK_SEQS {.nseq = 16, .default_len = 256, .seed = 1, .temperature = 1, .top_p = 0.9}
 // clang-format on
 /* The sequences s asks for from model m, `label` naming it in messages
  * (read: ids checked against its vocabulary); progress counts sampled

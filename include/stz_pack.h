@@ -43,7 +43,7 @@ typedef struct stz_pack_params {
 } stz_pack_params;
 
 // clang-format off
-#define STZ_PACK_PARAMS_DEFAULT {STZ_PACK_FAST, 1, 1u << 20, 0, NULL, NULL}
+#define STZ_PACK_PARAMS_DEFAULT {.level = STZ_PACK_FAST, .threads = 1, .chunk_size = 1u << 20}
 // clang-format on
 
 typedef struct stz_pack_stats {
@@ -177,7 +177,7 @@ typedef struct {
 } stz_unpack_params;
 
 // clang-format off
-#define STZ_UNPACK_PARAMS_DEFAULT {1, 0, NULL, NULL}
+#define STZ_UNPACK_PARAMS_DEFAULT {.threads = 1}
 // clang-format on
 
 /* Writes the original file to `out`, checking every chunk checksum and the

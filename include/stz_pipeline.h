@@ -43,7 +43,7 @@ typedef struct {
 
 #define STZ_SVD_HOLD_DEFAULT (256u << 20)
 // clang-format off
-#define STZ_QUANT_PARAMS_DEFAULT {1, 0, NULL, NULL, 0, NULL, NULL}
+#define STZ_QUANT_PARAMS_DEFAULT {.threads = 1}
 // clang-format on
 
 typedef struct {
@@ -189,7 +189,7 @@ STZ_API stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, 
 /* An importance matrix's sequences unless told otherwise (stz imatrix's):
  * 16 of 128 tokens sampled, seed 1. */
 // clang-format off
-#define STZ_IMATRIX_SEQS {NULL, 16, 0, 128, 1, 1, 0.9}
+#define STZ_IMATRIX_SEQS {.nseq = 16, .default_len = 128, .seed = 1, .temperature = 1, .top_p = 0.9}
 // clang-format on
 /* Collects into im the importance of the open model m's matrices over the
  * sequences seqs asks for (NULL: STZ_IMATRIX_SEQS): sampled ones as they

@@ -33,7 +33,7 @@ typedef struct {
 } stz_svd_params;
 
 // clang-format off
-#define STZ_SVD_PARAMS_DEFAULT {STZ_SVD_EXACT, 0, 0, 0, 10, 1, 1, 1}
+#define STZ_SVD_PARAMS_DEFAULT {.method = STZ_SVD_EXACT, .oversample = 10, .power_iters = 1, .seed = 1, .threads = 1}
 // clang-format on
 
 typedef struct {

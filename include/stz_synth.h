@@ -40,7 +40,7 @@ typedef struct {
 } stz_synth_params;
 
 // clang-format off
-#define STZ_SYNTH_PARAMS_DEFAULT {"tiny", STZ_DTYPE_BF16, 1, 1, 0, NULL, NULL, 0, 0, 0, 0, 0}
+#define STZ_SYNTH_PARAMS_DEFAULT {.arch = "tiny", .dtype = STZ_DTYPE_BF16, .seed = 1, .threads = 1}
 // clang-format on
 
 typedef struct {

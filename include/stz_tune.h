@@ -213,6 +213,12 @@ STZ_API const char *stz_tune_goal_option(stz_tune_goal g);
  * over the whole file; 0 when T has no parameters. */
 STZ_API void stz_tune_bpw(const stz_tune *T, uint64_t bytes, double *data_bpw, double *file_bpw);
 
+/* tune's sequences unless told otherwise: 4 of 64 tokens sampled, seed 1. */
+#define STZ_TUNE_SEQS                                                                                                  \
+    {                                                                                                                  \
+        .nseq = 4, .default_len = 64, .seed = 1, .temperature = 1, .top_p = 0.9                                        \
+    }
+
 /* The verification's correction rounds: a missed budget is solved again
  * with the prediction corrected by what was measured, at most this often. */
 #define STZ_TUNE_CORRECTIONS 2

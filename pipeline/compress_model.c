@@ -213,7 +213,14 @@ static stz_status compress_files(compress_run *c, const char *in, int sharded, c
     const stz_compress_params *p = c->p;
     if (!sharded)
         return compress_one(c, in, out, p->threads, p->quiet, err);
-    stz_shards_params sp = {"", ".stz", p->policy != NULL, p->threads, p->quiet, compress_one, c, p->ranks};
+    stz_shards_params sp = {.in_suffix = "",
+                            .out_suffix = ".stz",
+                            .rewrite_index = p->policy != NULL,
+                            .threads = p->threads,
+                            .quiet = p->quiet,
+                            .convert = compress_one,
+                            .user = c,
+                            .ranks = p->ranks};
     stz_status st = stz_convert_shards(&sp, in, out, err);
     if (!st && p->ranks && p->ranks->size > 1)
         gather(p->ranks, c);

@@ -541,7 +541,7 @@ def export_gguf(src: PathLike, dst: PathLike, tokenizer: Optional[PathLike] = No
                    force=force, **options)
 
 
-# tune's sequences unless told otherwise (cmd_tune.c's, docs/cli/tune.md)
+# tune's sequences unless told otherwise (STZ_TUNE_SEQS, stz_tune.h)
 _TUNE_SEQS = {"nseq": 4, "len": 0, "default_len": 64, "seed": 1, "temperature": 1.0, "top_p": 0.9}
 # the budgets, as stz_tune_goal numbers them, with their ranges
 _BUDGETS = {"size": (0, 1, 1e18), "ratio": (1, 0.01, 1e6), "bits_per_weight": (2, 0.01, 64), "max_kl": (3, 0, 1e9)}
