@@ -486,7 +486,7 @@ def compress(src: PathLike, dst: Optional[PathLike] = None, policy: Optional[str
         _usage("compress", "--fast skips the error feedback --feedback asks for: give one of them")
     if os.fspath(src) == "-" or (dst is not None and os.fspath(dst) == "-"):
         _usage("compress", "standard input/output ('-') is not available from Python")
-    policy = None if lossless else named[0] if named else None if options.get("set") or options.get("keep") else "int4"
+    policy = None if lossless else named[0] if named else "int4"
     L, src_s = lib(), os.fspath(src)
     dst_s = os.fspath(dst) if dst is not None else _c_name(L.stz_compress_output_name, cstr(src_s, "path", True),
                                                             lossless, cstr(policy, "policy", True) if policy else None)

@@ -183,6 +183,7 @@ def test_compress_through_c(files, tmp_path):
         b["output"] = a["output"]
         assert same_document(a, b), kw
         assert (tmp_path / "a.stz").read_bytes() == (tmp_path / "b.stz").read_bytes(), kw
+    assert stz.compress(orig, tmp_path / "s.stz", set="*.mlp.*=int8", fast=True)["mode"] == "int4"  # the default
     named = stz.compress(orig, policy="int8", fast=True)  # the program's default name
     assert named["output"] == str(files / "tiny.int8.safetensors.stz") and os.path.exists(named["output"])
     os.remove(named["output"])
