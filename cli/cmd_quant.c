@@ -112,9 +112,9 @@ static const char *action_label(const stz_decision *d, char *buf, size_t cap)
                      d->svd_energy > 0 ? d->svd_energy : d->svd_max_error, d->svd_randomized ? "/rand" : "");
         return buf;
     }
-    if (stz_action_ggml_type(d->action) >= 0)
-        return stz_action_name(d->action);
-    snprintf(buf, cap, "%s/%u%s%s%s", stz_action_name(d->action), d->block_size,
+    if (stz_decision_ggml_type(d) >= 0)
+        return stz_action_name(d->action, d->ggml_type);
+    snprintf(buf, cap, "%s/%u%s%s%s", stz_action_name(d->action, d->ggml_type), d->block_size,
              d->method == STZ_QMETHOD_ABSMAX ? "" : "/",
              d->method == STZ_QMETHOD_ABSMAX ? "" : stz_qmethod_name(d->method),
              d->scale_dtype == STZ_DTYPE_F32  ? "/f32"
@@ -148,12 +148,12 @@ static cJSON *decision_json(const stz_tensor *t, const stz_decision *d, uint64_t
         cJSON_AddNullToObject(e, "rule");
     else
         cJSON_AddNumberToObject(e, "rule", d->rule);
-    cJSON_AddStringToObject(e, "action", stz_action_name(d->action));
+    cJSON_AddStringToObject(e, "action", stz_action_name(d->action, d->ggml_type));
     if (d->action == STZ_ACTION_SVD) {
         if (d->svd_rank)
             cJSON_AddNumberToObject(e, "rank", d->svd_rank);
-        cJSON_AddStringToObject(e, "fallback", stz_action_name(d->fallback));
-    } else if (d->action != STZ_ACTION_KEEP && stz_action_ggml_type(d->action) < 0) {
+        cJSON_AddStringToObject(e, "fallback", stz_action_name(d->fallback, -1));
+    } else if (d->action != STZ_ACTION_KEEP && stz_decision_ggml_type(d) < 0) {
         cJSON_AddNumberToObject(e, "block_size", d->block_size);
         cJSON_AddStringToObject(e, "method", stz_qmethod_name(d->method));
         cJSON_AddStringToObject(e, "scale_dtype", stz_dtype_name(d->scale_dtype));

@@ -25,23 +25,10 @@ typedef enum {
     STZ_ACTION_INT3 = 5,
     STZ_ACTION_INT5 = 6,
     STZ_ACTION_INT6 = 7,
-    /* llama.cpp's tensor types (quant/ggml_quant.c chooses their scales):
-     * the values stored as GGUF stores them, exported byte for byte */
-    STZ_ACTION_FIRST_GGML = 8,
-    STZ_ACTION_Q4_0 = 8,
-    STZ_ACTION_Q4_1 = 9,
-    STZ_ACTION_Q5_0 = 10,
-    STZ_ACTION_Q5_1 = 11,
-    STZ_ACTION_Q8_0 = 12,
-    STZ_ACTION_IQ4_NL = 13,
-    STZ_ACTION_Q2_K = 14,
-    STZ_ACTION_Q3_K = 15,
-    STZ_ACTION_Q4_K = 16,
-    STZ_ACTION_Q5_K = 17,
-    STZ_ACTION_Q6_K = 18,
-    STZ_ACTION_IQ4_XS = 19,
-    STZ_ACTION_F16 = 20,
-    STZ_ACTION_BF16 = 21,
+    /* one of llama.cpp's tensor types, stz_decision.ggml_type (quant/ggml_quant.c
+     * chooses their scales): the values stored as GGUF stores them, exported
+     * byte for byte; a new type is a row of quant/ggml_types.c, not a value here */
+    STZ_ACTION_GGML = 8,
     STZ_ACTION_COUNT
 } stz_action;
 
@@ -69,6 +56,7 @@ typedef enum { STZ_NONFINITE_ERROR = 0, STZ_NONFINITE_KEEP = 1 } stz_nonfinite;
 
 typedef struct {
     stz_action action;
+    int ggml_type;           /* STZ_ACTION_GGML: the llama.cpp type (STZ_GGML_*), else unused */
     uint32_t block_size;     /* elements per block along the last dimension */
     stz_dtype scale_dtype;   /* F16 (default), F32, or U8 (8-bit log codes under a per-tensor base) */
     stz_qmethod method;      /* absmax (default), mse, full, asym, nl */
@@ -87,21 +75,27 @@ typedef struct {
     const char *reason;       /* static text when the action was overridden, else NULL */
 } stz_decision;
 
-/* Names as policies write them: "int4", "svd", "q4_k"...; "absmax", "nl"... ("?" out of range). */
-STZ_API const char *stz_action_name(stz_action a);
-/* The action named `name` as stz_action_name writes it; STZ_ACTION_COUNT
- * when none is (or name is NULL). */
-STZ_API stz_action stz_action_of_name(const char *name);
-/* Bits per value of a quantizing action (int2..int8; a ggml type's code
- * width: q4_k 4, q6_k 6, f16 16), 0 for keep and svd. */
-STZ_API int stz_action_bits(stz_action a);
-/* 1 for the block quantizations (int2..int8, q4_0..iq4_xs), 0 for keep,
- * svd, f16 and bf16. */
-STZ_API int stz_action_is_block(stz_action a);
-/* The ggml type (STZ_GGML_*) of a ggml-type action, else -1; and the
- * action of a ggml type (STZ_ACTION_COUNT for a type stz does not write). */
-STZ_API int stz_action_ggml_type(stz_action a);
-STZ_API stz_action stz_action_of_ggml_type(int type);
+/* An action is a kind and, for STZ_ACTION_GGML, a llama.cpp type (type; -1
+ * or any for the other kinds). Its name as policies write it: "int4",
+ * "svd", "q4_k"... ("?" for none); its code width (int2..int8; a ggml
+ * type's: q4_k 4, q6_k 6, f16 16; 0 for keep and svd); 1 for the block
+ * quantizations (int2..int8, q4_0..iq4_xs), 0 for keep, svd, f16 and bf16. */
+STZ_API const char *stz_action_name(stz_action a, int type);
+STZ_API int stz_action_bits(stz_action a, int type);
+STZ_API int stz_action_is_block(stz_action a, int type);
+/* The action named `name` (as stz_action_name writes it) into *a and *type
+ * (-1 unless a ggml type); 0, or -1 when none is (or name is NULL). */
+STZ_API int stz_action_parse(const char *name, stz_action *a, int *type);
+/* The i-th action a policy may name, in the order stz's messages list them
+ * (stz's own kinds, then llama.cpp's types stz writes): its name, with *a and
+ * *type; NULL past the last. */
+STZ_API const char *stz_action_nth(size_t i, stz_action *a, int *type);
+/* A decision's llama.cpp type (STZ_ACTION_GGML), else -1. */
+static inline int stz_decision_ggml_type(const stz_decision *d)
+{
+    return d->action == STZ_ACTION_GGML ? d->ggml_type : -1;
+}
+/* A method's name: "absmax", "nl"... ("?" out of range). */
 STZ_API const char *stz_qmethod_name(stz_qmethod m);
 /* 1 when a matrix of `rows` rows can be stored with the method "trellis"
  * at `bits` bits: 2 to 4 bits, at least 12 / bits rows (a policy gives a

@@ -166,12 +166,13 @@ stz_status stz_feedback_take(stz_feedback *fb, const char *name, const stz_decis
         e = strcmp(fb->e[i].name, name) ? NULL : &fb->e[i];
     if (!e)
         return STZ_OK;
-    if (e->d.action != d->action || e->d.method != d->method || e->d.block_size != d->block_size ||
-        e->d.scale_dtype != d->scale_dtype)
+    if (e->d.action != d->action || stz_decision_ggml_type(&e->d) != stz_decision_ggml_type(d) ||
+        e->d.method != d->method || e->d.block_size != d->block_size || e->d.scale_dtype != d->scale_dtype)
         return stz_err_set(err, STZ_E_ARG,
                            "tensor '%s' was quantized with feedback as %s, and is now asked as %s "
                            "(another policy?)",
-                           name, stz_action_name(e->d.action), stz_action_name(d->action));
+                           name, stz_action_name(e->d.action, e->d.ggml_type),
+                           stz_action_name(d->action, d->ggml_type));
     out->fmt = e->fmt, out->err2 = e->err2, out->norm2 = e->norm2, out->cosine = e->cosine;
     for (int k = 0; k < STZ_PART_COUNT; k++) {
         out->dtype[k] = e->dtype[k], out->len[k] = e->len[k];

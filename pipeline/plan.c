@@ -16,7 +16,7 @@
 
 void stz_quant_plan_format(stz_quant_plan *x)
 {
-    x->bits = x->d.action == STZ_ACTION_SVD ? 8 : stz_action_bits(x->d.action); /* svd: INT8 factors */
+    x->bits = x->d.action == STZ_ACTION_SVD ? 8 : stz_action_bits(x->d.action, x->d.ggml_type); /* svd: INT8 factors */
     stz_qf_of_decision(&x->d, &x->fmt);
 }
 
@@ -145,7 +145,7 @@ uint64_t stz_quant_bytes(const stz_tensor *t, const stz_decision *d)
         uint64_t sb = stz_svd_bytes(m, n, d->svd_rank);
         return d->svd_rank < (m < n ? m : n) && sb < fbb ? sb : fbb;
     }
-    int bits = stz_action_bits(d->action), type = stz_action_ggml_type(d->action);
+    int bits = stz_action_bits(d->action, d->ggml_type), type = stz_decision_ggml_type(d);
     if (!bits)
         return t->end - t->begin;
     uint64_t cols = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel, rows = cols ? t->numel / cols : 0;

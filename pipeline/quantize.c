@@ -71,7 +71,7 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_p
 {
     stz_json_begin();
     if (pl->fmt.ggml) { /* a llama.cpp type: its blocks hold the scales (FORMAT.md) */
-        cJSON *o = meta_head(t, stz_action_name(pl->d.action), pl->bits, pl->fmt.block);
+        cJSON *o = meta_head(t, stz_action_name(pl->d.action, pl->d.ggml_type), pl->bits, pl->fmt.block);
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_GGML_PACKING);
         return stz_quant_put_meta(w, t, o, "quantization", err);
     }

@@ -71,8 +71,11 @@ static stz_status perr(stz_err *err, const stz_policy *p, int i, const char *pat
 static const char *action_names(char *buf, size_t cap)
 {
     size_t at = 0;
-    for (int a = 0; a < STZ_ACTION_COUNT && at < cap; a++)
-        at += (size_t)snprintf(buf + at, cap - at, "%s%s", a ? ", " : "", stz_action_name((stz_action)a));
+    stz_action a;
+    int type;
+    const char *n;
+    for (size_t i = 0; (n = stz_action_nth(i, &a, &type)) && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", i ? ", " : "", n);
     return buf;
 }
 
@@ -106,12 +109,10 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                 return perr(err, p, where, pat, "optional must be true or false", NULL, NULL);
             r->optional = cJSON_IsTrue(k);
         } else if (!strcmp(key, "action")) {
-            stz_action a = stz_action_of_name(cJSON_GetStringValue(k));
             char names[384];
-            if (a == STZ_ACTION_COUNT)
+            if (stz_action_parse(cJSON_GetStringValue(k), &d->action, &d->ggml_type))
                 return perr(err, p, where, pat, "unknown action '%s' (%s)",
                             cJSON_IsString(k) ? k->valuestring : "(not a string)", action_names(names, sizeof names));
-            d->action = a;
         } else if (!strcmp(key, "block_size")) {
             if (!whole_in(k, 1, 1 << 20, &v))
                 return perr(err, p, where, pat, "block_size must be a whole number in [1, 1048576]", NULL, NULL);
@@ -214,12 +215,12 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                             : cJSON_GetObjectItemCaseSensitive(o, "block_size")  ? "block_size"
                             : cJSON_GetObjectItemCaseSensitive(o, "scale_dtype") ? "scale_dtype"
                                                                                  : NULL;
-    if (block_key && stz_action_ggml_type(d->action) >= 0)
+    if (block_key && stz_decision_ggml_type(d) >= 0)
         return perr(err, p, where, pat, "'%s' does not apply to '%s': llama.cpp's types fix their blocks and scales",
-                    block_key, stz_action_name(d->action));
+                    block_key, stz_action_name(d->action, d->ggml_type));
     if (svd_key && d->action != STZ_ACTION_SVD)
         return perr(err, p, where, pat, "'%s' applies to the svd action, not '%s'", svd_key,
-                    stz_action_name(d->action));
+                    stz_action_name(d->action, d->ggml_type));
     if (d->action == STZ_ACTION_SVD && (d->svd_rank > 0) + (d->svd_energy > 0) + (d->svd_max_error > 0) != 1)
         return perr(err, p, where, pat, "action 'svd' needs exactly one of rank, energy, max_error", NULL, NULL);
     if (d->method == STZ_QMETHOD_ASYM && d->scale_dtype == STZ_DTYPE_U8)
@@ -227,17 +228,19 @@ static stz_status parse_action(stz_policy *p, int where, const char *pat, const 
                     "method \"asym\" stores its minimums beside the scales: scale_dtype must be "
                     "\"F16\" or \"F32\", not \"U8\"",
                     NULL, NULL);
-    if ((d->method == STZ_QMETHOD_NL || d->method == STZ_QMETHOD_NL_FIT) && stz_action_bits(d->action) > 6)
+    if ((d->method == STZ_QMETHOD_NL || d->method == STZ_QMETHOD_NL_FIT) &&
+        stz_action_bits(d->action, d->ggml_type) > 6)
         return perr(err, p, where, pat, "methods \"nl\" and \"nl-fit\" take 2 to 6 bits (int2..int6)", NULL, NULL);
     if (d->method == STZ_QMETHOD_TRELLIS && d->action != STZ_ACTION_KEEP &&
-        (stz_action_bits(d->action) < 2 || stz_action_bits(d->action) > 4 || stz_action_ggml_type(d->action) >= 0))
+        (stz_action_bits(d->action, d->ggml_type) < 2 || stz_action_bits(d->action, d->ggml_type) > 4 ||
+         stz_decision_ggml_type(d) >= 0))
         return perr(err, p, where, pat, "method \"trellis\" takes 2 to 4 bits (int2..int4)", NULL, NULL);
-    if (d->pad && (stz_action_ggml_type(d->action) < 0 || !stz_action_is_block(d->action)))
+    if (d->pad && (stz_decision_ggml_type(d) < 0 || !stz_action_is_block(d->action, d->ggml_type)))
         return perr(err, p, where, pat, "pad applies to llama.cpp's block types (q4_0..iq4_xs), not '%s'",
-                    stz_action_name(d->action), NULL);
-    if (d->feedback && !stz_action_is_block(d->action))
+                    stz_action_name(d->action, d->ggml_type), NULL);
+    if (d->feedback && !stz_action_is_block(d->action, d->ggml_type))
         return perr(err, p, where, pat, "feedback applies to block quantizations (int2..int8, q4_0..iq4_xs), not '%s'",
-                    stz_action_name(d->action), NULL);
+                    stz_action_name(d->action, d->ggml_type), NULL);
     if (rand_key && !d->svd_randomized)
         return perr(err, p, where, pat, "'%s' applies to method \"randomized\" only", rand_key, NULL);
     return STZ_OK;
@@ -544,21 +547,21 @@ stz_decision stz_policy_decide(stz_policy *p, const stz_tensor *t)
         d.reason = "fewer than 2 dimensions (rule needs \"include_1d\": true)";
     if (d.reason)
         d.action = STZ_ACTION_KEEP;
-    int type = stz_action_ggml_type(d.action), fb;
+    int type = stz_decision_ggml_type(&d), fb;
     uint64_t row = t->ndim >= 2 ? t->shape[t->ndim - 1] : t->numel;
     if (type >= 0 && (fb = stz_ggml_fit(type, row, d.pad)) != type) { /* as llama.cpp's quantize, or padded */
         fb = fb == STZ_GGML_F16 && t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16 : fb;
-        d.action = stz_action_of_ggml_type(fb);
+        d.ggml_type = fb;
         d.reason = d.pad && row % STZ_GGML_QK
                        ? "rows are not whole 32-blocks: padded, in the 32-block type llama.cpp falls back to"
                    : stz_ggml_block(type) == 256 && fb != STZ_GGML_F16 && fb != STZ_GGML_BF16
                        ? "rows are not whole 256-blocks: the 32-block type llama.cpp falls back to"
                        : "rows are not whole 32-blocks: a float type, as llama.cpp keeps them";
     }
-    if (d.method == STZ_QMETHOD_TRELLIS && stz_action_is_block(d.action) &&
-        !stz_trellis_fits(stz_action_bits(d.action), row ? t->numel / row : 0))
+    if (d.method == STZ_QMETHOD_TRELLIS && stz_action_is_block(d.action, d.ggml_type) &&
+        !stz_trellis_fits(stz_action_bits(d.action, d.ggml_type), row ? t->numel / row : 0))
         d.method = STZ_QMETHOD_NL, d.reason = "too few rows for a trellis (12 / bits): nl";
-    d.feedback &= stz_action_is_block(d.action); /* kept, or a float type by the fallback */
+    d.feedback &= stz_action_is_block(d.action, d.ggml_type); /* kept, or a float type by the fallback */
     return d;
 }
 

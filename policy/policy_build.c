@@ -57,7 +57,9 @@ static int apply_quant_opts(cJSON *o, const stz_policy_spec *spec)
 {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "action");
     int said = cJSON_GetObjectItemCaseSensitive(o, "feedback") != NULL;
-    if (spec->feedback && stz_action_is_block(stz_action_of_name(cJSON_GetStringValue(a))) &&
+    stz_action kind;
+    int type;
+    if (spec->feedback && !stz_action_parse(cJSON_GetStringValue(a), &kind, &type) && stz_action_is_block(kind, type) &&
         (spec->feedback == STZ_POLICY_FEEDBACK_ALL || !said)) {
         cJSON_DeleteItemFromObjectCaseSensitive(o, "feedback"); /* every block quantization */
         cJSON_AddBoolToObject(o, "feedback", 1);

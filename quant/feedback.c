@@ -331,9 +331,9 @@ stz_status stz_quantize_tensor_feedback(const stz_decision *d, const float *x, c
                                         uint64_t rows, uint64_t cols, int threads, stz_qmem *out, float *y,
                                         stz_err *err)
 {
-    if (!stz_action_is_block(d->action))
+    if (!stz_action_is_block(d->action, d->ggml_type))
         return stz_err_set(err, STZ_E_ARG, "error feedback needs a block quantization, not '%s'",
-                           stz_action_name(d->action));
+                           stz_action_name(d->action, d->ggml_type));
     memset(out, 0, sizeof *out); /* freed on every failure, also before stz_qtensor_begin fills it */
     float *w = malloc(cols * sizeof *w + 1), *U = malloc(cols * cols * sizeof *U + 1), *sc = NULL, *mn = NULL;
     stz_status st = w && U ? STZ_OK

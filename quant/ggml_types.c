@@ -380,49 +380,47 @@ static int conv_bf16(int t, const float *x, const float *w, size_t n, uint8_t *o
  * through llama.cpp's library the IQ1-IQ3 types. */
 static const stz_ggml_traits types[] = {
     {ROW(STZ_GGML_F32, "f32", 1, 4, pack_f32, deq_f32, conv_f32, 32, 0), .ftype = 0},
-    {ROW(STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16, 0), .ftype = 1, .action = STZ_ACTION_F16,
-     .tune = 1},
-    {ROW(STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0, Q32, 4, 0), .ftype = 2, .action = STZ_ACTION_Q4_0,
-     .tune = 9, .fields = {H("d", 0), F("qs", 2, 16)}},
-    {ROW(STZ_GGML_Q4_1, "q4_1", 32, 20, NULL, deq_q4_1, Q32, 4, 0), .ftype = 3, .action = STZ_ACTION_Q4_1, .tune = 8,
+    {ROW(STZ_GGML_F16, "f16", 1, 2, pack_f16, deq_f16, conv_f16, 16, 0), .ftype = 1, .policy = 13, .tune = 1},
+    {ROW(STZ_GGML_Q4_0, "q4_0", 32, 18, pack_q4_0, deq_q4_0, Q32, 4, 0), .ftype = 2, .policy = 1, .tune = 9,
+     .fields = {H("d", 0), F("qs", 2, 16)}},
+    {ROW(STZ_GGML_Q4_1, "q4_1", 32, 20, NULL, deq_q4_1, Q32, 4, 0), .ftype = 3, .policy = 2, .tune = 8,
      .fields = {H("d", 0), H("m", 2), F("qs", 4, 16)}},
-    {ROW(STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0, Q32, 5, 0), .ftype = 8, .action = STZ_ACTION_Q5_0,
-     .tune = 6, .codes = STZ_CODES_Q5, .fields = {H("d", 0), C("qh", 2, 4), C("qs", 6, 16)}},
-    {ROW(STZ_GGML_Q5_1, "q5_1", 32, 24, NULL, deq_q5_1, Q32, 5, 0), .ftype = 9, .action = STZ_ACTION_Q5_1, .tune = 5,
+    {ROW(STZ_GGML_Q5_0, "q5_0", 32, 22, pack_q5_0, deq_q5_0, Q32, 5, 0), .ftype = 8, .policy = 3, .tune = 6,
+     .codes = STZ_CODES_Q5, .fields = {H("d", 0), C("qh", 2, 4), C("qs", 6, 16)}},
+    {ROW(STZ_GGML_Q5_1, "q5_1", 32, 24, NULL, deq_q5_1, Q32, 5, 0), .ftype = 9, .policy = 4, .tune = 5,
      .codes = STZ_CODES_Q5, .fields = {H("d", 0), H("m", 2), C("qh", 4, 4), C("qs", 8, 16)}},
-    {ROW(STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0, Q32, 8, 0), .ftype = 7, .action = STZ_ACTION_Q8_0,
-     .tune = 2, .fields = {H("d", 0), F("qs", 2, 32)}},
+    {ROW(STZ_GGML_Q8_0, "q8_0", 32, 34, pack_q8_0, deq_q8_0, Q32, 8, 0), .ftype = 7, .policy = 5, .tune = 2,
+     .fields = {H("d", 0), F("qs", 2, 32)}},
     {ROW(9, "q8_1", 32, 36, NULL, NULL, NULL, 0, 0)},
-    {ROW(STZ_GGML_Q2_K, "q2_k", 256, 84, NULL, deq_q2_k, Q256, 2, 0), .ftype = 10, .action = STZ_ACTION_Q2_K,
-     .tune = 13, .fields = {F("scales", 0, 16), F("qs", 16, 64), H("d", 80), H("dmin", 82)}},
-    {ROW(STZ_GGML_Q3_K, "q3_k", 256, 110, NULL, deq_q3_k, Q256, 3, 0), .ftype = 12, .action = STZ_ACTION_Q3_K,
-     .tune = 12, .fields = {F("hmask", 0, 32), F("qs", 32, 64), F("scales", 96, 12), H("d", 108)}},
-    {ROW(STZ_GGML_Q4_K, "q4_k", 256, 144, NULL, deq_q4_k, Q256, 4, 0), .ftype = 15, .action = STZ_ACTION_Q4_K,
-     .tune = 7, .codes = STZ_CODES_Q4_K, .fields = {H("d", 0), H("dmin", 2), F("scales", 4, 12), C("qs", 16, 128)}},
-    {ROW(STZ_GGML_Q5_K, "q5_k", 256, 176, NULL, deq_q5_k, Q256, 5, 0), .ftype = 17, .action = STZ_ACTION_Q5_K,
-     .tune = 4, .codes = STZ_CODES_Q5_K,
+    {ROW(STZ_GGML_Q2_K, "q2_k", 256, 84, NULL, deq_q2_k, Q256, 2, 0), .ftype = 10, .policy = 7, .tune = 13,
+     .fields = {F("scales", 0, 16), F("qs", 16, 64), H("d", 80), H("dmin", 82)}},
+    {ROW(STZ_GGML_Q3_K, "q3_k", 256, 110, NULL, deq_q3_k, Q256, 3, 0), .ftype = 12, .policy = 8, .tune = 12,
+     .fields = {F("hmask", 0, 32), F("qs", 32, 64), F("scales", 96, 12), H("d", 108)}},
+    {ROW(STZ_GGML_Q4_K, "q4_k", 256, 144, NULL, deq_q4_k, Q256, 4, 0), .ftype = 15, .policy = 9, .tune = 7,
+     .codes = STZ_CODES_Q4_K, .fields = {H("d", 0), H("dmin", 2), F("scales", 4, 12), C("qs", 16, 128)}},
+    {ROW(STZ_GGML_Q5_K, "q5_k", 256, 176, NULL, deq_q5_k, Q256, 5, 0), .ftype = 17, .policy = 10, .tune = 4,
+     .codes = STZ_CODES_Q5_K,
      .fields = {H("d", 0), H("dmin", 2), F("scales", 4, 12), C("qh", 16, 32), C("qs", 48, 128)}},
-    {ROW(STZ_GGML_Q6_K, "q6_k", 256, 210, NULL, deq_q6_k, Q256, 6, 0), .ftype = 18, .action = STZ_ACTION_Q6_K,
-     .tune = 3, .codes = STZ_CODES_Q6_K,
-     .fields = {C("ql", 0, 128), C("qh", 128, 64), F("scales", 192, 16), H("d", 208)}},
+    {ROW(STZ_GGML_Q6_K, "q6_k", 256, 210, NULL, deq_q6_k, Q256, 6, 0), .ftype = 18, .policy = 11, .tune = 3,
+     .codes = STZ_CODES_Q6_K, .fields = {C("ql", 0, 128), C("qh", 128, 64), F("scales", 192, 16), H("d", 208)}},
     {ROW(15, "q8_k", 256, 292, NULL, NULL, NULL, 0, 0)},
     {ROW(16, "iq2_xxs", 256, 66, NULL, NULL, NULL, 0, 1)},
     {ROW(17, "iq2_xs", 256, 74, NULL, NULL, NULL, 0, 1)},
     {ROW(18, "iq3_xxs", 256, 98, NULL, NULL, NULL, 0, 1)},
     {ROW(19, "iq1_s", 256, 50, NULL, NULL, NULL, 0, 1)},
-    {ROW(STZ_GGML_IQ4_NL, "iq4_nl", 32, 18, NULL, deq_iq4_nl, Q32, 4, 0), .ftype = 25, .action = STZ_ACTION_IQ4_NL,
-     .tune = 10, .fields = {H("d", 0), F("qs", 2, 16)}},
+    {ROW(STZ_GGML_IQ4_NL, "iq4_nl", 32, 18, NULL, deq_iq4_nl, Q32, 4, 0), .ftype = 25, .policy = 6, .tune = 10,
+     .fields = {H("d", 0), F("qs", 2, 16)}},
     {ROW(21, "iq3_s", 256, 110, NULL, NULL, NULL, 0, 1)},
     {ROW(22, "iq2_s", 256, 82, NULL, NULL, NULL, 0, 1)},
-    {ROW(STZ_GGML_IQ4_XS, "iq4_xs", 256, 136, NULL, deq_iq4_xs, Q256, 4, 0), .ftype = 30, .action = STZ_ACTION_IQ4_XS,
-     .tune = 11, .fields = {H("d", 0), F("scales_h", 2, 2), F("scales_l", 4, 4), F("qs", 8, 128)}},
+    {ROW(STZ_GGML_IQ4_XS, "iq4_xs", 256, 136, NULL, deq_iq4_xs, Q256, 4, 0), .ftype = 30, .policy = 12, .tune = 11,
+     .fields = {H("d", 0), F("scales_h", 2, 2), F("scales_l", 4, 4), F("qs", 8, 128)}},
     {ROW(24, "i8", 1, 1, NULL, NULL, NULL, 0, 0)},
     {ROW(25, "i16", 1, 2, NULL, NULL, NULL, 0, 0)},
     {ROW(26, "i32", 1, 4, NULL, NULL, NULL, 0, 0)},
     {ROW(27, "i64", 1, 8, NULL, NULL, NULL, 0, 0)},
     {ROW(28, "f64", 1, 8, NULL, NULL, NULL, 0, 0)},
     {ROW(29, "iq1_m", 256, 56, NULL, NULL, NULL, 0, 1)},
-    {ROW(STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16, 0), .ftype = 32, .action = STZ_ACTION_BF16},
+    {ROW(STZ_GGML_BF16, "bf16", 1, 2, pack_bf16, deq_bf16, conv_bf16, 16, 0), .ftype = 32, .policy = 14},
     {ROW(34, "tq1_0", 256, 54, NULL, deq_tq1_0, NULL, 0, 0)},
     {ROW(35, "tq2_0", 256, 66, NULL, deq_tq2_0, NULL, 0, 0)},
     {ROW(39, "mxfp4", 32, 17, NULL, deq_mxfp4, NULL, 0, 0)},
@@ -434,10 +432,10 @@ static const stz_ggml_traits types[] = {
 #undef H
 #undef C
 
-const stz_ggml_traits *stz_ggml_traits_of_action(stz_action a)
+const stz_ggml_traits *stz_ggml_traits_of_policy(int k)
 {
-    for (size_t i = 0; a && i < NTYPES; i++)
-        if (types[i].action == a)
+    for (size_t i = 0; k > 0 && i < NTYPES; i++)
+        if (types[i].policy == k)
             return &types[i];
     return NULL;
 }

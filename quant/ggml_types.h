@@ -52,10 +52,11 @@ typedef struct stz_ggml_traits {
     int bits; /* the code width stz's actions give it (q4_k 4, f16 16) */
     int lib;  /* 1: decoded by llama.cpp's own library (ggml_lib.c) */
     /* The types stz writes: llama.cpp's LLAMA_FTYPE of a file whose
-     * matrices are mostly of this type (general.file_type), and the policy
-     * action that writes it. */
+     * matrices are mostly of this type (general.file_type), and its place
+     * among the policy's actions (STZ_ACTION_GGML of this type, named as
+     * the type; 1 first, after stz's own kinds; 0: no action writes it). */
     int ftype;
-    stz_action action;
+    int policy;
     int tune; /* stz tune --gguf offers it: its place in the list (1 first, the largest), 0 not */
     /* The block's fields in block order (the types the container splits
      * into planes: docs/FORMAT.md, transform 7; none for the others), and
@@ -64,8 +65,9 @@ typedef struct stz_ggml_traits {
     stz_ggml_field fields[STZ_GGML_FIELDS];
 } stz_ggml_traits;
 
-/* The traits of the action's type, or NULL (not a llama.cpp type). */
-const stz_ggml_traits *stz_ggml_traits_of_action(stz_action a);
+/* The type of the k-th action among llama.cpp's (its row's policy: 1
+ * first), NULL past the last. */
+const stz_ggml_traits *stz_ggml_traits_of_policy(int k);
 
 /* ggml's to_float: k elements (whole blocks) of packed rows x into y. */
 typedef void (*stz_ggml_to_float)(const void *x, float *y, int64_t k);

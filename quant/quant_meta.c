@@ -185,11 +185,12 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
     for (int j = 0; j < STZ_QMETHOD_COUNT && cJSON_IsString(meth); j++) /* nl-fit is stored as nl + levels */
         if (j != STZ_QMETHOD_NL_FIT && !strcmp(meth->valuestring, stz_qmethod_name((stz_qmethod)j)))
             m = j;
-    for (int a = STZ_ACTION_FIRST_GGML; a < STZ_ACTION_COUNT && cJSON_IsString(meth) && m < 0; a++)
-        if (!strcmp(meth->valuestring, stz_action_name((stz_action)a))) {
-            st = parse_ggml_info(r, t, o, stz_action_ggml_type((stz_action)a), qi, err);
-            goto cleanup;
-        }
+    stz_action a;
+    int type;
+    if (m < 0 && cJSON_IsString(meth) && !stz_action_parse(meth->valuestring, &a, &type) && a == STZ_ACTION_GGML) {
+        st = parse_ggml_info(r, t, o, type, qi, err);
+        goto cleanup;
+    }
     if (m < 0) {
         st = stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s': unknown quantization method '%s'", P, t->name,
                          cJSON_IsString(meth) ? meth->valuestring : "(none)");

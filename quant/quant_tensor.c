@@ -10,42 +10,52 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const action_names[STZ_ACTION_FIRST_GGML] = {"keep", "int8", "int4", "svd",
-                                                                "int2", "int3", "int5", "int6"};
+static const char *const action_names[STZ_ACTION_GGML] = {"keep", "int8", "int4", "svd",
+                                                          "int2", "int3", "int5", "int6"};
 
-int stz_action_ggml_type(stz_action a)
+/* A ggml action's traits (a type stz writes), else NULL. */
+static const stz_ggml_traits *ggml_of(stz_action a, int type)
 {
-    const stz_ggml_traits *t = stz_ggml_traits_of_action(a);
-    return t ? t->type : -1;
+    const stz_ggml_traits *t = a == STZ_ACTION_GGML ? stz_ggml_traits_of(type) : NULL;
+    return t && t->policy ? t : NULL;
 }
 
-stz_action stz_action_of_ggml_type(int type)
+const char *stz_action_name(stz_action a, int type)
 {
-    const stz_ggml_traits *t = stz_ggml_traits_of(type);
-    return t && t->action ? t->action : STZ_ACTION_COUNT;
+    const stz_ggml_traits *t = ggml_of(a, type);
+    return t ? t->name : (unsigned)a < STZ_ACTION_GGML ? action_names[a] : "?";
 }
 
-const char *stz_action_name(stz_action a)
+const char *stz_action_nth(size_t i, stz_action *a, int *type)
 {
-    int t = stz_action_ggml_type(a);
-    return t >= 0 ? stz_ggml_type_name(t) : (unsigned)a < STZ_ACTION_FIRST_GGML ? action_names[a] : "?";
+    const stz_ggml_traits *t = i < STZ_ACTION_GGML ? NULL : stz_ggml_traits_of_policy((int)(i - STZ_ACTION_GGML + 1));
+    if (i >= STZ_ACTION_GGML && !t)
+        return NULL;
+    *a = t ? STZ_ACTION_GGML : (stz_action)i;
+    *type = t ? t->type : -1;
+    return stz_action_name(*a, *type);
 }
 
-stz_action stz_action_of_name(const char *name)
+int stz_action_parse(const char *name, stz_action *a, int *type)
 {
-    for (int a = 0; name && a < STZ_ACTION_COUNT; a++)
-        if (!strcmp(name, stz_action_name((stz_action)a)))
-            return (stz_action)a;
-    return STZ_ACTION_COUNT;
+    const char *n;
+    for (size_t i = 0; name && (n = stz_action_nth(i, a, type)); i++)
+        if (!strcmp(name, n))
+            return 0;
+    *a = STZ_ACTION_COUNT, *type = -1;
+    return -1;
 }
 
-int stz_action_is_block(stz_action a) { return stz_action_bits(a) && a != STZ_ACTION_F16 && a != STZ_ACTION_BF16; }
-
-int stz_action_bits(stz_action a)
+int stz_action_is_block(stz_action a, int type)
 {
-    static const int bits[STZ_ACTION_FIRST_GGML] = {0, 8, 4, 0, 2, 3, 5, 6};
-    int t = stz_action_ggml_type(a);
-    return t >= 0 ? stz_ggml_traits_of(t)->bits : (unsigned)a < STZ_ACTION_FIRST_GGML ? bits[a] : 0;
+    return stz_action_bits(a, type) && !(a == STZ_ACTION_GGML && (type == STZ_GGML_F16 || type == STZ_GGML_BF16));
+}
+
+int stz_action_bits(stz_action a, int type)
+{
+    static const int bits[STZ_ACTION_GGML] = {0, 8, 4, 0, 2, 3, 5, 6};
+    const stz_ggml_traits *t = ggml_of(a, type);
+    return t ? t->bits : (unsigned)a < STZ_ACTION_GGML ? bits[a] : 0;
 }
 
 static const char *const method_names[STZ_QMETHOD_COUNT] = {"absmax", "mse", "full", "asym", "nl", "nl-fit", "trellis"};
@@ -74,7 +84,7 @@ size_t stz_qf_bytes(const stz_qformat *f, size_t n)
 
 void stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
 {
-    int bits = d->action == STZ_ACTION_SVD ? 8 : stz_action_bits(d->action);
+    int bits = d->action == STZ_ACTION_SVD ? 8 : stz_action_bits(d->action, d->ggml_type);
     memset(f, 0, sizeof *f);
     f->bits = bits, f->method = d->method == STZ_QMETHOD_NL_FIT ? STZ_QMETHOD_NL : d->method;
     f->block = d->block_size, f->scale_dtype = d->scale_dtype;
@@ -82,7 +92,7 @@ void stz_qf_of_decision(const stz_decision *d, stz_qformat *f)
         stz_qf_default_levels(bits, f->levels), stz_qf_prepare(f);
     f->first_kernels = (bits == 8 || bits == 4) && (d->method == STZ_QMETHOD_ABSMAX || d->method == STZ_QMETHOD_MSE) &&
                        d->scale_dtype != STZ_DTYPE_U8;
-    int t = stz_action_ggml_type(d->action);
+    int t = stz_decision_ggml_type(d);
     if (t >= 0) { /* the type's own blocks: no stz scales or method */
         f->ggml = stz_ggml_traits_of(t);
         f->method = STZ_QMETHOD_ABSMAX, f->block = f->ggml->block, f->scale_dtype = STZ_DTYPE_F16, f->first_kernels = 0;
@@ -237,9 +247,9 @@ stz_status stz_qtensor_begin(const stz_decision *d, const float *x, const float 
     memset(out, 0, sizeof *out);
     *sc = *mn = NULL;
     stz_qformat *f = &out->fmt;
-    if (!stz_action_bits(d->action))
+    if (!stz_action_bits(d->action, d->ggml_type))
         return stz_err_set(err, STZ_E_ARG, "stz_quantize_tensor: '%s' is not a block quantization",
-                           stz_action_name(d->action));
+                           stz_action_name(d->action, d->ggml_type));
     stz_qf_of_decision(d, f);
     f->weights = weights;
     if (f->ggml && cols % f->block && f->block != STZ_GGML_QK) /* 32-blocks: the last one padded */

@@ -6,6 +6,7 @@
 #include "stz_policy.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -31,6 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         stz_decision d = stz_policy_decide(p, &ts[i]);
         if (d.action >= STZ_ACTION_COUNT || d.rule < -1 || d.rule >= (int)stz_policy_rule_count(p))
             abort();
+        if (!strcmp(stz_action_name(d.action, d.ggml_type), "?"))
+            abort(); /* a llama.cpp action is one of the types stz writes */
         if ((d.action == STZ_ACTION_INT8 || d.action == STZ_ACTION_INT4) &&
             (!d.block_size || d.method >= STZ_QMETHOD_COUNT))
             abort();

@@ -173,7 +173,7 @@ static void test_tensor_rows(void **state)
     for (int i = 0; i < 3 * 512; i++)
         x[i] = frand();
     for (size_t k = 0; k < NTYPES; k++) {
-        stz_decision d = {.action = stz_action_of_ggml_type(types[k])};
+        stz_decision d = {.action = STZ_ACTION_GGML, .ggml_type = types[k]};
         stz_qmem m;
         stz_err err;
         assert_int_equal(stz_quantize_tensor(&d, x, NULL, 3, 512, &m, &err), STZ_OK);
@@ -212,7 +212,7 @@ static void test_padded_rows(void **state)
     for (size_t k = 0; k < NTYPES; k++)
         for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
             size_t n = widths[wi], whole = n / 32 * 32, rb = (size_t)stz_ggml_row_bytes(types[k], n);
-            stz_decision d = {.action = stz_action_of_ggml_type(types[k]), .pad = 1};
+            stz_decision d = {.action = STZ_ACTION_GGML, .ggml_type = types[k], .pad = 1};
             stz_qmem m;
             stz_err err;
             stz_status st = stz_quantize_tensor(&d, x, NULL, 3, n, &m, &err);
@@ -300,12 +300,16 @@ static void test_rows(void **state)
         assert_true(at == 0 || at == t->bytes);
         assert_true(!t->codes || at); /* whole codes come from fields */
         if (!t->quantize) {
-            assert_int_equal(t->action, STZ_ACTION_KEEP);
+            assert_int_equal(t->policy, 0);
             continue;
         }
         if (t->type != STZ_GGML_F32) {
-            assert_int_equal(stz_action_ggml_type(t->action), ty);
-            assert_int_equal(stz_action_of_ggml_type(ty), t->action);
+            stz_action a; /* its policy action: (ggml, the type), named as the type */
+            int at_type;
+            assert_true(t->policy > 0);
+            assert_int_equal(stz_action_parse(t->name, &a, &at_type), 0);
+            assert_int_equal(a, STZ_ACTION_GGML);
+            assert_int_equal(at_type, ty);
         }
         assert_true(t->block == 1 || at); /* every block type stz writes is split into planes when packed */
         for (int k = 0; k < nft; k++)
@@ -331,7 +335,7 @@ static void test_tune_list(void **state)
     for (int ty = 0; ty < STZ_GGML_TYPE_LIMIT; ty++) {
         const stz_ggml_traits *t = stz_ggml_traits_of(ty);
         if (t && t->tune) {
-            assert_true(t->quantize && t->action);
+            assert_true(t->quantize && t->policy);
             ranks |= 1 << t->tune;
         }
     }

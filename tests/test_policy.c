@@ -27,6 +27,13 @@ static stz_tensor mk(const char *name, stz_dtype dt, int ndim, const uint64_t *s
     return t;
 }
 
+/* The llama.cpp type p decides for t (-1: another action). */
+static int ggml_type_of(stz_policy *p, const stz_tensor *t)
+{
+    stz_decision d = stz_policy_decide(p, t);
+    return stz_decision_ggml_type(&d);
+}
+
 static void test_policy_matching(void **state)
 {
     (void)state;
@@ -256,14 +263,15 @@ static void test_policy_pad(void **state)
     const struct {
         const char *name;
         const uint64_t *shape;
-        stz_action want;
+        int want; /* the llama.cpp type */
         int reason;
-    } cases[] = {{"a", odd, STZ_ACTION_Q5_1, 0}, {"b", odd, STZ_ACTION_Q5_0, 1},  {"c", odd, STZ_ACTION_F16, 1},
-                 {"b", w32, STZ_ACTION_Q5_0, 1}, {"b", w256, STZ_ACTION_Q4_K, 0}, {"a", w32, STZ_ACTION_Q5_1, 0}};
+    } cases[] = {{"a", odd, STZ_GGML_Q5_1, 0}, {"b", odd, STZ_GGML_Q5_0, 1},  {"c", odd, STZ_GGML_F16, 1},
+                 {"b", w32, STZ_GGML_Q5_0, 1}, {"b", w256, STZ_GGML_Q4_K, 0}, {"a", w32, STZ_GGML_Q5_1, 0}};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         stz_tensor t = mk(cases[k].name, STZ_DTYPE_F32, 2, cases[k].shape);
         stz_decision d = stz_policy_decide(p, &t);
-        assert_int_equal(d.action, cases[k].want);
+        assert_int_equal(d.action, STZ_ACTION_GGML);
+        assert_int_equal(d.ggml_type, cases[k].want);
         assert_int_equal(d.reason != NULL, cases[k].reason);
     }
     stz_policy_free(p);
@@ -311,18 +319,18 @@ static void test_builtin_policies(void **state)
                                           "layers.1.attention.wk.weight",
                                           "model.layers.3.self_attn.q_proj.weight",
                                           "transformer.h.0.attn.c_attn.weight"};
-            static const stz_action wide[] = {STZ_ACTION_Q5_K, STZ_ACTION_Q5_K,   STZ_ACTION_Q6_K,  STZ_ACTION_Q6_K,
-                                              STZ_ACTION_Q5_K, STZ_ACTION_IQ4_NL, STZ_ACTION_IQ4_NL};
-            static const stz_action narrow[] = {STZ_ACTION_Q5_1, STZ_ACTION_Q5_1,   STZ_ACTION_Q8_0,  STZ_ACTION_Q8_0,
-                                                STZ_ACTION_Q5_1, STZ_ACTION_IQ4_NL, STZ_ACTION_IQ4_NL};
+            static const int wide[] = {STZ_GGML_Q5_K, STZ_GGML_Q5_K,   STZ_GGML_Q6_K,  STZ_GGML_Q6_K,
+                                       STZ_GGML_Q5_K, STZ_GGML_IQ4_NL, STZ_GGML_IQ4_NL};
+            static const int narrow[] = {STZ_GGML_Q5_1, STZ_GGML_Q5_1,   STZ_GGML_Q8_0,  STZ_GGML_Q8_0,
+                                         STZ_GGML_Q5_1, STZ_GGML_IQ4_NL, STZ_GGML_IQ4_NL};
             uint64_t sw[2] = {64, 512}, sn[2] = {512, 64}, so[2] = {64, 172}, s1[1] = {64};
             for (int k = 0; k < 7; k++) {
                 stz_tensor t = mk(roles[k], STZ_DTYPE_F32, 2, sw);
-                assert_int_equal(stz_policy_decide(p, &t).action, wide[k]);
+                assert_int_equal(ggml_type_of(p, &t), wide[k]);
                 t = mk(roles[k], STZ_DTYPE_F32, 2, sn);
-                assert_int_equal(stz_policy_decide(p, &t).action, narrow[k]);
+                assert_int_equal(ggml_type_of(p, &t), narrow[k]);
                 t = mk(roles[k], STZ_DTYPE_BF16, 2, so);
-                assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_BF16); /* no block type takes 172 */
+                assert_int_equal(ggml_type_of(p, &t), STZ_GGML_BF16); /* no block type takes 172 */
             }
             stz_tensor t = mk("model.norm.weight", STZ_DTYPE_F32, 1, s1);
             assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
@@ -337,10 +345,9 @@ static void test_builtin_policies(void **state)
                                           "model.layers.3.self_attn.q_proj.weight", "layers.2.feed_forward.w1.weight"};
             for (int k = 0; k < 5; k++) {
                 stz_tensor t = mk(names[k], STZ_DTYPE_F32, 2, s2);
-                assert_int_equal(stz_policy_decide(p, &t).action,
-                                 !strcmp(name, "gguf-q4_0") ? STZ_ACTION_Q4_0 : STZ_ACTION_Q8_0);
+                assert_int_equal(ggml_type_of(p, &t), !strcmp(name, "gguf-q4_0") ? STZ_GGML_Q4_0 : STZ_GGML_Q8_0);
                 t = mk(names[k], STZ_DTYPE_F32, 2, so);
-                assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_F16);
+                assert_int_equal(ggml_type_of(p, &t), STZ_GGML_F16);
             }
             stz_tensor t = mk("model.norm.weight", STZ_DTYPE_F32, 1, s1);
             assert_int_equal(stz_policy_decide(p, &t).action, STZ_ACTION_KEEP);
@@ -370,7 +377,7 @@ static void test_builtin_policies(void **state)
                               : !strcmp(name, "int5")      ? STZ_ACTION_INT5
                                                            : STZ_ACTION_INT4;
             if (got != want)
-                fail_msg("policy %s: %s got %s", name, lin[k], stz_action_name(got));
+                fail_msg("policy %s: %s got %s", name, lin[k], stz_action_name(got, -1));
             /* the 4- and 5-bit policies use the nl codebook with U8 scales */
             stz_decision d = stz_policy_decide(p, &t);
             if (want == STZ_ACTION_INT4 || want == STZ_ACTION_INT5)

@@ -210,8 +210,12 @@ static void test_ggml_table(void **state)
                                  STZ_GGML_Q3_K, STZ_GGML_Q4_K, STZ_GGML_Q5_K, STZ_GGML_Q6_K,   STZ_GGML_IQ4_XS};
     for (size_t k = 0; k < sizeof writes / sizeof writes[0]; k++) {
         assert_int_equal(stz_ggml_type_parse(stz_ggml_type_name(writes[k])), writes[k]);
-        assert_int_equal(stz_action_ggml_type(stz_action_of_ggml_type(writes[k])),
-                         writes[k] == STZ_GGML_F32 ? -1 : writes[k]);
+        stz_action a; /* every type stz writes is a policy's action of its name, but F32 */
+        int type;
+        assert_int_equal(stz_action_parse(stz_ggml_type_name(writes[k]), &a, &type),
+                         writes[k] == STZ_GGML_F32 ? -1 : 0);
+        assert_int_equal(a, writes[k] == STZ_GGML_F32 ? STZ_ACTION_COUNT : STZ_ACTION_GGML);
+        assert_int_equal(type, writes[k] == STZ_GGML_F32 ? -1 : writes[k]);
     }
     assert_int_equal(stz_ggml_type_parse("q8_1"), -2); /* a type stz does not write */
     assert_int_equal(stz_ggml_type_parse("iq2_xxs"), -2);
@@ -436,14 +440,14 @@ static void test_feedback(void **state)
         {.action = STZ_ACTION_INT8, .block_size = 128, .method = STZ_QMETHOD_ABSMAX, .scale_dtype = STZ_DTYPE_F16},
         {.action = STZ_ACTION_INT3, .block_size = 32, .method = STZ_QMETHOD_TRELLIS, .scale_dtype = STZ_DTYPE_F16},
         {.action = STZ_ACTION_INT2, .block_size = 64, .method = STZ_QMETHOD_TRELLIS, .scale_dtype = STZ_DTYPE_U8},
-        {.action = STZ_ACTION_Q4_0},
-        {.action = STZ_ACTION_Q5_1},
-        {.action = STZ_ACTION_IQ4_NL},
-        {.action = STZ_ACTION_Q2_K},
-        {.action = STZ_ACTION_Q3_K},
-        {.action = STZ_ACTION_Q4_K},
-        {.action = STZ_ACTION_Q6_K},
-        {.action = STZ_ACTION_IQ4_XS}};
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_Q4_0},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_Q5_1},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_IQ4_NL},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_Q2_K},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_Q3_K},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_Q4_K},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_Q6_K},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_IQ4_XS}};
     for (size_t k = 0; k < sizeof ds / sizeof *ds; k++) {
         stz_qmem plain, fb, fb3;
         stz_err err;
@@ -463,16 +467,17 @@ static void test_feedback(void **state)
         check_output_errors(&fb, W, y, H, R, C);
         qmem_values(&plain, R, C, yp);
         double ep = output_error(W, yp, H, R, C);
-        print_message("  %-10s output error with feedback %.3g, without %.3g (%.2fx)\n", stz_action_name(ds[k].action),
-                      ef, ep, ef / ep);
+        print_message("  %-10s output error with feedback %.3g, without %.3g (%.2fx)\n",
+                      stz_action_name(ds[k].action, ds[k].ggml_type), ef, ep, ef / ep);
         if (!(ef < 0.8 * ep))
-            fail_msg("%s: feedback does not lower the output error enough (%g vs %g)", stz_action_name(ds[k].action),
-                     ef, ep);
+            fail_msg("%s: feedback does not lower the output error enough (%g vs %g)",
+                     stz_action_name(ds[k].action, ds[k].ggml_type), ef, ep);
         stz_qmem_free(&plain), stz_qmem_free(&fb), stz_qmem_free(&fb3);
     }
     stz_qmem m;
     stz_err err;
-    stz_decision svd = {.action = STZ_ACTION_SVD, .svd_rank = 4}, f16 = {.action = STZ_ACTION_F16};
+    stz_decision svd = {.action = STZ_ACTION_SVD, .svd_rank = 4},
+                 f16 = {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_F16};
     assert_int_equal(stz_quantize_tensor_feedback(&svd, W, H, NULL, R, C, 1, &m, NULL, &err), STZ_E_ARG);
     assert_int_equal(stz_quantize_tensor_feedback(&f16, W, H, NULL, R, C, 1, &m, NULL, &err), STZ_E_ARG);
     W[77] = NAN;
@@ -620,8 +625,8 @@ static void test_feedback_drift(void **state)
         W[i] = frand() * 0.05f;
     const stz_decision ds[] = {
         {.action = STZ_ACTION_INT3, .block_size = 32, .method = STZ_QMETHOD_MSE, .scale_dtype = STZ_DTYPE_F16},
-        {.action = STZ_ACTION_Q4_K},
-        {.action = STZ_ACTION_IQ4_NL}};
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_Q4_K},
+        {.action = STZ_ACTION_GGML, .ggml_type = STZ_GGML_IQ4_NL}};
     for (size_t k = 0; k < sizeof ds / sizeof *ds; k++) {
         stz_qmem a, a3, n, z;
         stz_err err;
@@ -639,9 +644,10 @@ static void test_feedback_drift(void **state)
         }
         double ea = drift_error(X, Xq, W, y, T, R, C), en = drift_error(X, Xq, W, yn, T, R, C);
         print_message("  %-10s drift: outputs' error with D %.4g, without %.4g (%.2fx)\n",
-                      stz_action_name(ds[k].action), ea, en, ea / en);
+                      stz_action_name(ds[k].action, ds[k].ggml_type), ea, en, ea / en);
         if (!(ea < 0.5 * en))
-            fail_msg("%s: D does not keep the original outputs (%g vs %g)", stz_action_name(ds[k].action), ea, en);
+            fail_msg("%s: D does not keep the original outputs (%g vs %g)",
+                     stz_action_name(ds[k].action, ds[k].ggml_type), ea, en);
         stz_qmem_free(&a), stz_qmem_free(&a3), stz_qmem_free(&n), stz_qmem_free(&z);
     }
     free(X), free(Xq), free(H), free(D), free(Z), free(W), free(y), free(yn);

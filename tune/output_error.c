@@ -37,7 +37,7 @@ static stz_status measure_one(const fed_run *R, stz_tune_tensor *t, size_t c, in
     stz_decision d = R->T->cand[c].d;
     uint64_t rows = t->rows, cols = t->params / t->rows, raw;
     d.feedback &= !plain;
-    int fed = d.feedback && stz_action_is_block(d.action);
+    int fed = d.feedback && stz_action_is_block(d.action, d.ggml_type);
     stz_qmem q;
     stz_err sub;
     stz_status st = fed ? stz_quantize_tensor_feedback(&d, W, H, NULL, rows, cols, R->p->threads, &q, NULL, &sub)

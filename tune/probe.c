@@ -131,7 +131,7 @@ static stz_status parse_fed(const char *s, stz_tune_cand *c, stz_err *err)
 
 int stz_tune_cand_feedback(stz_tune_cand *c)
 {
-    if (!stz_action_is_block(c->d.action))
+    if (!stz_action_is_block(c->d.action, c->d.ggml_type))
         return 0;
     if (!c->d.feedback)
         strcat(c->name, "+fb"); /* names are at most 28 characters before */
@@ -150,9 +150,10 @@ static stz_status parse_one(const char *s, stz_tune_cand *c, stz_err *err)
         snprintf(c->name, sizeof c->name, "keep");
         return STZ_OK;
     }
-    int type = stz_ggml_type_parse(s);
-    if (type >= 0 && stz_action_of_ggml_type(type) != STZ_ACTION_COUNT) { /* a llama.cpp type: its own blocks */
-        c->d.action = stz_action_of_ggml_type(type);
+    stz_action a;
+    int type;
+    if (!stz_action_parse(s, &a, &type) && a == STZ_ACTION_GGML) { /* a llama.cpp type: its own blocks */
+        c->d.action = a, c->d.ggml_type = type;
         snprintf(c->name, sizeof c->name, "%s", stz_ggml_type_name(type));
         return STZ_OK;
     }
@@ -246,7 +247,7 @@ static stz_status measure_work(void *ctx, int tid, size_t c, stz_err *err)
         t->bytes[c] = j->keep_bytes, t->err2[c] = 0, j->raw[c] = t->params * (stz_dtype_bits(t->dtype) / 8);
         return STZ_OK;
     }
-    int type = stz_action_ggml_type(d->action);
+    int type = stz_decision_ggml_type(d);
     if (type >= 0 && j->cols % stz_ggml_block(type) &&
         !(t->ffn == STZ_TUNE_FFN_DOWN && stz_ggml_block(type) == STZ_GGML_QK)) { /* GGUF cannot hold it so */
         t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
@@ -429,7 +430,7 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
 stz_status stz_tune_gguf_cands(const stz_tune_cand *cand, size_t ncand, stz_err *err)
 {
     for (size_t c = 0; c < ncand; c++)
-        if (cand[c].d.action != STZ_ACTION_KEEP && stz_action_ggml_type(cand[c].d.action) < 0)
+        if (cand[c].d.action != STZ_ACTION_KEEP && stz_decision_ggml_type(&cand[c].d) < 0)
             return stz_err_set(err, STZ_E_ARG,
                                "candidate '%s' is not a type GGUF holds: with --gguf the candidates "
                                "are keep and llama.cpp's types (%s)",
@@ -597,7 +598,7 @@ static stz_status probe_embedding(stz_tune *T, stz_fwd *m, const int32_t *tokens
         const stz_decision *d = &T->cand[c].d;
         if (d->method == STZ_QMETHOD_TRELLIS) /* lookups read single rows; a trellis value needs its segment's */
             t->bytes[c] = UINT64_MAX, t->err2[c] = INFINITY;
-        else if (stz_action_is_block(d->action) && t->bytes[c] != UINT64_MAX && isfinite(t->err2[c]))
+        else if (stz_action_is_block(d->action, d->ggml_type) && t->bytes[c] != UINT64_MAX && isfinite(t->err2[c]))
             e.cand[pr.variants++] = c;
     }
     if (!st && pr.variants) /* one unperturbed run for all of them */
@@ -660,20 +661,21 @@ char *stz_tune_policy(const stz_tune *T, const char *description)
         cJSON *r = cJSON_CreateObject();
         escape_pattern(t->name, pat, sizeof pat);
         cJSON_AddStringToObject(r, "match", pat);
-        cJSON_AddStringToObject(r, "action", stz_action_name(c->d.action));
+        cJSON_AddStringToObject(r, "action", stz_action_name(c->d.action, c->d.ggml_type));
         if (c->d.action == STZ_ACTION_SVD) {
             cJSON_AddNumberToObject(r, "rank", c->d.svd_rank);
             if (c->d.svd_randomized)
                 cJSON_AddStringToObject(r, "method", "randomized");
             cJSON_AddStringToObject(r, "fallback", "keep");
-        } else if (c->d.action != STZ_ACTION_KEEP && stz_action_ggml_type(c->d.action) < 0) {
+        } else if (c->d.action != STZ_ACTION_KEEP && stz_decision_ggml_type(&c->d) < 0) {
             cJSON_AddStringToObject(r, "method", stz_qmethod_name(c->d.method));
             cJSON_AddNumberToObject(r, "block_size", c->d.block_size);
             cJSON_AddStringToObject(r, "scale_dtype", stz_dtype_name(c->d.scale_dtype));
         }
-        if (stz_action_is_block(c->d.action)) /* said either way: calibration by default keeps to it */
+        if (stz_action_is_block(c->d.action, c->d.ggml_type)) /* said either way: calibration by default keeps to it */
             cJSON_AddBoolToObject(r, "feedback", c->d.feedback && t->fed);
-        if (t->ffn == STZ_TUNE_FFN_DOWN && stz_action_ggml_type(c->d.action) >= 0 && stz_action_is_block(c->d.action))
+        if (t->ffn == STZ_TUNE_FFN_DOWN && stz_decision_ggml_type(&c->d) >= 0 &&
+            stz_action_is_block(c->d.action, c->d.ggml_type))
             cJSON_AddBoolToObject(r, "pad", 1);
         snprintf(comment, sizeof comment, "%s: %llu bytes, relative error %.4f, predicted KL %.3g", c->name,
                  (unsigned long long)t->bytes[t->choice], t->norm2 > 0 ? sqrt(t->err2[t->choice] / t->norm2) : 0,

@@ -137,14 +137,14 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
             cJSON_AddStringToObject(meta, name, val);
             continue;
         }
-        int bits = stz_action_bits(d->action), type = stz_action_ggml_type(d->action);
+        int bits = stz_action_bits(d->action, d->ggml_type), type = stz_decision_ggml_type(d);
         if (type >= 0) { /* a llama.cpp type: its rows of blocks, scales inside */
             uint64_t rb = stz_ggml_row_bytes(type, cols);
             add_entry(h, t->name, STZ_DTYPE_U8, rows, rb, rows * rb, &off);
             snprintf(val, sizeof val,
                      "{\"method\":\"%s\",\"bits\":%d,\"block_size\":%u,\"dtype\":\"%s\",\"shape\":"
                      "[%llu,%llu],\"packing\":\"" STZ_QUANT_GGML_PACKING "\"}",
-                     stz_action_name(d->action), bits, stz_ggml_block(type), stz_dtype_name(t->dtype),
+                     stz_action_name(d->action, d->ggml_type), bits, stz_ggml_block(type), stz_dtype_name(t->dtype),
                      (unsigned long long)rows, (unsigned long long)cols);
             snprintf(name, sizeof name, "stz.quant.%s", t->name);
             cJSON_AddStringToObject(meta, name, val);
@@ -188,7 +188,7 @@ static uint64_t file_fixed_bytes(const stz_tune *T, size_t f)
 /* The GGUF type export writes tensor t's candidate c in (-1: t kept). */
 static int gguf_type(const stz_tune *T, const stz_tune_tensor *t, int c)
 {
-    int type = c < 0 ? -1 : stz_action_ggml_type(T->cand[c].d.action);
+    int type = c < 0 ? -1 : stz_decision_ggml_type(&T->cand[c].d);
     return type >= 0                    ? type
            : t->dtype == STZ_DTYPE_F16  ? STZ_GGML_F16
            : t->dtype == STZ_DTYPE_BF16 ? STZ_GGML_BF16
