@@ -422,6 +422,18 @@ def _texts(v: Any) -> List[str]:
     return [] if v is None else [v] if isinstance(v, (str, os.PathLike)) else list(v)
 
 
+def _seq_spec(defaults: Dict[str, Any], o: Dict[str, Any]) -> Any:
+    """stz_seq_spec: the defaults, then tokens=, sequences=, seq_len= and seed= as given (the
+    structure keeps the path's bytes alive)."""
+    seqs = _lib.SeqSpec(**defaults)
+    if o.get("tokens") is not None:
+        seqs.path = cstr(os.fspath(o["tokens"]), "path", path=True)
+    for k, field in (("sequences", "nseq"), ("seq_len", "len"), ("seed", "seed")):
+        if o.get(k) is not None:
+            setattr(seqs, field, int(o[k]))
+    return seqs
+
+
 def _compress_policy(src: str, policy: Optional[str], o: Dict[str, Any]) -> Tuple[Any, Any, Any]:
     """The policy (stz_policy_for_model: calibrated by default), the importance
     matrix and error feedback's sequences, as stz compress loads them; the
@@ -434,12 +446,7 @@ def _compress_policy(src: str, policy: Optional[str], o: Dict[str, Any]) -> Tupl
                            cstr(o["method"], "method") if o.get("method") else None, int(o.get("block_size") or 0),
                            _POLICY_FEEDBACK_ALL if o.get("feedback") else 0)
     seq_keys = [k for k in ("tokens", "sequences", "seq_len", "seed") if o.get(k) is not None]
-    seqs = _lib.SeqSpec(**_FEEDBACK_SEQS)
-    if o.get("tokens") is not None:
-        seqs.path = cstr(os.fspath(o["tokens"]), "path", path=True)
-    for k, field in (("sequences", "nseq"), ("seq_len", "len"), ("seed", "seed")):
-        if o.get(k) is not None:
-            setattr(seqs, field, int(o[k]))
+    seqs = _seq_spec(_FEEDBACK_SEQS, o)
     config = cstr(os.fspath(o["config"]), "path", path=True) if o.get("config") else None
     pol, im, note, err = ctypes.c_void_p(), ctypes.c_void_p(), Err(), Err()
     model = cstr(src, "path", path=True)
@@ -588,11 +595,7 @@ def _tune_params(cmd: str, o: Dict[str, Any]) -> Tuple[Any, List[Any]]:
         keep.append(cstr(os.fspath(v) if path else str(v), "option", path))
         return keep[-1]
 
-    seqs = _lib.SeqSpec(**_TUNE_SEQS)
-    seqs.path = c(o.get("tokens"), True)
-    for k, field in (("sequences", "nseq"), ("seq_len", "len"), ("seed", "seed")):
-        if o.get(k) is not None:
-            setattr(seqs, field, int(o[k]))
+    seqs = _seq_spec(_TUNE_SEQS, o)
     b = budgets[0]
     goal = _STZ_TUNE_LIKE if b == "like" else _BUDGETS[b][0]
     if cmd == "gguf" and goal == _BUDGETS["bits_per_weight"][0]:
