@@ -46,6 +46,14 @@ static inline float stz_expf(float x)
 /* x * sigmoid(x), the SiLU */
 static inline float stz_silu(float x) { return x / (1.0f + stz_expf(-x)); }
 
+/* GELU's tanh approximation (Hugging Face's gelu_new): 0.5 x (1 + tanh(u)),
+ * u = sqrt(2 / pi) (x + 0.044715 x^3), as x * sigmoid(2u). */
+static inline float stz_gelu_tanh(float x)
+{
+    float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + stz_expf(-2.0f * u));
+}
+
 #define STZ_LN2_HI 6.93147180369123816490e-01 /* ln 2, its top 32 bits: k * STZ_LN2_HI is exact */
 #define STZ_LN2_LO 1.90821492927058770002e-10
 

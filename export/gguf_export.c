@@ -327,6 +327,11 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     stz_status st = STZ_OK;
     const stz_arch *A = stz_arch_of(c);
     const char *arch = A->gguf;
+    if (!arch)
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: llama.cpp has no %s architecture: no GGUF file can hold this model (stz's own "
+                           "formats, eval --forward, imatrix and tune take it)",
+                           model_path, A->title);
     snprintf(stats->arch, sizeof stats->arch, "%s", arch);
     if (p->mix && (x.mix = stz_gguf_like_parse(p->mix)) < 0) {
         return stz_err_set(err, STZ_E_ARG, "%s: '%s' is not one of llama-quantize's types", model_path, p->mix);

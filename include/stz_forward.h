@@ -1,6 +1,6 @@
 /*
- * stz_forward.h - a reference forward pass of Llama-family decoder models,
- * to judge a compressed model by what it outputs.
+ * stz_forward.h - a reference forward pass of decoder models (the Llama
+ * family and GPT-Neo), to judge a compressed model by what it outputs.
  *
  * Supported: Llama 2/3, Mistral (while sequences fit its sliding window),
  * TinyLlama, Qwen2 (q/k/v biases), Qwen3 (q/k head norms), Phi-3 (fused q/k/v
@@ -8,7 +8,10 @@
  * checkpoints (tok_embeddings, layers.N.attention.wq, ...). Grouped-query
  * attention, RoPE (llama2.c's interleaved pairs for llama2.c names, Hugging
  * Face's rotate_half otherwise), RMSNorm, SwiGLU, tied or separate head.
- * Anything else is refused by name (STZ_E_UNSUPPORTED).
+ * GPT-Neo (transformer.h.N.attn.attention.q_proj, ...): learned positions,
+ * LayerNorm with biases, an ungated tanh-GELU MLP with biases, unscaled
+ * attention scores, local attention on the layers its attention_types
+ * says. Anything else is refused by name (STZ_E_UNSUPPORTED).
  *
  * Memory: the model runs one layer at a time over all positions of all
  * sequences; one layer's weights (dequantized to F32) and the activations
@@ -37,6 +40,7 @@ typedef enum {
     STZ_ARCH_QWEN2,
     STZ_ARCH_QWEN3,
     STZ_ARCH_PHI3,
+    STZ_ARCH_GPT_NEO,
     STZ_ARCH_COUNT
 } stz_arch_id;
 
@@ -52,6 +56,10 @@ typedef struct {
     double rope_factor, rope_low_freq, rope_high_freq;
     uint32_t rope_orig_pos; /* llama3: original_max_position_embeddings */
     stz_arch_id arch;       /* the family: what its layers do beyond Llama's (Qwen3: q/k head norms) */
+    /* Local attention on some layers (GPT-Neo's "local" attention_types):
+     * layer l sees the last local_window positions when bit l % local_period
+     * of local_mask is set; local_window 0: every layer global. */
+    uint32_t local_window, local_period, local_mask;
 } stz_fwd_config;
 
 /* Parses a Hugging Face config.json or llama2.c-style config (dim,
@@ -101,9 +109,11 @@ STZ_API const stz_fwd_config *stz_fwd_cfg(const stz_fwd *m);
 /* The token embedding's name; *tied (when not NULL) is 1 when the output
  * head is that embedding. */
 STZ_API const char *stz_fwd_embedding(const stz_fwd *m, int *tied);
-/* The tensor-name layout of a checkpoint, told by its token embedding: 1
- * Hugging Face's (model.embed_tokens.weight), 0 llama2.c's
- * (tok_embeddings.weight), -1 neither (not a model stz_fwd_open runs). */
+/* The tensor-name layout of a checkpoint (stz_names), told by its token
+ * embedding: STZ_NAMES_HF (model.embed_tokens.weight), STZ_NAMES_LLAMA2C
+ * (tok_embeddings.weight), STZ_NAMES_GPT_NEO (transformer.wte.weight with
+ * GPT-Neo's transformer.h.0.attn.attention.out_proj.weight: GPT-2 names its
+ * embedding so too), -1 none (not a model stz_fwd_open runs). */
 STZ_API int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles);
 
 /* Called after each layer of each pass; non-zero stops with STZ_E_INTERRUPTED. */
@@ -199,8 +209,9 @@ STZ_API stz_status stz_fwd_compare(stz_fwd *ref, stz_fwd *cand, const int32_t *t
  * run once as it is, then once per selected matrix with that matrix alone
  * perturbed, and each run's next-token distributions are compared with
  * the first's (mean KL over the scored positions, as stz_fwd_compare).
- * Matrices: the token embedding, each layer's seven projections, and the
- * output head when it is not the embedding. A run perturbing layer l
+ * Matrices: the token embedding, a learned position embedding (GPT-Neo),
+ * each layer's projections, and the output head when it is not the
+ * embedding. A run perturbing layer l
  * starts from the stored input of layer l, so the cost is about
  * (layers - l) layers plus the head per matrix; memory holds one layer's
  * weights, a few copies of the hidden states and the reference logits

@@ -35,10 +35,11 @@ typedef struct {
 
 typedef struct stz_qmodel stz_qmodel;
 
-/* The tensor names of a Llama-family checkpoint: GGUF's own (blk.N.attn_q),
- * llama2.c's (layers.N.attention.wq) or Hugging Face's
- * (model.layers.N.self_attn.q_proj). */
-typedef enum { STZ_NAMES_GGUF = -1, STZ_NAMES_LLAMA2C = 0, STZ_NAMES_HF = 1 } stz_names;
+/* The tensor names of a checkpoint: GGUF's own (blk.N.attn_q), llama2.c's
+ * (layers.N.attention.wq), Hugging Face's for Llama-family models
+ * (model.layers.N.self_attn.q_proj) or for GPT-Neo
+ * (transformer.h.N.attn.attention.q_proj). */
+typedef enum { STZ_NAMES_GGUF = -1, STZ_NAMES_LLAMA2C = 0, STZ_NAMES_HF = 1, STZ_NAMES_GPT_NEO = 2 } stz_names;
 
 /* Opens a plain or quantized SafeTensors file, or an .stz container of one
  * (its chunks decoded as rows are read, one chunk held: no temporary file).

@@ -5,33 +5,61 @@
 #include <stdio.h>
 #include <string.h>
 
+static const stz_arch_keys llama_keys = {"hidden_size",
+                                         "intermediate_size",
+                                         "num_hidden_layers",
+                                         "num_attention_heads",
+                                         "max_position_embeddings",
+                                         "rms_norm_eps",
+                                         "hidden_act",
+                                         "silu",
+                                         1e-6,
+                                         0};
+static const stz_arch_keys gpt_neo_keys = {
+    "hidden_size",        "intermediate_size",   "num_layers", "num_heads", "max_position_embeddings",
+    "layer_norm_epsilon", "activation_function", "gelu_new",   1e-5,        1};
+
+#define LLAMA_LIKE .keys = &llama_keys, .layout = STZ_NAMES_HF
+
 static const stz_arch rows[STZ_ARCH_COUNT] = {
-    [STZ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", "llama-bpe", STZ_ARCH_ROPE_PAIRS},
-    [STZ_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM", "llama", "llama-bpe", STZ_ARCH_ROPE_PAIRS},
+    [STZ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", "llama-bpe", STZ_ARCH_ROPE_PAIRS, LLAMA_LIKE,
+                        .title = "Llama"},
+    [STZ_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM", "llama", "llama-bpe", STZ_ARCH_ROPE_PAIRS, LLAMA_LIKE,
+                          .title = "Mistral"},
     [STZ_ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "qwen2", "qwen2",
-                        STZ_ARCH_SW_OPT_IN | STZ_ARCH_NO_BOS | STZ_ARCH_QKV_BIAS | STZ_ARCH_70B_BY_DEPTH},
+                        STZ_ARCH_SW_OPT_IN | STZ_ARCH_NO_BOS | STZ_ARCH_QKV_BIAS | STZ_ARCH_70B_BY_DEPTH, LLAMA_LIKE,
+                        .title = "Qwen2"},
     [STZ_ARCH_QWEN3] = {"qwen3", "Qwen3ForCausalLM", "qwen3", "qwen2",
-                        STZ_ARCH_QK_NORM | STZ_ARCH_SW_OPT_IN | STZ_ARCH_NO_BOS},
-    [STZ_ARCH_PHI3] = {"phi3", "Phi3ForCausalLM", "phi3", "default", STZ_ARCH_FUSED | STZ_ARCH_GGUF_SWA},
+                        STZ_ARCH_QK_NORM | STZ_ARCH_SW_OPT_IN | STZ_ARCH_NO_BOS, LLAMA_LIKE, .title = "Qwen3"},
+    [STZ_ARCH_PHI3] = {"phi3", "Phi3ForCausalLM", "phi3", "default", STZ_ARCH_FUSED | STZ_ARCH_GGUF_SWA, LLAMA_LIKE,
+                       .title = "Phi-3"},
+    [STZ_ARCH_GPT_NEO] = {"gpt_neo", "GPTNeoForCausalLM", NULL, NULL, STZ_ARCH_NO_SCALE, .keys = &gpt_neo_keys,
+                          .norm = STZ_NORM_LAYER, .act = STZ_ACT_GELU_TANH, .pos = STZ_POS_LEARNED,
+                          .layout = STZ_NAMES_GPT_NEO, .title = "GPT-Neo"},
 };
 
 int stz_arch_use(const stz_arch *a, int role)
 {
-    int fused = (a->flags & STZ_ARCH_FUSED) != 0;
+    int fused = (a->flags & STZ_ARCH_FUSED) != 0, layer_norm = a->norm == STZ_NORM_LAYER,
+        gated = a->act == STZ_ACT_SWIGLU;
     switch (role) {
     case STZ_ROLE_BQ:
     case STZ_ROLE_BK:
-    case STZ_ROLE_BV:
-    case STZ_ROLE_BO: return fused ? STZ_USE_NONE : STZ_USE_MAY;
+    case STZ_ROLE_BV: return fused || !gated ? STZ_USE_NONE : STZ_USE_MAY; /* GPT-Neo: none */
+    case STZ_ROLE_BO: return fused ? STZ_USE_NONE : gated ? STZ_USE_MAY : STZ_USE_NEED;
     case STZ_ROLE_QNORM:
     case STZ_ROLE_KNORM: return a->flags & STZ_ARCH_QK_NORM ? STZ_USE_NEED : STZ_USE_NONE;
     case STZ_ROLE_WQ:
     case STZ_ROLE_WK:
     case STZ_ROLE_WV:
-    case STZ_ROLE_GATE:
     case STZ_ROLE_UP: return fused ? STZ_USE_NONE : STZ_USE_NEED;
+    case STZ_ROLE_GATE: return fused || !gated ? STZ_USE_NONE : STZ_USE_NEED;
     case STZ_ROLE_WQKV:
     case STZ_ROLE_GATE_UP: return fused ? STZ_USE_NEED : STZ_USE_NONE;
+    case STZ_ROLE_ANORM_B:
+    case STZ_ROLE_FNORM_B: return layer_norm ? STZ_USE_NEED : STZ_USE_NONE;
+    case STZ_ROLE_UP_B:
+    case STZ_ROLE_DOWN_B: return gated ? STZ_USE_NONE : STZ_USE_NEED;
     default: return STZ_USE_NEED;
     }
 }
@@ -42,12 +70,13 @@ const stz_arch *stz_arch_of(const stz_fwd_config *c) { return &rows[c->arch < ST
 
 int stz_arch_find(const char *name, int by)
 {
-    for (int i = 0; i < STZ_ARCH_COUNT; i++)
-        if (!strcmp(by == STZ_ARCH_BY_GGUF    ? rows[i].gguf
-                    : by == STZ_ARCH_BY_CLASS ? rows[i].hf_class
-                                              : rows[i].model_type,
-                    name))
+    for (int i = 0; i < STZ_ARCH_COUNT; i++) {
+        const char *n = by == STZ_ARCH_BY_GGUF    ? rows[i].gguf
+                        : by == STZ_ARCH_BY_CLASS ? rows[i].hf_class
+                                                  : rows[i].model_type;
+        if (n && !strcmp(n, name))
             return i;
+    }
     return -1;
 }
 

@@ -19,7 +19,20 @@ enum {
     STZ_ARCH_70B_BY_DEPTH = 1 << 5, /* llama-quantize takes 80 layers for its 70B rules */
     STZ_ARCH_FUSED = 1 << 6,        /* q/k/v and gate/up fused in one matrix each (Phi-3) */
     STZ_ARCH_GGUF_SWA = 1 << 7,     /* the sliding window written as GGUF's attention.sliding_window */
+    STZ_ARCH_NO_SCALE = 1 << 8,     /* attention scores not scaled by 1/sqrt(head_dim) (GPT-Neo) */
 };
+
+/* A layer's norms, MLP and positions (the row's norm, act and pos). */
+enum { STZ_NORM_RMS, STZ_NORM_LAYER };      /* RMSNorm; LayerNorm with a bias */
+enum { STZ_ACT_SWIGLU, STZ_ACT_GELU_TANH }; /* SiLU-gated gate/up; ungated up, tanh GELU, with biases */
+enum { STZ_POS_ROPE, STZ_POS_LEARNED };     /* RoPE on q and k; a learned position embedding added to the input */
+
+/* The keys of a family's config.json, and the defaults where one is absent. */
+typedef struct {
+    const char *dim, *hidden, *layers, *heads, *max_pos, *eps, *act, *act_value;
+    double eps_default;
+    int hidden_x4; /* an absent or null hidden size is 4 x dim */
+} stz_arch_keys;
 
 /* How a family has a per-layer role (roles.h). */
 enum { STZ_USE_NONE, STZ_USE_NEED, STZ_USE_MAY };
@@ -27,9 +40,14 @@ enum { STZ_USE_NONE, STZ_USE_NEED, STZ_USE_MAY };
 typedef struct stz_arch_row {
     const char *model_type; /* Hugging Face config.json's model_type */
     const char *hf_class;   /* its architectures[0] */
-    const char *gguf;       /* general.architecture, and the prefix of the hyperparameters' keys */
+    const char *gguf;       /* general.architecture, and the prefix of the hyperparameters' keys; NULL: llama.cpp
+                             * has no such architecture (export refuses it) */
     const char *pre;        /* tokenizer.ggml.pre of a BPE vocabulary */
     unsigned flags;
+    const stz_arch_keys *keys;
+    unsigned char norm, act, pos;
+    int layout;        /* the tensors' names (stz_names): Hugging Face's, or GPT-Neo's */
+    const char *title; /* the family as messages name it */
 } stz_arch;
 
 /* Row `id` (stz_arch_id), or NULL. */

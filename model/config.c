@@ -95,7 +95,7 @@ static int parse_rope_scaling(stz_fwd_config *c, const cJSON *root, const char *
  * (stz synth's metadata). */
 static int parse_arch(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
 {
-    const char *mt = get_str(root, "model_type"), *arch = get_str(root, "architecture");
+    const char *mt = get_str(root, "model_type");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const char *cls = cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0))
                           ? cJSON_GetArrayItem(archs, 0)->valuestring
@@ -104,10 +104,6 @@ static int parse_arch(stz_fwd_config *c, const cJSON *root, const char *label, s
             : cls ? stz_arch_find(cls, STZ_ARCH_BY_CLASS)
                   : STZ_ARCH_LLAMA;
     char list[256];
-    if (arch && !strncmp(arch, "gpt-neo", 7)) /* stz synth's GPT-Neo shapes */
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: architecture '%s' is not supported (stz runs %s)", label, arch,
-                           stz_arch_list(list, sizeof list, 0)),
-               -1;
     if (a < 0 || (cls && strcmp(cls, stz_arch_get(a)->hf_class)))
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: %s '%s' is not supported (stz runs %s)", label,
                            a < 0 && mt ? "model_type" : "architecture", a < 0 && mt ? mt : cls,
@@ -117,14 +113,95 @@ static int parse_arch(stz_fwd_config *c, const cJSON *root, const char *label, s
     return 0;
 }
 
-/* Hugging Face config.json of a family in arch.c (and stz synth's metadata). */
+/* Appends `times` x the kinds of `list` ("global", "local") to local[*l..n). 0, or
+ * -1 a kind neither, -2 more than n layers. */
+static int add_kinds(const cJSON *list, double times, unsigned char *local, uint32_t n, uint32_t *l)
+{
+    const cJSON *k;
+    for (double t = 0; t < times; t++)
+        cJSON_ArrayForEach(k, list)
+        {
+            int is_local = cJSON_IsString(k) && !strcmp(k->valuestring, "local");
+            if (!is_local && !(cJSON_IsString(k) && !strcmp(k->valuestring, "global")))
+                return -1;
+            if (*l >= n)
+                return -2;
+            local[(*l)++] = (unsigned char)is_local;
+        }
+    return 0;
+}
+
+/* The kinds of attention of the layers: GPT-Neo's attention_types
+ * ([[["global", "local"], 12]]: each list of kinds repeated its count of
+ * times) or attention_layers (the list expanded), as local_window's period
+ * and mask; neither: every layer global. */
+static int parse_local_layers(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
+{
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "attention_types"),
+                *layers = cJSON_GetObjectItemCaseSensitive(root, "attention_layers"), *g;
+    if (!cJSON_IsArray(types) && !cJSON_IsArray(layers))
+        return 0;
+    unsigned char *local = malloc(c->n_layers);
+    if (!local)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the attention types"), -1;
+    uint32_t n = c->n_layers, l = 0, period = 1, mask = 0;
+    int r = 0;
+    if (cJSON_IsArray(types))
+        cJSON_ArrayForEach(g, types)
+        {
+            const cJSON *kinds = cJSON_GetArrayItem(g, 0), *count = cJSON_GetArrayItem(g, 1);
+            double times = cJSON_IsNumber(count) ? count->valuedouble : -1;
+            r = !cJSON_IsArray(kinds) || !(times >= 0 && times <= 65536) || times != floor(times)
+                    ? -3
+                    : add_kinds(kinds, times, local, n, &l);
+            if (r)
+                break;
+        }
+    else
+        r = add_kinds(layers, 1, local, n, &l);
+    r = r ? r : l != n ? -2 : 0;
+    for (; !r && period <= 32; period++) { /* the shortest period the layers repeat */
+        uint32_t i = period;
+        while (i < n && local[i] == local[i % period])
+            i++;
+        if (i == n)
+            break;
+    }
+    for (uint32_t i = 0; !r && i < period && i < n; i++)
+        mask |= (uint32_t)local[i] << i;
+    free(local);
+    if (r == -1 || r == -3)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: '%s' must list [[\"global\" or \"local\", ...], count] groups",
+                           label, cJSON_IsArray(types) ? "attention_types" : "attention_layers"),
+               -1;
+    if (r == -2)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: the attention types are not one for each of the %u layers", label,
+                           n),
+               -1;
+    if (period > 32)
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: local attention on layers that do not repeat every 32 or fewer is not supported",
+                           label),
+               -1;
+    if (!mask)
+        return 0;
+    c->local_period = period, c->local_mask = mask;
+    return get_u32(root, "window_size", 1, 1e9, 256, &c->local_window, label, err);
+}
+
+/* Hugging Face config.json of a family in arch.c (and stz synth's
+ * metadata), under the keys of its row. */
 static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
 {
     if (parse_arch(c, root, label, err))
         return -1;
-    const char *act = get_str(root, "hidden_act");
-    if (act && strcmp(act, "silu"))
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu only)", label, act), -1;
+    const stz_arch *row = stz_arch_of(c);
+    const stz_arch_keys *k = row->keys;
+    const char *act = get_str(root, k->act);
+    if (act && strcmp(act, k->act_value))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: %s '%s' is not supported (%s only)", label, k->act, act,
+                           k->act_value),
+               -1;
     double rotary;
     if (get_real(root, "partial_rotary_factor", 0, 1, 1, &rotary, label, err))
         return -1;
@@ -134,25 +211,27 @@ static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz
                -1;
     if (get_bool(root, "mlp_bias", 0))
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: mlp_bias is not supported", label), -1;
-    if (get_u32(root, "hidden_size", 1, BIG, UINT32_MAX, &c->dim, label, err) ||
-        get_u32(root, "intermediate_size", 1, BIG, UINT32_MAX, &c->hidden, label, err) ||
-        get_u32(root, "num_hidden_layers", 1, 65536, UINT32_MAX, &c->n_layers, label, err) ||
-        get_u32(root, "num_attention_heads", 1, 65536, UINT32_MAX, &c->n_heads, label, err) ||
+    if (get_u32(root, k->dim, 1, BIG, UINT32_MAX, &c->dim, label, err) ||
+        get_u32(root, k->hidden, 1, BIG, k->hidden_x4 && c->dim <= BIG / 4 ? 4 * c->dim : UINT32_MAX, &c->hidden, label,
+                err) ||
+        get_u32(root, k->layers, 1, 65536, UINT32_MAX, &c->n_layers, label, err) ||
+        get_u32(root, k->heads, 1, 65536, UINT32_MAX, &c->n_heads, label, err) ||
         get_u32(root, "num_key_value_heads", 1, 65536, c->n_heads, &c->n_kv_heads, label, err) ||
         get_u32(root, "head_dim", 2, 65536, c->dim / c->n_heads, &c->head_dim, label, err) ||
         get_u32(root, "vocab_size", 1, 1 << 24, UINT32_MAX, &c->vocab, label, err) ||
-        get_u32(root, "max_position_embeddings", 1, 1e9, 0, &c->max_pos, label, err) ||
+        get_u32(root, k->max_pos, 1, 1e9, 0, &c->max_pos, label, err) ||
         get_real(root, "rope_theta", 1, 1e12, 10000, &c->rope_theta, label, err) ||
-        get_real(root, "rms_norm_eps", 0, 1, 1e-6, &c->norm_eps, label, err) || parse_rope_scaling(c, root, label, err))
+        get_real(root, k->eps, 0, 1, k->eps_default, &c->norm_eps, label, err) ||
+        parse_rope_scaling(c, root, label, err) || parse_local_layers(c, root, label, err))
         return -1;
     uint32_t bos = 1;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
     if (cJSON_IsNumber(b) && get_u32(root, "bos_token_id", 0, c->vocab - 1, 1, &bos, label, err))
         return -1;
     c->bos = (int32_t)(bos < c->vocab ? bos : 0);
-    c->tied = get_bool(root, "tie_word_embeddings", 0);
+    c->tied = get_bool(root, "tie_word_embeddings", row->layout == STZ_NAMES_GPT_NEO); /* GPT-Neo's is tied */
     /* Qwen2 states a window it does not use unless use_sliding_window. */
-    int sw = stz_arch_of(c)->flags & STZ_ARCH_SW_OPT_IN ? get_bool(root, "use_sliding_window", 0) : 1;
+    int sw = row->flags & STZ_ARCH_SW_OPT_IN ? get_bool(root, "use_sliding_window", 0) : 1;
     if (sw && get_u32(root, "sliding_window", 1, 1e9, 0, &c->sliding_window, label, err))
         return -1;
     c->rope_interleaved = 0;
@@ -246,12 +325,12 @@ int stz_fwd_config_find(const char *path, const stz_model_set *s, const char *co
 
 stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *err)
 {
-    /* --config helps only a Llama-family model: say so when the names are another's */
+    /* --config helps only a model of a family stz runs: say so when the names are another's */
     if (s && s->n && stz_qmodel_count(s->m[0]) && stz_fwd_layout(s->m, s->n) < 0)
         return stz_err_set(err, STZ_E_UNSUPPORTED,
-                           "%s: not a Llama-family model (no model.embed_tokens.weight or "
-                           "tok_embeddings.weight; its tensors are named like '%s'): stz runs Llama, Mistral, Qwen2, "
-                           "Qwen3 and llama2.c models",
+                           "%s: not a model of a family stz runs (no model.embed_tokens.weight, "
+                           "tok_embeddings.weight or GPT-Neo's transformer.wte.weight; its tensors are named like "
+                           "'%s'): stz runs Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo and llama2.c models",
                            path, stz_qmodel_tensor(s->m[0], 0)->name);
     return stz_err_set(err, STZ_E_FORMAT,
                        "%s: no model configuration (no config.json beside it, no "

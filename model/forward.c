@@ -34,6 +34,28 @@ static int find(const stz_fwd *m, const char *name, loc *at)
 
 const stz_qtensor *stz_forward_tensor(const stz_fwd *m, loc at) { return stz_qmodel_tensor(m->files[at.f], at.i); }
 
+/* Whether the tensors' layout (stz_fwd_layout) is one family `arch` is
+ * named in, and the configuration one the layers can run. */
+static stz_status layout_check(const stz_fwd *m, const stz_arch *arch, int layout, stz_err *err)
+{
+    if (layout < 0)
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: no token embedding (model.embed_tokens.weight, tok_embeddings.weight or GPT-Neo's "
+                           "transformer.wte.weight): not a model of a family stz runs",
+                           m->label);
+    if ((layout == STZ_NAMES_GPT_NEO) != (arch->layout == STZ_NAMES_GPT_NEO))
+        return stz_err_set(err, STZ_E_FORMAT,
+                           "%s: the configuration says a %s model, but the tensors are named as in %s checkpoints",
+                           m->label, arch->title, layout == STZ_NAMES_GPT_NEO ? "GPT-Neo" : "Llama-family");
+    if (arch->pos == STZ_POS_LEARNED && !m->c.max_pos)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: a %s model needs max_position_embeddings (its positions' rows)",
+                           m->label, arch->title);
+    if (m->c.local_window && (m->c.local_period < 1 || m->c.local_period > 32))
+        return stz_err_set(err, STZ_E_ARG, "%s: local attention repeats every 1 to 32 layers, not %u", m->label,
+                           m->c.local_period);
+    return STZ_OK;
+}
+
 /* The tensor `name` with shape [d0] (d1 == 0) or [d0, d1]; optional ones may be absent. */
 static stz_status need(stz_fwd *m, const char *name, uint64_t d0, uint64_t d1, int optional, loc *at, stz_err *err)
 {
@@ -93,13 +115,12 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     memcpy(m->files, files, nfiles * sizeof *files);
     m->nfiles = nfiles, m->c = *c, m->threads = threads < 1 ? 1 : threads, m->keep_budget = STZ_FWD_KEEP_DEFAULT;
     snprintf(m->label, sizeof m->label, "%s", label);
+    const stz_arch *arch = stz_arch_of(c);
     int hf = stz_fwd_layout(files, nfiles);
-    if (hf < 0) {
+    stz_status st = layout_check(m, arch, hf, err);
+    if (st) {
         stz_fwd_free(m);
-        return stz_err_set(err, STZ_E_FORMAT,
-                           "%s: no token embedding (model.embed_tokens.weight or "
-                           "tok_embeddings.weight): not a Llama-family model",
-                           label);
+        return st;
     }
     m->c.rope_interleaved = !hf; /* llama2.c keeps Meta's pairwise layout; HF checkpoints are permuted */
     stz_fwd_rope_frequencies(&m->c, m->inv_freq);
@@ -121,35 +142,41 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
                                                    [STZ_ROLE_QNORM] = {c->head_dim, 0},
                                                    [STZ_ROLE_KNORM] = {c->head_dim, 0},
                                                    [STZ_ROLE_WQKV] = {QD + 2 * KD, D},
-                                                   [STZ_ROLE_GATE_UP] = {2 * F, D}};
-    const stz_arch *arch = stz_arch_of(c);
-    stz_status st = STZ_OK;
+                                                   [STZ_ROLE_GATE_UP] = {2 * F, D},
+                                                   [STZ_ROLE_ANORM_B] = {D, 0},
+                                                   [STZ_ROLE_FNORM_B] = {D, 0},
+                                                   [STZ_ROLE_UP_B] = {F, 0},
+                                                   [STZ_ROLE_DOWN_B] = {D, 0}};
     char name[160];
     for (uint32_t l = 0; !st && l <= c->n_layers; l++)
         for (int k = 0; !st && k < STZ_ROLE_PER_LAYER; k++) {
-            snprintf(name, sizeof name, stz_roles[k].name[hf], l);
-            if (l == c->n_layers) { /* more layers than the config says */
-                loc extra;
-                if (find(m, name, &extra))
-                    st = stz_err_set(err, STZ_E_FORMAT, "%s: the config says %u layers but '%s' is there", label,
-                                     c->n_layers, name);
-                continue;
-            }
             int use = stz_arch_use(arch, k);
-            if (use == STZ_USE_NONE) {
-                m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k].f = -1; /* not the family's */
+            loc *at = l < c->n_layers ? &m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k] : NULL, extra;
+            if (use == STZ_USE_NONE ||
+                !stz_roles[k].name[hf]) { /* not the family's (a family's layout names its own) */
+                if (at)
+                    at->f = -1;
                 continue;
             }
-            st = need(m, name, shape[k][0], shape[k][1], use == STZ_USE_MAY,
-                      &m->layer[(size_t)l * STZ_ROLE_PER_LAYER + k], err);
+            snprintf(name, sizeof name, stz_roles[k].name[hf], l);
+            if (!at && find(m, name, &extra)) /* more layers than the config says */
+                st = stz_err_set(err, STZ_E_FORMAT, "%s: the config says %u layers but '%s' is there", label,
+                                 c->n_layers, name);
+            else if (at)
+                st = need(m, name, shape[k][0], shape[k][1], use == STZ_USE_MAY, at, err);
         }
-    if (!st)
-        st = need(m, stz_roles[STZ_ROLE_EMBED].name[hf], c->vocab, D, 0, &m->global[G_EMBED], err);
-    if (!st)
-        st = need(m, stz_roles[STZ_ROLE_NORM].name[hf], D, 0, 0, &m->global[G_NORM], err);
-    if (!st &&
-        (st = need(m, stz_roles[STZ_ROLE_HEAD].name[hf], c->vocab, D, c->tied, &m->global[G_HEAD], err)) == STZ_OK &&
-        m->global[G_HEAD].f < 0)
+    const uint64_t gshape[G_COUNT][2] = {[G_EMBED] = {c->vocab, D},
+                                         [G_NORM] = {D, 0},
+                                         [G_HEAD] = {c->vocab, D},
+                                         [G_POS] = {c->max_pos, D},
+                                         [G_NORM_B] = {D, 0}};
+    for (int g = 0; !st && g < G_COUNT; g++) {
+        const char *gname = stz_roles[STZ_ROLE_EMBED + g].name[hf];
+        m->global[g].f = -1;
+        if (gname && (g != G_POS || arch->pos == STZ_POS_LEARNED) && (g != G_NORM_B || arch->norm == STZ_NORM_LAYER))
+            st = need(m, gname, gshape[g][0], gshape[g][1], g == G_HEAD && c->tied, &m->global[g], err);
+    }
+    if (!st && m->global[G_HEAD].f < 0)
         m->global[G_HEAD] = m->global[G_EMBED];
     if (st) {
         stz_fwd_free(m);
@@ -243,6 +270,28 @@ void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, dou
         o[i] = w[i] * (x[i] * s);
 }
 
+/* (x - mean) / sqrt(var + eps) * w + b, the statistics in double. */
+static void layernorm(float *o, const float *x, const float *w, const float *b, size_t n, double eps)
+{
+    double sum = 0, ss = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += x[i];
+    double mean = sum / (double)n;
+    for (size_t i = 0; i < n; i++)
+        ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+    float s = (float)(1 / sqrt(ss / (double)n + eps)), mu = (float)mean;
+    for (size_t i = 0; i < n; i++)
+        o[i] = w[i] * ((x[i] - mu) * s) + b[i];
+}
+
+void stz_forward_norm(const stz_fwd *m, float *o, const float *x, const float *w, const float *b, size_t n)
+{
+    if (stz_arch_of(&m->c)->norm == STZ_NORM_LAYER)
+        layernorm(o, x, w, b, n, m->c.norm_eps);
+    else
+        stz_forward_rmsnorm(o, x, w, n, m->c.norm_eps);
+}
+
 /* Y (n, out; rows ldy apart) = X (n, in) @ W (out, in)^T + b */
 static void linear_ld(const stz_fwd *m, float *Y, size_t ldy, const float *X, const float *W, const float *b, size_t n,
                       size_t in, size_t out)
@@ -287,22 +336,37 @@ static void head_norms(const stz_fwd_config *c, float *q, float *k, const float 
         stz_forward_rmsnorm(k + h * hd, k + h * hd, wk, hd, c->norm_eps);
 }
 
+static float attn_scale(const stz_fwd_config *c)
+{
+    return stz_arch_of(c)->flags & STZ_ARCH_NO_SCALE ? 1.0f : 1.0f / sqrtf((float)c->head_dim);
+}
+
+/* How many positions (a row's own and those before it) layer l attends to: 0 all, or its local window. */
+static size_t layer_window(const stz_fwd_config *c, uint32_t l)
+{
+    return c->local_window && (c->local_mask >> (l % c->local_period) & 1) ? c->local_window : 0;
+}
+
+/* The first of positions 0..P-1 that the row at P - 1 sees in a window of win (0: all of them). */
+static size_t window_start(size_t P, size_t win) { return win && P > win ? P - win : 0; }
+
 /* Causal attention, one row at a time: row r sees positions 0..pos[r] of
- * its sequence in the caches. att (n, QD); sc: pos + 1 floats. */
+ * its sequence in the caches (the last win of them, win > 0). att (n, QD);
+ * sc: pos + 1 floats. */
 static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q, const float *kc, const float *vc,
-                        float *att, float *sc)
+                        float *att, float *sc, size_t win)
 {
     size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
            group = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = attn_scale(c);
     for (size_t r = 0; r < b->n; r++) {
         const float *ks = kc + b->seq[r] * b->cap * KD, *vs = vc + b->seq[r] * b->cap * KD;
-        size_t P = b->pos[r] + 1;
+        size_t P = b->pos[r] + 1, lo = window_start(P, win);
         for (size_t h = 0; h < c->n_heads; h++) {
             const float *qh = q + r * QD + h * hd;
             size_t g = h / group * hd;
             float mx = -INFINITY;
-            for (size_t t = 0; t < P; t++) { /* the products attend_seq takes, in its order */
+            for (size_t t = lo; t < P; t++) { /* the products attend_seq takes, in its order */
                 float s = 0;
                 for (size_t i = 0; i < hd; i++)
                     s += qh[i] * ks[t * KD + g + i];
@@ -310,11 +374,11 @@ static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q,
                 mx = sc[t] > mx ? sc[t] : mx;
             }
             double sum = 0;
-            for (size_t t = 0; t < P; t++)
+            for (size_t t = lo; t < P; t++)
                 sum += sc[t] = stz_expf(sc[t] - mx);
             float *o = att + r * QD + h * hd, inv = (float)(1 / sum);
             memset(o, 0, hd * sizeof *o);
-            for (size_t t = 0; t < P; t++) {
+            for (size_t t = lo; t < P; t++) {
                 float a = sc[t] * inv;
                 for (size_t i = 0; i < hd; i++)
                     o[i] += a * vs[t * KD + g + i];
@@ -326,15 +390,16 @@ static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q,
 #define QUERY_BLOCK 256
 
 /* Causal attention of a whole sequence (positions 0..L-1) as products,
- * QUERY_BLOCK queries at a time, the same bits as attend_rows. q, att: L
+ * QUERY_BLOCK queries at a time, the same bits as attend_rows (win: as
+ * there). q, att: L
  * rows of QD; ks, vs: the sequence's caches; S: QUERY_BLOCK x L floats,
  * then the keys of a group transposed, head_dim x L. */
 static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks, const float *vs, size_t L, float *att,
-                       float *S, int threads)
+                       float *S, size_t win, int threads)
 {
     size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
            group = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hd), *Kt = S + QUERY_BLOCK * L;
+    float scale = attn_scale(c), *Kt = S + QUERY_BLOCK * L;
     for (size_t h = 0; h < c->n_heads; h++) {
         size_t g = h / group * hd;
         for (size_t t = 0; h % group == 0 && t < L; t++) /* Kt (hd, L) = k[0:L, g]^T */
@@ -346,15 +411,16 @@ static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks,
             stz_mm_nn(S, P, q + t0 * QD + h * hd, QD, 1, Kt, L, nq, hd, P, 0, threads);
             for (size_t i = 0; i < nq; i++) {
                 float *row = S + i * P, mx = -INFINITY;
-                size_t valid = t0 + i + 1;
-                for (size_t t = 0; t < valid; t++)
+                size_t valid = t0 + i + 1, lo = window_start(valid, win);
+                for (size_t t = lo; t < valid; t++)
                     mx = (row[t] *= scale) > mx ? row[t] : mx;
                 double sum = 0;
-                for (size_t t = 0; t < valid; t++)
+                for (size_t t = lo; t < valid; t++)
                     sum += row[t] = stz_expf(row[t] - mx);
                 float inv = (float)(1 / sum);
-                for (size_t t = 0; t < valid; t++)
+                for (size_t t = lo; t < valid; t++)
                     row[t] *= inv;
+                memset(row, 0, lo * sizeof *row);
                 memset(row + valid, 0, (P - valid) * sizeof *row);
             }
             /* att[t0:P, h] (nq, hd) = S (nq, P) @ v[0:P, g] (P, hd) */
@@ -393,8 +459,8 @@ stz_status stz_forward_observe(stz_fwd *m, uint32_t layer, const int *roles, int
 
 /* The matrices that read each input, for the hooks (fused: Phi-3's). */
 static const int attn_in[3] = {STZ_ROLE_WQ, STZ_ROLE_WK, STZ_ROLE_WV}, out_in[1] = {STZ_ROLE_WO},
-                 ffn_in[2] = {STZ_ROLE_GATE, STZ_ROLE_UP}, down_in[1] = {STZ_ROLE_DOWN}, head_in[1] = {STZ_ROLE_HEAD},
-                 attn_fused[1] = {STZ_ROLE_WQKV}, ffn_fused[1] = {STZ_ROLE_GATE_UP};
+                 ffn_in[2] = {STZ_ROLE_GATE, STZ_ROLE_UP}, up_in[1] = {STZ_ROLE_UP}, down_in[1] = {STZ_ROLE_DOWN},
+                 head_in[1] = {STZ_ROLE_HEAD}, attn_fused[1] = {STZ_ROLE_WQKV}, ffn_fused[1] = {STZ_ROLE_GATE_UP};
 
 /* A fused matrix's row ranges as the separate roles: q, k and v of WQKV;
  * gate and up of GATE_UP. Products over a range's rows are those over the
@@ -416,6 +482,7 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
     const stz_fwd_config *c = &m->c;
     size_t n = b->n, D = c->dim, F = c->hidden, hd = c->head_dim, QD = (size_t)c->n_heads * hd,
            KD = (size_t)c->n_kv_heads * hd;
+    int gated = stz_arch_of(c)->act == STZ_ACT_SWIGLU, rope_on = stz_arch_of(c)->pos == STZ_POS_ROPE;
     size_t maxpos = 0;
     for (size_t r = 0; r < n; r++)
         maxpos = b->pos[r] + 1 > maxpos ? b->pos[r] + 1 : maxpos;
@@ -438,7 +505,7 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         size_t lk = b->layers > 1 ? l : 0;
         float *kc = b->k + lk * nseq * b->cap * KD, *vc = b->v + lk * nseq * b->cap * KD;
         for (size_t r = 0; r < n; r++)
-            stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_ANORM], D, c->norm_eps);
+            stz_forward_norm(m, xb + r * D, X + r * D, w[STZ_ROLE_ANORM], w[STZ_ROLE_ANORM_B], D);
         if ((st = stz_forward_observe(m, l, fused_qkv ? attn_fused : attn_in, fused_qkv ? 1 : 3, xb, n, D, err)))
             break;
         stz_forward_linear(m, q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);  /* (n, dim) @ wq^T -> (n, QD) */
@@ -447,8 +514,10 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         if (w[STZ_ROLE_QNORM]) /* Qwen3: every head normed before RoPE */
             head_norms(c, q, kv, w[STZ_ROLE_QNORM], w[STZ_ROLE_KNORM], n);
         for (size_t r = 0; r < n; r++) {
-            rope(m, q + r * QD, c->n_heads, b->pos[r]);
-            rope(m, kv + r * KD, c->n_kv_heads, b->pos[r]);
+            if (rope_on) {
+                rope(m, q + r * QD, c->n_heads, b->pos[r]);
+                rope(m, kv + r * KD, c->n_kv_heads, b->pos[r]);
+            }
             size_t at = (b->seq[r] * b->cap + b->pos[r]) * KD;
             memcpy(kc + at, kv + r * KD, KD * sizeof *kc);
             memcpy(vc + at, kv + (n + r) * KD, KD * sizeof *vc);
@@ -458,27 +527,38 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
                 for (L = 1; r0 + L < n && b->seq[r0 + L] == b->seq[r0]; L++)
                     ;
                 attend_seq(c, q + r0 * QD, kc + b->seq[r0] * b->cap * KD, vc + b->seq[r0] * b->cap * KD, L,
-                           att + r0 * QD, sc, m->threads);
+                           att + r0 * QD, sc, layer_window(c, l), m->threads);
             }
         else
-            attend_rows(c, b, q, kc, vc, att, sc);
+            attend_rows(c, b, q, kc, vc, att, sc, layer_window(c, l));
         if ((st = stz_forward_observe(m, l, out_in, 1, att, n, QD, err)))
             break;
         stz_forward_linear(m, xb, att, w[STZ_ROLE_WO], w[STZ_ROLE_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
         for (size_t r = 0; r < n; r++)
-            stz_forward_rmsnorm(xb + r * D, X + r * D, w[STZ_ROLE_FNORM], D, c->norm_eps);
+            stz_forward_norm(m, xb + r * D, X + r * D, w[STZ_ROLE_FNORM], w[STZ_ROLE_FNORM_B], D);
         int fused_ffn = w[STZ_ROLE_GATE_UP] != NULL;
-        if ((st = stz_forward_observe(m, l, fused_ffn ? ffn_fused : ffn_in, fused_ffn ? 1 : 2, xb, n, D, err)))
+        if ((st = stz_forward_observe(m, l,
+                                      fused_ffn ? ffn_fused
+                                      : gated   ? ffn_in
+                                                : up_in,
+                                      fused_ffn || !gated ? 1 : 2, xb, n, D, err)))
             break;
-        stz_forward_linear(m, h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
-        stz_forward_linear(m, h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
-        for (size_t i = 0; i < n * F; i++)
-            h1[i] = stz_silu(h1[i]) * h3[i];
+        if (gated) {
+            stz_forward_linear(m, h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
+            stz_forward_linear(m, h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
+            for (size_t i = 0; i < n * F; i++)
+                h1[i] = stz_silu(h1[i]) * h3[i];
+        } else { /* GPT-Neo: gelu(x @ c_fc^T + b) */
+            stz_forward_linear(m, h1, xb, w[STZ_ROLE_UP], w[STZ_ROLE_UP_B], n, D, F);
+            for (size_t i = 0; i < n * F; i++)
+                h1[i] = stz_gelu_tanh(h1[i]);
+        }
         if ((st = stz_forward_observe(m, l, down_in, 1, h1, n, F, err)))
             break;
-        stz_forward_linear(m, xb, h1, w[STZ_ROLE_DOWN], NULL, n, F, D); /* (n, hidden) @ w2^T -> (n, dim) */
+        stz_forward_linear(m, xb, h1, w[STZ_ROLE_DOWN], w[STZ_ROLE_DOWN_B], n, F,
+                           D); /* (n, hidden) @ w2^T -> (n, dim) */
         for (size_t i = 0; i < n * D; i++)
             X[i] += xb[i];
         if (progress && progress(user, ++*done, total))
@@ -490,33 +570,46 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
     return st;
 }
 
-/* Token embeddings of rows: X (n, dim). */
-stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, size_t n, float *X, stz_err *err)
+stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, const uint32_t *pos, size_t n, float *X, stz_err *err)
 {
-    for (size_t r = 0; r < n; r++) {
+    size_t D = m->c.dim;
+    float *p = m->global[G_POS].f >= 0 ? malloc(D * sizeof *p) : NULL;
+    stz_status st =
+        m->global[G_POS].f >= 0 && !p ? stz_err_set(err, STZ_E_NOMEM, "out of memory for a position") : STZ_OK;
+    for (size_t r = 0; !st && r < n; r++) {
         if (tok[r] < 0 || (uint32_t)tok[r] >= m->c.vocab)
-            return stz_err_set(err, STZ_E_ARG, "%s: token id %d is outside the vocabulary [0, %u)", m->label, tok[r],
-                               m->c.vocab);
-        stz_status st = stz_forward_read_rows(m, m->global[G_EMBED], (uint64_t)tok[r], 1, X + r * m->c.dim, err);
-        if (st)
-            return st;
+            st = stz_err_set(err, STZ_E_ARG, "%s: token id %d is outside the vocabulary [0, %u)", m->label, tok[r],
+                             m->c.vocab);
+        else
+            st = stz_forward_read_rows(m, m->global[G_EMBED], (uint64_t)tok[r], 1, X + r * D, err);
+        if (!st && p && !(st = stz_forward_read_rows(m, m->global[G_POS], pos[r], 1, p, err)))
+            for (size_t i = 0; i < D; i++) /* GPT-Neo: wte[token] + wpe[position] */
+                X[r * D + i] += p[i];
     }
-    return STZ_OK;
+    free(p);
+    return st;
+}
+
+stz_status stz_forward_out_norm(stz_fwd *m, float *X, size_t n, stz_err *err)
+{
+    size_t D = m->c.dim;
+    float *nw = malloc(2 * D * sizeof *nw);
+    stz_status st = !nw ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output norm") : STZ_OK;
+    int bias = m->global[G_NORM_B].f >= 0;
+    if (!st)
+        st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
+    if (!st && bias)
+        st = stz_forward_read_rows(m, m->global[G_NORM_B], 0, 1, nw + D, err);
+    for (size_t r = 0; !st && r < n; r++)
+        stz_forward_norm(m, X + r * D, X + r * D, nw, bias ? nw + D : NULL, D);
+    free(nw);
+    return st;
 }
 
 stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err)
 {
-    size_t D = m->c.dim;
-    float *nw = malloc(D * sizeof *nw);
-    stz_status st = !nw ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output norm") : STZ_OK;
-    if (!st)
-        st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
-    for (size_t r = 0; !st && r < n; r++)
-        stz_forward_rmsnorm(X + r * D, X + r * D, nw, D, m->c.norm_eps);
-    if (!st)
-        st = stz_forward_observe(m, 0, head_in, 1, X, n, D, err);
-    free(nw);
-    return st;
+    stz_status st = stz_forward_out_norm(m, X, n, err);
+    return st ? st : stz_forward_observe(m, 0, head_in, 1, X, n, m->c.dim, err);
 }
 
 /* Final norm in place, then logits (n, vocab) = X (n, dim) @ head (vocab, dim)^T,
@@ -601,7 +694,7 @@ stz_status stz_forward_hidden_states(stz_fwd *m, const int32_t *tokens, size_t n
 {
     seq_rows R;
     stz_status st = stz_forward_rows_make(m, tokens, nseq, stride, lens, &R, err);
-    if (!st && !(st = stz_forward_embed(m, R.tok, R.b.n, X, err)))
+    if (!st && !(st = stz_forward_embed(m, R.tok, R.pos, R.b.n, X, err)))
         st = stz_forward_run_layers(m, X, &R.b, nseq, 0, m->c.n_layers, progress, user, done, total, err);
     stz_forward_rows_free(&R);
     return st;

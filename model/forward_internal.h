@@ -7,8 +7,8 @@
 #include "core/stz_core.h"
 #include "roles.h"
 
-/* m->global[]: the per-model roles, STZ_ROLE_EMBED + G_x */
-enum { G_EMBED, G_NORM, G_HEAD, G_COUNT };
+/* m->global[]: the per-model roles, STZ_ROLE_EMBED + G_x (G_POS, G_NORM_B: absent, f -1, but in GPT-Neo) */
+enum { G_EMBED, G_NORM, G_HEAD, G_POS, G_NORM_B, G_COUNT };
 
 typedef struct {
     int f; /* file, -1: absent */
@@ -88,11 +88,14 @@ static inline int stz_forward_tied(const stz_fwd *m)
 }
 stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *dst, stz_err *err);
 void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps);
+/* The model's norm of one row of n (RMSNorm, or LayerNorm with bias b). */
+void stz_forward_norm(const stz_fwd *m, float *o, const float *x, const float *w, const float *b, size_t n);
 void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n, size_t in,
                         size_t out);
 stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
                                   stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err);
-stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, size_t n, float *X, stz_err *err);
+/* The input of rows: token embeddings, plus the learned position embedding of pos[r] (GPT-Neo): X (n, dim). */
+stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, const uint32_t *pos, size_t n, float *X, stz_err *err);
 stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *err);
 void stz_forward_rows_free(seq_rows *R);
 stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
@@ -119,8 +122,10 @@ static inline size_t stz_seq_skip(size_t at, size_t stride, const size_t *lens, 
  * depend on its own sequence alone. */
 size_t stz_forward_batch_end(const size_t *lens, size_t nseq, size_t s0, size_t rows, size_t *sum);
 void stz_forward_drop_kept(stz_fwd *m);
-/* The final norm of rows X (n, dim) in place (the head's input). */
+/* The final norm of rows X (n, dim) in place (the head's input), given to the hooks as the head's input. */
 stz_status stz_forward_final_norm(stz_fwd *m, float *X, size_t n, stz_err *err);
+/* The final norm alone (no hook sees it). */
+stz_status stz_forward_out_norm(stz_fwd *m, float *X, size_t n, stz_err *err);
 /* Gives X (n rows of cols), the input of matrices roles[0..k) of `layer`,
  * to the hooks attached. */
 stz_status stz_forward_observe(stz_fwd *m, uint32_t layer, const int *roles, int k, const float *X, size_t n,

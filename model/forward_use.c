@@ -198,7 +198,7 @@ static stz_status draw(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, doubl
         for (size_t s = 0; s < nseq; s++)
             pos[s] = (uint32_t)p, tok[s] = tokens[s * len + p];
         batch b = {nseq, pos, seq, len, k, v, c->n_layers};
-        if ((st = stz_forward_embed(m, tok, nseq, X, err)) ||
+        if ((st = stz_forward_embed(m, tok, pos, nseq, X, err)) ||
             (st = stz_forward_run_layers(m, X, &b, nseq, 0, c->n_layers, progress, user, &done, total, err)) ||
             (st = stz_forward_head(m, X, nseq, logits, err)))
             break;
@@ -279,17 +279,11 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
                              row_stats *rs, stz_err *err)
 {
     size_t D = ref->c.dim, V = ref->c.vocab, step = slice_step(D, D, V);
-    float *na = malloc(D * sizeof *na), *nb = malloc(D * sizeof *nb), *W = malloc(step * D * sizeof *W),
-          *LA = malloc(D * step * sizeof *LA), *LB = malloc(D * step * sizeof *LB);
-    stz_status st = !na || !nb || !W || !LA || !LB
-                        ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices")
-                        : STZ_OK;
-    if (!st && !(st = stz_forward_read_rows(ref, ref->global[G_NORM], 0, 1, na, err)))
-        st = stz_forward_read_rows(cand, cand->global[G_NORM], 0, 1, nb, err);
-    for (size_t r = 0; !st && r < n; r++) {
-        stz_forward_rmsnorm(XA + r * D, XA + r * D, na, D, ref->c.norm_eps);
-        stz_forward_rmsnorm(XB + r * D, XB + r * D, nb, D, cand->c.norm_eps);
-    }
+    float *W = malloc(step * D * sizeof *W), *LA = malloc(D * step * sizeof *LA), *LB = malloc(D * step * sizeof *LB);
+    stz_status st =
+        !W || !LA || !LB ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
+    if (!st && !(st = stz_forward_out_norm(ref, XA, n, err)))
+        st = stz_forward_out_norm(cand, XB, n, err);
     for (size_t r0 = 0; !st && r0 < n; r0 += D) {
         size_t m = n - r0 < D ? n - r0 : D;
         const float *xa = XA + r0 * D, *xb = XB + r0 * D;
@@ -312,7 +306,7 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
                 fold_slice(rs + r0, LA, LB, m, k, v0, next + r0);
         }
     }
-    free(na), free(nb), free(W), free(LA), free(LB);
+    free(W), free(LA), free(LB);
     return st;
 }
 
@@ -466,14 +460,11 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
 {
     stz_fwd *m = ps->m;
     size_t D = m->c.dim, V = m->c.vocab, n = ps->scored, rows = ns * n, step = slice_step(rows, D, V);
-    float *nw = malloc(D * sizeof *nw), *W = malloc(step * D * sizeof *W), *L = malloc(rows * step * sizeof *L),
-          *A = malloc(n * step * sizeof *A);
+    float *W = malloc(step * D * sizeof *W), *L = malloc(rows * step * sizeof *L), *A = malloc(n * step * sizeof *A);
     stz_status st =
-        !nw || !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
+        !W || !L || !A ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the output-layer slices") : STZ_OK;
     if (!st)
-        st = stz_forward_read_rows(m, m->global[G_NORM], 0, 1, nw, err);
-    for (size_t r = 0; !st && r < rows; r++)
-        stz_forward_rmsnorm(ps->S + r * D, ps->S + r * D, nw, D, m->c.norm_eps);
+        st = stz_forward_out_norm(m, ps->S, rows, err);
     memset(ps->rs, 0, rows * sizeof *ps->rs);
     for (size_t v0 = 0; !st && v0 < V; v0 += step) {
         size_t k = V - v0 < step ? V - v0 : step;
@@ -494,7 +485,7 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
         for (size_t s = 0; !st && !fill && s < ns; s++)
             fold_slice(ps->rs + s * n, A, L + s * n * k, n, k, v0, ps->next);
     }
-    free(nw), free(W), free(L), free(A);
+    free(W), free(L), free(A);
     if (!st && ps->progress && ps->progress(ps->user, ++ps->done, ps->total))
         st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     return st;
@@ -563,10 +554,11 @@ static size_t emb_runs(const stz_fwd_probe *probe) { return probe->variants > 1 
 
 /* Progress units: layers run, a head counting as one; *walk: whether the
  * layers must be walked (a layer matrix, or a separate head, selected). */
-static uint64_t probe_total(const stz_fwd *m, const stz_fwd_probe *probe, int want_emb, int want_head, int *walk)
+static uint64_t probe_total(const stz_fwd *m, const stz_fwd_probe *probe, int want_emb, int want_pos, int want_head,
+                            int *walk)
 {
     size_t L = m->c.n_layers;
-    uint64_t total = L + 1 + (want_emb ? emb_runs(probe) * (L + 1) : 0);
+    uint64_t total = L + 1 + (want_emb ? emb_runs(probe) * (L + 1) : 0) + (want_pos ? L + 1 : 0);
     *walk = want_head;
     for (size_t l = 0; l < L; l++) {
         int any = 0;
@@ -609,6 +601,17 @@ static stz_status probe_layers(probe_state *ps, size_t nseq, const char **names,
     return st;
 }
 
+/* The model's input with the embedding at `at` perturbed, run to the head: the result as names[0]. */
+static stz_status probe_input(probe_state *ps, loc at, const char *const *names, stz_err *err)
+{
+    probe_at(ps, at);
+    stz_status st = stz_forward_embed(ps->m, ps->R.tok, ps->R.pos, ps->n, ps->P, err);
+    if (!st)
+        st = run_streams(ps, 1, 0, names, 0, err);
+    probe_at(ps, NOWHERE);
+    return st;
+}
+
 /* A separate head perturbed on the final hidden states. */
 static stz_status probe_head(probe_state *ps, const char *name, stz_err *err)
 {
@@ -630,7 +633,7 @@ static stz_status probe_head(probe_state *ps, const char *name, stz_err *err)
 stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride, const size_t *lens,
                              const stz_fwd_probe *probe, stz_fwd_progress progress, void *user, stz_err *err)
 {
-    loc emb = m->global[G_EMBED], hd = m->global[G_HEAD];
+    loc emb = m->global[G_EMBED], hd = m->global[G_HEAD], pe = m->global[G_POS];
     int tied = stz_forward_tied(m);
     probe_state ps = {.m = m, .probe = probe, .progress = progress, .user = user, .hook.weights = probe_weights};
     ps.hook.user = &ps;
@@ -639,22 +642,22 @@ stz_status stz_fwd_probe_run(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     const char *names[MATS];
     names[0] = st ? NULL : stz_forward_tensor(m, emb)->name;
     int want_emb = !st && probe->select(probe->user, names[0]), walk = 0;
-    const char *head = st || tied ? NULL : stz_forward_tensor(m, hd)->name;
-    int want_head = head && probe->select(probe->user, head);
+    const char *head = st || tied ? NULL : stz_forward_tensor(m, hd)->name,
+               *pos = st || pe.f < 0 ? NULL : stz_forward_tensor(m, pe)->name;
+    int want_head = head && probe->select(probe->user, head), want_pos = pos && probe->select(probe->user, pos);
     if (!st)
-        ps.total = probe_total(m, probe, want_emb, want_head, &walk);
-    if (!st && !(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
+        ps.total = probe_total(m, probe, want_emb, want_pos, want_head, &walk);
+    if (!st && !(st = stz_forward_embed(m, ps.R.tok, ps.R.pos, n, ps.P, err)))
         st = run_streams(&ps, 1, 0, NULL, 1, err); /* the reference */
     for (size_t k = 0; !st && want_emb && k < emb_runs(probe); k++) {
         if (probe->variant)
             probe->variant(probe->user, k);
-        probe_at(&ps, emb);
-        if (!(st = stz_forward_embed(m, ps.R.tok, n, ps.P, err)))
-            st = run_streams(&ps, 1, 0, names, 0, err);
-        probe_at(&ps, NOWHERE);
+        st = probe_input(&ps, emb, names, err);
     }
+    if (!st && want_pos) /* GPT-Neo's learned positions */
+        st = probe_input(&ps, pe, &pos, err);
     if (!st && walk)
-        st = stz_forward_embed(m, ps.R.tok, n, ps.X, err);
+        st = stz_forward_embed(m, ps.R.tok, ps.R.pos, n, ps.X, err);
     if (!st && walk)
         st = probe_layers(&ps, nseq, names, err);
     if (!st && want_head)

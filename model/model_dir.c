@@ -329,11 +329,21 @@ int stz_model_set_find(const stz_model_set *s, const char *name, size_t *f, size
     return 0;
 }
 
+static int set_has(stz_qmodel *const *files, size_t nfiles, const char *name)
+{
+    for (size_t f = 0; f < nfiles; f++)
+        if (stz_qmodel_find(files[f], name) >= 0)
+            return 1;
+    return 0;
+}
+
 int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
 {
-    for (int hf = STZ_NAMES_HF; hf >= STZ_NAMES_LLAMA2C; hf--)
-        for (size_t f = 0; f < nfiles; f++)
-            if (stz_qmodel_find(files[f], stz_roles[STZ_ROLE_EMBED].name[hf]) >= 0)
-                return hf;
+    char wo[96]; /* GPT-2 names its embedding as GPT-Neo does: GPT-Neo is told by its attention's names too */
+    snprintf(wo, sizeof wo, stz_roles[STZ_ROLE_WO].name[STZ_NAMES_GPT_NEO], 0u);
+    for (int names = STZ_NAMES_COUNT - 1; names >= STZ_NAMES_LLAMA2C; names--)
+        if (set_has(files, nfiles, stz_roles[STZ_ROLE_EMBED].name[names]) &&
+            (names != STZ_NAMES_GPT_NEO || set_has(files, nfiles, wo)))
+            return names;
     return -1;
 }

@@ -1,4 +1,4 @@
-/* The Llama-family tensor roles table (roles.h). */
+/* The tensor roles table (roles.h). */
 #include "arch.h"
 #include "roles.h"
 
@@ -6,54 +6,77 @@
 #include <string.h>
 
 const stz_role_info stz_roles[STZ_ROLE_COUNT] = {
-    [STZ_ROLE_ANORM] = {{"layers.%u.attention_norm.weight", "model.layers.%u.input_layernorm.weight"},
+    [STZ_ROLE_ANORM] = {{"layers.%u.attention_norm.weight", "model.layers.%u.input_layernorm.weight",
+                         "transformer.h.%u.ln_1.weight"},
                         "blk.%u.attn_norm.weight",
                         0},
-    [STZ_ROLE_WQ] = {{"layers.%u.attention.wq.weight", "model.layers.%u.self_attn.q_proj.weight"},
+    [STZ_ROLE_WQ] = {{"layers.%u.attention.wq.weight", "model.layers.%u.self_attn.q_proj.weight",
+                      "transformer.h.%u.attn.attention.q_proj.weight"},
                      "blk.%u.attn_q.weight",
                      1},
-    [STZ_ROLE_WK] = {{"layers.%u.attention.wk.weight", "model.layers.%u.self_attn.k_proj.weight"},
+    [STZ_ROLE_WK] = {{"layers.%u.attention.wk.weight", "model.layers.%u.self_attn.k_proj.weight",
+                      "transformer.h.%u.attn.attention.k_proj.weight"},
                      "blk.%u.attn_k.weight",
                      2},
-    [STZ_ROLE_WV] = {{"layers.%u.attention.wv.weight", "model.layers.%u.self_attn.v_proj.weight"},
+    [STZ_ROLE_WV] = {{"layers.%u.attention.wv.weight", "model.layers.%u.self_attn.v_proj.weight",
+                      "transformer.h.%u.attn.attention.v_proj.weight"},
                      "blk.%u.attn_v.weight",
                      0},
-    [STZ_ROLE_WO] = {{"layers.%u.attention.wo.weight", "model.layers.%u.self_attn.o_proj.weight"},
+    [STZ_ROLE_WO] = {{"layers.%u.attention.wo.weight", "model.layers.%u.self_attn.o_proj.weight",
+                      "transformer.h.%u.attn.attention.out_proj.weight"},
                      "blk.%u.attn_output.weight",
                      0},
-    [STZ_ROLE_BQ] = {{"layers.%u.attention.wq.bias", "model.layers.%u.self_attn.q_proj.bias"}, "blk.%u.attn_q.bias", 1},
-    [STZ_ROLE_BK] = {{"layers.%u.attention.wk.bias", "model.layers.%u.self_attn.k_proj.bias"}, "blk.%u.attn_k.bias", 2},
-    [STZ_ROLE_BV] = {{"layers.%u.attention.wv.bias", "model.layers.%u.self_attn.v_proj.bias"}, "blk.%u.attn_v.bias", 0},
-    [STZ_ROLE_BO] = {{"layers.%u.attention.wo.bias", "model.layers.%u.self_attn.o_proj.bias"},
+    [STZ_ROLE_BQ] = {{"layers.%u.attention.wq.bias", "model.layers.%u.self_attn.q_proj.bias", NULL},
+                     "blk.%u.attn_q.bias",
+                     1},
+    [STZ_ROLE_BK] = {{"layers.%u.attention.wk.bias", "model.layers.%u.self_attn.k_proj.bias", NULL},
+                     "blk.%u.attn_k.bias",
+                     2},
+    [STZ_ROLE_BV] = {{"layers.%u.attention.wv.bias", "model.layers.%u.self_attn.v_proj.bias", NULL},
+                     "blk.%u.attn_v.bias",
+                     0},
+    [STZ_ROLE_BO] = {{"layers.%u.attention.wo.bias", "model.layers.%u.self_attn.o_proj.bias",
+                      "transformer.h.%u.attn.attention.out_proj.bias"},
                      "blk.%u.attn_output.bias",
                      0},
-    [STZ_ROLE_FNORM] = {{"layers.%u.ffn_norm.weight", "model.layers.%u.post_attention_layernorm.weight"},
+    [STZ_ROLE_FNORM] = {{"layers.%u.ffn_norm.weight", "model.layers.%u.post_attention_layernorm.weight",
+                         "transformer.h.%u.ln_2.weight"},
                         "blk.%u.ffn_norm.weight",
                         0},
-    [STZ_ROLE_GATE] = {{"layers.%u.feed_forward.w1.weight", "model.layers.%u.mlp.gate_proj.weight"},
+    [STZ_ROLE_GATE] = {{"layers.%u.feed_forward.w1.weight", "model.layers.%u.mlp.gate_proj.weight", NULL},
                        "blk.%u.ffn_gate.weight",
                        0},
-    [STZ_ROLE_UP] = {{"layers.%u.feed_forward.w3.weight", "model.layers.%u.mlp.up_proj.weight"},
+    [STZ_ROLE_UP] = {{"layers.%u.feed_forward.w3.weight", "model.layers.%u.mlp.up_proj.weight",
+                      "transformer.h.%u.mlp.c_fc.weight"},
                      "blk.%u.ffn_up.weight",
                      0},
-    [STZ_ROLE_DOWN] = {{"layers.%u.feed_forward.w2.weight", "model.layers.%u.mlp.down_proj.weight"},
+    [STZ_ROLE_DOWN] = {{"layers.%u.feed_forward.w2.weight", "model.layers.%u.mlp.down_proj.weight",
+                        "transformer.h.%u.mlp.c_proj.weight"},
                        "blk.%u.ffn_down.weight",
                        0},
-    [STZ_ROLE_QNORM] = {{"layers.%u.attention.q_norm.weight", "model.layers.%u.self_attn.q_norm.weight"},
+    [STZ_ROLE_QNORM] = {{"layers.%u.attention.q_norm.weight", "model.layers.%u.self_attn.q_norm.weight", NULL},
                         "blk.%u.attn_q_norm.weight",
                         0},
-    [STZ_ROLE_KNORM] = {{"layers.%u.attention.k_norm.weight", "model.layers.%u.self_attn.k_norm.weight"},
+    [STZ_ROLE_KNORM] = {{"layers.%u.attention.k_norm.weight", "model.layers.%u.self_attn.k_norm.weight", NULL},
                         "blk.%u.attn_k_norm.weight",
                         0},
-    [STZ_ROLE_WQKV] = {{"layers.%u.attention.wqkv.weight", "model.layers.%u.self_attn.qkv_proj.weight"},
+    [STZ_ROLE_WQKV] = {{"layers.%u.attention.wqkv.weight", "model.layers.%u.self_attn.qkv_proj.weight", NULL},
                        "blk.%u.attn_qkv.weight",
                        0},
-    [STZ_ROLE_GATE_UP] = {{"layers.%u.feed_forward.w13.weight", "model.layers.%u.mlp.gate_up_proj.weight"},
+    [STZ_ROLE_GATE_UP] = {{"layers.%u.feed_forward.w13.weight", "model.layers.%u.mlp.gate_up_proj.weight", NULL},
                           "blk.%u.ffn_up.weight",
                           0},
-    [STZ_ROLE_EMBED] = {{"tok_embeddings.weight", "model.embed_tokens.weight"}, "token_embd.weight", 0},
-    [STZ_ROLE_NORM] = {{"norm.weight", "model.norm.weight"}, "output_norm.weight", 0},
-    [STZ_ROLE_HEAD] = {{"output.weight", "lm_head.weight"}, "output.weight", 0},
+    [STZ_ROLE_ANORM_B] = {{NULL, NULL, "transformer.h.%u.ln_1.bias"}, "blk.%u.attn_norm.bias", 0},
+    [STZ_ROLE_FNORM_B] = {{NULL, NULL, "transformer.h.%u.ln_2.bias"}, "blk.%u.ffn_norm.bias", 0},
+    [STZ_ROLE_UP_B] = {{NULL, NULL, "transformer.h.%u.mlp.c_fc.bias"}, "blk.%u.ffn_up.bias", 0},
+    [STZ_ROLE_DOWN_B] = {{NULL, NULL, "transformer.h.%u.mlp.c_proj.bias"}, "blk.%u.ffn_down.bias", 0},
+    [STZ_ROLE_EMBED] = {{"tok_embeddings.weight", "model.embed_tokens.weight", "transformer.wte.weight"},
+                        "token_embd.weight",
+                        0},
+    [STZ_ROLE_NORM] = {{"norm.weight", "model.norm.weight", "transformer.ln_f.weight"}, "output_norm.weight", 0},
+    [STZ_ROLE_HEAD] = {{"output.weight", "lm_head.weight", "lm_head.weight"}, "output.weight", 0},
+    [STZ_ROLE_POS] = {{NULL, NULL, "transformer.wpe.weight"}, "position_embd.weight", 0},
+    [STZ_ROLE_NORM_B] = {{NULL, NULL, "transformer.ln_f.bias"}, "output_norm.bias", 0},
 };
 
 int stz_role_find(const char *name, int names, const stz_arch *arch, unsigned *layer)
@@ -62,6 +85,8 @@ int stz_role_find(const char *name, int names, const stz_arch *arch, unsigned *l
         if (arch && r < STZ_ROLE_PER_LAYER && stz_arch_use(arch, r) == STZ_USE_NONE)
             continue;
         const char *pat = names < 0 ? stz_roles[r].gguf : stz_roles[r].name[names];
+        if (!pat)
+            continue;
         char back[256];
         unsigned l = 0;
         if (r < STZ_ROLE_PER_LAYER) { /* the layer is the first number after the pattern's fixed prefix */
@@ -79,7 +104,7 @@ int stz_role_find(const char *name, int names, const stz_arch *arch, unsigned *l
 int stz_role_gguf_name(const char *name, char *out, size_t cap)
 {
     unsigned l = 0;
-    for (int names = STZ_NAMES_HF; names >= STZ_NAMES_LLAMA2C; names--) {
+    for (int names = STZ_NAMES_COUNT - 1; names >= STZ_NAMES_LLAMA2C; names--) {
         int r = stz_role_find(name, names, NULL, &l);
         if (r >= 0)
             return snprintf(out, cap, stz_roles[r].gguf, l), 1;

@@ -1,5 +1,5 @@
-/* The tensors of a Llama-family checkpoint (arch.h's families) by role: their names in
- * llama2.c's and Hugging Face's layouts and in GGUF, one table shared by
+/* The tensors of a checkpoint of arch.h's families by role: their names in
+ * llama2.c's, Hugging Face's and GPT-Neo's layouts and in GGUF, one table shared by
  * the forward pass (model/), GGUF export (export/) and whatever maps names
  * between them. Not installed. */
 #ifndef STZ_ROLES_H
@@ -7,8 +7,8 @@
 
 #include "stz_forward.h"
 
-/* The two source layouts (stz_names), as stz_fwd_layout tells them apart. */
-#define STZ_NAMES_COUNT 2
+/* The three source layouts (stz_names), as stz_fwd_layout tells them apart. */
+#define STZ_NAMES_COUNT 3
 
 /* Roles before STZ_ROLE_PER_LAYER are one tensor per layer (%u in the
  * names is the layer); the others one per model. Biases are optional. */
@@ -30,15 +30,22 @@ typedef enum {
     STZ_ROLE_KNORM,   /* and of each key head */
     STZ_ROLE_WQKV,    /* Phi-3: q, k and v fused (rows: QD, then KD, KD) (STZ_ARCH_FUSED) */
     STZ_ROLE_GATE_UP, /* and gate and up fused (rows: hidden, then hidden) */
+    STZ_ROLE_ANORM_B, /* GPT-Neo: the LayerNorms' biases (STZ_NORM_LAYER) */
+    STZ_ROLE_FNORM_B,
+    STZ_ROLE_UP_B, /* and the ungated MLP's (STZ_ACT_GELU_TANH) */
+    STZ_ROLE_DOWN_B,
     STZ_ROLE_PER_LAYER,
     STZ_ROLE_EMBED = STZ_ROLE_PER_LAYER,
     STZ_ROLE_NORM,
     STZ_ROLE_HEAD,
+    STZ_ROLE_POS,    /* GPT-Neo: the learned position embedding (STZ_POS_LEARNED) */
+    STZ_ROLE_NORM_B, /* and the final LayerNorm's bias */
     STZ_ROLE_COUNT
 } stz_role;
 
-/* `perm`: Hugging Face q / k rows that llama.cpp's "llama" RoPE wants in
- * (2i, 2i+1) pairs (1: query heads, 2: key/value heads), else 0. */
+/* name[layout]: NULL where a layout has no such tensor. `perm`: Hugging
+ * Face q / k rows that llama.cpp's "llama" RoPE wants in (2i, 2i+1) pairs
+ * (1: query heads, 2: key/value heads), else 0. */
 typedef struct {
     const char *name[STZ_NAMES_COUNT];
     const char *gguf;

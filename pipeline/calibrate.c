@@ -422,7 +422,7 @@ stz_status stz_forward_grams(stz_fwd *m, const int32_t *tokens, size_t nseq, siz
     if (!st && !ok)
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for %zu positions", n);
     if (!st)
-        st = stz_forward_embed(m, S.tok, n, X, err);
+        st = stz_forward_embed(m, S.tok, S.pos, n, X, err);
     if (!st && X0)
         memcpy(X0, X, n * D * sizeof *X);
     for (uint32_t l = 0; !st && l < m->c.n_layers; l++) {

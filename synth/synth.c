@@ -197,7 +197,7 @@ static void make_factors(const spec *t, uint64_t seed, float *row, float *col)
         row[i] = stz_expf(0.15f * normal1(&st));
     for (uint64_t i = 0; i < cols; i++) {
         col[i] = stz_expf(0.10f * normal1(&st));
-        if (t->kind == K_LINEAR && (wyrand(&st) % 200) == 0)
+        if ((t->kind == K_LINEAR || t->kind == K_CONV) && (wyrand(&st) % 200) == 0)
             col[i] *= 2.0f + 1.0f * (float)(wyrand(&st) % 1000) / 1000.0f;
     }
 }
@@ -241,25 +241,49 @@ static float base_scale(const spec *t)
 {
     switch (t->kind) {
     case K_LINEAR: return 1.0f / sqrtf((float)t->shape[1]);
+    case K_CONV: return 1.0f / sqrtf((float)t->shape[0]);
     case K_EMBED: return 1.0f / sqrtf((float)t->shape[1]);
     case K_NORM: return 1.0f;
     default: return 0.02f;
     }
 }
 
+/* The configuration's JSON, under the keys of the family's own config.json. */
+static void config_json(const arch *a, char *cfg, size_t cap)
+{
+    unsigned long long H = a->hidden, I = a->inter, L = a->layers, NH = a->heads, V = a->vocab, P = a->positions;
+    const char *tied = a->tied ? "true" : "false";
+    char more[96] = "";
+    if (a->fam == FAM_GPT_NEO) /* global and local layers in turn, as GPT-Neo's */
+        snprintf(cfg, cap,
+                 "{\"architecture\":\"%s\",\"model_type\":\"gpt_neo\",\"hidden_size\":%llu,"
+                 "\"intermediate_size\":%llu,\"num_layers\":%llu,\"num_heads\":%llu,\"vocab_size\":%llu,"
+                 "\"max_position_embeddings\":%llu,\"window_size\":%llu,\"attention_types\":[[[\"global\","
+                 "\"local\"],%llu]%s],\"tie_word_embeddings\":%s}",
+                 a->name, H, I, L, NH, V, P, (unsigned long long)a->window, L / 2, L % 2 ? ",[[\"global\"],1]" : "",
+                 tied);
+    else if (a->fam == FAM_GPT2)
+        snprintf(cfg, cap,
+                 "{\"architecture\":\"%s\",\"model_type\":\"gpt2\",\"n_embd\":%llu,\"n_inner\":%llu,"
+                 "\"n_layer\":%llu,\"n_head\":%llu,\"vocab_size\":%llu,\"n_positions\":%llu,"
+                 "\"tie_word_embeddings\":%s}",
+                 a->name, H, I, L, NH, V, P, tied);
+    else {
+        if (a->model_type) /* a family the configuration's other keys do not tell */
+            snprintf(more, sizeof more, ",\"model_type\":\"%s\",\"head_dim\":%llu", a->model_type,
+                     (unsigned long long)(a->head_dim ? a->head_dim : a->hidden / a->heads));
+        snprintf(cfg, cap,
+                 "{\"architecture\":\"%s\",\"hidden_size\":%llu,\"intermediate_size\":%llu,"
+                 "\"num_hidden_layers\":%llu,\"num_attention_heads\":%llu,\"num_key_value_heads\":%llu,"
+                 "\"vocab_size\":%llu,\"tie_word_embeddings\":%s%s}",
+                 a->name, H, I, L, NH, (unsigned long long)a->kv_heads, V, tied, more);
+    }
+}
+
 static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synth_params *p, stz_err *err)
 {
-    char cfg[640], seed[32], more[96] = "";
-    if (a->model_type) /* a family the configuration's other keys do not tell */
-        snprintf(more, sizeof more, ",\"model_type\":\"%s\",\"head_dim\":%llu", a->model_type,
-                 (unsigned long long)(a->head_dim ? a->head_dim : a->hidden / a->heads));
-    snprintf(cfg, sizeof cfg,
-             "{\"architecture\":\"%s\",\"hidden_size\":%llu,\"intermediate_size\":%llu,"
-             "\"num_hidden_layers\":%llu,\"num_attention_heads\":%llu,\"num_key_value_heads\":%llu,"
-             "\"vocab_size\":%llu,\"tie_word_embeddings\":%s%s}",
-             a->name, (unsigned long long)a->hidden, (unsigned long long)a->inter, (unsigned long long)a->layers,
-             (unsigned long long)a->heads, (unsigned long long)a->kv_heads, (unsigned long long)a->vocab,
-             a->tied ? "true" : "false", more);
+    char cfg[640], seed[32];
+    config_json(a, cfg, sizeof cfg);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
     stz_status st;
     if ((st = stz_writer_set_meta(w, "stz.synthetic", "true", err)) ||
@@ -320,9 +344,9 @@ static void gen_batches(synth_run *g, const spec *t, uint64_t tseed, size_t lr, 
                            .first = first,
                            .count = count,
                            .out = g->buf,
-                           .prune = t->kind != K_LINEAR || !strcmp(t->name, "lm_head.weight") ? 0
-                                    : p->two_four                                             ? 2
-                                                                                              : p->sparsity > 0,
+                           .prune = (t->kind != K_LINEAR && t->kind != K_CONV) || !strcmp(t->name, "lm_head.weight") ? 0
+                                    : p->two_four                                                                    ? 2
+                                                  : p->sparsity > 0,
                            .cut = g->cut,
                            .tid = k,
                            .nthreads = p->threads};

@@ -9,29 +9,33 @@
 
 static const arch archs[] = {
     {"qwen2-0.5b", "Qwen2-0.5B: 24 layers, hidden 896, 14/2 heads, q/k/v biases, tied embeddings", FAM_HF_LLAMA, 896,
-     4864, 24, 14, 2, 151936, 0, 1, 1, NULL, 0, 0, 0},
+     4864, 24, 14, 2, 151936, 0, 1, 1, NULL, 0, 0, 0, 0},
     {"qwen3-0.6b", "Qwen3-0.6B: 28 layers, hidden 1024, 16/8 heads of 128, q/k head norms, tied embeddings",
-     FAM_HF_LLAMA, 1024, 3072, 28, 16, 8, 151936, 0, 0, 1, "qwen3", 128, 1, 0},
+     FAM_HF_LLAMA, 1024, 3072, 28, 16, 8, 151936, 0, 0, 1, "qwen3", 128, 1, 0, 0},
     {"phi3-mini", "Phi-3-mini-4k: 32 layers, hidden 3072, 32 heads, fused qkv and gate_up projections, lm_head",
-     FAM_HF_LLAMA, 3072, 8192, 32, 32, 32, 32064, 0, 0, 0, "phi3", 0, 0, 1},
+     FAM_HF_LLAMA, 3072, 8192, 32, 32, 32, 32064, 0, 0, 0, "phi3", 0, 0, 1, 0},
     {"llama-1b", "Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads, tied embeddings", FAM_HF_LLAMA, 2048, 8192, 16, 32,
-     8, 128256, 0, 0, 1, NULL, 0, 0, 0},
+     8, 128256, 0, 0, 1, NULL, 0, 0, 0, 0},
     {"llama-3.1-8b", "Llama-3.1-8B: 32 layers, hidden 4096, 32/8 heads, separate lm_head", FAM_HF_LLAMA, 4096, 14336,
-     32, 32, 8, 128256, 0, 0, 0, NULL, 0, 0, 0},
+     32, 32, 8, 128256, 0, 0, 0, NULL, 0, 0, 0, 0},
     {"tinyllama-1.1b", "TinyLlama-1.1B: 22 layers, hidden 2048, 32/4 heads, separate lm_head", FAM_HF_LLAMA, 2048, 5632,
-     22, 32, 4, 32000, 0, 0, 0, NULL, 0, 0, 0},
+     22, 32, 4, 32000, 0, 0, 0, NULL, 0, 0, 0, 0},
     {"gpt-neo-1.3b", "GPT-Neo-1.3B: 24 layers, hidden 2048, 16 heads, learned positions, tied", FAM_GPT_NEO, 2048, 8192,
-     24, 16, 16, 50257, 2048, 0, 1, NULL, 0, 0, 0},
+     24, 16, 16, 50257, 2048, 0, 1, NULL, 0, 0, 0, 256},
+    {"gpt2", "GPT-2 (124M): 12 layers, hidden 768, 12 heads, Conv1D weights (in, out), learned positions, tied",
+     FAM_GPT2, 768, 3072, 12, 12, 12, 50257, 1024, 0, 1, NULL, 0, 0, 0, 0},
     {"small", "small Llama-style model for quick runs: 8 layers, hidden 512, 8/4 heads, vocab 32000", FAM_HF_LLAMA, 512,
-     1408, 8, 8, 4, 32000, 0, 0, 1, NULL, 0, 0, 0},
+     1408, 8, 8, 4, 32000, 0, 0, 1, NULL, 0, 0, 0, 0},
     {"tiny", "tiny Llama/Qwen2-style test model: 2 layers, hidden 64, q/k/v biases, lm_head", FAM_HF_LLAMA, 64, 172, 2,
-     4, 2, 256, 0, 1, 0, NULL, 0, 0, 0},
+     4, 2, 256, 0, 1, 0, NULL, 0, 0, 0, 0},
     {"qwen3-tiny", "tiny Qwen3-style test model: 2 layers, hidden 64, 4/2 heads of 32, q/k head norms, lm_head",
-     FAM_HF_LLAMA, 64, 192, 2, 4, 2, 256, 0, 0, 0, "qwen3", 32, 1, 0},
+     FAM_HF_LLAMA, 64, 192, 2, 4, 2, 256, 0, 0, 0, "qwen3", 32, 1, 0, 0},
     {"phi3-tiny", "tiny Phi-3-style test model: 2 layers, hidden 64, 4/2 heads, fused qkv and gate_up, lm_head",
-     FAM_HF_LLAMA, 64, 192, 2, 4, 2, 256, 0, 0, 0, "phi3", 0, 0, 1},
-    {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64", FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0,
-     1, NULL, 0, 0, 0},
+     FAM_HF_LLAMA, 64, 192, 2, 4, 2, 256, 0, 0, 0, "phi3", 0, 0, 1, 0},
+    {"gpt-neo-tiny", "tiny GPT-Neo-style test model: 2 layers, hidden 64, local attention on layer 1 (window 32)",
+     FAM_GPT_NEO, 64, 256, 2, 4, 4, 256, 128, 0, 1, NULL, 0, 0, 0, 32},
+    {"gpt2-tiny", "tiny GPT-2-style test model: 2 layers, hidden 64, Conv1D weights", FAM_GPT2, 64, 256, 2, 4, 4, 256,
+     128, 0, 1, NULL, 0, 0, 0, 0},
 };
 #define NARCH (sizeof archs / sizeof archs[0])
 
@@ -97,7 +101,7 @@ void stz_synth_build_specs(const arch *a, specs *s)
         add(s, K_NORM, H, 0, "model.norm.weight");
         if (!a->tied)
             add(s, K_LINEAR, V, H, "lm_head.weight");
-    } else {
+    } else if (a->fam == FAM_GPT_NEO) {
         add(s, K_EMBED, V, H, "transformer.wte.weight");
         add(s, K_EMBED, a->positions, H, "transformer.wpe.weight");
         for (uint64_t l = 0; l < a->layers; l++) {
@@ -114,6 +118,26 @@ void stz_synth_build_specs(const arch *a, specs *s)
             add(s, K_LINEAR, I, H, "transformer.h.%llu.mlp.c_fc.weight", L);
             add(s, K_BIAS, I, 0, "transformer.h.%llu.mlp.c_fc.bias", L);
             add(s, K_LINEAR, H, I, "transformer.h.%llu.mlp.c_proj.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.mlp.c_proj.bias", L);
+        }
+        add(s, K_NORM, H, 0, "transformer.ln_f.weight");
+        add(s, K_BIAS, H, 0, "transformer.ln_f.bias");
+    } else { /* GPT-2: Conv1D weights stored (in, out), q/k/v fused */
+        add(s, K_EMBED, V, H, "transformer.wte.weight");
+        add(s, K_EMBED, a->positions, H, "transformer.wpe.weight");
+        for (uint64_t l = 0; l < a->layers; l++) {
+            unsigned long long L = (unsigned long long)l;
+            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_1.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_1.bias", L);
+            add(s, K_CONV, H, 3 * H, "transformer.h.%llu.attn.c_attn.weight", L);
+            add(s, K_BIAS, 3 * H, 0, "transformer.h.%llu.attn.c_attn.bias", L);
+            add(s, K_CONV, H, H, "transformer.h.%llu.attn.c_proj.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.c_proj.bias", L);
+            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_2.weight", L);
+            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_2.bias", L);
+            add(s, K_CONV, H, I, "transformer.h.%llu.mlp.c_fc.weight", L);
+            add(s, K_BIAS, I, 0, "transformer.h.%llu.mlp.c_fc.bias", L);
+            add(s, K_CONV, I, H, "transformer.h.%llu.mlp.c_proj.weight", L);
             add(s, K_BIAS, H, 0, "transformer.h.%llu.mlp.c_proj.bias", L);
         }
         add(s, K_NORM, H, 0, "transformer.ln_f.weight");

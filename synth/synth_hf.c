@@ -116,11 +116,16 @@ stz_status stz_synth_hf_files(const char *meta_config, char **config, char **tok
     }
     double eos = vocab->valuedouble - 1;
     if (!cJSON_HasObjectItem(c, "model_type"))
-        cJSON_AddStringToObject(c, "model_type", a->fam == FAM_GPT_NEO ? "gpt_neo" : a->qkv_bias ? "qwen2" : "llama");
-    cJSON_AddNumberToObject(c, "rope_theta", 10000);
-    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
-    cJSON_AddStringToObject(c, "hidden_act", "silu");
-    cJSON_AddNumberToObject(c, "max_position_embeddings", a->positions ? (double)a->positions : 2048);
+        cJSON_AddStringToObject(c, "model_type", a->qkv_bias ? "qwen2" : "llama");
+    if (a->fam == FAM_HF_LLAMA) {
+        cJSON_AddNumberToObject(c, "rope_theta", 10000);
+        cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
+        cJSON_AddStringToObject(c, "hidden_act", "silu");
+        cJSON_AddNumberToObject(c, "max_position_embeddings", 2048);
+    } else { /* GPT-Neo and GPT-2 state their positions */
+        cJSON_AddNumberToObject(c, "layer_norm_epsilon", 1e-5);
+        cJSON_AddStringToObject(c, "activation_function", "gelu_new");
+    }
     cJSON_AddNumberToObject(c, "bos_token_id", eos);
     cJSON_AddNumberToObject(c, "eos_token_id", eos);
     *config = cJSON_Print(c);

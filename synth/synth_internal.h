@@ -6,7 +6,7 @@
 #include "core/stz_core.h"
 #include "stz_synth.h"
 
-enum family { FAM_HF_LLAMA, FAM_GPT_NEO };
+enum family { FAM_HF_LLAMA, FAM_GPT_NEO, FAM_GPT2 };
 
 typedef struct {
     const char *name, *desc;
@@ -17,9 +17,10 @@ typedef struct {
     uint64_t head_dim;      /* 0: hidden / heads */
     int qk_norm;            /* q_norm and k_norm of every head (Qwen3) */
     int fused;              /* qkv_proj and gate_up_proj (Phi-3) */
+    uint64_t window;        /* GPT-Neo: the local layers' window (window_size) */
 } arch;
 
-enum kind { K_LINEAR, K_EMBED, K_NORM, K_BIAS };
+enum kind { K_LINEAR, K_EMBED, K_NORM, K_BIAS, K_CONV }; /* K_CONV: GPT-2's Conv1D, (in, out) */
 
 typedef struct {
     char name[96];

@@ -379,8 +379,10 @@ expect_rc 1 "forward: a token outside the vocabulary" "$STZ" eval "$T/fw.safeten
 has "$T/err" "vocab.json: sequence 1, token 3: id 300 is outside the vocabulary" "names file, sequence and token"
 printf '[[1, 2.5]]' >"$T/frac.json"
 expect_rc 1 "forward: not a token id" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/frac.json"
-expect_rc 1 "forward: another architecture" "$STZ" eval "$T/neo.safetensors" "$T/neo.safetensors" --forward
-has "$T/err" "architecture 'gpt-neo-tiny' is not supported" "names what is unsupported"
+"$STZ" synth gpt2-tiny -o "$T/gpt2.safetensors" -q
+expect_rc 1 "forward: another architecture" "$STZ" eval "$T/gpt2.safetensors" "$T/gpt2.safetensors" --forward
+has "$T/err" "model_type 'gpt2' is not supported (stz runs llama, mistral, qwen2, qwen3, phi3, gpt_neo)" \
+    "names what is unsupported and what runs"
 printf '{"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}' >"$T/cfg3.json"
 expect_rc 1 "forward: config disagrees with the tensors" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --config "$T/cfg3.json"
 has "$T/err" "tensor 'model.layers.2.input_layernorm.weight' is missing (the config has 3 layers" "names the tensor"

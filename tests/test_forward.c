@@ -480,6 +480,53 @@ static void test_probe_matches_compare(void **state)
     free(p), free(q), free(one);
 }
 
+static size_t argmax(const float *l, size_t n)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        best = l[i] > l[best] ? i : best;
+    return best;
+}
+
+/* GPT-Neo (learned positions, LayerNorm, GELU, local attention on layer 1
+ * with a window of 32): a greedy draw past the window continues as the
+ * whole sequence's logits predict (the cached rows' window is the
+ * sequence's), the window changes the logits past it and nothing before,
+ * and KL behaves as for Llama models. */
+static void test_gpt_neo(void **state)
+{
+    (void)state;
+    enum { LEN = 80 };
+    char *p = tu_path(dir, "neo.safetensors");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    sp.arch = "gpt-neo-tiny", sp.dtype = STZ_DTYPE_F32, sp.write_flags = STZ_WRITE_FORCE;
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, p, NULL, &err), STZ_OK);
+    model m;
+    assert_int_equal(open_model(&m, p, &err), STZ_OK);
+    stz_fwd_config g = *stz_fwd_cfg(m.f);
+    assert_true(g.arch == STZ_ARCH_GPT_NEO && g.local_window == 32 && g.local_period == 2 && g.local_mask == 2);
+    size_t V = g.vocab;
+    int32_t tok[LEN];
+    float *lw = malloc(LEN * V * sizeof *lw), *lg = malloc(LEN * V * sizeof *lg);
+    assert_int_equal(stz_fwd_sample(m.f, 1, LEN, 5, 0, 1, tok, NULL, NULL, &err), STZ_OK);
+    assert_int_equal(stz_fwd_logits(m.f, tok, 1, LEN, lw, &err), STZ_OK);
+    for (size_t t = 0; t + 1 < LEN; t++)
+        assert_int_equal(argmax(lw + t * V, V), tok[t + 1]);
+    stz_fwd *global;
+    g.local_window = 0;
+    assert_int_equal(stz_fwd_open(&global, &m.q, 1, &g, p, 1, &err), STZ_OK);
+    assert_int_equal(stz_fwd_logits(global, tok, 1, LEN, lg, &err), STZ_OK);
+    assert_memory_equal(lw, lg, 32 * V * sizeof *lw);
+    assert_memory_not_equal(lw + 32 * V, lg + 32 * V, V * sizeof *lw);
+    stz_fwd_free(global);
+    close_model(&m);
+    free(lw), free(lg);
+    kl_behaves(p, NULL);
+    draws_kept(p);
+    free(p);
+}
+
 static void expect_open_error(const char *path, stz_status code, const char *text)
 {
     model m;
@@ -596,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_probe_matches_compare),
         cmocka_unit_test(test_compare_in_batches),
         cmocka_unit_test(test_draws_kept),
+        cmocka_unit_test(test_gpt_neo),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmdir(dir);

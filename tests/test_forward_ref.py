@@ -2,8 +2,10 @@
 Qwen2-, Qwen3- and Phi-3-style models (q/k/v biases; per-head q/k RMSNorm
 and heads wider than hidden / heads; fused qkv and gate_up projections;
 grouped-query attention, rotate_half RoPE with rope_theta from
-config.json, untied head), stz synth's tiny models in a Hugging Face
-directory. Run with pytest; STZ names the stz binary."""
+config.json, untied head) and of GPT-Neo (learned positions, LayerNorm,
+GELU, unscaled scores, local attention on alternate layers, tied head),
+stz synth's tiny models in a Hugging Face directory. Run with pytest; STZ
+names the stz binary."""
 import json
 import os
 import subprocess
@@ -74,13 +76,54 @@ def logits(w, cfg, tokens, inputs=None):
     return mm(rmsnorm(x, w["model.norm.weight"], eps), "lm_head.weight")
 
 
+def layernorm(x, w, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w + b
+
+
+def gelu_new(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def logits_gpt_neo(w, cfg, tokens, inputs=None):
+    """Hugging Face GPTNeoForCausalLM, written from its modeling code:
+    wte + wpe, pre-LayerNorm blocks, attention scores not scaled, a
+    "local" layer seeing its last window_size positions, c_fc / gelu_new /
+    c_proj, the head tied to wte."""
+    H, nh, eps = cfg["hidden_size"], cfg["num_heads"], cfg["layer_norm_epsilon"]
+    hd = H // nh
+    kinds = [k for group, n in cfg["attention_types"] for _ in range(n) for k in group]
+    T = len(tokens)
+    x = w["transformer.wte.weight"][tokens] + w["transformer.wpe.weight"][:T]
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    for l in range(cfg["num_layers"]):
+        p = "transformer.h.%d." % l
+        seen = (j <= i) & ((j > i - cfg["window_size"]) if kinds[l] == "local" else True)
+        h = layernorm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
+        q, k, v = ((h @ w[p + "attn.attention.%s_proj.weight" % n].T).reshape(T, nh, hd) for n in "qkv")
+        s = np.where(seen, np.einsum("thd,uhd->htu", q, k), -1e9)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = np.einsum("htu,uhd->thd", s, v).reshape(T, H)
+        x = x + o @ w[p + "attn.attention.out_proj.weight"].T + w[p + "attn.attention.out_proj.bias"]
+        h = layernorm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
+        u = gelu_new(h @ w[p + "mlp.c_fc.weight"].T + w[p + "mlp.c_fc.bias"])
+        x = x + u @ w[p + "mlp.c_proj.weight"].T + w[p + "mlp.c_proj.bias"]
+    h = layernorm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], eps)
+    return h @ w["transformer.wte.weight"].T
+
+
 def log_softmax(z):
     z = z - z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 FAMILIES = {"qwen2": ("tiny", "Qwen2ForCausalLM"), "qwen3": ("qwen3-tiny", "Qwen3ForCausalLM"),
-            "phi3": ("phi3-tiny", "Phi3ForCausalLM")}
+            "phi3": ("phi3-tiny", "Phi3ForCausalLM"), "gpt_neo": ("gpt-neo-tiny", "GPTNeoForCausalLM")}
+
+
+def reference(cfg):
+    return logits_gpt_neo if cfg["model_type"] == "gpt_neo" else logits
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -93,9 +136,12 @@ def models(tmp_path_factory, request):
     w, meta = load(orig / "model.safetensors", dtypes=("F32",))
     w = {n: v.astype(np.float64) for n, v in w.items()}
     cfg = json.loads(meta["config"])
-    cfg.update(model_type=request.param, architectures=[cls], rope_theta=1000000.0, rms_norm_eps=1e-6,
-               hidden_act="silu", use_sliding_window=False)
-    if request.param != "phi3":  # stated, not used (Phi-3 has no use_sliding_window: a window applies)
+    cfg.update(model_type=request.param, architectures=[cls])
+    if request.param == "gpt_neo":  # the 24- and 17-token sequences pass the local layer's window
+        cfg.update(window_size=8, layer_norm_epsilon=1e-5, activation_function="gelu_new")
+    else:
+        cfg.update(rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False)
+    if request.param in ("qwen2", "qwen3"):  # stated, not used (Phi-3 has no use_sliding_window: a window applies)
         cfg["sliding_window"] = 4
     del cfg["architecture"]
     for p in (orig, cand):
@@ -115,7 +161,7 @@ def test_matches_numpy_reference(models):
     got = json.loads(r.stdout)
     kl, agree, nll_a, nll_b = [], 0, 0.0, 0.0
     for s in seqs:
-        la, lb = log_softmax(logits(w, cfg, s))[:-1], log_softmax(logits(wc, cfg, s))[:-1]
+        la, lb = log_softmax(reference(cfg)(w, cfg, s))[:-1], log_softmax(reference(cfg)(wc, cfg, s))[:-1]
         kl += list((np.exp(la) * (la - lb)).sum(-1))
         agree += int((la.argmax(-1) == lb.argmax(-1)).sum())
         nxt = np.array(s[1:])
@@ -134,22 +180,36 @@ def test_matches_numpy_reference(models):
 
 
 def test_check_is_sensitive(models):
-    """The comparison above can fail: the wrong rope_theta moves perplexity past its tolerance."""
+    """The comparison above can fail: the wrong rope_theta (GPT-Neo: the
+    wrong window, or every layer global) moves perplexity past its tolerance."""
     d, w, wc, cfg, seqs = models
     r = subprocess.run([STZ, "eval", str(d / "orig"), str(d / "orig"), "--forward", "--tokens", str(d / "tokens.json"),
                         "--json"], capture_output=True, text=True, check=True)
     got = json.loads(r.stdout)["perplexity"]["original"]
-    wrong = dict(cfg, rope_theta=10000.0)
+    for wrong in ([dict(cfg, window_size=12), dict(cfg, window_size=1000)] if cfg["model_type"] == "gpt_neo"
+                  else [dict(cfg, rope_theta=10000.0)]):
+        assert abs(perplexity(w, wrong, seqs) / got - 1) > 1e-3
+
+
+def perplexity(w, cfg, seqs):
     nll, n = 0.0, 0
     for s in seqs:
-        la = log_softmax(logits(w, wrong, s))[:-1]
+        la = log_softmax(reference(cfg)(w, cfg, s))[:-1]
         nll -= la[np.arange(len(s) - 1), np.array(s[1:])].sum()
         n += len(s) - 1
-    assert abs(np.exp(nll / n) / got - 1) > 1e-3
+    return np.exp(nll / n)
 
 
 def test_sliding_window_refused(models):
     d, w, wc, cfg, seqs = models
+    if cfg["model_type"] == "gpt_neo":  # its local layers run; attention types that do not fit are refused
+        for types, said in (([[["global", "local"], 2]], "not one for each of the 2 layers"),
+                            ([[["global", "sparse"], 1]], "must list")):
+            (d / "types.json").write_text(json.dumps(dict(cfg, attention_types=types)))
+            r = subprocess.run([STZ, "eval", str(d / "orig"), str(d / "cand"), "--forward", "--config",
+                                str(d / "types.json")], capture_output=True, text=True)
+            assert r.returncode == 1 and said in r.stderr and "types.json" in r.stderr, r.stderr
+        return
     cfg = dict(cfg, use_sliding_window=True, sliding_window=4)
     (d / "sw.json").write_text(json.dumps(cfg))
     r = subprocess.run([STZ, "eval", str(d / "orig"), str(d / "cand"), "--forward", "--tokens", str(d / "tokens.json"),

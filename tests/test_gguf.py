@@ -1527,7 +1527,7 @@ def test_generated_tokenizer_sizes(tmp_path):
     """Every generated architecture's folder: a tokenizer whose ids are
     exactly 0 .. vocab_size - 1 (words past the byte symbols, each merged
     from its prefix and its last letter)."""
-    for arch in ("small", "tiny", "gpt-neo-tiny"):
+    for arch in ("small", "tiny", "gpt-neo-tiny", "gpt2-tiny"):
         m = tmp_path / arch
         stz("synth", arch, "--layers", "1", "--shards", "1", "-o", m, "-q")
         cfg = json.loads((m / "config.json").read_text())

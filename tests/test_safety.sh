@@ -447,13 +447,17 @@ for cmd in inspect "plan --int4" "quantize --int4 -o $T/x.out" "dequantize -o $T
     has "$T/err" "standard input ('-'): this needs a seekable file" "$cmd - says why"
 done
 # a model of another family without a configuration: --config cannot help, say what runs
-"$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
-python3 "$(dirname "$0")/edit_meta.py" "$T/neo.safetensors" "$T/neo2.safetensors" config -
-for cmd in "eval --forward $T/neo2.safetensors" "export --gguf -o $T/neo.gguf" "tune --size 9999"; do
-    expect_rc 1 "$cmd on GPT-Neo" "$STZ" $cmd "$T/neo2.safetensors"
-    has "$T/err" "not a Llama-family model" "$cmd: says which models run"
+"$STZ" synth gpt2-tiny -o "$T/gpt2.safetensors" -q
+python3 "$(dirname "$0")/edit_meta.py" "$T/gpt2.safetensors" "$T/gpt2b.safetensors" config -
+for cmd in "eval --forward $T/gpt2b.safetensors" "export --gguf -o $T/gpt2.gguf" "tune --size 9999"; do
+    expect_rc 1 "$cmd on GPT-2" "$STZ" $cmd "$T/gpt2b.safetensors"
+    has "$T/err" "not a model of a family stz runs" "$cmd: says which models run"
     hasnt "$T/err" "give one with --config" "$cmd: does not ask for a configuration"
 done
+# GPT-Neo without one is (it names its embedding as GPT-2 does, and its attention as its own)
+python3 "$(dirname "$0")/edit_meta.py" "$T/neo.safetensors" "$T/neo2.safetensors" config -
+expect_rc 1 "GPT-Neo without a configuration" "$STZ" eval --forward "$T/neo2.safetensors" "$T/neo2.safetensors"
+has "$T/err" "give one with --config FILE" "a GPT-Neo model is asked for its configuration"
 python3 "$(dirname "$0")/edit_meta.py" "$M" "$T/noconf.safetensors" config -
 expect_rc 1 "a Llama model without configuration" "$STZ" eval --forward "$T/noconf.safetensors" "$M"
 has "$T/err" "give one with --config FILE" "a Llama-family model is asked for its configuration"

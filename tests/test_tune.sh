@@ -158,9 +158,22 @@ expect_rc 1 "7 bits" "$STZ" tune --fast "$T/m.safetensors" --size 1M --candidate
 "$STZ" quantize --int4 "$T/m.safetensors" -o "$T/q.safetensors" -q
 expect_rc 1 "already quantized" "$STZ" tune --fast "$T/q.safetensors" --size 1M -o "$T/x.json"
 has "$T/err" "already quantized" "says why"
-"$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
-expect_rc 1 "not a Llama-family model" "$STZ" tune --fast "$T/neo.safetensors" --size 1M -o "$T/x.json"
+"$STZ" synth gpt2-tiny -o "$T/gpt2.safetensors" -q
+expect_rc 1 "a family stz does not run" "$STZ" tune --fast "$T/gpt2.safetensors" --size 1M -o "$T/x.json"
+has "$T/err" "model_type 'gpt2' is not supported" "names the family"
 [ -e "$T/x.json" ] && bad "a refused tune wrote a policy" || ok
+# GPT-Neo: tuned on its outputs, the learned position embedding measured as a matrix; no GGUF
+"$STZ" synth gpt-neo-tiny -o "$T/neo.safetensors" -q
+expect_rc 0 "tune GPT-Neo" "$STZ" tune "$T/neo.safetensors" --bits-per-weight 4.5 -o "$T/neo.json" --json
+has "$T/out" '"measured_kl"' "GPT-Neo: measured"
+python3 - "$T/neo.json" <<'PY' && ok || bad "GPT-Neo: the policy names wpe and every matrix"
+import json, sys
+rules = {r["match"]: r for r in json.load(open(sys.argv[1]))["rules"]}
+assert "transformer.wpe.weight" in rules and "transformer.wte.weight" in rules, rules.keys()
+assert sum(".attn.attention." in m or ".mlp." in m for m in rules) == 12, rules.keys()
+PY
+expect_rc 1 "tune --gguf GPT-Neo" "$STZ" tune --gguf "$T/neo.safetensors" --size 1M -o "$T/neo2.json"
+has "$T/err" "llama.cpp has no GPT-Neo architecture" "says why no GGUF"
 
 if [ -n "$DATA" ] && [ -f "$DATA/stories260K.f32.safetensors" ]; then
     S=$DATA/stories260K.f32.safetensors
