@@ -84,11 +84,11 @@ int main(int argc, char **argv)
     /* The matrix products of one pass: every layer over all n rows, the head
      * over the scored rows. */
     size_t n = nseq * len, ns = nseq * (len - 1), D = c->dim, F = c->hidden, QD = (size_t)c->n_heads * c->head_dim,
-           KD = (size_t)c->n_kv_heads * c->head_dim;
+           KD = (size_t)c->n_kv_heads * c->head_dim, ffn_in = c->arch == STZ_ARCH_GPT_NEO ? 1 : 2; /* ungated: up */
     struct {
         size_t m, n, k, times;
-    } shapes[] = {{n, QD, D, c->n_layers},    {n, KD, D, 2 * c->n_layers}, {n, D, QD, c->n_layers},
-                  {n, F, D, 2 * c->n_layers}, {n, D, F, c->n_layers},      {ns, c->vocab, D, 1}};
+    } shapes[] = {{n, QD, D, c->n_layers},         {n, KD, D, 2 * c->n_layers}, {n, D, QD, c->n_layers},
+                  {n, F, D, ffn_in * c->n_layers}, {n, D, F, c->n_layers},      {ns, c->vocab, D, 1}};
     double flops = 0, sgemm_secs = 0;
     openblas_set_num_threads(threads);
     printf("| shape (rows x out x in) | sgemm GFLOP/s |\n|---|---|\n");

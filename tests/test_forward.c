@@ -629,6 +629,30 @@ static void test_config(void **state)
     assert_int_equal(stz_fwd_config_parse(&c, "{\"architectures\":[\"GPT2LMHeadModel\"]}", "c", &err),
                      STZ_E_UNSUPPORTED);
     assert_int_equal(stz_fwd_config_parse(&c, "{\"hidden_act\":\"gelu\"}", "c", &err), STZ_E_UNSUPPORTED);
+    /* GPT-Neo: its keys, a hidden size of 4 x dim by default, the kinds of
+     * attention as the shortest period that repeats (layer 1, 3 and 5 local
+     * here: period 2, mask 0b10); a pattern that does not repeat within 32
+     * layers is refused, one for other layers than the model's too */
+    const char *neo =
+        "{\"model_type\":\"gpt_neo\",\"hidden_size\":64,\"intermediate_size\":null,\"num_layers\":%d,"
+        "\"num_heads\":4,\"vocab_size\":256,\"max_position_embeddings\":128,\"window_size\":8,"
+        "\"attention_types\":[%s]}";
+    char json[512];
+    snprintf(json, sizeof json, neo, 6, "[[\"global\",\"local\"],2],[[\"global\"],1],[[\"local\"],1]");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "neo", &err), STZ_OK);
+    assert_true(c.arch == STZ_ARCH_GPT_NEO && c.hidden == 256 && c.n_kv_heads == 4 && c.tied && c.norm_eps == 1e-5);
+    assert_true(c.local_window == 8 && c.local_period == 2 && c.local_mask == 2);
+    snprintf(json, sizeof json, neo, 3, "[[\"local\",\"local\",\"global\"],1]");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "neo", &err), STZ_OK);
+    assert_true(c.local_period == 3 && c.local_mask == 3);
+    snprintf(json, sizeof json, neo, 40, "[[\"global\"],33],[[\"local\"],7]");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "neo", &err), STZ_E_UNSUPPORTED);
+    snprintf(json, sizeof json, neo, 4, "[[\"global\",\"local\"],1]");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "neo", &err), STZ_E_FORMAT);
+    assert_string_equal(err.msg, "neo: the attention types are not one for each of the 4 layers");
+    snprintf(json, sizeof json, neo, 2, "[[\"global\",\"local\"],1]");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "neo", &err), STZ_OK);
+    assert_true(c.local_period == 2 && c.local_mask == 2);
 }
 
 int main(void)

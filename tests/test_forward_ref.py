@@ -89,8 +89,13 @@ def logits_gpt_neo(w, cfg, tokens, inputs=None):
     """Hugging Face GPTNeoForCausalLM, written from its modeling code:
     wte + wpe, pre-LayerNorm blocks, attention scores not scaled, a
     "local" layer seeing its last window_size positions, c_fc / gelu_new /
-    c_proj, the head tied to wte."""
-    H, nh, eps = cfg["hidden_size"], cfg["num_heads"], cfg["layer_norm_epsilon"]
+    c_proj, the head tied to wte; inputs as logits' (the head's under wte's name)."""
+    def mm(h, name):
+        if inputs is not None:
+            inputs.setdefault(name, []).append(h)
+        return h @ w[name].T
+
+    H, nh, eps = cfg["hidden_size"], cfg["num_heads"], cfg.get("layer_norm_epsilon", 1e-5)  # GPTNeoConfig's default
     hd = H // nh
     kinds = [k for group, n in cfg["attention_types"] for _ in range(n) for k in group]
     T = len(tokens)
@@ -100,17 +105,17 @@ def logits_gpt_neo(w, cfg, tokens, inputs=None):
         p = "transformer.h.%d." % l
         seen = (j <= i) & ((j > i - cfg["window_size"]) if kinds[l] == "local" else True)
         h = layernorm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
-        q, k, v = ((h @ w[p + "attn.attention.%s_proj.weight" % n].T).reshape(T, nh, hd) for n in "qkv")
+        q, k, v = (mm(h, p + "attn.attention.%s_proj.weight" % n).reshape(T, nh, hd) for n in "qkv")
         s = np.where(seen, np.einsum("thd,uhd->htu", q, k), -1e9)
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         o = np.einsum("htu,uhd->thd", s, v).reshape(T, H)
-        x = x + o @ w[p + "attn.attention.out_proj.weight"].T + w[p + "attn.attention.out_proj.bias"]
+        x = x + mm(o, p + "attn.attention.out_proj.weight") + w[p + "attn.attention.out_proj.bias"]
         h = layernorm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
-        u = gelu_new(h @ w[p + "mlp.c_fc.weight"].T + w[p + "mlp.c_fc.bias"])
-        x = x + u @ w[p + "mlp.c_proj.weight"].T + w[p + "mlp.c_proj.bias"]
+        u = gelu_new(mm(h, p + "mlp.c_fc.weight") + w[p + "mlp.c_fc.bias"])
+        x = x + mm(u, p + "mlp.c_proj.weight") + w[p + "mlp.c_proj.bias"]
     h = layernorm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], eps)
-    return h @ w["transformer.wte.weight"].T
+    return mm(h, "transformer.wte.weight")
 
 
 def log_softmax(z):

@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 from st_files import load
-from test_forward_ref import logits
+from test_forward_ref import logits, logits_gpt_neo
 from test_gguf import dequant, read_gguf
 
 STZ = os.environ.get("STZ", "build/stz")
@@ -19,7 +19,9 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sha
 STORIES = os.path.join(DATA, "stories260K.f32.safetensors")
 HF_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
            "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+           "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
+           "attn.attention.q_proj": "attn_q", "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
+           "attn.attention.out_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 
 
 def stz(*args, ok=True):
@@ -29,8 +31,8 @@ def stz(*args, ok=True):
 
 
 def gguf_of(hf):
-    if hf == "lm_head.weight":
-        return "output.weight"
+    if hf in ("lm_head.weight", "transformer.wte.weight"):
+        return "output.weight" if hf == "lm_head.weight" else "token_embd.weight"  # a tied head is the embedding
     _, _, layer, rest = hf.split(".", 3)
     return "blk.%s.%s.weight" % (layer, HF_GGUF[rest[:-len(".weight")]])
 
@@ -42,8 +44,12 @@ def model_dir(d, synth="tiny", model_type="qwen2", cls="Qwen2ForCausalLM"):
     stz("synth", synth, "--dtype", "f32", "-o", m / "model.safetensors", "-q")
     w, meta = load(m / "model.safetensors", dtypes=("F32",))
     cfg = json.loads(meta["config"])
-    cfg.update(model_type=model_type, architectures=[cls], rope_theta=1000000.0, rms_norm_eps=1e-6,
-               hidden_act="silu", use_sliding_window=False, sliding_window=4096)
+    cfg.update(model_type=model_type, architectures=[cls])
+    if model_type == "gpt_neo":  # its local layer's window passes inside the 19-token sequence
+        cfg.update(window_size=8)
+    else:
+        cfg.update(rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False,
+                   sliding_window=4096)
     del cfg["architecture"]
     (m / "config.json").write_text(json.dumps(cfg))
     rng = np.random.default_rng(5)
@@ -66,7 +72,7 @@ def check_numpy(model):
     assert doc["tokens"] == 30 and doc["sequences"] == 2
     inputs = {}
     for s in seqs:
-        logits(w, cfg, s, inputs)
+        (logits_gpt_neo if cfg["model_type"] == "gpt_neo" else logits)(w, cfg, s, inputs)
     kv, t = read_gguf(d / "im.gguf")
     assert kv["general.type"] == "imatrix" and kv["imatrix.chunk_count"] == 2 and kv["imatrix.chunk_size"] == 19
     assert len(t) == 2 * len(inputs) == 2 * doc["entries"]
@@ -88,6 +94,14 @@ def test_fused_matrices(tmp_path):
     t = check_numpy(model_dir(tmp_path, "phi3-tiny", "phi3", "Phi3ForCausalLM"))
     assert "blk.1.attn_qkv.weight.in_sum2" in t and "blk.1.ffn_up.weight.in_sum2" in t
     assert not any(".attn_q." in n or ".ffn_gate." in n for n in t)
+
+
+def test_gpt_neo(tmp_path):
+    """GPT-Neo: q/k/v, out_proj, c_fc and c_proj of each layer under
+    llama.cpp's names, and the tied head as the embedding."""
+    t = check_numpy(model_dir(tmp_path, "gpt-neo-tiny", "gpt_neo", "GPTNeoForCausalLM"))
+    assert "blk.1.ffn_up.weight.in_sum2" in t and "token_embd.weight.in_sum2" in t
+    assert not any(".ffn_gate." in n for n in t)
 
 
 def test_sampled_in_one_pass_and_deterministic(tiny):
