@@ -13,7 +13,7 @@ STZ=$BUILD/stz
 mkdir -p "$WORK"
 Q=$WORK/qwen2-0.5b.safetensors
 "$STZ" synth qwen2-0.5b -o "$Q" -q -f
-"$STZ" quantize --policy int8-b128 "$Q" -o "$WORK/qwen2-0.5b.int8.safetensors" -q -f
+"$STZ" quantize --policy int8-b128 --fast "$Q" -o "$WORK/qwen2-0.5b.int8.safetensors" -q -f
 echo "## stz forward-pass benchmark"
 for T in 1 2; do
     echo
@@ -32,7 +32,7 @@ rm -f "$Q" "$WORK/qwen2-0.5b.int8.safetensors"
 # the same reference: its share beside the Llama family's above
 G=$WORK/gpt-neo.safetensors
 "$STZ" synth gpt-neo-1.3b --layers 4 -o "$G" -q -f
-"$STZ" quantize --policy int8-b128 "$G" -o "$WORK/gpt-neo.int8.safetensors" -q -f
+"$STZ" quantize --policy int8-b128 --fast "$G" -o "$WORK/gpt-neo.int8.safetensors" -q -f
 for T in 1 2; do
     echo
     echo "### GPT-Neo-1.3B shape, 4 layers, $T thread(s)"
