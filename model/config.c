@@ -167,7 +167,7 @@ static int parse_local_layers(stz_fwd_config *c, const cJSON *root, const char *
         if (i == n)
             break;
     }
-    for (uint32_t i = 0; !r && i < period && i < n; i++)
+    for (uint32_t i = 0; !r && period <= 32 && i < period && i < n; i++)
         mask |= (uint32_t)local[i] << i;
     free(local);
     if (r == -1 || r == -3)
