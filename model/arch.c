@@ -60,6 +60,8 @@ int stz_arch_use(const stz_arch *a, int role)
     case STZ_ROLE_FNORM_B: return layer_norm ? STZ_USE_NEED : STZ_USE_NONE;
     case STZ_ROLE_UP_B:
     case STZ_ROLE_DOWN_B: return gated ? STZ_USE_NONE : STZ_USE_NEED;
+    case STZ_ROLE_POS: return a->pos == STZ_POS_LEARNED ? STZ_USE_NEED : STZ_USE_NONE;
+    case STZ_ROLE_NORM_B: return layer_norm ? STZ_USE_NEED : STZ_USE_NONE;
     default: return STZ_USE_NEED;
     }
 }

@@ -54,7 +54,7 @@ typedef struct stz_arch_row {
 const stz_arch *stz_arch_get(int id);
 /* The row of config.c's stz_fwd_config.arch. */
 const stz_arch *stz_arch_of(const stz_fwd_config *c);
-/* How family a has per-layer role `role`: STZ_USE_NONE, _NEED or _MAY (optional). */
+/* How family a has role `role` (per layer or per model): STZ_USE_NONE, _NEED or _MAY (optional). */
 int stz_arch_use(const stz_arch *a, int role);
 /* Which name stz_arch_find looks up. */
 enum { STZ_ARCH_BY_MODEL_TYPE, STZ_ARCH_BY_CLASS, STZ_ARCH_BY_GGUF };

@@ -173,7 +173,7 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     for (int g = 0; !st && g < G_COUNT; g++) {
         const char *gname = stz_roles[STZ_ROLE_EMBED + g].name[hf];
         m->global[g].f = -1;
-        if (gname && (g != G_POS || arch->pos == STZ_POS_LEARNED) && (g != G_NORM_B || arch->norm == STZ_NORM_LAYER))
+        if (gname && stz_arch_use(arch, STZ_ROLE_EMBED + g) != STZ_USE_NONE)
             st = need(m, gname, gshape[g][0], gshape[g][1], g == G_HEAD && c->tied, &m->global[g], err);
     }
     if (!st && m->global[G_HEAD].f < 0)

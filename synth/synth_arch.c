@@ -101,43 +101,33 @@ void stz_synth_build_specs(const arch *a, specs *s)
         add(s, K_NORM, H, 0, "model.norm.weight");
         if (!a->tied)
             add(s, K_LINEAR, V, H, "lm_head.weight");
-    } else if (a->fam == FAM_GPT_NEO) {
+    } else { /* GPT-Neo and GPT-2: learned positions, LayerNorms and MLP with biases; GPT-2's
+              * Conv1D weights are stored (in, out), its q/k/v fused */
+        int conv = a->fam == FAM_GPT2;
+        enum kind w = conv ? K_CONV : K_LINEAR;
         add(s, K_EMBED, V, H, "transformer.wte.weight");
         add(s, K_EMBED, a->positions, H, "transformer.wpe.weight");
         for (uint64_t l = 0; l < a->layers; l++) {
             unsigned long long L = (unsigned long long)l;
             add(s, K_NORM, H, 0, "transformer.h.%llu.ln_1.weight", L);
             add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_1.bias", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.k_proj.weight", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.v_proj.weight", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.q_proj.weight", L);
-            add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.out_proj.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.attention.out_proj.bias", L);
+            if (conv) {
+                add(s, K_CONV, H, 3 * H, "transformer.h.%llu.attn.c_attn.weight", L);
+                add(s, K_BIAS, 3 * H, 0, "transformer.h.%llu.attn.c_attn.bias", L);
+                add(s, K_CONV, H, H, "transformer.h.%llu.attn.c_proj.weight", L);
+                add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.c_proj.bias", L);
+            } else {
+                add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.k_proj.weight", L);
+                add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.v_proj.weight", L);
+                add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.q_proj.weight", L);
+                add(s, K_LINEAR, H, H, "transformer.h.%llu.attn.attention.out_proj.weight", L);
+                add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.attention.out_proj.bias", L);
+            }
             add(s, K_NORM, H, 0, "transformer.h.%llu.ln_2.weight", L);
             add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_2.bias", L);
-            add(s, K_LINEAR, I, H, "transformer.h.%llu.mlp.c_fc.weight", L);
+            add(s, w, conv ? H : I, conv ? I : H, "transformer.h.%llu.mlp.c_fc.weight", L);
             add(s, K_BIAS, I, 0, "transformer.h.%llu.mlp.c_fc.bias", L);
-            add(s, K_LINEAR, H, I, "transformer.h.%llu.mlp.c_proj.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.mlp.c_proj.bias", L);
-        }
-        add(s, K_NORM, H, 0, "transformer.ln_f.weight");
-        add(s, K_BIAS, H, 0, "transformer.ln_f.bias");
-    } else { /* GPT-2: Conv1D weights stored (in, out), q/k/v fused */
-        add(s, K_EMBED, V, H, "transformer.wte.weight");
-        add(s, K_EMBED, a->positions, H, "transformer.wpe.weight");
-        for (uint64_t l = 0; l < a->layers; l++) {
-            unsigned long long L = (unsigned long long)l;
-            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_1.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_1.bias", L);
-            add(s, K_CONV, H, 3 * H, "transformer.h.%llu.attn.c_attn.weight", L);
-            add(s, K_BIAS, 3 * H, 0, "transformer.h.%llu.attn.c_attn.bias", L);
-            add(s, K_CONV, H, H, "transformer.h.%llu.attn.c_proj.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.attn.c_proj.bias", L);
-            add(s, K_NORM, H, 0, "transformer.h.%llu.ln_2.weight", L);
-            add(s, K_BIAS, H, 0, "transformer.h.%llu.ln_2.bias", L);
-            add(s, K_CONV, H, I, "transformer.h.%llu.mlp.c_fc.weight", L);
-            add(s, K_BIAS, I, 0, "transformer.h.%llu.mlp.c_fc.bias", L);
-            add(s, K_CONV, I, H, "transformer.h.%llu.mlp.c_proj.weight", L);
+            add(s, w, conv ? I : H, conv ? H : I, "transformer.h.%llu.mlp.c_proj.weight", L);
             add(s, K_BIAS, H, 0, "transformer.h.%llu.mlp.c_proj.bias", L);
         }
         add(s, K_NORM, H, 0, "transformer.ln_f.weight");
