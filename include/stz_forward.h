@@ -124,9 +124,12 @@ typedef int (*stz_fwd_progress)(void *user, uint64_t done, uint64_t total);
 STZ_API stz_status stz_fwd_logits(stz_fwd *m, const int32_t *tokens, size_t nseq, size_t len, float *logits,
                                   stz_err *err);
 
-/* Sampling keeps layers' weights as F32 between steps while they fit in
- * `bytes` (default STZ_FWD_KEEP_DEFAULT, 2 GiB): faster, but memory grows
- * with the model up to that; 0 reads every layer at every step. */
+/* The bytes sampling holds (default STZ_FWD_KEEP_DEFAULT, 2 GiB): its
+ * key/value cache first, the sequences drawn in as few groups as keep it
+ * within them (one sequence at a time at least), then layers' weights kept
+ * as F32 between steps while they fit in what is left (faster: a layer not
+ * kept is read again at every step). The tokens drawn do not depend on it;
+ * 0: the least memory. */
 #define STZ_FWD_KEEP_DEFAULT ((uint64_t)2 << 30)
 STZ_API void stz_fwd_set_keep(stz_fwd *m, uint64_t bytes);
 

@@ -162,17 +162,21 @@ typedef struct {
     void *user;
 } stz_stages;
 
-/* Bytes of F32 layers sampling keeps between steps for error feedback
- * (stz_fwd_set_keep): its peak memory stays near the quantizing's. */
-#define STZ_FEEDBACK_KEEP ((uint64_t)256 << 20)
+/* The bytes sampling may hold (stz_fwd_set_keep: its key/value cache and
+ * the layers it keeps) to draw seqs's sequences (NULL: STZ_FEEDBACK_SEQS)
+ * from the open model m: about what error feedback then holds for as many
+ * positions (six floats per hidden and feed-forward width: its states, the
+ * original model's, a layer's inputs and intermediates), so that sampling
+ * does not set the peak, whatever the model's depth. */
+STZ_API uint64_t stz_feedback_keep(const stz_fwd *m, const stz_seq_spec *seqs);
 
 /* The sequences seqs asks for, sampled from the open model m or read
  * (stz_seqs_get), as a "sampling" stage (shown unless quiet or read). */
 STZ_API stz_status stz_seqs_get_staged(stz_fwd *m, const stz_seq_spec *seqs, const char *label,
                                        const stz_stages *progress, int quiet, stz_seqs *q, char *source, stz_err *err);
 /* Error feedback's calibration sequences from the open model m: seqs's
- * (NULL: STZ_FEEDBACK_SEQS), sampled keeping at most STZ_FEEDBACK_KEEP of
- * layers (they count in feedback's peak), or read; label names the model. */
+ * (NULL: STZ_FEEDBACK_SEQS), sampled within stz_feedback_keep's bytes, or
+ * read; label names the model. */
 STZ_API stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *label,
                                      const stz_stages *progress, int quiet, stz_seqs *q, stz_err *err);
 /* Error feedback for the model at `model` (a file or a directory) under

@@ -160,53 +160,110 @@ stz_status stz_fwd_sample(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, do
     return st;
 }
 
-/* stz_fwd_sample's sampling; m->step says which token each step draws
- * (hooks observing the first `tokens` only stop there). */
+/* Sequences drawn together: the nseq in as few groups of about equal size
+ * as keep their key/value cache (kv_seq bytes each) within the budget. */
+static size_t group_size(const stz_fwd *m, size_t nseq, uint64_t kv_seq)
+{
+    uint64_t fit = m->keep_budget / kv_seq;
+    size_t groups = fit >= nseq ? 1 : fit ? (size_t)((nseq + fit - 1) / fit) : nseq;
+    return (nseq + groups - 1) / groups;
+}
+
+/* The layers (and the head, when every layer is) kept as F32 in what the
+ * budget leaves beside a group's cache of kv bytes. */
+static stz_status keep_plan(stz_fwd *m, uint64_t kv, stz_err *err)
+{
+    const stz_fwd_config *c = &m->c;
+    uint64_t per_layer = 0, left = m->keep_budget > kv ? m->keep_budget - kv : 0;
+    uint64_t head_bytes = (uint64_t)c->vocab * c->dim * 4;
+    for (int k = 0; k < STZ_ROLE_PER_LAYER; k++)
+        if (m->layer[k].f >= 0)
+            per_layer += stz_forward_tensor(m, m->layer[k])->numel * 4;
+    m->keep_layers = per_layer ? (size_t)(left / per_layer) : c->n_layers;
+    m->keep_layers = m->keep_layers > c->n_layers ? c->n_layers : m->keep_layers;
+    if (!(m->keep = calloc(m->keep_layers * STZ_ROLE_PER_LAYER + 1, sizeof *m->keep)))
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sampling buffers");
+    if (m->keep_layers == c->n_layers && per_layer * c->n_layers + head_bytes <= left &&
+        (m->keep_head = malloc(head_bytes)))
+        return stz_forward_read_rows(m, m->global[G_HEAD], 0, c->vocab, m->keep_head, err);
+    return STZ_OK;
+}
+
+/* The sampling buffers of a group of up to nseq sequences of len tokens. */
+typedef struct {
+    float *k, *v, *X, *logits;
+    uint32_t *pos, *seq;
+    int32_t *tok;
+    choice *cd;
+    uint64_t *rng;
+} draw_bufs;
+
+static void draw_free(draw_bufs *b)
+{
+    free(b->k), free(b->v), free(b->X), free(b->logits), free(b->pos), free(b->seq), free(b->tok), free(b->cd);
+    free(b->rng);
+}
+
+static stz_status draw_alloc(const stz_fwd *m, size_t nseq, size_t len, draw_bufs *b, stz_err *err)
+{
+    const stz_fwd_config *c = &m->c;
+    size_t V = c->vocab, D = c->dim, kvn = (size_t)c->n_layers * nseq * len * c->n_kv_heads * c->head_dim;
+    b->k = malloc((kvn + 1) * sizeof *b->k), b->v = malloc((kvn + 1) * sizeof *b->v);
+    b->X = malloc(nseq * D * sizeof *b->X), b->logits = malloc(nseq * V * sizeof *b->logits);
+    b->pos = malloc(nseq * sizeof *b->pos), b->seq = malloc(nseq * sizeof *b->seq);
+    b->tok = malloc(nseq * sizeof *b->tok), b->cd = malloc(2 * V * sizeof *b->cd);
+    b->rng = malloc(nseq * sizeof *b->rng);
+    if (!b->k || !b->v || !b->X || !b->logits || !b->pos || !b->seq || !b->tok || !b->cd || !b->rng)
+        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sampling buffers");
+    return STZ_OK;
+}
+
+/* Sequences s0..s0+n-1 (rows of tokens) drawn step by step in buffers b. */
+static stz_status draw_group(stz_fwd *m, size_t s0, size_t n, size_t len, uint64_t seed, double temperature,
+                             double top_p, int32_t *tokens, draw_bufs *B, stz_fwd_progress progress, void *user,
+                             uint64_t *done, uint64_t total, stz_err *err)
+{
+    const stz_fwd_config *c = &m->c;
+    size_t V = c->vocab;
+    stz_status st = STZ_OK;
+    for (size_t s = 0; s < n; s++) {
+        size_t g = s0 + s; /* a sequence's draw depends on its index alone */
+        tokens[g * len] = c->bos, B->seq[s] = (uint32_t)s, B->rng[s] = seed ^ (0x632BE59BD9B4E019ull * (g + 1));
+    }
+    for (size_t p = 0; !st && p + 1 < len; p++) {
+        m->step = p + 1;
+        for (size_t s = 0; s < n; s++)
+            B->pos[s] = (uint32_t)p, B->tok[s] = tokens[(s0 + s) * len + p];
+        batch b = {n, B->pos, B->seq, len, B->k, B->v, c->n_layers};
+        if ((st = stz_forward_embed(m, B->tok, B->pos, n, B->X, err)) ||
+            (st = stz_forward_run_layers(m, B->X, &b, n, 0, c->n_layers, progress, user, done, total, err)) ||
+            (st = stz_forward_head(m, B->X, n, B->logits, err)))
+            break;
+        for (size_t s = 0; s < n; s++)
+            tokens[(s0 + s) * len + p + 1] = pick(B->logits + s * V, V, temperature, top_p, &B->rng[s], B->cd);
+    }
+    return st;
+}
+
+/* stz_fwd_sample's sampling, in groups of sequences whose key/value cache
+ * fits the budget, layers kept in what it leaves; m->step says which token
+ * each step draws (hooks observing the first `tokens` only stop there). */
 static stz_status draw(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, double temperature, double top_p,
                        int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err)
 {
     const stz_fwd_config *c = &m->c;
-    size_t V = c->vocab, D = c->dim, KD = (size_t)c->n_kv_heads * c->head_dim;
-    uint64_t per_layer = 0;
-    for (int k = 0; k < STZ_ROLE_PER_LAYER; k++)
-        if (m->layer[k].f >= 0)
-            per_layer += stz_forward_tensor(m, m->layer[k])->numel * 4;
-    m->keep_layers = per_layer ? (size_t)(m->keep_budget / per_layer) : c->n_layers;
-    m->keep_layers = m->keep_layers > c->n_layers ? c->n_layers : m->keep_layers;
-    m->keep = calloc(m->keep_layers * STZ_ROLE_PER_LAYER + 1, sizeof *m->keep);
-    uint64_t head_bytes = (uint64_t)c->vocab * c->dim * 4;
-    if (m->keep_layers == c->n_layers && per_layer * c->n_layers + head_bytes <= m->keep_budget &&
-        (m->keep_head = malloc(head_bytes)) &&
-        stz_forward_read_rows(m, m->global[G_HEAD], 0, c->vocab, m->keep_head, err)) {
-        stz_forward_drop_kept(m);
-        return err->code;
-    }
-    size_t kvn = (size_t)c->n_layers * nseq * len * KD;
-    float *k = malloc((kvn + 1) * sizeof *k), *v = malloc((kvn + 1) * sizeof *v), *X = malloc(nseq * D * sizeof *X),
-          *logits = malloc(nseq * V * sizeof *logits);
-    uint32_t *pos = malloc(nseq * sizeof *pos), *seq = malloc(nseq * sizeof *seq);
-    int32_t *tok = malloc(nseq * sizeof *tok);
-    choice *cd = malloc(2 * V * sizeof *cd);
-    uint64_t *rng = malloc(nseq * sizeof *rng), done = 0, total = (uint64_t)(len - 1) * c->n_layers;
-    stz_status st = !m->keep || !k || !v || !X || !logits || !pos || !seq || !tok || !cd || !rng
-                        ? stz_err_set(err, STZ_E_NOMEM, "out of memory for the sampling buffers")
-                        : STZ_OK;
-    for (size_t s = 0; !st && s < nseq; s++)
-        tokens[s * len] = c->bos, seq[s] = (uint32_t)s, rng[s] = seed ^ (0x632BE59BD9B4E019ull * (s + 1));
-    for (size_t p = 0; !st && p + 1 < len; p++) {
-        m->step = p + 1;
-        for (size_t s = 0; s < nseq; s++)
-            pos[s] = (uint32_t)p, tok[s] = tokens[s * len + p];
-        batch b = {nseq, pos, seq, len, k, v, c->n_layers};
-        if ((st = stz_forward_embed(m, tok, pos, nseq, X, err)) ||
-            (st = stz_forward_run_layers(m, X, &b, nseq, 0, c->n_layers, progress, user, &done, total, err)) ||
-            (st = stz_forward_head(m, X, nseq, logits, err)))
-            break;
-        for (size_t s = 0; s < nseq; s++)
-            tokens[s * len + p + 1] = pick(logits + s * V, V, temperature, top_p, &rng[s], cd);
-    }
+    uint64_t kv_seq = (uint64_t)c->n_layers * len * c->n_kv_heads * c->head_dim * 2 * sizeof(float);
+    size_t G = group_size(m, nseq, kv_seq), groups = (nseq + G - 1) / G;
+    uint64_t done = 0, total = (uint64_t)(len - 1) * c->n_layers * groups;
+    draw_bufs B = {0};
+    stz_status st = keep_plan(m, kv_seq * G, err);
+    if (!st)
+        st = draw_alloc(m, G, len, &B, err);
+    for (size_t s0 = 0; !st && s0 < nseq; s0 += G)
+        st = draw_group(m, s0, nseq - s0 < G ? nseq - s0 : G, len, seed, temperature, top_p, tokens, &B, progress, user,
+                        &done, total, err);
     stz_forward_drop_kept(m);
-    free(k), free(v), free(X), free(logits), free(pos), free(seq), free(tok), free(cd), free(rng);
+    draw_free(&B);
     return st;
 }
 

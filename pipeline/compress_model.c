@@ -28,15 +28,21 @@ stz_status stz_seqs_get_staged(stz_fwd *m, const stz_seq_spec *seqs, const char 
     return st;
 }
 
+uint64_t stz_feedback_keep(const stz_fwd *m, const stz_seq_spec *seqs)
+{
+    const stz_seq_spec defaults = STZ_FEEDBACK_SEQS, *s = seqs ? seqs : &defaults;
+    const stz_fwd_config *c = stz_fwd_cfg(m);
+    uint64_t positions = (uint64_t)s->nseq * (s->len ? s->len : s->default_len);
+    return positions * 6 * ((uint64_t)c->dim + c->hidden) * sizeof(float);
+}
+
 stz_status stz_feedback_seqs(stz_fwd *m, const stz_seq_spec *seqs, const char *label, const stz_stages *progress,
                              int quiet, stz_seqs *q, stz_err *err)
 {
     const stz_seq_spec defaults = STZ_FEEDBACK_SEQS;
     char source[STZ_SEQS_SOURCE_MAX];
-    stz_fwd_set_keep(m, STZ_FEEDBACK_KEEP);
-    stz_status st = stz_seqs_get_staged(m, seqs ? seqs : &defaults, label, progress, quiet, q, source, err);
-    stz_fwd_set_keep(m, 0);
-    return st;
+    stz_fwd_set_keep(m, stz_feedback_keep(m, seqs));
+    return stz_seqs_get_staged(m, seqs ? seqs : &defaults, label, progress, quiet, q, source, err);
 }
 
 stz_status stz_feedback_calibrate(stz_feedback **fb, const char *model, stz_policy *policy, const stz_seq_spec *seqs,

@@ -298,6 +298,21 @@ static void draws_kept(const char *path)
     assert_memory_not_equal(kept, shorter, sizeof kept);
     close_model(&m), close_model(&fresh);
 
+    /* within any memory the same tokens: one sequence at a time (0), two
+     * by two (twice their key/value cache's bytes), all at once (above) */
+    for (int groups = NSEQ; groups >= 2; groups /= 2) {
+        int32_t grouped[NSEQ * LEN];
+        assert_int_equal(open_model(&m, path, &err), STZ_OK);
+        const stz_fwd_config *c = stz_fwd_cfg(m.f);
+        uint64_t kv_seq = (uint64_t)c->n_layers * LEN * c->n_kv_heads * c->head_dim * 2 * sizeof(float);
+        stz_fwd_set_keep(m.f, groups == NSEQ ? 0 : kv_seq * NSEQ / groups + 1);
+        steps = 0;
+        assert_int_equal(stz_fwd_sample(m.f, NSEQ, LEN, 9, 1.0, 0.9, grouped, count_steps, &steps, &err), STZ_OK);
+        assert_int_equal(steps, groups * (LEN - 1) * (int)c->n_layers); /* a pass per group */
+        assert_memory_equal(grouped, tok, sizeof tok);
+        close_model(&m);
+    }
+
     size_t na, nb;
     void *a = imatrix_of(path, "alone.imatrix", NSEQ, 0, L, &na),
          *b = imatrix_of(path, "ahead.imatrix", NSEQ, L, LEN, &nb),

@@ -122,7 +122,7 @@ static stz_status calibrate(tune_run *t, stz_err *err)
     stz_seqs q = {0};
     char source[STZ_SEQS_SOURCE_MAX];
     stz_status st = stz_imatrix_new(&t->im, err);
-    stz_fwd_set_keep(t->fwd, STZ_FEEDBACK_KEEP); /* bounded: layers past it are read again */
+    stz_fwd_set_keep(t->fwd, stz_feedback_keep(t->fwd, feedback_seqs(p))); /* layers past it are read again */
     if (!st)
         st = stz_imatrix_sample(t->im, t->fwd, feedback_seqs(p), any_feedback(t) ? &fb : NULL, t->model, p->progress,
                                 p->quiet, &q, source, err);
@@ -159,7 +159,7 @@ static stz_status tune_open(tune_run *t, stz_err *err)
         return st;
     if (p->calibrate && !p->imatrix && (st = calibrate(t, err)))
         return st;
-    stz_fwd_set_keep(t->fwd, 0); /* sampling rereads the weights: memory stays one layer's, whatever the depth */
+    stz_fwd_set_keep(t->fwd, stz_feedback_keep(t->fwd, NULL)); /* within feedback's memory, whatever the depth */
     return stz_seqs_get_staged(t->fwd, &p->seqs, t->model, p->progress, p->quiet, &t->q, t->r->source, err);
 }
 
