@@ -231,7 +231,7 @@ static size_t nonfinite_at(const float *x, size_t n)
         ;
     while (i < n && isfinite(x[i]))
         i++;
-    return i;
+    return i < n ? i : n; /* the last piece may end past n */
 }
 
 /* Rows [r0, r0 + n) of a tensor as floats, refused if any is NaN or Inf. */

@@ -204,10 +204,16 @@ static void draw_free(draw_bufs *b)
     free(b->rng);
 }
 
+/* Floats of one sequence's keys (or values) of len tokens in every layer. */
+static size_t kv_floats(const stz_fwd_config *c, size_t len)
+{
+    return (size_t)c->n_layers * len * c->n_kv_heads * c->head_dim;
+}
+
 static stz_status draw_alloc(const stz_fwd *m, size_t nseq, size_t len, draw_bufs *b, stz_err *err)
 {
     const stz_fwd_config *c = &m->c;
-    size_t V = c->vocab, D = c->dim, kvn = (size_t)c->n_layers * nseq * len * c->n_kv_heads * c->head_dim;
+    size_t V = c->vocab, D = c->dim, kvn = nseq * kv_floats(c, len);
     b->k = malloc((kvn + 1) * sizeof *b->k), b->v = malloc((kvn + 1) * sizeof *b->v);
     b->X = malloc(nseq * D * sizeof *b->X), b->logits = malloc(nseq * V * sizeof *b->logits);
     b->pos = malloc(nseq * sizeof *b->pos), b->seq = malloc(nseq * sizeof *b->seq);
@@ -252,7 +258,7 @@ static stz_status draw(stz_fwd *m, size_t nseq, size_t len, uint64_t seed, doubl
                        int32_t *tokens, stz_fwd_progress progress, void *user, stz_err *err)
 {
     const stz_fwd_config *c = &m->c;
-    uint64_t kv_seq = (uint64_t)c->n_layers * len * c->n_kv_heads * c->head_dim * 2 * sizeof(float);
+    uint64_t kv_seq = (uint64_t)kv_floats(c, len) * 2 * sizeof(float); /* keys and values */
     size_t G = group_size(m, nseq, kv_seq), groups = (nseq + G - 1) / G;
     uint64_t done = 0, total = (uint64_t)(len - 1) * c->n_layers * groups;
     draw_bufs B = {0};

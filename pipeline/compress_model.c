@@ -32,7 +32,7 @@ uint64_t stz_feedback_keep(const stz_fwd *m, const stz_seq_spec *seqs)
 {
     const stz_seq_spec defaults = STZ_FEEDBACK_SEQS, *s = seqs ? seqs : &defaults;
     const stz_fwd_config *c = stz_fwd_cfg(m);
-    uint64_t positions = (uint64_t)s->nseq * (s->len ? s->len : s->default_len);
+    uint64_t positions = (uint64_t)s->nseq * stz_seq_spec_len(s, m);
     return positions * 6 * ((uint64_t)c->dim + c->hidden) * sizeof(float);
 }
 
