@@ -4,7 +4,8 @@
 # models, 1 and 2 threads; tokens per second and GFLOP/s against OpenBLAS
 # sgemm on the model's own matrix shapes, measured in the same run (target:
 # at least 50%). Then the same through the command line, timed; then
-# GPT-Neo-1.3B's shape (4 layers), whose share must be no lower.
+# GPT-Neo-1.3B's and Gemma-2-2B's shapes (4 layers), whose shares must be
+# no lower.
 # Usage: bench/bench_forward.sh [BUILD_DIR] [WORK_DIR]
 set -eu
 BUILD=${1:-build}
@@ -28,15 +29,18 @@ start=$(date +%s.%N)
 "$STZ" eval "$Q" "$WORK/qwen2-0.5b.int8.safetensors" --forward -T 2 -q
 echo "wall time: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }") s"
 rm -f "$Q" "$WORK/qwen2-0.5b.int8.safetensors"
-# GPT-Neo's path (LayerNorm, GELU, learned positions, local layers) against
-# the same reference: its share beside the Llama family's above
-G=$WORK/gpt-neo.safetensors
-"$STZ" synth gpt-neo-1.3b --layers 4 -o "$G" -q -f
-"$STZ" quantize --policy int8-b128 --fast "$G" -o "$WORK/gpt-neo.int8.safetensors" -q -f
-for T in 1 2; do
-    echo
-    echo "### GPT-Neo-1.3B shape, 4 layers, $T thread(s)"
-    echo
-    "$BUILD/forward_bench" "$G" "$WORK/gpt-neo.int8.safetensors" $T 4 128
+# GPT-Neo's path (LayerNorm, GELU, learned positions, local layers) and
+# Gemma 2's (post-norms, GeGLU, soft-capping, windowed layers) against the
+# same reference: their shares beside the Llama family's above
+for A in gpt-neo-1.3b gemma2-2b; do
+    G=$WORK/$A.safetensors
+    "$STZ" synth $A --layers 4 -o "$G" -q -f
+    "$STZ" quantize --policy int8-b128 --fast "$G" -o "$WORK/$A.int8.safetensors" -q -f
+    for T in 1 2; do
+        echo
+        echo "### $A shape, 4 layers, $T thread(s)"
+        echo
+        "$BUILD/forward_bench" "$G" "$WORK/$A.int8.safetensors" $T 4 128
+    done
+    rm -f "$G" "$WORK/$A.int8.safetensors"
 done
-rm -f "$G" "$WORK/gpt-neo.int8.safetensors"

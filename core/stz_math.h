@@ -54,6 +54,16 @@ static inline float stz_gelu_tanh(float x)
     return x / (1.0f + stz_expf(-2.0f * u));
 }
 
+/* tanh(x) as 2 sigmoid(2x) - 1, by its series near 0 where that would
+ * cancel (soft-capping: cap tanh(x / cap)). */
+static inline float stz_tanhf(float x)
+{
+    float x2 = x * x;
+    if (x2 < 0.0025f) /* |x| < 0.05: x - x^3/3 + 2x^5/15 */
+        return x * (1.0f + x2 * (-0.333333333f + x2 * 0.133333333f));
+    return 2.0f / (1.0f + stz_expf(-2.0f * x)) - 1.0f;
+}
+
 #define STZ_LN2_HI 6.93147180369123816490e-01 /* ln 2, its top 32 bits: k * STZ_LN2_HI is exact */
 #define STZ_LN2_LO 1.90821492927058770002e-10
 

@@ -128,6 +128,8 @@ static stz_status value_rows(exporter *x, etensor *e, uint64_t row, size_t nr, s
             v[i] = x->g[i] / v[i];
     } else if ((st = stz_qmodel_read_rows_scales(e->m, e->i, row, nr, v, e->kind == K_REPACK ? s : NULL, err)))
         return st;
+    for (size_t i = 0; e->add && i < nr * (size_t)e->cols; i++)
+        v[i] += e->add;
     if (e->ndim == 2)
         widen(v, nr, (size_t)e->cols, cols);
     if (e->heads) { /* 2-D: whole rows; 1-D: the elements */

@@ -16,10 +16,12 @@
 
 /* The order of tensors in the file: the embedding, layer by layer, then
  * the norm and head. */
-static const stz_role file_order[] = {STZ_ROLE_EMBED,   STZ_ROLE_ANORM, STZ_ROLE_WQKV, STZ_ROLE_WQ,    STZ_ROLE_BQ,
-                                      STZ_ROLE_QNORM,   STZ_ROLE_WK,    STZ_ROLE_BK,   STZ_ROLE_KNORM, STZ_ROLE_WV,
-                                      STZ_ROLE_BV,      STZ_ROLE_WO,    STZ_ROLE_BO,   STZ_ROLE_FNORM, STZ_ROLE_GATE,
-                                      STZ_ROLE_GATE_UP, STZ_ROLE_UP,    STZ_ROLE_DOWN, STZ_ROLE_NORM,  STZ_ROLE_HEAD};
+static const stz_role file_order[] = {
+    STZ_ROLE_EMBED, STZ_ROLE_ANORM,      STZ_ROLE_WQKV,  STZ_ROLE_WQ,   STZ_ROLE_BQ,      STZ_ROLE_QNORM,
+    STZ_ROLE_WK,    STZ_ROLE_BK,         STZ_ROLE_KNORM, STZ_ROLE_WV,   STZ_ROLE_BV,      STZ_ROLE_WO,
+    STZ_ROLE_BO,    STZ_ROLE_POST_ANORM, STZ_ROLE_FNORM, STZ_ROLE_GATE, STZ_ROLE_GATE_UP, STZ_ROLE_UP,
+    STZ_ROLE_DOWN,  STZ_ROLE_POST_FNORM, STZ_ROLE_NORM,  STZ_ROLE_HEAD};
+
 #define NROLES (sizeof file_order / sizeof file_order[0])
 
 static int float_type(stz_dtype d)
@@ -52,7 +54,7 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     e->kind = K_FLOAT;
     if (e->ndim == 1) {
         e->type = STZ_GGML_F32; /* norms and biases: llama.cpp keeps them F32 */
-        e->kind = !q->bits && q->dtype == STZ_DTYPE_F32 && !e->heads ? K_COPY : K_FLOAT;
+        e->kind = !q->bits && q->dtype == STZ_DTYPE_F32 && !e->heads && !e->add ? K_COPY : K_FLOAT;
     } else if (q->bits && !q->rank && (e->type = stz_ggml_type_parse(q->method)) >= 0)
         e->kind = K_COPY; /* stored as the type's blocks: byte for byte */
     else if (q->bits && (e->type = exact_type(q)) >= 0)
@@ -96,7 +98,7 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     return STZ_OK;
 }
 
-static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int hf, int permute, stz_err *err)
+static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int names, int permute, stz_err *err)
 {
     const stz_fwd_config *c = x->c;
     size_t cap = NROLES * (size_t)c->n_layers + 8;
@@ -104,7 +106,7 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the tensor plan");
     x->tied = 1;
     for (size_t f = 0; f < nfiles; f++)
-        x->tied &= stz_qmodel_find(files[f], stz_roles[STZ_ROLE_HEAD].name[hf]) < 0;
+        x->tied &= stz_qmodel_find(files[f], stz_roles[STZ_ROLE_HEAD].name[names]) < 0;
     /* in file order: the embedding, layer by layer, then the norm and head */
     for (uint32_t l = 0; l <= c->n_layers + 1; l++)
         for (size_t k = 0; k < NROLES; k++) {
@@ -113,7 +115,10 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
             if (layered ? !l || l > c->n_layers : (l != 0) != (r != STZ_ROLE_EMBED) || (l && l <= c->n_layers))
                 continue;
             char src[256];
-            snprintf(src, sizeof src, stz_roles[r].name[hf], l - 1);
+            const char *pat = stz_roles[r].name[names];
+            if (!pat)
+                continue; /* not a tensor of the family's layout */
+            snprintf(src, sizeof src, pat, l - 1);
             etensor *e = &x->t[x->n];
             long at = -1;
             for (size_t f = 0; f < nfiles && at < 0; f++)
@@ -131,6 +136,7 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
                 e->ne[0] = e->q->numel, e->rows = 1, e->cols = e->q->numel;
             if (permute && stz_roles[r].perm)
                 e->heads = stz_roles[r].perm == 1 ? c->n_heads : c->n_kv_heads;
+            e->add = stz_arch_of(c)->norm == STZ_NORM_RMS_1W && stz_role_is_norm(r) ? 1.0f : 0.0f;
             stz_status st = choose(x, e, err);
             if (st)
                 return st;
@@ -215,7 +221,33 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
         kv_str(kv, KEY("rope.scaling.type"), "linear");
         kv_f32(kv, KEY("rope.scaling.factor"), (float)c->rope_factor);
     }
+    if (row->swa_period) { /* Gemma: the windowed layers, every local_period-th global */
+        kv_u32(kv, KEY("attention.sliding_window"), c->local_window ? c->local_window : c->max_pos);
+        kv_u32(kv, KEY("attention.sliding_window_pattern"), c->local_window ? c->local_period : 1);
+    }
+    if (c->rope_local_theta)
+        kv_f32(kv, KEY("rope.freq_base_swa"), (float)c->rope_local_theta);
+    if (c->attn_softcap)
+        kv_f32(kv, KEY("attn_logit_softcapping"), (float)c->attn_softcap);
+    if (c->final_softcap)
+        kv_f32(kv, KEY("final_logit_softcapping"), (float)c->final_softcap);
 #undef KEY
+}
+
+/* llama.cpp takes Gemma's score scale from the model's size, not from
+ * query_pre_attn_scalar: 1/sqrt(head_dim), or 1/sqrt(dim / heads) for the
+ * 27B models (46 layers); other scales are refused. */
+static stz_status gemma_scale(const stz_fwd_config *c, const char *model_path, stz_err *err)
+{
+    if (!stz_arch_of(c)->swa_period || !c->attn_scale)
+        return STZ_OK;
+    double want = 1 / sqrt(c->n_layers == 46 ? (double)c->dim / c->n_heads : (double)c->head_dim);
+    if (fabs(c->attn_scale / want - 1) < 1e-6)
+        return STZ_OK;
+    return stz_err_set(err, STZ_E_UNSUPPORTED,
+                       "%s: query_pre_attn_scalar %.9g is not the one llama.cpp takes for this model (%.9g): "
+                       "llama.cpp would score its attention differently",
+                       model_path, 1 / (c->attn_scale * c->attn_scale), 1 / (want * want));
 }
 
 /* llama.cpp's qwen2 loader requires the q, k and v biases of every layer. */
@@ -336,9 +368,10 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     if (p->mix && (x.mix = stz_gguf_like_parse(p->mix)) < 0) {
         return stz_err_set(err, STZ_E_ARG, "%s: '%s' is not one of llama-quantize's types", model_path, p->mix);
     }
-    /* Hugging Face names: the embedding's; llama.cpp's "llama" RoPE takes pairs */
-    int hf = stz_fwd_layout(files, nfiles) == STZ_NAMES_HF;
-    STZ_TRY(st, plan(&x, files, nfiles, hf, hf && (A->flags & STZ_ARCH_ROPE_PAIRS), err));
+    /* the names' layout: the embedding's; llama.cpp's "llama" RoPE takes Hugging Face's rows in pairs */
+    int names = stz_fwd_layout(files, nfiles);
+    STZ_TRY(st, gemma_scale(c, model_path, err));
+    STZ_TRY(st, plan(&x, files, nfiles, names, names == STZ_NAMES_HF && (A->flags & STZ_ARCH_ROPE_PAIRS), err));
     if (A->flags & STZ_ARCH_QKV_BIAS)
         STZ_TRY(st, qwen2_biases(&x, err));
     STZ_TRY(st, find_tokenizer(p, dir, model_path, &tok, err));

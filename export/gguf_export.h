@@ -24,6 +24,7 @@ typedef struct {
     uint64_t ne[2], rows, cols; /* ne: in the GGUF file; rows, cols: as stored (fewer with a widened FFN) */
     int type, kind, role;
     uint32_t heads; /* rows to reorder in this many heads (0: none) */
+    float add;      /* added to every value: 1 for Gemma's norms, which GGUF holds as 1 + w */
     uint64_t offset, bytes;
 } etensor;
 

@@ -11,7 +11,13 @@
  * GPT-Neo (transformer.h.N.attn.attention.q_proj, ...): learned positions,
  * LayerNorm with biases, an ungated tanh-GELU MLP with biases, unscaled
  * attention scores, local attention on the layers its attention_types
- * says. Anything else is refused by name (STZ_E_UNSUPPORTED).
+ * says. Gemma 2 and 3 (model.layers.N.pre_feedforward_layernorm, ...):
+ * RMSNorm with 1 + w, norms after the attention and the MLP too, the
+ * embedding scaled by sqrt(hidden), a tanh-GELU-gated MLP, scores scaled by
+ * query_pre_attn_scalar, sliding-window layers in a repeating pattern
+ * (Gemma 3's with their own RoPE base), Gemma 2's soft-capping of scores
+ * and logits, Gemma 3's q/k head norms. Anything else is refused by name
+ * (STZ_E_UNSUPPORTED).
  *
  * Memory: the model runs one layer at a time over all positions of all
  * sequences; one layer's weights (dequantized to F32) and the activations
@@ -41,6 +47,8 @@ typedef enum {
     STZ_ARCH_QWEN3,
     STZ_ARCH_PHI3,
     STZ_ARCH_GPT_NEO,
+    STZ_ARCH_GEMMA2,
+    STZ_ARCH_GEMMA3,
     STZ_ARCH_COUNT
 } stz_arch_id;
 
@@ -60,6 +68,9 @@ typedef struct {
      * layer l sees the last local_window positions when bit l % local_period
      * of local_mask is set; local_window 0: every layer global. */
     uint32_t local_window, local_period, local_mask;
+    double rope_local_theta;            /* Gemma 3: the local layers' RoPE base, unscaled (0: rope_theta's, scaled) */
+    double attn_scale;                  /* the scores' scale (Gemma: query_pre_attn_scalar^-1/2); 0: 1/sqrt(head_dim) */
+    double attn_softcap, final_softcap; /* Gemma 2: scores and logits x -> cap tanh(x / cap); 0: none */
 } stz_fwd_config;
 
 /* Parses a Hugging Face config.json or llama2.c-style config (dim,
@@ -113,7 +124,9 @@ STZ_API const char *stz_fwd_embedding(const stz_fwd *m, int *tied);
  * embedding: STZ_NAMES_HF (model.embed_tokens.weight), STZ_NAMES_LLAMA2C
  * (tok_embeddings.weight), STZ_NAMES_GPT_NEO (transformer.wte.weight with
  * GPT-Neo's transformer.h.0.attn.attention.out_proj.weight: GPT-2 names its
- * embedding so too), -1 none (not a model stz_fwd_open runs). */
+ * embedding so too), STZ_NAMES_GEMMA (model.embed_tokens.weight with
+ * model.layers.0.pre_feedforward_layernorm.weight), -1 none (not a model
+ * stz_fwd_open runs). */
 STZ_API int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles);
 
 /* Called after each layer of each pass; non-zero stops with STZ_E_INTERRUPTED. */

@@ -37,9 +37,17 @@ typedef struct stz_qmodel stz_qmodel;
 
 /* The tensor names of a checkpoint: GGUF's own (blk.N.attn_q), llama2.c's
  * (layers.N.attention.wq), Hugging Face's for Llama-family models
- * (model.layers.N.self_attn.q_proj) or for GPT-Neo
- * (transformer.h.N.attn.attention.q_proj). */
-typedef enum { STZ_NAMES_GGUF = -1, STZ_NAMES_LLAMA2C = 0, STZ_NAMES_HF = 1, STZ_NAMES_GPT_NEO = 2 } stz_names;
+ * (model.layers.N.self_attn.q_proj), for GPT-Neo
+ * (transformer.h.N.attn.attention.q_proj) or for Gemma 2 and 3 (Hugging
+ * Face's, but post_attention_layernorm follows the attention and
+ * pre_feedforward_layernorm comes before the MLP). */
+typedef enum {
+    STZ_NAMES_GGUF = -1,
+    STZ_NAMES_LLAMA2C = 0,
+    STZ_NAMES_HF = 1,
+    STZ_NAMES_GPT_NEO = 2,
+    STZ_NAMES_GEMMA = 3
+} stz_names;
 
 /* Opens a plain or quantized SafeTensors file, or an .stz container of one
  * (its chunks decoded as rows are read, one chunk held: no temporary file).
@@ -49,7 +57,8 @@ STZ_API stz_status stz_qmodel_open(stz_qmodel **out, const char *path, stz_err *
 /* A GGUF file (llama.cpp's) as a model of float tensors, decoded where they
  * are read, under `names`: the inverse of stz export's mapping, with its
  * q/k row permutation undone for Hugging Face names of a "llama" model
- * (stz_qmodel_open of a GGUF path gives Hugging Face names). Types stz
+ * (stz_qmodel_open of a GGUF path gives Hugging Face names; Gemma's for a
+ * Gemma file). Types stz
  * reads: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k to q6_k,
  * iq4_nl, iq4_xs (STZ_E_UNSUPPORTED names a tensor of another). */
 STZ_API stz_status stz_qmodel_open_gguf(stz_qmodel **out, const char *path, stz_names names, stz_err *err);

@@ -19,7 +19,20 @@ static const stz_arch_keys gpt_neo_keys = {
     "hidden_size",        "intermediate_size",   "num_layers", "num_heads", "max_position_embeddings",
     "layer_norm_epsilon", "activation_function", "gelu_new",   1e-5,        1};
 
-#define LLAMA_LIKE .keys = &llama_keys, .layout = STZ_NAMES_HF
+static const stz_arch_keys gemma_keys = {"hidden_size",
+                                         "intermediate_size",
+                                         "num_hidden_layers",
+                                         "num_attention_heads",
+                                         "max_position_embeddings",
+                                         "rms_norm_eps",
+                                         "hidden_activation",
+                                         "gelu_pytorch_tanh",
+                                         1e-6,
+                                         0};
+
+#define LLAMA_LIKE  .keys = &llama_keys, .layout = STZ_NAMES_HF
+#define GEMMA_FLAGS (STZ_ARCH_POST_NORMS | STZ_ARCH_EMBED_SCALE)
+#define GEMMA_LIKE  .keys = &gemma_keys, .norm = STZ_NORM_RMS_1W, .act = STZ_ACT_GEGLU, .layout = STZ_NAMES_GEMMA
 
 static const stz_arch rows[STZ_ARCH_COUNT] = {
     [STZ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", "llama-bpe", STZ_ARCH_ROPE_PAIRS, LLAMA_LIKE,
@@ -36,12 +49,16 @@ static const stz_arch rows[STZ_ARCH_COUNT] = {
     [STZ_ARCH_GPT_NEO] = {"gpt_neo", "GPTNeoForCausalLM", NULL, NULL, STZ_ARCH_NO_SCALE, .keys = &gpt_neo_keys,
                           .norm = STZ_NORM_LAYER, .act = STZ_ACT_GELU_TANH, .pos = STZ_POS_LEARNED,
                           .layout = STZ_NAMES_GPT_NEO, .title = "GPT-Neo"},
+    [STZ_ARCH_GEMMA2] = {"gemma2", "Gemma2ForCausalLM", "gemma2", "default", GEMMA_FLAGS, GEMMA_LIKE, .swa_period = 2,
+                         .title = "Gemma 2"},
+    [STZ_ARCH_GEMMA3] = {"gemma3_text", "Gemma3ForCausalLM", "gemma3", "default", GEMMA_FLAGS | STZ_ARCH_QK_NORM,
+                         GEMMA_LIKE, .swa_period = 6, .title = "Gemma 3"},
 };
 
 int stz_arch_use(const stz_arch *a, int role)
 {
     int fused = (a->flags & STZ_ARCH_FUSED) != 0, layer_norm = a->norm == STZ_NORM_LAYER,
-        gated = a->act == STZ_ACT_SWIGLU;
+        gated = a->act != STZ_ACT_GELU_TANH;
     switch (role) {
     case STZ_ROLE_BQ:
     case STZ_ROLE_BK:
@@ -62,6 +79,8 @@ int stz_arch_use(const stz_arch *a, int role)
     case STZ_ROLE_DOWN_B: return gated ? STZ_USE_NONE : STZ_USE_NEED;
     case STZ_ROLE_POS: return a->pos == STZ_POS_LEARNED ? STZ_USE_NEED : STZ_USE_NONE;
     case STZ_ROLE_NORM_B: return layer_norm ? STZ_USE_NEED : STZ_USE_NONE;
+    case STZ_ROLE_POST_ANORM:
+    case STZ_ROLE_POST_FNORM: return a->flags & STZ_ARCH_POST_NORMS ? STZ_USE_NEED : STZ_USE_NONE;
     default: return STZ_USE_NEED;
     }
 }

@@ -20,12 +20,15 @@ enum {
     STZ_ARCH_FUSED = 1 << 6,        /* q/k/v and gate/up fused in one matrix each (Phi-3) */
     STZ_ARCH_GGUF_SWA = 1 << 7,     /* the sliding window written as GGUF's attention.sliding_window */
     STZ_ARCH_NO_SCALE = 1 << 8,     /* attention scores not scaled by 1/sqrt(head_dim) (GPT-Neo) */
+    STZ_ARCH_POST_NORMS = 1 << 9,   /* RMSNorms of the attention's and the MLP's outputs too (Gemma) */
+    STZ_ARCH_EMBED_SCALE = 1 << 10, /* the embedding's rows times sqrt(dim) (Gemma) */
 };
 
 /* A layer's norms, MLP and positions (the row's norm, act and pos). */
-enum { STZ_NORM_RMS, STZ_NORM_LAYER };      /* RMSNorm; LayerNorm with a bias */
-enum { STZ_ACT_SWIGLU, STZ_ACT_GELU_TANH }; /* SiLU-gated gate/up; ungated up, tanh GELU, with biases */
-enum { STZ_POS_ROPE, STZ_POS_LEARNED };     /* RoPE on q and k; a learned position embedding added to the input */
+enum { STZ_NORM_RMS, STZ_NORM_LAYER, STZ_NORM_RMS_1W }; /* RMSNorm; LayerNorm with a bias; RMSNorm by 1 + w */
+/* SiLU-gated gate/up; ungated up, tanh GELU, with biases; tanh-GELU-gated gate/up */
+enum { STZ_ACT_SWIGLU, STZ_ACT_GELU_TANH, STZ_ACT_GEGLU };
+enum { STZ_POS_ROPE, STZ_POS_LEARNED }; /* RoPE on q and k; a learned position embedding added to the input */
 
 /* The keys of a family's config.json, and the defaults where one is absent. */
 typedef struct {
@@ -46,8 +49,10 @@ typedef struct stz_arch_row {
     unsigned flags;
     const stz_arch_keys *keys;
     unsigned char norm, act, pos;
-    int layout;        /* the tensors' names (stz_names): Hugging Face's, or GPT-Neo's */
-    const char *title; /* the family as messages name it */
+    int layout;               /* the tensors' names (stz_names): Hugging Face's, GPT-Neo's or Gemma's */
+    unsigned char swa_period; /* sliding_window on all but every swa_period-th layer, unless the config's
+                               * layer_types or sliding_window_pattern say otherwise (0: on all layers) */
+    const char *title;        /* the family as messages name it */
 } stz_arch;
 
 /* Row `id` (stz_arch_id), or NULL. */

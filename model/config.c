@@ -113,16 +113,19 @@ static int parse_arch(stz_fwd_config *c, const cJSON *root, const char *label, s
     return 0;
 }
 
-/* Appends `times` x the kinds of `list` ("global", "local") to local[*l..n). 0, or
+/* The names of a global and a local layer: GPT-Neo's attention_types, Gemma's layer_types. */
+static const char *const kind_names[2][2] = {{"global", "local"}, {"full_attention", "sliding_attention"}};
+
+/* Appends `times` x the kinds of `list` (names: kind_names[names]) to local[*l..n). 0, or
  * -1 a kind neither, -2 more than n layers. */
-static int add_kinds(const cJSON *list, double times, unsigned char *local, uint32_t n, uint32_t *l)
+static int add_kinds(const cJSON *list, double times, int names, unsigned char *local, uint32_t n, uint32_t *l)
 {
     const cJSON *k;
     for (double t = 0; t < times; t++)
         cJSON_ArrayForEach(k, list)
         {
-            int is_local = cJSON_IsString(k) && !strcmp(k->valuestring, "local");
-            if (!is_local && !(cJSON_IsString(k) && !strcmp(k->valuestring, "global")))
+            int is_local = cJSON_IsString(k) && !strcmp(k->valuestring, kind_names[names][1]);
+            if (!is_local && !(cJSON_IsString(k) && !strcmp(k->valuestring, kind_names[names][0])))
                 return -1;
             if (*l >= n)
                 return -2;
@@ -133,12 +136,18 @@ static int add_kinds(const cJSON *list, double times, unsigned char *local, uint
 
 /* The kinds of attention of the layers: GPT-Neo's attention_types
  * ([[["global", "local"], 12]]: each list of kinds repeated its count of
- * times) or attention_layers (the list expanded), as local_window's period
- * and mask; neither: every layer global. */
-static int parse_local_layers(stz_fwd_config *c, const cJSON *root, const char *label, stz_err *err)
+ * times) or attention_layers (the list expanded), or Gemma's layer_types
+ * (["sliding_attention", ..., "full_attention"]), as local_window's period
+ * and mask; none: every layer global (Gemma: its row's pattern). The
+ * window: `window_key`'s. */
+static int parse_local_layers(stz_fwd_config *c, const cJSON *root, const char *window_key, uint32_t window,
+                              const char *label, stz_err *err)
 {
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "attention_types"),
-                *layers = cJSON_GetObjectItemCaseSensitive(root, "attention_layers"), *g;
+                *layers = cJSON_GetObjectItemCaseSensitive(root, "attention_layers"),
+                *gemma = cJSON_GetObjectItemCaseSensitive(root, "layer_types"), *g;
+    int names = cJSON_IsArray(gemma);
+    layers = names ? gemma : layers;
     if (!cJSON_IsArray(types) && !cJSON_IsArray(layers))
         return 0;
     unsigned char *local = malloc(c->n_layers);
@@ -153,12 +162,12 @@ static int parse_local_layers(stz_fwd_config *c, const cJSON *root, const char *
             double times = cJSON_IsNumber(count) ? count->valuedouble : -1;
             r = !cJSON_IsArray(kinds) || !(times >= 0 && times <= 65536) || times != floor(times)
                     ? -3
-                    : add_kinds(kinds, times, local, n, &l);
+                    : add_kinds(kinds, times, 0, local, n, &l);
             if (r)
                 break;
         }
     else
-        r = add_kinds(layers, 1, local, n, &l);
+        r = add_kinds(layers, 1, names, local, n, &l);
     r = r ? r : l != n ? -2 : 0;
     for (; !r && period <= 32; period++) { /* the shortest period the layers repeat */
         uint32_t i = period;
@@ -170,6 +179,10 @@ static int parse_local_layers(stz_fwd_config *c, const cJSON *root, const char *
     for (uint32_t i = 0; !r && period <= 32 && i < period && i < n; i++)
         mask |= (uint32_t)local[i] << i;
     free(local);
+    if ((r == -1 || r == -3) && names)
+        return stz_err_set(err, STZ_E_FORMAT, "%s: 'layer_types' must list \"sliding_attention\" or \"full_attention\"",
+                           label),
+               -1;
     if (r == -1 || r == -3)
         return stz_err_set(err, STZ_E_FORMAT, "%s: '%s' must list [[\"global\" or \"local\", ...], count] groups",
                            label, cJSON_IsArray(types) ? "attention_types" : "attention_layers"),
@@ -186,7 +199,37 @@ static int parse_local_layers(stz_fwd_config *c, const cJSON *root, const char *
     if (!mask)
         return 0;
     c->local_period = period, c->local_mask = mask;
-    return get_u32(root, "window_size", 1, 1e9, 256, &c->local_window, label, err);
+    return get_u32(root, window_key, 1, 1e9, window, &c->local_window, label, err);
+}
+
+/* Gemma's sliding windows: layer_types, else every sliding_window_pattern-th
+ * layer global (Gemma 2: every second), the others windowed. */
+static int parse_swa_layers(stz_fwd_config *c, const cJSON *root, const stz_arch *row, const char *label, stz_err *err)
+{
+    uint32_t period;
+    if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(root, "layer_types")))
+        return parse_local_layers(c, root, "sliding_window", 4096, label, err);
+    if (get_u32(root, "sliding_window_pattern", 1, 32, row->swa_period, &period, label, err))
+        return -1;
+    if (period > 1)
+        c->local_period = period, c->local_mask = (1u << (period - 1)) - 1;
+    else
+        c->local_period = 1, c->local_mask = 1; /* every layer windowed */
+    return get_u32(root, "sliding_window", 1, 1e9, 4096, &c->local_window, label, err);
+}
+
+/* Gemma's scores and soft-capping, and Gemma 3's local RoPE base (absent: none). */
+static int parse_gemma(stz_fwd_config *c, const cJSON *root, const stz_arch *row, const char *label, stz_err *err)
+{
+    double q;
+    if (get_real(root, "query_pre_attn_scalar", 1e-6, 1e9, 0, &q, label, err) ||
+        get_real(root, "attn_logit_softcapping", 1e-6, 1e9, 0, &c->attn_softcap, label, err) ||
+        get_real(root, "final_logit_softcapping", 1e-6, 1e9, 0, &c->final_softcap, label, err) ||
+        get_real(root, "rope_local_base_freq", 1, 1e12, c->arch == STZ_ARCH_GEMMA3 ? 10000 : 0, &c->rope_local_theta,
+                 label, err))
+        return -1;
+    c->attn_scale = q ? 1 / sqrt(q) : 0;
+    return parse_swa_layers(c, root, row, label, err);
 }
 
 /* Hugging Face config.json of a family in arch.c (and stz synth's
@@ -222,16 +265,18 @@ static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz
         get_u32(root, k->max_pos, 1, 1e9, 0, &c->max_pos, label, err) ||
         get_real(root, "rope_theta", 1, 1e12, 10000, &c->rope_theta, label, err) ||
         get_real(root, k->eps, 0, 1, k->eps_default, &c->norm_eps, label, err) ||
-        parse_rope_scaling(c, root, label, err) || parse_local_layers(c, root, label, err))
+        parse_rope_scaling(c, root, label, err) ||
+        (row->swa_period ? parse_gemma(c, root, row, label, err)
+                         : parse_local_layers(c, root, "window_size", 256, label, err)))
         return -1;
     uint32_t bos = 1;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
     if (cJSON_IsNumber(b) && get_u32(root, "bos_token_id", 0, c->vocab - 1, 1, &bos, label, err))
         return -1;
     c->bos = (int32_t)(bos < c->vocab ? bos : 0);
-    c->tied = get_bool(root, "tie_word_embeddings", row->layout == STZ_NAMES_GPT_NEO); /* GPT-Neo's is tied */
-    /* Qwen2 states a window it does not use unless use_sliding_window. */
-    int sw = row->flags & STZ_ARCH_SW_OPT_IN ? get_bool(root, "use_sliding_window", 0) : 1;
+    c->tied = get_bool(root, "tie_word_embeddings", row->layout != STZ_NAMES_HF); /* GPT-Neo's, Gemma's are tied */
+    /* Qwen2 states a window it does not use unless use_sliding_window; Gemma's is per layer (above) */
+    int sw = row->flags & STZ_ARCH_SW_OPT_IN ? get_bool(root, "use_sliding_window", 0) : !row->swa_period;
     if (sw && get_u32(root, "sliding_window", 1, 1e9, 0, &c->sliding_window, label, err))
         return -1;
     c->rope_interleaved = 0;
@@ -330,7 +375,8 @@ stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *
         return stz_err_set(err, STZ_E_UNSUPPORTED,
                            "%s: not a model of a family stz runs (no model.embed_tokens.weight, "
                            "tok_embeddings.weight or GPT-Neo's transformer.wte.weight; its tensors are named like "
-                           "'%s'): stz runs Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo and llama2.c models",
+                           "'%s'): stz runs Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo, Gemma 2, Gemma 3 and "
+                           "llama2.c models",
                            path, stz_qmodel_tensor(s->m[0], 0)->name);
     return stz_err_set(err, STZ_E_FORMAT,
                        "%s: no model configuration (no config.json beside it, no "

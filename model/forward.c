@@ -108,7 +108,7 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     stz_fwd *m = calloc(1, sizeof *m);
     if (!m || !(m->files = malloc((nfiles + 1) * sizeof *m->files)) ||
         !(m->layer = calloc((size_t)c->n_layers * STZ_ROLE_PER_LAYER, sizeof *m->layer)) ||
-        !(m->inv_freq = malloc(c->head_dim / 2 * sizeof *m->inv_freq))) {
+        !(m->inv_freq = malloc(c->head_dim * sizeof *m->inv_freq))) {
         stz_fwd_free(m);
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model's weights");
     }
@@ -124,6 +124,12 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     }
     m->c.rope_interleaved = !hf; /* llama2.c keeps Meta's pairwise layout; HF checkpoints are permuted */
     stz_fwd_rope_frequencies(&m->c, m->inv_freq);
+    stz_fwd_config local = m->c;
+    local.rope_theta = c->rope_local_theta ? c->rope_local_theta : c->rope_theta;
+    if (c->rope_local_theta) /* Gemma 3's local layers: their own base, unscaled */
+        local.rope_scaling = STZ_ROPE_NONE;
+    stz_fwd_rope_frequencies(&local, m->inv_freq + c->head_dim / 2);
+    m->norm_one = arch->norm == STZ_NORM_RMS_1W; /* Gemma's norms are by 1 + w */
     uint64_t D = c->dim, F = c->hidden, QD = (uint64_t)c->n_heads * c->head_dim,
              KD = (uint64_t)c->n_kv_heads * c->head_dim;
     const uint64_t shape[STZ_ROLE_PER_LAYER][2] = {[STZ_ROLE_ANORM] = {D, 0},
@@ -146,7 +152,9 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
                                                    [STZ_ROLE_ANORM_B] = {D, 0},
                                                    [STZ_ROLE_FNORM_B] = {D, 0},
                                                    [STZ_ROLE_UP_B] = {F, 0},
-                                                   [STZ_ROLE_DOWN_B] = {D, 0}};
+                                                   [STZ_ROLE_DOWN_B] = {D, 0},
+                                                   [STZ_ROLE_POST_ANORM] = {D, 0},
+                                                   [STZ_ROLE_POST_FNORM] = {D, 0}};
     char name[160];
     for (uint32_t l = 0; !st && l <= c->n_layers; l++)
         for (int k = 0; !st && k < STZ_ROLE_PER_LAYER; k++) {
@@ -285,14 +293,15 @@ static stz_status load_layer(stz_fwd *m, uint32_t l, float *const buf[STZ_ROLE_P
 
 /* ---- the layers ----------------------------------------------------------- */
 
-void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps)
+/* x / rms(x) * (w + one): one 0, or 1 for Gemma's norms by 1 + w. */
+static void rmsnorm(float *o, const float *x, const float *w, float one, size_t n, double eps)
 {
     double ss = 0;
     for (size_t i = 0; i < n; i++)
         ss += (double)x[i] * x[i];
     float s = (float)(1 / sqrt(ss / (double)n + eps));
     for (size_t i = 0; i < n; i++)
-        o[i] = w[i] * (x[i] * s);
+        o[i] = (w[i] + one) * (x[i] * s);
 }
 
 /* (x - mean) / sqrt(var + eps) * w + b, the statistics in double. */
@@ -314,7 +323,7 @@ void stz_forward_norm(const stz_fwd *m, float *o, const float *x, const float *w
     if (stz_arch_of(&m->c)->norm == STZ_NORM_LAYER)
         layernorm(o, x, w, b, n, m->c.norm_eps);
     else
-        stz_forward_rmsnorm(o, x, w, n, m->c.norm_eps);
+        rmsnorm(o, x, w, m->norm_one, n, m->c.norm_eps);
 }
 
 /* Y (n, out; rows ldy apart) = X (n, in) @ W (out, in)^T + b */
@@ -333,12 +342,14 @@ void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float 
     linear_ld(m, Y, out, X, W, b, n, in, out);
 }
 
-static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos)
+/* RoPE of nheads heads at pos: the local layers' frequencies (Gemma 3) when local. */
+static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos, int local)
 {
     size_t hd = m->c.head_dim, half = hd / 2;
+    const float *freq = m->inv_freq + (local ? half : 0);
     for (size_t i = 0; i < half; i++) {
         double sd, cd;
-        stz_sincos((double)pos * m->inv_freq[i], &sd, &cd);
+        stz_sincos((double)pos * freq[i], &sd, &cd);
         float c = (float)cd, s = (float)sd;
         for (size_t h = 0; h < nheads; h++) {
             float *x = v + h * hd;
@@ -352,18 +363,35 @@ static void rope(const stz_fwd *m, float *v, size_t nheads, uint32_t pos)
 
 /* The RMSNorm of every query head (n rows of QD in q) and key head (n
  * rows of KD in k), with the weights of one head each. */
-static void head_norms(const stz_fwd_config *c, float *q, float *k, const float *wq, const float *wk, size_t n)
+static void head_norms(const stz_fwd *m, float *q, float *k, const float *wq, const float *wk, size_t n)
 {
+    const stz_fwd_config *c = &m->c;
     size_t hd = c->head_dim;
     for (size_t h = 0; h < n * c->n_heads; h++)
-        stz_forward_rmsnorm(q + h * hd, q + h * hd, wq, hd, c->norm_eps);
+        rmsnorm(q + h * hd, q + h * hd, wq, m->norm_one, hd, c->norm_eps);
     for (size_t h = 0; h < n * c->n_kv_heads; h++)
-        stz_forward_rmsnorm(k + h * hd, k + h * hd, wk, hd, c->norm_eps);
+        rmsnorm(k + h * hd, k + h * hd, wk, m->norm_one, hd, c->norm_eps);
 }
 
 static float attn_scale(const stz_fwd_config *c)
 {
-    return stz_arch_of(c)->flags & STZ_ARCH_NO_SCALE ? 1.0f : 1.0f / sqrtf((float)c->head_dim);
+    return stz_arch_of(c)->flags & STZ_ARCH_NO_SCALE ? 1.0f
+           : c->attn_scale                           ? (float)c->attn_scale
+                                                     : 1.0f / sqrtf((float)c->head_dim);
+}
+
+/* A score scaled, then soft-capped (Gemma 2: cap tanh(x / cap); cap 0: none). */
+static inline float score(float s, float scale, float cap)
+{
+    return cap ? cap * stz_tanhf(s * scale / cap) : s * scale;
+}
+
+void stz_forward_cap_logits(const stz_fwd *m, float *L, size_t n, size_t k, size_t ld)
+{
+    float cap = (float)m->c.final_softcap;
+    for (size_t r = 0; cap && r < n; r++)
+        for (size_t j = 0; j < k; j++)
+            L[r * ld + j] = score(L[r * ld + j], 1.0f, cap);
 }
 
 /* How many positions (a row's own and those before it) layer l attends to: 0 all, or its local window. */
@@ -383,7 +411,7 @@ static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q,
 {
     size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
            group = c->n_heads / c->n_kv_heads;
-    float scale = attn_scale(c);
+    float scale = attn_scale(c), cap = (float)c->attn_softcap;
     for (size_t r = 0; r < b->n; r++) {
         const float *ks = kc + b->seq[r] * b->cap * KD, *vs = vc + b->seq[r] * b->cap * KD;
         size_t P = b->pos[r] + 1, lo = window_start(P, win);
@@ -395,7 +423,7 @@ static void attend_rows(const stz_fwd_config *c, const batch *b, const float *q,
                 float s = 0;
                 for (size_t i = 0; i < hd; i++)
                     s += qh[i] * ks[t * KD + g + i];
-                sc[t] = s * scale;
+                sc[t] = score(s, scale, cap);
                 mx = sc[t] > mx ? sc[t] : mx;
             }
             double sum = 0;
@@ -424,7 +452,7 @@ static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks,
 {
     size_t hd = c->head_dim, QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd,
            group = c->n_heads / c->n_kv_heads;
-    float scale = attn_scale(c), *Kt = S + QUERY_BLOCK * L;
+    float scale = attn_scale(c), cap = (float)c->attn_softcap, *Kt = S + QUERY_BLOCK * L;
     for (size_t h = 0; h < c->n_heads; h++) {
         size_t g = h / group * hd;
         for (size_t t = 0; h % group == 0 && t < L; t++) /* Kt (hd, L) = k[0:L, g]^T */
@@ -438,7 +466,7 @@ static void attend_seq(const stz_fwd_config *c, const float *q, const float *ks,
                 float *row = S + i * P, mx = -INFINITY;
                 size_t valid = t0 + i + 1, lo = window_start(valid, win);
                 for (size_t t = lo; t < valid; t++)
-                    mx = (row[t] *= scale) > mx ? row[t] : mx;
+                    mx = (row[t] = score(row[t], scale, cap)) > mx ? row[t] : mx;
                 double sum = 0;
                 for (size_t t = lo; t < valid; t++)
                     sum += row[t] = stz_expf(row[t] - mx);
@@ -500,6 +528,16 @@ static void split_fused(float *w[STZ_ROLE_PER_LAYER], const stz_fwd_config *c)
         w[STZ_ROLE_GATE] = w[STZ_ROLE_GATE_UP], w[STZ_ROLE_UP] = w[STZ_ROLE_GATE_UP] + (size_t)c->hidden * D;
 }
 
+/* X += Y (n rows of dim), Y first normed by post (Gemma's post-norms) unless NULL. */
+static void add_output(const stz_fwd *m, float *X, float *Y, const float *post, size_t n)
+{
+    size_t D = m->c.dim;
+    for (size_t r = 0; post && r < n; r++)
+        stz_forward_norm(m, Y + r * D, Y + r * D, post, NULL, D);
+    for (size_t i = 0; i < n * D; i++)
+        X[i] += Y[i];
+}
+
 /* Every row through layers l0..l1-1: X (n, dim) in place. */
 stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t nseq, uint32_t l0, uint32_t l1,
                                   stz_fwd_progress progress, void *user, uint64_t *done, uint64_t total, stz_err *err)
@@ -507,7 +545,7 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
     const stz_fwd_config *c = &m->c;
     size_t n = b->n, D = c->dim, F = c->hidden, hd = c->head_dim, QD = (size_t)c->n_heads * hd,
            KD = (size_t)c->n_kv_heads * hd;
-    int gated = stz_arch_of(c)->act == STZ_ACT_SWIGLU, rope_on = stz_arch_of(c)->pos == STZ_POS_ROPE;
+    int act = stz_arch_of(c)->act, gated = act != STZ_ACT_GELU_TANH, rope_on = stz_arch_of(c)->pos == STZ_POS_ROPE;
     size_t maxpos = 0;
     for (size_t r = 0; r < n; r++)
         maxpos = b->pos[r] + 1 > maxpos ? b->pos[r] + 1 : maxpos;
@@ -536,12 +574,13 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         stz_forward_linear(m, q, xb, w[STZ_ROLE_WQ], w[STZ_ROLE_BQ], n, D, QD);  /* (n, dim) @ wq^T -> (n, QD) */
         stz_forward_linear(m, kv, xb, w[STZ_ROLE_WK], w[STZ_ROLE_BK], n, D, KD); /* -> (n, KD) */
         stz_forward_linear(m, kv + n * KD, xb, w[STZ_ROLE_WV], w[STZ_ROLE_BV], n, D, KD);
-        if (w[STZ_ROLE_QNORM]) /* Qwen3: every head normed before RoPE */
-            head_norms(c, q, kv, w[STZ_ROLE_QNORM], w[STZ_ROLE_KNORM], n);
+        if (w[STZ_ROLE_QNORM]) /* Qwen3, Gemma 3: every head normed before RoPE */
+            head_norms(m, q, kv, w[STZ_ROLE_QNORM], w[STZ_ROLE_KNORM], n);
+        size_t win = layer_window(c, l);
         for (size_t r = 0; r < n; r++) {
             if (rope_on) {
-                rope(m, q + r * QD, c->n_heads, b->pos[r]);
-                rope(m, kv + r * KD, c->n_kv_heads, b->pos[r]);
+                rope(m, q + r * QD, c->n_heads, b->pos[r], win != 0);
+                rope(m, kv + r * KD, c->n_kv_heads, b->pos[r], win != 0);
             }
             size_t at = (b->seq[r] * b->cap + b->pos[r]) * KD;
             memcpy(kc + at, kv + r * KD, KD * sizeof *kc);
@@ -552,15 +591,14 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
                 for (L = 1; r0 + L < n && b->seq[r0 + L] == b->seq[r0]; L++)
                     ;
                 attend_seq(c, q + r0 * QD, kc + b->seq[r0] * b->cap * KD, vc + b->seq[r0] * b->cap * KD, L,
-                           att + r0 * QD, sc, layer_window(c, l), m->threads);
+                           att + r0 * QD, sc, win, m->threads);
             }
         else
-            attend_rows(c, b, q, kc, vc, att, sc, layer_window(c, l));
+            attend_rows(c, b, q, kc, vc, att, sc, win);
         if ((st = stz_forward_observe(m, l, out_in, 1, att, n, QD, err)))
             break;
         stz_forward_linear(m, xb, att, w[STZ_ROLE_WO], w[STZ_ROLE_BO], n, QD, D); /* (n, QD) @ wo^T -> (n, dim) */
-        for (size_t i = 0; i < n * D; i++)
-            X[i] += xb[i];
+        add_output(m, X, xb, w[STZ_ROLE_POST_ANORM], n);
         for (size_t r = 0; r < n; r++)
             stz_forward_norm(m, xb + r * D, X + r * D, w[STZ_ROLE_FNORM], w[STZ_ROLE_FNORM_B], D);
         int fused_ffn = w[STZ_ROLE_GATE_UP] != NULL;
@@ -573,8 +611,10 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
         if (gated) {
             stz_forward_linear(m, h1, xb, w[STZ_ROLE_GATE], NULL, n, D, F); /* (n, dim) @ w1^T -> (n, hidden) */
             stz_forward_linear(m, h3, xb, w[STZ_ROLE_UP], NULL, n, D, F);
-            for (size_t i = 0; i < n * F; i++)
+            for (size_t i = 0; act == STZ_ACT_SWIGLU && i < n * F; i++)
                 h1[i] = stz_silu(h1[i]) * h3[i];
+            for (size_t i = 0; act == STZ_ACT_GEGLU && i < n * F; i++) /* Gemma */
+                h1[i] = stz_gelu_tanh(h1[i]) * h3[i];
         } else { /* GPT-Neo: gelu(x @ c_fc^T + b) */
             stz_forward_linear(m, h1, xb, w[STZ_ROLE_UP], w[STZ_ROLE_UP_B], n, D, F);
             for (size_t i = 0; i < n * F; i++)
@@ -584,8 +624,7 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
             break;
         stz_forward_linear(m, xb, h1, w[STZ_ROLE_DOWN], w[STZ_ROLE_DOWN_B], n, F,
                            D); /* (n, hidden) @ w2^T -> (n, dim) */
-        for (size_t i = 0; i < n * D; i++)
-            X[i] += xb[i];
+        add_output(m, X, xb, w[STZ_ROLE_POST_FNORM], n);
         if (progress && progress(user, ++*done, total))
             st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     }
@@ -598,7 +637,8 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
 stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, const uint32_t *pos, size_t n, float *X, stz_err *err)
 {
     size_t D = m->c.dim;
-    float *p = m->global[G_POS].f >= 0 ? malloc(D * sizeof *p) : NULL;
+    float *p = m->global[G_POS].f >= 0 ? malloc(D * sizeof *p) : NULL,
+          scale = stz_arch_of(&m->c)->flags & STZ_ARCH_EMBED_SCALE ? sqrtf((float)D) : 0;
     stz_status st =
         m->global[G_POS].f >= 0 && !p ? stz_err_set(err, STZ_E_NOMEM, "out of memory for a position") : STZ_OK;
     for (size_t r = 0; !st && r < n; r++) {
@@ -610,6 +650,8 @@ stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, const uint32_t *pos
         if (!st && p && !(st = stz_forward_read_rows(m, m->global[G_POS], pos[r], 1, p, err)))
             for (size_t i = 0; i < D; i++) /* GPT-Neo: wte[token] + wpe[position] */
                 X[r * D + i] += p[i];
+        for (size_t i = 0; !st && scale && i < D; i++) /* Gemma: wte[token] x sqrt(dim) */
+            X[r * D + i] *= scale;
     }
     free(p);
     return st;
@@ -650,8 +692,10 @@ stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_e
     for (size_t v0 = 0; !st && v0 < V; v0 += step) {
         size_t k = V - v0 < step ? V - v0 : step;
         const float *h = m->keep_head ? m->keep_head + v0 * D : w;
-        if (m->keep_head || !(st = stz_forward_read_rows(m, m->global[G_HEAD], v0, k, w, err)))
+        if (m->keep_head || !(st = stz_forward_read_rows(m, m->global[G_HEAD], v0, k, w, err))) {
             linear_ld(m, logits + v0, V, X, h, NULL, n, D, k);
+            stz_forward_cap_logits(m, logits + v0, n, k, V);
+        }
     }
     for (size_t i = 0; !st && i < n * V; i++)
         if (!isfinite(logits[i]))

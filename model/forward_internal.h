@@ -23,7 +23,8 @@ struct stz_fwd {
     int threads;
     loc *layer;                 /* n_layers x STZ_ROLE_PER_LAYER */
     loc global[G_COUNT];        /* G_HEAD is the embedding when tied */
-    float *inv_freq;            /* head_dim / 2 RoPE frequencies */
+    float *inv_freq;            /* head_dim / 2 RoPE frequencies, then the local layers' (Gemma 3) */
+    float norm_one;             /* added to RMSNorm weights: 1 for Gemma's 1 + w */
     float **keep;               /* sampling: weights kept between steps, per layer x STZ_ROLE_PER_LAYER */
     size_t keep_layers;         /* layers kept */
     float *keep_head;           /* sampling: the output head (vocab, dim), when it fits too */
@@ -87,8 +88,7 @@ static inline int stz_forward_tied(const stz_fwd *m)
     return m->global[G_HEAD].f == m->global[G_EMBED].f && m->global[G_HEAD].i == m->global[G_EMBED].i;
 }
 stz_status stz_forward_read_rows(stz_fwd *m, loc at, uint64_t r0, size_t n, float *dst, stz_err *err);
-void stz_forward_rmsnorm(float *o, const float *x, const float *w, size_t n, double eps);
-/* The model's norm of one row of n (RMSNorm, or LayerNorm with bias b). */
+/* The model's norm of one row of n (RMSNorm, Gemma's by 1 + w, or LayerNorm with bias b). */
 void stz_forward_norm(const stz_fwd *m, float *o, const float *x, const float *w, const float *b, size_t n);
 void stz_forward_linear(const stz_fwd *m, float *Y, const float *X, const float *W, const float *b, size_t n, size_t in,
                         size_t out);
@@ -97,6 +97,8 @@ stz_status stz_forward_run_layers(stz_fwd *m, float *X, const batch *b, size_t n
 /* The input of rows: token embeddings, plus the learned position embedding of pos[r] (GPT-Neo): X (n, dim). */
 stz_status stz_forward_embed(stz_fwd *m, const int32_t *tok, const uint32_t *pos, size_t n, float *X, stz_err *err);
 stz_status stz_forward_head(stz_fwd *m, float *X, size_t n, float *logits, stz_err *err);
+/* Gemma 2's soft-capping of n rows of k logits (ld apart) in place, if the model caps them. */
+void stz_forward_cap_logits(const stz_fwd *m, float *L, size_t n, size_t k, size_t ld);
 void stz_forward_rows_free(seq_rows *R);
 stz_status stz_forward_rows_make(const stz_fwd *m, const int32_t *tokens, size_t nseq, size_t stride,
                                  const size_t *lens, seq_rows *R, stz_err *err);

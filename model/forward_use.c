@@ -356,9 +356,11 @@ static stz_status score_rows(stz_fwd *ref, stz_fwd *cand, float *XA, float *XB, 
             if ((st = stz_forward_read_rows(ref, ref->global[G_HEAD], v0, k, W, err)))
                 break;
             stz_forward_linear(ref, LA, xa, W, NULL, m, D, k);
+            stz_forward_cap_logits(ref, LA, m, k, k);
             if ((st = stz_forward_read_rows(cand, cand->global[G_HEAD], v0, k, W, err)))
                 break;
             stz_forward_linear(cand, LB, xb, W, NULL, m, D, k);
+            stz_forward_cap_logits(cand, LB, m, k, k);
             for (size_t i = 0; i < m * k; i++)
                 if (!isfinite(LA[i]) || !isfinite(LB[i])) {
                     st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite",
@@ -534,6 +536,7 @@ static stz_status head_streams(probe_state *ps, size_t ns, int fill, stz_err *er
         if ((st = stz_forward_read_rows(m, m->global[G_HEAD], v0, k, W, err)))
             break;
         stz_forward_linear(m, L, ps->S, W, NULL, rows, D, k);
+        stz_forward_cap_logits(m, L, rows, k, k);
         for (size_t i = 0; i < rows * k; i++)
             if (!isfinite(L[i])) {
                 st = stz_err_set(err, STZ_E_NUMERIC, "%s: the logits at scored position %zu are not finite%s", m->label,

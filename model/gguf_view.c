@@ -30,6 +30,7 @@ typedef struct {
     uint64_t rows, cols, rb; /* rb: bytes of a GGUF row */
     uint64_t gcols;          /* elements of a GGUF row: cols, or more in a widened FFN's down projection */
     uint64_t hd;             /* export's permutation undone: rows (2-D) or elements (1-D) per head; 0: none */
+    float add;               /* added to every value: -1 for Gemma's norms, which GGUF holds as 1 + w */
     stz_dtype dtype;
     uint64_t begin, end; /* in the view's data section */
 } vtensor;
@@ -80,8 +81,11 @@ static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, const stz_arc
         return 1;
     unsigned layer = 0;
     int role = names < 0 ? -1 : stz_role_find(g->name, STZ_NAMES_GGUF, arch, &layer);
+    if (role >= 0 && !stz_roles[role].name[names])
+        role = -1; /* a role these names do not have (a file of an unknown family): its GGUF name kept */
     if (role >= 0 ? asprintf(&t->name, stz_roles[role].name[names], layer) < 0 : !(t->name = strdup(g->name)))
         return t->name = NULL, -1;
+    t->add = role >= 0 && arch && arch->norm == STZ_NORM_RMS_1W && stz_role_is_norm(role) ? -1.0f : 0.0f;
     t->g = g, t->tr = stz_ggml_traits_of(g->type);
     t->cols = t->gcols = g->ne[0];
     t->rows = 1;
@@ -206,6 +210,8 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
                                (unsigned long long)off);
         uint64_t r = (o - t->begin) / rowb, in = (o - t->begin) % rowb;
         stz_status st = decode_row(v, t, r, err);
+        for (size_t i = 0; !st && t->add && i < t->cols; i++)
+            v->row[i] += t->add;
         if (!st)
             st = stz_from_f32(t->dtype, v->row, (size_t)t->cols, v->conv, err);
         if (st)
@@ -221,6 +227,8 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
 static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtype, const char *arch, stz_err *err)
 {
     const stz_arch *row = stz_arch_get(stz_arch_find(arch, STZ_ARCH_BY_GGUF));
+    if (names == STZ_NAMES_HF && row && row->layout == STZ_NAMES_GEMMA)
+        names = STZ_NAMES_GEMMA; /* Hugging Face's names of the family */
     int permute = names == STZ_NAMES_HF && row && (row->flags & STZ_ARCH_ROPE_PAIRS); /* llama.cpp's pairs undone */
     uint64_t heads = 0, kv = 0;
     stz_status st = STZ_OK; /* the keys read only where they are used: GGUF's own names need none */

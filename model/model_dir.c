@@ -339,11 +339,15 @@ static int set_has(stz_qmodel *const *files, size_t nfiles, const char *name)
 
 int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
 {
-    char wo[96]; /* GPT-2 names its embedding as GPT-Neo does: GPT-Neo is told by its attention's names too */
+    /* GPT-2 names its embedding as GPT-Neo does, and Gemma as Hugging Face's
+       Llama: told apart by a tensor of the first layer */
+    char wo[96], ffn_norm[96];
     snprintf(wo, sizeof wo, stz_roles[STZ_ROLE_WO].name[STZ_NAMES_GPT_NEO], 0u);
+    snprintf(ffn_norm, sizeof ffn_norm, stz_roles[STZ_ROLE_FNORM].name[STZ_NAMES_GEMMA], 0u);
     for (int names = STZ_NAMES_COUNT - 1; names >= STZ_NAMES_LLAMA2C; names--)
         if (set_has(files, nfiles, stz_roles[STZ_ROLE_EMBED].name[names]) &&
-            (names != STZ_NAMES_GPT_NEO || set_has(files, nfiles, wo)))
+            (names != STZ_NAMES_GPT_NEO || set_has(files, nfiles, wo)) &&
+            (names != STZ_NAMES_GEMMA || set_has(files, nfiles, ffn_norm)))
             return names;
     return -1;
 }

@@ -104,6 +104,7 @@ static inline float value_at(const job *j, uint64_t e, float z)
 {
     switch (j->t->kind) {
     case K_NORM: return stz_expf(0.15f * z) * j->base;
+    case K_NORM1: return stz_expf(0.15f * z) * j->base - 1.0f;
     case K_BIAS: return j->base * z;
     default: {
         uint64_t cols = j->t->shape[1], r = e / cols, c = e % cols;
@@ -243,7 +244,8 @@ static float base_scale(const spec *t)
     case K_LINEAR: return 1.0f / sqrtf((float)t->shape[1]);
     case K_CONV: return 1.0f / sqrtf((float)t->shape[0]);
     case K_EMBED: return 1.0f / sqrtf((float)t->shape[1]);
-    case K_NORM: return 1.0f;
+    case K_NORM:
+    case K_NORM1: return 1.0f;
     default: return 0.02f;
     }
 }
@@ -268,7 +270,21 @@ static void config_json(const arch *a, char *cfg, size_t cap)
                  "\"n_layer\":%llu,\"n_head\":%llu,\"vocab_size\":%llu,\"n_positions\":%llu,"
                  "\"tie_word_embeddings\":%s}",
                  a->name, H, I, L, NH, V, P, tied);
-    else {
+    else if (a->fam == FAM_GEMMA) { /* Gemma 2 soft-caps; Gemma 3 norms q/k heads, its local layers' own RoPE base */
+        if (a->qk_norm)
+            snprintf(more, sizeof more,
+                     "\"sliding_window_pattern\":%llu,\"rope_theta\":1000000.0,\"rope_local_base_freq\":10000.0,",
+                     (unsigned long long)a->pattern);
+        else
+            snprintf(more, sizeof more, "\"attn_logit_softcapping\":50.0,\"final_logit_softcapping\":30.0,");
+        snprintf(cfg, cap,
+                 "{\"architecture\":\"%s\",\"model_type\":\"%s\",\"hidden_size\":%llu,\"intermediate_size\":%llu,"
+                 "\"num_hidden_layers\":%llu,\"num_attention_heads\":%llu,\"num_key_value_heads\":%llu,"
+                 "\"head_dim\":%llu,\"query_pre_attn_scalar\":%llu,\"vocab_size\":%llu,"
+                 "\"max_position_embeddings\":%llu,\"sliding_window\":%llu,%s\"tie_word_embeddings\":%s}",
+                 a->name, a->model_type, H, I, L, NH, (unsigned long long)a->kv_heads, (unsigned long long)a->head_dim,
+                 (unsigned long long)a->head_dim, V, P, (unsigned long long)a->window, more, tied);
+    } else {
         if (a->model_type) /* a family the configuration's other keys do not tell */
             snprintf(more, sizeof more, ",\"model_type\":\"%s\",\"head_dim\":%llu", a->model_type,
                      (unsigned long long)(a->head_dim ? a->head_dim : a->hidden / a->heads));
@@ -282,7 +298,7 @@ static void config_json(const arch *a, char *cfg, size_t cap)
 
 static stz_status write_config_meta(stz_writer *w, const arch *a, const stz_synth_params *p, stz_err *err)
 {
-    char cfg[640], seed[32];
+    char cfg[1024], seed[32];
     config_json(a, cfg, sizeof cfg);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
     stz_status st;

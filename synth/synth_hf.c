@@ -117,7 +117,10 @@ stz_status stz_synth_hf_files(const char *meta_config, char **config, char **tok
     double eos = vocab->valuedouble - 1;
     if (!cJSON_HasObjectItem(c, "model_type"))
         cJSON_AddStringToObject(c, "model_type", a->qkv_bias ? "qwen2" : "llama");
-    if (a->fam == FAM_HF_LLAMA) {
+    if (a->fam == FAM_GEMMA) {
+        cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
+        cJSON_AddStringToObject(c, "hidden_activation", "gelu_pytorch_tanh");
+    } else if (a->fam == FAM_HF_LLAMA) {
         cJSON_AddNumberToObject(c, "rope_theta", 10000);
         cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
         cJSON_AddStringToObject(c, "hidden_act", "silu");

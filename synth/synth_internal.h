@@ -6,7 +6,7 @@
 #include "core/stz_core.h"
 #include "stz_synth.h"
 
-enum family { FAM_HF_LLAMA, FAM_GPT_NEO, FAM_GPT2 };
+enum family { FAM_HF_LLAMA, FAM_GPT_NEO, FAM_GPT2, FAM_GEMMA };
 
 typedef struct {
     const char *name, *desc;
@@ -17,10 +17,12 @@ typedef struct {
     uint64_t head_dim;      /* 0: hidden / heads */
     int qk_norm;            /* q_norm and k_norm of every head (Qwen3) */
     int fused;              /* qkv_proj and gate_up_proj (Phi-3) */
-    uint64_t window;        /* GPT-Neo: the local layers' window (window_size) */
+    uint64_t window;        /* GPT-Neo: the local layers' window (window_size); Gemma: sliding_window */
+    uint64_t pattern;       /* Gemma 3: sliding_window_pattern (every pattern-th layer global) */
 } arch;
 
-enum kind { K_LINEAR, K_EMBED, K_NORM, K_BIAS, K_CONV }; /* K_CONV: GPT-2's Conv1D, (in, out) */
+/* K_CONV: GPT-2's Conv1D, (in, out); K_NORM1: Gemma's norm weights w of 1 + w */
+enum kind { K_LINEAR, K_EMBED, K_NORM, K_BIAS, K_CONV, K_NORM1 };
 
 typedef struct {
     char name[96];

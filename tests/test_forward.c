@@ -668,6 +668,32 @@ static void test_config(void **state)
     snprintf(json, sizeof json, neo, 2, "[[\"global\",\"local\"],1]");
     assert_int_equal(stz_fwd_config_parse(&c, json, "neo", &err), STZ_OK);
     assert_true(c.local_period == 2 && c.local_mask == 2);
+    /* Gemma: every sliding_window_pattern-th layer global (Gemma 3 by
+     * default every sixth, local RoPE base 10000; Gemma 2 every second, no
+     * local base), or the kinds layer_types lists; the score scale from
+     * query_pre_attn_scalar; tied by default; no model-wide window */
+    const char *gemma =
+        "{\"model_type\":\"%s\",\"hidden_size\":64,\"intermediate_size\":128,"
+        "\"num_hidden_layers\":6,\"num_attention_heads\":4,\"head_dim\":32,\"vocab_size\":256,"
+        "\"query_pre_attn_scalar\":16,\"sliding_window\":8%s}";
+    snprintf(json, sizeof json, gemma, "gemma3_text", "");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "g3", &err), STZ_OK);
+    assert_true(c.arch == STZ_ARCH_GEMMA3 && c.tied && c.sliding_window == 0 && c.local_window == 8);
+    assert_true(c.local_period == 6 && c.local_mask == 0x1f && c.rope_local_theta == 10000 && c.attn_scale == 0.25);
+    snprintf(json, sizeof json, gemma, "gemma2", ",\"attn_logit_softcapping\":50,\"final_logit_softcapping\":30");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "g2", &err), STZ_OK);
+    assert_true(c.arch == STZ_ARCH_GEMMA2 && c.local_period == 2 && c.local_mask == 1 && !c.rope_local_theta);
+    assert_true(c.attn_softcap == 50 && c.final_softcap == 30);
+    snprintf(json, sizeof json, gemma, "gemma2",
+             ",\"layer_types\":[\"full_attention\",\"sliding_attention\",\"sliding_attention\","
+             "\"full_attention\",\"sliding_attention\",\"sliding_attention\"]");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "g2", &err), STZ_OK);
+    assert_true(c.local_period == 3 && c.local_mask == 6 && c.local_window == 8);
+    snprintf(json, sizeof json, gemma, "gemma2", ",\"layer_types\":[\"full_attention\"]");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "g2", &err), STZ_E_FORMAT);
+    assert_string_equal(err.msg, "g2: the attention types are not one for each of the 6 layers");
+    snprintf(json, sizeof json, gemma, "gemma2", ",\"hidden_activation\":\"gelu\"");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "g2", &err), STZ_E_UNSUPPORTED);
 }
 
 int main(void)

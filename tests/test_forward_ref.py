@@ -1,5 +1,5 @@
 """stz eval --forward against an independent numpy forward pass of
-Qwen2-, Qwen3- and Phi-3-style models (q/k/v biases; per-head q/k RMSNorm
+Qwen2-, Qwen3-, Phi-3-, Gemma 2- and Gemma 3-style models (q/k/v biases; per-head q/k RMSNorm
 and heads wider than hidden / heads; fused qkv and gate_up projections;
 grouped-query attention, rotate_half RoPE with rope_theta from
 config.json, untied head) and of GPT-Neo (learned positions, LayerNorm,
@@ -118,17 +118,68 @@ def logits_gpt_neo(w, cfg, tokens, inputs=None):
     return mm(h, "transformer.wte.weight")
 
 
+def logits_gemma(w, cfg, tokens, inputs=None):
+    """Hugging Face Gemma2ForCausalLM and Gemma3ForCausalLM, written from
+    their modeling code: the embedding times sqrt(hidden), RMSNorm by 1 + w
+    before and after the attention and the MLP, scores scaled by
+    query_pre_attn_scalar^-1/2 (Gemma 2: soft-capped), every
+    sliding_window_pattern-th layer global and the others seeing their last
+    sliding_window positions (Gemma 3: with rope_local_base_freq), Gemma 3's
+    q/k head norms, gelu_pytorch_tanh-gated MLP, the tied head (Gemma 2:
+    final logits soft-capped); inputs as logits'."""
+    def mm(h, name):
+        if inputs is not None:
+            inputs.setdefault(name, []).append(h)
+        return h @ w[name].T
+
+    def norm(x, name):
+        return rmsnorm(x, 1 + w[name], cfg["rms_norm_eps"])
+
+    H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    cap, final = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
+    pattern, window = cfg.get("sliding_window_pattern", 2), cfg["sliding_window"]
+    T = len(tokens)
+    x = w["model.embed_tokens.weight"][tokens] * np.float32(np.sqrt(H))
+    pos, i, j = np.arange(T), np.arange(T)[:, None], np.arange(T)[None, :]
+    for l in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        local = (l + 1) % pattern != 0
+        theta = cfg.get("rope_local_base_freq", cfg["rope_theta"]) if local else cfg["rope_theta"]
+        h = norm(x, p + "input_layernorm.weight")
+        q, k, v = (mm(h, p + "self_attn.%s_proj.weight" % n) for n in "qkv")
+        q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
+        if p + "self_attn.q_norm.weight" in w:  # Gemma 3
+            q, k = norm(q, p + "self_attn.q_norm.weight"), norm(k, p + "self_attn.k_norm.weight")
+        q, k = rotate_half(q, pos, theta), rotate_half(k, pos, theta)
+        k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
+        s = np.einsum("thd,uhd->htu", q, k) * cfg["query_pre_attn_scalar"] ** -0.5
+        if cap:
+            s = cap * np.tanh(s / cap)
+        s = np.where((j <= i) & ((j > i - window) if local else True), s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = np.einsum("htu,uhd->thd", s, v).reshape(T, nh * hd)
+        x = x + norm(mm(o, p + "self_attn.o_proj.weight"), p + "post_attention_layernorm.weight")
+        h = norm(x, p + "pre_feedforward_layernorm.weight")
+        g, u = mm(h, p + "mlp.gate_proj.weight"), mm(h, p + "mlp.up_proj.weight")
+        x = x + norm(mm(gelu_new(g) * u, p + "mlp.down_proj.weight"), p + "post_feedforward_layernorm.weight")
+    z = mm(norm(x, "model.norm.weight"), "model.embed_tokens.weight")
+    return final * np.tanh(z / final) if final else z
+
+
 def log_softmax(z):
     z = z - z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 FAMILIES = {"qwen2": ("tiny", "Qwen2ForCausalLM"), "qwen3": ("qwen3-tiny", "Qwen3ForCausalLM"),
-            "phi3": ("phi3-tiny", "Phi3ForCausalLM"), "gpt_neo": ("gpt-neo-tiny", "GPTNeoForCausalLM")}
+            "phi3": ("phi3-tiny", "Phi3ForCausalLM"), "gpt_neo": ("gpt-neo-tiny", "GPTNeoForCausalLM"),
+            "gemma2": ("gemma2-tiny", "Gemma2ForCausalLM"), "gemma3_text": ("gemma3-tiny", "Gemma3ForCausalLM")}
 
 
 def reference(cfg):
-    return logits_gpt_neo if cfg["model_type"] == "gpt_neo" else logits
+    return {"gpt_neo": logits_gpt_neo, "gemma2": logits_gemma, "gemma3_text": logits_gemma}.get(cfg["model_type"],
+                                                                                                logits)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -144,6 +195,11 @@ def models(tmp_path_factory, request):
     cfg.update(model_type=request.param, architectures=[cls])
     if request.param == "gpt_neo":  # the 24- and 17-token sequences pass the local layer's window
         cfg.update(window_size=8, layer_norm_epsilon=1e-5, activation_function="gelu_new")
+    elif request.param.startswith("gemma"):  # synth's own keys (window 16: the sequences pass it)
+        cfg.update(rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh")
+        cfg.setdefault("rope_theta", 10000.0)
+        if request.param == "gemma2":  # caps that bite: these random scores and logits are small
+            cfg.update(attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
     else:
         cfg.update(rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False)
     if request.param in ("qwen2", "qwen3"):  # stated, not used (Phi-3 has no use_sliding_window: a window applies)
@@ -191,8 +247,11 @@ def test_check_is_sensitive(models):
     r = subprocess.run([STZ, "eval", str(d / "orig"), str(d / "orig"), "--forward", "--tokens", str(d / "tokens.json"),
                         "--json"], capture_output=True, text=True, check=True)
     got = json.loads(r.stdout)["perplexity"]["original"]
-    for wrong in ([dict(cfg, window_size=12), dict(cfg, window_size=1000)] if cfg["model_type"] == "gpt_neo"
-                  else [dict(cfg, rope_theta=10000.0)]):
+    wrongs = {"gpt_neo": [dict(cfg, window_size=12), dict(cfg, window_size=1000)],
+              "gemma2": [dict(cfg, sliding_window=1000), dict(cfg, attn_logit_softcapping=None),
+                         dict(cfg, final_logit_softcapping=None)],
+              "gemma3_text": [dict(cfg, sliding_window=1000), dict(cfg, rope_local_base_freq=cfg.get("rope_theta"))]}
+    for wrong in wrongs.get(cfg["model_type"], [dict(cfg, rope_theta=10000.0)]):
         assert abs(perplexity(w, wrong, seqs) / got - 1) > 1e-3
 
 
@@ -207,10 +266,14 @@ def perplexity(w, cfg, seqs):
 
 def test_sliding_window_refused(models):
     d, w, wc, cfg, seqs = models
-    if cfg["model_type"] == "gpt_neo":  # its local layers run; attention types that do not fit are refused
-        for types, said in (([[["global", "local"], 2]], "not one for each of the 2 layers"),
-                            ([[["global", "sparse"], 1]], "must list")):
-            (d / "types.json").write_text(json.dumps(dict(cfg, attention_types=types)))
+    key, cases = {"gpt_neo": ("attention_types", (([[["global", "local"], 2]], "not one for each of the 2 layers"),
+                                                   ([[["global", "sparse"], 1]], "must list"))),
+                  "gemma2": ("layer_types", ((["full_attention"], "not one for each of the 2 layers"),
+                                             (["local", "global"], "must list \"sliding_attention\"")))
+                  }.get(cfg["model_type"].replace("gemma3_text", "gemma2"), (None, ()))
+    if key:  # its windowed layers run; kinds of layers that do not fit are refused
+        for types, said in cases:
+            (d / "types.json").write_text(json.dumps(dict(cfg, **{key: types})))
             r = subprocess.run([STZ, "eval", str(d / "orig"), str(d / "cand"), "--forward", "--config",
                                 str(d / "types.json")], capture_output=True, text=True)
             assert r.returncode == 1 and said in r.stderr and "types.json" in r.stderr, r.stderr

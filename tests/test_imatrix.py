@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 from st_files import load
-from test_forward_ref import logits, logits_gpt_neo
+from test_forward_ref import reference
 from test_gguf import dequant, read_gguf
 
 STZ = os.environ.get("STZ", "build/stz")
@@ -31,7 +31,7 @@ def stz(*args, ok=True):
 
 
 def gguf_of(hf):
-    if hf in ("lm_head.weight", "transformer.wte.weight"):
+    if hf in ("lm_head.weight", "transformer.wte.weight", "model.embed_tokens.weight"):
         return "output.weight" if hf == "lm_head.weight" else "token_embd.weight"  # a tied head is the embedding
     _, _, layer, rest = hf.split(".", 3)
     return "blk.%s.%s.weight" % (layer, HF_GGUF[rest[:-len(".weight")]])
@@ -47,6 +47,8 @@ def model_dir(d, synth="tiny", model_type="qwen2", cls="Qwen2ForCausalLM"):
     cfg.update(model_type=model_type, architectures=[cls])
     if model_type == "gpt_neo":  # its local layer's window passes inside the 19-token sequence
         cfg.update(window_size=8)
+    elif model_type.startswith("gemma"):  # synth's keys; layer 0's window of 16 passes inside it
+        cfg.update(rms_norm_eps=1e-6, rope_theta=cfg.get("rope_theta", 10000.0))
     else:
         cfg.update(rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False,
                    sliding_window=4096)
@@ -72,7 +74,7 @@ def check_numpy(model):
     assert doc["tokens"] == 30 and doc["sequences"] == 2
     inputs = {}
     for s in seqs:
-        (logits_gpt_neo if cfg["model_type"] == "gpt_neo" else logits)(w, cfg, s, inputs)
+        reference(cfg)(w, cfg, s, inputs)
     kv, t = read_gguf(d / "im.gguf")
     assert kv["general.type"] == "imatrix" and kv["imatrix.chunk_count"] == 2 and kv["imatrix.chunk_size"] == 19
     assert len(t) == 2 * len(inputs) == 2 * doc["entries"]
@@ -94,6 +96,15 @@ def test_fused_matrices(tmp_path):
     t = check_numpy(model_dir(tmp_path, "phi3-tiny", "phi3", "Phi3ForCausalLM"))
     assert "blk.1.attn_qkv.weight.in_sum2" in t and "blk.1.ffn_up.weight.in_sum2" in t
     assert not any(".attn_q." in n or ".ffn_gate." in n for n in t)
+
+
+@pytest.mark.parametrize("synth,model_type,cls", [("gemma2-tiny", "gemma2", "Gemma2ForCausalLM"),
+                                                 ("gemma3-tiny", "gemma3_text", "Gemma3ForCausalLM")])
+def test_gemma(tmp_path, synth, model_type, cls):
+    """Gemma 2 and 3: the inputs of every matrix through the post-norms and
+    windowed layers, the head's under the tied embedding's name."""
+    t = check_numpy(model_dir(tmp_path, synth, model_type, cls))
+    assert "blk.1.ffn_gate.weight.in_sum2" in t and "token_embd.weight.in_sum2" in t
 
 
 def test_gpt_neo(tmp_path):
