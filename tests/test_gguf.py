@@ -398,6 +398,10 @@ def test_hostile_gguf(tmp_path):
     assert '"\\x1b]0;pwned\\ared\\x1b[31m\\x00tail"' in r.stdout, r.stdout
     assert re.search(r"blk.0.ffn_down.weight +q4_k +\[256, 3\] +432", r.stdout), r.stdout
     assert re.search(r"\nb +q6_k +\[512, 1\] +420", r.stdout), r.stdout
+    # a family stz does not know, with a tensor whose role Hugging Face's Llama names lack: its GGUF name kept
+    g.write_bytes(gguf_bytes([(b"general.architecture", b"foo")], [(b"blk.0.attn_norm.bias", 0, 32, 1, 128)]))
+    stz("dequantize", g, "-o", tmp_path / "h.safetensors", "-q")
+    assert list(load_f32(tmp_path / "h.safetensors")) == ["blk.0.attn_norm.bias"]
 
 
 TINY = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "gemma2": "gemma2-tiny", "gemma3_text": "gemma3-tiny"}
