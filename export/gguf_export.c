@@ -236,12 +236,13 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
 
 /* llama.cpp takes Gemma's score scale from the model's size, not from
  * query_pre_attn_scalar: 1/sqrt(head_dim), or 1/sqrt(dim / heads) for the
- * 27B models (46 layers); other scales are refused. */
+ * 27B models (Gemma 2's 46 layers, Gemma 3's 62); other scales are refused. */
 static stz_status gemma_scale(const stz_fwd_config *c, const char *model_path, stz_err *err)
 {
     if (!stz_arch_of(c)->swa_period || !c->attn_scale)
         return STZ_OK;
-    double want = 1 / sqrt(c->n_layers == 46 ? (double)c->dim / c->n_heads : (double)c->head_dim);
+    int big = c->n_layers == (c->arch == STZ_ARCH_GEMMA2 ? 46u : 62u);
+    double want = 1 / sqrt(big ? (double)c->dim / c->n_heads : (double)c->head_dim);
     if (fabs(c->attn_scale / want - 1) < 1e-6)
         return STZ_OK;
     return stz_err_set(err, STZ_E_UNSUPPORTED,

@@ -732,6 +732,16 @@ def test_llama_cpp_runs_hugging_face_model(tmp_path, arch, rope):
         assert np.abs(stz_logits(plain / "model.safetensors", tokens, plain / "config.json") - mine).max() > 1e-2
 
 
+def test_gemma_scale_llama_cpp_cannot_take(tmp_path):
+    """llama.cpp derives Gemma's score scale from the model's size: another
+    query_pre_attn_scalar is refused by name, no file left."""
+    m = hf_dir(tmp_path, "gemma2", query_pre_attn_scalar=16)
+    r = stz("export", "--gguf", m, "-o", tmp_path / "t.gguf", ok=False)
+    assert r.returncode == 1 and "query_pre_attn_scalar 16 is not the one llama.cpp takes for this model (32)" in \
+        r.stderr, r.stderr
+    assert not (tmp_path / "t.gguf").exists()
+
+
 @need_engine
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3_text"])
 def test_llama_cpp_runs_gemma(tmp_path, arch):
