@@ -299,7 +299,7 @@ static void mm_run_cols(mm_job *j, cols_fn fn, int threads)
     j->step = step;
     size_t pieces = (j->out + step - 1) / step;
     mm_run m = {j, fn};
-    stz_ordered p = {.n = pieces, .threads = threads, .ctx = &m, .work = mm_work};
+    stz_ordered p = {.n = pieces, .threads = threads, .ctx = &m, .work = mm_work, .no_interrupt = 1};
     if (threads < 2 || pieces < 2 || (double)j->n * (double)j->k * (double)j->out < 1e6 || stz_ordered_run(&p, NULL))
         for (size_t i = 0; i < pieces; i++) /* one thread (small products, or no thread could start) */
             mm_work(&m, 0, i, NULL);

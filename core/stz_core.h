@@ -221,6 +221,8 @@ typedef struct stz_ordered {
     stz_progress_fn progress;
     void *progress_user;
     uint64_t done, total; /* progress units; commit() updates done */
+    int no_interrupt;     /* 1: items are taken after stz_interrupt_request() too (else the run stops with
+                           * STZ_E_INTERRUPTED before the next item) */
 } stz_ordered;
 
 stz_status stz_ordered_run(stz_ordered *p, stz_err *err);

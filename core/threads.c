@@ -37,6 +37,10 @@ static void *worker(void *arg)
     for (;;) {
         pthread_mutex_lock(&s->lock);
         size_t i = s->next;
+        if (i < p->n && s->status == STZ_OK && !p->no_interrupt && stz_interrupt_pending()) {
+            stz_err_set(&e, STZ_E_INTERRUPTED, "interrupted");
+            fail(s, STZ_E_INTERRUPTED, &e);
+        }
         if (i >= p->n || s->status != STZ_OK) {
             pthread_mutex_unlock(&s->lock);
             break;

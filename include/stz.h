@@ -157,8 +157,10 @@ STZ_API void stz_free(void *p);
 /* Interruption, for a SIGINT/SIGTERM handler (async-signal-safe): after
  * stz_interrupt_request(), every read from a pipe or terminal and every
  * write to standard output that stz is blocked in, or starts, gives up
- * within 0.2 s with STZ_E_INTERRUPTED; a caller's progress callback can ask
- * stz_interrupt_pending() to stop the rest. The flag is process-wide and
+ * within 0.2 s with STZ_E_INTERRUPTED, and so do a tensor's read (between
+ * its 8 MiB pieces), its quantization (between rows) and the library's
+ * parallel stages (before their next item); a caller's progress callback
+ * can ask stz_interrupt_pending() to stop the rest. The flag is process-wide and
  * stays set until stz_interrupt_clear() (for a caller that goes on after
  * an interrupted operation, as stz_command does). */
 STZ_API void stz_interrupt_request(void);

@@ -190,14 +190,37 @@ stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nr
     return stz_qmodel_read_rows_scales(m, i, row, nrows, dst, NULL, err);
 }
 
+/* Floats one read holds at most (8 MiB); a longer one is read in pieces,
+ * stopping between them when interrupted (a whole embedding is seconds). */
+#define READ_PIECE ((size_t)1 << 21)
+
+static stz_status read_piece(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, float *scales,
+                             stz_err *err);
+
 stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, float *scales,
                                        stz_err *err)
 {
     const stz_qtensor *e = &m->list[i];
-    const stz_tensor *t = stz_reader_tensor(m->r, m->idx[i]);
     if (row > e->rows || nrows > e->rows - row)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s': rows %llu+%zu out of %llu", stz_reader_path(m->r),
                            e->name, (unsigned long long)row, nrows, (unsigned long long)e->rows);
+    size_t per = e->cols && READ_PIECE / e->cols ? (size_t)(READ_PIECE / e->cols) : 1,
+           nb = e->bits ? (size_t)m->qi[m->idx[i]].nblocks : 0;
+    stz_status st = STZ_OK;
+    for (size_t r = 0; !st && r < nrows; r += per) {
+        if (r && stz_interrupt_pending())
+            return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        st = read_piece(m, i, row + r, nrows - r < per ? nrows - r : per, dst + r * (size_t)e->cols,
+                        scales ? scales + r * nb : NULL, err);
+    }
+    return st;
+}
+
+static stz_status read_piece(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, float *scales,
+                             stz_err *err)
+{
+    const stz_qtensor *e = &m->list[i];
+    const stz_tensor *t = stz_reader_tensor(m->r, m->idx[i]);
     size_t n = nrows * (size_t)e->cols, need = n * 13 + 64; /* values, scale bytes, scale and minimum floats */
     if (need > m->scratch_cap) {
         uint8_t *b = realloc(m->scratch, need);

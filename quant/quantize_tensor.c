@@ -35,6 +35,8 @@ stz_status stz_quantize_tensor_y(const stz_decision *d, const float *x, const fl
         if (stz_qf_quantize_any(f, x + r * cols, (size_t)cols, out->part[STZ_PART_VALUES] + r * rb, sc + r * nb,
                                 mn ? mn + r * nb : NULL))
             st = stz_err_set(err, STZ_E_NUMERIC, "%s", stz_qtensor_overflow(f));
+        else if (r % 64 == 63 && stz_interrupt_pending()) /* a large tensor's search takes seconds */
+            st = stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     if (!st)
         st = stz_qtensor_end(x, rows, cols, out, sc, mn, y, err);
     free(sc), free(mn);

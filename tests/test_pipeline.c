@@ -338,6 +338,56 @@ static void test_qmodel_reads_containers(void **state)
     tu_rmdir(dir);
 }
 
+/* counts the items of an ordered run */
+static stz_status count_item(void *ctx, int tid, size_t i, stz_err *err)
+{
+    (void)tid, (void)i, (void)err;
+    __atomic_add_fetch((size_t *)ctx, 1, __ATOMIC_RELAXED);
+    return STZ_OK;
+}
+
+/* After stz_interrupt_request(): a long read stops between its pieces, an
+ * ordered run before its next item (a product's runs on), a tensor's
+ * quantization between its rows; a short read still completes, and all of
+ * it runs again once the flag is cleared. */
+static void test_interrupt(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir(), *m = tu_path(dir, "m.safetensors");
+    stz_synth_params sp = STZ_SYNTH_PARAMS_DEFAULT;
+    sp.arch = "small", sp.layers = 1, sp.dtype = STZ_DTYPE_BF16; /* an embedding of 16M values: 8 pieces */
+    stz_err err;
+    assert_int_equal(stz_synth_write(&sp, m, NULL, &err), STZ_OK);
+    stz_qmodel *q;
+    assert_int_equal(stz_qmodel_open(&q, m, &err), STZ_OK);
+    long e = stz_qmodel_find(q, "model.embed_tokens.weight");
+    assert_true(e >= 0);
+    const stz_qtensor *t = stz_qmodel_tensor(q, (size_t)e);
+    float *x = malloc((size_t)t->numel * sizeof *x);
+    assert_non_null(x);
+    size_t items = 0;
+    stz_ordered run = {.n = 100, .threads = 2, .ctx = &items, .work = count_item};
+    stz_decision d = {.action = STZ_ACTION_INT4, .method = STZ_QMETHOD_ABSMAX, .block_size = 32};
+    stz_qmem qm;
+    stz_interrupt_request();
+    assert_int_equal(stz_qmodel_read_rows(q, (size_t)e, 0, (size_t)t->rows, x, &err), STZ_E_INTERRUPTED);
+    assert_int_equal(stz_qmodel_read_rows(q, (size_t)e, 0, 1000, x, &err), STZ_OK);
+    assert_int_equal(stz_ordered_run(&run, &err), STZ_E_INTERRUPTED);
+    assert_int_equal(items, 0);
+    run.no_interrupt = 1;
+    assert_int_equal(stz_ordered_run(&run, &err), STZ_OK);
+    assert_int_equal(items, 100);
+    assert_int_equal(stz_quantize_tensor(&d, x, NULL, 1000, t->cols, &qm, &err), STZ_E_INTERRUPTED);
+    stz_interrupt_clear();
+    assert_int_equal(stz_qmodel_read_rows(q, (size_t)e, 0, (size_t)t->rows, x, &err), STZ_OK);
+    assert_int_equal(stz_quantize_tensor(&d, x, NULL, 1000, t->cols, &qm, &err), STZ_OK);
+    stz_qmem_free(&qm);
+    free(x);
+    stz_qmodel_free(q);
+    unlink(m), free(m);
+    tu_rmdir(dir);
+}
+
 static void test_file_errors(void **state)
 {
     (void)state;
@@ -1103,6 +1153,7 @@ int main(void)
         cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_file_roundtrip),
         cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_nonfinite_keep),
         cmocka_unit_test(test_svd_not_held),
         cmocka_unit_test(test_u8_base_any_dtype),

@@ -390,6 +390,7 @@ def _interruptible(fn: Callable[[], int]) -> int:
         lib().stz_interrupt_request()
         while not status:
             time.sleep(0.02)
+        lib().stz_interrupt_clear()  # the next call runs (the flag is process-wide)
         raise
     return status[0]
 

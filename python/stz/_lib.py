@@ -165,6 +165,7 @@ _SIGNATURES = [
     ("stz_command", ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), _PP, _E]),
     ("stz_command_free", None, [_P]),
     ("stz_interrupt_request", None, []),
+    ("stz_interrupt_clear", None, []),
     ("stz_struct_size", _S, [ctypes.c_char_p]),
     ("stz_model_set_open", ctypes.c_int, [ctypes.POINTER(ModelSet), ctypes.c_char_p, _E]),
     ("stz_model_set_open_like", ctypes.c_int, [ctypes.POINTER(ModelSet), ctypes.c_char_p, ctypes.POINTER(ModelSet),
