@@ -234,12 +234,21 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
 #undef KEY
 }
 
-/* llama.cpp takes Gemma's score scale from the model's size, not from
- * query_pre_attn_scalar: 1/sqrt(head_dim), or 1/sqrt(dim / heads) for the
- * 27B models (Gemma 2's 46 layers, Gemma 3's 62); other scales are refused. */
-static stz_status gemma_scale(const stz_fwd_config *c, const char *model_path, stz_err *err)
+/* What llama.cpp's Gemma cannot express, refused: it windows every layer
+ * but the last of each attention.sliding_window_pattern; it takes the score
+ * scale from the model's size, not from query_pre_attn_scalar:
+ * 1/sqrt(head_dim), or 1/sqrt(dim / heads) for the 27B models (Gemma 2's 46
+ * layers, Gemma 3's 62). */
+static stz_status gemma_check(const stz_fwd_config *c, const char *model_path, stz_err *err)
 {
-    if (!stz_arch_of(c)->swa_period || !c->attn_scale)
+    if (!stz_arch_of(c)->swa_period)
+        return STZ_OK;
+    if (c->local_window && (c->local_period < 2 || c->local_mask != (1u << (c->local_period - 1)) - 1))
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: its windowed layers (%s every layer, or a pattern whose last layer is not the global "
+                           "one) are not a pattern llama.cpp's sliding_window_pattern expresses",
+                           model_path, c->local_period < 2 ? "windowed" : "not");
+    if (!c->attn_scale)
         return STZ_OK;
     int big = c->n_layers == (c->arch == STZ_ARCH_GEMMA2 ? 46u : 62u);
     double want = 1 / sqrt(big ? (double)c->dim / c->n_heads : (double)c->head_dim);
@@ -371,7 +380,7 @@ stz_status stz_gguf_export(const stz_gguf_params *p, stz_qmodel *const *files, s
     }
     /* the names' layout: the embedding's; llama.cpp's "llama" RoPE takes Hugging Face's rows in pairs */
     int names = stz_fwd_layout(files, nfiles);
-    STZ_TRY(st, gemma_scale(c, model_path, err));
+    STZ_TRY(st, gemma_check(c, model_path, err));
     STZ_TRY(st, plan(&x, files, nfiles, names, names == STZ_NAMES_HF && (A->flags & STZ_ARCH_ROPE_PAIRS), err));
     if (A->flags & STZ_ARCH_QKV_BIAS)
         STZ_TRY(st, qwen2_biases(&x, err));

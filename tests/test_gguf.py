@@ -734,12 +734,16 @@ def test_llama_cpp_runs_hugging_face_model(tmp_path, arch, rope):
 
 def test_gemma_scale_llama_cpp_cannot_take(tmp_path):
     """llama.cpp derives Gemma's score scale from the model's size: another
-    query_pre_attn_scalar is refused by name, no file left."""
+    query_pre_attn_scalar is refused by name, no file left; so are windowed
+    layers that its sliding_window_pattern cannot express."""
     m = hf_dir(tmp_path, "gemma2", query_pre_attn_scalar=16)
     r = stz("export", "--gguf", m, "-o", tmp_path / "t.gguf", ok=False)
     assert r.returncode == 1 and "query_pre_attn_scalar 16 is not the one llama.cpp takes for this model (32)" in \
         r.stderr, r.stderr
     assert not (tmp_path / "t.gguf").exists()
+    m = hf_dir(tmp_path, "gemma2", name="w", layer_types=["full_attention", "sliding_attention"])
+    r = stz("export", "--gguf", m, "-o", tmp_path / "t.gguf", ok=False)  # the global layer first: not llama.cpp's
+    assert r.returncode == 1 and "not a pattern llama.cpp's sliding_window_pattern expresses" in r.stderr, r.stderr
 
 
 @need_engine
