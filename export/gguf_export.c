@@ -193,12 +193,13 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
 {
     const stz_arch *row = stz_arch_of(c);
     char k[96];
+    uint32_t context = c->max_pos ? c->max_pos : 2048; /* a window of the whole context: none */
 #define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
     kv_str(kv, "general.architecture", arch);
     kv_str(kv, "general.name", name);
     kv_u32(kv, "general.quantization_version", 2); /* as llama.cpp's convert writes it: the header's size does not
                                                       depend on the types */
-    kv_u32(kv, KEY("context_length"), c->max_pos ? c->max_pos : 2048);
+    kv_u32(kv, KEY("context_length"), context);
     kv_u32(kv, KEY("embedding_length"), c->dim);
     kv_u32(kv, KEY("block_count"), c->n_layers);
     kv_u32(kv, KEY("feed_forward_length"), c->hidden);
@@ -213,16 +214,13 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
         kv_u32(kv, KEY("attention.value_length"), c->head_dim);
     }
     if (row->flags & STZ_ARCH_GGUF_SWA) /* llama.cpp requires it (no window: the whole context) */
-        kv_u32(kv, KEY("attention.sliding_window"),
-               c->sliding_window ? c->sliding_window
-               : c->max_pos      ? c->max_pos
-                                 : 2048);
+        kv_u32(kv, KEY("attention.sliding_window"), c->sliding_window ? c->sliding_window : context);
     if (c->rope_scaling == STZ_ROPE_LINEAR) {
         kv_str(kv, KEY("rope.scaling.type"), "linear");
         kv_f32(kv, KEY("rope.scaling.factor"), (float)c->rope_factor);
     }
     if (row->swa_period) { /* Gemma: the windowed layers, every local_period-th global */
-        kv_u32(kv, KEY("attention.sliding_window"), c->local_window ? c->local_window : c->max_pos);
+        kv_u32(kv, KEY("attention.sliding_window"), c->local_window ? c->local_window : context);
         kv_u32(kv, KEY("attention.sliding_window_pattern"), c->local_window ? c->local_period : 1);
     }
     if (c->rope_local_theta)
@@ -245,9 +243,9 @@ static stz_status gemma_check(const stz_fwd_config *c, const char *model_path, s
         return STZ_OK;
     if (c->local_window && (c->local_period < 2 || c->local_mask != (1u << (c->local_period - 1)) - 1))
         return stz_err_set(err, STZ_E_UNSUPPORTED,
-                           "%s: its windowed layers (%s every layer, or a pattern whose last layer is not the global "
-                           "one) are not a pattern llama.cpp's sliding_window_pattern expresses",
-                           model_path, c->local_period < 2 ? "windowed" : "not");
+                           "%s: its windowed layers (%s) are not a pattern llama.cpp's sliding_window_pattern "
+                           "expresses (all but the last of each period)",
+                           model_path, c->local_period < 2 ? "every layer" : "a period whose last layer is windowed");
     if (!c->attn_scale)
         return STZ_OK;
     int big = c->n_layers == (c->arch == STZ_ARCH_GEMMA2 ? 46u : 62u);

@@ -129,7 +129,6 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
     if (c->rope_local_theta) /* Gemma 3's local layers: their own base, unscaled */
         local.rope_scaling = STZ_ROPE_NONE;
     stz_fwd_rope_frequencies(&local, m->inv_freq + c->head_dim / 2);
-    m->norm_one = arch->norm == STZ_NORM_RMS_1W; /* Gemma's norms are by 1 + w */
     uint64_t D = c->dim, F = c->hidden, QD = (uint64_t)c->n_heads * c->head_dim,
              KD = (uint64_t)c->n_kv_heads * c->head_dim;
     const uint64_t shape[STZ_ROLE_PER_LAYER][2] = {[STZ_ROLE_ANORM] = {D, 0},
@@ -293,7 +292,10 @@ static stz_status load_layer(stz_fwd *m, uint32_t l, float *const buf[STZ_ROLE_P
 
 /* ---- the layers ----------------------------------------------------------- */
 
-/* x / rms(x) * (w + one): one 0, or 1 for Gemma's norms by 1 + w. */
+/* What RMSNorm adds to its weights: 1 for Gemma's norms by 1 + w, else 0. */
+static float norm_one(const stz_fwd *m) { return stz_arch_of(&m->c)->norm == STZ_NORM_RMS_1W ? 1.0f : 0.0f; }
+
+/* x / rms(x) * (w + one). */
 static void rmsnorm(float *o, const float *x, const float *w, float one, size_t n, double eps)
 {
     double ss = 0;
@@ -323,7 +325,7 @@ void stz_forward_norm(const stz_fwd *m, float *o, const float *x, const float *w
     if (stz_arch_of(&m->c)->norm == STZ_NORM_LAYER)
         layernorm(o, x, w, b, n, m->c.norm_eps);
     else
-        rmsnorm(o, x, w, m->norm_one, n, m->c.norm_eps);
+        rmsnorm(o, x, w, norm_one(m), n, m->c.norm_eps);
 }
 
 /* Y (n, out; rows ldy apart) = X (n, in) @ W (out, in)^T + b */
@@ -367,10 +369,11 @@ static void head_norms(const stz_fwd *m, float *q, float *k, const float *wq, co
 {
     const stz_fwd_config *c = &m->c;
     size_t hd = c->head_dim;
+    float one = norm_one(m);
     for (size_t h = 0; h < n * c->n_heads; h++)
-        rmsnorm(q + h * hd, q + h * hd, wq, m->norm_one, hd, c->norm_eps);
+        rmsnorm(q + h * hd, q + h * hd, wq, one, hd, c->norm_eps);
     for (size_t h = 0; h < n * c->n_kv_heads; h++)
-        rmsnorm(k + h * hd, k + h * hd, wk, m->norm_one, hd, c->norm_eps);
+        rmsnorm(k + h * hd, k + h * hd, wk, one, hd, c->norm_eps);
 }
 
 static float attn_scale(const stz_fwd_config *c)

@@ -24,7 +24,6 @@ struct stz_fwd {
     loc *layer;                 /* n_layers x STZ_ROLE_PER_LAYER */
     loc global[G_COUNT];        /* G_HEAD is the embedding when tied */
     float *inv_freq;            /* head_dim / 2 RoPE frequencies, then the local layers' (Gemma 3) */
-    float norm_one;             /* added to RMSNorm weights: 1 for Gemma's 1 + w */
     float **keep;               /* sampling: weights kept between steps, per layer x STZ_ROLE_PER_LAYER */
     size_t keep_layers;         /* layers kept */
     float *keep_head;           /* sampling: the output head (vocab, dim), when it fits too */
