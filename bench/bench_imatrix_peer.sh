@@ -14,10 +14,10 @@
 # generated Llama (rows whole 256-blocks, GQA 4) and stories260K F32
 # (shared data; llama-quantize makes only its K mixes); the families of
 # issue 55 as tests/test_gguf.py generates them (tiny Qwen3, Phi-3 and
-# Gemma 2 Hugging Face folders: hidden 64, so every type falls back to
-# llama.cpp's 32-blocks; Gemma 2 with 26 layers), each skipped with a line
-# when the snapshot's llama.cpp does not know it. PEER_MODELS picks some of
-# "wide8 stories phi3 qwen3 gemma2" (default all). Skips without the snapshot. Never part of the build or the tests.
+# Gemma 2 Hugging Face folders, and GPT-2's: hidden 64, so every type falls
+# back to llama.cpp's 32-blocks; Gemma 2 with 26 layers), each skipped with
+# a line when the snapshot's llama.cpp does not know it. PEER_MODELS picks
+# some of "wide8 stories phi3 qwen3 gemma2 gpt2" (default all). Skips without the snapshot. Never part of the build or the tests.
 # Usage: bench/bench_imatrix_peer.sh [BUILD_DIR] [WORK_DIR] [SHARED_DATA_DIR]
 set -eu
 BUILD=$(cd "${1:-build}" && pwd)
@@ -105,7 +105,7 @@ print("## stz gguf --size (llama.cpp's file bytes) against llama-imatrix (about 
 print("| model | type | llama.cpp bytes | KL | s (imatrix + quantize) | stz gguf bytes | KL | s | KL / llama.cpp "
       "| time / llama.cpp |")
 print("|---|---|---|---|---|---|---|---|---|---|")
-want = os.environ.get("PEER_MODELS", "wide8 stories phi3 qwen3 gemma2").split()
+want = os.environ.get("PEER_MODELS", "wide8 stories phi3 qwen3 gemma2 gpt2").split()
 ok = True
 if "wide8" in want:
     subprocess.run(["rm", "-rf", str(work / "wide8")])
@@ -116,7 +116,7 @@ if "stories" in want and os.path.exists(stories):
     ok &= model_rows("stories260K", stories, ("q4_k_m",), 160, ("--tokenizer", os.path.join(data, "tok512.bin")))
 # general.name: llama.cpp gives a name with "phi3" Phi-3's special tokens, which this vocabulary lacks; the
 # snapshot's Gemma 2 runs only the depths of its released models (26 layers: the 2B's scale)
-for fam, folder, layers in (("phi3", "p3", None), ("qwen3", "q3", None), ("gemma2", "g2", 26)):
+for fam, folder, layers in (("phi3", "p3", None), ("qwen3", "q3", None), ("gemma2", "g2", 26), ("gpt2", "gp2", None)):
     if fam in want:
         subprocess.run(["rm", "-rf", str(work / folder)])
         ok &= model_rows("generated-" + fam, tg.hf_dir(work, fam, name=folder, layers=layers), ("q4_k_m", "q5_0"),

@@ -21,7 +21,7 @@ static const char imatrix_help[] =
     "--imatrix reads it too). The sequences are sampled from the model\n"
     "itself (no dataset needed; their importance is collected while they are\n"
     "sampled, one pass), or read from --tokens. Models stz eval --forward\n"
-    "runs (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo, Gemma 2 and 3), a file or a\n"
+    "runs (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo, GPT-2, Gemma 2, 3), a file or a\n"
     "directory.\n\n"
     "  --tokens FILE       sequences to run: one per line (token ids split by\n"
     "                      spaces) or a JSON array of arrays\n"

@@ -320,6 +320,7 @@ static int quantize(qopts *o, const char *in)
     stz_quant_params p = STZ_QUANT_PARAMS_DEFAULT;
     p.imatrix = im;
     p.feedback = fb;
+    p.config = o->po.config;
     p.write_flags = o->c.force ? STZ_WRITE_FORCE : 0;
     p.threads = o->c.threads;
     cli_progress prog;

@@ -31,7 +31,7 @@ static const char tune_help[] =
     "checked by compressing (and exporting) the model and running it\n"
     "(corrected up to twice if missed). Writes an ordinary policy\n"
     "(stz compress --policy) and prints a report. Models stz eval --forward\n"
-    "runs (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo, Gemma 2 and 3), a file or a\n"
+    "runs (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo, GPT-2, Gemma 2, 3), a file or a\n"
     "directory (sharded or not).\n\n"
     "BUDGET, one of:\n"
     "  --size BYTES        container at most BYTES (suffixes K, M, G: powers of 1024)\n"

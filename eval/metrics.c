@@ -13,6 +13,10 @@ stz_status stz_eval_tensor(stz_qmodel *ref, size_t ia, stz_qmodel *cand, size_t 
         same = a->shape[d] == b->shape[d];
     if (!same)
         return stz_err_set(err, STZ_E_SHAPE, "tensor '%s': shapes differ between the files", a->name);
+    stz_status st = STZ_OK; /* one stored transposed (GPT-2's Conv1D quantized): both read so */
+    if (!a->transposed != !b->transposed &&
+        (st = a->transposed ? stz_qmodel_transpose(cand, ib, err) : stz_qmodel_transpose(ref, ia, err)))
+        return st;
     stz_metrics_acc acc;
     memset(&acc, 0, sizeof acc);
     if (!a->numel) { /* nothing to read; its other dimensions may be huge */
@@ -23,9 +27,9 @@ stz_status stz_eval_tensor(stz_qmodel *ref, size_t ia, stz_qmodel *cand, size_t 
     per = per ? per : 1;
     size_t cap = (size_t)(per * a->cols) + 1;
     float *x = malloc(cap * sizeof *x), *y = malloc(cap * sizeof *y);
-    stz_status st = x && y ? STZ_OK
-                           : stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for rows of %llu elements",
-                                         a->name, (unsigned long long)a->cols);
+    st = x && y ? STZ_OK
+                : stz_err_set(err, STZ_E_NOMEM, "tensor '%s': out of memory for rows of %llu elements", a->name,
+                              (unsigned long long)a->cols);
     for (uint64_t row = 0; !st && row < a->rows; row += per) {
         size_t nr = a->rows - row < per ? (size_t)(a->rows - row) : (size_t)per;
         if (!(st = stz_qmodel_read_rows(ref, ia, row, nr, x, err)) &&

@@ -17,10 +17,11 @@
 /* The order of tensors in the file: the embedding, layer by layer, then
  * the norm and head. */
 static const stz_role file_order[] = {
-    STZ_ROLE_EMBED, STZ_ROLE_ANORM,      STZ_ROLE_WQKV,  STZ_ROLE_WQ,   STZ_ROLE_BQ,      STZ_ROLE_QNORM,
-    STZ_ROLE_WK,    STZ_ROLE_BK,         STZ_ROLE_KNORM, STZ_ROLE_WV,   STZ_ROLE_BV,      STZ_ROLE_WO,
-    STZ_ROLE_BO,    STZ_ROLE_POST_ANORM, STZ_ROLE_FNORM, STZ_ROLE_GATE, STZ_ROLE_GATE_UP, STZ_ROLE_UP,
-    STZ_ROLE_DOWN,  STZ_ROLE_POST_FNORM, STZ_ROLE_NORM,  STZ_ROLE_HEAD};
+    STZ_ROLE_EMBED,   STZ_ROLE_POS,        STZ_ROLE_ANORM,   STZ_ROLE_ANORM_B, STZ_ROLE_WQKV,       STZ_ROLE_BQKV,
+    STZ_ROLE_WQ,      STZ_ROLE_BQ,         STZ_ROLE_QNORM,   STZ_ROLE_WK,      STZ_ROLE_BK,         STZ_ROLE_KNORM,
+    STZ_ROLE_WV,      STZ_ROLE_BV,         STZ_ROLE_WO,      STZ_ROLE_BO,      STZ_ROLE_POST_ANORM, STZ_ROLE_FNORM,
+    STZ_ROLE_FNORM_B, STZ_ROLE_GATE,       STZ_ROLE_GATE_UP, STZ_ROLE_UP,      STZ_ROLE_UP_B,       STZ_ROLE_DOWN,
+    STZ_ROLE_DOWN_B,  STZ_ROLE_POST_FNORM, STZ_ROLE_NORM,    STZ_ROLE_NORM_B,  STZ_ROLE_HEAD};
 
 #define NROLES (sizeof file_order / sizeof file_order[0])
 
@@ -55,9 +56,9 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     if (e->ndim == 1) {
         e->type = STZ_GGML_F32; /* norms and biases: llama.cpp keeps them F32 */
         e->kind = !q->bits && q->dtype == STZ_DTYPE_F32 && !e->heads && !e->add ? K_COPY : K_FLOAT;
-    } else if (q->bits && !q->rank && (e->type = stz_ggml_type_parse(q->method)) >= 0)
+    } else if (q->bits && !q->rank && !e->held && (e->type = stz_ggml_type_parse(q->method)) >= 0)
         e->kind = K_COPY; /* stored as the type's blocks: byte for byte */
-    else if (q->bits && (e->type = exact_type(q)) >= 0)
+    else if (q->bits && !e->held && (e->type = exact_type(q)) >= 0)
         /* stored codes and scales when there is a scales tensor (more than one block) */
         e->kind = e->type != STZ_GGML_Q5_0 && e->rows * (e->cols / STZ_GGML_QK) > 1 ? K_RAW : K_REPACK;
     else if (q->bits && e->cols % STZ_GGML_QK)
@@ -65,16 +66,17 @@ static stz_status choose(exporter *x, etensor *e, stz_err *err)
     else if (q->bits) {
         if (!x->p->requantize)
             return stz_err_set(err, STZ_E_UNSUPPORTED,
-                               "%s: tensor '%s' is stored as %s %d-bit%s, block %u, %s scales, which GGUF cannot hold "
-                               "exactly: use --requantize, or quantize to one of llama.cpp's types (e.g. --set "
+                               "%s: tensor '%s' is stored as %s %d-bit%s, block %u, %s scales%s, which GGUF cannot "
+                               "hold exactly: use --requantize, or quantize to one of llama.cpp's types (e.g. --set "
                                "'*=q4_k'; or absmax/full/mse, 8/5/4 bits, block 32, F16 scales)",
                                x->model, q->name, q->method, q->bits, q->rank ? " factors" : "", q->block_size,
-                               q->scale_dtype < STZ_DTYPE_COUNT ? stz_dtype_name(q->scale_dtype) : "F32");
+                               q->scale_dtype < STZ_DTYPE_COUNT ? stz_dtype_name(q->scale_dtype) : "F32",
+                               e->held ? " along the rows of its stored (in, out) layout" : "");
         e->kind = K_REQUANT;
         e->type = block_type(want) ? want : nearest_type(q);
     } else {
         e->type = want == STZ_GGML_AUTO ? float_type(q->dtype) : want;
-        if (!block_type(e->type) && e->type == float_type(q->dtype) && q->dtype != STZ_DTYPE_F64)
+        if (!block_type(e->type) && e->type == float_type(q->dtype) && q->dtype != STZ_DTYPE_F64 && !e->held)
             e->kind = K_COPY;
     }
     /* a down projection in padded 32-blocks ("pad") stays: widen_ffn widens the FFN to them */
@@ -111,8 +113,8 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
     for (uint32_t l = 0; l <= c->n_layers + 1; l++)
         for (size_t k = 0; k < NROLES; k++) {
             stz_role r = file_order[k];
-            int layered = r < STZ_ROLE_PER_LAYER;
-            if (layered ? !l || l > c->n_layers : (l != 0) != (r != STZ_ROLE_EMBED) || (l && l <= c->n_layers))
+            int layered = r < STZ_ROLE_PER_LAYER, first = r == STZ_ROLE_EMBED || r == STZ_ROLE_POS;
+            if (layered ? !l || l > c->n_layers : (l != 0) != !first || (l && l <= c->n_layers))
                 continue;
             char src[256];
             const char *pat = stz_roles[r].name[names];
@@ -127,6 +129,12 @@ static stz_status plan(exporter *x, stz_qmodel *const *files, size_t nfiles, int
             if (at < 0)
                 continue; /* biases, a tied head: stz_fwd_open checked what is required */
             e->q = stz_qmodel_tensor(e->m, e->i);
+            if (stz_arch_conv1d(stz_arch_of(c), r)) { /* GPT-2: GGUF's rows are its columns */
+                stz_status st = stz_qmodel_transpose(e->m, e->i, err);
+                if (st)
+                    return st;
+                e->held = e->q->transposed == STZ_TRANSPOSED_HELD;
+            }
             snprintf(e->name, sizeof e->name, stz_roles[r].gguf, l - 1);
             e->role = (int)r;
             e->rows = e->q->rows, e->cols = e->q->cols;
@@ -205,9 +213,14 @@ static void put_hparams(gbuf *kv, const stz_fwd_config *c, const char *arch, con
     kv_u32(kv, KEY("feed_forward_length"), c->hidden);
     kv_u32(kv, KEY("attention.head_count"), c->n_heads);
     kv_u32(kv, KEY("attention.head_count_kv"), c->n_kv_heads);
-    kv_f32(kv, KEY("attention.layer_norm_rms_epsilon"), (float)c->norm_eps);
-    kv_f32(kv, KEY("rope.freq_base"), (float)c->rope_theta);
-    kv_u32(kv, KEY("rope.dimension_count"), c->head_dim);
+    if (row->norm == STZ_NORM_LAYER)
+        kv_f32(kv, KEY("attention.layer_norm_epsilon"), (float)c->norm_eps);
+    else
+        kv_f32(kv, KEY("attention.layer_norm_rms_epsilon"), (float)c->norm_eps);
+    if (row->pos == STZ_POS_ROPE) {
+        kv_f32(kv, KEY("rope.freq_base"), (float)c->rope_theta);
+        kv_u32(kv, KEY("rope.dimension_count"), c->head_dim);
+    }
     kv_u32(kv, KEY("vocab_size"), c->vocab);
     if (c->head_dim * c->n_heads != c->dim) {
         kv_u32(kv, KEY("attention.key_length"), c->head_dim);

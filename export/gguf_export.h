@@ -25,6 +25,7 @@ typedef struct {
     int type, kind, role;
     uint32_t heads; /* rows to reorder in this many heads (0: none) */
     float add;      /* added to every value: 1 for Gemma's norms, which GGUF holds as 1 + w */
+    int held;       /* a matrix stored (in, out) (GPT-2's Conv1D), read transposed: values, not stored bytes */
     uint64_t offset, bytes;
 } etensor;
 

@@ -49,6 +49,7 @@ typedef enum {
     STZ_ARCH_GPT_NEO,
     STZ_ARCH_GEMMA2,
     STZ_ARCH_GEMMA3,
+    STZ_ARCH_GPT2,
     STZ_ARCH_COUNT
 } stz_arch_id;
 
@@ -125,8 +126,9 @@ STZ_API const char *stz_fwd_embedding(const stz_fwd *m, int *tied);
  * (tok_embeddings.weight), STZ_NAMES_GPT_NEO (transformer.wte.weight with
  * GPT-Neo's transformer.h.0.attn.attention.out_proj.weight: GPT-2 names its
  * embedding so too), STZ_NAMES_GEMMA (model.embed_tokens.weight with
- * model.layers.0.pre_feedforward_layernorm.weight), -1 none (not a model
- * stz_fwd_open runs). */
+ * model.layers.0.pre_feedforward_layernorm.weight), STZ_NAMES_GPT2
+ * (transformer.wte.weight with transformer.h.0.attn.c_attn.weight, or the
+ * same without "transformer."), -1 none (not a model stz_fwd_open runs). */
 STZ_API int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles);
 
 /* Called after each layer of each pass; non-zero stops with STZ_E_INTERRUPTED. */

@@ -31,22 +31,29 @@ typedef struct {
     stz_dtype scale_dtype;   /* stz's methods: how scales are stored (F16, F32, U8); else STZ_DTYPE_COUNT */
     const char *scales_name; /* quantized (not svd): the stored scales tensor, NULL for a single scale */
     const char *gguf_type;   /* a GGUF file's tensor (read as floats): its ggml type ("q4_0", "f16"), else NULL */
+    int transposed;          /* rows and cols are shape's two dimensions swapped, rows of the transpose read (GPT-2's
+                              * Conv1D weights, stored (in, out), as the forward pass and GGUF take them):
+                              * STZ_TRANSPOSED_STORED (quantized so) or _HELD (stz_qmodel_transpose); else 0 */
 } stz_qtensor;
+
+enum { STZ_TRANSPOSED_HELD = 1, STZ_TRANSPOSED_STORED = 2 };
 
 typedef struct stz_qmodel stz_qmodel;
 
 /* The tensor names of a checkpoint: GGUF's own (blk.N.attn_q), llama2.c's
  * (layers.N.attention.wq), Hugging Face's for Llama-family models
  * (model.layers.N.self_attn.q_proj), for GPT-Neo
- * (transformer.h.N.attn.attention.q_proj) or for Gemma 2 and 3 (Hugging
+ * (transformer.h.N.attn.attention.q_proj), for Gemma 2 and 3 (Hugging
  * Face's, but post_attention_layernorm follows the attention and
- * pre_feedforward_layernorm comes before the MLP). */
+ * pre_feedforward_layernorm comes before the MLP) or for GPT-2
+ * (transformer.h.N.attn.c_attn, with or without "transformer."). */
 typedef enum {
     STZ_NAMES_GGUF = -1,
     STZ_NAMES_LLAMA2C = 0,
     STZ_NAMES_HF = 1,
     STZ_NAMES_GPT_NEO = 2,
-    STZ_NAMES_GEMMA = 3
+    STZ_NAMES_GEMMA = 3,
+    STZ_NAMES_GPT2 = 4
 } stz_names;
 
 /* Opens a plain or quantized SafeTensors file, or an .stz container of one
@@ -75,7 +82,9 @@ struct stz_container;
 STZ_API struct stz_container *stz_qmodel_container(const stz_qmodel *m);
 STZ_API size_t stz_qmodel_count(const stz_qmodel *m);
 STZ_API const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
-/* The index of the tensor `name` (its original name), or -1. */
+/* The index of the tensor `name` (its original name), or -1; a name
+ * "transformer.X" not there is looked up as "X" (GPT-2's checkpoints
+ * come both ways). */
 STZ_API long stz_qmodel_find(const stz_qmodel *m, const char *name);
 /* The SafeTensors header the tensors are read from (a container's
  * original's). */
@@ -96,6 +105,11 @@ STZ_API stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, 
 STZ_API stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst,
                                                float *scales, stz_err *err);
 
+/* From now on, rows of tensor i's transpose are read (a 2-D tensor; its
+ * transposed, rows and cols change): the whole tensor is read once and
+ * held transposed while its rows are read. A tensor already transposed
+ * stays so. Read codes (stz_qmodel_read_codes) and scales are then refused. */
+STZ_API stz_status stz_qmodel_transpose(stz_qmodel *m, size_t i, stz_err *err);
 /* 1 for a tensor stored quantized: by stz, or in a GGUF block type. */
 STZ_API int stz_qtensor_quantized(const stz_qtensor *t);
 /* How a tensor is stored, as a policy action names it: "int4", "svd", a GGUF

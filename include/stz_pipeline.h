@@ -39,6 +39,11 @@ typedef struct {
      * written as it holds them; a "feedback" rule's tensor it does not
      * hold is quantized without */
     struct stz_feedback *feedback;
+    /* the model's config.json when not beside the file nor in it (NULL:
+     * found as stz_fwd_config_find finds it): a family whose matrices are
+     * stored (in, out) (GPT-2's Conv1D) has them quantized along their
+     * input, stored transposed (docs/FORMAT.md) */
+    const char *config;
 } stz_quant_params;
 
 #define STZ_SVD_HOLD_DEFAULT (256u << 20)

@@ -30,6 +30,10 @@ static const stz_arch_keys gemma_keys = {"hidden_size",
                                          1e-6,
                                          0};
 
+static const stz_arch_keys gpt2_keys = {
+    "n_embd",   "n_inner", "n_layer", "n_head", "n_positions", "layer_norm_epsilon", "activation_function",
+    "gelu_new", 1e-5,      1};
+
 #define LLAMA_LIKE  .keys = &llama_keys, .layout = STZ_NAMES_HF
 #define GEMMA_FLAGS (STZ_ARCH_POST_NORMS | STZ_ARCH_EMBED_SCALE)
 #define GEMMA_LIKE  .keys = &gemma_keys, .norm = STZ_NORM_RMS_1W, .act = STZ_ACT_GEGLU, .layout = STZ_NAMES_GEMMA
@@ -53,25 +57,35 @@ static const stz_arch rows[STZ_ARCH_COUNT] = {
                          .title = "Gemma 2"},
     [STZ_ARCH_GEMMA3] = {"gemma3_text", "Gemma3ForCausalLM", "gemma3", "default", GEMMA_FLAGS | STZ_ARCH_QK_NORM,
                          GEMMA_LIKE, .swa_period = 6, .title = "Gemma 3"},
+    [STZ_ARCH_GPT2] = {"gpt2", "GPT2LMHeadModel", "gpt2", "gpt-2", STZ_ARCH_CONV1D | STZ_ARCH_NO_BOS,
+                       .keys = &gpt2_keys, .norm = STZ_NORM_LAYER, .act = STZ_ACT_GELU_TANH, .pos = STZ_POS_LEARNED,
+                       .layout = STZ_NAMES_GPT2, .title = "GPT-2"},
 };
+
+int stz_arch_conv1d(const stz_arch *a, int role)
+{
+    return (a->flags & STZ_ARCH_CONV1D) &&
+           (role == STZ_ROLE_WQKV || role == STZ_ROLE_WO || role == STZ_ROLE_UP || role == STZ_ROLE_DOWN);
+}
 
 int stz_arch_use(const stz_arch *a, int role)
 {
-    int fused = (a->flags & STZ_ARCH_FUSED) != 0, layer_norm = a->norm == STZ_NORM_LAYER,
-        gated = a->act != STZ_ACT_GELU_TANH;
+    int fused = (a->flags & STZ_ARCH_FUSED) != 0, conv = (a->flags & STZ_ARCH_CONV1D) != 0,
+        layer_norm = a->norm == STZ_NORM_LAYER, gated = a->act != STZ_ACT_GELU_TANH;
     switch (role) {
     case STZ_ROLE_BQ:
     case STZ_ROLE_BK:
-    case STZ_ROLE_BV: return fused || !gated ? STZ_USE_NONE : STZ_USE_MAY; /* GPT-Neo: none */
+    case STZ_ROLE_BV: return fused || !gated ? STZ_USE_NONE : STZ_USE_MAY; /* GPT-Neo, GPT-2: none */
     case STZ_ROLE_BO: return fused ? STZ_USE_NONE : gated ? STZ_USE_MAY : STZ_USE_NEED;
+    case STZ_ROLE_BQKV: return conv ? STZ_USE_NEED : STZ_USE_NONE;
     case STZ_ROLE_QNORM:
     case STZ_ROLE_KNORM: return a->flags & STZ_ARCH_QK_NORM ? STZ_USE_NEED : STZ_USE_NONE;
     case STZ_ROLE_WQ:
     case STZ_ROLE_WK:
-    case STZ_ROLE_WV:
+    case STZ_ROLE_WV: return fused || conv ? STZ_USE_NONE : STZ_USE_NEED;
     case STZ_ROLE_UP: return fused ? STZ_USE_NONE : STZ_USE_NEED;
     case STZ_ROLE_GATE: return fused || !gated ? STZ_USE_NONE : STZ_USE_NEED;
-    case STZ_ROLE_WQKV:
+    case STZ_ROLE_WQKV: return fused || conv ? STZ_USE_NEED : STZ_USE_NONE;
     case STZ_ROLE_GATE_UP: return fused ? STZ_USE_NEED : STZ_USE_NONE;
     case STZ_ROLE_ANORM_B:
     case STZ_ROLE_FNORM_B: return layer_norm ? STZ_USE_NEED : STZ_USE_NONE;

@@ -22,6 +22,7 @@ enum {
     STZ_ARCH_NO_SCALE = 1 << 8,     /* attention scores not scaled by 1/sqrt(head_dim) (GPT-Neo) */
     STZ_ARCH_POST_NORMS = 1 << 9,   /* RMSNorms of the attention's and the MLP's outputs too (Gemma) */
     STZ_ARCH_EMBED_SCALE = 1 << 10, /* the embedding's rows times sqrt(dim) (Gemma) */
+    STZ_ARCH_CONV1D = 1 << 11,      /* q/k/v fused with a bias, the matrices stored (in, out) (GPT-2's Conv1D) */
 };
 
 /* A layer's norms, MLP and positions (the row's norm, act and pos). */
@@ -49,7 +50,7 @@ typedef struct stz_arch_row {
     unsigned flags;
     const stz_arch_keys *keys;
     unsigned char norm, act, pos;
-    int layout;               /* the tensors' names (stz_names): Hugging Face's, GPT-Neo's or Gemma's */
+    int layout;               /* the tensors' names (stz_names): Hugging Face's, GPT-Neo's, Gemma's or GPT-2's */
     unsigned char swa_period; /* sliding_window on all but every swa_period-th layer, unless the config's
                                * layer_types or sliding_window_pattern say otherwise (0: on all layers) */
     const char *title;        /* the family as messages name it */
@@ -59,6 +60,8 @@ typedef struct stz_arch_row {
 const stz_arch *stz_arch_get(int id);
 /* The row of config.c's stz_fwd_config.arch. */
 const stz_arch *stz_arch_of(const stz_fwd_config *c);
+/* Whether family a stores role `role`'s matrix (in, out), transposed (GPT-2's Conv1D). */
+int stz_arch_conv1d(const stz_arch *a, int role);
 /* How family a has role `role` (per layer or per model): STZ_USE_NONE, _NEED or _MAY (optional). */
 int stz_arch_use(const stz_arch *a, int role);
 /* Which name stz_arch_find looks up. */

@@ -254,6 +254,13 @@ static int parse_hf(stz_fwd_config *c, const cJSON *root, const char *label, stz
                -1;
     if (get_bool(root, "mlp_bias", 0))
         return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: mlp_bias is not supported", label), -1;
+    if (c->arch == STZ_ARCH_GPT2 &&
+        (get_bool(root, "scale_attn_by_inverse_layer_idx", 0) || !get_bool(root, "scale_attn_weights", 1)))
+        return stz_err_set(err, STZ_E_UNSUPPORTED,
+                           "%s: GPT-2 attention scaled otherwise than by 1/sqrt(head size) is not supported "
+                           "(scale_attn_weights false, or scale_attn_by_inverse_layer_idx)",
+                           label),
+               -1;
     if (get_u32(root, k->dim, 1, BIG, UINT32_MAX, &c->dim, label, err) ||
         get_u32(root, k->hidden, 1, BIG, k->hidden_x4 && c->dim <= BIG / 4 ? 4 * c->dim : UINT32_MAX, &c->hidden, label,
                 err) ||
@@ -374,9 +381,9 @@ stz_status stz_fwd_no_config(const char *path, const stz_model_set *s, stz_err *
     if (s && s->n && stz_qmodel_count(s->m[0]) && stz_fwd_layout(s->m, s->n) < 0)
         return stz_err_set(err, STZ_E_UNSUPPORTED,
                            "%s: not a model of a family stz runs (no model.embed_tokens.weight, "
-                           "tok_embeddings.weight or GPT-Neo's transformer.wte.weight; its tensors are named like "
-                           "'%s'): stz runs Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo, Gemma 2, Gemma 3 and "
-                           "llama2.c models",
+                           "tok_embeddings.weight or GPT-Neo's and GPT-2's transformer.wte.weight; its tensors are "
+                           "named like '%s'): stz runs Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-Neo, GPT-2, Gemma 2, "
+                           "Gemma 3 and llama2.c models",
                            path, stz_qmodel_tensor(s->m[0], 0)->name);
     return stz_err_set(err, STZ_E_FORMAT,
                        "%s: no model configuration (no config.json beside it, no "

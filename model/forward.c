@@ -41,12 +41,16 @@ static stz_status layout_check(const stz_fwd *m, const stz_arch *arch, int layou
     if (layout < 0)
         return stz_err_set(err, STZ_E_FORMAT,
                            "%s: no token embedding (model.embed_tokens.weight, tok_embeddings.weight or GPT-Neo's "
-                           "transformer.wte.weight): not a model of a family stz runs",
+                           "and GPT-2's transformer.wte.weight): not a model of a family stz runs",
                            m->label);
-    if ((layout == STZ_NAMES_GPT_NEO) != (arch->layout == STZ_NAMES_GPT_NEO))
+    int own = layout == STZ_NAMES_GPT_NEO || layout == STZ_NAMES_GPT2; /* names no other family shares */
+    if ((own || arch->layout == STZ_NAMES_GPT_NEO || arch->layout == STZ_NAMES_GPT2) && layout != arch->layout)
         return stz_err_set(err, STZ_E_FORMAT,
                            "%s: the configuration says a %s model, but the tensors are named as in %s checkpoints",
-                           m->label, arch->title, layout == STZ_NAMES_GPT_NEO ? "GPT-Neo" : "Llama-family");
+                           m->label, arch->title,
+                           layout == STZ_NAMES_GPT_NEO ? "GPT-Neo"
+                           : layout == STZ_NAMES_GPT2  ? "GPT-2"
+                                                       : "Llama-family");
     if (arch->pos == STZ_POS_LEARNED && !m->c.max_pos)
         return stz_err_set(err, STZ_E_FORMAT, "%s: a %s model needs max_position_embeddings (its positions' rows)",
                            m->label, arch->title);
@@ -153,7 +157,8 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
                                                    [STZ_ROLE_UP_B] = {F, 0},
                                                    [STZ_ROLE_DOWN_B] = {D, 0},
                                                    [STZ_ROLE_POST_ANORM] = {D, 0},
-                                                   [STZ_ROLE_POST_FNORM] = {D, 0}};
+                                                   [STZ_ROLE_POST_FNORM] = {D, 0},
+                                                   [STZ_ROLE_BQKV] = {QD + 2 * KD, 0}};
     char name[160];
     for (uint32_t l = 0; !st && l <= c->n_layers; l++)
         for (int k = 0; !st && k < STZ_ROLE_PER_LAYER; k++) {
@@ -169,8 +174,10 @@ stz_status stz_fwd_open(stz_fwd **out, stz_qmodel *const *files, size_t nfiles, 
             if (!at && find(m, name, &extra)) /* more layers than the config says */
                 st = stz_err_set(err, STZ_E_FORMAT, "%s: the config says %u layers but '%s' is there", label,
                                  c->n_layers, name);
-            else if (at)
+            else if (at && !stz_arch_conv1d(arch, k))
                 st = need(m, name, shape[k][0], shape[k][1], use == STZ_USE_MAY, at, err);
+            else if (at && !(st = need(m, name, shape[k][1], shape[k][0], 0, at, err))) /* GPT-2: (in, out) */
+                st = stz_qmodel_transpose(m->files[at->f], at->i, err);                 /* read as (out, in) */
         }
     const uint64_t gshape[G_COUNT][2] = {[G_EMBED] = {c->vocab, D},
                                          [G_NORM] = {D, 0},
@@ -527,6 +534,9 @@ static void split_fused(float *w[STZ_ROLE_PER_LAYER], const stz_fwd_config *c)
     if (w[STZ_ROLE_WQKV])
         w[STZ_ROLE_WQ] = w[STZ_ROLE_WQKV], w[STZ_ROLE_WK] = w[STZ_ROLE_WQKV] + QD * D,
         w[STZ_ROLE_WV] = w[STZ_ROLE_WQKV] + (QD + KD) * D;
+    if (w[STZ_ROLE_BQKV]) /* GPT-2 */
+        w[STZ_ROLE_BQ] = w[STZ_ROLE_BQKV], w[STZ_ROLE_BK] = w[STZ_ROLE_BQKV] + QD,
+        w[STZ_ROLE_BV] = w[STZ_ROLE_BQKV] + QD + KD;
     if (w[STZ_ROLE_GATE_UP])
         w[STZ_ROLE_GATE] = w[STZ_ROLE_GATE_UP], w[STZ_ROLE_UP] = w[STZ_ROLE_GATE_UP] + (size_t)c->hidden * D;
 }

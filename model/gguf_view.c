@@ -31,6 +31,7 @@ typedef struct {
     uint64_t gcols;          /* elements of a GGUF row: cols, or more in a widened FFN's down projection */
     uint64_t hd;             /* export's permutation undone: rows (2-D) or elements (1-D) per head; 0: none */
     float add;               /* added to every value: -1 for Gemma's norms, which GGUF holds as 1 + w */
+    int transposed;          /* GPT-2's Conv1D: the view's rows are the GGUF rows' columns (rows, cols: the view's) */
     stz_dtype dtype;
     uint64_t begin, end; /* in the view's data section */
 } vtensor;
@@ -47,6 +48,8 @@ struct stz_gguf_view {
     uint8_t *raw;           /* a GGUF row */
     float *row, *all;       /* a decoded row; a whole 1-D tensor */
     uint8_t *conv;          /* a row in the view's dtype */
+    float *held;            /* a transposed tensor decoded whole, GGUF rows after rows */
+    const vtensor *held_t;  /* which (NULL: none) */
     uint64_t ffn, ffn_wide; /* an FFN stz export widened from ffn to ffn_wide units (0: none) */
 };
 
@@ -96,6 +99,10 @@ static int map_tensor(stz_gguf_view *v, size_t i, stz_names names, const stz_arc
         t->rows = v->ffn; /* stz export's zero units taken out */
     else if (v->ffn && g->ndim == 2 && role == STZ_ROLE_DOWN && t->cols == v->ffn_wide)
         t->cols = v->ffn;
+    if (role >= 0 && arch && stz_arch_conv1d(arch, role) && g->ndim == 2) { /* HF's (in, out) */
+        uint64_t r = t->rows;
+        t->rows = t->cols, t->cols = r, t->transposed = 1;
+    }
     t->heads = role >= 0 && permute && stz_roles[role].perm ? (stz_roles[role].perm == 1 ? heads : kv_heads) : 0;
     t->hd = t->heads ? (g->ndim == 1 ? t->cols : t->rows) / t->heads : 0;
     return 0;
@@ -167,12 +174,35 @@ static stz_status decode_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz
     return STZ_OK;
 }
 
+/* Row r of transposed tensor t into v->row: column r of its GGUF rows,
+ * all decoded once and held while its rows are read. */
+static stz_status transposed_row(stz_gguf_view *v, const vtensor *t, uint64_t r, stz_err *err)
+{
+    size_t in = (size_t)t->rows, out = (size_t)t->cols;
+    if (v->held_t != t) {
+        float *h = realloc(v->held, in * out * sizeof *h + 1);
+        if (!h)
+            return stz_err_set(err, STZ_E_NOMEM, "%s: out of memory transposing tensor '%s'", v->path, t->g->name);
+        v->held = h, v->held_t = NULL;
+        for (size_t j = 0; j < out; j++) {
+            stz_status st = decode_row(v, t, j, err);
+            if (st)
+                return st;
+            memcpy(h + j * in, v->row, in * sizeof *h);
+        }
+        v->held_t = t;
+    }
+    for (size_t j = 0; j < out; j++)
+        v->row[j] = v->held[j * in + r];
+    return STZ_OK;
+}
+
 /* A widened FFN's units taken out of gate or up projection t must be the
  * zero rows stz export wrote: anything else would change what the model
  * computes once they are gone. */
 static stz_status zero_units(stz_gguf_view *v, const vtensor *t, stz_err *err)
 {
-    uint64_t all = t->g->ndim == 2 ? t->g->ne[1] : t->rows;
+    uint64_t all = t->g->ndim == 2 && !t->transposed ? t->g->ne[1] : t->rows;
     for (uint64_t r = t->rows; r < all; r++) {
         stz_status st = decode_row(v, t, r, err);
         for (uint64_t i = 0; !st && i < t->gcols; i++)
@@ -209,7 +239,7 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
             return stz_err_set(err, STZ_E_BOUNDS, "%s: a read at byte %llu of the view holds no tensor", v->path,
                                (unsigned long long)off);
         uint64_t r = (o - t->begin) / rowb, in = (o - t->begin) % rowb;
-        stz_status st = decode_row(v, t, r, err);
+        stz_status st = t->transposed ? transposed_row(v, t, r, err) : decode_row(v, t, r, err);
         for (size_t i = 0; !st && t->add && i < t->cols; i++)
             v->row[i] += t->add;
         if (!st)
@@ -227,8 +257,8 @@ static stz_status view_read(void *user, uint64_t off, void *dst, size_t n, stz_e
 static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtype, const char *arch, stz_err *err)
 {
     const stz_arch *row = stz_arch_get(stz_arch_find(arch, STZ_ARCH_BY_GGUF));
-    if (names == STZ_NAMES_HF && row && row->layout == STZ_NAMES_GEMMA)
-        names = STZ_NAMES_GEMMA; /* Hugging Face's names of the family */
+    if (names == STZ_NAMES_HF && row && row->layout != STZ_NAMES_LLAMA2C)
+        names = (stz_names)row->layout; /* Hugging Face's names of the family (Gemma's, GPT-2's) */
     int permute = names == STZ_NAMES_HF && row && (row->flags & STZ_ARCH_ROPE_PAIRS); /* llama.cpp's pairs undone */
     uint64_t heads = 0, kv = 0;
     stz_status st = STZ_OK; /* the keys read only where they are used: GGUF's own names need none */
@@ -272,6 +302,7 @@ static stz_status list_tensors(stz_gguf_view *v, stz_names names, stz_dtype dtyp
                                (unsigned long long)t->rows);
         t->dtype = t->g->ndim == 1 ? STZ_DTYPE_F32 : dtype;
         maxcols = t->gcols > maxcols ? t->gcols : maxcols, maxrb = t->rb > maxrb ? t->rb : maxrb;
+        maxcols = t->cols > maxcols ? t->cols : maxcols;
         v->n++;
     }
     v->raw = malloc(maxrb), v->row = malloc(maxcols * sizeof *v->row), v->all = malloc(maxcols * sizeof *v->all);
@@ -345,6 +376,6 @@ void stz_gguf_view_free(stz_gguf_view *v)
         close(v->fd);
     for (size_t i = 0; v->t && i <= v->n; i++) /* the one past n may hold a name mapped, then refused */
         free(v->t[i].name);
-    free(v->t), free(v->head), free(v->raw), free(v->row), free(v->all), free(v->conv), free(v->path);
+    free(v->t), free(v->head), free(v->raw), free(v->row), free(v->all), free(v->conv), free(v->held), free(v->path);
     free(v);
 }

@@ -341,13 +341,19 @@ int stz_fwd_layout(stz_qmodel *const *files, size_t nfiles)
 {
     /* GPT-2 names its embedding as GPT-Neo does, and Gemma as Hugging Face's
        Llama: told apart by a tensor of the first layer */
-    char wo[96], ffn_norm[96];
-    snprintf(wo, sizeof wo, stz_roles[STZ_ROLE_WO].name[STZ_NAMES_GPT_NEO], 0u);
-    snprintf(ffn_norm, sizeof ffn_norm, stz_roles[STZ_ROLE_FNORM].name[STZ_NAMES_GEMMA], 0u);
-    for (int names = STZ_NAMES_COUNT - 1; names >= STZ_NAMES_LLAMA2C; names--)
-        if (set_has(files, nfiles, stz_roles[STZ_ROLE_EMBED].name[names]) &&
-            (names != STZ_NAMES_GPT_NEO || set_has(files, nfiles, wo)) &&
-            (names != STZ_NAMES_GEMMA || set_has(files, nfiles, ffn_norm)))
+    static const struct {
+        int names, role;
+    } tell[] = {{STZ_NAMES_GPT_NEO, STZ_ROLE_WO}, {STZ_NAMES_GEMMA, STZ_ROLE_FNORM}, {STZ_NAMES_GPT2, STZ_ROLE_WQKV}};
+    for (int names = STZ_NAMES_COUNT - 1; names >= STZ_NAMES_LLAMA2C; names--) {
+        int ok = set_has(files, nfiles, stz_roles[STZ_ROLE_EMBED].name[names]);
+        for (size_t k = 0; ok && k < sizeof tell / sizeof *tell; k++)
+            if (tell[k].names == names) {
+                char first[96];
+                snprintf(first, sizeof first, stz_roles[tell[k].role].name[names], 0u);
+                ok = set_has(files, nfiles, first);
+            }
+        if (ok)
             return names;
+    }
     return -1;
 }

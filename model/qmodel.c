@@ -27,6 +27,8 @@ struct stz_qmodel {
     size_t n;
     uint8_t *scratch;
     size_t scratch_cap;
+    float *held;   /* the transpose of one tensor stz_qmodel_transpose asked for */
+    size_t held_i; /* its index, SIZE_MAX: none */
 };
 
 /* Lists the tensors of m->r. */
@@ -62,7 +64,7 @@ static stz_status qmodel_init(stz_qmodel *m, stz_err *err)
         e->scales_name = q->bits && !q->svd && q->sc ? q->sc->name : NULL;
         if (q->bits) {
             e->dtype = q->dtype, e->ndim = q->ndim, e->shape = q->shape, e->numel = q->numel;
-            e->rows = q->rows, e->cols = q->cols;
+            e->rows = q->rows, e->cols = q->cols, e->transposed = q->transposed ? STZ_TRANSPOSED_STORED : 0;
             const stz_tensor *own[7] = {t, q->sc, q->Us, q->S, q->Vh, q->Vs, q->mn};
             for (int j = 0; j < 7; j++)
                 e->stored_bytes += own[j] ? own[j]->end - own[j]->begin : 0;
@@ -101,6 +103,7 @@ static stz_status qmodel_open(stz_qmodel **out, const char *path, int gguf, stz_
     stz_qmodel *m = calloc(1, sizeof *m);
     if (!m)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model");
+    m->held_i = SIZE_MAX;
     stz_status st;
     if (stz_is_container(path)) { /* its data decoded where it is read */
         size_t len;
@@ -134,6 +137,7 @@ stz_status stz_qmodel_open_reader(stz_qmodel **out, const stz_reader *r, stz_err
     if (!m)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the model");
     m->r = (stz_reader *)r; /* not freed: owns_reader is 0 */
+    m->held_i = SIZE_MAX;
     stz_status st = qmodel_init(m, err);
     if (st) {
         stz_qmodel_free(m);
@@ -158,6 +162,7 @@ void stz_qmodel_free(stz_qmodel *m)
     free(m->idx);
     free(m->pos);
     free(m->scratch);
+    free(m->held);
     free(m);
 }
 
@@ -172,7 +177,16 @@ void stz_qmodel_set_threads(stz_qmodel *m, int threads)
 const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i) { return i < m->n ? &m->list[i] : NULL; }
 const stz_reader *stz_qmodel_reader(const stz_qmodel *m) { return m->r; }
 
+static long find_exact(const stz_qmodel *m, const char *name);
+
 long stz_qmodel_find(const stz_qmodel *m, const char *name)
+{
+    static const char root[] = "transformer."; /* GPT2Model's checkpoints have no such prefix */
+    long i = find_exact(m, name);
+    return i < 0 && !strncmp(name, root, sizeof root - 1) ? find_exact(m, name + sizeof root - 1) : i;
+}
+
+static long find_exact(const stz_qmodel *m, const char *name)
 {
     /* a tensor of the file under that name (plain, or the values of an
      * INT8/INT4 entry): O(log n); SVD entries have no such tensor: scan */
@@ -194,8 +208,61 @@ stz_status stz_qmodel_read_rows(stz_qmodel *m, size_t i, uint64_t row, size_t nr
  * stopping between them when interrupted (a whole embedding is seconds). */
 #define READ_PIECE ((size_t)1 << 21)
 
-static stz_status read_piece(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, float *scales,
-                             stz_err *err);
+static stz_status read_piece(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, size_t cols, float *dst,
+                             float *scales, stz_err *err);
+
+/* Whether tensor i is read from its transpose held in memory (asked for,
+ * not stored so). */
+static int held(const stz_qmodel *m, size_t i) { return m->list[i].transposed == STZ_TRANSPOSED_HELD; }
+
+/* Rows [row, row + nrows) of tensor i as stored, rows of `cols` floats, in pieces. */
+static stz_status read_stored(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, size_t cols, float *dst,
+                              float *scales, stz_err *err)
+{
+    size_t per = cols && READ_PIECE / cols ? READ_PIECE / cols : 1,
+           nb = m->list[i].bits ? (size_t)m->qi[m->idx[i]].nblocks : 0;
+    stz_status st = STZ_OK;
+    for (size_t r = 0; !st && r < nrows; r += per) {
+        if (r && stz_interrupt_pending())
+            return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
+        st = read_piece(m, i, row + r, nrows - r < per ? nrows - r : per, cols, dst + r * cols,
+                        scales ? scales + r * nb : NULL, err);
+    }
+    return st;
+}
+
+/* Tensor i read whole and held transposed (the last one asked for). */
+static stz_status hold(stz_qmodel *m, size_t i, stz_err *err)
+{
+    const stz_qtensor *e = &m->list[i];
+    size_t R = (size_t)e->cols, C = (size_t)e->rows; /* as stored */
+    float *x = malloc(e->numel * sizeof *x + 1), *t = realloc(m->held, e->numel * sizeof *t + 1);
+    if (t)
+        m->held = t, m->held_i = SIZE_MAX;
+    stz_status st = !x || !t ? stz_err_set(err, STZ_E_NOMEM, "%s: out of memory transposing tensor '%s'",
+                                           stz_reader_path(m->r), e->name)
+                             : read_stored(m, i, 0, R, C, x, NULL, err);
+    for (size_t r = 0; !st && r < R; r++)
+        for (size_t c = 0; c < C; c++)
+            t[c * R + r] = x[r * C + c];
+    if (!st)
+        m->held_i = i;
+    free(x);
+    return st;
+}
+
+stz_status stz_qmodel_transpose(stz_qmodel *m, size_t i, stz_err *err)
+{
+    stz_qtensor *e = &m->list[i];
+    if (e->transposed)
+        return STZ_OK;
+    if (e->ndim != 2)
+        return stz_err_set(err, STZ_E_SHAPE, "%s: tensor '%s' is not a matrix: it cannot be read transposed",
+                           stz_reader_path(m->r), e->name);
+    uint64_t r = e->rows;
+    e->rows = e->cols, e->cols = r, e->transposed = STZ_TRANSPOSED_HELD;
+    return STZ_OK;
+}
 
 stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, float *scales,
                                        stz_err *err)
@@ -204,24 +271,23 @@ stz_status stz_qmodel_read_rows_scales(stz_qmodel *m, size_t i, uint64_t row, si
     if (row > e->rows || nrows > e->rows - row)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s': rows %llu+%zu out of %llu", stz_reader_path(m->r),
                            e->name, (unsigned long long)row, nrows, (unsigned long long)e->rows);
-    size_t per = e->cols && READ_PIECE / e->cols ? (size_t)(READ_PIECE / e->cols) : 1,
-           nb = e->bits ? (size_t)m->qi[m->idx[i]].nblocks : 0;
-    stz_status st = STZ_OK;
-    for (size_t r = 0; !st && r < nrows; r += per) {
-        if (r && stz_interrupt_pending())
-            return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
-        st = read_piece(m, i, row + r, nrows - r < per ? nrows - r : per, dst + r * (size_t)e->cols,
-                        scales ? scales + r * nb : NULL, err);
-    }
+    if (!held(m, i))
+        return read_stored(m, i, row, nrows, (size_t)e->cols, dst, scales, err);
+    if (scales)
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s' is read transposed: its scales are not rows",
+                           stz_reader_path(m->r), e->name);
+    stz_status st = m->held_i == i ? STZ_OK : hold(m, i, err);
+    if (!st)
+        memcpy(dst, m->held + row * e->cols, nrows * (size_t)e->cols * sizeof *dst);
     return st;
 }
 
-static stz_status read_piece(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, float *dst, float *scales,
-                             stz_err *err)
+static stz_status read_piece(stz_qmodel *m, size_t i, uint64_t row, size_t nrows, size_t cols, float *dst,
+                             float *scales, stz_err *err)
 {
     const stz_qtensor *e = &m->list[i];
     const stz_tensor *t = stz_reader_tensor(m->r, m->idx[i]);
-    size_t n = nrows * (size_t)e->cols, need = n * 13 + 64; /* values, scale bytes, scale and minimum floats */
+    size_t n = nrows * cols, need = n * 13 + 64; /* values, scale bytes, scale and minimum floats */
     if (need > m->scratch_cap) {
         uint8_t *b = realloc(m->scratch, need);
         if (!b)
@@ -230,7 +296,7 @@ static stz_status read_piece(stz_qmodel *m, size_t i, uint64_t row, size_t nrows
     }
     if (!e->bits) {
         size_t esz = stz_dtype_bits(t->dtype) / 8;
-        stz_status st = stz_reader_read(m->r, t, row * e->cols * esz, m->scratch, n * esz, err);
+        stz_status st = stz_reader_read(m->r, t, row * cols * esz, m->scratch, n * esz, err);
         stz_err sub;
         if (!st && (st = stz_to_f32(t->dtype, m->scratch, n, dst, &sub)))
             stz_err_set(err, st, "%s: tensor '%s': %s", stz_reader_path(m->r), e->name, sub.msg);
@@ -254,9 +320,9 @@ stz_status stz_qmodel_read_codes(stz_qmodel *m, size_t i, uint64_t row, size_t n
 {
     const stz_qtensor *e = &m->list[i];
     const qinfo *q = &m->qi[m->idx[i]];
-    if (!e->bits || q->svd || !q->sc)
-        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s' has no stored codes and scales",
-                           stz_reader_path(m->r), e->name);
+    if (!e->bits || q->svd || !q->sc || held(m, i))
+        return stz_err_set(err, STZ_E_UNSUPPORTED, "%s: tensor '%s' has no stored codes and scales%s",
+                           stz_reader_path(m->r), e->name, held(m, i) ? " in the order it is read (transposed)" : "");
     if (row > e->rows || nrows > e->rows - row)
         return stz_err_set(err, STZ_E_BOUNDS, "%s: tensor '%s': rows %llu+%zu out of %llu", stz_reader_path(m->r),
                            e->name, (unsigned long long)row, nrows, (unsigned long long)e->rows);

@@ -1,5 +1,5 @@
 /* The tensors of a checkpoint of arch.h's families by role: their names in
- * llama2.c's, Hugging Face's, GPT-Neo's and Gemma's layouts and in GGUF, one table shared by
+ * llama2.c's, Hugging Face's, GPT-Neo's, Gemma's and GPT-2's layouts and in GGUF, one table shared by
  * the forward pass (model/), GGUF export (export/) and whatever maps names
  * between them. Not installed. */
 #ifndef STZ_ROLES_H
@@ -7,8 +7,8 @@
 
 #include "stz_forward.h"
 
-/* The four source layouts (stz_names), as stz_fwd_layout tells them apart. */
-#define STZ_NAMES_COUNT 4
+/* The five source layouts (stz_names), as stz_fwd_layout tells them apart. */
+#define STZ_NAMES_COUNT 5
 
 /* Roles before STZ_ROLE_PER_LAYER are one tensor per layer (%u in the
  * names is the layer); the others one per model. Biases are optional. */
@@ -36,6 +36,7 @@ typedef enum {
     STZ_ROLE_DOWN_B,
     STZ_ROLE_POST_ANORM, /* Gemma: RMSNorm of the attention's output (STZ_ARCH_POST_NORMS) */
     STZ_ROLE_POST_FNORM, /* and of the MLP's */
+    STZ_ROLE_BQKV,       /* GPT-2: the fused q/k/v's bias (STZ_ARCH_CONV1D) */
     STZ_ROLE_PER_LAYER,
     STZ_ROLE_EMBED = STZ_ROLE_PER_LAYER,
     STZ_ROLE_NORM,
@@ -63,9 +64,9 @@ struct stz_arch_row;
 int stz_role_find(const char *name, int names, const struct stz_arch_row *arch, unsigned *layer);
 /* Whether role r is an RMSNorm's weight (Gemma's are by 1 + w). */
 int stz_role_is_norm(int r);
-/* The GGUF name of a model tensor named in llama2.c's, Hugging Face's or
- * GPT-Neo's layout (Gemma's matrices are named as Hugging Face's), into
- * out; 0 when the name has no role. */
+/* The GGUF name of a model tensor named in llama2.c's, Hugging Face's,
+ * GPT-Neo's or GPT-2's layout (Gemma's matrices are named as Hugging
+ * Face's), into out; 0 when the name has no role. */
 int stz_role_gguf_name(const char *name, char *out, size_t cap);
 
 #endif /* STZ_ROLES_H */

@@ -180,6 +180,7 @@ static stz_status compress_one(void *user, const char *in, const char *out, int 
         qp.progress_user = &g;
         qp.imatrix = p->imatrix;
         qp.feedback = c->fb;
+        qp.config = p->config;
         s = stz_compress_file(&qp, &pp, p->policy, in, out, &qs, &ps, err);
     }
     stz_stage_close(&g);

@@ -7,9 +7,36 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A matrix stored transposed (GPT-2's Conv1D, FORMAT.md): the rows of the
+ * transpose decoded in batches, the whole written in the original's order. */
+static stz_status write_transposed(stz_writer *w, const stz_reader *r, qinfo *qi, stz_dtype odt, uint8_t *in, float *f,
+                                   float *sc, uint8_t *out, stz_err *err)
+{
+    size_t R = (size_t)qi->rows, C = (size_t)qi->cols, osz = stz_dtype_bits(odt) / 8;
+    size_t per = (STZ_QUANT_BATCH_BYTES / 8) / C ? (STZ_QUANT_BATCH_BYTES / 8) / C : 1;
+    float *t = malloc(R * C * sizeof *t + 1);
+    uint8_t *o = malloc(R * C * osz + 1);
+    stz_status st = t && o ? STZ_OK
+                           : stz_err_set(err, STZ_E_NOMEM, "%s: out of memory for tensor '%s' (%zu x %zu)",
+                                         stz_reader_path(r), qi->name, C, R);
+    for (size_t row = 0; !st && row < R; row += per) {
+        size_t nr = R - row < per ? R - row : per;
+        if (!(st = stz_qi_rows(r, qi, row, nr, in, out, sc, f, err)))
+            for (size_t k = 0; k < nr; k++)
+                for (size_t c = 0; c < C; c++)
+                    t[c * R + row + k] = f[k * C + c];
+    }
+    if (!st && !(st = stz_from_f32(odt, t, R * C, o, err)))
+        st = stz_writer_write(w, o, R * C * osz, err);
+    free(t), free(o);
+    return st;
+}
+
 static stz_status write_dequantized(stz_writer *w, const stz_reader *r, qinfo *qi, stz_dtype odt, uint8_t *in, float *f,
                                     float *sc, uint8_t *out, stz_err *err)
 {
+    if (qi->transposed)
+        return write_transposed(w, r, qi, odt, in, f, sc, out, err);
     size_t osz = stz_dtype_bits(odt) / 8;
     uint64_t per = (STZ_QUANT_BATCH_BYTES / 8) / qi->cols;
     if (per == 0)

@@ -111,22 +111,67 @@ stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_
     if (st || !fit)
         return st;
     size_t cols = stz_qf_fit_cols(x->cols), nr = stz_qf_fit_rows(x->rows);
-    float *smp = malloc(nr * cols * sizeof *smp + 1);
-    if (!smp)
-        return stz_err_set(err, STZ_E_NOMEM, "out of memory for the sample of rows");
-    for (size_t k = 0; !st && k < nr; k++) {
-        uint64_t row = k * (x->rows / nr);
-        if (!(st = stz_reader_read(r, t, row * x->cols * esz, buf, cols * esz, err)))
-            st = stz_to_f32(t->dtype, buf, cols, smp + k * cols, err);
-    }
+    float *smp = malloc(nr * cols * sizeof *smp + 1), *row_f = malloc(x->cols * sizeof *row_f + 1);
+    st = smp && row_f ? stz_quant_plan_hold(r, t, x, err)
+                      : stz_err_set(err, STZ_E_NOMEM, "out of memory for the sample of rows");
+    for (size_t k = 0; !st && k < nr; k++) /* the first cols of rows spread over the tensor */
+        if (!(st = stz_quant_plan_rows(r, t, x, k * (x->rows / nr), 1, buf, row_f, err)))
+            memcpy(smp + k * cols, row_f, cols * sizeof *smp);
     if (!st && stz_quant_first_nonfinite(smp, nr * cols) == nr * cols)
         stz_qf_fit_levels(&x->fmt, smp, nr, cols);
-    free(smp);
+    stz_quant_plan_release(x);
+    free(smp), free(row_f);
     return st;
+}
+
+stz_status stz_quant_plan_hold(const stz_reader *r, const stz_tensor *t, stz_quant_plan *x, stz_err *err)
+{
+    if (!x->transposed || x->held)
+        return STZ_OK;
+    size_t R = (size_t)x->cols, C = (size_t)x->rows, esz = stz_dtype_bits(t->dtype) / 8; /* as stored: R x C */
+    size_t per = STZ_QUANT_BATCH_BYTES / esz / C ? STZ_QUANT_BATCH_BYTES / esz / C : 1;
+    float *f = malloc(R * C * sizeof *f + 1);
+    uint8_t *in = malloc(per * C * esz + 1);
+    x->held = malloc(R * C * sizeof *x->held + 1);
+    stz_status st =
+        f && in && x->held
+            ? STZ_OK
+            : stz_err_set(err, STZ_E_NOMEM, "out of memory transposing tensor '%s' (%zu x %zu)", t->name, R, C);
+    for (size_t r0 = 0; !st && r0 < R; r0 += per) {
+        size_t k = R - r0 < per ? R - r0 : per;
+        if (!(st = stz_reader_read(r, t, r0 * C * esz, in, k * C * esz, err)))
+            st = stz_to_f32(t->dtype, in, k * C, f + r0 * C, err);
+    }
+    for (size_t i = 0; !st && i < R; i++)
+        for (size_t j = 0; j < C; j++)
+            x->held[j * R + i] = f[i * C + j];
+    free(f), free(in);
+    if (st)
+        stz_quant_plan_release(x);
+    return st;
+}
+
+void stz_quant_plan_release(stz_quant_plan *x)
+{
+    free(x->held);
+    x->held = NULL;
+}
+
+stz_status stz_quant_plan_rows(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *x, uint64_t row,
+                               size_t nr, uint8_t *buf, float *f, stz_err *err)
+{
+    size_t n = nr * (size_t)x->cols, esz = stz_dtype_bits(t->dtype) / 8;
+    if (x->held) {
+        memcpy(f, x->held + row * x->cols, n * sizeof *f);
+        return STZ_OK;
+    }
+    stz_status st = stz_reader_read(r, t, row * x->cols * esz, buf, n * esz, err);
+    return st ? st : stz_to_f32(t->dtype, buf, n, f, err);
 }
 
 void stz_quant_plan_free(stz_quant_plan *x)
 {
+    stz_quant_plan_release(x);
     free(x->scales_name);
     free(x->mins_name);
     free(x->Uq), free(x->Us), free(x->Sq), free(x->Vq), free(x->Vs);

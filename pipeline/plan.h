@@ -14,7 +14,9 @@
 typedef struct {
     stz_decision d;
     int bits;                 /* 0 kept, 8, 4 */
-    uint64_t rows, cols;      /* cols = last dimension (whole tensor for 1-D) */
+    uint64_t rows, cols;      /* cols = last dimension (whole tensor for 1-D); transposed: the first */
+    int transposed;           /* a matrix stored (in, out) (GPT-2's Conv1D) quantized as its transpose */
+    float *held;              /* transposed: its transpose as F32 while it is read (stz_quant_plan_hold) */
     uint64_t nblocks;         /* per row */
     char *scales_name;        /* NULL: single scale, in metadata */
     char *mins_name;          /* asym: NAME.mins (NULL: single block) */
@@ -49,6 +51,14 @@ void stz_quant_plan_format(stz_quant_plan *x);
  * buffers on `threads` threads. */
 stz_status stz_quant_plan_prepare(const stz_reader *r, const stz_tensor *t, stz_quant_plan *x, qslot *slot, int threads,
                                   stz_err *err);
+/* A transposed plan's tensor read whole and held transposed (x->held),
+ * until stz_quant_plan_release; nothing for others. */
+stz_status stz_quant_plan_hold(const stz_reader *r, const stz_tensor *t, stz_quant_plan *x, stz_err *err);
+void stz_quant_plan_release(stz_quant_plan *x);
+/* Rows [row, row + nr) of the plan's matrix (x->cols floats each) into f:
+ * read through buf (nr rows of the tensor's bytes), or from x->held. */
+stz_status stz_quant_plan_rows(const stz_reader *r, const stz_tensor *t, const stz_quant_plan *x, uint64_t row,
+                               size_t nr, uint8_t *buf, float *f, stz_err *err);
 /* A tensor whose rule keeps it when it holds NaN/Inf, and which does. */
 void stz_quant_plan_keep_nonfinite(stz_quant_plan *x);
 void stz_quant_plan_free(stz_quant_plan *x);

@@ -20,6 +20,8 @@
 #include "stz_feedback.h"
 #include "stz_svd.h"
 #include "plan.h"
+#include "model/arch.h"
+#include "model/roles.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -54,8 +56,9 @@ static int quant_row(const stz_quant_plan *pl, const float *x, uint8_t *q, float
 }
 
 /* An entry's common keys: method, bits, block_size, the original dtype and shape. */
-static cJSON *meta_head(const stz_tensor *t, const char *method, int bits, uint32_t block)
+static cJSON *meta_head(const stz_tensor *t, const stz_quant_plan *pl, const char *method, uint32_t block)
 {
+    int bits = pl->bits;
     cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
     cJSON_AddStringToObject(o, "method", method);
     cJSON_AddNumberToObject(o, "bits", bits);
@@ -64,6 +67,8 @@ static cJSON *meta_head(const stz_tensor *t, const char *method, int bits, uint3
     for (int d = 0; d < t->ndim; d++)
         stz_json_put(sh, NULL, cJSON_CreateNumber((double)t->shape[d]));
     stz_json_put(o, "shape", sh);
+    if (pl->transposed)
+        cJSON_AddTrueToObject(o, "transposed");
     return o;
 }
 
@@ -71,12 +76,12 @@ static stz_status meta_for(stz_writer *w, const stz_tensor *t, const stz_quant_p
 {
     stz_json_begin();
     if (pl->fmt.ggml) { /* a llama.cpp type: its blocks hold the scales (FORMAT.md) */
-        cJSON *o = meta_head(t, stz_action_name(pl->d.action, pl->d.ggml_type), pl->bits, pl->fmt.block);
+        cJSON *o = meta_head(t, pl, stz_action_name(pl->d.action, pl->d.ggml_type), pl->fmt.block);
         cJSON_AddStringToObject(o, "packing", STZ_QUANT_GGML_PACKING);
         return stz_quant_put_meta(w, t, o, "quantization", err);
     }
-    cJSON *o = meta_head(t, pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method), pl->bits,
-                         pl->d.block_size);
+    cJSON *o =
+        meta_head(t, pl, pl->d.method == STZ_QMETHOD_NL_FIT ? "nl" : stz_qmethod_name(pl->d.method), pl->d.block_size);
     if (pl->scales_name)
         cJSON_AddStringToObject(o, "scales", pl->scales_name);
     else
@@ -134,14 +139,13 @@ static stz_status q_work(void *ctx, int tid, size_t i, stz_err *err)
     qslot *s = &j->slot[tid];
     const stz_quant_plan *pl = j->x;
     const stz_tensor *t = j->t;
-    size_t esz = stz_dtype_bits(t->dtype) / 8, rb = stz_qf_bytes(&pl->fmt, pl->cols);
+    size_t rb = stz_qf_bytes(&pl->fmt, pl->cols);
     uint64_t row = i * j->per;
     size_t nr = pl->rows - row < j->per ? (size_t)(pl->rows - row) : (size_t)j->per, n = nr * (size_t)pl->cols;
     stz_status st;
     s->rows = nr;
     memset(&s->acc, 0, sizeof s->acc);
-    if ((st = stz_reader_read(j->r, t, row * pl->cols * esz, s->in, n * esz, err)) ||
-        (st = stz_to_f32(t->dtype, s->in, n, s->f, err)))
+    if ((st = stz_quant_plan_rows(j->r, t, pl, row, nr, s->in, s->f, err)))
         return st;
     size_t bad = stz_quant_first_nonfinite(s->f, n);
     if (bad < n)
@@ -215,11 +219,11 @@ static stz_status trellis_batch(const stz_reader *r, const stz_tensor *t, const 
                                 uint64_t b, int threads, uint8_t *in, float *x, float *y, uint8_t *q, float *sc,
                                 stz_metrics_acc *acc, stz_err *err)
 {
-    size_t esz = stz_dtype_bits(t->dtype) / 8, nr = (size_t)(b - a), cols = (size_t)pl->cols, n = nr * cols;
+    size_t nr = (size_t)(b - a), cols = (size_t)pl->cols, n = nr * cols;
     float *s = sc + a * pl->nblocks;
     stz_err sub;
     stz_status st;
-    if ((st = stz_reader_read(r, t, a * cols * esz, in, n * esz, err)) || (st = stz_to_f32(t->dtype, in, n, x, err)))
+    if ((st = stz_quant_plan_rows(r, t, pl, a, nr, in, x, err)))
         return st;
     size_t bad = stz_quant_first_nonfinite(x, n);
     if (bad < n)
@@ -337,9 +341,33 @@ typedef struct {
     stz_pack_sink *sink; /* compress: the container the writer's bytes go to */
 } qfile;
 
-/* The policy's decision and the row shape of every tensor. */
-static stz_status plan_tensors(qfile *j, stz_policy *policy, const stz_imatrix *im, stz_err *err)
+/* The family of the file's model when it stores matrices (in, out)
+ * (GPT-2's Conv1D; its configuration found as the forward pass finds it),
+ * else NULL: a model of another family, or without a configuration. */
+static const stz_arch *conv1d_family(const qfile *j, const char *config)
 {
+    stz_qmodel *q = NULL;
+    stz_fwd_config c;
+    char from[STZ_FWD_FROM_MAX];
+    stz_err ignored;
+    int found = !stz_qmodel_open_reader(&q, j->r, &ignored) &&
+                stz_fwd_config_find(j->in, &(stz_model_set){&q, 1}, config, &c, from, NULL, &ignored) > 0;
+    stz_qmodel_free(q);
+    return found && stz_arch_of(&c)->flags & STZ_ARCH_CONV1D ? stz_arch_of(&c) : NULL;
+}
+
+/* Whether tensor t (2-D) is one of family a's matrices stored (in, out). */
+static int stored_in_out(const stz_arch *a, const stz_tensor *t)
+{
+    unsigned layer;
+    return a && t->ndim == 2 && stz_arch_conv1d(a, stz_role_find(t->name, a->layout, a, &layer));
+}
+
+/* The policy's decision and the row shape of every tensor. */
+static stz_status plan_tensors(qfile *j, stz_policy *policy, const stz_quant_params *p, stz_err *err)
+{
+    const stz_imatrix *im = p->imatrix;
+    const stz_arch *conv = conv1d_family(j, p->config);
     if (!(j->pl = calloc(j->nt + 1, sizeof *j->pl)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the plan of every tensor");
     for (size_t i = 0; i < j->nt; i++) {
@@ -351,6 +379,8 @@ static stz_status plan_tensors(qfile *j, stz_policy *policy, const stz_imatrix *
         x->svd = x->d.action == STZ_ACTION_SVD;
         stz_quant_plan_format(x);
         row_shape(t, &x->rows, &x->cols);
+        if ((x->transposed = !x->svd && stored_in_out(conv, t))) /* quantized along its input */
+            x->rows = t->shape[1], x->cols = t->shape[0];
         x->nblocks = stz_q_blocks(x->cols, x->d.block_size);
         if (t->ndim < 2) /* include_1d: one row */
             x->rows = 1, x->cols = t->numel, x->nblocks = stz_q_blocks(t->numel, x->d.block_size);
@@ -436,6 +466,8 @@ static stz_status declare_quantized(stz_writer *w, const stz_tensor *t, const st
     shape[nd - 1] = stz_qf_bytes(&x->fmt, t->ndim ? t->shape[nd - 1] : 1);
     if (t->ndim < 2)
         shape[0] = stz_qf_bytes(&x->fmt, t->numel);
+    if (x->transposed) /* rows of the transpose */
+        shape[0] = x->rows, shape[1] = stz_qf_bytes(&x->fmt, x->cols);
     stz_dtype vd = x->fmt.ggml ? STZ_DTYPE_U8 : stz_quant_values_dtype(x->bits, x->d.method);
     stz_status st = stz_writer_add(w, t->name, vd, nd, shape, err);
     if (!st && x->scales_name) {
@@ -476,10 +508,12 @@ static stz_status write_block(qfile *j, const stz_quant_params *p, const stz_ten
 {
     int taken = 0;
     stz_status st = p->feedback && x->d.feedback ? write_fed(j->w, t, x, p->feedback, &taken, err) : STZ_OK;
-    if (st || taken)
+    if (st || taken || (st = stz_quant_plan_hold(j->r, t, x, err)))
         return st;
-    return x->fmt.method == STZ_QMETHOD_TRELLIS ? write_trellis(j->w, j->r, t, x, j->slot, j->nslots, err)
-                                                : write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err);
+    st = x->fmt.method == STZ_QMETHOD_TRELLIS ? write_trellis(j->w, j->r, t, x, j->slot, j->nslots, err)
+                                              : write_quantized(j->w, j->r, t, x, j->slot, j->nslots, err);
+    stz_quant_plan_release(x);
+    return st;
 }
 
 /* Every tensor in file order: factors, quantized rows, or the bytes kept. */
@@ -555,7 +589,7 @@ static stz_status quantize(const stz_quant_params *p, const stz_pack_params *pp,
     j.nt = stz_reader_count(j.r);
     STZ_TRY(st, stz_refuse_input_as_output(in, out, err));
     STZ_TRY(st, refuse_quantized(j.r, err));
-    STZ_TRY(st, plan_tensors(&j, policy, p->imatrix, err));
+    STZ_TRY(st, plan_tensors(&j, policy, p, err));
     STZ_TRY(st, open_slots(&j, p->threads, err));
     STZ_TRY(st, settle_plan(&j, p, err));
     STZ_TRY(st, declare_outputs(&j, p, pp, err));

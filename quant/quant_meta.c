@@ -43,8 +43,8 @@ static int same_layout(const stz_tensor *t, const qinfo *qi, uint64_t last)
     int nd = qi->ndim ? qi->ndim : 1;
     if (t->ndim != nd || t->shape[nd - 1] != last)
         return 0;
-    for (int d = 0; d < nd - 1; d++)
-        if (t->shape[d] != qi->shape[d])
+    for (int d = 0; d < nd - 1; d++) /* a transposed matrix: its rows are the original's columns */
+        if (t->shape[d] != (qi->transposed ? qi->rows : qi->shape[d]))
             return 0;
     return 1;
 }
@@ -58,9 +58,11 @@ static int float_origin(stz_dtype d)
 
 /* Parses and checks __metadata__["stz.quant.NAME"] against the file. */
 /* The original shape (whole numbers), and the rows, columns and blocks it
- * makes. */
-static stz_status parse_shape(const stz_reader *r, const stz_tensor *t, const cJSON *sh, qinfo *qi, stz_err *err)
+ * makes: of the transpose when "transposed" is true (a matrix only). */
+static stz_status parse_shape(const stz_reader *r, const stz_tensor *t, const cJSON *o, qinfo *qi, stz_err *err)
 {
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
+                *tr = cJSON_GetObjectItemCaseSensitive(o, "transposed");
     qi->numel = 1;
     for (const cJSON *d = sh->child; d; d = d->next) {
         if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) ||
@@ -70,7 +72,11 @@ static stz_status parse_shape(const stz_reader *r, const stz_tensor *t, const cJ
         qi->shape[qi->ndim++] = (uint64_t)d->valuedouble;
         qi->numel *= (uint64_t)d->valuedouble;
     }
-    qi->cols = qi->ndim >= 2 ? qi->shape[qi->ndim - 1] : qi->numel;
+    if (tr && (!cJSON_IsTrue(tr) || qi->ndim != 2))
+        return stz_err_set(err, STZ_E_FORMAT, "%s: tensor '%s': 'transposed' must be true, and for a matrix only",
+                           stz_reader_path(r), t->name);
+    qi->transposed = tr != NULL;
+    qi->cols = qi->ndim >= 2 ? qi->shape[qi->transposed ? 0 : qi->ndim - 1] : qi->numel;
     qi->rows = qi->cols ? qi->numel / qi->cols : 0;
     qi->nblocks = stz_q_blocks(qi->cols, qi->block);
     return STZ_OK;
@@ -114,7 +120,8 @@ static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, cons
                                   stz_err *err)
 {
     const char *P = stz_reader_path(r);
-    static const char *const known[] = {"method", "bits", "block_size", "dtype", "shape", "packing", NULL};
+    static const char *const known[] = {"method", "bits",    "block_size", "dtype",
+                                        "shape",  "packing", "transposed", NULL};
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(o, "shape"),
                 *pk = cJSON_GetObjectItemCaseSensitive(o, "packing"),
                 *bits = cJSON_GetObjectItemCaseSensitive(o, "bits"),
@@ -135,7 +142,7 @@ static stz_status parse_ggml_info(const stz_reader *r, const stz_tensor *t, cons
                            t->name, STZ_QUANT_META_PREFIX, t->name, g->name, g->bits, g->block);
     qi->fmt.ggml = g, qi->fmt.bits = qi->bits = g->bits, qi->fmt.block = qi->block = g->block;
     qi->method = g->name, qi->scale_dtype = STZ_DTYPE_F16;
-    stz_status st = parse_shape(r, t, sh, qi, err);
+    stz_status st = parse_shape(r, t, o, qi, err);
     if (st)
         return st;
     if (!qi->numel || (qi->cols % g->block && g->block != STZ_GGML_QK) || t->dtype != STZ_DTYPE_U8 ||
@@ -163,7 +170,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                 *lv = cJSON_GetObjectItemCaseSensitive(o, "levels");
     static const char *const known[] = {"method", "bits",   "block_size",  "dtype",      "shape",
                                         "scales", "scale",  "scale_dtype", "scale_base", "mins",
-                                        "min",    "levels", "packing",     NULL};
+                                        "min",    "levels", "packing",     "transposed", NULL};
     const cJSON *meth = cJSON_GetObjectItemCaseSensitive(o, "method"),
                 *pk = cJSON_GetObjectItemCaseSensitive(o, "packing");
     const char *unknown = stz_json_unknown_key(o, known), *dup = stz_json_duplicate_key(o);
@@ -236,7 +243,7 @@ static stz_status parse_qinfo(const stz_reader *r, const stz_tensor *t, const ch
                          P, t->name, 1 << nb);
         goto cleanup;
     }
-    if ((st = parse_shape(r, t, sh, qi, err)))
+    if ((st = parse_shape(r, t, o, qi, err)))
         goto cleanup;
     /* the values tensor must be what the metadata says it is, shape included:
      * the original's with the last dimension in bytes (the writer's layout) */

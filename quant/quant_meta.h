@@ -22,7 +22,8 @@ typedef struct {
     stz_dtype dtype, scale_dtype;
     int ndim;
     uint64_t shape[STZ_ST_MAX_NDIM];
-    uint64_t numel, rows, cols, nblocks;
+    uint64_t numel, rows, cols, nblocks; /* rows, cols: of the transpose when transposed */
+    int transposed;                      /* "transposed": the codes are the matrix's transpose, rows by rows */
     float scalar;
     /* svd: W = U diag(S) Vh, INT8 factors with per-row F32 scales */
     int svd;

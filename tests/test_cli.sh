@@ -380,8 +380,9 @@ has "$T/err" "vocab.json: sequence 1, token 3: id 300 is outside the vocabulary"
 printf '[[1, 2.5]]' >"$T/frac.json"
 expect_rc 1 "forward: not a token id" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --tokens "$T/frac.json"
 "$STZ" synth gpt2-tiny -o "$T/gpt2.safetensors" -q
-expect_rc 1 "forward: another architecture" "$STZ" eval "$T/gpt2.safetensors" "$T/gpt2.safetensors" --forward
-has "$T/err" "model_type 'gpt2' is not supported (stz runs llama, mistral, qwen2, qwen3, phi3, gpt_neo, gemma2, gemma3_text)" \
+python3 "$(dirname "$0")/edit_meta.py" "$T/gpt2.safetensors" "$T/bloom.safetensors" config model_type=bloom
+expect_rc 1 "forward: another architecture" "$STZ" eval "$T/bloom.safetensors" "$T/bloom.safetensors" --forward
+has "$T/err" "model_type 'bloom' is not supported (stz runs llama, mistral, qwen2, qwen3, phi3, gpt_neo, gemma2, gemma3_text, gpt2)" \
     "names what is unsupported and what runs"
 printf '{"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}' >"$T/cfg3.json"
 expect_rc 1 "forward: config disagrees with the tensors" "$STZ" eval "$T/fw.safetensors" "$T/fw4.safetensors" --forward --config "$T/cfg3.json"

@@ -569,8 +569,8 @@ static void test_bad_models(void **state)
                     "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":1,"
                     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256}"});
     expect_open_error(bad, STZ_E_FORMAT, "the config says 1 layers but 'model.layers.1");
-    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"model_type\":\"gpt2\",\"hidden_size\":64}"});
-    expect_open_error(bad, STZ_E_UNSUPPORTED, "model_type 'gpt2' is not supported");
+    rewrite(p, bad, &(edit){0, NULL, NULL, "{\"model_type\":\"bloom\",\"hidden_size\":64}"});
+    expect_open_error(bad, STZ_E_UNSUPPORTED, "model_type 'bloom' is not supported");
     rewrite(p, bad,
             &(edit){0, NULL, NULL,
                     "{\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
@@ -641,7 +641,7 @@ static void test_config(void **state)
     assert_int_equal(stz_fwd_config_parse(&c, "{\"hidden_size\":64}", "cfg.json", &err), STZ_E_FORMAT);
     assert_string_equal(err.msg, "cfg.json: 'intermediate_size' is missing");
     assert_int_equal(stz_fwd_config_parse(&c, "[1]", "cfg.json", &err), STZ_E_JSON);
-    assert_int_equal(stz_fwd_config_parse(&c, "{\"architectures\":[\"GPT2LMHeadModel\"]}", "c", &err),
+    assert_int_equal(stz_fwd_config_parse(&c, "{\"architectures\":[\"BloomForCausalLM\"]}", "c", &err),
                      STZ_E_UNSUPPORTED);
     assert_int_equal(stz_fwd_config_parse(&c, "{\"hidden_act\":\"gelu\"}", "c", &err), STZ_E_UNSUPPORTED);
     /* GPT-Neo: its keys, a hidden size of 4 x dim by default, the kinds of
@@ -694,6 +694,22 @@ static void test_config(void **state)
     assert_string_equal(err.msg, "g2: the attention types are not one for each of the 6 layers");
     snprintf(json, sizeof json, gemma, "gemma2", ",\"hidden_activation\":\"gelu\"");
     assert_int_equal(stz_fwd_config_parse(&c, json, "g2", &err), STZ_E_UNSUPPORTED);
+    /* GPT-2: its keys (GPT-2 124M's config.json), n_inner null for 4 x
+     * n_embd, tied, no window; other attention scales refused by name */
+    const char *gpt2 =
+        "{\"model_type\":\"gpt2\",\"architectures\":[\"GPT2LMHeadModel\"],\"n_embd\":768,"
+        "\"n_inner\":null,\"n_layer\":12,\"n_head\":12,\"n_positions\":1024,\"n_ctx\":1024,"
+        "\"vocab_size\":50257,\"bos_token_id\":50256,\"layer_norm_epsilon\":1e-05,"
+        "\"activation_function\":\"gelu_new\"%s}";
+    snprintf(json, sizeof json, gpt2, "");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "gpt2", &err), STZ_OK);
+    assert_true(c.arch == STZ_ARCH_GPT2 && c.dim == 768 && c.hidden == 3072 && c.n_heads == 12 && c.head_dim == 64);
+    assert_true(c.n_kv_heads == 12 && c.max_pos == 1024 && c.bos == 50256 && c.tied && !c.local_window);
+    snprintf(json, sizeof json, gpt2, ",\"scale_attn_by_inverse_layer_idx\":true");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "gpt2", &err), STZ_E_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "scale_attn_by_inverse_layer_idx"));
+    snprintf(json, sizeof json, gpt2, ",\"scale_attn_weights\":false");
+    assert_int_equal(stz_fwd_config_parse(&c, json, "gpt2", &err), STZ_E_UNSUPPORTED);
 }
 
 int main(void)

@@ -2,8 +2,9 @@
 Qwen2-, Qwen3-, Phi-3-, Gemma 2- and Gemma 3-style models (q/k/v biases; per-head q/k RMSNorm
 and heads wider than hidden / heads; fused qkv and gate_up projections;
 grouped-query attention, rotate_half RoPE with rope_theta from
-config.json, untied head) and of GPT-Neo (learned positions, LayerNorm,
-GELU, unscaled scores, local attention on alternate layers, tied head),
+config.json, untied head), of GPT-Neo (learned positions, LayerNorm,
+GELU, unscaled scores, local attention on alternate layers, tied head)
+and of GPT-2 (Conv1D weights stored (in, out), fused q/k/v with a bias),
 stz synth's tiny models in a Hugging Face directory. Run with pytest; STZ
 names the stz binary."""
 import json
@@ -167,6 +168,41 @@ def logits_gemma(w, cfg, tokens, inputs=None):
     return final * np.tanh(z / final) if final else z
 
 
+def logits_gpt2(w, cfg, tokens, inputs=None):
+    """Hugging Face GPT2LMHeadModel, written from its modeling code: wte +
+    wpe, pre-LayerNorm blocks, Conv1D layers x @ W + b with W stored (in,
+    out), c_attn giving q, k and v side by side, scores by 1/sqrt(head
+    size), gelu_new, the head tied to wte. Names with or without
+    "transformer." (the candidate's are without); inputs as logits'."""
+    def get(name):
+        return w[name] if name in w else w[name[len("transformer."):]]
+
+    def conv(h, name):
+        if inputs is not None:
+            inputs.setdefault(name + ".weight", []).append(h)
+        return h @ get(name + ".weight") + get(name + ".bias")
+
+    H, nh, eps = cfg["n_embd"], cfg["n_head"], cfg.get("layer_norm_epsilon", 1e-5)
+    hd = H // nh
+    T = len(tokens)
+    x = get("transformer.wte.weight")[tokens] + get("transformer.wpe.weight")[:T]
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    for l in range(cfg["n_layer"]):
+        p = "transformer.h.%d." % l
+        h = layernorm(x, get(p + "ln_1.weight"), get(p + "ln_1.bias"), eps)
+        q, k, v = (a.reshape(T, nh, hd) for a in np.split(conv(h, p + "attn.c_attn"), 3, axis=-1))
+        s = np.where(j <= i, np.einsum("thd,uhd->htu", q, k) / np.sqrt(hd), -1e9)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        x = x + conv(np.einsum("htu,uhd->thd", s, v).reshape(T, H), p + "attn.c_proj")
+        h = layernorm(x, get(p + "ln_2.weight"), get(p + "ln_2.bias"), eps)
+        x = x + conv(gelu_new(conv(h, p + "mlp.c_fc")), p + "mlp.c_proj")
+    h = layernorm(x, get("transformer.ln_f.weight"), get("transformer.ln_f.bias"), eps)
+    if inputs is not None:
+        inputs.setdefault("transformer.wte.weight", []).append(h)
+    return h @ get("transformer.wte.weight").T
+
+
 def log_softmax(z):
     z = z - z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -174,12 +210,13 @@ def log_softmax(z):
 
 FAMILIES = {"qwen2": ("tiny", "Qwen2ForCausalLM"), "qwen3": ("qwen3-tiny", "Qwen3ForCausalLM"),
             "phi3": ("phi3-tiny", "Phi3ForCausalLM"), "gpt_neo": ("gpt-neo-tiny", "GPTNeoForCausalLM"),
-            "gemma2": ("gemma2-tiny", "Gemma2ForCausalLM"), "gemma3_text": ("gemma3-tiny", "Gemma3ForCausalLM")}
+            "gemma2": ("gemma2-tiny", "Gemma2ForCausalLM"), "gemma3_text": ("gemma3-tiny", "Gemma3ForCausalLM"),
+            "gpt2": ("gpt2-tiny", "GPT2LMHeadModel")}
 
 
 def reference(cfg):
-    return {"gpt_neo": logits_gpt_neo, "gemma2": logits_gemma, "gemma3_text": logits_gemma}.get(cfg["model_type"],
-                                                                                                logits)
+    return {"gpt_neo": logits_gpt_neo, "gpt2": logits_gpt2, "gemma2": logits_gemma,
+            "gemma3_text": logits_gemma}.get(cfg["model_type"], logits)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -195,6 +232,8 @@ def models(tmp_path_factory, request):
     cfg.update(model_type=request.param, architectures=[cls])
     if request.param == "gpt_neo":  # the 24- and 17-token sequences pass the local layer's window
         cfg.update(window_size=8, layer_norm_epsilon=1e-5, activation_function="gelu_new")
+    elif request.param == "gpt2":
+        cfg.update(layer_norm_epsilon=1e-5, activation_function="gelu_new", n_inner=None)
     elif request.param.startswith("gemma"):  # synth's own keys (window 16: the sequences pass it)
         cfg.update(rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh")
         cfg.setdefault("rope_theta", 10000.0)
@@ -209,6 +248,8 @@ def models(tmp_path_factory, request):
         (p / "config.json").write_text(json.dumps(cfg))
     rng = np.random.default_rng(3)
     wc = {n: v + (0.05 * v.std() * rng.standard_normal(v.shape) if v.ndim == 2 else 0) for n, v in w.items()}
+    if request.param == "gpt2":  # as GPT2Model saves them: no "transformer."
+        wc = {n.replace("transformer.", "", 1): v for n, v in wc.items()}
     save(cand / "model.safetensors", wc, {})  # no metadata config: config.json must be used
     seqs = [rng.integers(0, cfg["vocab_size"], 24).tolist(), rng.integers(0, cfg["vocab_size"], 17).tolist()]
     (d / "tokens.json").write_text(json.dumps(seqs))
@@ -250,7 +291,8 @@ def test_check_is_sensitive(models):
     wrongs = {"gpt_neo": [dict(cfg, window_size=12), dict(cfg, window_size=1000)],
               "gemma2": [dict(cfg, sliding_window=1000), dict(cfg, attn_logit_softcapping=None),
                          dict(cfg, final_logit_softcapping=None)],
-              "gemma3_text": [dict(cfg, sliding_window=1000), dict(cfg, rope_local_base_freq=cfg.get("rope_theta"))]}
+              "gemma3_text": [dict(cfg, sliding_window=1000), dict(cfg, rope_local_base_freq=cfg.get("rope_theta"))],
+              "gpt2": [dict(cfg, layer_norm_epsilon=0.1)]}
     for wrong in wrongs.get(cfg["model_type"], [dict(cfg, rope_theta=10000.0)]):
         assert abs(perplexity(w, wrong, seqs) / got - 1) > 1e-3
 
@@ -271,6 +313,13 @@ def test_sliding_window_refused(models):
                   "gemma2": ("layer_types", ((["full_attention"], "not one for each of the 2 layers"),
                                              (["local", "global"], "must list \"sliding_attention\"")))
                   }.get(cfg["model_type"].replace("gemma3_text", "gemma2"), (None, ()))
+    if cfg["model_type"] == "gpt2":  # no windows: the attention scales it does not take are refused by name
+        for wrong in (dict(cfg, scale_attn_by_inverse_layer_idx=True), dict(cfg, scale_attn_weights=False)):
+            (d / "scale.json").write_text(json.dumps(wrong))
+            r = subprocess.run([STZ, "eval", str(d / "orig"), str(d / "cand"), "--forward", "--config",
+                                str(d / "scale.json")], capture_output=True, text=True)
+            assert r.returncode == 1 and "scale_attn_weights false" in r.stderr and "scale.json" in r.stderr, r.stderr
+        return
     if key:  # its windowed layers run; kinds of layers that do not fit are refused
         for types, said in cases:
             (d / "types.json").write_text(json.dumps(dict(cfg, **{key: types})))

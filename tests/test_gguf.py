@@ -336,9 +336,9 @@ def test_bad_input(tmp_path):
     out = tmp_path / "o.gguf"
     r = stz("export", "--gguf", m / "model.safetensors", "-o", out, ok=False)
     assert r.returncode == 1 and "no tokenizer" in r.stderr and "--tokenizer" in r.stderr
-    (m / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    (m / "config.json").write_text(json.dumps({"model_type": "bloom", "n_layer": 2}))
     r = stz("export", "--gguf", m, "-o", out, "--tokenizer", m / "tokenizer.json", ok=False)
-    assert r.returncode == 1 and "model_type 'gpt2' is not supported" in r.stderr
+    assert r.returncode == 1 and "model_type 'bloom' is not supported" in r.stderr
     (m / "config.json").unlink()
     tj = tmp_path / "tokenizer.json"
     tj.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 999}, "merges": []}}))
@@ -404,7 +404,8 @@ def test_hostile_gguf(tmp_path):
     assert list(load_f32(tmp_path / "h.safetensors")) == ["blk.0.attn_norm.bias"]
 
 
-TINY = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "gemma2": "gemma2-tiny", "gemma3_text": "gemma3-tiny"}
+TINY = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "gemma2": "gemma2-tiny", "gemma3_text": "gemma3-tiny",
+        "gpt2": "gpt2-tiny"}
 
 
 def hf_dir(tmp_path, arch, name="m", layers=None, **extra):
@@ -823,9 +824,47 @@ def test_padded_ffn_hugging_face(tmp_path, arch):
 
 
 @need_engine
-@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2", "gemma3_text"])
+def test_llama_cpp_runs_gpt2(tmp_path):
+    """GPT-2 (issue 55): its Conv1D weights, stored (in, out), written
+    transposed as llama.cpp's rows; c_attn as attn_qkv with its bias,
+    LayerNorm biases, learned positions, the head tied to the embedding.
+    llama.cpp's logits match stz's forward pass, also on names without
+    "transformer." (GPT2Model's checkpoints)."""
+    m = hf_dir(tmp_path, "gpt2")
+    out = tmp_path / "t.gguf"
+    assert json.loads(stz("export", "--gguf", m, "-o", out, "--name", "g", "--json").stdout)["architecture"] == "gpt2"
+    kv, t = read_gguf(out)
+    assert kv["gpt2.attention.layer_norm_epsilon"] == pytest.approx(1e-5) and "gpt2.rope.freq_base" not in kv
+    assert kv["tokenizer.ggml.pre"] == "gpt-2" and kv["tokenizer.ggml.add_bos_token"] is False
+    for name, ne in {"blk.0.attn_qkv.weight": [64, 192], "blk.0.attn_qkv.bias": [192], "blk.1.ffn_up.weight": [64, 256],
+                     "blk.1.ffn_down.weight": [256, 64], "position_embd.weight": [64, 128],
+                     "output_norm.bias": [64]}.items():
+        assert list(t[name][0].shape)[::-1] == ne, (name, t[name][0].shape)
+    assert "output.weight" not in t
+    w = load_f32(m / "model.safetensors")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    save(bare / "model.safetensors", {n.replace("transformer.", "", 1): v for n, v in w.items()})
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy(m / f, bare / f)
+    stz("export", "--gguf", bare, "-o", tmp_path / "bare.gguf", "--name", "g", "-q")
+    assert (tmp_path / "bare.gguf").read_bytes() == out.read_bytes()
+    tokens = np.random.default_rng(5).integers(0, 255, 64).tolist()
+    got, _ = run_engine(tmp_path, out, tokens)
+    mine = stz_logits(m / "model.safetensors", tokens, m / "config.json")
+    assert np.abs(got - mine).max() < 5e-3
+    assert kl_mean(mine, got) < 1e-4  # issue 55's bound, nats per token
+    assert np.abs(stz_logits(bare / "model.safetensors", tokens, m / "config.json") - mine).max() == 0
+    assert np.array_equal(stz_logits(out, tokens, m / "config.json"), mine)  # the GGUF read as the checkpoint
+    stz("dequantize", out, "-o", tmp_path / "back.safetensors", "-q", "--dtype", "f32")
+    back = load_f32(tmp_path / "back.safetensors")
+    assert back.keys() == w.keys() and all(np.array_equal(back[n], w[n]) for n in w)  # Conv1D (in, out) again
+
+
+@need_engine
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2", "gemma3_text", "gpt2"])
 def test_family_one_command_in_llama_cpp(tmp_path, arch):
-    """Qwen3, Phi-3, Gemma 2 and Gemma 3 end to end (issue 55): `stz gguf` calibrates
+    """Qwen3, Phi-3, Gemma 2, Gemma 3 and GPT-2 end to end (issue 55): `stz gguf` calibrates
     (importance matrix, error feedback, tune on the model's own outputs) and
     writes a file at llama-quantize Q4_K_M's size that llama.cpp runs as
     stz's forward pass runs it, and that stz reads back to the values it
@@ -837,8 +876,8 @@ def test_family_one_command_in_llama_cpp(tmp_path, arch):
     assert any(t["choice"].endswith("+fb") for t in rep["tensors"]), rep["tensors"]  # error feedback ran
     kv, t = read_gguf(out)
     assert kv["general.architecture"] == arch.replace("gemma3_text", "gemma3")
-    assert ("blk.0.attn_qkv.weight" if arch == "phi3" else "blk.0.post_ffw_norm.weight" if arch == "gemma2"
-            else "blk.0.attn_q_norm.weight") in t
+    assert {"phi3": "blk.0.attn_qkv.weight", "gemma2": "blk.0.post_ffw_norm.weight",
+            "gpt2": "blk.0.attn_qkv.bias"}.get(arch, "blk.0.attn_q_norm.weight") in t
     assert len({typ for _, typ in t.values()} - {0, 1}) >= 2  # a quantized mix, not floats
     tokens = [255] + np.random.default_rng(5).integers(0, 255, 63).tolist()
     got, _ = run_engine(tmp_path, out, tokens)
@@ -849,9 +888,11 @@ def test_family_one_command_in_llama_cpp(tmp_path, arch):
     back = tmp_path / "back.safetensors"
     stz("dequantize", out, "-o", back, "-q", "--dtype", "f32")
     w = load_f32(back)
-    assert ("model.layers.1.mlp.gate_up_proj.weight" if arch == "phi3"
-            else "model.layers.1.pre_feedforward_layernorm.weight" if arch == "gemma2"
-            else "model.layers.1.self_attn.k_norm.weight") in w
+    assert {"phi3": "model.layers.1.mlp.gate_up_proj.weight",
+            "gemma2": "model.layers.1.pre_feedforward_layernorm.weight",
+            "gpt2": "transformer.h.1.attn.c_attn.weight"}.get(arch, "model.layers.1.self_attn.k_norm.weight") in w
+    if arch == "gpt2":  # the Conv1D weights read back (in, out), as Hugging Face's GPT-2 holds them
+        assert w["transformer.h.1.attn.c_attn.weight"].shape == (64, 192), w["transformer.h.1.attn.c_attn.weight"].shape
 
 
 # ---- llama.cpp's own types, chosen by stz (issue 30, item 1) ---------------------------

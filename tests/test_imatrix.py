@@ -21,7 +21,8 @@ HF_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_att
            "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
            "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
            "attn.attention.q_proj": "attn_q", "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
-           "attn.attention.out_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+           "attn.attention.out_proj": "attn_output", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
+           "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output"}
 
 
 def stz(*args, ok=True):
@@ -49,7 +50,7 @@ def model_dir(d, synth="tiny", model_type="qwen2", cls="Qwen2ForCausalLM"):
         cfg.update(window_size=8)
     elif model_type.startswith("gemma"):  # synth's keys; layer 0's window of 16 passes inside it
         cfg.update(rms_norm_eps=1e-6, rope_theta=cfg.get("rope_theta", 10000.0))
-    else:
+    elif model_type != "gpt2":
         cfg.update(rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False,
                    sliding_window=4096)
     del cfg["architecture"]
@@ -113,6 +114,15 @@ def test_gpt_neo(tmp_path):
     t = check_numpy(model_dir(tmp_path, "gpt-neo-tiny", "gpt_neo", "GPTNeoForCausalLM"))
     assert "blk.1.ffn_up.weight.in_sum2" in t and "token_embd.weight.in_sum2" in t
     assert not any(".ffn_gate." in n for n in t)
+
+
+def test_gpt2(tmp_path):
+    """GPT-2: the fused c_attn under llama.cpp's attn_qkv, c_proj,
+    c_fc and the MLP's c_proj; the inputs of its Conv1D weights (stored
+    (in, out)) summed over their in dimension."""
+    t = check_numpy(model_dir(tmp_path, "gpt2-tiny", "gpt2", "GPT2LMHeadModel"))
+    assert "blk.1.attn_qkv.weight.in_sum2" in t and "blk.1.attn_output.weight.in_sum2" in t
+    assert t["blk.1.ffn_down.weight.in_sum2"][0].shape == (1, 256)
 
 
 def test_sampled_in_one_pass_and_deterministic(tiny):

@@ -448,9 +448,10 @@ for cmd in inspect "plan --int4" "quantize --int4 -o $T/x.out" "dequantize -o $T
 done
 # a model of another family without a configuration: --config cannot help, say what runs
 "$STZ" synth gpt2-tiny -o "$T/gpt2.safetensors" -q
-python3 "$(dirname "$0")/edit_meta.py" "$T/gpt2.safetensors" "$T/gpt2b.safetensors" config -
+python3 "$(dirname "$0")/edit_meta.py" "$T/gpt2.safetensors" "$T/gpt2a.safetensors" config -
+python3 "$(dirname "$0")/edit_meta.py" --rename "$T/gpt2a.safetensors" "$T/gpt2b.safetensors" transformer. encoder.
 for cmd in "eval --forward $T/gpt2b.safetensors" "export --gguf -o $T/gpt2.gguf" "tune --size 9999"; do
-    expect_rc 1 "$cmd on GPT-2" "$STZ" $cmd "$T/gpt2b.safetensors"
+    expect_rc 1 "$cmd on another family" "$STZ" $cmd "$T/gpt2b.safetensors"
     has "$T/err" "not a model of a family stz runs" "$cmd: says which models run"
     hasnt "$T/err" "give one with --config" "$cmd: does not ask for a configuration"
 done

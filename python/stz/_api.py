@@ -150,6 +150,8 @@ class safe_open:
         q = self._lib.stz_qmodel_tensor(self._m, i).contents
         out = np.empty(q.numel, dtype=np.float32)
         call(self._lib.stz_qmodel_read_rows, self._m, i, 0, q.rows, out.ctypes.data)
+        if q.transposed:  # stored as its transpose (GPT-2's Conv1D): rows of cols
+            return np.ascontiguousarray(out.reshape(q.rows, q.cols).T)
         return out.reshape(_shape(q))
 
     def _decoded(self, i: int) -> bool:
@@ -207,7 +209,7 @@ class TensorSlice:
         """Rows [lo, hi) of the first dimension as stored (or decoded)."""
         f, shape, kind = self._f, self._shape, self._dtype
         if self._decoded:
-            if len(shape) != 2:
+            if len(shape) != 2 or f._lib.stz_qmodel_tensor(f._m, self._i).contents.transposed:
                 return f._floats(self._i)[lo:hi]
             out = np.empty((hi - lo, shape[1]), dtype=np.float32)
             if hi > lo:

@@ -42,7 +42,8 @@ class QTensor(ctypes.Structure):  # stz_qtensor (stz_model.h)
                 ("numel", ctypes.c_uint64), ("rows", ctypes.c_uint64), ("cols", ctypes.c_uint64),
                 ("bits", ctypes.c_int), ("rank", ctypes.c_uint64), ("stored_bytes", ctypes.c_uint64),
                 ("method", ctypes.c_char_p), ("block_size", ctypes.c_uint32), ("scale_dtype", ctypes.c_int),
-                ("scales_name", ctypes.c_char_p), ("gguf_type", ctypes.c_char_p)]
+                ("scales_name", ctypes.c_char_p), ("gguf_type", ctypes.c_char_p),
+                ("transposed", ctypes.c_int)]
 
 
 class ModelSet(ctypes.Structure):  # stz_model_set (stz_model.h)
