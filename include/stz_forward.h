@@ -81,7 +81,9 @@ STZ_API stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, con
  * `config` if given, else config.json in the model directory, else a file's
  * __metadata__["config"], else config.json beside the file. 1 found, 0
  * none, -1 error (err set). `from` (STZ_FWD_FROM_MAX bytes) names where it
- * came from; *text (if text) gets a copy of the JSON, for the caller to free. */
+ * came from; *text (if text) gets a copy of the JSON, for the caller to free
+ * (of the language model's: a multimodal Gemma 3's text_config, with the
+ * defaults it leaves out). */
 #define STZ_FWD_FROM_MAX 4096
 STZ_API int stz_fwd_config_find(const char *path, const stz_model_set *s, const char *config, stz_fwd_config *c,
                                 char *from, char **text, stz_err *err);

@@ -82,9 +82,11 @@ struct stz_container;
 STZ_API struct stz_container *stz_qmodel_container(const stz_qmodel *m);
 STZ_API size_t stz_qmodel_count(const stz_qmodel *m);
 STZ_API const stz_qtensor *stz_qmodel_tensor(const stz_qmodel *m, size_t i);
-/* The index of the tensor `name` (its original name), or -1; a name
- * "transformer.X" not there is looked up as "X" (GPT-2's checkpoints
- * come both ways). */
+/* The index of the tensor `name` (its original name), or -1; a name not
+ * there is looked up under the other names checkpoints store it under
+ * ("transformer.X" as "X": GPT2Model's; "model.X" as
+ * "language_model.model.X" or "model.language_model.X": a multimodal
+ * Gemma 3's language model). */
 STZ_API long stz_qmodel_find(const stz_qmodel *m, const char *name);
 /* The SafeTensors header the tensors are read from (a container's
  * original's). */

@@ -34,6 +34,14 @@ static const stz_arch_keys gpt2_keys = {
     "n_embd",   "n_inner", "n_layer", "n_head", "n_positions", "layer_norm_epsilon", "activation_function",
     "gelu_new", 1e-5,      1};
 
+/* Gemma3TextConfig's defaults: a multimodal checkpoint's text_config
+ * holds only the keys that differ from them. */
+static const char gemma3_defaults[] =
+    "{\"vocab_size\":262208,\"hidden_size\":2304,\"intermediate_size\":9216,\"num_hidden_layers\":26,"
+    "\"num_attention_heads\":8,\"num_key_value_heads\":4,\"head_dim\":256,\"max_position_embeddings\":131072,"
+    "\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0,\"query_pre_attn_scalar\":256,\"sliding_window\":4096,"
+    "\"sliding_window_pattern\":6,\"rope_local_base_freq\":10000.0,\"bos_token_id\":2,\"tie_word_embeddings\":true}";
+
 #define LLAMA_LIKE  .keys = &llama_keys, .layout = STZ_NAMES_HF
 #define GEMMA_FLAGS (STZ_ARCH_POST_NORMS | STZ_ARCH_EMBED_SCALE)
 #define GEMMA_LIKE  .keys = &gemma_keys, .norm = STZ_NORM_RMS_1W, .act = STZ_ACT_GEGLU, .layout = STZ_NAMES_GEMMA
@@ -56,7 +64,8 @@ static const stz_arch rows[STZ_ARCH_COUNT] = {
     [STZ_ARCH_GEMMA2] = {"gemma2", "Gemma2ForCausalLM", "gemma2", "default", GEMMA_FLAGS, GEMMA_LIKE, .swa_period = 2,
                          .title = "Gemma 2"},
     [STZ_ARCH_GEMMA3] = {"gemma3_text", "Gemma3ForCausalLM", "gemma3", "default", GEMMA_FLAGS | STZ_ARCH_QK_NORM,
-                         GEMMA_LIKE, .swa_period = 6, .title = "Gemma 3"},
+                         GEMMA_LIKE, .swa_period = 6, .title = "Gemma 3", .outer_type = "gemma3",
+                         .outer_class = "Gemma3ForConditionalGeneration", .defaults = gemma3_defaults},
     [STZ_ARCH_GPT2] = {"gpt2", "GPT2LMHeadModel", "gpt2", "gpt-2", STZ_ARCH_CONV1D | STZ_ARCH_NO_BOS,
                        .keys = &gpt2_keys, .norm = STZ_NORM_LAYER, .act = STZ_ACT_GELU_TANH, .pos = STZ_POS_LEARNED,
                        .layout = STZ_NAMES_GPT2, .title = "GPT-2"},

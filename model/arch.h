@@ -54,6 +54,10 @@ typedef struct stz_arch_row {
     unsigned char swa_period; /* sliding_window on all but every swa_period-th layer, unless the config's
                                * layer_types or sliding_window_pattern say otherwise (0: on all layers) */
     const char *title;        /* the family as messages name it */
+    /* A multimodal checkpoint whose language model is this family: its
+     * model_type and class, its config.json's text_config read with
+     * `defaults` (JSON) for the keys it leaves out (NULL: none) */
+    const char *outer_type, *outer_class, *defaults;
 } stz_arch;
 
 /* Row `id` (stz_arch_id), or NULL. */

@@ -310,6 +310,35 @@ static int parse_llama2c(stz_fwd_config *c, const cJSON *root, const char *label
     return 0;
 }
 
+/* A multimodal checkpoint's language model (Gemma 3's): its text_config,
+ * as the family's own config.json with the defaults it leaves out;
+ * NULL for any other configuration. */
+static cJSON *text_model(const cJSON *root)
+{
+    const char *mt = get_str(root, "model_type");
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures"), *tc;
+    const char *cls = cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0))
+                          ? cJSON_GetArrayItem(archs, 0)->valuestring
+                          : NULL;
+    for (int i = 0; i < STZ_ARCH_COUNT; i++) {
+        const stz_arch *a = stz_arch_get(i);
+        if (!a->outer_type || !((mt && !strcmp(mt, a->outer_type)) || (cls && !strcmp(cls, a->outer_class))) ||
+            !cJSON_IsObject(tc = cJSON_GetObjectItemCaseSensitive(root, "text_config")))
+            continue;
+        cJSON *t = cJSON_Duplicate(tc, 1), *d = cJSON_Parse(a->defaults), *k;
+        if (t) {
+            cJSON_DeleteItemFromObjectCaseSensitive(t, "model_type");
+            cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
+            cJSON_AddStringToObject(t, "model_type", a->model_type);
+        }
+        cJSON_ArrayForEach(k, d) if (t && !cJSON_GetObjectItemCaseSensitive(t, k->string))
+            cJSON_AddItemToObject(t, k->string, cJSON_Duplicate(k, 1));
+        cJSON_Delete(d);
+        return t;
+    }
+    return NULL;
+}
+
 stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char *label, stz_err *err)
 {
     memset(c, 0, sizeof *c);
@@ -318,8 +347,10 @@ stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char 
         cJSON_Delete(root);
         return stz_err_set(err, STZ_E_JSON, "%s: not a JSON object", label);
     }
+    cJSON *text = text_model(root);
     int bad = cJSON_GetObjectItemCaseSensitive(root, "dim") ? parse_llama2c(c, root, label, err)
-                                                            : parse_hf(c, root, label, err);
+                                                            : parse_hf(c, text ? text : root, label, err);
+    cJSON_Delete(text);
     cJSON_Delete(root);
     if (bad)
         return err->code;
@@ -335,11 +366,22 @@ stz_status stz_fwd_config_parse(stz_fwd_config *c, const char *json, const char 
 
 /* ---- finding a model's configuration ------------------------------------ */
 
+/* The configuration of the language model json describes (a multimodal
+ * checkpoint's text_config with its defaults, text_model), malloc'd. */
+static char *language_json(const char *json)
+{
+    cJSON *root = cJSON_Parse(json), *t = text_model(root);
+    char *s = t ? cJSON_PrintUnformatted(t) : strdup(json);
+    cJSON_Delete(t);
+    cJSON_Delete(root);
+    return s;
+}
+
 static int parse_config(const char *json, const char *label, stz_fwd_config *c, char **text, stz_err *err)
 {
     if (stz_fwd_config_parse(c, json, label, err))
         return -1;
-    if (text && !(*text = strdup(json)))
+    if (text && !(*text = language_json(json)))
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for the configuration"), -1;
     return 1;
 }

@@ -1,6 +1,7 @@
 /* stz_qmodel: any file, plain or quantized, or a container of one, read as
  * floats. docs/FORMAT.md, "Quantized SafeTensors", is the reference. */
 #include "gguf_view.h"
+#include "roles.h"
 #include "stz_kernels.h"
 #include "quant/quant_meta.h"
 #include "stz_model.h"
@@ -181,9 +182,16 @@ static long find_exact(const stz_qmodel *m, const char *name);
 
 long stz_qmodel_find(const stz_qmodel *m, const char *name)
 {
-    static const char root[] = "transformer."; /* GPT2Model's checkpoints have no such prefix */
     long i = find_exact(m, name);
-    return i < 0 && !strncmp(name, root, sizeof root - 1) ? find_exact(m, name + sizeof root - 1) : i;
+    char other[512];
+    for (size_t k = 0; i < 0; k++) { /* the other names checkpoints store it under (roles.c) */
+        int r = stz_role_alias(name, k, other, sizeof other);
+        if (r < 0)
+            break;
+        if (r)
+            i = find_exact(m, other);
+    }
+    return i;
 }
 
 static long find_exact(const stz_qmodel *m, const char *name)

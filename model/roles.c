@@ -111,19 +111,39 @@ const stz_role_info stz_roles[STZ_ROLE_COUNT] = {
     [STZ_ROLE_NORM_B] = {{NULL, NULL, "transformer.ln_f.bias", NULL, "transformer.ln_f.bias"}, "output_norm.bias", 0},
 };
 
-/* GPT-2's checkpoints name their tensors with "transformer." (as
- * GPT2LMHeadModel saves them) or without (as GPT2Model does). */
-#define GPT2_ROOT "transformer."
+/* The prefixes checkpoints store a layout's names under: GPT-2's with
+ * "transformer." (as GPT2LMHeadModel saves them) or without (GPT2Model);
+ * a multimodal Gemma 3's language model under "language_model." (older
+ * transformers) or "model.language_model." (newer). */
+static const struct {
+    const char *canonical, *stored;
+} aliases[] = {{"transformer.", ""},
+               {"model.", "language_model.model."},
+               {"model.", "model.language_model."},
+               {"lm_head.", "language_model.lm_head."}};
+
+int stz_role_alias(const char *name, size_t k, char *out, size_t cap)
+{
+    if (k >= sizeof aliases / sizeof *aliases)
+        return -1;
+    size_t n = strlen(aliases[k].canonical);
+    if (strncmp(name, aliases[k].canonical, n))
+        return 0;
+    return snprintf(out, cap, "%s%s", aliases[k].stored, name + n) < (int)cap;
+}
 
 static int role_find(const char *name, int names, const stz_arch *arch, unsigned *layer);
 
 int stz_role_find(const char *name, int names, const stz_arch *arch, unsigned *layer)
 {
     int r = role_find(name, names, arch, layer);
-    if (r < 0 && names == STZ_NAMES_GPT2 && strncmp(name, GPT2_ROOT, strlen(GPT2_ROOT)) && strlen(name) < 200) {
+    for (size_t k = 0; r < 0 && names >= 0 && k < sizeof aliases / sizeof *aliases; k++) {
+        size_t n = strlen(aliases[k].stored);
         char full[256];
-        snprintf(full, sizeof full, GPT2_ROOT "%s", name);
-        r = role_find(full, names, arch, layer);
+        if (n ? !strncmp(name, aliases[k].stored, n)
+              : names == STZ_NAMES_GPT2 && strncmp(name, aliases[k].canonical, strlen(aliases[k].canonical)))
+            if (snprintf(full, sizeof full, "%s%s", aliases[k].canonical, name + n) < (int)sizeof full)
+                r = role_find(full, names, arch, layer);
     }
     return r;
 }

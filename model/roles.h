@@ -62,6 +62,11 @@ extern const stz_role_info stz_roles[STZ_ROLE_COUNT];
  * for a per-model role), or -1. */
 struct stz_arch_row;
 int stz_role_find(const char *name, int names, const struct stz_arch_row *arch, unsigned *layer);
+/* The k-th other name a checkpoint may store `name` under (GPT2Model's
+ * without "transformer.", a multimodal Gemma 3's under
+ * "language_model."), into out: 1 written, 0 no such form of this name,
+ * -1 past the last k. stz_role_find also finds a role by these names. */
+int stz_role_alias(const char *name, size_t k, char *out, size_t cap);
 /* Whether role r is an RMSNorm's weight (Gemma's are by 1 + w). */
 int stz_role_is_norm(int r);
 /* The GGUF name of a model tensor named in llama2.c's, Hugging Face's,

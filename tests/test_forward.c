@@ -694,6 +694,21 @@ static void test_config(void **state)
     assert_string_equal(err.msg, "g2: the attention types are not one for each of the 6 layers");
     snprintf(json, sizeof json, gemma, "gemma2", ",\"hidden_activation\":\"gelu\"");
     assert_int_equal(stz_fwd_config_parse(&c, json, "g2", &err), STZ_E_UNSUPPORTED);
+    /* a multimodal Gemma 3 (Gemma 3 4B's config.json, vision_config cut):
+     * its text_config, Gemma3TextConfig's defaults for what it leaves out */
+    assert_int_equal(stz_fwd_config_parse(&c,
+                                          "{\"architectures\":[\"Gemma3ForConditionalGeneration\"],"
+                                          "\"eos_token_id\":[1,106],\"model_type\":\"gemma3\",\"text_config\":"
+                                          "{\"hidden_size\":2560,\"intermediate_size\":10240,\"model_type\":"
+                                          "\"gemma3_text\",\"num_hidden_layers\":34,\"rope_scaling\":{\"factor\":"
+                                          "8.0,\"rope_type\":\"linear\"},\"sliding_window\":1024},"
+                                          "\"vision_config\":{\"hidden_size\":1152}}",
+                                          "g3mm", &err),
+                     STZ_OK);
+    assert_true(c.arch == STZ_ARCH_GEMMA3 && c.dim == 2560 && c.hidden == 10240 && c.n_layers == 34);
+    assert_true(c.vocab == 262208 && c.n_heads == 8 && c.n_kv_heads == 4 && c.head_dim == 256 && c.bos == 2);
+    assert_true(c.attn_scale == 1.0 / 16 && c.local_period == 6 && c.local_window == 1024 && c.tied);
+    assert_true(c.rope_theta == 1e6 && c.rope_local_theta == 1e4 && c.rope_scaling == STZ_ROPE_LINEAR);
     /* GPT-2: its keys (GPT-2 124M's config.json), n_inner null for 4 x
      * n_embd, tied, no window; other attention scales refused by name */
     const char *gpt2 =

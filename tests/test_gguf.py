@@ -823,6 +823,49 @@ def test_padded_ffn_hugging_face(tmp_path, arch):
     assert len(down) == 2 and all(r.get("pad") for r in down if r["action"] not in ("keep", "f16")), down
 
 
+@pytest.mark.parametrize("root", ["language_model.", "model.language_model."])
+def test_gemma3_multimodal_checkpoint(tmp_path, root):
+    """A multimodal Gemma 3 (Gemma3ForConditionalGeneration, as the 4B-27B
+    ship): its text_config read with Gemma3TextConfig's defaults for the
+    keys it leaves out, its language model's tensors under "language_model."
+    (older transformers) or "model.language_model." (newer), the vision
+    tower's left alone. It runs, and exports to the text model's GGUF, as the
+    same weights in a Gemma3ForCausalLM folder do, also through `stz gguf`."""
+    plain = hf_dir(tmp_path, "gemma3_text", name="plain")
+    cfg = dict(json.loads((plain / "config.json").read_text()), bos_token_id=2, rms_norm_eps=1e-6)
+    (plain / "config.json").write_text(json.dumps(cfg))
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    w = load_f32(plain / "model.safetensors")
+    t = {root + n[len("model."):] if n.startswith("model.") else n: v for n, v in w.items()}
+    if root == "language_model.":  # the older layout keeps the decoder's own "model."
+        t = {"language_model." + n: v for n, v in w.items()}
+    rng = np.random.default_rng(3)
+    t["vision_tower.vision_model.embeddings.patch_embedding.weight"] = rng.standard_normal((32, 3, 4, 4)).astype("f4")
+    t["multi_modal_projector.mm_input_projection_weight"] = rng.standard_normal((32, 64)).astype("f4")
+    save(mm / "model.safetensors", t)
+    text = {k: v for k, v in cfg.items() if k not in ("rope_local_base_freq", "bos_token_id", "rms_norm_eps",
+                                                        "tie_word_embeddings", "model_type")}  # Gemma 3's defaults
+    (mm / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": dict(text, model_type="gemma3_text"), "vision_config": {"hidden_size": 32}}))
+    shutil.copy(plain / "tokenizer.json", mm / "tokenizer.json")
+    tokens = [2] + np.random.default_rng(5).integers(0, 255, 40).tolist()
+    assert np.array_equal(stz_logits(mm / "model.safetensors", tokens, mm / "config.json"),
+                          stz_logits(plain / "model.safetensors", tokens, plain / "config.json"))
+    for d in (plain, mm):
+        stz("export", "--gguf", d, "-o", tmp_path / (d.name + ".gguf"), "--name", "g", "-q")
+    assert (tmp_path / "mm.gguf").read_bytes() == (tmp_path / "plain.gguf").read_bytes()
+    (tmp_path / "t.json").write_text(json.dumps([tokens]))
+    for d in (plain, mm):
+        stz("imatrix", d, "--tokens", tmp_path / "t.json", "-o", tmp_path / (d.name + ".im.gguf"), "-q")
+    assert read_gguf(tmp_path / "mm.im.gguf")[1].keys() == read_gguf(tmp_path / "plain.im.gguf")[1].keys()
+    if root == "language_model.":  # the one command: the vision tower neither tuned nor counted
+        for d in (plain, mm):
+            stz("gguf", d, "-o", tmp_path / (d.name + ".q.gguf"), "--like", "q4_k_m", "--name", "g", "-q")
+        assert (tmp_path / "mm.q.gguf").read_bytes() == (tmp_path / "plain.q.gguf").read_bytes()
+
+
 @need_engine
 def test_llama_cpp_runs_gpt2(tmp_path):
     """GPT-2 (issue 55): its Conv1D weights, stored (in, out), written

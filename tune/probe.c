@@ -394,7 +394,9 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
     stz_tune_tensor *t = &T->t[T->nt++];
     t->dtype = q->dtype, t->params = q->numel, t->rows = q->rows, t->file = f, t->why = untunable(q);
     t->ffn = p->no_pad ? 0 : ffn_part(q);
-    T->params += q->numel;
+    char gname[160];
+    int left_out = p->gguf && !stz_role_gguf_name(q->name, gname, sizeof gname); /* a vision tower's, say */
+    T->params += left_out ? 0 : q->numel;
     float *x = NULL;
     t->name = strdup(q->name);
     t->bytes = calloc(T->ncand, sizeof *t->bytes), t->err2 = calloc(T->ncand, sizeof *t->err2);
@@ -405,7 +407,9 @@ static stz_status measure_tensor(stz_tune *T, stz_qmodel *m, size_t f, size_t i,
     stz_status st = p->imatrix && q->ndim >= 2 ? stz_imatrix_find(p->imatrix, q->name, q->cols, &j.w, err) : STZ_OK;
     if (!st)
         st = kept_bytes(T, r, rt, q, &j.keep_bytes, err);
-    t->bytes[0] = j.keep_bytes;
+    t->bytes[0] = left_out ? 0 : j.keep_bytes;
+    if (left_out)
+        t->why = "not in the GGUF file (export writes the language model's tensors)";
     if (!st && !t->why && !(x = malloc(q->numel * sizeof *x)))
         st = stz_err_set(err, STZ_E_NOMEM, "out of memory for tensor '%s' as F32", q->name);
     if (!st && x && !(st = stz_qmodel_read_rows(m, i, 0, (size_t)q->rows, x, err))) {
