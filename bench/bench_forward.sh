@@ -29,10 +29,11 @@ start=$(date +%s.%N)
 "$STZ" eval "$Q" "$WORK/qwen2-0.5b.int8.safetensors" --forward -T 2 -q
 echo "wall time: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }") s"
 rm -f "$Q" "$WORK/qwen2-0.5b.int8.safetensors"
-# GPT-Neo's path (LayerNorm, GELU, learned positions, local layers) and
-# Gemma 2's (post-norms, GeGLU, soft-capping, windowed layers) against the
-# same reference: their shares beside the Llama family's above
-for A in gpt-neo-1.3b gemma2-2b; do
+# GPT-Neo's path (LayerNorm, GELU, learned positions, local layers),
+# Gemma 2's (post-norms, GeGLU, soft-capping, windowed layers) and GPT-2's
+# (Conv1D weights read transposed) against the same reference: their
+# shares beside the Llama family's above (FAMILIES: some of them)
+for A in ${FAMILIES:-gpt-neo-1.3b gemma2-2b gpt2}; do
     G=$WORK/$A.safetensors
     "$STZ" synth $A --layers 4 -o "$G" -q -f
     "$STZ" quantize --policy int8-b128 --fast "$G" -o "$WORK/$A.int8.safetensors" -q -f

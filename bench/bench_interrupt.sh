@@ -4,7 +4,10 @@
 # tune --ratio 4` on 2 threads, signalled DELAYS seconds after its start
 # (one run each); prints the stage the progress line showed and the seconds
 # from the signal to the exit. FAST=1 adds --fast (no calibration: the
-# measuring and probing stages come sooner). Never part of the build or the tests.
+# measuring and probing stages come sooner). STAGE=TEXT signals DELAYS
+# seconds after the progress line first shows TEXT instead (e.g.
+# STAGE=feedback DELAYS="1 5": inside error feedback's first layers).
+# Never part of the build or the tests.
 # Usage: bench/bench_interrupt.sh [BUILD_DIR] [WORK_DIR] [DELAYS...]
 set -eu
 BUILD=${1:-build}
@@ -20,6 +23,11 @@ echo "|---|---|---|---|"
 for d in $DELAYS; do
     "$STZ" tune "$M" --ratio 4 -o "$WORK/p.json" -T 2 --progress -f ${FAST:+--fast} >/dev/null 2>"$WORK/err.txt" &
     p=$!
+    if [ -n "${STAGE:-}" ]; then
+        until tr '\r' '\n' 2>/dev/null <"$WORK/err.txt" | grep -q "$STAGE" || ! kill -0 $p 2>/dev/null; do
+            sleep 0.2
+        done
+    fi
     sleep "$d"
     kill -TERM $p 2>/dev/null || true
     t0=$(date +%s.%N)
@@ -27,6 +35,6 @@ for d in $DELAYS; do
     wait $p || rc=$?
     t1=$(date +%s.%N)
     stage=$(tr '\r' '\n' <"$WORK/err.txt" | grep -v '^$' | grep -v '^stz: error' | tail -1 | cut -c1-40)
-    echo "| $d s | $stage | $rc | $(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }") |"
+    echo "| $d s${STAGE:+ into $STAGE} | $stage | $rc | $(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }") |"
 done
 rm -f "$WORK/p.json" "$WORK/err.txt"

@@ -94,7 +94,8 @@ static void factor(size_t n, int threads)
         double t = now();
         if (stz_cholesky(A, n, threads))
             abort();
-        stz_tri_inverse(A, Xi, n, threads);
+        if (stz_tri_inverse(A, Xi, n, threads))
+            abort();
         best_s = since(t, best_s);
     }
     for (int r = 0; r < 3; r++) {

@@ -387,6 +387,10 @@ int stz_cholesky(double *A, size_t n, int threads)
     int bad = 0;
     for (size_t j0 = 0; !bad && j0 < n; j0 += NB) {
         size_t jb = n - j0 < NB ? n - j0 : NB, t = j0 + jb, m = n - t;
+        if (j0 && stz_interrupt_pending()) {
+            bad = -3;
+            break;
+        }
         if ((bad = chol_panel(A, n, j0, jb)) || !m)
             break;
         for (size_t p = 0; p < jb; p++) /* P (jb, m) = -L[t:, j0:t]^T */
@@ -399,11 +403,13 @@ int stz_cholesky(double *A, size_t n, int threads)
     return bad;
 }
 
-void stz_tri_inverse(const double *Lm, double *X, size_t n, int threads)
+int stz_tri_inverse(const double *Lm, double *X, size_t n, int threads)
 {
     memset(X, 0, n * n * sizeof *X);
     for (size_t i0 = 0; i0 < n; i0 += NB) {
         size_t ib = n - i0 < NB ? n - i0 : NB;
+        if (i0 && stz_interrupt_pending())
+            return -3;
         /* X[i0:, :i0] (ib, i0) = L[i0:, :i0] (ib, i0) @ X[:i0, :i0] (i0, i0): sums, signed and divided below */
         if (i0)
             stz_mm_nn_d(X + i0 * n, n, Lm + i0 * n, n, 1, X, n, ib, i0, i0, 0, STZ_MM_LOWER_B, threads);
@@ -417,4 +423,5 @@ void stz_tri_inverse(const double *Lm, double *X, size_t n, int threads)
             x[i] = 1 / d;
         }
     }
+    return 0;
 }

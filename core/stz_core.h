@@ -261,11 +261,13 @@ void stz_mm_nn_d(double *Y, size_t ldy, const double *A, size_t ai, size_t ap, c
  * triangle read), in place in A's lower triangle; the same bits as the
  * unblocked right-looking algorithm (each element's products taken in
  * order), whatever the threads. 0, -1 if A is not positive definite, -2
- * out of memory. */
+ * out of memory, -3 interrupted (stz_interrupt_pending, between panels:
+ * an 8192-wide one takes seconds). */
 int stz_cholesky(double *A, size_t n, int threads);
 /* X (n x n) = L^-1 for L lower triangular (n x n, its lower triangle read):
- * row i of X is -(L[i, :i] @ X[:i, :]) / L[i][i], the products in order. */
-void stz_tri_inverse(const double *L, double *X, size_t n, int threads);
+ * row i of X is -(L[i, :i] @ X[:i, :]) / L[i][i], the products in order.
+ * 0, or -3 interrupted (between blocks of rows; X is then incomplete). */
+int stz_tri_inverse(const double *L, double *X, size_t n, int threads);
 /* The instruction set the products run on: "avx512", "avx2" or "generic";
  * STZ_KERNELS (for tests) picks a lower one. Every one gives the same bits. */
 const char *stz_mm_kernels(void);

@@ -53,6 +53,8 @@ static stz_status grams_input(stz_fwd_hook *hook, const stz_fwd *m, uint32_t lay
 {
     (void)k; /* the matrices of one input share its Gram matrix */
     struct stz_fb_hess *h = hook->user;
+    if (stz_interrupt_pending()) /* a batch's products take seconds on wide models */
+        return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     int g = input_of(roles[0]);
     if (!h->cols[g] || (g != IN_HEAD && layer != h->layer) || (h->only >= 0 && g != h->only))
         return STZ_OK;

@@ -73,13 +73,15 @@ static stz_status factor(const float *H, size_t n, double damp, float *U, int th
         bad = stz_cholesky(A, n, threads);
     }
     if (!bad)
-        stz_tri_inverse(A, X, n, threads);
+        bad = stz_tri_inverse(A, X, n, threads);
     for (size_t i = 0; !bad && i < n; i++)
         for (size_t j = 0; j < n; j++)
             U[i * n + j] = j >= i ? (float)X[(n - 1 - i) * n + (n - 1 - j)] : 0.0f;
     free(A), free(X);
     if (bad == -2)
         return stz_err_set(err, STZ_E_NOMEM, "out of memory for a %zu x %zu Hessian", n, n);
+    if (bad == -3)
+        return stz_err_set(err, STZ_E_INTERRUPTED, "interrupted");
     return bad ? stz_err_set(err, STZ_E_LAPACK, "the Hessian of %zu columns is not positive definite even damped", n)
                : STZ_OK;
 }

@@ -181,6 +181,21 @@ static void test_cholesky_and_inverse_as_unblocked(void **st)
     }
     double bad[4] = {1, 2, 2, 1}; /* not positive definite */
     assert_int_equal(stz_cholesky(bad, 2, 1), -1);
+    /* a signal stops both between their blocks (issue 56: seconds on an 8192-wide one) */
+    size_t n = 600;
+    double *A = calloc(n * n, sizeof *A), *X = malloc(n * n * sizeof *X);
+    for (size_t i = 0; i < n; i++)
+        A[i * n + i] = 4;
+    stz_interrupt_request();
+    assert_int_equal(stz_cholesky(A, n, 1), -3);
+    assert_int_equal(stz_tri_inverse(A, X, n, 1), -3);
+    stz_interrupt_clear();
+    for (size_t i = 0; i < n; i++) /* its first panel was factored in place */
+        A[i * n + i] = 4;
+    assert_int_equal(stz_cholesky(A, n, 1), 0);
+    assert_int_equal(stz_tri_inverse(A, X, n, 1), 0);
+    assert_true(X[0] == 0.5 && X[n * n - 1] == 0.5);
+    free(A), free(X);
     stz_mm_use("generic");
 }
 
