@@ -14,9 +14,11 @@
 # generated Llama (rows whole 256-blocks, GQA 4) and stories260K F32
 # (shared data; llama-quantize makes only its K mixes); the families of
 # issue 55 as tests/test_gguf.py generates them (tiny Qwen3, Phi-3 and
-# Gemma 2 Hugging Face folders, and GPT-2's: hidden 64, so every type falls
-# back to llama.cpp's 32-blocks; Gemma 2 with 26 layers), each skipped with
-# a line when the snapshot's llama.cpp does not know it. PEER_MODELS picks
+# Gemma 2 Hugging Face folders: hidden 64, so every type falls back to
+# llama.cpp's 32-blocks; Gemma 2 with 26 layers), each skipped with a line
+# when the snapshot's llama.cpp does not know it (GPT-2: the February 2025
+# snapshot's loader requires an output.weight, which stz, as llama.cpp's
+# converter now does, leaves to the tied embedding). PEER_MODELS picks
 # some of "wide8 stories phi3 qwen3 gemma2 gpt2" (default all). Skips without the snapshot. Never part of the build or the tests.
 # Usage: bench/bench_imatrix_peer.sh [BUILD_DIR] [WORK_DIR] [SHARED_DATA_DIR]
 set -eu
@@ -70,6 +72,9 @@ def timed(cmd):
     return time.time() - t
 
 
+compared = []  # the rows measured: a run that compared nothing passes nothing
+
+
 def model_rows(name, model, types, nseq, extra=()):
     f32, calib, imat = work / (name + ".f32.gguf"), work / (name + ".calib.txt"), work / (name + ".imatrix.dat")
     tg.stz("export", "--gguf", model, "-o", f32, "-f", "-q", *extra)
@@ -85,8 +90,14 @@ def model_rows(name, model, types, nseq, extra=()):
     calib.write_bytes(text_of(f32, toks))
     print("%s: %d sampled tokens, %d bytes of text for llama-imatrix" % (name, nseq * 127, calib.stat().st_size),
           file=sys.stderr)
-    t_imat = timed([bin_ / "llama-imatrix", "-m", f32, "-f", calib, "-o", imat, "-c", "128", "-b", "128", "-t", "2",
-                    "--no-ppl"])
+    t = time.time()
+    r = subprocess.run([str(c) for c in (bin_ / "llama-imatrix", "-m", f32, "-f", calib, "-o", imat, "-c", "128", "-b",
+                                         "128", "-t", "2", "--no-ppl")], capture_output=True, text=True)
+    t_imat = time.time() - t
+    if r.returncode:  # a model the snapshot's graph cannot load (GPT-2: it wants an output.weight)
+        why = [l for l in r.stderr.splitlines() if "error" in l] or r.stderr.strip().splitlines() or ["?"]
+        print("| %s | skipped: this llama.cpp snapshot cannot load it (%s) |" % (name, why[0][:120]))
+        return True
     ok = True
     for typ in types:
         ref, mine = work / ("%s-%s.llama.gguf" % (name, typ)), work / ("%s-%s.stz.gguf" % (name, typ))
@@ -97,6 +108,7 @@ def model_rows(name, model, types, nseq, extra=()):
         print("| %s | %s | %d | %.4g | %.1f | %d | %.4g | %.1f | **%.3f** | %.2f |" % (
             name, typ, l[0], l[1], t_imat + t_q, s[0], s[1], t_stz, s[1] / l[1], t_stz / (t_imat + t_q)))
         ok &= s[0] <= l[0] and s[1] <= 0.35 * l[1]
+        compared.append(name)
     return ok
 
 
@@ -121,6 +133,8 @@ for fam, folder, layers in (("phi3", "p3", None), ("qwen3", "q3", None), ("gemma
         subprocess.run(["rm", "-rf", str(work / folder)])
         ok &= model_rows("generated-" + fam, tg.hf_dir(work, fam, name=folder, layers=layers), ("q4_k_m", "q5_0"),
                          320)
-print("\n- %s: every stz gguf file no larger than llama.cpp's, at <= 0.35x its KL" % ("PASS" if ok else "FAIL"))
+ok &= len(compared) > 0
+print("\n- %s: every stz gguf file no larger than llama.cpp's, at <= 0.35x its KL (%d rows compared)" % (
+    "PASS" if ok else "FAIL", len(compared)))
 sys.exit(0 if ok else 1)
 PY
