@@ -320,6 +320,13 @@ void stz_mm_nn(float *Y, size_t ldy, const float *A, size_t ai, size_t ap, const
     mm_run_cols(&j, pick()->nn, threads);
 }
 
+void stz_transpose(float *T, const float *X, size_t rows, size_t cols)
+{
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++)
+            T[j * rows + i] = X[i * cols + j];
+}
+
 void stz_mm_gram(float *H, const float *X, size_t n, size_t c, int threads)
 {
     mm_job j = {.Y = H,

@@ -249,6 +249,8 @@ void stz_mm_nn(float *Y, size_t ldy, const float *A, size_t ai, size_t ap, const
 /* H (c, c) += X (n, c)^T @ X, as stz_mm_nn (the upper triangle computed,
  * mirrored to the lower: a symmetric H). */
 void stz_mm_gram(float *H, const float *X, size_t n, size_t c, int threads);
+/* T (cols x rows) = X (rows x cols)^T, both row-major. */
+void stz_transpose(float *T, const float *X, size_t rows, size_t cols);
 /* Shapes of a product: only the upper or lower triangle of Y (n == out) is
  * wanted (tiles wholly on the other side are skipped); B is lower
  * triangular (the products of its zeros above the diagonal, which add

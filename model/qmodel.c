@@ -250,11 +250,8 @@ static stz_status hold(stz_qmodel *m, size_t i, stz_err *err)
     stz_status st = !x || !t ? stz_err_set(err, STZ_E_NOMEM, "%s: out of memory transposing tensor '%s'",
                                            stz_reader_path(m->r), e->name)
                              : read_stored(m, i, 0, R, C, x, NULL, err);
-    for (size_t r = 0; !st && r < R; r++)
-        for (size_t c = 0; c < C; c++)
-            t[c * R + r] = x[r * C + c];
     if (!st)
-        m->held_i = i;
+        stz_transpose(t, x, R, C), m->held_i = i;
     free(x);
     return st;
 }

@@ -142,9 +142,8 @@ stz_status stz_quant_plan_hold(const stz_reader *r, const stz_tensor *t, stz_qua
         if (!(st = stz_reader_read(r, t, r0 * C * esz, in, k * C * esz, err)))
             st = stz_to_f32(t->dtype, in, k * C, f + r0 * C, err);
     }
-    for (size_t i = 0; !st && i < R; i++)
-        for (size_t j = 0; j < C; j++)
-            x->held[j * R + i] = f[i * C + j];
+    if (!st)
+        stz_transpose(x->held, f, R, C);
     free(f), free(in);
     if (st)
         stz_quant_plan_release(x);
