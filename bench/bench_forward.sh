@@ -4,8 +4,8 @@
 # models, 1 and 2 threads; tokens per second and GFLOP/s against OpenBLAS
 # sgemm on the model's own matrix shapes, measured in the same run (target:
 # at least 50%). Then the same through the command line, timed; then
-# GPT-Neo-1.3B's and Gemma-2-2B's shapes (4 layers), whose shares must be
-# no lower.
+# GPT-Neo-1.3B's, Gemma-2-2B's and GPT-2 124M's shapes (4 layers), whose
+# shares must be no lower.
 # Usage: bench/bench_forward.sh [BUILD_DIR] [WORK_DIR]
 set -eu
 BUILD=${1:-build}
